@@ -1,0 +1,106 @@
+"""Plan values: what the passes decided for each op (plan format v1)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from apportion.errors import PlanningError
+
+Pairs = tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class LoopInfo:
+    """Where an op sits in a coarse-tiling loop nest: group path, counts and tiled dims per level."""
+
+    group: tuple[int, ...]
+    count: tuple[int | str, ...]
+    tiled_dims: tuple[tuple[str, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not (len(self.group) == len(self.count) == len(self.tiled_dims)):
+            raise PlanningError(f"loop info levels disagree: group {self.group}, count "
+                                f"{self.count}, tiled_dims {self.tiled_dims}")
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    """The plan of one op.
+
+    ``iteration_space`` holds element counts (per loop iteration when the op is tiled);
+    ``unit_elems`` the elements in one planning unit of each dim (a stick for stick dims, else 1)
+    and ``splits`` how many slices each dim is cut into, in those units. ``cores`` is the product of the splits.
+    """
+
+    name: str
+    op: str
+    kind: str
+    iteration_space: Pairs
+    reduction_dims: tuple[str, ...]
+    stick_dims: tuple[str, ...]
+    unit_elems: Pairs
+    splits: Pairs
+    utilization: float
+    predicted_time_us: float
+    span_bytes: Pairs
+    loop: LoopInfo | None = None
+    span_splits: Pairs = ()
+
+    def __post_init__(self) -> None:
+        dims = [d for d, _ in self.iteration_space]
+        for pairs, what in ((self.unit_elems, "unit_elems"), (self.splits, "splits")):
+            if [d for d, _ in pairs] != dims:
+                raise PlanningError(f"op {self.name!r}: {what} dims {[d for d, _ in pairs]} differ "
+                                    f"from its iteration space {dims}")
+        for d, n in self.splits:
+            if n < 1 or n > self.unit_map[d]:
+                raise PlanningError(f"op {self.name!r}: dim {d!r} split {n} outside "
+                                    f"1..{self.unit_map[d]}")
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return dict(self.iteration_space)
+
+    @property
+    def split_map(self) -> dict[str, int]:
+        return dict(self.splits)
+
+    @property
+    def unit_map(self) -> dict[str, int]:
+        """Planning units per dim: sticks for stick dims, elements otherwise."""
+        per = dict(self.unit_elems)
+        return {d: -(-n // per[d]) for d, n in self.iteration_space}
+
+    @property
+    def cores(self) -> int:
+        return math.prod(n for _, n in self.splits)
+
+    @property
+    def fallback(self) -> bool:
+        return self.kind == "fallback"
+
+    def is_even(self, dim: str) -> bool:
+        return self.unit_map[dim] % self.split_map[dim] == 0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole program's plan for one target and core count."""
+
+    program: str
+    target: str
+    cores: int
+    strategy: str
+    ops: tuple[OpPlan, ...]
+    extras: tuple[tuple[str, object], ...] = field(default=())
+
+    def op(self, name: str) -> OpPlan:
+        for o in self.ops:
+            if o.name == name:
+                return o
+        raise PlanningError(f"plan has no op {name!r}; ops: {', '.join(o.name for o in self.ops)}")
+
+    @property
+    def mean_utilization(self) -> float:
+        return sum(o.utilization for o in self.ops) / len(self.ops) if self.ops else 0.0
