@@ -16,11 +16,12 @@ MiB = 1 << 20
 
 # Spyre figures: 32 cores, 256 MiB per-core span, 128-byte sticks, 2 MiB scratchpad with a fifth
 # held back. Compute and bandwidth are round public figures (about 150 TFLOP/s fp16 over 32 cores,
-# LPDDR5 at about 200 GB/s); they shape the cost model's choices, not correctness.
+# LPDDR5 at about 200 GB/s, partial sums combined over the on-chip ring in about half a
+# microsecond); they shape the cost model's choices, not correctness.
 _SPYRE = Target(
     name="spyre", cores=32, max_cores=32, span_limit=256 * MiB, stick_bytes=128,
     scratchpad_bytes=2 * MiB, scratchpad_reserve=0.2, peak_flops_per_core=4.7e12,
-    core_bandwidth=12.8e9, mem_bandwidth=204.8e9, combine_latency_us=2.0,
+    core_bandwidth=12.8e9, mem_bandwidth=204.8e9, combine_latency_us=0.5,
 )
 
 

@@ -1,0 +1,76 @@
+"""Pass `layouts`: stick dims and planning units of every op.
+
+A dim is a *stick dim* of an op when it indexes the innermost dim of some operand at a finer
+step than one stick (its coefficient there is not a multiple of the operand's elements per
+stick). Its size is counted in sticks of the largest elements-per-stick among those operands, so
+any split of it hands every core whole sticks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from apportion.ir.op import Op
+from apportion.ir.program import Program
+from apportion.target.layout import DeviceLayout, device_layout
+from apportion.target.target import Target
+
+
+@dataclass(frozen=True)
+class OpLayout:
+    """Stick dims of an op and the elements in one planning unit of each of its dims."""
+
+    op: str
+    stick_dims: tuple[str, ...]
+    unit_elems: tuple[tuple[str, int], ...]
+
+    def units(self, sizes: dict[str, int]) -> dict[str, int]:
+        per = dict(self.unit_elems)
+        return {d: -(-n // per[d]) for d, n in sizes.items()}
+
+
+def op_layout(op: Op, program: Program, target: Target) -> OpLayout:
+    """Stick dims and unit sizes of ``op`` on ``target``.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.target import spyre
+    >>> p = load("examples/mlp.json")
+    >>> op_layout(p.op("gate"), p, spyre()).stick_dims
+    ('n', 'k')
+    """
+    eps: dict[str, int] = {}
+    for acc in op.operands:
+        if not acc.index:
+            continue
+        e_op = target.elems_per_stick(program.tensor(acc.tensor).dtype)
+        for d, c in acc.index[-1].terms:
+            if c % e_op:
+                eps[d] = max(eps.get(d, 1), e_op)
+    sticks = tuple(d for d in op.dim_names if d in eps)
+    return OpLayout(op.name, sticks, tuple((d, eps.get(d, 1)) for d in op.dim_names))
+
+
+def layouts(program: Program, target: Target) -> dict[str, OpLayout]:
+    """The layouts pass: one OpLayout per op."""
+    return {op.name: op_layout(op, program, target) for op in program.ops}
+
+
+def tensor_layouts(program: Program, target: Target) -> dict[str, DeviceLayout]:
+    """Device layout of every tensor of the program."""
+    return {t.name: device_layout(t.shape, t.dtype, target) for t in program.tensors}
+
+
+def operand_extents(op: Op, slice_sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """Per operand tensor, the index extent of each tensor dim touched by one slice of the op."""
+    out: dict[str, tuple[int, ...]] = {}
+    for acc in op.operands:
+        ext = tuple(e.extent(slice_sizes) for e in acc.index)
+        prev = out.get(acc.tensor)
+        out[acc.tensor] = ext if prev is None else tuple(map(max, prev, ext))
+    return out
+
+
+def spans(op: Op, slice_sizes: dict[str, int], tlayouts: dict[str, DeviceLayout]
+          ) -> dict[str, int]:
+    """Per-core span in bytes of every operand when one core computes ``slice_sizes``."""
+    return {t: tlayouts[t].span_bytes(ext) for t, ext in operand_extents(op, slice_sizes).items()}

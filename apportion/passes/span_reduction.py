@@ -1,0 +1,142 @@
+"""Pass `span_reduction` (mandatory, first of the splitting passes).
+
+A core's span of a tensor is the contiguous device memory it must address; it must stay within
+the target's span limit. For every operand whose unsplit span is over the limit, walk its device
+dims outermost first; at each, search the products of valid slice counts of the dims that feed
+it, within the core budget and above the counts already committed. If some fit, take the one with
+the largest span that fits (fewest cores); otherwise take the smallest span (most progress) and go
+inward. At most one reduction dim may be split for span. The result is the minimum split per dim;
+work distribution starts from it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from apportion.errors import PlanningError
+from apportion.ir.op import Op
+from apportion.ir.program import Program
+from apportion.passes.layouts import OpLayout, operand_extents
+from apportion.target.layout import DeviceLayout
+from apportion.target.target import Target
+
+
+def divisors(n: int) -> list[int]:
+    """All divisors of ``n`` in increasing order."""
+    small = [i for i in range(1, math.isqrt(n) + 1) if n % i == 0]
+    return sorted({*small, *(n // i for i in small)})
+
+
+def slice_sizes(sizes: dict[str, int], per: dict[str, int], splits: dict[str, int]
+                ) -> dict[str, int]:
+    """Elements per dim of the largest core slice (whole units, ceil division)."""
+    out = {}
+    for d, n in sizes.items():
+        units = -(-n // per[d])
+        out[d] = min(-(-units // splits.get(d, 1)) * per[d], n)
+    return out
+
+
+@dataclass(frozen=True)
+class SpanCheck:
+    """Spans of every operand under a split assignment, and the worst offender."""
+
+    spans: dict[str, int]
+    limit: int
+
+    @property
+    def worst(self) -> tuple[str, int] | None:
+        over = [(t, s) for t, s in self.spans.items() if s > self.limit]
+        return max(over, key=lambda x: x[1]) if over else None
+
+
+def check_spans(op: Op, sizes: dict[str, int], layout: OpLayout, splits: dict[str, int],
+                tlayouts: dict[str, DeviceLayout], target: Target) -> SpanCheck:
+    ext = operand_extents(op, slice_sizes(sizes, dict(layout.unit_elems), splits))
+    return SpanCheck({t: tlayouts[t].span_bytes(e) for t, e in ext.items()}, target.span_limit)
+
+
+def span_reduction(op: Op, program: Program, target: Target, layout: OpLayout,
+                   tlayouts: dict[str, DeviceLayout], sizes: dict[str, int] | None = None,
+                   allow_uneven: bool = False) -> dict[str, int]:
+    """Minimum splits per dim that bring every operand of ``op`` within the span limit.
+
+    ``sizes`` is the (per-iteration) iteration space; ``allow_uneven`` lets a dim with no fitting
+    even split take an uneven whole-stick split (the ``balanced`` strategy).
+    """
+    sizes = dict(op.dims) if sizes is None else sizes
+    per = dict(layout.unit_elems)
+    units = layout.units(sizes)
+    commit = {d: 1 for d in sizes}
+    if op.kind == "fallback":
+        worst = check_spans(op, sizes, layout, commit, tlayouts, target).worst
+        if worst:
+            raise PlanningError(f"op {op.name!r}: fallback op cannot be divided but tensor "
+                                f"{worst[0]!r} spans {worst[1]} bytes > limit {target.span_limit}")
+        return commit
+    reductions = set(op.reduction_dims)
+    for acc in op.operands:
+        tl = tlayouts[acc.tensor]
+
+        def span_of(splits: dict[str, int], acc=acc, tl=tl) -> int:
+            ext = tuple(e.extent(slice_sizes(sizes, per, splits)) for e in acc.index)
+            return tl.span_bytes(ext)
+
+        if span_of(commit) <= target.span_limit:
+            continue
+        for ddim in tl.dims:
+            if ddim.part == "in_stick":
+                continue
+            feeding = [d for d in acc.index[ddim.tensor_dim].dims if units[d] > 1]
+            if not feeding:
+                continue
+            choice = _best_at(feeding, commit, units, reductions, target, span_of, False)
+            if allow_uneven and (choice is None or span_of(choice) > target.span_limit):
+                alt = _best_at(feeding, commit, units, reductions, target, span_of, True)
+                if alt is not None and (choice is None or span_of(alt) <= target.span_limit):
+                    choice = alt
+            if choice is None:
+                continue
+            commit = choice
+            if span_of(commit) <= target.span_limit:
+                break
+        span = span_of(commit)
+        if span > target.span_limit:
+            split_red = [d for d in reductions if commit[d] > 1]
+            why = (f"; reduction dim {split_red[0]!r} is already split and at most one may be"
+                   if split_red else "")
+            dims = ", ".join(f"{d}={sizes[d]}" for d in acc.dims)
+            raise PlanningError(
+                f"op {op.name!r}: tensor {acc.tensor!r} (dims {dims}) spans {span} bytes per core "
+                f"> limit {target.span_limit} with {math.prod(commit.values())} of "
+                f"{target.cores} cores (splits {commit}){why}; no valid split count fits"
+                + ("" if allow_uneven else " (strategy balanced may use uneven splits)"))
+    return commit
+
+
+def _best_at(feeding: list[str], commit: dict[str, int], units: dict[str, int],
+             reductions: set[str], target: Target, span_of, uneven: bool) -> dict[str, int] | None:
+    """The best commitment for one device dim, or None when no count improves on ``commit``."""
+    options = []
+    for d in feeding:
+        counts = range(commit[d], min(units[d], target.cores) + 1) if uneven else [
+            c for c in divisors(units[d]) if commit[d] <= c <= target.cores]
+        options.append(counts)
+    others = math.prod(v for d, v in commit.items() if d not in feeding)
+    fits, rest = [], []
+    for combo in itertools.product(*options):
+        trial = {**commit, **dict(zip(feeding, combo, strict=True))}
+        if trial == commit or others * math.prod(combo) > target.cores:
+            continue
+        if sum(1 for d in reductions if trial[d] > 1) > 1:
+            continue
+        span = span_of(trial)
+        cores = math.prod(trial.values())
+        (fits if span <= target.span_limit else rest).append((span, cores, trial))
+    if fits:  # largest span that fits = fewest cores
+        return max(fits, key=lambda x: (x[0], -x[1]))[2]
+    if rest:  # most progress
+        return min(rest, key=lambda x: (x[0], x[1]))[2]
+    return None

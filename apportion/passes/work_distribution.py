@@ -1,0 +1,197 @@
+"""Pass `work_distribution`: how many cores work on each dim of each op.
+
+Two strategies:
+
+* ``greedy`` reproduces the reference design: keep the span splits as minimums, rank the output
+  dims by decreasing size in planning units and give each the largest divisor that fits the core
+  budget left, then split at most one reduction dim (none if span reduction split one).
+* ``balanced`` (default) searches every assignment satisfying the same constraints (span limit,
+  whole sticks, at most one reduction dim, product of splits <= cores), uneven splits included,
+  and keeps the lowest predicted time; ties go to even splits, fewer cores, then outer dims.
+  The greedy assignment is among those searched, so balanced is never predicted slower.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from apportion.cost.model import op_cost
+from apportion.errors import PlanningError
+from apportion.ir.op import Op
+from apportion.ir.program import Program
+from apportion.passes.layouts import OpLayout
+from apportion.passes.span_reduction import check_spans, divisors, slice_sizes
+from apportion.target.layout import DeviceLayout
+from apportion.target.target import Target
+
+STRATEGIES = ("balanced", "greedy")
+
+
+def core_split(size: int, cores: int) -> int:
+    """Largest ``i <= cores`` dividing ``size``.
+
+    >>> core_split(4096, 24), core_split(769, 32)
+    (16, 1)
+    """
+    return max(i for i in divisors(size) if i <= cores)
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """What the strategies need to know of one op: sizes, units, layouts and target."""
+
+    op: Op
+    program: Program
+    target: Target
+    layout: OpLayout
+    tlayouts: dict[str, DeviceLayout]
+    sizes: dict[str, int]
+
+    @property
+    def units(self) -> dict[str, int]:
+        return self.layout.units(self.sizes)
+
+    @property
+    def per(self) -> dict[str, int]:
+        return dict(self.layout.unit_elems)
+
+    def feasible(self, splits: dict[str, int]) -> bool:
+        return check_spans(self.op, self.sizes, self.layout, splits, self.tlayouts,
+                           self.target).worst is None
+
+    def time_us(self, splits: dict[str, int]) -> float:
+        red = max((splits[d] for d in self.op.reduction_dims), default=1)
+        largest = slice_sizes(self.sizes, self.per, splits)
+        return op_cost(self.op, self.program, self.target, self.sizes, largest, red).time_us
+
+    def utilization(self, splits: dict[str, int]) -> float:
+        largest = slice_sizes(self.sizes, self.per, splits)
+        return math.prod(self.sizes.values()) / (self.target.cores * math.prod(largest.values()))
+
+
+def greedy(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
+    """The reference design's split assignment, starting from the span splits ``minimum``."""
+    units, op = ctx.units, ctx.op
+    splits = dict(minimum)
+    budget = ctx.target.cores // math.prod(minimum.values())
+    ranked = sorted(op.parallel_dims, key=lambda d: -units[d])  # stable: ties keep dim order
+    for d in ranked:
+        if budget <= 1:
+            break
+        base = splits[d]
+        extra = core_split(units[d] // base, budget) if units[d] % base == 0 else 1
+        splits[d] = base * extra
+        budget //= extra
+    if budget > 1 and not any(minimum[d] > 1 for d in op.reduction_dims) and op.reduction_dims:
+        best = max(op.reduction_dims, key=lambda d: core_split(units[d], budget))
+        splits[best] = core_split(units[best], budget)
+    return splits
+
+
+def candidates(ctx: OpContext, minimum: dict[str, int], uneven: bool = True
+               ) -> Iterator[dict[str, int]]:
+    """Every split assignment within the core budget and at most one split reduction dim.
+
+    Each dim's count is at least ``minimum``; without ``uneven`` counts divide the dim's units.
+    Span limits are not checked here.
+    """
+    units, cores = ctx.units, ctx.target.cores
+    dims = list(ctx.sizes)
+    reductions = set(ctx.op.reduction_dims)
+
+    def options(d: str) -> list[int]:
+        hi = min(units[d], cores)
+        if uneven:
+            return list(range(minimum[d], hi + 1))
+        return [c for c in divisors(units[d]) if minimum[d] <= c <= hi]
+
+    opts = {d: options(d) for d in dims}
+
+    def rec(i: int, acc: dict[str, int], prod: int, red_split: bool) -> Iterator[dict[str, int]]:
+        if i == len(dims):
+            yield dict(acc)
+            return
+        d = dims[i]
+        for c in opts[d]:
+            if prod * c > cores:
+                break
+            if c > 1 and d in reductions and red_split:
+                continue
+            acc[d] = c
+            yield from rec(i + 1, acc, prod * c, red_split or (c > 1 and d in reductions))
+        acc.pop(d, None)
+
+    yield from rec(0, {}, 1, False)
+
+
+def _rank(ctx: OpContext, splits: dict[str, int]) -> tuple:
+    even = all(ctx.units[d] % s == 0 for d, s in splits.items())
+    order = tuple(-s for s in splits.values())  # prefer splitting outer (earlier) dims
+    return (round(ctx.time_us(splits), 9), not even, math.prod(splits.values()), order)
+
+
+def balanced(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
+    """The feasible assignment with the lowest predicted time (see module docstring)."""
+    best, best_key = None, None
+    for splits in candidates(ctx, minimum):
+        if not ctx.feasible(splits):
+            continue
+        key = _rank(ctx, splits)
+        if best_key is None or key < best_key:
+            best, best_key = splits, key
+    if best is None:
+        raise PlanningError(f"op {ctx.op.name!r}: no split assignment within {ctx.target.cores} "
+                            "cores keeps every operand within the span limit")
+    return best
+
+
+def best_utilization(ctx: OpContext, minimum: dict[str, int]) -> float:
+    """The bound: highest utilization of any feasible assignment (exhaustive search)."""
+    return max((ctx.utilization(s) for s in candidates(ctx, minimum) if ctx.feasible(s)),
+               default=0.0)
+
+
+def check_pins(ctx: OpContext, pins: dict[str, int]) -> dict[str, int]:
+    """Validate pinned splits of ``work_division`` and return them."""
+    op, units = ctx.op, ctx.units
+    for d, n in pins.items():
+        if n < 1:
+            raise PlanningError(f"op {op.name!r}: work_division pins dim {d!r} to {n}; splits "
+                                "must be >= 1")
+        if units[d] % n:
+            unit = "sticks" if d in ctx.layout.stick_dims else "elements"
+            raise PlanningError(f"op {op.name!r}: work_division split {n} of dim {d!r} does not "
+                                f"divide its {units[d]} {unit}")
+    if math.prod(pins.values()) > ctx.target.cores:
+        raise PlanningError(f"op {op.name!r}: work_division {pins} uses "
+                            f"{math.prod(pins.values())} cores > {ctx.target.cores}")
+    red = [d for d in op.reduction_dims if pins.get(d, 1) > 1]
+    if len(red) > 1:
+        raise PlanningError(f"op {op.name!r}: work_division splits reduction dims {red}; at most "
+                            "one reduction dim may be split")
+    return pins
+
+
+def distribute(ctx: OpContext, minimum: dict[str, int], strategy: str,
+               pins: dict[str, int] | None = None) -> dict[str, int]:
+    """Splits for one op under ``strategy``; pinned dims keep their pinned counts."""
+    if strategy not in STRATEGIES:
+        raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    if ctx.op.kind == "fallback":
+        return {d: 1 for d in ctx.sizes}
+    if pins:
+        check_pins(ctx, pins)
+        fixed = {d: pins.get(d, 1) for d in ctx.sizes}
+        if not ctx.feasible(fixed):
+            worst = check_spans(ctx.op, ctx.sizes, ctx.layout, fixed, ctx.tlayouts,
+                                ctx.target).worst
+            assert worst is not None
+            raise PlanningError(f"op {ctx.op.name!r}: work_division {pins} leaves tensor "
+                                f"{worst[0]!r} spanning {worst[1]} bytes > limit "
+                                f"{ctx.target.span_limit}")
+        return fixed
+    if strategy == "greedy":
+        return greedy(ctx, minimum)
+    return balanced(ctx, minimum)

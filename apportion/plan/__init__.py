@@ -1,0 +1,9 @@
+"""Plans: per-op splits, loop nests and allocations; JSON (de)serialisation; per-core views."""
+
+from apportion.plan.export import coefficient_splits as coefficient_splits
+from apportion.plan.plan import LoopInfo as LoopInfo
+from apportion.plan.plan import OpPlan as OpPlan
+from apportion.plan.plan import Plan as Plan
+from apportion.plan.serialize import from_json as from_json
+from apportion.plan.serialize import to_json as to_json
+from apportion.plan.views import core_slices as core_slices
