@@ -1,0 +1,117 @@
+"""`apportion bench workdiv`: utilization of greedy, balanced and the exhaustive bound.
+
+Over the operator shapes of the models file (linear layers, attention matmuls, norms, softmax at
+prefill and decode token counts), for each core count: mean and worst utilization of each
+strategy, failures, the bound found by exhaustive search, predicted time relative to greedy
+(measured in the same run), and planning time per op.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from apportion.errors import PlanningError
+from apportion.frontend.models import OpCase, bench_cases, linear, load_models
+from apportion.passes.layouts import layouts, tensor_layouts
+from apportion.passes.pipeline import plan
+from apportion.passes.work_distribution import OpContext, best_utilization
+from apportion.target.presets import spyre
+from apportion.target.target import Target
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    case: str
+    cores: int
+    greedy: float | None  # None: greedy found no plan
+    balanced: float
+    bound: float
+    greedy_us: float | None
+    balanced_us: float
+    greedy_ms: float
+    balanced_ms: float
+
+
+def prime_probe(dtype: str) -> OpCase:
+    """An lm_head over a 49216-wide vocabulary: 769 fp16 sticks, a prime, over the span limit."""
+    return OpCase("probe", "prefill", 2048, "lm_head(769 sticks)",
+                  linear("lm_head", 2048, 4096, 49216, dtype))
+
+
+def run_case(case: OpCase, target: Target) -> CaseResult:
+    p = case.program
+    op = p.ops[0]
+    t0 = time.perf_counter()
+    try:
+        g = plan(p, target, "greedy").ops[0]
+        g_util, g_us = g.utilization, g.predicted_time_us
+    except PlanningError:
+        g_util = g_us = None
+    t1 = time.perf_counter()
+    b = plan(p, target, "balanced").ops[0]
+    t2 = time.perf_counter()
+    ctx = OpContext(op, p, target, layouts(p, target)[op.name], tensor_layouts(p, target),
+                    dict(op.dims))
+    bound = best_utilization(ctx, {d: 1 for d in op.sizes})
+    name = f"{case.model}/{case.phase}/{case.tokens}/{case.what}"
+    return CaseResult(name, target.cores, g_util, b.utilization, bound, g_us,
+                      b.predicted_time_us, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+
+
+def run(cores: list[int], dtype: str = "float16", models_path: str | None = None,
+        limit: int | None = None, console: Console | None = None) -> list[CaseResult]:
+    """Run the benchmark and print its table; returns every case's result."""
+    console = console or Console()
+    cases = bench_cases(load_models(models_path), dtype)[:limit] + [prime_probe(dtype)]
+    results: list[CaseResult] = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("planning", total=len(cases) * len(cores))
+        for n in cores:
+            target = spyre(cores=n)
+            for case in cases:
+                results.append(run_case(case, target))
+                progress.advance(task)
+    console.print(table(results, cores, len(cases)))
+    return results
+
+
+def summarize(results: list[CaseResult]) -> dict[str, Any]:
+    ok = [r for r in results if r.greedy is not None]
+    ratios = [r.balanced_us / r.greedy_us for r in ok if r.greedy_us]
+    return {
+        "greedy_mean": statistics.fmean(r.greedy or 0.0 for r in results),
+        "greedy_worst": min(r.greedy or 0.0 for r in results),
+        "greedy_failures": len(results) - len(ok),
+        "balanced_mean": statistics.fmean(r.balanced for r in results),
+        "balanced_worst": min(r.balanced for r in results),
+        "bound_mean": statistics.fmean(r.bound for r in results),
+        "bound_worst": min(r.bound for r in results),
+        "time_ratio": statistics.geometric_mean(ratios) if ratios else float("nan"),
+        "greedy_ms": statistics.fmean(r.greedy_ms for r in results),
+        "balanced_ms": statistics.fmean(r.balanced_ms for r in results),
+    }
+
+
+def table(results: list[CaseResult], cores: list[int], n_cases: int) -> Table:
+    t = Table(title=f"work division over {n_cases} op shapes (a greedy failure counts as 0)",
+              title_justify="left")
+    for col in ("cores", "greedy mean / worst", "fails", "balanced mean / worst",
+                "bound mean / worst", "balanced vs bound", "time balanced/greedy",
+                "ms/op greedy", "ms/op balanced"):
+        t.add_column(col, justify="right")
+    for n in cores:
+        s = summarize([r for r in results if r.cores == n])
+        t.add_row(str(n), f"{s['greedy_mean']:.1%} / {s['greedy_worst']:.1%}",
+                  str(s["greedy_failures"]),
+                  f"{s['balanced_mean']:.1%} / {s['balanced_worst']:.1%}",
+                  f"{s['bound_mean']:.1%} / {s['bound_worst']:.1%}",
+                  f"{s['balanced_mean'] - s['bound_mean']:+.2%}",
+                  f"{s['time_ratio']:.3f}x", f"{s['greedy_ms']:.2f}", f"{s['balanced_ms']:.2f}")
+    return t

@@ -1,0 +1,165 @@
+"""The `apportion` command: plan, run, emit, bench, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from apportion.errors import ApportionError
+from apportion.ir.program import Program
+from apportion.passes.work_distribution import STRATEGIES
+from apportion.plan.plan import Plan
+from apportion.target.presets import resolve
+from apportion.target.target import Target
+
+DEFAULT = "default"
+
+
+def _load_program(spec: str) -> Program:
+    from apportion.frontend.json_format import load
+    from apportion.frontend.models import default_program
+
+    return default_program() if spec == DEFAULT else load(spec)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("program", nargs="?", default=DEFAULT,
+                   help="program file (format v1), or 'default' for the built-in MLP block")
+    p.add_argument("--target", default="spyre", help="spyre, cpu, or a target .toml file")
+    p.add_argument("--cores", type=int, default=None,
+                   help="cores to use (spyre: 1..32; default SENCORES or 32)")
+    p.add_argument("--strategy", choices=STRATEGIES, default="balanced")
+
+
+def _planned(args: argparse.Namespace) -> tuple[Program, Target, Plan]:
+    from apportion.passes.pipeline import plan
+
+    program = _load_program(args.program)
+    target = resolve(args.target, args.cores)
+    return program, target, plan(program, target, args.strategy)
+
+
+def cmd_plan(args: argparse.Namespace, console: Console) -> int:
+    from apportion.cli.report import print_report
+    from apportion.plan.export import coefficient_splits
+    from apportion.plan.serialize import to_json
+
+    program, target, plan = _planned(args)
+    if args.format == "json":
+        print(to_json(plan))
+    elif args.format == "coeffs":
+        print(json.dumps([coefficient_splits(program, o) for o in plan.ops], indent=2))
+    else:
+        print_report(plan, target, console)
+    if args.plot:
+        from apportion.cli.plot import plot_op
+
+        name = args.op or max(plan.ops, key=lambda o: o.predicted_time_us).name
+        path = plot_op(plan.op(name), program.op(name).out.dims, args.plot)
+        console.print(f"wrote {path} (op {name})", highlight=False)
+    return 0
+
+
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    from apportion.runtime import compare, random_inputs, run_planned, run_unplanned
+
+    program, target, plan = _planned(args)
+    inputs = random_inputs(program, seed=args.seed)
+    actual = run_planned(program, plan, inputs, threads=args.threads)
+    if not args.check:
+        console.print(f"ran {len(plan.ops)} ops of {program.name} over {plan.cores} cores")
+        return 0
+    expected = run_unplanned(program, inputs)
+    checks = compare(expected, actual, program)
+    for c in checks:
+        status = "[green]ok[/green]" if c.ok else "[red]MISMATCH[/red]"
+        console.print(f"{c.tensor:>12} {c.dtype:>9}  max abs err {c.max_abs_err:.3g}  "
+                      f"max rel err {c.max_rel_err:.3g}  tol {c.tolerance:.3g}  {status}")
+    bad = [c.tensor for c in checks if not c.ok]
+    if bad:
+        console.print(f"[red]planned run differs from unplanned on {', '.join(bad)}[/red]")
+        return 1
+    console.print(f"planned run of {program.name} ({args.strategy}, {plan.cores} cores) "
+                  "matches the unplanned program")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    if args.suite == "workdiv":
+        from apportion.cli import bench_workdiv
+
+        results = bench_workdiv.run(args.cores or [32, 24], models_path=args.models,
+                                    limit=args.limit, console=console)
+        if args.json:
+            Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))
+        return 0
+    from apportion.cli import bench_tiling  # type: ignore[attr-defined]
+
+    bench_tiling.run(args.cores or [32], models_path=args.models, console=console)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from apportion.cli.report import print_report
+    from apportion.frontend.models import default_program
+    from apportion.passes.pipeline import plan
+
+    program = default_program()
+    target = resolve("spyre", args.cores)
+    console.print(f"program {program.name}: {len(program.ops)} ops "
+                  "(RMS norm, gated MLP of llama3-8b at 128 tokens)")
+    print_report(plan(program, target, "balanced"), target, console)
+    greedy = plan(program, target, "greedy")
+    console.print(f"greedy for comparison: mean utilization {greedy.mean_utilization:.1%}, "
+                  f"predicted {sum(o.predicted_time_us for o in greedy.ops):.1f} us in all")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="apportion", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="plan a program and print the report or plan JSON")
+    _common(p)
+    p.add_argument("--format", choices=("table", "json", "coeffs"), default="table")
+    p.add_argument("--plot", metavar="FILE.png", help="draw which core computes which block")
+    p.add_argument("--op", help="the op to draw (default: the slowest)")
+    p.set_defaults(func=cmd_plan)
+    r = sub.add_parser("run", help="execute the plan slice by slice")
+    _common(r)
+    r.add_argument("--check", action="store_true", help="compare with the unplanned program")
+    r.add_argument("--threads", type=int, default=None, help="run cores concurrently")
+    r.add_argument("--seed", type=int, default=0)
+    r.set_defaults(func=cmd_run)
+    b = sub.add_parser("bench", help="benchmarks: workdiv, tiling")
+    b.add_argument("suite", choices=("workdiv", "tiling"))
+    b.add_argument("--cores", type=int, nargs="+", default=None)
+    b.add_argument("--models", default=None, help="models.json (default: the packaged copy)")
+    b.add_argument("--limit", type=int, default=None, help="only the first N op shapes")
+    b.add_argument("--json", default=None, help="write every case's result here")
+    b.set_defaults(func=cmd_bench)
+    d = sub.add_parser("demo", help="plan the built-in default program for spyre")
+    d.add_argument("--cores", type=int, default=None)
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; bad input exits 2 with one line on stderr, never a traceback."""
+    args = build_parser().parse_args(argv)
+    # Reports are wide tables: do not squeeze them to 80 columns when piped.
+    probe = Console()
+    console = probe if probe.is_terminal else Console(width=160)
+    try:
+        return args.func(args, console)
+    except ApportionError as e:
+        print(f"apportion: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

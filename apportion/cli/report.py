@@ -1,0 +1,50 @@
+"""The readable plan report: one table row per op and a summary line."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from apportion.plan.plan import Plan
+from apportion.target.target import Target
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f}"
+
+
+def plan_table(plan: Plan, target: Target) -> Table:
+    """A rich table of the plan, one row per op."""
+    table = Table(title=f"{plan.program} on {target.name} ({plan.cores} cores, {plan.strategy})",
+                  title_justify="left")
+    for col, just in (("op", "left"), ("kind", "left"), ("iteration space", "left"),
+                      ("stick dims", "left"), ("splits", "left"), ("cores", "right"),
+                      ("util", "right"), ("max span MiB / limit", "right"),
+                      ("time us", "right"), ("loop", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for o in plan.ops:
+        space = " ".join(f"{d}={n}" for d, n in o.iteration_space)
+        splits = " ".join(f"{d}:{n}" + ("" if o.is_even(d) else "~")
+                          for d, n in o.splits if n > 1) or "-"
+        worst = max((s for _, s in o.span_bytes), default=0)
+        kind = o.kind + ("" if o.kind == o.op else f" ({o.op})")
+        loop = "-" if o.loop is None else " x ".join(str(c) for c in o.loop.count)
+        table.add_row(o.name, kind, space, ",".join(o.stick_dims) or "-", splits, str(o.cores),
+                      f"{o.utilization:.1%}", f"{_mib(worst)} / {_mib(target.span_limit)}",
+                      f"{o.predicted_time_us:.2f}", loop)
+    return table
+
+
+def summary_line(plan: Plan) -> str:
+    total = sum(o.predicted_time_us for o in plan.ops)
+    fallback = sum(1 for o in plan.ops if o.fallback)
+    extra = f", {fallback} fallback op(s) on one core" if fallback else ""
+    return (f"{len(plan.ops)} ops, mean utilization {plan.mean_utilization:.1%}, predicted "
+            f"{total:.1f} us in all{extra}  (~ marks an uneven split)")
+
+
+def print_report(plan: Plan, target: Target, console: Console | None = None) -> None:
+    """Print the table and the summary line."""
+    console = console or Console()
+    console.print(plan_table(plan, target))
+    console.print(summary_line(plan))
