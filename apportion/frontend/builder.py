@@ -1,0 +1,583 @@
+"""The Python builder: named dims, tensors with operators, and hint scopes for coarse tiling.
+
+>>> A, B = dim("A", 4), dim("B", 8)
+>>> with program("demo") as p:
+...     x = p.input("x", [A, B], "float16")
+...     with hint(slices={A: 2}):
+...         y = exp(x) * x
+...     p.output(y)
+>>> [str(o) for o in p.program.ops]
+['exp0: exp0_out[A, B] = exp(x[A, B])', 'mul1: mul1_out[A, B] = mul(exp0_out[A, B], x[A, B])']
+
+Index letters come from dim names (sanitised to identifiers, unique in the program), so a dim
+has the same letter in every op, which is what a tiling group's loop levels name. A size-1 axis
+is indexed with a literal ``0`` (broadcast). The result is read from ``p.program``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from apportion.errors import ProgramError
+from apportion.frontend.json_format import inferred_dtype
+from apportion.ir.affine import AffineExpr
+from apportion.ir.dtypes import check_dtype
+from apportion.ir.op import Access, Op
+from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
+
+__all__ = [
+    "BinaryOp", "Dim", "Hint", "ProgramBuilder", "Reduction", "Tensor", "UnaryOp",
+    "add", "amax", "amin", "argmax", "cast", "dim", "div", "exp", "gelu", "hint", "log", "matmul",
+    "maximum", "mean", "minimum", "mul", "neg", "program", "relu", "rsqrt", "sigmoid", "silu",
+    "sqrt", "sub", "sum", "tanh",
+]
+
+_ZERO = AffineExpr.constant(0)
+# The active program and hint scopes: the only state, restored by the `with` that set it.
+_PROGRAM: ContextVar[ProgramBuilder | None] = ContextVar("apportion_program", default=None)
+_HINTS: ContextVar[tuple[Hint, ...]] = ContextVar("apportion_hints", default=())
+
+
+@dataclass(frozen=True)
+class Dim:
+    """A named dimension of a fixed size; names starting with ``_`` are anonymous (generated)."""
+
+    name: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ProgramError(f"a dim name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size <= 0:
+            raise ProgramError(f"dim {self.name!r}: size must be a positive int, got {self.size!r}")
+
+    @property
+    def anonymous(self) -> bool:
+        return self.name.startswith("_")
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.size}"
+
+
+def dim(name: str, size: int) -> Dim:
+    """A named dim: ``A = ap.dim("A", 1024)``. Names starting with ``_`` are reserved."""
+    if isinstance(name, str) and name.startswith("_"):
+        raise ProgramError(f"dim name {name!r}: names starting with '_' are reserved for "
+                           "anonymous dims (pass an int size instead)")
+    return Dim(name, size)
+
+
+def _anonymous(size: int) -> Dim:
+    return Dim(f"_{size}", size)
+
+
+def _dims_text(dims: Sequence[Dim]) -> str:
+    return "[" + ", ".join(str(d) for d in dims) + "]"
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    """A tensor of a program being built; ``+ - * / @`` and unary ``-`` add ops.
+
+    >>> with program("t") as p:
+    ...     x = p.input("x", [dim("A", 4), 8], "float32")
+    >>> (x + x).shape, [d.name for d in (x * x).dims]
+    ((4, 8), ['A', '_8'])
+    """
+
+    name: str
+    dims: tuple[Dim, ...]
+    dtype: str
+    builder: ProgramBuilder = field(repr=False)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(d.size for d in self.dims)
+
+    def __add__(self, other: Tensor) -> Tensor:
+        return _binary("add", "add", self, other, None)
+
+    def __sub__(self, other: Tensor) -> Tensor:
+        return _binary("sub", "sub", self, other, None)
+
+    def __mul__(self, other: Tensor) -> Tensor:
+        return _binary("mul", "mul", self, other, None)
+
+    def __truediv__(self, other: Tensor) -> Tensor:
+        return _binary("div", "div", self, other, None)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        return matmul(self, other)
+
+    def __neg__(self) -> Tensor:
+        return neg(self)
+
+
+class Hint:
+    """A scope whose ops get one loop level (``slices``) and/or pinned splits (``work_division``).
+
+    Made by :func:`hint`; single use. ``builder`` and ``ops`` are set while the scope is entered.
+    """
+
+    def __init__(self, slices: Mapping[Dim, int | str] | None = None,
+                 work_division: Mapping[Dim, int] | None = None) -> None:
+        self.slices = dict(slices or {})
+        self.work_division = dict(work_division or {})
+        if not self.slices and not self.work_division:
+            raise ProgramError("hint needs slices={dim: count} or work_division={dim: splits}")
+        for d in (*self.slices, *self.work_division):
+            if not isinstance(d, Dim):
+                raise ProgramError(f"hint keys must be dims made with ap.dim, got {d!r}")
+        counts = list(dict.fromkeys(self.slices.values()))
+        if len(counts) > 1:
+            raise ProgramError(f"hint slices {_hint_text(self.slices)}: one hint is one loop level "
+                               "with one count; nest hints for different counts")
+        self.level = LoopLevel(counts[0], tuple(d.name for d in self.slices)) if counts else None
+        for d, n in self.work_division.items():
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise ProgramError(f"hint work_division: split of dim {d.name!r} must be a "
+                                   f"positive int, got {n!r}")
+        self.builder: ProgramBuilder | None = None
+        self.ops: list[Op] = []
+        self._token: Token[tuple[Hint, ...]] | None = None
+
+    def __enter__(self) -> Hint:
+        builder = _PROGRAM.get()
+        if builder is None:
+            raise ProgramError("ap.hint must be used inside `with ap.program(...)`")
+        if self.builder is not None:
+            raise ProgramError("a hint scope is single use; call ap.hint(...) again")
+        for d in (*self.slices, *self.work_division):
+            builder._register(d, "hint")
+        self.builder = builder
+        self._token = _HINTS.set((*_HINTS.get(), self))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _HINTS.reset(self._token)
+            self._token = None
+
+
+def _hint_text(slices: Mapping[Dim, Any]) -> str:
+    return "{" + ", ".join(f"{d.name}: {n!r}" for d, n in slices.items()) + "}"
+
+
+def hint(slices: Mapping[Dim, int | str] | None = None,
+         work_division: Mapping[Dim, int] | None = None) -> Hint:
+    """Tile the ops made inside: ``with ap.hint(slices={A: 2}): ...`` loops twice over rows of A.
+
+    Nested hints are nested loop levels, outermost first; consecutive ops with the same hint
+    scopes form one tiling group. A count is an int or a symbol name. ``work_division={A: 4}``
+    pins the split of A for each op made inside that uses A.
+    """
+    return Hint(slices, work_division)
+
+
+@dataclass(frozen=True)
+class _Record:
+    """An op as built, with the hint scopes it was made in (outermost first)."""
+
+    op: Op
+    scopes: tuple[Hint, ...]
+
+    @property
+    def loop_scopes(self) -> tuple[Hint, ...]:
+        return tuple(s for s in self.scopes if s.level is not None)
+
+
+class ProgramBuilder:
+    """Collects inputs, ops and outputs of one program; read the result from :attr:`program`.
+
+    >>> with program("p") as p:
+    ...     x = p.input("x", [dim("T", 2), dim("H", 4)], "float16")
+    ...     p.output(relu(x))
+    >>> p.program.outputs
+    ('relu0_out',)
+    """
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ProgramError(f"a program name must be a non-empty string, got {name!r}")
+        self.name = name
+        self._inputs: list[str] = []
+        self._outputs: list[str] = []
+        self._types: dict[str, TensorType] = {}
+        self._records: list[_Record] = []
+        self._sizes: dict[str, int] = {}  # dim name -> size
+        self._letters: dict[tuple[str, int], str] = {}  # (dim name, occurrence in an op) -> letter
+        self._token: Token[ProgramBuilder | None] | None = None
+
+    def __enter__(self) -> ProgramBuilder:
+        if self._token is not None:
+            raise ProgramError(f"program {self.name!r} is already active")
+        self._token = _PROGRAM.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _PROGRAM.reset(self._token)
+            self._token = None
+
+    def input(self, name: str, dims: Sequence[Dim | int], dtype: str) -> Tensor:
+        """A program input: ``x = p.input("x", [A, B], "float16")``; an int is an anonymous dim."""
+        where = f"tensor {name!r}"
+        if not isinstance(name, str) or not re.fullmatch(r"[^\[\],\s]+", name):
+            raise ProgramError(f"{where}: a tensor name must be non-empty, without spaces, "
+                               "brackets or commas")
+        if name in self._types:
+            raise ProgramError(f"{where}: name already used in program {self.name!r}")
+        for axis, d in enumerate(dims):
+            if not isinstance(d, Dim) and (isinstance(d, bool) or not isinstance(d, int) or d <= 0):
+                raise ProgramError(f"{where}: axis {axis} must be a Dim or a positive int, "
+                                   f"got {d!r}")
+        full = tuple(d if isinstance(d, Dim) else _anonymous(d) for d in dims)
+        for d in full:
+            self._register(d, where)
+        self._types[name] = TensorType(name, tuple(d.size for d in full), check_dtype(dtype, where))
+        self._inputs.append(name)
+        return Tensor(name, full, dtype, self)
+
+    def output(self, *tensors: Tensor) -> None:
+        """Mark tensors as program outputs: ``p.output(z)``."""
+        for t in tensors:
+            self._own(t, f"output of program {self.name!r}")
+            if t.name in self._outputs:
+                raise ProgramError(f"tensor {t.name!r} is already an output of {self.name!r}")
+            self._outputs.append(t.name)
+
+    @property
+    def program(self) -> Program:
+        """The validated IR program of everything built so far (inputs first, then op results)."""
+        produced = [self._types[r.op.out.tensor] for r in self._records]
+        return Program(self.name, tuple(self._types[n] for n in self._inputs) + tuple(produced),
+                       tuple(self._inputs), tuple(self._outputs),
+                       tuple(r.op for r in self._records), self._tiling(), self._pins())
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _register(self, d: Dim, where: str) -> None:
+        if d.anonymous:
+            return
+        known = self._sizes.setdefault(d.name, d.size)
+        if known != d.size:
+            raise ProgramError(f"{where}: dim {d.name!r} has size {d.size} here but {known} "
+                               f"elsewhere in program {self.name!r}; a dim name means one size")
+
+    def _own(self, t: object, where: str) -> Tensor:
+        if not isinstance(t, Tensor):
+            raise ProgramError(f"{where}: {t!r} is not a tensor; scalar constants are not "
+                               "supported, make them inputs")
+        if t.builder is not self:
+            raise ProgramError(f"{where}: tensor {t.name!r} belongs to program "
+                               f"{t.builder.name!r}, not {self.name!r}")
+        return t
+
+    def _letter(self, d: Dim, occurrence: int) -> str:
+        key = (d.name, occurrence)
+        if key not in self._letters:
+            base = f"d{d.size}" if d.anonymous else re.sub(r"[^A-Za-z0-9_]", "_", d.name)
+            if base[0].isdigit():
+                base = "d" + base
+            if occurrence:
+                base += f"_{occurrence + 1}"
+            taken = set(self._letters.values())
+            letter = base
+            for n in itertools.count(2):
+                if letter not in taken:
+                    break
+                letter = f"{base}{n}"
+            self._letters[key] = letter
+        return self._letters[key]
+
+    def _slot_letters(self, slots: Sequence[Dim | None]) -> list[str | None]:
+        """One letter per iteration slot of an op; a dim seen again in the op gets its own."""
+        seen: dict[str, int] = {}
+        out: list[str | None] = []
+        for d in slots:
+            if d is None:
+                out.append(None)
+                continue
+            out.append(self._letter(d, seen.get(d.name, 0)))
+            seen[d.name] = seen.get(d.name, 0) + 1
+        return out
+
+    def _op_name(self, base: str, name: str | None) -> str:
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise ProgramError(f"an op name must be a non-empty string, got {name!r}")
+            if any(r.op.name == name for r in self._records):
+                raise ProgramError(f"op {name!r}: name already used in program {self.name!r}")
+            return name
+        taken = {r.op.name for r in self._records}
+        for n in itertools.count(len(self._records)):
+            if f"{base}{n}" not in taken:
+                return f"{base}{n}"
+        raise AssertionError("unreachable")
+
+    def _add(self, op_name: str, fn: str, out_dims: tuple[Dim, ...],
+             out_index: Sequence[AffineExpr], ins: Sequence[tuple[Tensor, Sequence[AffineExpr]]],
+             sizes: dict[str, int], attrs: dict[str, str] | None = None) -> Tensor:
+        out_name = f"{op_name}_out"
+        while out_name in self._types:
+            out_name += "_"
+        op = Op.build(op_name, fn, Access(out_name, tuple(out_index)),
+                      tuple(Access(t.name, tuple(ix)) for t, ix in ins), sizes, attrs)
+        dtype = inferred_dtype(op, self._types)
+        self._types[out_name] = TensorType(out_name, tuple(d.size for d in out_dims), dtype)
+        scopes = tuple(s for s in _HINTS.get() if s.builder is self)
+        for s in scopes:
+            s.ops.append(op)
+        self._records.append(_Record(op, scopes))
+        return Tensor(out_name, out_dims, dtype, self)
+
+    def _uses(self, op: Op, d: Dim) -> bool:
+        return self._letters.get((d.name, 0)) in op.sizes
+
+    def _tiling(self) -> tuple[TilingGroup, ...]:
+        groups: list[TilingGroup] = []
+        for scopes, run in itertools.groupby(self._records, key=lambda r: r.loop_scopes):
+            if not scopes:
+                continue
+            ops = [r.op for r in run]
+            names = tuple(o.name for o in ops)
+            levels = []
+            for s in scopes:
+                for d in s.slices:
+                    if not any(self._uses(o, d) for o in ops):
+                        raise ProgramError(f"hint slices {_hint_text(s.slices)}: no op of tiling "
+                                           f"group {list(names)} uses dim {d.name!r}")
+                assert s.level is not None
+                letters = tuple(self._letters[(d.name, 0)] for d in s.slices)
+                levels.append(LoopLevel(s.level.count, letters))
+            groups.append(TilingGroup(names, tuple(levels)))
+        return tuple(groups)
+
+    def _pins(self) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
+        scopes = dict.fromkeys(s for r in self._records for s in r.scopes if s.work_division)
+        for s in scopes:
+            for d in s.work_division:
+                if not any(self._uses(o, d) for o in s.ops):
+                    raise ProgramError(f"hint work_division {_hint_text(s.work_division)}: no op "
+                                       f"inside uses dim {d.name!r}")
+        pins = []
+        for r in self._records:
+            merged = {self._letters[(d.name, 0)]: n for s in r.scopes
+                      for d, n in s.work_division.items() if self._uses(r.op, d)}
+            if merged:
+                pins.append((r.op.name, tuple(merged.items())))
+        return tuple(pins)
+
+
+def program(name: str) -> ProgramBuilder:
+    """Start a program: ``with ap.program("fused") as p: ...``, then ``p.program``."""
+    return ProgramBuilder(name)
+
+
+# -- op construction ---------------------------------------------------------------------------
+
+def _start(base: str, name: str | None, *operands: object) -> tuple[ProgramBuilder, str]:
+    """The operands' program and the op's name, after checking the operands are its tensors."""
+    first = next((t for t in operands if isinstance(t, Tensor)), None)
+    if first is None:
+        raise ProgramError(f"{base}: needs a tensor operand, got {operands!r}")
+    b = first.builder
+    op_name = b._op_name(base, name)
+    for t in operands:
+        b._own(t, f"op {op_name!r}")
+    return b, op_name
+
+
+def _same_dtype(op_name: str, x: Tensor, y: Tensor) -> None:
+    if x.dtype != y.dtype:
+        raise ProgramError(f"op {op_name!r}: tensors {x.name!r} ({x.dtype}) and {y.name!r} "
+                           f"({y.dtype}) have different dtypes; use ap.cast")
+
+
+def _match(p: Dim, q: Dim) -> Dim | None:
+    """The common dim of two axes: equal, or an anonymous dim of the same size as the other."""
+    if p == q:
+        return p
+    if p.size == q.size and (p.anonymous or q.anonymous):
+        return q if p.anonymous else p
+    return None
+
+
+def _ix(letter: str | None) -> AffineExpr:
+    return _ZERO if letter is None else AffineExpr.dim(letter)
+
+
+def _elementwise(b: ProgramBuilder, op_name: str, fn: str, ins: Sequence[Tensor],
+                 out_dims: tuple[Dim, ...], attrs: dict[str, str] | None = None) -> Tensor:
+    letters = b._slot_letters([d if d.size > 1 else None for d in out_dims])
+    sizes = {lt: d.size for lt, d in zip(letters, out_dims, strict=True) if lt}
+    accesses = []
+    for t in ins:  # inputs align with the output's trailing axes; their size-1 axes read index 0
+        off = len(out_dims) - len(t.dims)
+        accesses.append((t, [_ix(letters[off + j] if d.size > 1 else None)
+                             for j, d in enumerate(t.dims)]))
+    return b._add(op_name, fn, out_dims, [_ix(lt) for lt in letters], accesses, sizes, attrs)
+
+
+def _binary(fn: str, base: str, x: object, y: object, name: str | None) -> Tensor:
+    b, op_name = _start(base, name, x, y)
+    assert isinstance(x, Tensor) and isinstance(y, Tensor)
+    _same_dtype(op_name, x, y)
+    rank = max(len(x.dims), len(y.dims))
+    xs = (None,) * (rank - len(x.dims)) + x.dims
+    ys = (None,) * (rank - len(y.dims)) + y.dims
+    out: list[Dim] = []
+    for axis, (p, q) in enumerate(zip(xs, ys, strict=True)):
+        if p is None or q is None:
+            m = q if p is None else p
+        else:
+            m = q if p.size == 1 else p if q.size == 1 else _match(p, q)
+        if m is None:
+            raise ProgramError(
+                f"op {op_name!r}: tensor {x.name!r} dims {_dims_text(x.dims)} and tensor "
+                f"{y.name!r} dims {_dims_text(y.dims)} do not broadcast: dim {p} vs dim {q} "
+                f"at axis {axis}")
+        out.append(m)
+    return _elementwise(b, op_name, fn, (x, y), tuple(out))
+
+
+def _unary(fn: str, base: str, x: Tensor, name: str | None,
+           attrs: dict[str, str] | None = None) -> Tensor:
+    b, op_name = _start(base, name, x)
+    return _elementwise(b, op_name, fn, (x,), x.dims, attrs)
+
+
+def _reduce(fn: str, base: str, x: Tensor, over: Dim | int, keepdim: bool,
+            name: str | None) -> Tensor:
+    b, op_name = _start(base, name, x)
+    where, x_rank = f"op {op_name!r}", len(x.dims)
+    if isinstance(over, Dim):
+        b._register(over, where)
+        axes = [j for j, d in enumerate(x.dims) if d == over]
+        if not axes:
+            raise ProgramError(f"{where}: tensor {x.name!r} {_dims_text(x.dims)} has no dim "
+                               f"{over.name!r} to reduce over")
+        if len(axes) > 1:
+            raise ProgramError(f"{where}: tensor {x.name!r} has dim {over.name!r} at axes "
+                               f"{axes}; pass the axis index to reduce over")
+        axis = axes[0]
+    elif isinstance(over, int) and not isinstance(over, bool) and -x_rank <= over < x_rank:
+        axis = over % x_rank
+    else:
+        raise ProgramError(f"{where}: cannot reduce tensor {x.name!r} {_dims_text(x.dims)} over "
+                           f"{over!r}; give one of its dims or an axis index")
+    letters = b._slot_letters([d if d.size > 1 or j == axis else None
+                               for j, d in enumerate(x.dims)])
+    sizes = {lt: d.size for lt, d in zip(letters, x.dims, strict=True) if lt}
+    index = [_ix(lt) for lt in letters]
+    out_index = [_ZERO if j == axis else e for j, e in enumerate(index) if keepdim or j != axis]
+    out_dims = tuple(_anonymous(1) if j == axis else d for j, d in enumerate(x.dims)
+                     if keepdim or j != axis)
+    return b._add(op_name, fn, out_dims, out_index, [(x, index)], sizes)
+
+
+class UnaryOp(Protocol):
+    """An elementwise function of one tensor: ``ap.exp(x)``, ``ap.exp(x, name="e")``."""
+
+    def __call__(self, x: Tensor, *, name: str | None = None) -> Tensor: ...
+
+
+class BinaryOp(Protocol):
+    """An elementwise function of two tensors with broadcast: ``ap.maximum(x, y)``."""
+
+    def __call__(self, x: Tensor, y: Tensor, *, name: str | None = None) -> Tensor: ...
+
+
+class Reduction(Protocol):
+    """A reduction over a Dim of ``x`` (or an axis index): ``ap.sum(x, B)``.
+
+    ``keepdim=True`` (the default, as softmax wants) keeps the dim as size 1 so the result
+    broadcasts back against ``x``; ``keepdim=False`` drops it.
+    """
+
+    def __call__(self, x: Tensor, dim: Dim | int, *, keepdim: bool = True,
+                 name: str | None = None) -> Tensor: ...
+
+
+def _unary_op(fn: str, base: str, doc: str) -> UnaryOp:
+    def op(x: Tensor, *, name: str | None = None) -> Tensor:
+        return _unary(fn, base, x, name)
+    op.__name__ = op.__qualname__ = base
+    op.__doc__ = doc
+    return op
+
+
+def _binary_op(fn: str, base: str, doc: str) -> BinaryOp:
+    def op(x: Tensor, y: Tensor, *, name: str | None = None) -> Tensor:
+        return _binary(fn, base, x, y, name)
+    op.__name__ = op.__qualname__ = base
+    op.__doc__ = doc
+    return op
+
+
+def _reduction(fn: str, base: str, doc: str) -> Reduction:
+    def op(x: Tensor, dim: Dim | int, *, keepdim: bool = True, name: str | None = None) -> Tensor:
+        return _reduce(fn, base, x, dim, keepdim, name)
+    op.__name__ = op.__qualname__ = base
+    op.__doc__ = doc + " ``keepdim=True`` (default) keeps ``dim`` as size 1."
+    return op
+
+
+add = _binary_op("add", "add", "``x + y`` with broadcast: ``ap.add(x, y, name='res')``.")
+sub = _binary_op("sub", "sub", "``x - y`` with broadcast.")
+mul = _binary_op("mul", "mul", "``x * y`` with broadcast.")
+div = _binary_op("div", "div", "``x / y`` with broadcast.")
+maximum = _binary_op("max", "maximum", "Elementwise larger of two tensors: ``ap.maximum(x, y)``.")
+minimum = _binary_op("min", "minimum", "Elementwise smaller of two tensors.")
+neg = _unary_op("neg", "neg", "``-x``.")
+exp = _unary_op("exp", "exp", "Elementwise ``e**x``: ``ap.exp(x)``.")
+log = _unary_op("log", "log", "Elementwise natural log.")
+sqrt = _unary_op("sqrt", "sqrt", "Elementwise square root.")
+rsqrt = _unary_op("rsqrt", "rsqrt", "Elementwise ``1 / sqrt(x)``.")
+tanh = _unary_op("tanh", "tanh", "Elementwise hyperbolic tangent.")
+sigmoid = _unary_op("sigmoid", "sigmoid", "Elementwise logistic sigmoid.")
+relu = _unary_op("relu", "relu", "Elementwise ``max(x, 0)``.")
+silu = _unary_op("silu", "silu", "Elementwise ``x * sigmoid(x)``.")
+gelu = _unary_op("gelu", "gelu", "Elementwise GELU.")
+sum = _reduction("sum", "sum", "Sum over ``dim``: ``ap.sum(x, B)``.")
+mean = _reduction("mean", "mean", "Mean over ``dim``: ``ap.mean(x, B)``.")
+amax = _reduction("max", "amax", "Maximum over ``dim``: ``ap.amax(x, B)``.")
+amin = _reduction("min", "amin", "Minimum over ``dim``: ``ap.amin(x, B)``.")
+argmax = _reduction("argmax", "argmax", "Index (int64) of the maximum over ``dim``.")
+
+
+def cast(x: Tensor, dtype: str, *, name: str | None = None) -> Tensor:
+    """A copy of ``x`` with element type ``dtype``: ``ap.cast(x, "float32")``."""
+    return _unary("copy", "cast", x, name, {"dtype": check_dtype(dtype, "ap.cast")})
+
+
+def matmul(x: Tensor, w: Tensor, *, name: str | None = None) -> Tensor:
+    """Contract the last dim of ``x`` with the first of ``w``: ``ap.matmul(x, w)`` or ``x @ w``.
+
+    The two dims must be the same dim, or one anonymous with the size of the other.
+    The result has ``x``'s other dims, then ``w``'s.
+    """
+    b, op_name = _start("matmul", name, x, w)
+    where = f"op {op_name!r}"
+    if not x.dims or not w.dims:
+        raise ProgramError(f"{where}: matmul needs tensors of rank >= 1, got {x.name!r} "
+                           f"{_dims_text(x.dims)} and {w.name!r} {_dims_text(w.dims)}")
+    _same_dtype(op_name, x, w)
+    k = _match(x.dims[-1], w.dims[0])
+    if k is None:
+        raise ProgramError(f"{where}: contraction dims differ: last dim {x.dims[-1]} of tensor "
+                           f"{x.name!r} vs first dim {w.dims[0]} of tensor {w.name!r}")
+    out_dims = x.dims[:-1] + w.dims[1:]
+    letters = b._slot_letters([d if d.size > 1 else None for d in out_dims] + [k])
+    sizes = {lt: d.size for lt, d in zip(letters, (*out_dims, k), strict=True) if lt}
+    out_letters, kl = letters[:-1], letters[-1]
+    split = len(x.dims) - 1
+    x_index = [_ix(lt) for lt in (*out_letters[:split], kl)]
+    w_index = [_ix(lt) for lt in (kl, *out_letters[split:])]
+    return b._add(op_name, "matmul", out_dims, [_ix(lt) for lt in out_letters],
+                  [(x, x_index), (w, w_index)], sizes)
