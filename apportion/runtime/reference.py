@@ -1,0 +1,451 @@
+"""The reference executor: runs a program unplanned, or planned core slice by core slice, in numpy.
+
+A run maps tensor names to numpy arrays (``kernels.STORAGE``: bfloat16 lives in float32 arrays
+rounded to bfloat16). ``run_planned`` computes every core's box of the iteration space on its
+own, combines split reductions from the cores' partials, and checks that the boxes cover the
+iteration space exactly once; ``compare`` then holds its outputs against ``run_unplanned``'s.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from apportion.errors import ApportionError, ExecutionError
+from apportion.ir.dtypes import FLOAT_DTYPES
+from apportion.ir.op import Access, Op
+from apportion.ir.program import Program
+from apportion.plan.plan import Plan
+from apportion.plan.views import core_slices
+from apportion.runtime import kernels
+from apportion.runtime.kernels import Partial
+
+#: one box of an op's iteration space: dim -> (start, stop) in elements
+Box = dict[str, tuple[int, int]]
+
+
+def random_inputs(program: Program, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random arrays for the program's inputs, in ranges every op accepts.
+
+    Floats are uniform in [0.5, 1.5) (positive and non-zero: log, sqrt, div and pow stay
+    finite), divided by sqrt(K) where a matmul reads the input with K reduction points, so
+    that chains of matmuls stay far from float16's overflow (65504) and inf never hides a
+    difference. Ints are in {1, 2, 3} (no division by zero), bools fair coin flips.
+
+    >>> from apportion.frontend.json_format import load
+    >>> sorted(random_inputs(load("examples/mlp.json")))   # doctest: +SKIP
+    ['wd', 'wg', 'wu', 'x']
+    """
+    rng = np.random.default_rng(seed)
+    volume: dict[str, int] = {}
+    for op in program.ops:
+        if op.kind == "matmul":
+            for acc in op.ins:
+                volume[acc.tensor] = max(volume.get(acc.tensor, 1), _reduction_count(op))
+    out: dict[str, np.ndarray] = {}
+    for name in program.inputs:
+        t = program.tensor(name)
+        if t.dtype in FLOAT_DTYPES:
+            scale = 1.0 / math.sqrt(volume.get(name, 1))
+            out[name] = kernels.to_storage(rng.uniform(0.5, 1.5, t.shape) * scale, t.dtype)
+        elif t.dtype == "bool":
+            out[name] = rng.random(t.shape) < 0.5
+        else:
+            out[name] = rng.integers(1, 4, t.shape).astype(kernels.storage_dtype(t.dtype))
+    return out
+
+
+# --- one op over one box -------------------------------------------------------------------
+
+def _full_box(op: Op) -> Box:
+    return {d: (0, n) for d, n in op.dims}
+
+
+def _check_box(op: Op, ranges: Mapping[str, tuple[int, int]]) -> Box:
+    unknown = [d for d in ranges if d not in op.sizes]
+    if unknown:
+        raise ExecutionError(f"op {op.name!r}: box names unknown dim {unknown[0]!r}; "
+                             f"dims: {', '.join(op.dim_names)}")
+    box = {d: tuple(ranges.get(d, (0, n))) for d, n in op.dims}
+    for d, (lo, hi) in box.items():
+        if not 0 <= lo < hi <= op.sizes[d]:
+            raise ExecutionError(f"op {op.name!r}: range {(lo, hi)} of dim {d!r} is empty or "
+                                 f"outside 0..{op.sizes[d]}")
+    return box  # type: ignore[return-value]
+
+
+def _operand(op: Op, acc: Access, arr: np.ndarray, box: Box, dtype: type) -> np.ndarray:
+    """The operand over the box, one axis per op dim in op order (size 1 where unused)."""
+    dims = op.dim_names
+    singles = [e.single_dim for e in acc.index]
+    named = [s for s in singles if s is not None]
+    plain = all(s is not None or not e.terms for s, e in zip(singles, acc.index, strict=True))
+    if plain and len(set(named)) == len(named):
+        # Plain dims and literals: basic slicing gives a view, no copy until the cast.
+        view = arr[tuple(slice(*box[s]) if s else e.const
+                         for s, e in zip(singles, acc.index, strict=True))]
+        view = view.transpose(sorted(range(len(named)), key=lambda i: dims.index(named[i])))
+        used = set(named)
+        view = view[tuple(slice(None) if d in used else None for d in dims)]
+    else:
+        # Sums of dims (128*h+d, 11008+f): gather with index arrays that broadcast over the box.
+        def coord(d: str) -> np.ndarray:
+            shape = [1] * len(dims)
+            shape[dims.index(d)] = box[d][1] - box[d][0]
+            return np.arange(*box[d]).reshape(shape)
+
+        view = arr[tuple(e.const + sum((c * coord(d) for d, c in e.terms), np.zeros((), int))
+                         for e in acc.index)]
+        view = view.reshape(view.shape + (1,) * (len(dims) - view.ndim))
+    return view.astype(dtype, copy=False)
+
+
+def _einsum(op: Op, operands: Sequence[np.ndarray], box: Box) -> np.ndarray:
+    """Sum of products over the reduction dims, via einsum so that BLAS does big matmuls."""
+    dims = op.dim_names
+    if len(dims) > len(string.ascii_letters):
+        raise ExecutionError(f"op {op.name!r}: {len(dims)} dims exceed einsum's letters")
+    letter = dict(zip(dims, string.ascii_letters, strict=False))
+    subs, arrays = [], []
+    for acc, x in zip(op.ins, operands, strict=True):
+        keep = [i for i, d in enumerate(dims) if d in acc.dims]
+        arrays.append(x.reshape([x.shape[i] for i in keep]))
+        subs.append("".join(letter[dims[i]] for i in keep))
+    read = {d for acc in op.ins for d in acc.dims}
+    par = op.parallel_dims
+    out = "".join(letter[d] for d in par if d in read)
+    res = np.einsum(f"{subs[0]},{subs[1]}->{out}", *arrays, optimize=True)
+    # A reduction dim no input reads adds the same product once per point of it.
+    scale = math.prod(box[d][1] - box[d][0] for d in op.reduction_dims if d not in read)
+    if scale != 1:
+        res = res * scale
+    res = res[tuple(slice(None) if d in read else None for d in par)]
+    return np.broadcast_to(res, tuple(box[d][1] - box[d][0] for d in par))
+
+
+def _to_out_layout(op: Op, res: np.ndarray) -> np.ndarray:
+    """From the op's parallel dims in op order to the output tensor's axes (literal 0: size 1)."""
+    par = list(op.parallel_dims)
+    out_dims = [e.single_dim for e in op.out.index]
+    res = res.transpose([par.index(d) for d in out_dims if d is not None])
+    return res[tuple(slice(None) if d else None for d in out_dims)]
+
+
+def _out_slice(op: Op, box: Box) -> tuple[slice, ...]:
+    return tuple(slice(*box[e.single_dim]) if e.single_dim else slice(0, 1)
+                 for e in op.out.index)
+
+
+def partial_result(op: Op, program: Program, env: Mapping[str, np.ndarray], box: Box) -> Partial:
+    """The raw result of ``op`` over ``box`` in the output's layout, before any combine.
+
+    Reductions give the plain partial (mean: the partial sum; argmax: values and global flat
+    indices); all of it in the compute dtype, not yet cast to the output dtype.
+    """
+    dt = kernels.compute_dtype(program.tensor(a.tensor).dtype for a in op.ins)
+    xs = [_operand(op, a, env[a.tensor], box, dt) for a in op.ins]
+    dims = op.dim_names
+    shape = tuple(box[d][1] - box[d][0] for d in dims)
+    red_axes = tuple(i for i, d in enumerate(dims) if d in op.reduction_dims)
+    if op.kind == "pointwise":
+        return _to_out_layout(op, np.broadcast_to(kernels.pointwise(op.fn, *xs), shape))
+    if op.kind == "matmul":
+        return _to_out_layout(op, _einsum(op, xs, box))
+    if op.kind != "reduction":
+        raise ExecutionError(f"op {op.name!r}: a {op.kind} op has no per-box result")
+    a = np.broadcast_to(xs[0], shape)
+    if op.fn == "argmax":
+        values, index = kernels.argmax_partial(
+            a, red_axes, [box[d][0] for d in op.reduction_dims],
+            [op.sizes[d] for d in op.reduction_dims])
+        return _to_out_layout(op, values), _to_out_layout(op, index)
+    return _to_out_layout(op, kernels.reduce_partial(op.fn, a, red_axes))
+
+
+def _reduction_count(op: Op) -> int:
+    return math.prod(op.sizes[d] for d in op.reduction_dims)
+
+
+def _finish(op: Op, program: Program, partial: Partial) -> np.ndarray:
+    value = kernels.finish(op.fn, partial, _reduction_count(op))
+    return kernels.to_storage(value, program.tensor(op.out.tensor).dtype)
+
+
+def _run_fallback(op: Op, program: Program, env: Mapping[str, np.ndarray]) -> np.ndarray:
+    # Whole tensor along its last axis, as stored: a fallback has no iteration-space model.
+    src = program.tensor(op.ins[0].tensor)
+    res = kernels.fallback(str(op.attr("fn")),
+                           env[src.name].astype(kernels.compute_dtype([src.dtype])))
+    out_t = program.tensor(op.out.tensor)
+    if res.shape != out_t.shape:
+        raise ExecutionError(f"op {op.name!r}: fallback {op.attr('fn')} gives shape {res.shape}, "
+                             f"output {out_t.name!r} has shape {out_t.shape}")
+    return kernels.to_storage(res, out_t.dtype)
+
+
+def evaluate_op(op: Op, program: Program, env: Mapping[str, np.ndarray],
+                ranges: Mapping[str, tuple[int, int]] | None = None) -> Partial:
+    """``op`` over a box of its iteration space (None: all of it; a missing dim: all of it).
+
+    Returns the output tensor's slice for the box, cast to the output dtype, when the box
+    covers every reduction dim whole; otherwise the partial of ``partial_result``.
+
+    >>> from apportion.frontend.json_format import loads
+    >>> p = loads('{"tensors": {"x": {"shape": [2, 4], "dtype": "float32"}}, "inputs": ["x"],'
+    ...           '"outputs": ["s"], "ops": [{"op": "sum", "out": "s[i]", "ins": ["x[i,k]"]}]}')
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> evaluate_op(p.ops[0], p, {"x": x}).tolist()
+    [6.0, 22.0]
+    >>> evaluate_op(p.ops[0], p, {"x": x}, {"k": (0, 2)}).tolist()   # a partial sum
+    [1.0, 9.0]
+    """
+    if op.kind == "fallback":
+        if ranges is not None and _check_box(op, ranges) != _full_box(op):
+            raise ExecutionError(f"op {op.name!r}: a fallback op runs only on its whole space")
+        return _run_fallback(op, program, env)
+    box = _full_box(op) if ranges is None else _check_box(op, ranges)
+    part = partial_result(op, program, env, box)
+    if any(box[d] != (0, op.sizes[d]) for d in op.reduction_dims):
+        return part
+    return _finish(op, program, part)
+
+
+# --- one op over a decomposition of its iteration space ------------------------------------
+
+def check_cover(op: Op, boxes: Sequence[Box]) -> None:
+    """Raise ExecutionError unless ``boxes`` cover ``op``'s iteration space exactly once."""
+    dims = op.dim_names
+    for i, b in enumerate(boxes):
+        if set(b) != set(dims):
+            raise ExecutionError(f"op {op.name!r}: core {i} box names dims {sorted(b)}, "
+                                 f"expected {list(dims)}")
+        _check_box(op, b)
+    lo = np.array([[b[d][0] for d in dims] for b in boxes], dtype=np.int64).reshape(-1, len(dims))
+    hi = np.array([[b[d][1] for d in dims] for b in boxes], dtype=np.int64).reshape(-1, len(dims))
+    for i in range(len(boxes) - 1):
+        # Boxes overlap when their ranges intersect in every dim.
+        hit = np.all(np.maximum(lo[i], lo[i + 1:]) < np.minimum(hi[i], hi[i + 1:]), axis=1)
+        if hit.any():
+            j = i + 1 + int(np.argmax(hit))
+            raise ExecutionError(f"op {op.name!r}: cores {i} and {j} both compute iteration "
+                                 f"points: {boxes[i]} overlaps {boxes[j]}")
+    covered = sum(math.prod(h - s for s, h in b.values()) for b in boxes)
+    if covered != op.points:
+        raise ExecutionError(f"op {op.name!r}: the cores cover {covered} of {op.points} "
+                             "iteration points; some points are computed by no core")
+
+
+def _sentinel(dtype: str) -> float | int | bool:
+    # Visible garbage where no core wrote: NaN for floats, the most negative int, False.
+    if dtype in FLOAT_DTYPES:
+        return float("nan")
+    if dtype == "bool":
+        return False
+    return int(np.iinfo(kernels.storage_dtype(dtype)).min)
+
+
+def run_op_boxes(op: Op, program: Program, env: Mapping[str, np.ndarray],
+                 boxes: Sequence[Box], pool: Executor | None = None) -> np.ndarray:
+    """Run ``op`` box by box and assemble its output tensor; boxes must tile the space exactly.
+
+    Boxes with the same parallel ranges (a split reduction) are combined in the given order,
+    then finished and cast once. ``pool`` runs the boxes concurrently; results do not depend
+    on it. A tiled loop is this call with each iteration's boxes offset into the whole space.
+
+    >>> from apportion.frontend.json_format import loads
+    >>> p = loads('{"tensors": {"x": {"shape": [2, 4], "dtype": "float32"}}, "inputs": ["x"],'
+    ...           '"outputs": ["s"], "ops": [{"op": "sum", "out": "s[i]", "ins": ["x[i,k]"]}]}')
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> run_op_boxes(p.ops[0], p, {"x": x}, [{"i": (0, 2), "k": (0, 1)},
+    ...                                      {"i": (0, 2), "k": (1, 4)}]).tolist()
+    [6.0, 22.0]
+    """
+    if op.kind == "fallback":
+        raise ExecutionError(f"op {op.name!r}: a fallback op runs whole, not box by box")
+    check_cover(op, boxes)
+    out_t = program.tensor(op.out.tensor)
+    out = np.full(out_t.shape, _sentinel(out_t.dtype), dtype=kernels.storage_dtype(out_t.dtype))
+    # Reduction points each output element received; must end as the full reduction volume.
+    counts = np.zeros(out_t.shape, dtype=np.int64)
+    par = op.parallel_dims
+    groups: dict[tuple[tuple[int, int], ...], int] = {}
+    for b in boxes:
+        key = tuple(b[d] for d in par)
+        groups[key] = groups.get(key, 0) + 1
+    pending: dict[tuple[tuple[int, int], ...], list[Partial]] = {}
+    for box, part in zip(boxes, _map(pool, op, program, env, boxes), strict=True):
+        key = tuple(box[d] for d in par)
+        parts = pending.setdefault(key, [])
+        parts.append(part)
+        sl = _out_slice(op, box)
+        counts[sl] += math.prod(box[d][1] - box[d][0] for d in op.reduction_dims)
+        if len(parts) == groups[key]:
+            out[sl] = _finish(op, program, kernels.combine_partials(op.fn, parts))
+            del pending[key]
+    bad = np.argwhere(counts != _reduction_count(op))
+    if bad.size:
+        at = tuple(int(i) for i in bad[0])
+        raise ExecutionError(f"op {op.name!r}: output {out_t.name!r}{list(at)} received "
+                             f"{int(counts[at])} of {_reduction_count(op)} reduction points "
+                             f"({len(bad)} elements wrong)")
+    return out
+
+
+def _map(pool: Executor | None, op: Op, program: Program, env: Mapping[str, np.ndarray],
+         boxes: Iterable[Box]) -> Iterator[Partial]:
+    # In box order either way, so that combines (and float sums) run in one fixed order.
+    def one(box: Box) -> Partial:
+        return partial_result(op, program, env, box)
+
+    return pool.map(one, boxes) if pool is not None else map(one, boxes)
+
+
+# --- whole programs ------------------------------------------------------------------------
+
+def _bind_inputs(program: Program, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    extra = [n for n in inputs if n not in program.inputs]
+    if extra:
+        raise ExecutionError(f"{extra[0]!r} is not an input of program {program.name!r}; "
+                             f"inputs: {', '.join(program.inputs)}")
+    env: dict[str, np.ndarray] = {}
+    for name in program.inputs:
+        t = program.tensor(name)
+        if name not in inputs:
+            raise ExecutionError(f"input {name!r} of program {program.name!r} is missing")
+        a = np.asarray(inputs[name])
+        if a.shape != t.shape:
+            raise ExecutionError(f"input {name!r} has shape {a.shape}, expected {t.shape}")
+        env[name] = kernels.to_storage(a, t.dtype)
+    return env
+
+
+def run_unplanned(program: Program, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run every op whole, in program order; returns every tensor (inputs too) by name.
+
+    >>> from apportion.frontend.json_format import load
+    >>> p = load("examples/mlp.json")                               # doctest: +SKIP
+    >>> run_unplanned(p, random_inputs(p))["y"].shape               # doctest: +SKIP
+    (256, 1024)
+    """
+    env = _bind_inputs(program, inputs)
+    for op in program.ops:
+        env[op.out.tensor] = evaluate_op(op, program, env)  # type: ignore[assignment]
+    return env
+
+
+def run_planned(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
+                threads: int | None = None) -> dict[str, np.ndarray]:
+    """Run every op core slice by core slice as ``plan`` divides it; returns every tensor.
+
+    Raises ExecutionError when an op's cores miss or repeat iteration points, when the plan
+    does not match the program, or for tiled loops (not supported yet). ``threads`` > 1 runs
+    an op's cores concurrently; the numbers are the same as sequentially.
+
+    >>> out = run_planned(p, plan, random_inputs(p), threads=8)     # doctest: +SKIP
+    """
+    env = _bind_inputs(program, inputs)
+    pool = ThreadPoolExecutor(max_workers=threads) if threads and threads > 1 else None
+    try:
+        for op in program.ops:
+            env[op.out.tensor] = _run_planned_op(op, program, plan, env, pool)
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return env
+
+
+def _run_planned_op(op: Op, program: Program, plan: Plan, env: Mapping[str, np.ndarray],
+                    pool: Executor | None) -> np.ndarray:
+    try:
+        op_plan = plan.op(op.name)
+    except ApportionError as e:
+        raise ExecutionError(f"op {op.name!r}: {e}") from None
+    if op_plan.loop is not None:
+        raise ExecutionError(f"op {op.name!r}: tiled loops not supported yet by run_planned")
+    if dict(op_plan.iteration_space) != op.sizes:
+        raise ExecutionError(f"op {op.name!r}: plan's iteration space {op_plan.sizes} differs "
+                             f"from the op's {op.sizes}")
+    if op.kind == "fallback":
+        if op_plan.cores != 1:
+            raise ExecutionError(f"op {op.name!r}: fallback ops run on one core, plan gives "
+                                 f"{op_plan.cores}")
+        return _run_fallback(op, program, env)
+    return run_op_boxes(op, program, env, core_slices(op_plan), pool)
+
+
+# --- comparing runs ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|actual - expected| <= atol + rtol * |expected|`` (np.allclose); zeros mean exact."""
+
+    atol: float
+    rtol: float
+
+    def __str__(self) -> str:
+        return "exact" if self.atol == self.rtol == 0 else f"atol={self.atol:g} rtol={self.rtol:g}"
+
+
+#: dtype -> tolerance of planned against unplanned: summation orders differ across cores, and
+#: one rounding step of the output dtype (fp16 eps ~1e-3, bf16 ~8e-3) can compound along a chain
+TOLERANCES: dict[str, Tolerance] = {
+    "float16": Tolerance(1e-2, 1e-2),
+    "bfloat16": Tolerance(5e-2, 5e-2),
+    "float32": Tolerance(1e-5, 1e-4),
+    "int8": Tolerance(0, 0), "int32": Tolerance(0, 0), "int64": Tolerance(0, 0),
+    "bool": Tolerance(0, 0),
+}
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """How one output of a run compares with the expected one."""
+
+    tensor: str
+    dtype: str
+    max_abs_err: float
+    max_rel_err: float
+    tolerance: Tolerance
+    ok: bool
+
+
+def compare(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],
+            program: Program) -> list[OutputCheck]:
+    """Check every program output of ``actual`` against ``expected`` with ``TOLERANCES``.
+
+    Equal infinities and NaN against NaN count as equal (both runs overflowed alike).
+
+    >>> checks = compare(run_unplanned(p, xs), run_planned(p, plan, xs), p)   # doctest: +SKIP
+    >>> all(c.ok for c in checks)                                              # doctest: +SKIP
+    True
+    """
+    checks = []
+    for name in program.outputs:
+        t = program.tensor(name)
+        for which, run in (("expected", expected), ("actual", actual)):
+            if name not in run:
+                raise ExecutionError(f"output {name!r} is missing from the {which} run")
+            if np.shape(run[name]) != t.shape:
+                raise ExecutionError(f"output {name!r} of the {which} run has shape "
+                                     f"{np.shape(run[name])}, expected {t.shape}")
+        e = np.asarray(expected[name]).astype(np.float64)
+        a = np.asarray(actual[name]).astype(np.float64)
+        same = (a == e) | (np.isnan(a) & np.isnan(e))
+        with np.errstate(invalid="ignore"):
+            diff = np.where(same, 0.0, np.abs(a - e))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        with np.errstate(invalid="ignore"):
+            rel = np.where(same, 0.0, diff / np.maximum(np.abs(e), np.finfo(np.float64).tiny))
+        tol = TOLERANCES[t.dtype]
+        with np.errstate(invalid="ignore"):
+            # isfinite: an inf expected must not excuse any finite actual through rtol * inf.
+            ok = bool(np.all(same | (np.isfinite(diff)
+                                     & (diff <= tol.atol + tol.rtol * np.abs(e)))))
+        checks.append(OutputCheck(name, t.dtype, float(diff.max(initial=0.0)),
+                                  float(np.nan_to_num(rel, nan=np.inf).max(initial=0.0)), tol, ok))
+    return checks
