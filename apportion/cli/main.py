@@ -79,7 +79,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     for c in checks:
         status = "[green]ok[/green]" if c.ok else "[red]MISMATCH[/red]"
         console.print(f"{c.tensor:>12} {c.dtype:>9}  max abs err {c.max_abs_err:.3g}  "
-                      f"max rel err {c.max_rel_err:.3g}  tol {c.tolerance:.3g}  {status}")
+                      f"max rel err {c.max_rel_err:.3g}  tol {c.tolerance}  {status}")
     bad = [c.tensor for c in checks if not c.ok]
     if bad:
         console.print(f"[red]planned run differs from unplanned on {', '.join(bad)}[/red]")

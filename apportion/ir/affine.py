@@ -75,7 +75,7 @@ class AffineExpr:
         return self.const + sum(c * (sizes[d] - 1) for d, c in self.terms)
 
     def extent(self, extents: dict[str, int]) -> int:
-        """Number of index values a box of the given per-dim ``extents`` touches (span, not count)."""
+        """Index values a box of per-dim ``extents`` touches (first to last, not a count)."""
         return 1 + sum(c * (extents[d] - 1) for d, c in self.terms)
 
     def __str__(self) -> str:

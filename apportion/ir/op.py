@@ -1,4 +1,4 @@
-"""Ops: a scalar function applied over an iteration space, each operand read through an index map."""
+"""Ops: a scalar function over an iteration space, each operand read through an index map."""
 
 from __future__ import annotations
 
@@ -98,7 +98,8 @@ class Op:
         for acc in (self.out, *self.ins):
             for d in acc.dims:
                 if d not in sizes:
-                    raise ProgramError(f"{where}: tensor {acc.tensor!r} uses dim {d!r} of unknown size")
+                    raise ProgramError(
+                        f"{where}: tensor {acc.tensor!r} uses dim {d!r} of unknown size")
         for e in self.out.index:
             if e.single_dim is None and not (not e.terms and e.const == 0):
                 raise ProgramError(

@@ -23,7 +23,8 @@ class TensorType:
         check_dtype(self.dtype, f"tensor {self.name!r}")
         for i, s in enumerate(self.shape):
             if not isinstance(s, int) or s <= 0:
-                raise ProgramError(f"tensor {self.name!r}: dim {i} has size {s!r}; must be positive")
+                raise ProgramError(
+                    f"tensor {self.name!r}: dim {i} has size {s!r}; must be positive")
         if self.dim_names and len(self.dim_names) != len(self.shape):
             raise ProgramError(f"tensor {self.name!r}: {len(self.dim_names)} dim names for "
                                f"rank {len(self.shape)}")
@@ -86,7 +87,8 @@ class Program:
     >>> from apportion.frontend.json_format import loads
     >>> p = loads('{"format": "apportion.program/1", "name": "t", '
     ...   '"tensors": {"x": {"shape": [4, 8], "dtype": "float16"}}, "inputs": ["x"], '
-    ...   '"outputs": ["y"], "ops": [{"name": "e", "op": "exp", "out": "y[i,j]", "ins": ["x[i,j]"]}]}')
+    ...   '"outputs": ["y"], "ops": [{"name": "e", "op": "exp", "out": "y[i,j]", '
+    ...   '"ins": ["x[i,j]"]}]}')
     >>> p.tensor("y").shape
     (4, 8)
     """

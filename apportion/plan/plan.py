@@ -12,7 +12,7 @@ Pairs = tuple[tuple[str, int], ...]
 
 @dataclass(frozen=True)
 class LoopInfo:
-    """Where an op sits in a coarse-tiling loop nest: group path, counts and tiled dims per level."""
+    """Where an op sits in a coarse-tiling loop nest: group path, counts, tiled dims per level."""
 
     group: tuple[int, ...]
     count: tuple[int | str, ...]
@@ -30,7 +30,8 @@ class OpPlan:
 
     ``iteration_space`` holds element counts (per loop iteration when the op is tiled);
     ``unit_elems`` the elements in one planning unit of each dim (a stick for stick dims, else 1)
-    and ``splits`` how many slices each dim is cut into, in those units. ``cores`` is the product of the splits.
+    and ``splits`` how many slices each dim is cut into, in those units. ``cores`` is the
+    product of the splits.
     """
 
     name: str

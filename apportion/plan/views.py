@@ -31,8 +31,8 @@ def core_slices(plan: OpPlan) -> list[dict[str, tuple[int, int]]]:
     """Core id -> ``{dim: (start, stop)}`` in elements; core ids run row-major over the op's dims.
 
     >>> from apportion.plan.plan import OpPlan
-    >>> p = OpPlan("e", "exp", "pointwise", (("i", 4), ("j", 128)), (), ("j",), (("i", 1), ("j", 64)),
-    ...            (("i", 2), ("j", 2)), 1.0, 0.0, ())
+    >>> p = OpPlan("e", "exp", "pointwise", (("i", 4), ("j", 128)), (), ("j",),
+    ...            (("i", 1), ("j", 64)), (("i", 2), ("j", 2)), 1.0, 0.0, ())
     >>> core_slices(p)[3]
     {'i': (2, 4), 'j': (64, 128)}
     """

@@ -52,7 +52,7 @@ class DeviceLayout:
         return math.prod(self.shape) * self.elem_bytes
 
     def span_bytes(self, extents: tuple[int, ...]) -> int:
-        """Contiguous bytes a core touches when its slice covers ``extents`` elements per tensor dim.
+        """Contiguous bytes a core touches when its slice covers ``extents`` per tensor dim.
 
         Set by the outermost device dim along which the slice has more than one index:
         extent there times that dim's stride (slices start on stick boundaries).

@@ -32,7 +32,8 @@ def spyre(cores: int | None = None, environ: dict[str, str] | None = None) -> Ta
     4
     """
     if cores is None:
-        cores = sencores(environ) or _SPYRE.max_cores
+        from_env = sencores(environ)
+        cores = _SPYRE.max_cores if from_env is None else from_env
     return replace(_SPYRE, cores=cores)
 
 

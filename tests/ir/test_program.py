@@ -1,0 +1,74 @@
+import pytest
+
+from apportion.errors import ProgramError
+from tests.helpers import one_op, program
+
+F16 = "float16"
+
+
+def test_matmul_dims_are_output_first_then_reduction():
+    p = one_op("matmul", "y[m,n]", ["x[m,k]", "w[k,n]"],
+               {"x": ([8, 4], F16), "w": ([4, 16], F16)})
+    op = p.ops[0]
+    assert op.dim_names == ("m", "n", "k")
+    assert op.reduction_dims == ("k",) and op.kind == "matmul"
+    assert p.tensor("y").shape == (8, 16) and p.tensor("y").dtype == F16
+
+
+def test_letters_inside_sums_take_declared_sizes():
+    p = program({"x": ([4, 256], F16)},
+                [{"name": "v", "op": "copy", "out": "y[t,h,d]", "ins": ["x[t,128*h+d]"],
+                  "dims": {"h": 2, "d": 128}}], ["y"])
+    assert p.tensor("y").shape == (4, 2, 128)
+
+
+def test_reduction_output_with_literal_zero_keeps_a_size_one_dim():
+    p = one_op("sum", "r[m,0]", ["x[m,n]"], {"x": ([8, 16], F16)})
+    assert p.tensor("r").shape == (8, 1) and p.ops[0].kind == "reduction"
+
+
+def test_argmax_output_is_int64():
+    p = one_op("argmax", "r[m]", ["x[m,n]"], {"x": ([8, 16], F16)})
+    assert p.tensor("r").dtype == "int64"
+
+
+@pytest.mark.parametrize(("ops", "match"), [
+    ([{"name": "a", "op": "frobnicate", "out": "y[i]", "ins": ["x[i]"]}], "unknown op"),
+    ([{"name": "a", "op": "add", "out": "y[i]", "ins": ["x[i]"]}], "takes 2 inputs"),
+    ([{"name": "a", "op": "exp", "out": "y[i]", "ins": ["q[i]"]}], "'q'"),
+    ([{"name": "a", "op": "exp", "out": "y[i]", "ins": ["x[i,j]"]}], "rank 1"),
+    ([{"name": "a", "op": "exp", "out": "y[i]", "ins": ["x[i]"]},
+      {"name": "b", "op": "exp", "out": "y[i]", "ins": ["x[i]"]}], "defined twice"),
+    ([{"name": "a", "op": "exp", "out": "y[i]", "ins": ["z[i]"]},
+      {"name": "b", "op": "exp", "out": "z[i]", "ins": ["x[i]"]}], "neither an input"),
+    ([{"name": "a", "op": "exp", "out": "y[i]", "ins": ["x[i]"]},
+      {"name": "a", "op": "neg", "out": "z[i]", "ins": ["y[i]"]}], "used twice"),
+    ([{"name": "a", "op": "exp", "out": "y[i+1]", "ins": ["x[i]"]}], "writes through sums"),
+    ([{"name": "a", "op": "exp", "out": "y[i]", "ins": ["x[i+9]"], "dims": {"i": 8}}],
+     "beyond its size"),
+    ([{"name": "a", "op": "copy", "out": "y[i]", "ins": ["x[j]"], "dims": {"i": 4}}],
+     "use a reduction"),
+])
+def test_malformed_program_errors_name_the_culprit(ops, match):
+    with pytest.raises(ProgramError, match=match):
+        program({"x": ([16], F16)}, ops, ["y"])
+
+
+def test_unknown_dtype_lists_valid_ones():
+    with pytest.raises(ProgramError, match="valid: float16"):
+        program({"x": ([16], "float8")}, [], [])
+
+
+def test_output_never_produced_is_an_error():
+    with pytest.raises(ProgramError, match="never produced"):
+        program({"x": ([16], F16)}, [], ["y"])
+
+
+def test_size_disagreement_names_op_tensor_and_dim():
+    with pytest.raises(ProgramError, match=r"op 'add'.*'i'.*tensor 'b'"):
+        one_op("add", "y[i]", ["a[i]", "b[i]"], {"a": ([8], F16), "b": ([4], F16)})
+
+
+def test_work_division_for_unknown_dim_is_an_error():
+    with pytest.raises(ProgramError, match="unknown dim 'q'"):
+        one_op("exp", "y[i]", ["x[i]"], {"x": ([8], F16)}, work_division={"exp": {"q": 2}})
