@@ -39,18 +39,32 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     # 2. per-op iteration space (coarse tiling shrinks it to one loop iteration; issue 3)
     sizes = {op.name: dict(op.dims) for op in program.ops}
     # 3. span reduction: minimum splits that keep every per-core span within the limit
-    uneven = strategy == "balanced"
-    minimum = {op.name: span_reduction(op, program, target, op_layouts[op.name], tlayouts,
-                                       sizes[op.name], allow_uneven=uneven)
-               for op in program.ops}
-    dump("span_reduction", minimum)
-    # 4. work distribution: splits of every dim under the strategy (pins from the program win)
     ctxs = {op.name: OpContext(op, program, target, op_layouts[op.name], tlayouts, sizes[op.name])
             for op in program.ops}
+    minimum: dict[str, dict[str, int]] = {}
+    span_errors: dict[str, PlanningError] = {}
+    for op in program.ops:
+        try:
+            minimum[op.name] = span_reduction(op, program, target, op_layouts[op.name], tlayouts,
+                                              sizes[op.name], allow_uneven=strategy == "balanced")
+        except PlanningError as e:
+            if strategy == "greedy":
+                raise
+            # balanced searches every assignment itself; the walk's error stands if none fits
+            span_errors[op.name] = e
+            minimum[op.name] = {d: 1 for d in sizes[op.name]}
+    dump("span_reduction", minimum)
+    # 4. work distribution: splits of every dim under the strategy (pins from the program win)
     splits = {}
     for op in program.ops:
         start = minimum[op.name] if strategy == "greedy" else {d: 1 for d in sizes[op.name]}
-        splits[op.name] = distribute(ctxs[op.name], start, strategy, program.pins.get(op.name))
+        try:
+            splits[op.name] = distribute(ctxs[op.name], start, strategy,
+                                         program.pins.get(op.name))
+        except PlanningError:
+            if op.name in span_errors:
+                raise span_errors[op.name] from None
+            raise
     dump("work_distribution", splits)
     result = Plan(program.name, target.name, target.cores, strategy,
                   tuple(_op_plan(ctxs[o.name], minimum[o.name], splits[o.name])

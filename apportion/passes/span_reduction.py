@@ -125,6 +125,7 @@ def _best_at(feeding: list[str], commit: dict[str, int], units: dict[str, int],
             c for c in divisors(units[d]) if commit[d] <= c <= target.cores]
         options.append(counts)
     others = math.prod(v for d, v in commit.items() if d not in feeding)
+    current = span_of(commit)
     fits, rest = [], []
     for combo in itertools.product(*options):
         trial = {**commit, **dict(zip(feeding, combo, strict=True))}
@@ -134,7 +135,10 @@ def _best_at(feeding: list[str], commit: dict[str, int], units: dict[str, int],
             continue
         span = span_of(trial)
         cores = math.prod(trial.values())
-        (fits if span <= target.span_limit else rest).append((span, cores, trial))
+        if span <= target.span_limit:
+            fits.append((span, cores, trial))
+        elif span < current:  # progress only: a split that leaves the span as it was is waste
+            rest.append((span, cores, trial))
     if fits:  # largest span that fits = fewest cores
         return max(fits, key=lambda x: (x[0], -x[1]))[2]
     if rest:  # most progress

@@ -179,18 +179,19 @@ def distribute(ctx: OpContext, minimum: dict[str, int], strategy: str,
     """Splits for one op under ``strategy``; pinned dims keep their pinned counts."""
     if strategy not in STRATEGIES:
         raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
-    if ctx.op.kind == "fallback":
-        return {d: 1 for d in ctx.sizes}
-    if pins:
-        check_pins(ctx, pins)
-        fixed = {d: pins.get(d, 1) for d in ctx.sizes}
-        if not ctx.feasible(fixed):
-            worst = check_spans(ctx.op, ctx.sizes, ctx.layout, fixed, ctx.tlayouts,
-                                ctx.target).worst
-            assert worst is not None
-            raise PlanningError(f"op {ctx.op.name!r}: work_division {pins} leaves tensor "
-                                f"{worst[0]!r} spanning {worst[1]} bytes > limit "
-                                f"{ctx.target.span_limit}")
+    if ctx.op.kind == "fallback" and any(n != 1 for n in (pins or {}).values()):
+        raise PlanningError(f"op {ctx.op.name!r}: a fallback op runs on one core; work_division "
+                            f"{pins} cannot split it")
+    if ctx.op.kind == "fallback" or pins:
+        if pins and ctx.op.kind != "fallback":
+            check_pins(ctx, pins)
+        fixed = {d: (pins or {}).get(d, 1) if ctx.op.kind != "fallback" else 1 for d in ctx.sizes}
+        worst = check_spans(ctx.op, ctx.sizes, ctx.layout, fixed, ctx.tlayouts, ctx.target).worst
+        if worst is not None:
+            why = "fallback op cannot be divided but" if ctx.op.kind == "fallback" else \
+                f"work_division {pins} leaves"
+            raise PlanningError(f"op {ctx.op.name!r}: {why} tensor {worst[0]!r} spanning "
+                                f"{worst[1]} bytes > limit {ctx.target.span_limit}")
         return fixed
     if strategy == "greedy":
         return greedy(ctx, minimum)

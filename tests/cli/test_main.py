@@ -1,0 +1,78 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from apportion.cli.main import main
+from apportion.plan.serialize import from_json
+
+ROOT = Path(__file__).parents[2]
+EXAMPLES = sorted(p for p in ROOT.joinpath("examples").glob("*.json")
+                  if p.name != "lm_head_prime_vocab.json")
+
+
+def test_plan_prints_a_table_and_a_summary(capsys):
+    assert main(["plan", str(ROOT / "examples/mlp.json"), "--cores", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "gate" in out and "mean utilization" in out
+
+
+def test_plan_json_is_plan_format_v1(capsys):
+    assert main(["plan", str(ROOT / "examples/mlp.json"), "--format", "json"]) == 0
+    plan = from_json(capsys.readouterr().out)
+    assert plan.cores == 32 and [o.name for o in plan.ops][0] == "gate"
+
+
+def test_plan_coefficient_export(capsys):
+    assert main(["plan", str(ROOT / "examples/mlp.json"), "--format", "coeffs"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc[0]["op"] == "gate" and set(doc[0]["dims"].values()) == {"m", "n", "k"}
+
+
+def test_plot_writes_a_png(tmp_path, capsys):
+    out = tmp_path / "gate.png"
+    assert main(["plan", str(ROOT / "examples/mlp.json"), "--plot", str(out), "--op", "gate"]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "balanced"])
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_run_check_passes_on_every_example(path, strategy, capsys):
+    assert main(["run", str(path), "--check", "--strategy", strategy, "--cores", "24"]) == 0
+    assert "matches the unplanned program" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_prime_vocabulary_plans_and_runs_only_with_balanced(capsys):
+    path = str(ROOT / "examples/lm_head_prime_vocab.json")
+    assert main(["run", path, "--check", "--strategy", "greedy"]) == 2
+    assert "limit 268435456" in capsys.readouterr().err
+    assert main(["run", path, "--check", "--threads", "2"]) == 0
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["plan", "no-such-file.json"], "cannot read program file"),
+    (["plan", "--cores", "33"], "cores must be in 1..32"),
+    (["plan", "--target", "tpu"], "unknown target"),
+])
+def test_bad_input_exits_2_with_one_line_and_no_traceback(argv, match, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert match in err and "Traceback" not in err
+
+
+def test_sencores_is_honoured_by_the_cli(monkeypatch, capsys):
+    monkeypatch.setenv("SENCORES", "4")
+    assert main(["plan", str(ROOT / "examples/mlp.json"), "--format", "json"]) == 0
+    assert from_json(capsys.readouterr().out).cores == 4
+
+
+def test_demo_plans_the_default_program(capsys):
+    assert main(["demo", "--cores", "16"]) == 0
+    assert "llama3-8b" in capsys.readouterr().out
+
+
+def test_bench_workdiv_reports_strategies_and_bound(capsys):
+    assert main(["bench", "workdiv", "--limit", "12", "--cores", "24"]) == 0
+    out = capsys.readouterr().out
+    assert "bound" in out and "greedy" in out
