@@ -21,3 +21,7 @@ class PlanningError(ApportionError):
 
 class ExecutionError(ApportionError):
     """A plan could not be executed, or its result differs from the unplanned program."""
+
+
+class EmitError(ApportionError):
+    """A plan cannot be emitted in the asked form, or the emitted IR does not verify."""

@@ -1,0 +1,1 @@
+"""Emitters: the LoopSpec program and the MLIR loop bundle of a plan."""
