@@ -1,0 +1,194 @@
+"""The loop bundle: a planned program as MLIR text, ``scf.for`` loops around kernel launches.
+
+One ``func.func`` holds the LoopSpec nest: each LoopSpec becomes an ``scf.for`` from 0 to its
+count (a function ``index`` argument when the count is symbolic), each OpSpec one unregistered
+``"apportion.execute"`` op naming its kernel file and taking one address per tensor. A tensor in
+device memory whose tile moves with the loops gets an ``affine_map`` from the loop indices to its
+tile's byte address (``s0``, its base, plus stride × index per level), applied with
+``affine.apply`` inside the loops; tensors at a fixed place (scratchpad offsets, per-tile
+buffers, tensors no loop tiles) are passed as constants.
+
+>>> from apportion.codegen.specs import LoopSpec, OpSpec, TensorArg
+>>> a = TensorArg(True, 0, "float16", [4, 64], ["m", "n"], {"hbm": 0}, tensor="a",
+...               tile_strides=[512])
+>>> y = TensorArg(False, 1, "float16", [4, 64], ["m", "n"], {"lx": 0}, True, tensor="y",
+...               tile_strides=[0])
+>>> text = render_bundle((LoopSpec(2, [OpSpec("exp", False, {"m": (4, 1), "n": (64, 1)},
+...                                           [a, y], ["m"], "e")]),), "f")
+>>> print(text.splitlines()[0])
+#tile_a = affine_map<(d0)[s0] -> (s0 + d0 * 512)>
+>>> verify_mlir(text)
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+
+from apportion.codegen.mlir import verify_mlir as verify_mlir
+from apportion.codegen.specs import LoopSpec, OpSpec, Spec, TensorArg, walk
+from apportion.errors import EmitError
+
+INDENT = "  "
+
+
+def address_map(strides: tuple[int, ...]) -> str:
+    """The affine map of a tile address: loop indices as dims, the base address as ``s0``.
+
+    >>> address_map((4194304, 2048))
+    'affine_map<(d0, d1)[s0] -> (s0 + d0 * 4194304 + d1 * 2048)>'
+    >>> address_map((0, 2048))
+    'affine_map<(d0, d1)[s0] -> (s0 + d1 * 2048)>'
+    """
+    dims = ", ".join(f"d{i}" for i in range(len(strides)))
+    terms = "".join(f" + d{i} * {s}" for i, s in enumerate(strides) if s)
+    return f"affine_map<({dims})[s0] -> (s0{terms})>"
+
+
+def _ident(text: str) -> str:
+    """A valid MLIR identifier made from a tensor or program name."""
+    out = re.sub(r"[^A-Za-z0-9_$.]", "_", text) or "t"
+    return out if out[0].isalpha() or out[0] == "_" else f"_{out}"
+
+
+class _Names:
+    """Hands out SSA names, unique across the function, so no region shadows another."""
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def fresh(self, stem: str) -> str:
+        stem = _ident(stem)
+        for i in itertools.count():
+            name = stem if i == 0 else f"{stem}_{i}"
+            if name not in self.used:
+                self.used.add(name)
+                return f"%{name}"
+        raise AssertionError("unreachable")
+
+
+def _moves(a: TensorArg) -> bool:
+    return a.memory == "hbm" and not a.per_tile_fixed and any(a.tile_strides)
+
+
+def _execute(op: OpSpec, values: list[str]) -> str:
+    attrs = {
+        "kernel": f'"{op.kernel}"',
+        "op": f'"{op.op}"',
+        "tensors": "[" + ", ".join(f'"{a.tensor or a.arg_index}"' for a in op.args) + "]",
+        "memory": "[" + ", ".join(f'"{a.memory}"' for a in op.args) + "]",
+        "num_inputs": f"{sum(a.is_input for a in op.args)} : i64",
+    }
+    attr_text = ", ".join(f"{k} = {v}" for k, v in attrs.items())
+    types = ", ".join("index" for _ in values)
+    return f'"apportion.execute"({", ".join(values)}) {{{attr_text}}} : ({types}) -> ()'
+
+
+def _symbols(specs: tuple[Spec, ...]) -> list[str]:
+    out: list[str] = []
+    for _, s in walk(specs):
+        if isinstance(s, LoopSpec) and isinstance(s.count, str) and s.count not in out:
+            out.append(s.count)
+    return out
+
+
+def render_bundle(specs: tuple[Spec, ...], name: str = "bundle", unrolled: bool = False) -> str:
+    """MLIR text of the loop bundle of ``specs`` (a LoopSpec program)."""
+    if unrolled:
+        return _render_unrolled(specs, name)
+    names = _Names()
+    symbols = {s: names.fresh(s) for s in _symbols(specs)}
+    consts: dict[int, str] = {}
+    bases: dict[tuple[str, int | str, int], str] = {}
+    maps: dict[tuple[str, tuple[int, ...]], str] = {}
+    for c in (0, 1):
+        consts[c] = names.fresh(f"c{c}")
+    for _, s in walk(specs):
+        if isinstance(s, LoopSpec) and isinstance(s.count, int) and s.count not in consts:
+            consts[s.count] = names.fresh(f"c{s.count}")
+        if isinstance(s, OpSpec):
+            for a in s.args:
+                key = (a.memory, a.tensor or a.arg_index, a.address)
+                if key not in bases:
+                    bases[key] = names.fresh(f"{a.tensor or 'arg'}_{a.memory}")
+                if _moves(a) and (a.tensor, a.tile_strides) not in maps:
+                    stem = f"tile_{_ident(a.tensor or str(a.arg_index))}"
+                    taken = set(maps.values())
+                    alias = next(f"#{stem}{'' if i == 0 else f'_{i}'}" for i in itertools.count()
+                                 if f"#{stem}{'' if i == 0 else f'_{i}'}" not in taken)
+                    maps[(a.tensor, a.tile_strides)] = alias
+    lines = [f"{alias} = {address_map(strides)}" for (_, strides), alias in maps.items()]
+    args = ", ".join(f"{v}: index" for v in symbols.values())
+    lines.append(f"func.func @{_ident(name)}({args}) {{")
+    for c, v in consts.items():
+        lines.append(f"{INDENT}{v} = arith.constant {c} : index")
+    for (memory, tensor, address), v in bases.items():
+        lines.append(f"{INDENT}{v} = arith.constant {address} : index  // {tensor} {memory}")
+
+    def body(items: tuple[Spec, ...], indices: list[str], depth: int) -> Iterator[str]:
+        pad = INDENT * (depth + 1)
+        applied: dict[tuple[str, tuple[int, ...], str], str] = {}
+        for s in items:
+            if isinstance(s, LoopSpec):
+                idx = names.fresh(f"i{depth}")
+                bound = symbols[s.count] if isinstance(s.count, str) else consts[s.count]
+                yield f"{pad}scf.for {idx} = {consts[0]} to {bound} step {consts[1]} {{"
+                yield from body(s.body, [*indices, idx], depth + 1)
+                yield f"{pad}}}"
+                continue
+            values = []
+            for a in s.args:
+                base = bases[(a.memory, a.tensor or a.arg_index, a.address)]
+                if not _moves(a):
+                    values.append(base)
+                    continue
+                if len(a.tile_strides) != len(indices):
+                    raise EmitError(f"op {s.name or s.op!r}: tensor {a.tensor!r} has tile "
+                                    f"strides for {len(a.tile_strides)} loop levels but sits in "
+                                    f"{len(indices)}")
+                key = (a.tensor, a.tile_strides, base)
+                if key not in applied:
+                    applied[key] = names.fresh(f"{a.tensor or 'arg'}_tile")
+                    yield (f"{pad}{applied[key]} = affine.apply "
+                           f"{maps[(a.tensor, a.tile_strides)]}({', '.join(indices)})[{base}]")
+                values.append(applied[key])
+            yield f"{pad}{_execute(s, values)}"
+
+    lines += body(specs, [], 0)
+    lines += [f"{INDENT}return", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _iterations(specs: tuple[Spec, ...], indices: tuple[int, ...]
+                ) -> Iterator[tuple[OpSpec, tuple[int, ...]]]:
+    """Every launch of the nest in order, with the loop indices it runs at."""
+    for s in specs:
+        if isinstance(s, OpSpec):
+            yield s, indices
+            continue
+        if isinstance(s.count, str):
+            raise EmitError(f"cannot unroll a loop of symbolic count {s.count!r}; emit the "
+                            "rolled bundle instead, or give the count a number")
+        for i in range(s.count):
+            yield from _iterations(s.body, (*indices, i))
+
+
+def _render_unrolled(specs: tuple[Spec, ...], name: str) -> str:
+    launches = []
+    consts: dict[int, str] = {}
+    for op, indices in _iterations(specs, ()):
+        values = []
+        for a in op.args:
+            address = a.address
+            if _moves(a):
+                address += sum(s * i for s, i in zip(a.tile_strides, indices, strict=True))
+            values.append(consts.setdefault(address, f"%c{address}"))
+        launches.append((op, indices, values))
+    lines = [f"func.func @{_ident(name)}() {{"]
+    lines += [f"{INDENT}{v} = arith.constant {c} : index" for c, v in sorted(consts.items())]
+    for op, indices, values in launches:
+        where = f"  // iteration {list(indices)}" if indices else ""
+        lines.append(f"{INDENT}{_execute(op, values)}{where}")
+    lines += [f"{INDENT}return", "}"]
+    return "\n".join(lines) + "\n"
