@@ -39,47 +39,69 @@ def padded_strides(shape: tuple[int, ...], dtype: str, target: Target) -> tuple[
     return tuple(reversed(strides))
 
 
-def level_steps(loop: LoopInfo, per_iteration: dict[str, int]) -> list[dict[str, int]]:
-    """Per loop level (outermost first), the elements of each dim it tiles one iteration covers.
+Step = tuple[int, tuple[str, ...]]
+Stride = int | str
 
-    A dim's step at a level is its per-iteration size times the counts of the deeper levels
-    that tile it too.
 
-    >>> level_steps(LoopInfo((0, 0), (2, 4), (("m",), ("m", "n"))), {"m": 128, "n": 1024})
-    [{'m': 512}, {'m': 128, 'n': 1024}]
+def level_steps(loop: LoopInfo, sizes: dict[str, int]) -> list[dict[str, Step]]:
+    """Per loop level (outermost first), the elements one iteration covers of each dim it tiles.
+
+    ``sizes`` are the op's whole dims. A step is ``(n, symbols)``: ``n`` divided by the product
+    of the symbolic counts ``symbols`` (known at run time); every level at or outside this one
+    that tiles the dim divides it.
+
+    >>> level_steps(LoopInfo((0, 0), (2, 4), (("m",), ("m", "n"))), {"m": 1024, "n": 4096})
+    [{'m': (512, ())}, {'m': (128, ()), 'n': (1024, ())}]
+    >>> level_steps(LoopInfo((0,), ("T",), (("m",),)), {"m": 1024})
+    [{'m': (1024, ('T',))}]
     """
     steps = []
     for level, dims in enumerate(loop.tiled_dims):
-        step = {}
+        step: dict[str, Step] = {}
         for d in dims:
-            n = per_iteration[d]
-            for count, deeper in zip(loop.count[level + 1:], loop.tiled_dims[level + 1:],
-                                     strict=True):
-                if d not in deeper:
+            n, symbols = sizes[d], []
+            for count, tiled in zip(loop.count[:level + 1], loop.tiled_dims[:level + 1],
+                                    strict=True):
+                if d not in tiled:
                     continue
                 if isinstance(count, str):
-                    raise EmitError(f"dim {d!r} is tiled at loop level {level} and again inside "
-                                    f"it by the symbolic count {count!r}: its outer tile "
-                                    "stride is not a constant")
-                n *= count
-            step[d] = n
+                    symbols.append(count)
+                elif n % count:
+                    raise EmitError(f"loop count {count} does not divide dim {d!r} "
+                                    f"({n} elements at that level)")
+                else:
+                    n //= count
+            step[d] = (n, tuple(symbols))
         steps.append(step)
     return steps
 
 
-def tile_strides(access: Access, strides: tuple[int, ...], steps: list[dict[str, int]]
-                 ) -> tuple[int, ...]:
+def tile_strides(access: Access, strides: tuple[int, ...], steps: list[dict[str, Step]]
+                 ) -> tuple[Stride, ...]:
     """Bytes the address of ``access``'s tile advances per iteration of each loop level.
 
     ``strides`` are the tensor's byte strides per dim, ``steps`` from ``level_steps``; an index
-    ``128*h + d`` moves by 128 rows per step of ``h``.
+    ``128*h + d`` moves by 128 rows per step of ``h``. A stride that depends on symbolic counts
+    is an expression over their names (``"8388608 floordiv T"``; the counts divide exactly).
 
-    >>> tile_strides(Access.parse("a[m,n]"), (8192, 2), [{"m": 512}, {"n": 1024}])
+    >>> tile_strides(Access.parse("a[m,n]"), (8192, 2), [{"m": (512, ())}, {"n": (1024, ())}])
     (4194304, 2048)
+    >>> tile_strides(Access.parse("a[m,n]"), (8192, 2), [{"m": (1024, ("T",))}])
+    ('8388608 floordiv T',)
     """
-    return tuple(sum(e.coeff(d) * n * s for e, s in zip(access.index, strides, strict=True)
-                     for d, n in step.items())
-                 for step in steps)
+    out: list[Stride] = []
+    for step in steps:
+        terms: dict[tuple[str, ...], int] = {}
+        for e, s in zip(access.index, strides, strict=True):
+            for d, (n, symbols) in step.items():
+                if e.coeff(d):
+                    terms[symbols] = terms.get(symbols, 0) + e.coeff(d) * n * s
+        if set(terms) <= {()}:
+            out.append(terms.get((), 0))
+        else:
+            out.append(" + ".join(" floordiv ".join([str(k), *syms])
+                                  for syms, k in terms.items()))
+    return tuple(out)
 
 
 def affine_text(e: AffineExpr) -> str:

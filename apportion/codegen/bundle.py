@@ -33,17 +33,36 @@ from apportion.errors import EmitError
 INDENT = "  "
 
 
-def address_map(strides: tuple[int, ...]) -> str:
+def stride_symbols(strides: tuple[int | str, ...]) -> list[str]:
+    """The symbolic loop counts the strides depend on, in order of appearance."""
+    out: list[str] = []
+    for s in strides:
+        if isinstance(s, str):
+            out += [n for n in re.findall(r"[A-Za-z_]\w*", s) if n != "floordiv" and n not in out]
+    return out
+
+
+def address_map(strides: tuple[int | str, ...]) -> str:
     """The affine map of a tile address: loop indices as dims, the base address as ``s0``.
+
+    Symbolic counts a stride depends on follow as ``s1, s2, ...`` (see ``stride_symbols``).
 
     >>> address_map((4194304, 2048))
     'affine_map<(d0, d1)[s0] -> (s0 + d0 * 4194304 + d1 * 2048)>'
-    >>> address_map((0, 2048))
-    'affine_map<(d0, d1)[s0] -> (s0 + d1 * 2048)>'
+    >>> address_map((0, "8192 floordiv T"))
+    'affine_map<(d0, d1)[s0, s1] -> (s0 + d1 * (8192 floordiv s1))>'
     """
+    symbols = {n: f"s{i}" for i, n in enumerate(stride_symbols(strides), start=1)}
     dims = ", ".join(f"d{i}" for i in range(len(strides)))
-    terms = "".join(f" + d{i} * {s}" for i, s in enumerate(strides) if s)
-    return f"affine_map<({dims})[s0] -> (s0{terms})>"
+    terms = ""
+    for i, s in enumerate(strides):
+        if isinstance(s, str):
+            expr = re.sub(r"[A-Za-z_]\w*", lambda m: symbols.get(m[0], m[0]), s)
+            terms += f" + d{i} * ({expr})"
+        elif s:
+            terms += f" + d{i} * {s}"
+    syms = ", ".join(["s0", *symbols.values()])
+    return f"affine_map<({dims})[{syms}] -> (s0{terms})>"
 
 
 def _ident(text: str) -> str:
@@ -99,6 +118,10 @@ def render_bundle(specs: tuple[Spec, ...], name: str = "bundle", unrolled: bool 
         return _render_unrolled(specs, name)
     names = _Names()
     symbols = {s: names.fresh(s) for s in _symbols(specs)}
+    for _, s in walk(specs):  # counts a stride depends on but no loop of the nest runs over
+        for a in s.args if isinstance(s, OpSpec) else ():
+            for n in stride_symbols(a.tile_strides):
+                symbols.setdefault(n, names.fresh(n))
     consts: dict[int, str] = {}
     bases: dict[tuple[str, int | str, int], str] = {}
     maps: dict[tuple[str, tuple[int, ...]], str] = {}
@@ -150,8 +173,9 @@ def render_bundle(specs: tuple[Spec, ...], name: str = "bundle", unrolled: bool 
                 key = (a.tensor, a.tile_strides, base)
                 if key not in applied:
                     applied[key] = names.fresh(f"{a.tensor or 'arg'}_tile")
+                    syms = ", ".join([base, *(symbols[n] for n in stride_symbols(a.tile_strides))])
                     yield (f"{pad}{applied[key]} = affine.apply "
-                           f"{maps[(a.tensor, a.tile_strides)]}({', '.join(indices)})[{base}]")
+                           f"{maps[(a.tensor, a.tile_strides)]}({', '.join(indices)})[{syms}]")
                 values.append(applied[key])
             yield f"{pad}{_execute(s, values)}"
 
@@ -182,7 +206,10 @@ def _render_unrolled(specs: tuple[Spec, ...], name: str) -> str:
         for a in op.args:
             address = a.address
             if _moves(a):
-                address += sum(s * i for s, i in zip(a.tile_strides, indices, strict=True))
+                if stride_symbols(a.tile_strides):
+                    raise EmitError(f"cannot unroll: tensor {a.tensor!r} of op {op.name!r} "
+                                    f"moves by symbolic strides {a.tile_strides}")
+                address += sum(int(s) * i for s, i in zip(a.tile_strides, indices, strict=True))
             values.append(consts.setdefault(address, f"%c{address}"))
         launches.append((op, indices, values))
     lines = [f"func.func @{_ident(name)}() {{"]

@@ -82,7 +82,8 @@ class TensorArg:
     per device dim; ``allocation`` is ``{"hbm": byte address}`` or ``{"lx": scratchpad
     offset}``. ``per_tile_fixed`` marks a tensor holding one tile at an address that stays put
     across loop iterations. ``tile_strides`` gives, per enclosing loop level (outermost
-    first), the bytes its address advances per iteration (0: not tiled at that level).
+    first), the bytes its address advances per iteration (0: not tiled at that level; an
+    expression over count names such as ``"8388608 floordiv T"`` when a count is symbolic).
     """
 
     is_input: bool
@@ -93,7 +94,7 @@ class TensorArg:
     allocation: FrozenMap
     per_tile_fixed: bool = False
     tensor: str = ""
-    tile_strides: tuple[int, ...] = ()
+    tile_strides: tuple[int | str, ...] = ()
 
     def __post_init__(self) -> None:
         _set(self, "device_size", tuple(self.device_size))
