@@ -16,7 +16,7 @@ run: $(STAMP)
 	$(VENV)/bin/apportion demo
 
 test: $(STAMP)
-	$(VENV)/bin/ruff check apportion tests benchmarks
+	$(VENV)/bin/ruff check apportion tests
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider
 
 bench: $(STAMP)
