@@ -7,7 +7,11 @@ from collections.abc import Callable
 
 from apportion.errors import PlanningError
 from apportion.ir.program import Program
+from apportion.passes.auto_tile import choose_counts
+from apportion.passes.buffers import buffer_roles, loop_steps
+from apportion.passes.coarse_tile import Tiling, coarse_tile
 from apportion.passes.layouts import layouts, tensor_layouts
+from apportion.passes.scratchpad import plan_group, scratchpad
 from apportion.passes.span_reduction import check_spans, slice_sizes, span_reduction
 from apportion.passes.work_distribution import STRATEGIES, OpContext, distribute
 from apportion.plan.plan import OpPlan, Plan
@@ -17,17 +21,20 @@ Stage = Callable[[str, object], None]
 
 
 def plan(program: Program, target: Target, strategy: str = "balanced",
-         debug: Stage | None = None) -> Plan:
+         debug: Stage | None = None, auto_tile: bool = False) -> Plan:
     """Plan ``program`` for ``target``.
 
     ``debug``, when given, is called with each stage's name and result, and the plan is verified
-    after the last pass.
+    after the last pass. ``auto_tile`` replaces the integer loop counts of every tiling group by
+    the smallest whose per-iteration working set fits the scratchpad.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.target import spyre
     >>> p = plan(load("examples/mlp.json"), spyre(cores=32))
     >>> p.op("gate").cores
     32
+    >>> plan(load("examples/fused.json"), spyre(cores=32)).op("add").sizes
+    {'m': 512, 'n': 1024}
     """
     if strategy not in STRATEGIES:
         raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
@@ -36,46 +43,81 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     tlayouts = tensor_layouts(program, target)
     op_layouts = layouts(program, target)
     dump("layouts", op_layouts)
-    # 2. per-op iteration space (coarse tiling shrinks it to one loop iteration; issue 3)
-    sizes = {op.name: dict(op.dims) for op in program.ops}
+    # 2. coarse tiling: loop nests of the tiling groups (auto_tile: counts whose working set
+    #    fits), per-iteration sizes, and which buffers each tensor needs (tile, full, accumulator)
+    if auto_tile:
+        program = choose_counts(program, op_layouts, target.scratchpad_capacity,
+                                lambda p, g: _working_set(p, target, strategy, g))
+    tiling = coarse_tile(program, op_layouts)
+    roles = buffer_roles(program, tiling)
+    sizes = {op.name: tiling.sizes(op) for op in program.ops}
+    dump("coarse_tile", tiling)
     # 3. span reduction: minimum splits that keep every per-core span within the limit
     ctxs = {op.name: OpContext(op, program, target, op_layouts[op.name], tlayouts, sizes[op.name])
             for op in program.ops}
-    minimum: dict[str, dict[str, int]] = {}
-    span_errors: dict[str, PlanningError] = {}
+    minimum, span_errors = {}, {}
     for op in program.ops:
-        try:
-            minimum[op.name] = span_reduction(op, program, target, op_layouts[op.name], tlayouts,
-                                              sizes[op.name], allow_uneven=strategy == "balanced")
-        except PlanningError as e:
-            if strategy == "greedy":
-                raise
-            # balanced searches every assignment itself; the walk's error stands if none fits
-            span_errors[op.name] = e
-            minimum[op.name] = {d: 1 for d in sizes[op.name]}
+        minimum[op.name], span_errors[op.name] = _minimum(ctxs[op.name], strategy)
     dump("span_reduction", minimum)
     # 4. work distribution: splits of every dim under the strategy (pins from the program win)
-    splits = {}
-    for op in program.ops:
-        start = minimum[op.name] if strategy == "greedy" else {d: 1 for d in sizes[op.name]}
-        try:
-            splits[op.name] = distribute(ctxs[op.name], start, strategy,
-                                         program.pins.get(op.name))
-        except PlanningError:
-            if op.name in span_errors:
-                raise span_errors[op.name] from None
-            raise
+    splits = {op.name: _splits(ctxs[op.name], minimum[op.name], strategy, span_errors[op.name])
+              for op in program.ops}
     dump("work_distribution", splits)
+    op_plans = {o.name: _op_plan(ctxs[o.name], minimum[o.name], splits[o.name], tiling)
+                for o in program.ops}
+    # 5. scratchpad planning: lifetimes in each loop body, scratchpad offsets, device addresses
+    steps = {g.index: loop_steps(program, g, roles) for g in tiling.groups}
+    groups, buffers = scratchpad(program, target, tiling, roles, op_plans, steps)
+    dump("scratchpad", (groups, buffers))
     result = Plan(program.name, target.name, target.cores, strategy,
-                  tuple(_op_plan(ctxs[o.name], minimum[o.name], splits[o.name])
-                        for o in program.ops))
+                  tuple(op_plans[o.name] for o in program.ops), groups=groups, buffers=buffers)
     if debug:
         verify(program, target, result)
     return result
 
 
-def _op_plan(ctx: OpContext, minimum: dict[str, int], splits: dict[str, int]) -> OpPlan:
+def _minimum(ctx: OpContext, strategy: str) -> tuple[dict[str, int], PlanningError | None]:
+    try:
+        return span_reduction(ctx.op, ctx.program, ctx.target, ctx.layout, ctx.tlayouts,
+                              ctx.sizes, allow_uneven=strategy == "balanced"), None
+    except PlanningError as e:
+        if strategy == "greedy":
+            raise
+        # balanced searches every assignment itself; the walk's error stands if none fits
+        return {d: 1 for d in ctx.sizes}, e
+
+
+def _splits(ctx: OpContext, minimum: dict[str, int], strategy: str,
+            span_error: PlanningError | None) -> dict[str, int]:
+    start = minimum if strategy == "greedy" else {d: 1 for d in ctx.sizes}
+    try:
+        return distribute(ctx, start, strategy, ctx.program.pins.get(ctx.op.name))
+    except PlanningError:
+        if span_error is not None:
+            raise span_error from None
+        raise
+
+
+def _working_set(program: Program, target: Target, strategy: str, group: int) -> int:
+    """Stages 2 to 5 for one tiling group's ops only: its per-iteration working set per core."""
+    op_layouts = layouts(program, target)
+    tlayouts = tensor_layouts(program, target)
+    tiling = coarse_tile(program, op_layouts)
+    roles = buffer_roles(program, tiling)
+    g = tiling.groups[group]
+    op_plans = {}
+    for name in g.ops:
+        op = program.op(name)
+        ctx = OpContext(op, program, target, op_layouts[name], tlayouts, tiling.sizes(op))
+        minimum, err = _minimum(ctx, strategy)
+        op_plans[name] = _op_plan(ctx, minimum, _splits(ctx, minimum, strategy, err), tiling)
+    return plan_group(program, target, g, roles, op_plans)[0].working_set_bytes
+
+
+def _op_plan(ctx: OpContext, minimum: dict[str, int], splits: dict[str, int],
+             tiling: Tiling) -> OpPlan:
     op = ctx.op
+    tile = tiling.tile(op.name)
     spans = check_spans(op, ctx.sizes, ctx.layout, splits, ctx.tlayouts, ctx.target).spans
     return OpPlan(
         name=op.name, op=op.fn, kind=op.kind,
@@ -87,6 +129,7 @@ def _op_plan(ctx: OpContext, minimum: dict[str, int], splits: dict[str, int]) ->
         utilization=round(ctx.utilization(splits), 6),
         predicted_time_us=round(ctx.time_us(splits), 4),
         span_bytes=tuple(spans.items()),
+        loop=None if tile is None else tile.loop,
         span_splits=tuple(minimum.items()),
     )
 
@@ -106,3 +149,10 @@ def verify(program: Program, target: Target, result: Plan) -> None:
         largest = slice_sizes(op_plan.sizes, dict(op_plan.unit_elems), op_plan.split_map)
         if math.prod(largest.values()) * op_plan.cores < math.prod(op_plan.sizes.values()):
             raise PlanningError(f"op {op_plan.name!r}: slices do not cover the iteration space")
+    for b in result.buffers:
+        if b.offset % target.alignment:
+            raise PlanningError(f"tensor {b.tensor!r}: {b.space} offset {b.offset} is not a "
+                                f"multiple of {target.alignment}")
+        if b.space == "lx" and b.end > target.scratchpad_capacity:
+            raise PlanningError(f"tensor {b.tensor!r}: scratchpad bytes {b.offset}..{b.end} "
+                                f"exceed the capacity {target.scratchpad_capacity}")

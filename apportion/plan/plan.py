@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from apportion.errors import PlanningError
+from apportion.plan.memory import Buffer, GroupPlan
 
 Pairs = tuple[tuple[str, int], ...]
 
@@ -95,12 +96,34 @@ class Plan:
     strategy: str
     ops: tuple[OpPlan, ...]
     extras: tuple[tuple[str, object], ...] = field(default=())
+    groups: tuple[GroupPlan, ...] = ()
+    buffers: tuple[Buffer, ...] = ()
 
     def op(self, name: str) -> OpPlan:
         for o in self.ops:
             if o.name == name:
                 return o
         raise PlanningError(f"plan has no op {name!r}; ops: {', '.join(o.name for o in self.ops)}")
+
+    def group(self, path: tuple[int, ...]) -> GroupPlan:
+        """The loop group at ``path``."""
+        for g in self.groups:
+            if g.path == tuple(path):
+                return g
+        raise PlanningError(f"plan has no loop group {list(path)}; groups: "
+                            f"{[list(g.path) for g in self.groups]}")
+
+    def buffers_of(self, tensor: str) -> tuple[Buffer, ...]:
+        """The buffers of ``tensor`` (a tile and a full one when a loop copies it out)."""
+        return tuple(b for b in self.buffers if b.tensor == tensor)
+
+    def buffer(self, tensor: str, kind: str | None = None) -> Buffer:
+        """The buffer of ``tensor`` (of ``kind`` when it has two)."""
+        found = [b for b in self.buffers_of(tensor) if kind is None or b.kind == kind]
+        if len(found) != 1:
+            what = "no" if not found else "more than one"
+            raise PlanningError(f"plan has {what} {kind or ''} buffer for tensor {tensor!r}")
+        return found[0]
 
     @property
     def mean_utilization(self) -> float:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from apportion.errors import PlanningError
+from apportion.plan.memory import Buffer, CombineOp, CopyOp, GroupPlan, InitOp
 from apportion.plan.plan import LoopInfo, OpPlan, Plan
 
 FORMAT = "apportion.plan/1"
@@ -51,6 +53,10 @@ def to_dict(p: Plan) -> dict[str, Any]:
         "target": {"name": p.target, "cores": p.cores},
         "ops": [op_to_dict(o) for o in p.ops],
     }
+    if p.groups:
+        doc["groups"] = [group_to_dict(g) for g in p.groups]
+    if p.buffers:
+        doc["buffers"] = [buffer_to_dict(b) for b in p.buffers]
     for key, value in p.extras:
         doc[key] = value
     return doc
@@ -59,13 +65,64 @@ def to_dict(p: Plan) -> dict[str, Any]:
 def from_dict(doc: dict[str, Any]) -> Plan:
     if doc.get("format") != FORMAT:
         raise PlanningError(f"unsupported plan format {doc.get('format')!r}; expected {FORMAT!r}")
-    known = {"format", "program", "strategy", "target", "ops"}
+    known = {"format", "program", "strategy", "target", "ops", "groups", "buffers"}
+    try:
+        groups = tuple(group_from_dict(g) for g in doc.get("groups", []))
+        buffers = tuple(buffer_from_dict(b) for b in doc.get("buffers", []))
+    except (KeyError, AttributeError, TypeError, ValueError) as e:
+        raise PlanningError(f"malformed loop group or buffer in plan: {e!r}") from None
     return Plan(
         program=doc.get("program", ""), target=doc["target"]["name"],
         cores=doc["target"]["cores"], strategy=doc.get("strategy", "balanced"),
         ops=tuple(op_from_dict(o) for o in doc["ops"]),
         extras=tuple((k, v) for k, v in doc.items() if k not in known),
+        groups=groups, buffers=buffers,
     )
+
+
+def _number(x: float) -> float | str:
+    # JSON has no infinities: the identities of max and min are written "inf" and "-inf".
+    return x if math.isfinite(x) else str(x)
+
+
+def group_to_dict(g: GroupPlan) -> dict[str, Any]:
+    return {
+        "group": list(g.path), "ops": list(g.ops), "count": list(g.counts),
+        "tiled_dims": [list(t) for t in g.tiled_dims],
+        "working_set_bytes": g.working_set_bytes, "capacity": g.capacity,
+        "lx_tensors": list(g.lx_tensors), "hbm_tiles": list(g.hbm_tiles),
+        "saved_bytes": g.saved_bytes,
+        "inits": [{"op": i.op, "tensor": i.tensor, "fn": i.fn, "identity": _number(i.identity),
+                   "level": i.level} for i in g.inits],
+        "combines": [{"op": c.op, "tensor": c.tensor, "fn": c.fn} for c in g.combines],
+        "copies": [{"op": c.op, "tensor": c.tensor} for c in g.copies],
+    }
+
+
+def group_from_dict(d: dict[str, Any]) -> GroupPlan:
+    path = tuple(d["group"])
+    return GroupPlan(
+        path=path, ops=tuple(d["ops"]), counts=tuple(d["count"]),
+        tiled_dims=tuple(tuple(t) for t in d["tiled_dims"]),
+        working_set_bytes=d["working_set_bytes"], capacity=d["capacity"],
+        lx_tensors=tuple(d.get("lx_tensors", [])), hbm_tiles=tuple(d.get("hbm_tiles", [])),
+        saved_bytes=d.get("saved_bytes", 0),
+        inits=tuple(InitOp(path, i["op"], i["tensor"], i["fn"], float(i["identity"]), i["level"])
+                    for i in d.get("inits", [])),
+        combines=tuple(CombineOp(path, c["op"], c["tensor"], c["fn"])
+                       for c in d.get("combines", [])),
+        copies=tuple(CopyOp(path, c["op"], c["tensor"]) for c in d.get("copies", [])),
+    )
+
+
+def buffer_to_dict(b: Buffer) -> dict[str, Any]:
+    return {"tensor": b.tensor, "kind": b.kind, "space": b.space, "offset": b.offset,
+            "nbytes": b.nbytes, "shape": list(b.shape), "group": list(b.group)}
+
+
+def buffer_from_dict(d: dict[str, Any]) -> Buffer:
+    return Buffer(d["tensor"], d["kind"], d["space"], d["offset"], d["nbytes"],
+                  tuple(d["shape"]), tuple(d.get("group", [])))
 
 
 def to_json(p: Plan, indent: int | None = 2) -> str:

@@ -1,0 +1,109 @@
+"""Automatic loop counts: for each tiling group, the fewest iterations whose working set fits.
+
+The program's tiling groups say which ops and which dims are tiled at each level; this picks the
+integer counts. Candidates divide their dims into whole sticks (symbolic counts are kept as they
+are); they are tried by total iterations, ties going to the larger outer count, and the first
+whose per-iteration working set (pass `scratchpad`) fits the capacity wins.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import replace
+
+from apportion.errors import PlanningError
+from apportion.ir.program import LoopLevel, Program, TilingGroup
+from apportion.passes.layouts import OpLayout
+from apportion.passes.span_reduction import divisors
+
+#: the most count combinations tried for one group
+MAX_CANDIDATES = 4096
+
+
+def candidate_counts(program: Program, group: TilingGroup, op_layouts: dict[str, OpLayout]
+                     ) -> list[tuple[int | str, ...]]:
+    """Every valid count tuple of ``group``, fewest total iterations first.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.passes.layouts import layouts
+    >>> from apportion.target import spyre
+    >>> p = load("examples/fused.json")
+    >>> candidate_counts(p, p.tiling[0], layouts(p, spyre()))[:4]
+    [(1, 1), (2, 1), (1, 2), (4, 1)]
+    """
+    ops = [program.op(n) for n in group.ops]
+    sizes: dict[str, int] = {}
+    per: dict[str, int] = {}
+    for op in ops:
+        for d, n in op.dims:
+            sizes.setdefault(d, n)
+            per[d] = max(per.get(d, 1), dict(op_layouts[op.name].unit_elems).get(d, 1))
+
+    def options(level: int, cur: dict[str, int]) -> list[tuple[int | str, ...]]:
+        if level == len(group.loops):
+            return [()]
+        lv = group.loops[level]
+        if isinstance(lv.count, str):
+            return [(lv.count, *rest) for rest in options(level + 1, cur)]
+        dims = [d for d in lv.dims if d in cur]
+        common = math.gcd(*(cur[d] for d in dims)) if dims else 1
+        out = []
+        for c in divisors(common):
+            if c > 1 and any((cur[d] // c) % per[d] for d in dims):
+                continue
+            nxt = {**cur, **{d: cur[d] // c for d in dims}}
+            out.extend((c, *rest) for rest in options(level + 1, nxt))
+            if len(out) > MAX_CANDIDATES:
+                break
+        return out
+
+    found = options(0, sizes)[:MAX_CANDIDATES]
+
+    def key(counts: tuple[int | str, ...]) -> tuple:
+        ints = [c if isinstance(c, int) else 1 for c in counts]
+        return (math.prod(ints), tuple(-c for c in ints))
+
+    return sorted(found, key=key)
+
+
+def with_counts(program: Program, index: int, counts: tuple[int | str, ...]) -> Program:
+    """``program`` with tiling group ``index``'s loop counts replaced."""
+    g = program.tiling[index]
+    loops = tuple(LoopLevel(c, lv.dims) for c, lv in zip(counts, g.loops, strict=True))
+    tiling = tuple(TilingGroup(g.ops, loops) if i == index else other
+                   for i, other in enumerate(program.tiling))
+    return replace(program, tiling=tiling)
+
+
+def choose_counts(program: Program, op_layouts: dict[str, OpLayout], capacity: int,
+                  working_set: Callable[[Program, int], int]) -> Program:
+    """``program`` with every group's counts set to the first candidate that fits ``capacity``.
+
+    ``working_set(program, group_index)`` plans one group and returns its bytes per core.
+    """
+    for index, group in enumerate(program.tiling):
+        first_error: PlanningError | None = None
+        smallest: tuple[int, tuple[int | str, ...]] | None = None
+        for counts in candidate_counts(program, group, op_layouts):
+            trial = with_counts(program, index, counts)
+            try:
+                ws = working_set(trial, index)
+            except PlanningError as e:
+                first_error = first_error or e
+                continue
+            if ws <= capacity:
+                program = trial
+                break
+            if smallest is None or ws < smallest[0]:
+                smallest = (ws, counts)
+        else:
+            if smallest is None and first_error is not None:
+                raise first_error
+            at = f"; the least is {smallest[0]} bytes at counts {list(smallest[1])}" \
+                if smallest else ""
+            raise PlanningError(f"tiling group {list(group.ops)}: no loop counts over "
+                                f"{[list(lv.dims) for lv in group.loops]} make the per-iteration "
+                                f"working set fit the scratchpad capacity {capacity} bytes per "
+                                f"core{at}")
+    return program

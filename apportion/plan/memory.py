@@ -1,0 +1,152 @@
+"""Plan values of coarse tiling: loop groups, buffers and the extra steps a loop nest needs.
+
+A tensor lives in one or two buffers:
+
+* ``full``: the whole tensor in device memory ("hbm"): inputs, results of ops outside loops,
+  results of a loop read after it (written tile by tile into their slice);
+* ``tile``: one loop iteration's tile at a fixed place every iteration reuses, in the scratchpad
+  ("lx", one region per core) or in device memory when it does not fit;
+* ``accumulator``: the whole tensor in device memory, set to its reduction's identity before the
+  loop that tiles the reduction dim and combined into every iteration.
+
+A tensor made in a loop and read both in and after it has a ``tile`` and a ``full`` buffer and a
+``CopyOp`` writing each tile into the full one.
+
+>>> Buffer("y", "tile", "lx", 0, 32768, (512, 1024), (0, 0)).per_tile_fixed
+True
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from apportion.errors import PlanningError
+
+BUFFER_KINDS = ("full", "tile", "accumulator")
+SPACES = ("hbm", "lx")
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """Where one tensor's elements live.
+
+    ``offset`` is a device-memory byte address (space ``hbm``) or a byte offset in every core's
+    scratchpad (space ``lx``, where ``nbytes`` is per core). ``shape`` is the elements it holds:
+    the tensor's shape, or one tile's (an upper bound when a loop count is symbolic). ``group``
+    is the loop group path a tile or accumulator belongs to.
+    """
+
+    tensor: str
+    kind: str
+    space: str
+    offset: int
+    nbytes: int
+    shape: tuple[int, ...]
+    group: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        where = f"buffer of tensor {self.tensor!r}"
+        if self.kind not in BUFFER_KINDS:
+            raise PlanningError(f"{where}: kind {self.kind!r}; valid: {', '.join(BUFFER_KINDS)}")
+        if self.space not in SPACES:
+            raise PlanningError(f"{where}: space {self.space!r}; valid: {', '.join(SPACES)}")
+        if self.space == "lx" and self.kind != "tile":
+            raise PlanningError(f"{where}: only tile buffers live in the scratchpad, not "
+                                f"{self.kind!r}")
+        if self.offset < 0 or self.nbytes <= 0:
+            raise PlanningError(f"{where}: offset {self.offset} and nbytes {self.nbytes} must be "
+                                ">= 0 and > 0")
+        if self.kind != "full" and not self.group:
+            raise PlanningError(f"{where}: a {self.kind} buffer needs its loop group path")
+
+    @property
+    def per_tile_fixed(self) -> bool:
+        """True for a tile buffer: the same address every iteration (it does not advance)."""
+        return self.kind == "tile"
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True)
+class InitOp:
+    """Before the loop at ``level`` of ``group``: set the op's output slice to ``identity``.
+
+    The slice is the one the loops outside ``level`` select, so a reduction tiled inside an
+    outer loop restarts for every outer tile.
+    """
+
+    group: tuple[int, ...]
+    op: str
+    tensor: str
+    fn: str
+    identity: float
+    level: int
+
+
+@dataclass(frozen=True)
+class CombineOp:
+    """In the loop body after ``op``: ``tensor[tile] = fn(tensor[tile], the op's tile partial)``."""
+
+    group: tuple[int, ...]
+    op: str
+    tensor: str
+    fn: str
+
+
+@dataclass(frozen=True)
+class CopyOp:
+    """In the loop body after ``op``: copy ``tensor``'s tile buffer into its full buffer."""
+
+    group: tuple[int, ...]
+    op: str
+    tensor: str
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One coarse-tiling loop nest: its ops, loop levels, and what its scratchpad holds.
+
+    ``working_set_bytes`` is the scratchpad one core would need to hold every per-iteration
+    intermediate of the group at once (offsets aligned, freed space reused); ``lx_tensors`` are
+    those placed in the ``capacity`` bytes, ``hbm_tiles`` the tiles left in device memory, and
+    ``saved_bytes`` the device memory the group's intermediates no longer take compared with
+    whole tensors.
+    """
+
+    path: tuple[int, ...]
+    ops: tuple[str, ...]
+    counts: tuple[int | str, ...]
+    tiled_dims: tuple[tuple[str, ...], ...]
+    working_set_bytes: int
+    capacity: int
+    lx_tensors: tuple[str, ...] = ()
+    hbm_tiles: tuple[str, ...] = ()
+    saved_bytes: int = 0
+    inits: tuple[InitOp, ...] = ()
+    combines: tuple[CombineOp, ...] = ()
+    copies: tuple[CopyOp, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (len(self.path) == len(self.counts) == len(self.tiled_dims)):
+            raise PlanningError(f"loop group {list(self.ops)}: path {self.path}, counts "
+                                f"{self.counts} and tiled_dims {self.tiled_dims} disagree")
+
+    @property
+    def fits(self) -> bool:
+        """True when every per-iteration intermediate is in the scratchpad."""
+        return self.working_set_bytes <= self.capacity
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """Names of the symbolic loop counts (run-time parameters)."""
+        return tuple(c for c in self.counts if isinstance(c, str))
+
+    @property
+    def iterations(self) -> int | None:
+        """Loop iterations in all, or None when a count is symbolic."""
+        if self.params:
+            return None
+        return math.prod(int(c) for c in self.counts)
