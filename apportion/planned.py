@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from apportion.ir.program import Program
 from apportion.passes.pipeline import plan as run_pipeline
 from apportion.plan.plan import OpPlan, Plan
 from apportion.target.presets import spyre
 from apportion.target.target import Target
+
+if TYPE_CHECKING:
+    from apportion.codegen.specs import Spec
 
 
 @dataclass(frozen=True)
@@ -34,13 +37,38 @@ class PlannedProgram:
 
         return to_json(self.plan)
 
+    def loopspec(self) -> tuple[Spec, ...]:
+        """The plan as nested LoopSpec / OpSpec values, ops outside loops bare, in program order.
+
+        >>> import apportion as ap
+        >>> planned = ap.plan(ap.load("examples/fused.json"), target=ap.targets.spyre(cores=32))
+        >>> [s.count for s in planned.loopspec()]
+        [2]
+        """
+        from apportion.codegen.loopspec import loopspec
+
+        return loopspec(self.program, self.plan, self.target)
+
+    def bundle_mlir(self, unrolled: bool = False) -> str:
+        """The loop bundle as MLIR text: ``scf.for`` loops of ``"apportion.execute"`` launches.
+
+        ``unrolled`` lists every iteration's launches with their addresses as constants.
+        """
+        from apportion.codegen.bundle import bundle_mlir
+
+        return bundle_mlir(self.program, self.plan, self.target, unrolled=unrolled)
+
     def run(self, inputs: dict[str, Any] | None = None, threads: int | None = None
             ) -> dict[str, Any]:
         """Execute the plan core by core (random inputs unless given); returns every tensor."""
         from apportion.runtime import random_inputs, run_planned
 
-        return run_planned(self.program, self.plan, inputs or random_inputs(self.program),
-                           threads=threads)
+        xs = inputs or random_inputs(self.program)
+        if self.plan.groups:  # loop nests run tile by tile (runtime.loops)
+            from apportion.runtime.loops import run_tiled
+
+            return run_tiled(self.program, self.plan, xs, threads=threads)
+        return run_planned(self.program, self.plan, xs, threads=threads)
 
     def check(self, seed: int = 0) -> list[Any]:
         """Run planned and unplanned on the same random inputs and compare every output."""

@@ -70,7 +70,12 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
     program, target, plan = _planned(args)
     inputs = random_inputs(program, seed=args.seed)
-    actual = run_planned(program, plan, inputs, threads=args.threads)
+    if plan.groups:  # loop nests run tile by tile in simulated device memory and scratchpads
+        from apportion.runtime.loops import run_tiled
+
+        actual = run_tiled(program, plan, inputs, threads=args.threads)
+    else:
+        actual = run_planned(program, plan, inputs, threads=args.threads)
     if not args.check:
         console.print(f"ran {len(plan.ops)} ops of {program.name} over {plan.cores} cores")
         return 0
