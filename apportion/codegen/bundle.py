@@ -26,9 +26,13 @@ import itertools
 import re
 from collections.abc import Iterator
 
+from apportion.codegen.loopspec import loopspec
 from apportion.codegen.mlir import verify_mlir as verify_mlir
 from apportion.codegen.specs import LoopSpec, OpSpec, Spec, TensorArg, walk
 from apportion.errors import EmitError
+from apportion.ir.program import Program
+from apportion.plan.plan import Plan
+from apportion.target.target import Target
 
 INDENT = "  "
 
@@ -40,6 +44,18 @@ def stride_symbols(strides: tuple[int | str, ...]) -> list[str]:
         if isinstance(s, str):
             out += [n for n in re.findall(r"[A-Za-z_]\w*", s) if n != "floordiv" and n not in out]
     return out
+
+
+def bundle_mlir(program: Program, plan: Plan, target: Target, unrolled: bool = False) -> str:
+    """The loop bundle of ``plan`` as MLIR text (``unrolled``: every iteration listed).
+
+    >>> import apportion as ap
+    >>> planned = ap.plan(ap.load("examples/fused.json"), target=ap.targets.spyre(cores=32))
+    >>> text = bundle_mlir(planned.program, planned.plan, planned.target)
+    >>> text.splitlines()[0]
+    '#tile_a = affine_map<(d0, d1)[s0] -> (s0 + d0 * 4194304 + d1 * 2048)>'
+    """
+    return render_bundle(loopspec(program, plan, target), program.name, unrolled)
 
 
 def address_map(strides: tuple[int | str, ...]) -> str:

@@ -1,0 +1,173 @@
+"""The LoopSpec program of a plan: nested counted loops of kernel launches with their tensors.
+
+Ops outside loops are bare OpSpecs in program order; the ops of a tiling group nest in one
+LoopSpec per level, with the steps the loops need:
+
+* before the level that tiles an op's reduction dim, an init (``<op>.init``, op ``fill``)
+  setting its slice of the accumulator to the reduction's identity;
+* the combine of an accumulating op is folded into its own launch: it reads its accumulator
+  tile as one more input, after its own, and writes the combined tile back (no partial buffer
+  exists to combine from);
+* after an op whose tile is also read after the loop, a copy (``<op>.copy``, op ``copy``) of
+  its tile buffer into its slice of the full tensor.
+
+Within a loop, a tensor's per-tile buffer of that group wins; otherwise the launch addresses the
+whole tensor and its tile's address moves with the loops (``TensorArg.tile_strides``).
+
+>>> import apportion as ap
+>>> planned = ap.plan(ap.load("examples/fused.json"), target=ap.targets.spyre(cores=32))
+>>> print(planned.loopspec())   # doctest: +NORMALIZE_WHITESPACE
+(LoopSpec(count=2, body=[LoopSpec(count=4, body=[OpSpec(add: m 512/32, n 1024/1;
+    a hbm:0, b hbm:8388608 -> y lx:0), OpSpec(mul: m 512/32, n 1024/1;
+    y lx:0, c hbm:16777216 -> z hbm:25165824)])]),)
+"""
+
+from __future__ import annotations
+
+from apportion.codegen.addressing import (
+    device_coordinates,
+    level_steps,
+    padded_strides,
+    tile_strides,
+)
+from apportion.codegen.spec_text import from_json as from_json
+from apportion.codegen.spec_text import from_source as from_source
+from apportion.codegen.spec_text import to_json as to_json
+from apportion.codegen.spec_text import to_source as to_source
+from apportion.codegen.specs import LoopSpec as LoopSpec
+from apportion.codegen.specs import OpSpec as OpSpec
+from apportion.codegen.specs import Spec as Spec
+from apportion.codegen.specs import TensorArg as TensorArg
+from apportion.errors import EmitError
+from apportion.ir.op import Access, Op
+from apportion.ir.program import Program
+from apportion.plan.memory import Buffer, GroupPlan
+from apportion.plan.plan import LoopInfo, OpPlan, Plan
+from apportion.target.layout import device_layout
+from apportion.target.target import Target
+
+
+def loopspec(program: Program, plan: Plan, target: Target) -> tuple[Spec, ...]:
+    """The LoopSpec program of ``plan`` (see the module docstring)."""
+    out: list[Spec] = []
+    done: set[tuple[int, ...]] = set()
+    for op in program.ops:
+        op_plan = plan.op(op.name)
+        if op_plan.loop is None:
+            out.append(_op_spec(program, plan, target, op, op_plan, None))
+        elif op_plan.loop.group not in done:
+            done.add(op_plan.loop.group)
+            out += _nest(program, plan, target, plan.group(op_plan.loop.group))
+    return tuple(out)
+
+
+def _nest(program: Program, plan: Plan, target: Target, group: GroupPlan) -> list[Spec]:
+    """The loops of one group, innermost body first, with inits in front of their level."""
+    body: list[Spec] = []
+    for name in group.ops:
+        op, op_plan = program.op(name), plan.op(name)
+        accumulates = any(c.op == name for c in group.combines)
+        body.append(_op_spec(program, plan, target, op, op_plan, op_plan.loop, accumulates))
+        for c in group.copies:
+            if c.op == name:
+                body.append(_step_spec(program, plan, target, op, op_plan, "copy", "copy"))
+    for level in reversed(range(len(group.counts))):
+        inits = [i for i in group.inits if i.level == level]
+        body = [*(_step_spec(program, plan, target, program.op(i.op), plan.op(i.op), "init",
+                             "fill") for i in inits),
+                LoopSpec(group.counts[level], tuple(body))]
+    return body
+
+
+def _op_spec(program: Program, plan: Plan, target: Target, op: Op, op_plan: OpPlan,
+             loop: LoopInfo | None, accumulates: bool = False) -> OpSpec:
+    depth = len(loop.count) if loop else 0
+    reads = (*op.ins, op.out) if accumulates else op.ins
+    args = [_arg(program, plan, target, op, a, i, True, loop, depth) for i, a in enumerate(reads)]
+    args.append(_arg(program, plan, target, op, op.out, len(reads), False, loop, depth))
+    space = {d: (n, op_plan.split_map[d]) for d, n in op_plan.iteration_space}
+    return OpSpec(op.fn, bool(op.reduction_dims), space, tuple(args), _tiled(loop), op.name)
+
+
+def _step_spec(program: Program, plan: Plan, target: Target, op: Op, op_plan: OpPlan,
+               step: str, fn: str) -> OpSpec:
+    """An init or a copy over the op's output: one launch over the output's dims."""
+    loop = op_plan.loop
+    assert loop is not None
+    depth = len(loop.count)
+    if step == "init":  # runs before the level tiling the reduction, over what the outer select
+        depth = next(i.level for g in plan.groups for i in g.inits if i.op == op.name)
+    out = op.out
+    dims = out.dims
+    sizes = _sizes_at(op, op_plan, loop, depth)
+    space = {d: (sizes[d], op_plan.split_map[d]) for d in dims}
+    if step == "copy":
+        src = _arg(program, plan, target, op, out, 0, True, loop, depth, prefer="tile")
+        dst = _arg(program, plan, target, op, out, 1, False, loop, depth, prefer="full")
+        args: tuple[TensorArg, ...] = (src, dst)
+    else:
+        args = (_arg(program, plan, target, op, out, 0, False, loop, depth),)
+    tiled = _tiled(LoopInfo(loop.group[:depth], loop.count[:depth], loop.tiled_dims[:depth]))
+    return OpSpec(fn, False, space, args, tuple(d for d in tiled if d in dims),
+                  f"{op.name}.{step}")
+
+
+def _sizes_at(op: Op, op_plan: OpPlan, loop: LoopInfo, depth: int) -> dict[str, int]:
+    """Per-launch sizes of the op's dims inside the outer ``depth`` levels."""
+    if depth == len(loop.count):
+        return op_plan.sizes
+    sizes = dict(op.sizes)
+    for count, dims in zip(loop.count[:depth], loop.tiled_dims[:depth], strict=True):
+        for d in dims:
+            if isinstance(count, int):
+                sizes[d] //= count
+    return sizes
+
+
+def _tiled(loop: LoopInfo | None) -> tuple[str, ...]:
+    out: list[str] = []
+    for dims in loop.tiled_dims if loop else ():
+        out += [d for d in dims if d not in out]
+    return tuple(out)
+
+
+def _buffer(plan: Plan, tensor: str, loop: LoopInfo | None, prefer: str | None) -> Buffer:
+    """The buffer a launch at ``loop`` reaches ``tensor`` through.
+
+    Inside a group its own tile buffer wins; otherwise the whole tensor (full or accumulator).
+    """
+    found = plan.buffers_of(tensor)
+    if not found:
+        raise EmitError(f"the plan places no buffer for tensor {tensor!r}; plan it with the "
+                        "buffers and scratchpad passes")
+    group = loop.group if loop else None
+    tiles = [b for b in found if b.kind == "tile" and b.group == group]
+    whole = [b for b in found if b.kind != "tile"]
+    if prefer == "full" or not tiles:
+        if not whole:
+            raise EmitError(f"tensor {tensor!r} has only tile buffers "
+                            f"({[list(b.group) for b in found]}); nothing holds it whole")
+        return whole[0]
+    return tiles[0]
+
+
+def _arg(program: Program, plan: Plan, target: Target, op: Op, access: Access, index: int,
+         is_input: bool, loop: LoopInfo | None, depth: int, prefer: str | None = None
+         ) -> TensorArg:
+    t = program.tensor(access.tensor)
+    buf = _buffer(plan, t.name, loop, prefer)
+    if buf.kind == "tile":
+        shape, strides = buf.shape, (0,) * depth
+    else:
+        shape = t.shape
+        strides = (0,) * depth
+        if loop is not None and depth:
+            inner = LoopInfo(loop.group[:depth], loop.count[:depth], loop.tiled_dims[:depth])
+            strides = tile_strides(access, padded_strides(shape, t.dtype, target),
+                                   level_steps(inner, op.sizes))
+    return TensorArg(
+        is_input=is_input, arg_index=index, dtype=t.dtype,
+        device_size=device_layout(shape, t.dtype, target).shape,
+        device_coordinates=device_coordinates(access, shape, t.dtype, target),
+        allocation={buf.space: buf.offset}, per_tile_fixed=buf.per_tile_fixed,
+        tensor=t.name, tile_strides=strides)
