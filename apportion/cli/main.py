@@ -94,6 +94,24 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_emit(args: argparse.Namespace, console: Console) -> int:
+    from apportion.codegen.bundle import render_bundle, verify_mlir
+    from apportion.codegen.loopspec import loopspec
+    from apportion.codegen.spec_text import to_json, to_source
+
+    program, target, plan = _planned(args)
+    specs = loopspec(program, plan, target)
+    if args.loopspec:
+        print(to_source(specs), end="")
+    elif args.loopspec_json:
+        print(to_json(specs))
+    else:  # --bundle or --unrolled: check the text parses and verifies before printing it
+        text = render_bundle(specs, program.name, unrolled=args.unrolled)
+        verify_mlir(text)
+        print(text, end="")
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     if args.suite == "workdiv":
         from apportion.cli import bench_workdiv
@@ -140,6 +158,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--threads", type=int, default=None, help="run cores concurrently")
     r.add_argument("--seed", type=int, default=0)
     r.set_defaults(func=cmd_run)
+    e = sub.add_parser("emit", help="print the plan as a loop bundle (MLIR) or LoopSpec program")
+    _common(e)
+    form = e.add_mutually_exclusive_group(required=True)
+    form.add_argument("--bundle", action="store_true", help="MLIR: scf.for loops of launches")
+    form.add_argument("--unrolled", action="store_true",
+                      help="MLIR: every iteration's launch with constant addresses")
+    form.add_argument("--loopspec", action="store_true", help="LoopSpec program as Python source")
+    form.add_argument("--loopspec-json", action="store_true", help="LoopSpec program as JSON")
+    e.set_defaults(func=cmd_emit)
     b = sub.add_parser("bench", help="benchmarks: workdiv, tiling")
     b.add_argument("suite", choices=("workdiv", "tiling"))
     b.add_argument("--cores", type=int, nargs="+", default=None)
