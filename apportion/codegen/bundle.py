@@ -141,8 +141,9 @@ def render_bundle(specs: tuple[Spec, ...], name: str = "bundle", unrolled: bool 
     consts: dict[int, str] = {}
     bases: dict[tuple[str, int | str, int], str] = {}
     maps: dict[tuple[str, tuple[int, ...]], str] = {}
-    for c in (0, 1):
-        consts[c] = names.fresh(f"c{c}")
+    if any(isinstance(s, LoopSpec) for s in specs):  # every loop runs from 0 in steps of 1
+        for c in (0, 1):
+            consts[c] = names.fresh(f"c{c}")
     for _, s in walk(specs):
         if isinstance(s, LoopSpec) and isinstance(s.count, int) and s.count not in consts:
             consts[s.count] = names.fresh(f"c{s.count}")

@@ -1,0 +1,244 @@
+"""LoopSpec programs: structure, tensors, addresses, and source / JSON round trips."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+import apportion as ap
+from apportion.codegen.addressing import padded_strides
+from apportion.codegen.loopspec import (
+    LoopSpec,
+    OpSpec,
+    TensorArg,
+    from_json,
+    from_source,
+    loopspec,
+    to_json,
+    to_source,
+)
+from apportion.codegen.specs import walk
+from apportion.errors import EmitError
+from apportion.plan.plan import Plan
+from apportion.plan.tiles import iterations, tile_box
+from tests.helpers import program
+
+ROOT = Path(__file__).parents[2]
+EXAMPLES = sorted(p for p in ROOT.joinpath("examples").glob("*.json")
+                  if p.name != "lm_head_prime_vocab.json")
+SPYRE = ap.targets.spyre(cores=32)
+FUSED_OPS = [{"name": "add", "op": "add", "out": "y[m,n]", "ins": ["a[m,n]", "b[m,n]"]},
+             {"name": "mul", "op": "mul", "out": "z[m,n]", "ins": ["y[m,n]", "c[m,n]"]}]
+FUSED_TENSORS = {t: ([1024, 4096], "float16") for t in "abc"}
+
+
+def fused(counts=(2, 4)) -> ap.Program:
+    """The two-op example (same as examples/fused.json), with its loop counts as given."""
+    return program(FUSED_TENSORS, FUSED_OPS, ["z"], name="fused", tiling=[
+        {"ops": ["add", "mul"], "loops": [{"count": counts[0], "dims": ["m"]},
+                                          {"count": counts[1], "dims": ["n"]}]}])
+
+
+def specs_of(prog: ap.Program, cores: int = 32):
+    return ap.plan(prog, target=ap.targets.spyre(cores=cores)).loopspec()
+
+
+def ops_of(specs) -> list[OpSpec]:
+    return [s for _, s in walk(specs) if isinstance(s, OpSpec)]
+
+
+def test_example_file_is_the_two_op_program():
+    assert ap.load(ROOT / "examples/fused.json") == fused()
+
+
+def test_fused_nests_both_ops_in_two_loops():
+    specs = specs_of(fused())
+    assert len(specs) == 1
+    outer = specs[0]
+    assert isinstance(outer, LoopSpec) and outer.count == 2
+    (inner,) = outer.body
+    assert isinstance(inner, LoopSpec) and inner.count == 4
+    assert [(o.name, o.op) for o in inner.body] == [("add", "add"), ("mul", "mul")]
+    add = inner.body[0]
+    assert dict(add.iteration_space) == {"m": (512, 32), "n": (1024, 1)}
+    assert add.tiled_symbols == ("m", "n") and not add.is_reduction
+    assert repr(specs[0]).startswith("LoopSpec(count=2, body=[LoopSpec(count=4, body=[OpSpec(add")
+
+
+def test_fused_tensor_args():
+    add, mul = ops_of(specs_of(fused()))
+    a, b, y = add.args
+    assert [(x.tensor, x.is_input, x.arg_index) for x in add.args] == [
+        ("a", True, 0), ("b", True, 1), ("y", False, 2)]
+    assert a.allocation == {"hbm": 0} and b.allocation == {"hbm": 8388608}
+    assert a.tile_strides == (4194304, 2048) and not a.per_tile_fixed
+    assert a.device_size == (64, 1024, 64)  # sticks of n, m, elements of a stick
+    assert a.device_coordinates == ("n floordiv 64", "m", "n mod 64")
+    # y lives in the scratchpad, one tile at a fixed offset
+    assert y.allocation == {"lx": 0} and y.memory == "lx" and y.per_tile_fixed
+    assert y.device_size == (16, 512, 64) and y.tile_strides == (0, 0)
+    assert mul.args[0] == replace(y, is_input=True, arg_index=0)
+    z = mul.args[2]
+    assert z.tensor == "z" and z.memory == "hbm" and z.tile_strides == (4194304, 2048)
+
+
+def test_untiled_program_gives_bare_op_specs_in_program_order():
+    prog = ap.load(ROOT / "examples/mlp.json")
+    specs = specs_of(prog)
+    assert all(isinstance(s, OpSpec) for s in specs)
+    assert [s.name for s in specs] == [o.name for o in prog.ops]
+    assert all(s.tiled_symbols == () and all(a.tile_strides == () for a in s.args)
+               for s in specs)
+    assert specs[0].is_reduction and not specs[2].is_reduction
+
+
+def test_ops_outside_a_group_stay_bare_around_the_nest():
+    prog = program({"x": ([256, 1024], "float16")},
+                   [{"name": "pre", "op": "exp", "out": "u[m,n]", "ins": ["x[m,n]"]},
+                    {"name": "in1", "op": "relu", "out": "v[m,n]", "ins": ["u[m,n]"]},
+                    {"name": "post", "op": "neg", "out": "w[m,n]", "ins": ["v[m,n]"]}],
+                   ["w"], tiling=[{"ops": ["in1"], "loops": [{"count": 2, "dims": ["m"]}]}])
+    specs = specs_of(prog)
+    assert [type(s).__name__ for s in specs] == ["OpSpec", "LoopSpec", "OpSpec"]
+    assert [s.name for s in ops_of(specs)] == ["pre", "in1", "post"]
+
+
+def test_accumulating_reduction_gets_an_init_and_reads_its_accumulator():
+    prog = program({"x": ([256, 1024], "float16"), "w": ([1024, 512], "float16")},
+                   [{"name": "mm", "op": "matmul", "out": "h[m,n]", "ins": ["x[m,k]", "w[k,n]"]}],
+                   ["h"], tiling=[{"ops": ["mm"], "loops": [{"count": 2, "dims": ["m"]},
+                                                           {"count": 4, "dims": ["k"]}]}])
+    (outer,) = specs_of(prog)
+    init, inner = outer.body
+    assert init.name == "mm.init" and init.op == "fill" and init.tiled_symbols == ("m",)
+    assert [a.tensor for a in init.args] == ["h"] and init.args[0].tile_strides == (131072,)
+    (mm,) = inner.body
+    assert mm.is_reduction and [(a.tensor, a.is_input) for a in mm.args] == [
+        ("x", True), ("w", True), ("h", True), ("h", False)]
+    x, w, acc, out = mm.args
+    # x[m,k] moves along rows and columns, w[k,n] along rows only, h[m,n] only with m
+    assert x.tile_strides == (128 * 2048, 256 * 2)
+    assert w.tile_strides == (0, 256 * 1024)
+    assert acc == replace(out, is_input=True, arg_index=2) and out.tile_strides == (131072, 0)
+
+
+def test_tile_copied_out_of_the_loop():
+    prog = program(FUSED_TENSORS, FUSED_OPS, ["z", "y"], tiling=[
+        {"ops": ["add", "mul"], "loops": [{"count": 4, "dims": ["m"]}]}])
+    (loop,) = specs_of(prog)
+    assert [o.name for o in loop.body] == ["add", "add.copy", "mul"]
+    src, dst = loop.body[1].args
+    assert src.memory == "lx" and src.per_tile_fixed
+    assert dst.memory == "hbm" and dst.tile_strides == (256 * 8192,) and not dst.is_input
+
+
+def full_sizes(prog: ap.Program, name: str) -> dict[str, int]:
+    return dict(prog.op(name).dims)
+
+
+@pytest.mark.parametrize("tiling, accesses", [
+    # a dim tiled at two levels, a transposed read, an affine index and a broadcast
+    ([{"count": 2, "dims": ["m"]}, {"count": 2, "dims": ["m", "n"]}],
+     ["x[m,n]", "t[n,m]", "v[m]"]),
+    ([{"count": 4, "dims": ["n"]}], ["x[m,n]", "t[n,m]", "v[m]"]),
+])
+def test_tile_strides_reach_each_tile_origin(tiling, accesses):
+    tensors = {"x": ([256, 512], "float16"), "t": ([512, 256], "float32"),
+               "v": ([256], "float16")}
+    prog = program(tensors, [{"name": "f", "op": "add", "out": "o[m,n]",
+                              "ins": [accesses[0], accesses[1]]},
+                             {"name": "g", "op": "mul", "out": "p[m,n]",
+                              "ins": ["o[m,n]", "x[m,n]"]},
+                             {"name": "h", "op": "exp", "out": "q[m]", "ins": ["v[m]"]}],
+                   ["p", "q"], tiling=[{"ops": ["f", "g"], "loops": tiling}])
+    planned = ap.plan(prog, target=SPYRE)
+    check_origins(prog, planned.plan, planned.loopspec())
+    f = ops_of(planned.loopspec())[0]
+    assert f.args[1].tensor == "t" and any(f.args[1].tile_strides)
+
+
+def test_affine_index_strides_reach_each_tile_origin():
+    prog = program({"x": ([64, 4096], "float16")},
+                   [{"name": "e", "op": "exp", "out": "y[t,h,d]", "ins": ["x[t,128*h+d]"],
+                     "dims": {"h": 32, "d": 128}}],
+                   ["y"], tiling=[{"ops": ["e"], "loops": [{"count": 2, "dims": ["t"]},
+                                                           {"count": 4, "dims": ["h"]}]}])
+    planned = ap.plan(prog, target=SPYRE)
+    (e,) = ops_of(planned.loopspec())
+    assert e.args[0].tile_strides == (32 * 8192, 8 * 128 * 2)
+    check_origins(prog, planned.plan, planned.loopspec())
+
+
+def check_origins(prog: ap.Program, plan: Plan, specs) -> None:
+    """Every moving tensor's address at every iteration is its tile origin's byte offset."""
+    checked = set()
+    for spec in ops_of(specs):
+        loop = None if "." in spec.name else plan.op(spec.name).loop
+        if loop is None:  # steps and ops outside loops
+            continue
+        op = prog.op(spec.name)
+        counts = tuple(int(c) for c in loop.count)
+        for index in iterations(counts):
+            box = tile_box(full_sizes(prog, op.name), loop, index, counts, op.name)
+            for arg, acc in zip(spec.args, (*op.ins, op.out), strict=True):
+                if arg.per_tile_fixed:
+                    continue
+                t = prog.tensor(acc.tensor)
+                strides = padded_strides(t.shape, t.dtype, SPYRE)
+                # the index's constant is the kernel's business (device coordinates), not the tile's
+                origin = sum(sum(c * box[d][0] for d, c in e.terms) * s
+                             for e, s in zip(acc.index, strides, strict=True))
+                moved = sum(s * i for s, i in zip(arg.tile_strides, index, strict=True))
+                assert moved == origin, (spec.name, acc.tensor, index)
+                checked.add(acc.tensor)
+    assert checked
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_source_and_json_round_trips_on_every_example(path):
+    specs = specs_of(ap.load(path))
+    assert from_source(to_source(specs)) == specs
+    assert from_json(to_json(specs)) == specs
+    assert hash(from_source(to_source(specs))) == hash(specs)
+
+
+def test_round_trip_keeps_symbolic_counts():
+    specs = specs_of(fused(("T", 4)))
+    assert specs[0].count == "T"
+    assert from_source(to_source(specs)) == specs and from_json(to_json(specs)) == specs
+    a = ops_of(specs)[0].args[0]
+    assert a.tile_strides == ("8388608 floordiv T", 2048)
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os').system('true')",
+    "[LoopSpec(count=2, body=[open('x')])]",
+    "[LoopSpec(count=2, bogus=1)]",
+    "[LoopSpec(count=2, body=[]) + 1]",
+    "[1, 2]",
+    "[LoopSpec(count=0)]",
+])
+def test_from_source_reads_only_spec_constructors(text):
+    with pytest.raises(EmitError):
+        from_source(text)
+
+
+def test_values_validate_and_freeze():
+    arg = TensorArg(True, 0, "float16", [4], ["m"], {"hbm": 0})
+    with pytest.raises(EmitError, match="allocation"):
+        replace(arg, allocation={"dram": 0})
+    with pytest.raises(EmitError, match="device coordinates"):
+        replace(arg, device_coordinates=["m", "n"])
+    with pytest.raises(EmitError, match="scratchpad"):
+        replace(arg, allocation={"lx": 0}, tile_strides=[128])
+    with pytest.raises(EmitError, match="tiled dim"):
+        OpSpec("exp", False, {"m": (4, 1)}, [arg], ["n"])
+    with pytest.raises(TypeError):
+        arg.allocation["hbm"] = 5  # type: ignore[index]
+    assert {arg, replace(arg)} == {arg}
+
+
+def test_plan_without_buffers_is_an_emit_error():
+    planned = ap.plan(fused(), target=SPYRE)
+    with pytest.raises(EmitError, match="no buffer"):
+        loopspec(planned.program, replace(planned.plan, buffers=()), planned.target)
