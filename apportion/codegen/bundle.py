@@ -120,66 +120,66 @@ def _execute(op: OpSpec, values: list[str]) -> str:
     return f'"apportion.execute"({", ".join(values)}) {{{attr_text}}} : ({types}) -> ()'
 
 
-def _symbols(specs: tuple[Spec, ...]) -> list[str]:
-    out: list[str] = []
-    for _, s in walk(specs):
-        if isinstance(s, LoopSpec) and isinstance(s.count, str) and s.count not in out:
-            out.append(s.count)
-    return out
+class _Rolled:
+    """The rolled bundle of one LoopSpec program: names, constants and maps, then the body."""
 
+    def __init__(self, specs: tuple[Spec, ...]) -> None:
+        self.names = _Names()
+        self.symbols: dict[str, str] = {}  # symbolic count -> function argument
+        self.consts: dict[int, str] = {}
+        self.bases: dict[tuple[str, int | str, int], str] = {}  # (memory, tensor, address)
+        self.maps: dict[tuple[str, tuple[int | str, ...]], str] = {}  # (tensor, strides)
+        for _, s in walk(specs):
+            if isinstance(s, LoopSpec) and isinstance(s.count, str):
+                self._symbol(s.count)
+        for _, s in walk(specs):  # counts a stride depends on but no loop of the nest runs over
+            for a in s.args if isinstance(s, OpSpec) else ():
+                for n in stride_symbols(a.tile_strides):
+                    self._symbol(n)
+        if any(isinstance(s, LoopSpec) for s in specs):  # every loop runs from 0 in steps of 1
+            for c in (0, 1):
+                self.consts[c] = self.names.fresh(f"c{c}")
+        for _, s in walk(specs):
+            if isinstance(s, LoopSpec) and isinstance(s.count, int) and s.count not in self.consts:
+                self.consts[s.count] = self.names.fresh(f"c{s.count}")
+            for a in s.args if isinstance(s, OpSpec) else ():
+                if _base_key(a) not in self.bases:
+                    self.bases[_base_key(a)] = self.names.fresh(f"{a.tensor or 'arg'}_{a.memory}")
+                if _moves(a) and (a.tensor, a.tile_strides) not in self.maps:
+                    stem, taken = f"#tile_{_ident(a.tensor or str(a.arg_index))}", \
+                        set(self.maps.values())
+                    alias = next(stem if i == 0 else f"{stem}_{i}" for i in itertools.count()
+                                 if (stem if i == 0 else f"{stem}_{i}") not in taken)
+                    self.maps[(a.tensor, a.tile_strides)] = alias
 
-def render_bundle(specs: tuple[Spec, ...], name: str = "bundle", unrolled: bool = False) -> str:
-    """MLIR text of the loop bundle of ``specs`` (a LoopSpec program)."""
-    if unrolled:
-        return _render_unrolled(specs, name)
-    names = _Names()
-    symbols = {s: names.fresh(s) for s in _symbols(specs)}
-    for _, s in walk(specs):  # counts a stride depends on but no loop of the nest runs over
-        for a in s.args if isinstance(s, OpSpec) else ():
-            for n in stride_symbols(a.tile_strides):
-                symbols.setdefault(n, names.fresh(n))
-    consts: dict[int, str] = {}
-    bases: dict[tuple[str, int | str, int], str] = {}
-    maps: dict[tuple[str, tuple[int, ...]], str] = {}
-    if any(isinstance(s, LoopSpec) for s in specs):  # every loop runs from 0 in steps of 1
-        for c in (0, 1):
-            consts[c] = names.fresh(f"c{c}")
-    for _, s in walk(specs):
-        if isinstance(s, LoopSpec) and isinstance(s.count, int) and s.count not in consts:
-            consts[s.count] = names.fresh(f"c{s.count}")
-        if isinstance(s, OpSpec):
-            for a in s.args:
-                key = (a.memory, a.tensor or a.arg_index, a.address)
-                if key not in bases:
-                    bases[key] = names.fresh(f"{a.tensor or 'arg'}_{a.memory}")
-                if _moves(a) and (a.tensor, a.tile_strides) not in maps:
-                    stem = f"tile_{_ident(a.tensor or str(a.arg_index))}"
-                    taken = set(maps.values())
-                    alias = next(f"#{stem}{'' if i == 0 else f'_{i}'}" for i in itertools.count()
-                                 if f"#{stem}{'' if i == 0 else f'_{i}'}" not in taken)
-                    maps[(a.tensor, a.tile_strides)] = alias
-    lines = [f"{alias} = {address_map(strides)}" for (_, strides), alias in maps.items()]
-    args = ", ".join(f"{v}: index" for v in symbols.values())
-    lines.append(f"func.func @{_ident(name)}({args}) {{")
-    for c, v in consts.items():
-        lines.append(f"{INDENT}{v} = arith.constant {c} : index")
-    for (memory, tensor, address), v in bases.items():
-        lines.append(f"{INDENT}{v} = arith.constant {address} : index  // {tensor} {memory}")
+    def _symbol(self, name: str) -> None:
+        if name not in self.symbols:
+            self.symbols[name] = self.names.fresh(name)
 
-    def body(items: tuple[Spec, ...], indices: list[str], depth: int) -> Iterator[str]:
-        pad = INDENT * (depth + 1)
-        applied: dict[tuple[str, tuple[int, ...], str], str] = {}
+    def header(self, name: str) -> list[str]:
+        lines = [f"{alias} = {address_map(strides)}" for (_, strides), alias in self.maps.items()]
+        args = ", ".join(f"{v}: index" for v in self.symbols.values())
+        lines.append(f"func.func @{_ident(name)}({args}) {{")
+        lines += [f"{INDENT}{v} = arith.constant {c} : index" for c, v in self.consts.items()]
+        lines += [f"{INDENT}{v} = arith.constant {address} : index  // {tensor} {memory}"
+                  for (memory, tensor, address), v in self.bases.items()]
+        return lines
+
+    def body(self, items: tuple[Spec, ...], indices: list[str]) -> Iterator[str]:
+        pad = INDENT * (len(indices) + 1)
+        applied: dict[tuple[str, tuple[int | str, ...], str], str] = {}  # addresses in block
         for s in items:
             if isinstance(s, LoopSpec):
-                idx = names.fresh(f"i{depth}")
-                bound = symbols[s.count] if isinstance(s.count, str) else consts[s.count]
-                yield f"{pad}scf.for {idx} = {consts[0]} to {bound} step {consts[1]} {{"
-                yield from body(s.body, [*indices, idx], depth + 1)
+                idx = self.names.fresh(f"i{len(indices)}")
+                bound = self.symbols[s.count] if isinstance(s.count, str) \
+                    else self.consts[s.count]
+                yield f"{pad}scf.for {idx} = {self.consts[0]} to {bound} step {self.consts[1]} {{"
+                yield from self.body(s.body, [*indices, idx])
                 yield f"{pad}}}"
                 continue
             values = []
             for a in s.args:
-                base = bases[(a.memory, a.tensor or a.arg_index, a.address)]
+                base = self.bases[_base_key(a)]
                 if not _moves(a):
                     values.append(base)
                     continue
@@ -189,15 +189,26 @@ def render_bundle(specs: tuple[Spec, ...], name: str = "bundle", unrolled: bool 
                                     f"{len(indices)}")
                 key = (a.tensor, a.tile_strides, base)
                 if key not in applied:
-                    applied[key] = names.fresh(f"{a.tensor or 'arg'}_tile")
-                    syms = ", ".join([base, *(symbols[n] for n in stride_symbols(a.tile_strides))])
+                    applied[key] = self.names.fresh(f"{a.tensor or 'arg'}_tile")
+                    syms = ", ".join([base, *(self.symbols[n]
+                                              for n in stride_symbols(a.tile_strides))])
                     yield (f"{pad}{applied[key]} = affine.apply "
-                           f"{maps[(a.tensor, a.tile_strides)]}({', '.join(indices)})[{syms}]")
+                           f"{self.maps[(a.tensor, a.tile_strides)]}({', '.join(indices)})"
+                           f"[{syms}]")
                 values.append(applied[key])
             yield f"{pad}{_execute(s, values)}"
 
-    lines += body(specs, [], 0)
-    lines += [f"{INDENT}return", "}"]
+
+def _base_key(a: TensorArg) -> tuple[str, int | str, int]:
+    return (a.memory, a.tensor or a.arg_index, a.address)
+
+
+def render_bundle(specs: tuple[Spec, ...], name: str = "bundle", unrolled: bool = False) -> str:
+    """MLIR text of the loop bundle of ``specs`` (a LoopSpec program) in function ``@name``."""
+    if unrolled:
+        return _render_unrolled(specs, name)
+    rolled = _Rolled(specs)
+    lines = [*rolled.header(name), *rolled.body(specs, []), f"{INDENT}return", "}"]
     return "\n".join(lines) + "\n"
 
 
