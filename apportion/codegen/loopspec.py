@@ -70,11 +70,13 @@ def _nest(program: Program, plan: Plan, target: Target, group: GroupPlan) -> lis
         body.append(_op_spec(program, plan, target, op, op_plan, op_plan.loop, accumulates))
         for c in group.copies:
             if c.op == name:
-                body.append(_step_spec(program, plan, target, op, op_plan, "copy", "copy"))
+                body.append(_step_spec(program, plan, target, op, op_plan, "copy", "copy",
+                                       len(group.counts)))
     for level in reversed(range(len(group.counts))):
         inits = [i for i in group.inits if i.level == level]
+        # an init runs before the level tiling the reduction, over what the outer levels select
         body = [*(_step_spec(program, plan, target, program.op(i.op), plan.op(i.op), "init",
-                             "fill") for i in inits),
+                             "fill", level) for i in inits),
                 LoopSpec(group.counts[level], tuple(body))]
     return body
 
@@ -90,13 +92,10 @@ def _op_spec(program: Program, plan: Plan, target: Target, op: Op, op_plan: OpPl
 
 
 def _step_spec(program: Program, plan: Plan, target: Target, op: Op, op_plan: OpPlan,
-               step: str, fn: str) -> OpSpec:
+               step: str, fn: str, depth: int) -> OpSpec:
     """An init or a copy over the op's output: one launch over the output's dims."""
     loop = op_plan.loop
     assert loop is not None
-    depth = len(loop.count)
-    if step == "init":  # runs before the level tiling the reduction, over what the outer select
-        depth = next(i.level for g in plan.groups for i in g.inits if i.op == op.name)
     out = op.out
     dims = out.dims
     sizes = _sizes_at(op, op_plan, loop, depth)
