@@ -34,6 +34,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cores", type=int, default=None,
                    help="cores to use (spyre: 1..32; default SENCORES or 32)")
     p.add_argument("--strategy", choices=STRATEGIES, default="balanced")
+    p.add_argument("--auto-tile", action="store_true",
+                   help="choose each tiling group's loop counts: the smallest that fit the "
+                        "scratchpad")
 
 
 def _planned(args: argparse.Namespace) -> tuple[Program, Target, Plan]:
@@ -41,7 +44,8 @@ def _planned(args: argparse.Namespace) -> tuple[Program, Target, Plan]:
 
     program = _load_program(args.program)
     target = resolve(args.target, args.cores)
-    return program, target, plan(program, target, args.strategy)
+    return program, target, plan(program, target, args.strategy,
+                                 auto_tile=getattr(args, "auto_tile", False))
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
@@ -121,7 +125,7 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))
         return 0
-    from apportion.cli import bench_tiling  # type: ignore[attr-defined]
+    from apportion.cli import bench_tiling
 
     bench_tiling.run(args.cores or [32], models_path=args.models, console=console)
     return 0

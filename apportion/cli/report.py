@@ -43,8 +43,30 @@ def summary_line(plan: Plan) -> str:
             f"{total:.1f} us in all{extra}  (~ marks an uneven split)")
 
 
+def _kib(n: int) -> str:
+    return f"{n / 1024:.1f} KiB"
+
+
+def group_lines(plan: Plan) -> list[str]:
+    """One line per loop group: counts, working set per iteration vs scratchpad, savings."""
+    lines = []
+    for g in plan.groups:
+        levels = " x ".join(f"{c} over {','.join(d) or '-'}"
+                            for c, d in zip(g.counts, g.tiled_dims, strict=True))
+        verdict = "fits" if g.fits else "does NOT fit"
+        lx = ", ".join(g.lx_tensors) or "none"
+        hbm = f"; tiles left in device memory: {', '.join(g.hbm_tiles)}" if g.hbm_tiles else ""
+        lines.append(
+            f"loop group {list(g.path)} ({', '.join(g.ops)}): {levels}; working set per "
+            f"iteration {_kib(g.working_set_bytes)} per core vs scratchpad {_kib(g.capacity)}: "
+            f"{verdict}; in scratchpad: {lx}{hbm}; device memory saved {_mib(g.saved_bytes)} MiB")
+    return lines
+
+
 def print_report(plan: Plan, target: Target, console: Console | None = None) -> None:
-    """Print the table and the summary line."""
+    """Print the table, one line per loop group, and the summary line."""
     console = console or Console()
     console.print(plan_table(plan, target))
+    for line in group_lines(plan):
+        console.print(line, highlight=False, soft_wrap=True)
     console.print(summary_line(plan))
