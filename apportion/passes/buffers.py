@@ -11,7 +11,9 @@ For a tensor made in a loop group:
   buffer (role ``full``);
 * made by an op tiled over a reduction dim: a full accumulator set to the reduction's identity
   before the loop level tiling the reduction, combined into every iteration (role
-  ``accumulator``).
+  ``accumulator``). Float results accumulate in float32, as hardware does, so that rounding
+  happens once; the tensor then has a full buffer too, which a finish step after the loop nest
+  fills (casting, and dividing a ``mean`` by its count).
 
 Every other tensor (inputs, results of ops outside loops) has a full buffer. Readers outside a
 loop always read full buffers. Where the buffers go is the `scratchpad` pass's decision.
@@ -19,12 +21,14 @@ loop always read full buffers. Where the buffers go is the `scratchpad` pass's d
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from apportion.ir.op import REDUCTIONS
+from apportion.ir.dtypes import FLOAT_DTYPES
+from apportion.ir.op import REDUCTIONS, Op
 from apportion.ir.program import Program
 from apportion.passes.coarse_tile import GroupTiling, Tiling
-from apportion.plan.memory import CombineOp, CopyOp, InitOp
+from apportion.plan.memory import CombineOp, CopyOp, FinishOp, InitOp
 
 ROLES = ("full", "tile", "accumulator")
 
@@ -83,19 +87,42 @@ def identity(fn: str) -> float:
     return 0.0 if fn == "matmul" else REDUCTIONS[fn]
 
 
-def loop_steps(program: Program, group: GroupTiling, roles: dict[str, TensorRole]
-               ) -> tuple[tuple[InitOp, ...], tuple[CombineOp, ...], tuple[CopyOp, ...]]:
-    """The init, combine and copy steps of one group's loop nest, in program order."""
-    inits, combines, copies = [], [], []
+def accumulator_dtype(op: Op, program: Program) -> str:
+    """The dtype an accumulator of ``op``'s result holds: float32 for floats, else the result's.
+
+    >>> from apportion.frontend.json_format import load
+    >>> p = load("examples/mlp.json")
+    >>> accumulator_dtype(p.op("gate"), p)
+    'float32'
+    """
+    dtype = program.tensor(op.out.tensor).dtype
+    return "float32" if dtype in FLOAT_DTYPES else dtype
+
+
+def needs_finish(op: Op, program: Program) -> bool:
+    """True when an accumulated result needs a finish step (wider accumulator, or a mean)."""
+    return op.fn == "mean" or accumulator_dtype(op, program) != program.tensor(op.out.tensor).dtype
+
+
+Steps = tuple[tuple[InitOp, ...], tuple[CombineOp, ...], tuple[CopyOp, ...], tuple[FinishOp, ...]]
+
+
+def loop_steps(program: Program, group: GroupTiling, roles: dict[str, TensorRole]) -> Steps:
+    """The init, combine, copy and finish steps of one group's loop nest, in program order."""
+    inits, combines, copies, finishes = [], [], [], []
     for name in group.ops:
         op = program.op(name)
-        role = roles[op.out.tensor]
+        t = op.out.tensor
+        role = roles[t]
         if role.role == "accumulator":
             fn = "sum" if op.kind == "matmul" else op.fn
             level = group.tile(name).reduction_level
             assert level is not None
-            inits.append(InitOp(group.path, name, op.out.tensor, fn, identity(op.fn), level))
-            combines.append(CombineOp(group.path, name, op.out.tensor, fn))
+            inits.append(InitOp(group.path, name, t, fn, identity(op.fn), level))
+            combines.append(CombineOp(group.path, name, t, fn))
+            if needs_finish(op, program):
+                count = math.prod(op.sizes[d] for d in op.reduction_dims)
+                finishes.append(FinishOp(group.path, name, t, fn, count))
         elif role.copy:
-            copies.append(CopyOp(group.path, name, op.out.tensor))
-    return tuple(inits), tuple(combines), tuple(copies)
+            copies.append(CopyOp(group.path, name, t))
+    return tuple(inits), tuple(combines), tuple(copies), tuple(finishes)

@@ -4,12 +4,13 @@ A group (``Program.tiling``) is a contiguous run of ops inside nested counted lo
 first. Every op of a group sits in every level of its nest; at a level it is tiled on the level's
 dims it has, and an op without any of them computes the same box every iteration of that level
 (redundant work, never a wrong value: its inputs do not change along that level). Levels divide
-a dim outermost first, so a dim tiled at two levels is divided twice. The group's loop path is
-its index in ``tiling`` then 0 per inner level: ``[g, 0, ...]``.
+a dim outermost first, so a dim tiled at two levels is divided twice. One loop variable steps
+all dims of a level, so a level may list several letters only when each op has at most one of
+them. The group's loop path is its index in ``tiling`` then 0 per inner level: ``[g, 0, ...]``.
 
 Tiling a reduction dim makes the op accumulate: its output is a whole-tensor accumulator (see
 pass ``buffers``), complete only after the loop, so no other op of the group may read it.
-``mean`` and ``argmax`` tiled over their reduction dims are not supported.
+``argmax`` tiled over its reduction dims is not supported (its accumulator would need indices).
 
 Symbolic counts are run-time parameters. Plan time cannot know the tile, so a dim tiled by a
 symbolic count is planned at its whole size (as if the count were 1): every span, scratchpad
@@ -29,7 +30,7 @@ from apportion.plan.plan import LoopInfo
 
 Pairs = tuple[tuple[str, int], ...]
 #: reductions whose tiles combine into an accumulator (matmul combines with sum)
-TILEABLE_REDUCTIONS = frozenset({"sum", "max", "min", "prod", "any"})
+TILEABLE_REDUCTIONS = frozenset({"sum", "mean", "max", "min", "prod", "any"})
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,15 @@ def _tile_group(program: Program, gi: int, group: TilingGroup,
                 f"no op of the group has dim {missing[0]!r} tiled"
             raise ProgramError(f"{where}: {what} at loop level {level} ({list(lv.dims)}); "
                                f"op dims: {have}")
+        for op in ops:
+            both = [d for d in lv.dims if d in op.sizes]
+            if len(both) > 1:
+                # one loop variable steps every dim of a level: two dims of one op would only
+                # ever meet on the diagonal, leaving the other tiles uncomputed
+                raise ProgramError(f"{where}: op {op.name!r} has dims {both[0]!r} and "
+                                   f"{both[1]!r}, both tiled at loop level {level}; a level tiles "
+                                   "one dim per op (the dims of a level are the letters different "
+                                   "ops use); put them at separate levels")
     tile_sizes = _divide(group, ops, owner, op_layouts)
     path = (gi,) + (0,) * (len(group.loops) - 1)
     counts = tuple(lv.count for lv in group.loops)

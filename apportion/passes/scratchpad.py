@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.op import Op
 from apportion.ir.program import Program
-from apportion.passes.buffers import TensorRole
+from apportion.passes.buffers import Steps, TensorRole, accumulator_dtype, needs_finish
 from apportion.passes.coarse_tile import GroupTiling, Tiling
-from apportion.plan.memory import Buffer, CombineOp, CopyOp, GroupPlan, InitOp
+from apportion.plan.memory import Buffer, GroupPlan
 from apportion.plan.plan import OpPlan
 from apportion.plan.tiles import inside, region
 from apportion.plan.views import core_slices
@@ -159,8 +159,7 @@ def _inplace(op: Op, program: Program) -> tuple[str, ...]:
 
 def plan_group(program: Program, target: Target, group: GroupTiling,
                roles: dict[str, TensorRole], plans: dict[str, OpPlan],
-               steps: tuple[tuple[InitOp, ...], tuple[CombineOp, ...], tuple[CopyOp, ...]] = (
-                   (), (), ())) -> tuple[GroupPlan, dict[str, tuple[int, int]]]:
+               steps: Steps = ((), (), (), ())) -> tuple[GroupPlan, dict[str, tuple[int, int]]]:
     """The group's scratchpad plan and its placements ``tensor -> (offset, bytes per core)``."""
     symbolic = any(isinstance(c, str) for c in group.counts)
     requests, region_bytes = [], {}
@@ -193,10 +192,11 @@ def plan_group(program: Program, target: Target, group: GroupTiling,
             used += device_bytes(tile_shape(op, program, plans[op.name].sizes),
                                  program.tensor(t).dtype, target)
         saved += full - used
-    inits, combines, copies = steps
+    inits, combines, copies, finishes = steps
     gp = GroupPlan(group.path, group.ops, group.counts, group.dims, working,
                    target.scratchpad_capacity, tuple(t for t in tiles if t in placed),
-                   tuple(t for t in tiles if t not in placed), saved, inits, combines, copies)
+                   tuple(t for t in tiles if t not in placed), saved, inits, combines, copies,
+                   finishes)
     return gp, placed
 
 
@@ -216,8 +216,7 @@ def device_bytes(shape: tuple[int, ...], dtype: str, target: Target) -> int:
 
 def scratchpad(program: Program, target: Target, tiling: Tiling, roles: dict[str, TensorRole],
                plans: dict[str, OpPlan],
-               steps: dict[int, tuple[tuple[InitOp, ...], tuple[CombineOp, ...],
-                                      tuple[CopyOp, ...]]] | None = None,
+               steps: dict[int, Steps] | None = None,
                ) -> tuple[tuple[GroupPlan, ...], tuple[Buffer, ...]]:
     """The scratchpad pass: one GroupPlan per loop group and every tensor's buffers.
 
@@ -231,16 +230,17 @@ def scratchpad(program: Program, target: Target, tiling: Tiling, roles: dict[str
     groups, lx = [], {}
     for g in tiling.groups:
         gp, placed = plan_group(program, target, g, roles, plans,
-                                (steps or {}).get(g.index, ((), (), ())))
+                                (steps or {}).get(g.index, ((), (), (), ())))
         groups.append(gp)
         lx.update(placed)
     buffers: list[Buffer] = []
     address = 0
 
-    def hbm(tensor: str, kind: str, shape: tuple[int, ...], path: tuple[int, ...] = ()) -> None:
+    def hbm(tensor: str, kind: str, shape: tuple[int, ...], path: tuple[int, ...] = (),
+            dtype: str = "") -> None:
         nonlocal address
-        n = device_bytes(shape, program.tensor(tensor).dtype, target)
-        buffers.append(Buffer(tensor, kind, "hbm", address, n, shape, path))
+        n = device_bytes(shape, dtype or program.tensor(tensor).dtype, target)
+        buffers.append(Buffer(tensor, kind, "hbm", address, n, shape, path, dtype))
         address = align(address + n, target.alignment)
 
     for name in program.inputs:
@@ -250,7 +250,10 @@ def scratchpad(program: Program, target: Target, tiling: Tiling, roles: dict[str
         full = program.tensor(t).shape
         path = () if role.group is None else tiling.groups[role.group].path
         if role.role == "accumulator":
-            hbm(t, "accumulator", full, path)
+            acc = accumulator_dtype(op, program)
+            hbm(t, "accumulator", full, path, "" if acc == program.tensor(t).dtype else acc)
+            if needs_finish(op, program):
+                hbm(t, "full", full)
             continue
         if role.role == "tile":
             shape = tile_shape(op, program, plans[op.name].sizes)

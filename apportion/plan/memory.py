@@ -34,7 +34,8 @@ class Buffer:
     ``offset`` is a device-memory byte address (space ``hbm``) or a byte offset in every core's
     scratchpad (space ``lx``, where ``nbytes`` is per core). ``shape`` is the elements it holds:
     the tensor's shape, or one tile's (an upper bound when a loop count is symbolic). ``group``
-    is the loop group path a tile or accumulator belongs to.
+    is the loop group path a tile or accumulator belongs to. ``dtype`` is set when the buffer
+    holds another type than the tensor (a float32 accumulator of a float16 result).
     """
 
     tensor: str
@@ -44,6 +45,7 @@ class Buffer:
     nbytes: int
     shape: tuple[int, ...]
     group: tuple[int, ...] = ()
+    dtype: str = ""
 
     def __post_init__(self) -> None:
         where = f"buffer of tensor {self.tensor!r}"
@@ -106,6 +108,21 @@ class CopyOp:
 
 
 @dataclass(frozen=True)
+class FinishOp:
+    """After the loop nest: ``tensor = cast(finish(fn, accumulator))`` into its full buffer.
+
+    Needed when the accumulator is wider than the tensor or ``fn`` is ``mean`` (the sum over
+    ``count`` reduction points is divided by it).
+    """
+
+    group: tuple[int, ...]
+    op: str
+    tensor: str
+    fn: str
+    count: int
+
+
+@dataclass(frozen=True)
 class GroupPlan:
     """One coarse-tiling loop nest: its ops, loop levels, and what its scratchpad holds.
 
@@ -128,6 +145,7 @@ class GroupPlan:
     inits: tuple[InitOp, ...] = ()
     combines: tuple[CombineOp, ...] = ()
     copies: tuple[CopyOp, ...] = ()
+    finishes: tuple[FinishOp, ...] = ()
 
     def __post_init__(self) -> None:
         if not (len(self.path) == len(self.counts) == len(self.tiled_dims)):

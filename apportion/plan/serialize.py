@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from apportion.errors import PlanningError
-from apportion.plan.memory import Buffer, CombineOp, CopyOp, GroupPlan, InitOp
+from apportion.plan.memory import Buffer, CombineOp, CopyOp, FinishOp, GroupPlan, InitOp
 from apportion.plan.plan import LoopInfo, OpPlan, Plan
 
 FORMAT = "apportion.plan/1"
@@ -96,6 +96,8 @@ def group_to_dict(g: GroupPlan) -> dict[str, Any]:
                    "level": i.level} for i in g.inits],
         "combines": [{"op": c.op, "tensor": c.tensor, "fn": c.fn} for c in g.combines],
         "copies": [{"op": c.op, "tensor": c.tensor} for c in g.copies],
+        "finishes": [{"op": f.op, "tensor": f.tensor, "fn": f.fn, "count": f.count}
+                     for f in g.finishes],
     }
 
 
@@ -112,17 +114,22 @@ def group_from_dict(d: dict[str, Any]) -> GroupPlan:
         combines=tuple(CombineOp(path, c["op"], c["tensor"], c["fn"])
                        for c in d.get("combines", [])),
         copies=tuple(CopyOp(path, c["op"], c["tensor"]) for c in d.get("copies", [])),
+        finishes=tuple(FinishOp(path, f["op"], f["tensor"], f["fn"], f["count"])
+                       for f in d.get("finishes", [])),
     )
 
 
 def buffer_to_dict(b: Buffer) -> dict[str, Any]:
-    return {"tensor": b.tensor, "kind": b.kind, "space": b.space, "offset": b.offset,
-            "nbytes": b.nbytes, "shape": list(b.shape), "group": list(b.group)}
+    d = {"tensor": b.tensor, "kind": b.kind, "space": b.space, "offset": b.offset,
+         "nbytes": b.nbytes, "shape": list(b.shape), "group": list(b.group)}
+    if b.dtype:
+        d["dtype"] = b.dtype
+    return d
 
 
 def buffer_from_dict(d: dict[str, Any]) -> Buffer:
     return Buffer(d["tensor"], d["kind"], d["space"], d["offset"], d["nbytes"],
-                  tuple(d["shape"]), tuple(d.get("group", [])))
+                  tuple(d["shape"]), tuple(d.get("group", [])), d.get("dtype", ""))
 
 
 def to_json(p: Plan, indent: int | None = 2) -> str:

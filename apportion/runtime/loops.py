@@ -10,7 +10,8 @@ Ops outside loops run core slice by core slice (``reference.run_op_boxes``). A l
 its iterations outermost level first; in each, the accumulator inits due at that point, then
 every op over its tile: each core's box (the op plan's slices of the tile) is computed by
 ``reference.partial_result`` from the buffers, split reductions are combined across cores, and
-the result is finished into its buffer or combined into its accumulator; copies follow their op.
+the result is finished into its buffer or combined into its accumulator; copies follow their op,
+and finish steps (accumulator to result) the whole nest.
 """
 
 from __future__ import annotations
@@ -119,6 +120,16 @@ class _Run:
         t = self.program.tensor(tensor)
         return self.mem.view(buf, t.shape, t.dtype)
 
+    def accumulator(self, tensor: str) -> tuple[np.ndarray, str]:
+        """The accumulator of ``tensor`` and the dtype it holds."""
+        buf = self.buffer(tensor, "accumulator")
+        if buf is None:
+            raise ExecutionError(f"tensor {tensor!r} is combined in a loop but has no "
+                                 "accumulator buffer in the plan")
+        t = self.program.tensor(tensor)
+        dtype = buf.dtype or t.dtype
+        return self.mem.view(buf, t.shape, dtype), dtype
+
     def op_plan(self, op: Op) -> OpPlan:
         try:
             return self.plan.op(op.name)
@@ -156,13 +167,17 @@ class _Run:
                     op = self.program.op(init.op)
                     box = tile_box(op.sizes, self.op_plan(op).loop, index[:init.level], counts,
                                    op.name)
-                    dtype = self.program.tensor(init.tensor).dtype
-                    view = self.full(init.tensor)[_slices(region(op.out, box))]
+                    acc, dtype = self.accumulator(init.tensor)
+                    view = acc[_slices(region(op.out, box))]
                     view[...] = encode(np.full(view.shape, _identity(init.identity, dtype)),
                                        dtype)
             written: dict[tuple[str, int], Region] = {}
             for op in ops:
                 self.run_tile(op, group, index, counts, written)
+        for fin in group.finishes:
+            acc, dtype = self.accumulator(fin.tensor)
+            value = kernels.finish(fin.fn, decode(acc, dtype), fin.count)
+            self.full(fin.tensor)[...] = encode(value, self.program.tensor(fin.tensor).dtype)
 
     def run_tile(self, op: Op, group: GroupPlan, index: tuple[int, ...],
                  counts: tuple[int, ...], written: dict[tuple[str, int], Region]) -> None:
@@ -241,9 +256,11 @@ class _Run:
             part = kernels.combine_partials(op.fn, [parts[c] for c in cores])  # type: ignore
             reg = region(op.out, boxes[cores[0]])
             if acc is not None:
-                view = self.full(t)[_slices(reg)]
-                both = [decode(view, dtype).astype(np.asarray(part).dtype), part]
-                view[...] = encode(kernels.combine_partials(acc.fn, both), dtype)  # type: ignore
+                whole, acc_dtype = self.accumulator(t)
+                view = whole[_slices(reg)]
+                both = [decode(view, acc_dtype).astype(np.asarray(part).dtype), part]
+                view[...] = encode(kernels.combine_partials(acc.fn, both),  # type: ignore
+                                   acc_dtype)
                 continue
             count = math.prod(op.sizes[d] for d in op.reduction_dims)
             value = encode(kernels.finish(op.fn, part, count), dtype)

@@ -138,7 +138,7 @@ def full_sizes(prog: ap.Program, name: str) -> dict[str, int]:
 
 @pytest.mark.parametrize("tiling, accesses", [
     # a dim tiled at two levels, a transposed read, an affine index and a broadcast
-    ([{"count": 2, "dims": ["m"]}, {"count": 2, "dims": ["m", "n"]}],
+    ([{"count": 2, "dims": ["m"]}, {"count": 2, "dims": ["m"]}, {"count": 2, "dims": ["n"]}],
      ["x[m,n]", "t[n,m]", "v[m]"]),
     ([{"count": 4, "dims": ["n"]}], ["x[m,n]", "t[n,m]", "v[m]"]),
 ])

@@ -10,7 +10,7 @@ from apportion.ir.op import REDUCTIONS
 from apportion.passes.buffers import buffer_roles, identity, loop_steps
 from apportion.passes.coarse_tile import coarse_tile
 from apportion.passes.pipeline import plan
-from apportion.plan.memory import CombineOp, CopyOp, InitOp
+from apportion.plan.memory import CombineOp, CopyOp, FinishOp, InitOp
 from apportion.target import spyre
 from tests.helpers import program
 from tests.passes.test_coarse_tile import fused
@@ -42,7 +42,7 @@ def test_read_inside_and_after_gets_a_tile_a_full_buffer_and_a_copy():
     assert (r["y"].role, r["y"].copy, r["y"].inside, r["y"].outside) == \
         ("tile", True, ("n",), ("w",))
     g = coarse_tile(p).groups[0]
-    assert loop_steps(p, g, r) == ((), (), (CopyOp((0,), "e", "y"),))
+    assert loop_steps(p, g, r) == ((), (), (CopyOp((0,), "e", "y"),), ())
     pl = plan(p, spyre())
     assert {b.kind for b in pl.buffers_of("y")} == {"tile", "full"}
     assert pl.groups[0].copies == (CopyOp((0,), "e", "y"),)
@@ -78,26 +78,48 @@ def test_tiled_matmul_k_gets_an_accumulator_an_init_and_a_combine():
     p = matmul_k([{"count": 4, "dims": ["k"]}])
     r = roles_of(p)
     assert r["h"].role == "accumulator" and r["h"].outside == ("act",)
-    inits, combines, copies = loop_steps(p, coarse_tile(p).groups[0], r)
+    inits, combines, copies, finishes = loop_steps(p, coarse_tile(p).groups[0], r)
     assert inits == (InitOp((0,), "mm", "h", "sum", 0.0, 0),)
     assert combines == (CombineOp((0,), "mm", "h", "sum"),) and copies == ()
+    # a float16 result accumulates in float32 and is cast once, after the loop
+    assert finishes == (FinishOp((0,), "mm", "h", "sum", 256),)
     pl = plan(p, spyre())
-    assert pl.buffer("h").kind == "accumulator" and pl.buffer("h").space == "hbm"
+    acc, full = pl.buffer("h", "accumulator"), pl.buffer("h", "full")
+    assert (acc.space, acc.dtype, acc.nbytes) == ("hbm", "float32", 64 * 128 * 4)
+    assert (full.dtype, full.nbytes) == ("", 64 * 128 * 2)
     assert pl.op("mm").sizes == {"m": 64, "n": 128, "k": 64}
+
+
+def test_integer_accumulators_are_the_result_itself():
+    p = program({"x": ([64, 256], "int32")},
+                [{"name": "r", "op": "sum", "out": "s[m,0]", "ins": ["x[m,n]"]}], ["s"],
+                tiling=[{"ops": ["r"], "count": 4, "dims": ["n"]}])
+    assert loop_steps(p, coarse_tile(p).groups[0], roles_of(p))[3] == ()
+    pl = plan(p, spyre())
+    assert [b.kind for b in pl.buffers_of("s")] == ["accumulator"]
+
+
+def test_a_tiled_mean_sums_then_divides_after_the_loop():
+    p = program({"x": ([64, 256], "float32")},
+                [{"name": "r", "op": "mean", "out": "s[m,0]", "ins": ["x[m,n]"]}], ["s"],
+                tiling=[{"ops": ["r"], "count": 4, "dims": ["n"]}])
+    inits, combines, _, finishes = loop_steps(p, coarse_tile(p).groups[0], roles_of(p))
+    assert inits[0].identity == 0.0 and combines[0].fn == "mean"
+    assert finishes == (FinishOp((0,), "r", "s", "mean", 256),)
 
 
 def test_a_reduction_tiled_inside_an_outer_loop_restarts_at_its_level():
     p = matmul_k([{"count": 2, "dims": ["m"]}, {"count": 4, "dims": ["k"]}])
-    inits, _, _ = loop_steps(p, coarse_tile(p).groups[0], roles_of(p))
+    inits = loop_steps(p, coarse_tile(p).groups[0], roles_of(p))[0]
     assert inits[0].level == 1
 
 
-@pytest.mark.parametrize("fn", ["sum", "max", "min", "prod", "any"])
+@pytest.mark.parametrize("fn", ["sum", "mean", "max", "min", "prod", "any"])
 def test_identities_come_from_the_ir(fn):
     p = program({"x": ([64, 256], "float32")},
                 [{"name": "r", "op": fn, "out": "s[m,0]", "ins": ["x[m,n]"]}], ["s"],
                 tiling=[{"ops": ["r"], "count": 4, "dims": ["n"]}])
-    (init,), (comb,), _ = loop_steps(p, coarse_tile(p).groups[0], roles_of(p))
+    (init,), (comb,), _, _ = loop_steps(p, coarse_tile(p).groups[0], roles_of(p))
     assert init.identity == REDUCTIONS[fn]
     assert comb.fn == fn and init.fn == fn
 

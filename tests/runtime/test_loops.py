@@ -69,12 +69,12 @@ def matmul_k(loops, dtype="float16"):
 def test_tiled_k_reduction_accumulates_to_the_unplanned_result(loops, dtype):
     p = matmul_k(loops, dtype)
     pl = plan(p, spyre(cores=12))
-    assert pl.buffer("h").kind == "accumulator"
+    assert pl.buffer("h", "accumulator").dtype == ("float32" if dtype == "float16" else "")
     check(p, pl)
 
 
-@pytest.mark.parametrize("fn", ["sum", "max", "min", "prod", "any"])
-@pytest.mark.parametrize("dtype", ["float32", "int32", "bool"])
+@pytest.mark.parametrize("fn", ["sum", "mean", "max", "min", "prod", "any"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32", "bool"])
 def test_tiled_reductions_start_from_their_identity(fn, dtype):
     p = program({"x": ([16, 1024], dtype)},
                 [{"name": "r", "op": fn, "out": "s[m,0]", "ins": ["x[m,n]"]}], ["s"],
