@@ -7,7 +7,7 @@ import dataclasses
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from apportion.errors import PlanningError, ProgramError
+from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.passes.pipeline import plan
 from apportion.passes.span_reduction import divisors
 from apportion.runtime import compare, random_inputs, run_unplanned
@@ -31,8 +31,12 @@ def tiled_programs(draw):
     tensors = {"x": ([m, n], dtype)}
     ops: list[dict] = []
     cur = "x"
+    matmuls = 0
     for i in range(draw(st.integers(1, 5))):
-        kind = draw(st.sampled_from(["unary", "binary", "rowstat", "matmul"]))
+        # random_inputs has mean 1, so each matmul grows values ~16x: four reach fp16's overflow
+        kinds = ["unary", "binary", "rowstat"] + (["matmul"] if matmuls < 2 else [])
+        kind = draw(st.sampled_from(kinds))
+        matmuls += kind == "matmul"
         out = f"t{i}"
         if kind == "unary":
             ops.append({"name": f"u{i}", "op": draw(st.sampled_from(UNARY)),
@@ -44,7 +48,9 @@ def tiled_programs(draw):
         elif kind == "rowstat":  # a row reduction then a broadcast over the row
             ops.append({"name": f"r{i}", "op": draw(st.sampled_from(REDUCE)),
                         "out": f"s{i}[i,0]", "ins": [f"{cur}[i,j]"]})
-            ops.append({"name": f"c{i}", "op": draw(st.sampled_from(["sub", "mul"])),
+            # not sub: x - max(x) after a split-K matmul cancels to where one rounding of the
+            # matmul (as run_planned has too) exceeds the tolerance; softmax tests cover sub
+            ops.append({"name": f"c{i}", "op": draw(st.sampled_from(["add", "mul"])),
                         "out": f"{out}[i,j]", "ins": [f"{cur}[i,j]", f"s{i}[i,0]"]})
         else:
             tensors[f"w{i}"] = ([n, n], dtype)
@@ -112,5 +118,12 @@ def test_auto_tile_fits_the_scratchpad_or_says_so(case, cores, scratch):
     # tiles that cannot be in a scratchpad at all (split reductions) stay device tiles
     assert all(g.working_set_bytes <= g.capacity and g.fits for g in pl.groups)
     xs = random_inputs(p)
-    got = run_tiled(p, pl, xs, params=params)
+    try:
+        got = run_tiled(p, pl, xs, params=params)
+    except ExecutionError as e:
+        # auto counts are chosen with a symbolic count at 1; a run-time value that leaves no
+        # room for them is refused by name, never run wrong
+        assert params and "does not divide" in str(e)
+        event("symbolic value refused at run time")
+        return
     assert all(c.ok for c in compare(run_unplanned(p, xs), got, p))
