@@ -9,7 +9,12 @@ LoopSpec per level, with the steps the loops need:
   tile as one more input, after its own, and writes the combined tile back (no partial buffer
   exists to combine from);
 * after an op whose tile is also read after the loop, a copy (``<op>.copy``, op ``copy``) of
-  its tile buffer into its slice of the full tensor.
+  its tile buffer into its slice of the full tensor;
+* after the nest, for an accumulator wider than its tensor (float32 partial sums of a float16
+  result) or a mean, a finish (``<op>.finish``, op ``finish_<fn>``) reading the accumulator
+  and writing the full tensor (cast, and for a mean divided by the op's reduction extent).
+
+Accumulators carry their own dtype (``TensorArg.dtype`` float32) and device layout.
 
 Within a loop, a tensor's per-tile buffer of that group wins; otherwise the launch addresses the
 whole tensor and its tile's address moves with the loops (``TensorArg.tile_strides``).
@@ -41,7 +46,7 @@ from apportion.codegen.specs import TensorArg as TensorArg
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
-from apportion.plan.memory import Buffer, GroupPlan
+from apportion.plan.memory import Buffer, FinishOp, GroupPlan
 from apportion.plan.plan import LoopInfo, OpPlan, Plan
 from apportion.target.layout import device_layout
 from apportion.target.target import Target
@@ -61,6 +66,15 @@ def loopspec(program: Program, plan: Plan, target: Target) -> tuple[Spec, ...]:
     return tuple(out)
 
 
+def _finish_spec(program: Program, plan: Plan, target: Target, fin: FinishOp) -> OpSpec:
+    """After the nest: the whole accumulator, cast (and for a mean scaled) into the result."""
+    op, op_plan = program.op(fin.op), plan.op(fin.op)
+    space = {d: (op.sizes[d], op_plan.split_map[d]) for d in op.out.dims}
+    args = (_arg(program, plan, target, op, op.out, 0, True, None, 0, prefer="accumulator"),
+            _arg(program, plan, target, op, op.out, 1, False, None, 0, prefer="full"))
+    return OpSpec(f"finish_{fin.fn}", False, space, args, (), f"{op.name}.finish")
+
+
 def _nest(program: Program, plan: Plan, target: Target, group: GroupPlan) -> list[Spec]:
     """The loops of one group, innermost body first, with inits in front of their level."""
     body: list[Spec] = []
@@ -78,7 +92,7 @@ def _nest(program: Program, plan: Plan, target: Target, group: GroupPlan) -> lis
         body = [*(_step_spec(program, plan, target, program.op(i.op), plan.op(i.op), "init",
                              "fill", level) for i in inits),
                 LoopSpec(group.counts[level], tuple(body))]
-    return body
+    return [*body, *(_finish_spec(program, plan, target, f) for f in group.finishes)]
 
 
 def _op_spec(program: Program, plan: Plan, target: Target, op: Op, op_plan: OpPlan,
@@ -133,7 +147,9 @@ def _tiled(loop: LoopInfo | None) -> tuple[str, ...]:
 def _buffer(plan: Plan, tensor: str, loop: LoopInfo | None, prefer: str | None) -> Buffer:
     """The buffer a launch at ``loop`` reaches ``tensor`` through.
 
-    Inside a group its own tile buffer wins; otherwise the whole tensor (full or accumulator).
+    Inside a group its own tile buffer wins, then the accumulator of that group; outside, the
+    full buffer (an accumulator only where the tensor has no full one). ``prefer`` names the
+    kind a step needs.
     """
     found = plan.buffers_of(tensor)
     if not found:
@@ -142,12 +158,14 @@ def _buffer(plan: Plan, tensor: str, loop: LoopInfo | None, prefer: str | None) 
     group = loop.group if loop else None
     tiles = [b for b in found if b.kind == "tile" and b.group == group]
     whole = [b for b in found if b.kind != "tile"]
-    if prefer == "full" or not tiles:
-        if not whole:
-            raise EmitError(f"tensor {tensor!r} has only tile buffers "
-                            f"({[list(b.group) for b in found]}); nothing holds it whole")
-        return whole[0]
-    return tiles[0]
+    if tiles and prefer in (None, "tile"):
+        return tiles[0]
+    if not whole:
+        raise EmitError(f"tensor {tensor!r} has only tile buffers "
+                        f"({[list(b.group) for b in found]}); nothing holds it whole")
+    want = prefer or ("accumulator" if any(b.kind == "accumulator" and b.group == group
+                                           for b in whole) else "full")
+    return next((b for b in whole if b.kind == want), whole[0])
 
 
 def _arg(program: Program, plan: Plan, target: Target, op: Op, access: Access, index: int,
@@ -155,6 +173,7 @@ def _arg(program: Program, plan: Plan, target: Target, op: Op, access: Access, i
          ) -> TensorArg:
     t = program.tensor(access.tensor)
     buf = _buffer(plan, t.name, loop, prefer)
+    dtype = buf.dtype or t.dtype
     if buf.kind == "tile":
         shape, strides = buf.shape, (0,) * depth
     else:
@@ -162,11 +181,11 @@ def _arg(program: Program, plan: Plan, target: Target, op: Op, access: Access, i
         strides = (0,) * depth
         if loop is not None and depth:
             inner = LoopInfo(loop.group[:depth], loop.count[:depth], loop.tiled_dims[:depth])
-            strides = tile_strides(access, padded_strides(shape, t.dtype, target),
+            strides = tile_strides(access, padded_strides(shape, dtype, target),
                                    level_steps(inner, op.sizes))
     return TensorArg(
-        is_input=is_input, arg_index=index, dtype=t.dtype,
-        device_size=device_layout(shape, t.dtype, target).shape,
-        device_coordinates=device_coordinates(access, shape, t.dtype, target),
+        is_input=is_input, arg_index=index, dtype=dtype,
+        device_size=device_layout(shape, dtype, target).shape,
+        device_coordinates=device_coordinates(access, shape, dtype, target),
         allocation={buf.space: buf.offset}, per_tile_fixed=buf.per_tile_fixed,
         tensor=t.name, tile_strides=strides)

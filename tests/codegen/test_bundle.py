@@ -149,7 +149,10 @@ def test_accumulator_init_sits_before_the_reduction_loop():
     init = next(i for i, s in enumerate(lines) if "mm.init.kernel" in s)
     loops = [i for i, s in enumerate(lines) if "scf.for" in s]
     assert loops[0] < init < loops[1]
-    assert "#tile_h = affine_map<(d0)[s0] -> (s0 + d0 * 131072)>" in text
+    # the float32 accumulator advances 128 rows x 512 x 4 bytes per outer iteration
+    assert "#tile_h = affine_map<(d0)[s0] -> (s0 + d0 * 262144)>" in text
+    finish = next(i for i, s in enumerate(lines) if "mm.finish.kernel" in s)
+    assert finish > max(loops) and lines[finish - 1].strip() == "}"
     assert "#tile_w = affine_map<(d0, d1)[s0] -> (s0 + d1 * 262144)>" in text
     verify_mlir(bundle(prog, unrolled=True))
 

@@ -103,15 +103,19 @@ def test_ops_outside_a_group_stay_bare_around_the_nest():
     assert [s.name for s in ops_of(specs)] == ["pre", "in1", "post"]
 
 
-def test_accumulating_reduction_gets_an_init_and_reads_its_accumulator():
+def test_accumulating_reduction_gets_an_init_and_reads_its_float32_accumulator():
     prog = program({"x": ([256, 1024], "float16"), "w": ([1024, 512], "float16")},
                    [{"name": "mm", "op": "matmul", "out": "h[m,n]", "ins": ["x[m,k]", "w[k,n]"]}],
                    ["h"], tiling=[{"ops": ["mm"], "loops": [{"count": 2, "dims": ["m"]},
                                                            {"count": 4, "dims": ["k"]}]}])
-    (outer,) = specs_of(prog)
+    planned = ap.plan(prog, target=SPYRE)
+    outer, finish = planned.loopspec()
     init, inner = outer.body
+    acc_buf = planned.plan.buffers_of("h")[0]
     assert init.name == "mm.init" and init.op == "fill" and init.tiled_symbols == ("m",)
-    assert [a.tensor for a in init.args] == ["h"] and init.args[0].tile_strides == (131072,)
+    # float32 accumulator: 128 rows x 512 columns x 4 bytes per outer iteration
+    assert [a.tensor for a in init.args] == ["h"] and init.args[0].tile_strides == (262144,)
+    assert init.args[0].dtype == "float32" and init.args[0].device_size == (16, 256, 32)
     (mm,) = inner.body
     assert mm.is_reduction and [(a.tensor, a.is_input) for a in mm.args] == [
         ("x", True), ("w", True), ("h", True), ("h", False)]
@@ -119,7 +123,14 @@ def test_accumulating_reduction_gets_an_init_and_reads_its_accumulator():
     # x[m,k] moves along rows and columns, w[k,n] along rows only, h[m,n] only with m
     assert x.tile_strides == (128 * 2048, 256 * 2)
     assert w.tile_strides == (0, 256 * 1024)
-    assert acc == replace(out, is_input=True, arg_index=2) and out.tile_strides == (131072, 0)
+    assert acc == replace(out, is_input=True, arg_index=2) and out.tile_strides == (262144, 0)
+    assert acc.address == acc_buf.offset and acc_buf.kind == "accumulator"
+    # after the nest, the accumulator is cast into the float16 result
+    assert finish.name == "mm.finish" and finish.op == "finish_sum" and not finish.tiled_symbols
+    src, dst = finish.args
+    assert (src.dtype, src.address, src.is_input) == ("float32", acc_buf.offset, True)
+    full = next(b for b in planned.plan.buffers_of("h") if b.kind == "full")
+    assert (dst.dtype, dst.address, dst.is_input) == ("float16", full.offset, False)
 
 
 def test_tile_copied_out_of_the_loop():
@@ -242,3 +253,15 @@ def test_plan_without_buffers_is_an_emit_error():
     planned = ap.plan(fused(), target=SPYRE)
     with pytest.raises(EmitError, match="no buffer"):
         loopspec(planned.program, replace(planned.plan, buffers=()), planned.target)
+
+
+def test_consumer_after_the_nest_reads_the_finished_result_not_the_accumulator():
+    prog = program({"x": ([256, 1024], "float16"), "w": ([1024, 512], "float16")},
+                   [{"name": "mm", "op": "matmul", "out": "h[m,n]", "ins": ["x[m,k]", "w[k,n]"]},
+                    {"name": "act", "op": "exp", "out": "y[m,n]", "ins": ["h[m,n]"]}],
+                   ["y"], tiling=[{"ops": ["mm"], "loops": [{"count": 4, "dims": ["k"]}]}])
+    planned = ap.plan(prog, target=SPYRE)
+    full = next(b for b in planned.plan.buffers_of("h") if b.kind == "full")
+    act = ops_of(planned.loopspec())[-1]
+    assert act.name == "act" and (act.args[0].address, act.args[0].dtype) == (full.offset,
+                                                                              "float16")
