@@ -147,10 +147,19 @@ def balanced(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
     return best
 
 
-def best_utilization(ctx: OpContext, minimum: dict[str, int]) -> float:
-    """The bound: highest utilization of any feasible assignment (exhaustive search)."""
-    return max((ctx.utilization(s) for s in candidates(ctx, minimum) if ctx.feasible(s)),
-               default=0.0)
+def best_utilization(ctx: OpContext, minimum: dict[str, int]) -> tuple[float, dict[str, int]]:
+    """The bound: highest utilization of any feasible assignment (exhaustive search).
+
+    Returns it with the assignment reaching it (ties to the lowest predicted time), so the
+    time that utilization would cost can be compared with ``balanced``'s.
+    """
+    best, best_key = {}, (0.0, 0.0)
+    for s in candidates(ctx, minimum):
+        if ctx.feasible(s):
+            key = (ctx.utilization(s), -ctx.time_us(s))
+            if key > best_key:
+                best, best_key = s, key
+    return best_key[0], best
 
 
 def check_pins(ctx: OpContext, pins: dict[str, int]) -> dict[str, int]:

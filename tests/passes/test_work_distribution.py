@@ -79,3 +79,35 @@ def test_unknown_strategy_lists_the_valid_ones():
     p = one_op("exp", "y[m]", ["x[m]"], {"x": ([64], F16)})
     with pytest.raises(PlanningError, match="balanced, greedy"):
         plan(p, spyre(), "clever")
+
+
+def bound_of(p, target):
+    from apportion.passes.layouts import layouts, tensor_layouts
+    from apportion.passes.work_distribution import OpContext, best_utilization
+
+    op = p.ops[0]
+    ctx = OpContext(op, p, target, layouts(p, target)[op.name], tensor_layouts(p, target),
+                    dict(op.dims))
+    util, splits = best_utilization(ctx, {d: 1 for d in op.sizes})
+    return util, splits, ctx
+
+
+def test_bound_splits_a_short_reduction_that_balanced_keeps_whole_to_skip_the_combine():
+    # 8 rows of 4096: only 8 cores without splitting the reduction; the bound uses all 32
+    # a norm statistic in decode: the mean of each of 8 rows, kept as a [8, 1] column
+    p = one_op("mean", "r[m,0]", ["x[m,k]"], {"x": ([8, 4096], F16)})
+    util, splits, ctx = bound_of(p, spyre())
+    assert util == 1.0 and splits["m"] * splits["k"] == 32 and splits["k"] > 1
+    op = plan(p, spyre(), "balanced").op("mean")
+    assert op.split_map == {"m": 8, "k": 1} and op.utilization == 0.25
+    # the combine's latency costs more than the shorter slices save
+    assert op.predicted_time_us < ctx.time_us(splits)
+
+
+def test_bound_is_never_below_either_strategy():
+    p = one_op("exp", "y[m,n]", ["x[m,n]"], {"x": ([96, 769 * 64], F16)})
+    for cores in (24, 32):
+        util, splits, ctx = bound_of(p, spyre(cores))
+        assert ctx.utilization(splits) == util
+        for strategy in ("greedy", "balanced"):
+            assert plan(p, spyre(cores), strategy).op("exp").utilization <= util + 1e-12
