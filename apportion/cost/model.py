@@ -5,7 +5,8 @@ its own port at ``core_bandwidth``; the op takes as long as its slowest core, wh
 compute and memory binds. Splitting a reduction adds a combine: the partial outputs go through
 device memory (written and read back at ``mem_bandwidth``) plus a fixed synchronisation latency.
 Re-reads caused by a split (an operand not indexed by the split dim is read whole by every core)
-count in each core's traffic.
+count in each core's traffic. Tensors a loop group keeps in the scratchpad (``resident``) cost
+no device-memory traffic.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ class OpCost:
         return max(self.compute_us, self.memory_us) + self.combine_us
 
 
-def slice_bytes(op: Op, program: Program, target: Target, slice_sizes: dict[str, int]) -> int:
-    """Bytes one core moves for a slice: each operand region, innermost dim padded to sticks."""
+def slice_bytes(op: Op, program: Program, target: Target, slice_sizes: dict[str, int],
+                resident: frozenset[str] = frozenset()) -> int:
+    """Device-memory bytes one core moves for a slice: each operand region not ``resident`` in
+    the scratchpad, innermost dim padded to sticks."""
     total = 0
-    seen: set[str] = set()
+    seen: set[str] = set(resident)
     for acc in op.operands:
         if acc.tensor in seen:
             continue
@@ -56,11 +59,13 @@ def slice_bytes(op: Op, program: Program, target: Target, slice_sizes: dict[str,
 
 
 def op_cost(op: Op, program: Program, target: Target, sizes: dict[str, int],
-            slice_sizes: dict[str, int], reduction_split: int = 1) -> OpCost:
-    """Cost of ``op`` over ``sizes`` when its largest core slice has ``slice_sizes`` elements."""
+            slice_sizes: dict[str, int], reduction_split: int = 1,
+            resident: frozenset[str] = frozenset()) -> OpCost:
+    """Cost of ``op`` over ``sizes`` when its largest core slice has ``slice_sizes`` elements
+    and the tensors in ``resident`` are read from or written to the scratchpad."""
     points = math.prod(slice_sizes.values())
     compute = points * FLOPS_PER_POINT[op.kind] / target.peak_flops_per_core
-    memory = slice_bytes(op, program, target, slice_sizes) / target.core_bandwidth
+    memory = slice_bytes(op, program, target, slice_sizes, resident) / target.core_bandwidth
     combine = 0.0
     if reduction_split > 1:
         out_bytes = math.prod(sizes[d] for d in op.out.dims) * dtype_bytes(

@@ -8,12 +8,13 @@ from collections.abc import Callable
 from apportion.errors import PlanningError
 from apportion.ir.program import Program
 from apportion.passes.auto_tile import choose_counts
-from apportion.passes.buffers import buffer_roles, loop_steps
-from apportion.passes.coarse_tile import Tiling, coarse_tile
+from apportion.passes.buffers import TensorRole, buffer_roles, loop_steps
+from apportion.passes.coarse_tile import GroupTiling, Tiling, coarse_tile
+from apportion.passes.group_distribution import align_group
 from apportion.passes.layouts import layouts, tensor_layouts
 from apportion.passes.scratchpad import plan_group, scratchpad
 from apportion.passes.span_reduction import check_spans, slice_sizes, span_reduction
-from apportion.passes.work_distribution import STRATEGIES, OpContext, distribute
+from apportion.passes.work_distribution import STRATEGIES, OpContext, distribute, greedy
 from apportion.plan.plan import OpPlan, Plan
 from apportion.target.target import Target
 
@@ -59,10 +60,16 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     for op in program.ops:
         minimum[op.name], span_errors[op.name] = _minimum(ctxs[op.name], strategy)
     dump("span_reduction", minimum)
-    # 4. work distribution: splits of every dim under the strategy (pins from the program win)
+    # 4. work distribution: splits of every dim under the strategy (pins from the program win);
+    #    a split reduction dim is split-K, chosen here with the rest. Then, under balanced,
+    #    group distribution: splits agreeing across a loop group where that keeps tiles on chip
     splits = {op.name: _splits(ctxs[op.name], minimum[op.name], strategy, span_errors[op.name])
               for op in program.ops}
     dump("work_distribution", splits)
+    if strategy == "balanced":
+        for g in tiling.groups:
+            splits.update(_align(g, target, roles, ctxs, minimum, splits, tiling))
+        dump("group_distribution", splits)
     op_plans = {o.name: _op_plan(ctxs[o.name], minimum[o.name], splits[o.name], tiling)
                 for o in program.ops}
     # 5. scratchpad planning: lifetimes in each loop body, scratchpad offsets, device addresses
@@ -98,19 +105,45 @@ def _splits(ctx: OpContext, minimum: dict[str, int], strategy: str,
         raise
 
 
+def _align(group: GroupTiling, target: Target, roles: dict[str, TensorRole],
+           ctxs: dict[str, OpContext], minimum: dict[str, dict[str, int]],
+           splits: dict[str, dict[str, int]], tiling: Tiling) -> dict[str, dict[str, int]]:
+    """Pass `group_distribution` on one group (see its module)."""
+    program = ctxs[group.ops[0]].program
+    fixed = frozenset(n for n in group.ops
+                      if program.pins.get(n) or program.op(n).kind == "fallback")
+    greedy_splits: dict[str, dict[str, int] | None] = {}
+    for n in group.ops:
+        try:
+            greedy_min, _ = _minimum(ctxs[n], "greedy")
+            greedy_splits[n] = greedy(ctxs[n], greedy_min)
+        except PlanningError:
+            greedy_splits[n] = None
+    return align_group(group, target, roles, ctxs, {n: splits[n] for n in group.ops}, fixed,
+                       greedy_splits,
+                       lambda n, s: _op_plan(ctxs[n], minimum[n], s, tiling))
+
+
 def _working_set(program: Program, target: Target, strategy: str, group: int) -> int:
-    """Stages 2 to 5 for one tiling group's ops only: its per-iteration working set per core."""
+    """Stages 2 to 5 for one tiling group's ops only: its per-iteration working set per core.
+
+    Splits are the op-by-op ones: aligned splits keep more tiles on chip and so need more
+    scratchpad, and a count chosen on them would re-read the weights of a group more often;
+    group distribution then fills the capacity the chosen count leaves.
+    """
     op_layouts = layouts(program, target)
     tlayouts = tensor_layouts(program, target)
     tiling = coarse_tile(program, op_layouts)
     roles = buffer_roles(program, tiling)
     g = tiling.groups[group]
-    op_plans = {}
+    ctxs, minimum, splits = {}, {}, {}
     for name in g.ops:
         op = program.op(name)
-        ctx = OpContext(op, program, target, op_layouts[name], tlayouts, tiling.sizes(op))
-        minimum, err = _minimum(ctx, strategy)
-        op_plans[name] = _op_plan(ctx, minimum, _splits(ctx, minimum, strategy, err), tiling)
+        ctxs[name] = ctx = OpContext(op, program, target, op_layouts[name], tlayouts,
+                                     tiling.sizes(op))
+        minimum[name], err = _minimum(ctx, strategy)
+        splits[name] = _splits(ctx, minimum[name], strategy, err)
+    op_plans = {n: _op_plan(ctxs[n], minimum[n], splits[n], tiling) for n in g.ops}
     return plan_group(program, target, g, roles, op_plans)[0].working_set_bytes
 
 

@@ -13,6 +13,7 @@ Two strategies:
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,10 +62,23 @@ class OpContext:
         return check_spans(self.op, self.sizes, self.layout, splits, self.tlayouts,
                            self.target).worst is None
 
-    def time_us(self, splits: dict[str, int]) -> float:
+    def time_us(self, splits: dict[str, int], resident: frozenset[str] = frozenset()) -> float:
+        """Predicted time under ``splits``; ``resident`` tensors live in the scratchpad."""
         red = max((splits[d] for d in self.op.reduction_dims), default=1)
         largest = slice_sizes(self.sizes, self.per, splits)
-        return op_cost(self.op, self.program, self.target, self.sizes, largest, red).time_us
+        return op_cost(self.op, self.program, self.target, self.sizes, largest, red,
+                       resident).time_us
+
+    def valid(self, splits: dict[str, int]) -> bool:
+        """True when ``splits`` is one of the assignments ``balanced`` searches and is feasible."""
+        units, cores = self.units, self.target.cores
+        if any(not 1 <= splits[d] <= min(units[d], cores) for d in self.sizes):
+            return False
+        if math.prod(splits.values()) > cores:
+            return False
+        if sum(splits[d] > 1 for d in self.op.reduction_dims) > 1:
+            return False
+        return self.feasible(splits)
 
     def utilization(self, splits: dict[str, int]) -> float:
         largest = slice_sizes(self.sizes, self.per, splits)
@@ -132,19 +146,19 @@ def _rank(ctx: OpContext, splits: dict[str, int]) -> tuple:
     return (round(ctx.time_us(splits), 9), not even, math.prod(splits.values()), order)
 
 
+def ranked(ctx: OpContext, minimum: dict[str, int], k: int) -> list[dict[str, int]]:
+    """The ``k`` best feasible assignments, best first, in ``balanced``'s order."""
+    feasible = (s for s in candidates(ctx, minimum) if ctx.feasible(s))
+    return heapq.nsmallest(k, feasible, key=lambda s: _rank(ctx, s))
+
+
 def balanced(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
     """The feasible assignment with the lowest predicted time (see module docstring)."""
-    best, best_key = None, None
-    for splits in candidates(ctx, minimum):
-        if not ctx.feasible(splits):
-            continue
-        key = _rank(ctx, splits)
-        if best_key is None or key < best_key:
-            best, best_key = splits, key
-    if best is None:
+    best = ranked(ctx, minimum, 1)
+    if not best:
         raise PlanningError(f"op {ctx.op.name!r}: no split assignment within {ctx.target.cores} "
                             "cores keeps every operand within the span limit")
-    return best
+    return best[0]
 
 
 def best_utilization(ctx: OpContext, minimum: dict[str, int]) -> tuple[float, dict[str, int]]:
