@@ -35,12 +35,27 @@ def plan_table(plan: Plan, target: Target) -> Table:
     return table
 
 
+def predicted_total_us(plan: Plan) -> tuple[float, bool]:
+    """Predicted time of the whole plan: ops outside loops plus every loop body times its
+    iterations (tiles in the scratchpad move no device memory). The flag is True when a
+    symbolic count was taken as one iteration."""
+    total = sum(o.predicted_time_us for o in plan.ops if o.loop is None)
+    symbolic = False
+    for g in plan.groups:
+        per = g.iteration_time_us or sum(plan.op(n).predicted_time_us for n in g.ops)
+        symbolic |= g.iterations is None
+        total += per * (g.iterations or 1)
+    return total, symbolic
+
+
 def summary_line(plan: Plan) -> str:
-    total = sum(o.predicted_time_us for o in plan.ops)
+    total, symbolic = predicted_total_us(plan)
     fallback = sum(1 for o in plan.ops if o.fallback)
     extra = f", {fallback} fallback op(s) on one core" if fallback else ""
+    once = " (symbolic loop counts as one iteration)" if symbolic else ""
     return (f"{len(plan.ops)} ops, mean utilization {plan.mean_utilization:.1%}, predicted "
-            f"{total:.1f} us in all{extra}  (~ marks an uneven split)")
+            f"{total:.1f} us in all{once}{extra}  (~ marks an uneven split; op times are per "
+            "loop iteration, without the scratchpad)")
 
 
 def _kib(n: int) -> str:
@@ -59,7 +74,8 @@ def group_lines(plan: Plan) -> list[str]:
         lines.append(
             f"loop group {list(g.path)} ({', '.join(g.ops)}): {levels}; working set per "
             f"iteration {_kib(g.working_set_bytes)} per core vs scratchpad {_kib(g.capacity)}: "
-            f"{verdict}; in scratchpad: {lx}{hbm}; device memory saved {_mib(g.saved_bytes)} MiB")
+            f"{verdict}; in scratchpad: {lx}{hbm}; device memory saved {_mib(g.saved_bytes)} "
+            f"MiB; predicted {g.iteration_time_us:.2f} us per iteration")
     return lines
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from collections.abc import Callable
 
 from apportion.errors import PlanningError
@@ -10,7 +11,7 @@ from apportion.ir.program import Program
 from apportion.passes.auto_tile import choose_counts
 from apportion.passes.buffers import TensorRole, buffer_roles, loop_steps
 from apportion.passes.coarse_tile import GroupTiling, Tiling, coarse_tile
-from apportion.passes.group_distribution import align_group
+from apportion.passes.group_distribution import align_group, group_time
 from apportion.passes.layouts import layouts, tensor_layouts
 from apportion.passes.scratchpad import plan_group, scratchpad
 from apportion.passes.span_reduction import check_spans, slice_sizes, span_reduction
@@ -75,6 +76,9 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     # 5. scratchpad planning: lifetimes in each loop body, scratchpad offsets, device addresses
     steps = {g.index: loop_steps(program, g, roles) for g in tiling.groups}
     groups, buffers = scratchpad(program, target, tiling, roles, op_plans, steps)
+    groups = tuple(replace(g, iteration_time_us=round(group_time(
+        tiling.groups[i], ctxs, splits, frozenset(g.lx_tensors)), 4))
+        for i, g in enumerate(groups))
     dump("scratchpad", (groups, buffers))
     result = Plan(program.name, target.name, target.cores, strategy,
                   tuple(op_plans[o.name] for o in program.ops), groups=groups, buffers=buffers)

@@ -130,7 +130,8 @@ class GroupPlan:
     intermediate of the group at once (offsets aligned, freed space reused); ``lx_tensors`` are
     those placed in the ``capacity`` bytes, ``hbm_tiles`` the tiles left in device memory, and
     ``saved_bytes`` the device memory the group's intermediates no longer take compared with
-    whole tensors.
+    whole tensors. ``iteration_time_us`` is the predicted time of one iteration of the body, its
+    scratchpad tensors moving no device memory (0 when not computed).
     """
 
     path: tuple[int, ...]
@@ -146,6 +147,7 @@ class GroupPlan:
     combines: tuple[CombineOp, ...] = ()
     copies: tuple[CopyOp, ...] = ()
     finishes: tuple[FinishOp, ...] = ()
+    iteration_time_us: float = 0.0
 
     def __post_init__(self) -> None:
         if not (len(self.path) == len(self.counts) == len(self.tiled_dims)):

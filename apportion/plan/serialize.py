@@ -91,7 +91,7 @@ def group_to_dict(g: GroupPlan) -> dict[str, Any]:
         "tiled_dims": [list(t) for t in g.tiled_dims],
         "working_set_bytes": g.working_set_bytes, "capacity": g.capacity,
         "lx_tensors": list(g.lx_tensors), "hbm_tiles": list(g.hbm_tiles),
-        "saved_bytes": g.saved_bytes,
+        "saved_bytes": g.saved_bytes, "iteration_time_us": g.iteration_time_us,
         "inits": [{"op": i.op, "tensor": i.tensor, "fn": i.fn, "identity": _number(i.identity),
                    "level": i.level} for i in g.inits],
         "combines": [{"op": c.op, "tensor": c.tensor, "fn": c.fn} for c in g.combines],
@@ -109,6 +109,7 @@ def group_from_dict(d: dict[str, Any]) -> GroupPlan:
         working_set_bytes=d["working_set_bytes"], capacity=d["capacity"],
         lx_tensors=tuple(d.get("lx_tensors", [])), hbm_tiles=tuple(d.get("hbm_tiles", [])),
         saved_bytes=d.get("saved_bytes", 0),
+        iteration_time_us=d.get("iteration_time_us", 0.0),
         inits=tuple(InitOp(path, i["op"], i["tensor"], i["fn"], float(i["identity"]), i["level"])
                     for i in d.get("inits", [])),
         combines=tuple(CombineOp(path, c["op"], c["tensor"], c["fn"])

@@ -94,3 +94,19 @@ def test_plan_report_has_a_line_per_loop_group(capsys):
     assert main(["plan", str(ROOT / "examples/fused.json")]) == 0
     out = capsys.readouterr().out
     assert "loop group [0, 0] (add, mul)" in out and "in scratchpad: y" in out
+
+
+def test_plan_summary_counts_every_iteration_with_tiles_on_chip(capsys):
+    import apportion as ap
+    from apportion.cli.report import predicted_total_us
+
+    planned = ap.plan(ap.load(ROOT / "examples/softmax_tiled.json"), ap.targets.spyre())
+    (g,) = planned.plan.groups
+    alone = sum(planned.plan.op(n).predicted_time_us for n in g.ops)
+    # the intermediates in the scratchpad move no device memory, so an iteration is cheaper
+    assert g.lx_tensors and 0 < g.iteration_time_us < alone
+    assert predicted_total_us(planned.plan) == (pytest.approx(4 * g.iteration_time_us), False)
+    assert main(["plan", str(ROOT / "examples/softmax_tiled.json")]) == 0
+    out = capsys.readouterr().out
+    assert f"predicted {g.iteration_time_us:.2f} us per iteration" in out
+    assert f"predicted {4 * g.iteration_time_us:.1f} us in all" in out
