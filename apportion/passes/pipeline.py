@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 
 from apportion.errors import PlanningError
 from apportion.ir.program import Program
