@@ -40,7 +40,12 @@ from apportion.plan.tiles import (
 )
 from apportion.plan.views import core_slices
 from apportion.runtime import kernels
-from apportion.runtime.reference import evaluate_op, partial_result, run_op_boxes
+from apportion.runtime.reference import (
+    bind_inputs,
+    evaluate_op,
+    partial_result,
+    run_op_boxes,
+)
 
 #: tensor dtype -> numpy dtype of its bytes in simulated memory (bfloat16: the high 16 bits)
 RAW: dict[str, type[np.generic]] = {**kernels.STORAGE, "bfloat16": np.uint16}
@@ -307,14 +312,8 @@ def run_tiled(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
     pool = ThreadPoolExecutor(max_workers=threads) if threads and threads > 1 else None
     try:
         run = _Run(program, plan, pool, params)
-        for name in program.inputs:
-            t = program.tensor(name)
-            if name not in inputs:
-                raise ExecutionError(f"input {name!r} of program {program.name!r} is missing")
-            a = np.asarray(inputs[name])
-            if a.shape != t.shape:
-                raise ExecutionError(f"input {name!r} has shape {a.shape}, expected {t.shape}")
-            run.full(name)[...] = encode(a, t.dtype)
+        for name, a in bind_inputs(program, inputs).items():
+            run.full(name)[...] = encode(a, program.tensor(name).dtype)
         i = 0
         while i < len(program.ops):
             op = program.ops[i]

@@ -307,7 +307,9 @@ def _map(pool: Executor | None, op: Op, program: Program, env: Mapping[str, np.n
 
 # --- whole programs ------------------------------------------------------------------------
 
-def _bind_inputs(program: Program, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+def bind_inputs(program: Program, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The program's inputs checked (every one given, nothing else, right shapes) and cast to
+    their storage arrays."""
     extra = [n for n in inputs if n not in program.inputs]
     if extra:
         raise ExecutionError(f"{extra[0]!r} is not an input of program {program.name!r}; "
@@ -332,7 +334,7 @@ def run_unplanned(program: Program, inputs: Mapping[str, np.ndarray]) -> dict[st
     >>> run_unplanned(p, random_inputs(p))["y"].shape               # doctest: +SKIP
     (256, 1024)
     """
-    env = _bind_inputs(program, inputs)
+    env = bind_inputs(program, inputs)
     for op in program.ops:
         env[op.out.tensor] = evaluate_op(op, program, env)  # type: ignore[assignment]
     return env
@@ -348,7 +350,7 @@ def run_planned(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
 
     >>> out = run_planned(p, plan, random_inputs(p), threads=8)     # doctest: +SKIP
     """
-    env = _bind_inputs(program, inputs)
+    env = bind_inputs(program, inputs)
     pool = ThreadPoolExecutor(max_workers=threads) if threads and threads > 1 else None
     try:
         for op in program.ops:
