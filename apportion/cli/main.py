@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 
@@ -16,6 +17,9 @@ from apportion.passes.work_distribution import STRATEGIES
 from apportion.plan.plan import Plan
 from apportion.target.presets import resolve
 from apportion.target.target import Target
+
+if TYPE_CHECKING:
+    from apportion.runtime.reference import OutputCheck
 
 DEFAULT = "default"
 
@@ -83,18 +87,22 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if not args.check:
         console.print(f"ran {len(plan.ops)} ops of {program.name} over {plan.cores} cores")
         return 0
-    expected = run_unplanned(program, inputs)
-    checks = compare(expected, actual, program)
+    checks = compare(run_unplanned(program, inputs), actual, program)
+    return print_checks(checks, f"planned run of {program.name} ({args.strategy}, "
+                        f"{plan.cores} cores)", console)
+
+
+def print_checks(checks: list[OutputCheck], what: str, console: Console) -> int:
+    """One line per output and a verdict; the exit status (1 on a mismatch)."""
     for c in checks:
         status = "[green]ok[/green]" if c.ok else "[red]MISMATCH[/red]"
         console.print(f"{c.tensor:>12} {c.dtype:>9}  max abs err {c.max_abs_err:.3g}  "
                       f"max rel err {c.max_rel_err:.3g}  tol {c.tolerance}  {status}")
     bad = [c.tensor for c in checks if not c.ok]
     if bad:
-        console.print(f"[red]planned run differs from unplanned on {', '.join(bad)}[/red]")
+        console.print(f"[red]{what} differs from unplanned on {', '.join(bad)}[/red]")
         return 1
-    console.print(f"planned run of {program.name} ({args.strategy}, {plan.cores} cores) "
-                  "matches the unplanned program")
+    console.print(f"{what} matches the unplanned program")
     return 0
 
 
@@ -132,9 +140,11 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
-    from apportion.cli.report import print_report
-    from apportion.frontend.models import default_program
+    from apportion.cli.report import group_lines, predicted_total_us, print_report, summary_line
+    from apportion.frontend.models import default_program, default_tiling
     from apportion.passes.pipeline import plan
+    from apportion.runtime import compare, random_inputs, run_unplanned
+    from apportion.runtime.loops import run_tiled
 
     program = default_program()
     target = resolve("spyre", args.cores)
@@ -143,8 +153,17 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     print_report(plan(program, target, "balanced"), target, console)
     greedy = plan(program, target, "greedy")
     console.print(f"greedy for comparison: mean utilization {greedy.mean_utilization:.1%}, "
-                  f"predicted {sum(o.predicted_time_us for o in greedy.ops):.1f} us in all")
-    return 0
+                  f"predicted {predicted_total_us(greedy)[0]:.1f} us in all")
+    tiled = default_tiling(program)
+    tiled_plan = plan(tiled, target, "balanced", auto_tile=True)
+    console.print("\nthe norm and the MLP each as one loop group over tokens (auto-tiled):")
+    for line in group_lines(tiled_plan):
+        console.print(line, highlight=False, soft_wrap=True)
+    console.print(summary_line(tiled_plan), highlight=False)
+    xs = random_inputs(tiled)
+    checks = compare(run_unplanned(tiled, xs), run_tiled(tiled, tiled_plan, xs), tiled)
+    return print_checks(checks, "the tiled plan, run core by core and iteration by iteration,",
+                        console)
 
 
 def build_parser() -> argparse.ArgumentParser:

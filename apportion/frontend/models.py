@@ -7,14 +7,14 @@ norms and softmax of real models at prefill and decode token counts.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from apportion.errors import ProgramError
 from apportion.frontend.json_format import from_dict
-from apportion.ir.program import Program
+from apportion.ir.program import LoopLevel, Program, TilingGroup
 
 
 def load_models(path: str | Path | None = None) -> dict[str, Any]:
@@ -137,3 +137,14 @@ def default_program(model: str = "llama3-8b", tokens: int = 128, dtype: str = "f
     return _prog(f"{model}-mlp-{tokens}",
                  {"x": ([tokens, h], dtype), "wg": ([h, f], dtype), "wu": ([h, f], dtype),
                   "wd": ([f, h], dtype)}, ops, ["y"])
+
+
+def default_tiling(program: Program) -> Program:
+    """The default program with its norm and its MLP each one loop group over tokens.
+
+    The counts are 1: ``auto_tile`` picks the smallest that fits the scratchpad.
+    """
+    names = [o.name for o in program.ops]
+    groups = (TilingGroup(tuple(names[:4]), (LoopLevel(1, ("t",)),)),
+              TilingGroup(tuple(names[4:]), (LoopLevel(1, ("t",)),)))
+    return replace(program, tiling=groups)

@@ -67,9 +67,12 @@ def test_sencores_is_honoured_by_the_cli(monkeypatch, capsys):
     assert from_json(capsys.readouterr().out).cores == 4
 
 
-def test_demo_plans_the_default_program(capsys):
+def test_demo_plans_tiles_and_checks_the_default_program(capsys):
     assert main(["demo", "--cores", "16"]) == 0
-    assert "llama3-8b" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "llama3-8b" in out and "greedy for comparison" in out
+    assert "loop group [0] (sq, ms, inv, norm)" in out and "loop group [1] (gate" in out
+    assert "matches the unplanned program" in out
 
 
 def test_bench_workdiv_reports_strategies_and_bound(capsys):
