@@ -12,7 +12,7 @@ from apportion.target.presets import spyre
 from apportion.target.target import Target
 
 if TYPE_CHECKING:
-    from apportion.codegen.specs import Spec
+    from apportion.codegen.specs import SpecProgram
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class PlannedProgram:
 
         return to_json(self.plan)
 
-    def loopspec(self) -> tuple[Spec, ...]:
+    def loopspec(self) -> SpecProgram:
         """The plan as nested LoopSpec / OpSpec values, ops outside loops bare, in program order.
 
         >>> import apportion as ap

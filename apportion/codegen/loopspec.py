@@ -22,9 +22,9 @@ whole tensor and its tile's address moves with the loops (``TensorArg.tile_strid
 >>> import apportion as ap
 >>> planned = ap.plan(ap.load("examples/fused.json"), target=ap.targets.spyre(cores=32))
 >>> print(planned.loopspec())   # doctest: +NORMALIZE_WHITESPACE
-(LoopSpec(count=2, body=[LoopSpec(count=4, body=[OpSpec(add: m 512/32, n 1024/1;
+LoopSpec(count=2, body=[LoopSpec(count=4, body=[OpSpec(add: m 512/32, n 1024/1;
     a hbm:0, b hbm:8388608 -> y lx:0), OpSpec(mul: m 512/32, n 1024/1;
-    y lx:0, c hbm:16777216 -> z hbm:25165824)])]),)
+    y lx:0, c hbm:16777216 -> z hbm:25165824)])])
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from apportion.codegen.spec_text import to_source as to_source
 from apportion.codegen.specs import LoopSpec as LoopSpec
 from apportion.codegen.specs import OpSpec as OpSpec
 from apportion.codegen.specs import Spec as Spec
+from apportion.codegen.specs import SpecProgram as SpecProgram
 from apportion.codegen.specs import TensorArg as TensorArg
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
@@ -52,7 +53,7 @@ from apportion.target.layout import device_layout
 from apportion.target.target import Target
 
 
-def loopspec(program: Program, plan: Plan, target: Target) -> tuple[Spec, ...]:
+def loopspec(program: Program, plan: Plan, target: Target) -> SpecProgram:
     """The LoopSpec program of ``plan`` (see the module docstring)."""
     out: list[Spec] = []
     done: set[tuple[int, ...]] = set()
@@ -63,7 +64,7 @@ def loopspec(program: Program, plan: Plan, target: Target) -> tuple[Spec, ...]:
         elif op_plan.loop.group not in done:
             done.add(op_plan.loop.group)
             out += _nest(program, plan, target, plan.group(op_plan.loop.group))
-    return tuple(out)
+    return SpecProgram(out)
 
 
 def _finish_spec(program: Program, plan: Plan, target: Target, fin: FinishOp) -> OpSpec:

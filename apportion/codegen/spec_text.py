@@ -24,6 +24,7 @@ from apportion.codegen.specs import (
     LoopSpec,
     OpSpec,
     Spec,
+    SpecProgram,
     TensorArg,
     call_text,
 )
@@ -65,7 +66,7 @@ def _spec_lines(s: Spec, level: int, indent: int) -> list[str]:
     return [*lines, f"{pad}]),"]
 
 
-def from_source(text: str) -> tuple[Spec, ...]:
+def from_source(text: str) -> SpecProgram:
     """Parse what ``to_source`` printed: one spec, or a list or tuple of them."""
     try:
         tree = ast.parse(text.strip(), mode="eval")
@@ -73,9 +74,9 @@ def from_source(text: str) -> tuple[Spec, ...]:
         raise EmitError(f"loopspec source does not parse: {e.msg} at line {e.lineno}") from None
     value = _literal(tree.body)
     if isinstance(value, LoopSpec | OpSpec):
-        return (value,)
+        return SpecProgram((value,))
     if isinstance(value, list | tuple) and all(isinstance(v, LoopSpec | OpSpec) for v in value):
-        return tuple(value)
+        return SpecProgram(value)
     raise EmitError("loopspec source must be a LoopSpec, an OpSpec, or a list of them")
 
 
@@ -145,7 +146,7 @@ def to_json(specs: Spec | Iterable[Spec], indent: int | None = 2) -> str:
                       indent=indent)
 
 
-def from_json(text: str) -> tuple[Spec, ...]:
+def from_json(text: str) -> SpecProgram:
     """Parse what ``to_json`` printed."""
     try:
         doc = json.loads(text)
@@ -153,4 +154,4 @@ def from_json(text: str) -> tuple[Spec, ...]:
         raise EmitError(f"loopspec is not valid JSON: {e.msg} at line {e.lineno}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise EmitError(f"unsupported loopspec format; expected {FORMAT!r}")
-    return tuple(from_dict(d) for d in doc.get("body", []))
+    return SpecProgram(from_dict(d) for d in doc.get("body", []))

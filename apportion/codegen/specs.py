@@ -204,6 +204,20 @@ LOOP_SPEC_FIELDS = ("count", "body")
 Spec = LoopSpec | OpSpec
 
 
+class SpecProgram(tuple[Spec, ...]):
+    """The top-level specs of a program, in order: a tuple that prints one spec per line.
+
+    >>> print(SpecProgram([LoopSpec(count=2), LoopSpec(count="T")]))
+    LoopSpec(count=2, body=[])
+    LoopSpec(count='T', body=[])
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "\n".join(map(repr, self))
+
+
 def walk(specs: tuple[Spec, ...], depth: int = 0) -> Iterator[tuple[int, Spec]]:
     """Every spec with its loop depth, in program order (a loop before its body)."""
     for s in specs:
