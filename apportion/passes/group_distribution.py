@@ -60,10 +60,15 @@ def align_group(group: GroupTiling, target: Target, roles: dict[str, TensorRole]
     limits = {n: float("inf") if greedy[n] is None else ctxs[n].time_us(greedy[n])
               for n in group.ops}
 
+    seen: dict[tuple, float] = {}  # trials recur: seeds differ in dims some ops lack
+
     def cost(trial: Splits) -> float:
-        plans = {n: make_plan(n, trial[n]) for n in group.ops}
-        gp, _ = plan_group(program, target, group, roles, plans)
-        return group_time(group, ctxs, trial, frozenset(gp.lx_tensors))
+        key = tuple(tuple(trial[n].items()) for n in group.ops)
+        if key not in seen:
+            plans = {n: make_plan(n, trial[n]) for n in group.ops}
+            gp, _ = plan_group(program, target, group, roles, plans)
+            seen[key] = group_time(group, ctxs, trial, frozenset(gp.lx_tensors))
+        return seen[key]
 
     best = {n: splits[n] for n in group.ops}
     best_cost = cost(best)
