@@ -140,14 +140,12 @@ def _working_set(program: Program, target: Target, strategy: str, group: int) ->
     tiling = coarse_tile(program, op_layouts)
     roles = buffer_roles(program, tiling)
     g = tiling.groups[group]
-    ctxs, minimum, splits = {}, {}, {}
+    op_plans = {}
     for name in g.ops:
         op = program.op(name)
-        ctxs[name] = ctx = OpContext(op, program, target, op_layouts[name], tlayouts,
-                                     tiling.sizes(op))
-        minimum[name], err = _minimum(ctx, strategy)
-        splits[name] = _splits(ctx, minimum[name], strategy, err)
-    op_plans = {n: _op_plan(ctxs[n], minimum[n], splits[n], tiling) for n in g.ops}
+        ctx = OpContext(op, program, target, op_layouts[name], tlayouts, tiling.sizes(op))
+        minimum, err = _minimum(ctx, strategy)
+        op_plans[name] = _op_plan(ctx, minimum, _splits(ctx, minimum, strategy, err), tiling)
     return plan_group(program, target, g, roles, op_plans)[0].working_set_bytes
 
 
