@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from apportion.ir.program import Program
 from apportion.passes.pipeline import plan as run_pipeline
-from apportion.plan.plan import OpPlan, Plan
+from apportion.plans.plan import OpPlan, Plan
 from apportion.target.presets import spyre
 from apportion.target.target import Target
 
@@ -33,7 +33,7 @@ class PlannedProgram:
         return self.plan.op(name)
 
     def to_json(self) -> str:
-        from apportion.plan.serialize import to_json
+        from apportion.plans.serialize import to_json
 
         return to_json(self.plan)
 

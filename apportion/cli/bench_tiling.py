@@ -25,7 +25,7 @@ from apportion.frontend.models import load_models
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.program import LoopLevel, Program, TilingGroup
 from apportion.passes.pipeline import plan
-from apportion.plan.plan import Plan
+from apportion.plans.plan import Plan
 from apportion.target.presets import spyre
 from apportion.target.target import Target
 

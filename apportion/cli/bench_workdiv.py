@@ -25,9 +25,10 @@ from rich.table import Table
 
 from apportion.errors import PlanningError
 from apportion.frontend.models import OpCase, bench_cases, linear, load_models
+from apportion.passes.geometry import OpContext
 from apportion.passes.layouts import layouts, tensor_layouts
 from apportion.passes.pipeline import plan
-from apportion.passes.work_distribution import OpContext, best_utilization
+from apportion.passes.work_distribution import best_utilization
 from apportion.target.presets import spyre
 from apportion.target.target import Target
 

@@ -14,7 +14,7 @@ from rich.console import Console
 from apportion.errors import ApportionError
 from apportion.ir.program import Program
 from apportion.passes.work_distribution import STRATEGIES
-from apportion.plan.plan import Plan
+from apportion.plans.plan import Plan
 from apportion.target.presets import resolve
 from apportion.target.target import Target
 
@@ -54,8 +54,8 @@ def _planned(args: argparse.Namespace) -> tuple[Program, Target, Plan]:
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli.report import print_report
-    from apportion.plan.export import coefficient_splits
-    from apportion.plan.serialize import to_json
+    from apportion.plans.export import coefficient_splits
+    from apportion.plans.serialize import to_json
 
     program, target, plan = _planned(args)
     if args.format == "json":

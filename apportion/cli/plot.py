@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from apportion.errors import PlanningError
-from apportion.plan.plan import OpPlan
-from apportion.plan.views import core_slices
+from apportion.plans.plan import OpPlan
+from apportion.plans.views import core_slices
 
 
 def plot_op(op_plan: OpPlan, out_dims: tuple[str, ...], path: str | Path) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from apportion.plan.plan import Plan
+from apportion.plans.plan import Plan
 from apportion.target.target import Target
 
 

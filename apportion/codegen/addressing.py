@@ -17,7 +17,7 @@ from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.op import Access
-from apportion.plan.plan import LoopInfo
+from apportion.plans.plan import LoopInfo
 from apportion.target.layout import device_layout
 from apportion.target.target import Target
 

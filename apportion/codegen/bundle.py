@@ -31,7 +31,7 @@ from apportion.codegen.mlir import verify_mlir as verify_mlir
 from apportion.codegen.specs import LoopSpec, OpSpec, Spec, TensorArg, walk
 from apportion.errors import EmitError
 from apportion.ir.program import Program
-from apportion.plan.plan import Plan
+from apportion.plans.plan import Plan
 from apportion.target.target import Target
 
 INDENT = "  "

@@ -47,8 +47,8 @@ from apportion.codegen.specs import TensorArg as TensorArg
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
-from apportion.plan.memory import Buffer, FinishOp, GroupPlan
-from apportion.plan.plan import LoopInfo, OpPlan, Plan
+from apportion.plans.memory import Buffer, FinishOp, GroupPlan
+from apportion.plans.plan import LoopInfo, OpPlan, Plan
 from apportion.target.layout import device_layout
 from apportion.target.target import Target
 

@@ -14,8 +14,8 @@ from dataclasses import replace
 
 from apportion.errors import PlanningError
 from apportion.ir.program import LoopLevel, Program, TilingGroup
+from apportion.passes.geometry import divisors
 from apportion.passes.layouts import OpLayout
-from apportion.passes.span_reduction import divisors
 
 #: the most count combinations tried for one group
 MAX_CANDIDATES = 4096

@@ -28,7 +28,7 @@ from apportion.ir.dtypes import FLOAT_DTYPES
 from apportion.ir.op import REDUCTIONS, Op
 from apportion.ir.program import Program
 from apportion.passes.coarse_tile import GroupTiling, Tiling
-from apportion.plan.memory import CombineOp, CopyOp, FinishOp, InitOp
+from apportion.plans.memory import CombineOp, CopyOp, FinishOp, InitOp
 
 ROLES = ("full", "tile", "accumulator")
 

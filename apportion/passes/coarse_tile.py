@@ -26,7 +26,7 @@ from apportion.errors import PlanningError, ProgramError
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TilingGroup
 from apportion.passes.layouts import OpLayout
-from apportion.plan.plan import LoopInfo
+from apportion.plans.plan import LoopInfo
 
 Pairs = tuple[tuple[str, int], ...]
 #: reductions whose tiles combine into an accumulator (matmul combines with sum)

@@ -28,9 +28,10 @@ from collections.abc import Callable, Mapping
 
 from apportion.passes.buffers import TensorRole
 from apportion.passes.coarse_tile import GroupTiling
+from apportion.passes.geometry import OpContext
 from apportion.passes.scratchpad import plan_group
-from apportion.passes.work_distribution import OpContext, ranked
-from apportion.plan.plan import OpPlan
+from apportion.passes.work_distribution import ranked
+from apportion.plans.plan import OpPlan
 from apportion.target.target import Target
 
 #: best assignments of each op that seed group-wide trials (its greedy one seeds one more)

@@ -58,19 +58,3 @@ def layouts(program: Program, target: Target) -> dict[str, OpLayout]:
 def tensor_layouts(program: Program, target: Target) -> dict[str, DeviceLayout]:
     """Device layout of every tensor of the program."""
     return {t.name: device_layout(t.shape, t.dtype, target) for t in program.tensors}
-
-
-def operand_extents(op: Op, slice_sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
-    """Per operand tensor, the index extent of each tensor dim touched by one slice of the op."""
-    out: dict[str, tuple[int, ...]] = {}
-    for acc in op.operands:
-        ext = tuple(e.extent(slice_sizes) for e in acc.index)
-        prev = out.get(acc.tensor)
-        out[acc.tensor] = ext if prev is None else tuple(map(max, prev, ext))
-    return out
-
-
-def spans(op: Op, slice_sizes: dict[str, int], tlayouts: dict[str, DeviceLayout]
-          ) -> dict[str, int]:
-    """Per-core span in bytes of every operand when one core computes ``slice_sizes``."""
-    return {t: tlayouts[t].span_bytes(ext) for t, ext in operand_extents(op, slice_sizes).items()}

@@ -11,12 +11,13 @@ from apportion.ir.program import Program
 from apportion.passes.auto_tile import choose_counts
 from apportion.passes.buffers import TensorRole, buffer_roles, loop_steps
 from apportion.passes.coarse_tile import GroupTiling, Tiling, coarse_tile
+from apportion.passes.geometry import OpContext, check_spans, slice_sizes
 from apportion.passes.group_distribution import align_group, group_time
 from apportion.passes.layouts import layouts, tensor_layouts
 from apportion.passes.scratchpad import plan_group, scratchpad
-from apportion.passes.span_reduction import check_spans, slice_sizes, span_reduction
-from apportion.passes.work_distribution import STRATEGIES, OpContext, distribute, greedy
-from apportion.plan.plan import OpPlan, Plan
+from apportion.passes.span_reduction import span_reduction
+from apportion.passes.work_distribution import STRATEGIES, distribute, greedy
+from apportion.plans.plan import OpPlan, Plan
 from apportion.target.target import Target
 
 Stage = Callable[[str, object], None]

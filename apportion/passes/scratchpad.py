@@ -30,10 +30,10 @@ from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.passes.buffers import Steps, TensorRole, accumulator_dtype, needs_finish
 from apportion.passes.coarse_tile import GroupTiling, Tiling
-from apportion.plan.memory import Buffer, GroupPlan
-from apportion.plan.plan import OpPlan
-from apportion.plan.tiles import inside, region
-from apportion.plan.views import core_slices
+from apportion.plans.memory import Buffer, GroupPlan
+from apportion.plans.plan import OpPlan
+from apportion.plans.tiles import inside, region
+from apportion.plans.views import core_slices
 from apportion.target.layout import device_layout
 from apportion.target.target import Target
 

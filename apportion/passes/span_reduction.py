@@ -13,49 +13,14 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 from apportion.errors import PlanningError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
-from apportion.passes.layouts import OpLayout, operand_extents
+from apportion.passes.geometry import check_spans, divisors, slice_sizes
+from apportion.passes.layouts import OpLayout
 from apportion.target.layout import DeviceLayout
 from apportion.target.target import Target
-
-
-def divisors(n: int) -> list[int]:
-    """All divisors of ``n`` in increasing order."""
-    small = [i for i in range(1, math.isqrt(n) + 1) if n % i == 0]
-    return sorted({*small, *(n // i for i in small)})
-
-
-def slice_sizes(sizes: dict[str, int], per: dict[str, int], splits: dict[str, int]
-                ) -> dict[str, int]:
-    """Elements per dim of the largest core slice (whole units, ceil division)."""
-    out = {}
-    for d, n in sizes.items():
-        units = -(-n // per[d])
-        out[d] = min(-(-units // splits.get(d, 1)) * per[d], n)
-    return out
-
-
-@dataclass(frozen=True)
-class SpanCheck:
-    """Spans of every operand under a split assignment, and the worst offender."""
-
-    spans: dict[str, int]
-    limit: int
-
-    @property
-    def worst(self) -> tuple[str, int] | None:
-        over = [(t, s) for t, s in self.spans.items() if s > self.limit]
-        return max(over, key=lambda x: x[1]) if over else None
-
-
-def check_spans(op: Op, sizes: dict[str, int], layout: OpLayout, splits: dict[str, int],
-                tlayouts: dict[str, DeviceLayout], target: Target) -> SpanCheck:
-    ext = operand_extents(op, slice_sizes(sizes, dict(layout.unit_elems), splits))
-    return SpanCheck({t: tlayouts[t].span_bytes(e) for t, e in ext.items()}, target.span_limit)
 
 
 def span_reduction(op: Op, program: Program, target: Target, layout: OpLayout,

@@ -16,16 +16,9 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 
-from apportion.cost.model import op_cost
 from apportion.errors import PlanningError
-from apportion.ir.op import Op
-from apportion.ir.program import Program
-from apportion.passes.layouts import OpLayout
-from apportion.passes.span_reduction import check_spans, divisors, slice_sizes
-from apportion.target.layout import DeviceLayout
-from apportion.target.target import Target
+from apportion.passes.geometry import OpContext, check_spans, divisors
 
 STRATEGIES = ("balanced", "greedy")
 
@@ -37,52 +30,6 @@ def core_split(size: int, cores: int) -> int:
     (16, 1)
     """
     return max(i for i in divisors(size) if i <= cores)
-
-
-@dataclass(frozen=True)
-class OpContext:
-    """What the strategies need to know of one op: sizes, units, layouts and target."""
-
-    op: Op
-    program: Program
-    target: Target
-    layout: OpLayout
-    tlayouts: dict[str, DeviceLayout]
-    sizes: dict[str, int]
-
-    @property
-    def units(self) -> dict[str, int]:
-        return self.layout.units(self.sizes)
-
-    @property
-    def per(self) -> dict[str, int]:
-        return dict(self.layout.unit_elems)
-
-    def feasible(self, splits: dict[str, int]) -> bool:
-        return check_spans(self.op, self.sizes, self.layout, splits, self.tlayouts,
-                           self.target).worst is None
-
-    def time_us(self, splits: dict[str, int], resident: frozenset[str] = frozenset()) -> float:
-        """Predicted time under ``splits``; ``resident`` tensors live in the scratchpad."""
-        red = max((splits[d] for d in self.op.reduction_dims), default=1)
-        largest = slice_sizes(self.sizes, self.per, splits)
-        return op_cost(self.op, self.program, self.target, self.sizes, largest, red,
-                       resident).time_us
-
-    def valid(self, splits: dict[str, int]) -> bool:
-        """True when ``splits`` is one of the assignments ``balanced`` searches and is feasible."""
-        units, cores = self.units, self.target.cores
-        if any(not 1 <= splits[d] <= min(units[d], cores) for d in self.sizes):
-            return False
-        if math.prod(splits.values()) > cores:
-            return False
-        if sum(splits[d] > 1 for d in self.op.reduction_dims) > 1:
-            return False
-        return self.feasible(splits)
-
-    def utilization(self, splits: dict[str, int]) -> float:
-        largest = slice_sizes(self.sizes, self.per, splits)
-        return math.prod(self.sizes.values()) / (self.target.cores * math.prod(largest.values()))
 
 
 def greedy(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:

@@ -26,9 +26,9 @@ from apportion.errors import ApportionError, ExecutionError
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.op import Op
 from apportion.ir.program import Program
-from apportion.plan.memory import Buffer, GroupPlan
-from apportion.plan.plan import OpPlan, Plan
-from apportion.plan.tiles import (
+from apportion.plans.memory import Buffer, GroupPlan
+from apportion.plans.plan import OpPlan, Plan
+from apportion.plans.tiles import (
     Box,
     Region,
     core_boxes,
@@ -38,7 +38,7 @@ from apportion.plan.tiles import (
     resolve_counts,
     tile_box,
 )
-from apportion.plan.views import core_slices
+from apportion.plans.views import core_slices
 from apportion.runtime import kernels
 from apportion.runtime.reference import (
     bind_inputs,

@@ -20,8 +20,8 @@ from apportion.errors import ApportionError, ExecutionError
 from apportion.ir.dtypes import FLOAT_DTYPES
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
-from apportion.plan.plan import Plan
-from apportion.plan.views import core_slices
+from apportion.plans.plan import Plan
+from apportion.plans.views import core_slices
 from apportion.runtime import kernels
 from apportion.runtime.kernels import Partial
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 
 from apportion.cli.main import main
-from apportion.plan.serialize import from_json
+from apportion.plans.serialize import from_json
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = sorted(p for p in ROOT.joinpath("examples").glob("*.json")

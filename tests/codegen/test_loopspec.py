@@ -19,8 +19,8 @@ from apportion.codegen.loopspec import (
 )
 from apportion.codegen.specs import walk
 from apportion.errors import EmitError
-from apportion.plan.plan import Plan
-from apportion.plan.tiles import iterations, tile_box
+from apportion.plans.plan import Plan
+from apportion.plans.tiles import iterations, tile_box
 from tests.helpers import program
 
 ROOT = Path(__file__).parents[2]

@@ -52,7 +52,7 @@ def plan_json(prog, strategy: str, cores: int, auto_tile: bool) -> dict:
     """The plan's JSON document, or ``{"error": message}`` where planning refuses."""
     from apportion.errors import ApportionError
     from apportion.passes.pipeline import plan
-    from apportion.plan.serialize import to_json
+    from apportion.plans.serialize import to_json
     from apportion.target.presets import spyre
 
     try:

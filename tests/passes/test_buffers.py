@@ -10,7 +10,7 @@ from apportion.ir.op import REDUCTIONS
 from apportion.passes.buffers import buffer_roles, identity, loop_steps
 from apportion.passes.coarse_tile import coarse_tile
 from apportion.passes.pipeline import plan
-from apportion.plan.memory import CombineOp, CopyOp, FinishOp, InitOp
+from apportion.plans.memory import CombineOp, CopyOp, FinishOp, InitOp
 from apportion.target import spyre
 from tests.helpers import program
 from tests.passes.test_coarse_tile import fused

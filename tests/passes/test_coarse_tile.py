@@ -12,7 +12,7 @@ from apportion.ir.program import LoopLevel, TilingGroup
 from apportion.passes.coarse_tile import coarse_tile
 from apportion.passes.layouts import layouts
 from apportion.passes.pipeline import plan
-from apportion.plan.plan import LoopInfo
+from apportion.plans.plan import LoopInfo
 from apportion.target import spyre
 from tests.helpers import program
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from apportion.passes import auto_tile, buffers, coarse_tile, pipeline, scratchpad
-from apportion.plan import memory, tiles
+from apportion.plans import memory, tiles
 from apportion.runtime import loops
 
 ROOT = Path(__file__).parents[2]

@@ -6,9 +6,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from apportion.errors import PlanningError, ProgramError
+from apportion.passes.geometry import OpContext
 from apportion.passes.layouts import layouts, tensor_layouts
 from apportion.passes.pipeline import plan
-from apportion.passes.work_distribution import OpContext
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.runtime.loops import run_tiled
 from apportion.target import spyre

@@ -82,8 +82,9 @@ def test_unknown_strategy_lists_the_valid_ones():
 
 
 def bound_of(p, target):
+    from apportion.passes.geometry import OpContext
     from apportion.passes.layouts import layouts, tensor_layouts
-    from apportion.passes.work_distribution import OpContext, best_utilization
+    from apportion.passes.work_distribution import best_utilization
 
     op = p.ops[0]
     ctx = OpContext(op, p, target, layouts(p, target)[op.name], tensor_layouts(p, target),

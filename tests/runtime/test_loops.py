@@ -11,7 +11,7 @@ import pytest
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import load
 from apportion.passes.pipeline import plan
-from apportion.plan.serialize import from_json, to_json
+from apportion.plans.serialize import from_json, to_json
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.runtime.loops import decode, encode, run_tiled
 from apportion.target import spyre

@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.passes.geometry import divisors
 from apportion.passes.pipeline import plan
-from apportion.passes.span_reduction import divisors
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.runtime.loops import run_tiled
 from apportion.target import spyre

@@ -12,7 +12,7 @@ from apportion.errors import ExecutionError
 from apportion.frontend.json_format import loads
 from apportion.ir.op import FALLBACKS, POINTWISE, REDUCTIONS
 from apportion.ir.program import Program
-from apportion.plan.plan import LoopInfo, OpPlan, Plan
+from apportion.plans.plan import LoopInfo, OpPlan, Plan
 from apportion.runtime import (
     TOLERANCES,
     compare,

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from apportion.errors import PlanningError
-from apportion.plan.memory import Buffer, GroupPlan
+from apportion.plans.memory import Buffer, GroupPlan
 
 Pairs = tuple[tuple[str, int], ...]
 

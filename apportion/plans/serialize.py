@@ -7,8 +7,8 @@ import math
 from typing import Any
 
 from apportion.errors import PlanningError
-from apportion.plan.memory import Buffer, CombineOp, CopyOp, FinishOp, GroupPlan, InitOp
-from apportion.plan.plan import LoopInfo, OpPlan, Plan
+from apportion.plans.memory import Buffer, CombineOp, CopyOp, FinishOp, GroupPlan, InitOp
+from apportion.plans.plan import LoopInfo, OpPlan, Plan
 
 FORMAT = "apportion.plan/1"
 

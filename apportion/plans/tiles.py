@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping
 
 from apportion.errors import ExecutionError
 from apportion.ir.op import Access
-from apportion.plan.plan import LoopInfo, OpPlan
-from apportion.plan.views import dim_slices
+from apportion.plans.plan import LoopInfo, OpPlan
+from apportion.plans.views import dim_slices
 
 Box = dict[str, tuple[int, int]]
 #: index range (start, stop) per tensor axis
@@ -87,7 +87,7 @@ def core_boxes(op_plan: OpPlan, tile: Box) -> list[Box | None]:
     The plan's splits cut the tile as ``views.core_slices`` cuts the planned iteration space;
     a core gets nothing only when a symbolic count made the tile smaller than planned.
 
-    >>> from apportion.plan.plan import OpPlan
+    >>> from apportion.plans.plan import OpPlan
     >>> p = OpPlan("e", "exp", "pointwise", (("i", 4),), (), (), (("i", 1),), (("i", 2),),
     ...            1.0, 0.0, ())
     >>> core_boxes(p, {"i": (8, 12)})

@@ -5,8 +5,8 @@ import pytest
 from apportion.errors import PlanningError
 from apportion.frontend.json_format import load
 from apportion.passes.pipeline import plan
-from apportion.plan.serialize import from_json, to_json
-from apportion.plan.views import core_slices, dim_slices
+from apportion.plans.serialize import from_json, to_json
+from apportion.plans.views import core_slices, dim_slices
 from apportion.target import spyre
 
 ROOT = Path(__file__).parents[2]

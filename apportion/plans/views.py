@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 
-from apportion.plan.plan import OpPlan
+from apportion.plans.plan import OpPlan
 
 
 def dim_slices(size: int, per: int, split: int) -> list[tuple[int, int]]:
@@ -30,7 +30,7 @@ def dim_slices(size: int, per: int, split: int) -> list[tuple[int, int]]:
 def core_slices(plan: OpPlan) -> list[dict[str, tuple[int, int]]]:
     """Core id -> ``{dim: (start, stop)}`` in elements; core ids run row-major over the op's dims.
 
-    >>> from apportion.plan.plan import OpPlan
+    >>> from apportion.plans.plan import OpPlan
     >>> p = OpPlan("e", "exp", "pointwise", (("i", 4), ("j", 128)), (), ("j",),
     ...            (("i", 1), ("j", 64)), (("i", 2), ("j", 2)), 1.0, 0.0, ())
     >>> core_slices(p)[3]

@@ -10,10 +10,10 @@ import pytest
 from apportion.errors import ExecutionError, PlanningError
 from apportion.frontend.json_format import load
 from apportion.passes.pipeline import plan
-from apportion.plan.memory import Buffer, GroupPlan
-from apportion.plan.plan import LoopInfo
-from apportion.plan.serialize import from_json, to_json
-from apportion.plan.tiles import core_boxes, iterations, resolve_counts, tile_box
+from apportion.plans.memory import Buffer, GroupPlan
+from apportion.plans.plan import LoopInfo
+from apportion.plans.serialize import from_json, to_json
+from apportion.plans.tiles import core_boxes, iterations, resolve_counts, tile_box
 from apportion.target import spyre
 from tests.helpers import program
 from tests.passes.test_coarse_tile import fused

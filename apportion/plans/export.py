@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from apportion.ir.program import Program
-from apportion.plan.plan import OpPlan
+from apportion.plans.plan import OpPlan
 
 
 def _flat_coeff(index: tuple, shape: tuple[int, ...], dim: str) -> int:
