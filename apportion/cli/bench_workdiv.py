@@ -65,7 +65,7 @@ def run_case(case: OpCase, target: Target) -> CaseResult:
     t1 = time.perf_counter()
     b = plan(p, target, "balanced").ops[0]
     t2 = time.perf_counter()
-    ctx = OpContext(op, p, target, layouts(p, target)[op.name], tensor_layouts(p, target),
+    ctx = OpContext(op, p, target, layouts(p, target).ops[op.name], tensor_layouts(p, target),
                     dict(op.dims))
     bound, bound_splits = best_utilization(ctx, {d: 1 for d in op.sizes})
     name = f"{case.model}/{case.phase}/{case.tokens}/{case.what}"

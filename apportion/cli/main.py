@@ -61,7 +61,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     if args.format == "json":
         print(to_json(plan))
     elif args.format == "coeffs":
-        print(json.dumps([coefficient_splits(program, o) for o in plan.ops], indent=2))
+        print(json.dumps([coefficient_splits(program, plan, o) for o in plan.ops], indent=2))
     else:
         print_report(plan, target, console)
     if args.plot:

@@ -19,9 +19,6 @@ from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.target.target import Target
 
-#: floating-point operations per iteration point
-FLOPS_PER_POINT = {"matmul": 2, "pointwise": 1, "reduction": 1, "fallback": 1}
-
 
 @dataclass(frozen=True)
 class OpCost:
@@ -64,7 +61,7 @@ def op_cost(op: Op, program: Program, target: Target, sizes: dict[str, int],
     """Cost of ``op`` over ``sizes`` when its largest core slice has ``slice_sizes`` elements
     and the tensors in ``resident`` are read from or written to the scratchpad."""
     points = math.prod(slice_sizes.values())
-    compute = points * FLOPS_PER_POINT[op.kind] / target.peak_flops_per_core
+    compute = points * op.kind.work_per_point / target.peak_flops_per_core
     memory = slice_bytes(op, program, target, slice_sizes, resident) / target.core_bandwidth
     combine = 0.0
     if reduction_split > 1:

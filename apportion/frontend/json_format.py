@@ -7,81 +7,226 @@ True
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
+import reprlib
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from apportion.errors import ProgramError
-from apportion.ir.dtypes import check_dtype
 from apportion.ir.op import Access, Op
 from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
 
 FORMAT = "apportion.program/1"
-_OUT_DTYPE = {"argmax": "int64", "any": "bool"}
+#: the fields each object of a program document may have; any other key is an error
+PROGRAM_FIELDS = ("format", "name", "tensors", "inputs", "outputs", "ops", "tiling",
+                  "work_division")
+TENSOR_FIELDS = ("shape", "dtype")
+GROUP_FIELDS = ("ops", "loops", "count", "dims")
+LOOP_FIELDS = ("count", "dims")
+# a tensor name as the builder allows it: what an access string can spell before its "["
+_NAME_CHARS_OUT = frozenset("[],")
+_ACCESS_LIKE = 'an access string like "x[m,k]"'
 
 
 def load(path: str | Path) -> Program:
-    """Read a program file."""
+    """Read a program file (UTF-8 JSON)."""
+    where = f"cannot read program file {str(path)!r}"
     try:
-        text = Path(path).read_text()
+        p = Path(path)
+        if p.is_dir():
+            raise ProgramError(f"{where}: it is a directory")
+        data = p.read_bytes()
     except OSError as e:
-        raise ProgramError(f"cannot read program file {str(path)!r}: {e.strerror}") from None
+        raise ProgramError(f"{where}: {e.strerror or e}") from None
+    except ValueError as e:  # e.g. an embedded NUL byte in the path
+        raise ProgramError(f"{where}: {e}") from None
+    try:
+        text = data.decode("utf-8-sig")  # a leading byte-order mark is harmless; accept it
+    except UnicodeDecodeError as e:
+        raise ProgramError(f"{where}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                           f"{e.start})") from None
     return loads(text, source=str(path))
 
 
-def loads(text: str, source: str = "<string>") -> Program:
+def loads(text: str | bytes, source: str = "<string>") -> Program:
     """Parse program format v1 from a JSON string."""
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
         raise ProgramError(f"{source}: not valid JSON: {e.msg} at line {e.lineno}") from None
+    except UnicodeDecodeError:  # bytes given, and not UTF-8
+        raise ProgramError(f"{source}: not UTF-8 text") from None
+    except ValueError:  # an integer literal past Python's int-to-str digit limit
+        raise ProgramError(f"{source}: not valid JSON: a number has more than "
+                           f"{sys.get_int_max_str_digits()} digits") from None
+    except RecursionError:
+        raise ProgramError(f"{source}: not valid JSON: arrays or objects nested too deeply"
+                           ) from None
     return from_dict(doc)
 
 
-def _require(doc: dict[str, Any], key: str, kind: type, where: str) -> Any:
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, 48, 48
+_REPR.maxlist = _REPR.maxtuple = _REPR.maxdict = 4
+
+
+def _show(value: Any) -> str:
+    """``value`` for a one-line error message, short whatever its size or depth."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)  # the JSON spelling: null, true, false
+    if isinstance(value, int) and value.bit_length() > 200:
+        return f"an integer of {value.bit_length()} bits"  # repr of a huge int may raise
+    try:
+        return _REPR.repr(value)
+    except Exception:  # a foreign object handed to from_dict whose repr fails
+        return f"a {type(value).__name__}"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # JSON true is not 1
+
+
+def _is_positive_int(v: Any) -> bool:
+    return _is_int(v) and v > 0
+
+
+def _is_str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _is_tensor_name(v: Any) -> bool:
+    return (isinstance(v, str) and v != ""
+            and not any(c in _NAME_CHARS_OUT or c.isspace() for c in v))
+
+
+def _is_dim_name(v: Any) -> bool:
+    # what an index expression can spell (see AffineExpr.parse)
+    return (isinstance(v, str) and v.isascii() and v.isidentifier())
+
+
+def _closest(key: str, valid: tuple[str, ...]) -> str | None:
+    """The valid field ``key`` most likely misspells; on a tie, the one sharing its start."""
+    close = difflib.get_close_matches(key, valid, n=len(valid))
+    if not close:
+        return None
+    def ratio(c: str) -> float:
+        return difflib.SequenceMatcher(None, c, key).ratio()
+
+    tied = [c for c in close if ratio(c) == ratio(close[0])]
+    return max(tied, key=lambda c: len(os.path.commonprefix([key, c])))
+
+
+def _check_fields(doc: dict[Any, Any], valid: tuple[str, ...], where: str) -> None:
+    """Refuse keys outside ``valid``: a misspelt field would otherwise be silently ignored."""
+    for key in doc:
+        if key in valid:
+            continue
+        close = _closest(key, valid) if isinstance(key, str) else None
+        hint = f" (did you mean {close!r}?)" if close else ""
+        raise ProgramError(f"{where}: unknown field {_show(key)}{hint}; valid: {', '.join(valid)}")
+
+
+def _object(value: Any, what: str, where: str) -> dict[Any, Any]:
+    if not isinstance(value, dict):
+        raise ProgramError(f"{where} must be {what}, got {_show(value)}")
+    return value
+
+
+def _require(doc: dict[str, Any], key: str, ok: Callable[[Any], bool], what: str,
+             where: str, default: Any = ...) -> Any:
+    """``doc[key]`` if ``ok`` accepts it; ``what`` says what is allowed. ``...``: required."""
     if key not in doc:
-        raise ProgramError(f"{where}: missing field {key!r}")
-    if not isinstance(doc[key], kind):
-        raise ProgramError(f"{where}: field {key!r} must be a {kind.__name__}")
+        if default is ...:
+            raise ProgramError(f"{where}: missing field {key!r} ({what})")
+        return default
+    if not ok(doc[key]):
+        raise ProgramError(f"{where}: field {key!r} must be {what}, got {_show(doc[key])}")
     return doc[key]
 
 
-def from_dict(doc: dict[str, Any]) -> Program:
+def _require_list(doc: dict[str, Any], key: str, ok: Callable[[Any], bool], what: str,
+                  item: str, where: str, default: Any = ...) -> list[Any]:
+    """``doc[key]``, a list (``what``) whose every item ``ok`` accepts (``item``)."""
+    items = _require(doc, key, lambda v: isinstance(v, list), what, where, default)
+    for i, v in enumerate(items):
+        if not ok(v):
+            raise ProgramError(f"{where}: field {key!r} item {i} must be {item}, got {_show(v)}")
+    return items
+
+
+def _mapping(doc: dict[str, Any], key: str, ok_key: Callable[[Any], bool],
+             ok_value: Callable[[Any], bool], what: str, where: str) -> dict[Any, Any]:
+    """``doc[key]``, an object (``{}`` when absent) whose keys and values are checked."""
+    value = _require(doc, key, lambda v: isinstance(v, dict), what, where, {})
+    for k, v in value.items():
+        if not ok_key(k) or not ok_value(v):
+            raise ProgramError(f"{where}: field {key!r} must be {what}, got {_show(k)}: "
+                               f"{_show(v)}")
+    return value
+
+
+def _access(text: str, where: str, field: str) -> Access:
+    try:
+        return Access.parse(text)
+    except ProgramError as e:  # add the op and field; Access.parse knows neither
+        raise ProgramError(f"{where}: field {field}: {e}") from None
+
+
+def from_dict(doc: Any) -> Program:
     """Build a Program from the decoded JSON document."""
-    if not isinstance(doc, dict):
-        raise ProgramError("a program must be a JSON object")
+    doc = _object(doc, "a JSON object", "a program")
+    _check_fields(doc, PROGRAM_FIELDS, "program")
     fmt = doc.get("format", FORMAT)
     if fmt != FORMAT:
-        raise ProgramError(f"unsupported program format {fmt!r}; expected {FORMAT!r}")
-    name = str(doc.get("name", "program"))
+        raise ProgramError(f"unsupported program format {_show(fmt)}; expected {FORMAT!r}")
+    name = _require(doc, "name", _is_str, "a string", "program", "program")
     tensors: dict[str, TensorType] = {}
-    for tname, spec in _require(doc, "tensors", dict, "program").items():
+    entries = _require(doc, "tensors", lambda v: isinstance(v, dict),
+                       "an object mapping tensor names to {\"shape\": [...], \"dtype\": ...}",
+                       "program")
+    for tname, spec in entries.items():
+        if not _is_tensor_name(tname):
+            raise ProgramError(f"program: tensor name {_show(tname)} must be a non-empty string "
+                               "without spaces, brackets or commas")
         where = f"tensor {tname!r}"
-        if not isinstance(spec, dict):
-            raise ProgramError(f"{where}: entry must be an object with shape and dtype")
-        shape = _require(spec, "shape", list, where)
-        tensors[tname] = TensorType(tname, tuple(shape), _require(spec, "dtype", str, where))
+        spec = _object(spec, 'an object like {"shape": [4, 8], "dtype": "float16"}', where)
+        _check_fields(spec, TENSOR_FIELDS, where)
+        shape = _require_list(spec, "shape", _is_positive_int,
+                              "a list of positive ints ([] for a rank-0 tensor)",
+                              "a positive int", where)
+        dtype = _require(spec, "dtype", _is_str, 'a dtype name like "float16"', where)
+        tensors[tname] = TensorType(tname, tuple(shape), dtype)
+    inputs = _require_list(doc, "inputs", _is_str, "a list of tensor names (strings)",
+                           "a tensor name (a string)", "program")
+    outputs = _require_list(doc, "outputs", _is_str, "a list of tensor names (strings)",
+                            "a tensor name (a string)", "program")
     ops: list[Op] = []
-    for i, od in enumerate(_require(doc, "ops", list, "program")):
+    for i, od in enumerate(_require(doc, "ops", lambda v: isinstance(v, list),
+                                    "a list of op objects", "program")):
         ops.append(_parse_op(od, i, tensors))
-    tiling = tuple(_parse_group(g, ops) for g in doc.get("tiling", []))
-    wd = doc.get("work_division", {})
-    if not isinstance(wd, dict):
-        raise ProgramError("work_division must map op names to {dim: splits}")
+    groups = _require(doc, "tiling", lambda v: isinstance(v, list),
+                      "a list of tiling groups ({\"ops\": [...], \"loops\": [...]})", "program",
+                      [])
+    tiling = tuple(_parse_group(g, i, ops) for i, g in enumerate(groups))
+    wd = _mapping(doc, "work_division", _is_str, lambda v: isinstance(v, dict),
+                  "an object mapping op names to {dim: splits}", "program")
     pins = []
     for op_name, splits in wd.items():
-        if not isinstance(splits, dict):
-            raise ProgramError(f"work_division for op {op_name!r} must map dims to split counts")
+        where = f"work_division for op {op_name!r}"
         for d, n in splits.items():
-            if isinstance(n, bool) or not isinstance(n, int):
-                raise ProgramError(f"work_division for op {op_name!r}: split of dim {d!r} must be "
-                                   f"an integer, got {n!r}")
+            if not _is_str(d) or not _is_int(n):
+                raise ProgramError(f"{where}: split of dim {_show(d)} must be an integer, "
+                                   f"got {_show(n)}")
         pins.append((op_name, tuple(splits.items())))
     return Program(
         name=name,
         tensors=tuple(tensors.values()),
-        inputs=tuple(_require(doc, "inputs", list, "program")),
-        outputs=tuple(_require(doc, "outputs", list, "program")),
+        inputs=tuple(inputs),
+        outputs=tuple(outputs),
         ops=tuple(ops),
         tiling=tiling,
         work_division=tuple(pins),
@@ -89,21 +234,18 @@ def from_dict(doc: dict[str, Any]) -> Program:
 
 
 def _parse_op(od: Any, i: int, tensors: dict[str, TensorType]) -> Op:
-    if not isinstance(od, dict):
-        raise ProgramError(f"ops[{i}] must be an object")
-    name = str(od.get("name", f"op{i}"))
+    od = _object(od, f"an object with fields {', '.join(OP_FIELDS)}", f"ops[{i}]")
+    name = _require(od, "name", _is_str, "a string", f"ops[{i}]", f"op{i}")
     where = f"op {name!r}"
-    fn = _require(od, "op", str, where)
-    out = Access.parse(_require(od, "out", str, where))
-    ins = tuple(Access.parse(a) for a in _require(od, "ins", list, where))
-    declared = od.get("dims", {})
-    if not isinstance(declared, dict):
-        raise ProgramError(f"{where}: dims must map letters to sizes")
-    sizes: dict[str, int] = {}
-    for d, n in declared.items():
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise ProgramError(f"{where}: declared dim {d!r} must have a positive size, got {n!r}")
-        sizes[d] = n
+    _check_fields(od, OP_FIELDS, where)
+    fn = _require(od, "op", _is_str, 'an op kind like "matmul"', where)
+    out = _access(_require(od, "out", _is_str, _ACCESS_LIKE, where), where, "'out'")
+    ins = tuple(_access(a, where, f"'ins' item {j}") for j, a in enumerate(
+        _require_list(od, "ins", _is_str, 'a list of access strings like "x[m,k]"',
+                      _ACCESS_LIKE, where)))
+    declared = _mapping(od, "dims", _is_dim_name, _is_positive_int,
+                        'an object mapping dim names to positive sizes like {"k": 128}', where)
+    sizes: dict[str, int] = dict(declared)
     for acc in ins:
         if acc.tensor not in tensors:
             raise ProgramError(f"{where}: tensor {acc.tensor!r} is neither an input nor produced "
@@ -122,19 +264,52 @@ def _parse_op(od: Any, i: int, tensors: dict[str, TensorType]) -> Op:
                                "\"dims\" or index an input with it")
         else:
             shape.append(sizes[d])
-    attrs = {k: str(v) for k, v in od.items() if k in ("fn", "dtype")}
-    op = Op.build(name, fn, out, ins, sizes, attrs)
+    try:
+        op = Op.build(name, fn, out, ins, sizes, _attrs(od, where))
+    except ProgramError as e:  # some IR checks (an unknown op kind) do not name the op
+        if str(e).startswith(where):
+            raise
+        raise ProgramError(f"{where}: {e}") from None
     dtype = inferred_dtype(op, tensors)
     if declared_out is None:
         tensors[out.tensor] = TensorType(out.tensor, tuple(shape), dtype)
     return op
 
 
+#: op fields that are attributes: names (``fn``, ``dtype``) and numbers (``min``, ``max``)
+NAME_ATTRS = ("fn", "dtype")
+NUMBER_ATTRS = ("min", "max")
+#: every field an op may have: the structure, then the attributes; extend by adding names here
+#: (or to NAME_ATTRS / NUMBER_ATTRS, which ``_attrs`` reads)
+OP_FIELDS = ("name", "op", "out", "ins", "dims", *NAME_ATTRS, *NUMBER_ATTRS)
+
+
+def _attrs(od: dict[str, Any], where: str) -> dict[str, str]:
+    """An op's attributes as the IR keeps them: strings, numbers in one canonical spelling."""
+    attrs = {}
+    for k in NAME_ATTRS:
+        if k in od:
+            if not isinstance(od[k], str):
+                raise ProgramError(f"{where}: field {k!r} must be a string, got {od[k]!r}")
+            attrs[k] = od[k]
+    for k in NUMBER_ATTRS:
+        if k in od:
+            v = od[k]
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ProgramError(f"{where}: field {k!r} must be a number, got {v!r}")
+            attrs[k] = number_attr(v)
+    return attrs
+
+
+def number_attr(value: float) -> str:
+    """The canonical text of a numeric attribute (``repr`` of the float)."""
+    return repr(float(value))
+
+
 def inferred_dtype(op: Op, tensors: dict[str, TensorType]) -> str:
-    """The dtype an op's output gets when no tensor entry declares it."""
-    dtype = op.attr("dtype") or _OUT_DTYPE.get(op.fn) or (
-        tensors[op.ins[0].tensor].dtype if op.ins else "float32")
-    return check_dtype(dtype, f"op {op.name!r}")
+    """The dtype an op's output gets when no tensor entry declares it (the kind's dtype rule)."""
+    return op.kind.out_dtype([tensors[a.tensor].dtype for a in op.ins], dict(op.attrs),
+                             f"op {op.name!r}")
 
 
 def _sizes_from(acc: Access, t: TensorType, sizes: dict[str, int], where: str) -> None:
@@ -151,37 +326,55 @@ def _sizes_from(acc: Access, t: TensorType, sizes: dict[str, int], where: str) -
         sizes[d] = size
 
 
-def _parse_group(g: Any, ops: list[Op]) -> TilingGroup:
-    if not isinstance(g, dict) or not isinstance(g.get("ops"), list) or not g["ops"]:
-        raise ProgramError("each tiling group needs a non-empty \"ops\" list")
-    names = tuple(str(o) for o in g["ops"])
+def _parse_group(g: Any, i: int, ops: list[Op]) -> TilingGroup:
+    g = _object(g, 'an object like {"ops": [...], "loops": [{"count": 2, "dims": ["m"]}]}',
+                f"tiling[{i}]")
+    _check_fields(g, GROUP_FIELDS, f"tiling[{i}]")
+    names = tuple(_require_list(g, "ops", _is_str, "a non-empty list of op names (strings)",
+                                "an op name (a string)", f"tiling[{i}]"))
+    where = f"tiling group {list(names)}"
+    if not names:
+        raise ProgramError(f"tiling[{i}]: field 'ops' must name at least one op")
     known = {o.name: o for o in ops}
     for n in names:
         if n not in known:
-            raise ProgramError(f"tiling group {list(names)}: unknown op {n!r}")
+            raise ProgramError(f"{where}: unknown op {n!r}")
     if "loops" in g:
-        if not isinstance(g["loops"], list):
-            raise ProgramError(f"tiling group {list(names)}: loops must be a list")
-        levels = tuple(_parse_level(lv, names) for lv in g["loops"])
+        if "count" in g or "dims" in g:  # which would win is a guess; refuse both
+            raise ProgramError(f"{where}: give either \"loops\" or \"count\" (with \"dims\"), "
+                               "not both")
+        loops = _require(g, "loops", lambda v: isinstance(v, list),
+                         'a list of loops like {"count": 2, "dims": ["m"]}', where)
+        levels = tuple(_parse_level(_object(lv, 'an object like {"count": 2, "dims": ["m"]}',
+                                            f"{where}: loops[{j}]"), f"{where}: loops[{j}]")
+                       for j, lv in enumerate(loops))
     else:
         if "count" not in g:
-            raise ProgramError(f"tiling group {list(names)}: needs \"loops\" or \"count\"")
-        dims = g.get("dims")
-        if dims is None:  # flat form defaults to the dim indexing dim 0 of the first op's output
+            raise ProgramError(f"{where}: needs \"loops\" or \"count\"")
+        flat = {"count": g["count"]}
+        if "dims" in g:
+            flat["dims"] = g["dims"]
+        else:  # flat form defaults to the dim indexing dim 0 of the first op's output
             first = known[names[0]].out.index
             d0 = first[0].single_dim if first else None
             if d0 is None:
-                raise ProgramError(f"tiling group {list(names)}: op {names[0]!r} has no dim 0 to "
-                                   "tile; give \"dims\"")
-            dims = [d0]
-        levels = (_parse_level({"count": g["count"], "dims": dims}, names),)
+                raise ProgramError(f"{where}: op {names[0]!r} has no dim 0 to tile; give "
+                                   "\"dims\"")
+            flat["dims"] = [d0]
+        levels = (_parse_level(flat, where),)
     return TilingGroup(names, levels)
 
 
-def _parse_level(lv: Any, names: tuple[str, ...]) -> LoopLevel:
-    if not isinstance(lv, dict) or "count" not in lv or not isinstance(lv.get("dims"), list):
-        raise ProgramError(f"tiling group {list(names)}: each loop needs \"count\" and \"dims\"")
-    return LoopLevel(lv["count"], tuple(str(d) for d in lv["dims"]))
+def _parse_level(lv: dict[str, Any], where: str) -> LoopLevel:
+    _check_fields(lv, LOOP_FIELDS, where)
+    count = _require(lv, "count", lambda v: _is_int(v) or _is_str(v),
+                     'a positive int or a symbol name like "T"', where)
+    dims = _require_list(lv, "dims", _is_str, "a non-empty list of dim names (strings)",
+                         "a dim name (a string)", where)
+    try:
+        return LoopLevel(count, tuple(dims))
+    except ProgramError as e:  # LoopLevel does not know which group it is in
+        raise ProgramError(f"{where}: {e}") from None
 
 
 def to_dict(p: Program) -> dict[str, Any]:
@@ -198,7 +391,7 @@ def to_dict(p: Program) -> dict[str, Any]:
         extra = {d: n for d, n in o.dims if d not in alone}
         if extra:
             od["dims"] = extra
-        od.update(dict(o.attrs))
+        od.update({k: float(v) if k in NUMBER_ATTRS else v for k, v in o.attrs})
         ops.append(od)
     doc: dict[str, Any] = {"format": FORMAT, "name": p.name, "tensors": tensors,
                            "inputs": list(p.inputs), "outputs": list(p.outputs), "ops": ops}

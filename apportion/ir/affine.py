@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 from apportion.errors import ProgramError
@@ -43,17 +44,27 @@ class AffineExpr:
         """Parse ``"m"``, ``"0"``, ``"128*h+d"``, ``"11008+f"``."""
         terms: list[tuple[str, int]] = []
         const = 0
-        src = text.replace(" ", "")
-        if not src:
+        limit = sys.get_int_max_str_digits()  # 0: no limit
+        if not text.strip():
             raise ProgramError("empty index expression")
-        for part in src.split("+"):
-            m = re.fullmatch(r"(?:(\d+)\*)?([A-Za-z_][A-Za-z0-9_]*)|(\d+)", part)
+        for part in text.split("+"):
+            # spaces only around "+" and "*": "m k" is an error, not the dim "mk";
+            # [0-9], not \d: \d also matches non-ASCII digits, which int() would accept
+            m = re.fullmatch(r"\s*(?:(?:([0-9]+)\s*\*\s*)?([A-Za-z_][A-Za-z0-9_]*)|([0-9]+))\s*",
+                             part)
             if not m:
-                raise ProgramError(f"cannot parse index expression {text!r} at {part!r}")
+                raise ProgramError(f"cannot parse index expression {text!r} at {part.strip()!r}")
+            number = m.group(3) if m.group(3) is not None else m.group(1) or "1"
+            if limit and len(number) > limit:  # int() would raise ValueError
+                raise ProgramError(f"index expression {text[:40]!r}...: a number has "
+                                   f"{len(number)} digits; at most {limit} are allowed")
             if m.group(3) is not None:
-                const += int(m.group(3))
+                const += int(number)
             else:
-                terms.append((m.group(2), int(m.group(1) or 1)))
+                terms.append((m.group(2), int(number)))
+        if limit and const.bit_length() > 3 * limit:  # so str(const) cannot raise either
+            raise ProgramError(f"index expression {text[:40]!r}...: its constant is too large "
+                               f"(over {3 * limit} bits)")
         return AffineExpr(tuple(terms), const)
 
     @property

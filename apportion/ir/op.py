@@ -7,36 +7,7 @@ from functools import cached_property
 
 from apportion.errors import ProgramError
 from apportion.ir.affine import AffineExpr, IndexingMap
-
-#: pointwise function -> number of inputs
-POINTWISE: dict[str, int] = {
-    "add": 2, "sub": 2, "mul": 2, "div": 2, "max": 2, "min": 2, "pow": 2,
-    "neg": 1, "abs": 1, "exp": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "tanh": 1,
-    "sigmoid": 1, "relu": 1, "silu": 1, "gelu": 1, "copy": 1, "square": 1, "reciprocal": 1,
-}
-#: reduction function -> its identity (the value a fresh accumulator starts from)
-REDUCTIONS: dict[str, float] = {
-    "sum": 0.0, "mean": 0.0, "max": float("-inf"), "min": float("inf"), "prod": 1.0,
-    "any": 0.0, "argmax": float("-inf"),
-}
-#: whole-tensor functions with no iteration-space model; they run on one core
-FALLBACKS: frozenset[str] = frozenset({"sort", "cumsum", "flip"})
-
-KINDS = ("pointwise", "reduction", "matmul", "fallback")
-
-
-def op_kind(fn: str, n_ins: int, has_reduction_dims: bool) -> str:
-    """Classify ``fn``; ``max``/``min`` are pointwise with two inputs, reductions with one."""
-    if fn == "matmul":
-        return "matmul"
-    if fn == "fallback":
-        return "fallback"
-    if fn in REDUCTIONS and (fn not in POINTWISE or (n_ins == 1 and has_reduction_dims)):
-        return "reduction"
-    if fn in POINTWISE:
-        return "pointwise"
-    valid = sorted({*POINTWISE, *REDUCTIONS, "matmul", "fallback"})
-    raise ProgramError(f"unknown op {fn!r}; valid: {', '.join(valid)}")
+from apportion.ir.kinds import Category, OpKind, resolve
 
 
 @dataclass(frozen=True)
@@ -48,13 +19,32 @@ class Access:
 
     @staticmethod
     def parse(text: str) -> Access:
-        text = text.strip()
-        if not text.endswith("]") or "[" not in text:
-            raise ProgramError(f"cannot parse access {text!r}; expected name[i, j, ...]")
-        name, _, rest = text.partition("[")
-        body = rest[:-1].strip()
-        index = tuple(AffineExpr.parse(p) for p in body.split(",")) if body else ()
-        return Access(name.strip(), index)
+        """Parse ``"x[m, 128*h+d]"``; ``"s[]"`` is a rank-0 access."""
+        expected = 'expected a tensor name then its indices, like "x[m, 128*h+d]" or "s[]"'
+        if not isinstance(text, str):
+            raise ProgramError(f"an access must be a string; {expected}; got a "
+                               f"{type(text).__name__}")
+        name, bracket, rest = text.strip().partition("[")
+        name, body = name.strip(), rest[:-1]
+        # exactly one [...] pair, closing the text: "x[m", "x[m]]", "x[m][k]" are refused
+        if not bracket or not rest.endswith("]") or "[" in body or "]" in body:
+            raise ProgramError(f"cannot parse access {text!r}: {expected}")
+        # the builder's rule for tensor names: "x y[m]" and "[m]" are refused
+        if not name or any(c in "[]," or c.isspace() for c in name):
+            raise ProgramError(f"cannot parse access {text!r}: the tensor name must be "
+                               "non-empty, without spaces, brackets or commas")
+        if not body.strip():
+            return Access(name, ())
+        index = []
+        for i, part in enumerate(body.split(",")):
+            if not part.strip():  # "x[m,,k]", "x[m,]"
+                raise ProgramError(f"cannot parse access {text!r}: index {i} is empty; "
+                                   f"{expected}")
+            try:
+                index.append(AffineExpr.parse(part.strip()))
+            except ProgramError as e:  # AffineExpr does not know the access it is part of
+                raise ProgramError(f"cannot parse access {text!r}: {e}") from None
+        return Access(name, tuple(index))
 
     @property
     def dims(self) -> tuple[str, ...]:
@@ -76,8 +66,8 @@ class Op:
 
     >>> op = Op.build("up", "matmul", Access.parse("h[m,n]"),
     ...               (Access.parse("x[m,k]"), Access.parse("w[k,n]")), {"m": 8, "n": 4, "k": 2})
-    >>> op.kind, op.reduction_dims
-    ('matmul', ('k',))
+    >>> op.category, op.reduction_dims
+    (<Category.MATMUL: 'matmul'>, ('k',))
     """
 
     name: str
@@ -108,22 +98,30 @@ class Op:
         out_dims = [e.single_dim for e in self.out.index if e.single_dim]
         if len(set(out_dims)) != len(out_dims):
             raise ProgramError(f"{where}: output {self.out.tensor!r} repeats a dim in {self.out}")
-        kind = op_kind(self.fn, len(self.ins), bool(self.reduction_dims))
-        if kind == "pointwise":
-            if len(self.ins) != POINTWISE[self.fn]:
-                raise ProgramError(
-                    f"{where}: {self.fn} takes {POINTWISE[self.fn]} inputs, got {len(self.ins)}")
-            if self.reduction_dims:
-                raise ProgramError(
-                    f"{where}: pointwise {self.fn} reads dims {self.reduction_dims} that the "
-                    f"output {self.out.tensor!r} does not index; use a reduction")
-        elif kind == "reduction" and len(self.ins) != 1:
-            raise ProgramError(f"{where}: reduction {self.fn} takes 1 input, got {len(self.ins)}")
-        elif kind == "matmul" and len(self.ins) != 2:
-            raise ProgramError(f"{where}: matmul takes 2 inputs, got {len(self.ins)}")
-        elif kind == "fallback" and dict(self.attrs).get("fn") not in FALLBACKS:
+        kind = self.kind
+        if len(self.ins) != kind.arity:
+            raise ProgramError(f"{where}: {kind.name} takes {kind.arity} input"
+                               f"{'s' if kind.arity != 1 else ''}, got {len(self.ins)}")
+        kind.check_attrs(dict(self.attrs), where)
+        if kind.elementwise and self.reduction_dims:
             raise ProgramError(
-                f"{where}: fallback needs \"fn\" naming one of {', '.join(sorted(FALLBACKS))}")
+                f"{where}: {kind.category} {kind.name} reads dims {self.reduction_dims} that the "
+                f"output {self.out.tensor!r} does not index; use a reduction")
+        if kind.category is Category.FALLBACK:
+            self._check_fallback(where)
+
+    def _check_fallback(self, where: str) -> None:
+        # a fallback runs whole; its output lays out the input's dims (a transpose at most)
+        src = self.ins[0]
+        if self.reduction_dims or sorted(self.out.dims) != sorted(src.dims):
+            raise ProgramError(
+                f"{where}: fallback {self.kind.name} writes {self.out} from {src}; its output "
+                "must index exactly the dims of its input")
+        if any(e.single_dim is None and e.terms for e in src.index):
+            raise ProgramError(f"{where}: fallback {self.kind.name} reads {src} through a sum; "
+                               "a fallback reads whole dims (or literal 0)")
+        if len(set(src.dims)) != len(src.dims):
+            raise ProgramError(f"{where}: fallback {self.kind.name} reads {src} with a dim twice")
 
     @staticmethod
     def build(name: str, fn: str, out: Access, ins: tuple[Access, ...],
@@ -158,8 +156,13 @@ class Op:
         return tuple(d for d, _ in self.dims if d not in red)
 
     @cached_property
-    def kind(self) -> str:
-        return op_kind(self.fn, len(self.ins), bool(self.reduction_dims))
+    def kind(self) -> OpKind:
+        """The registry entry of this op's kind (see ``apportion.ir.kinds``)."""
+        return resolve(self.fn, len(self.ins), bool(self.reduction_dims), self.attr("fn"))
+
+    @property
+    def category(self) -> Category:
+        return self.kind.category
 
     @property
     def operands(self) -> tuple[Access, ...]:

@@ -1,35 +1,48 @@
 """Automatic loop counts: for each tiling group, the fewest iterations whose working set fits.
 
 The program's tiling groups say which ops and which dims are tiled at each level; this picks the
-integer counts. Candidates divide their dims into whole sticks (symbolic counts are kept as they
-are); they are tried by total iterations, ties going to the larger outer count, and the first
-whose per-iteration working set (pass `scratchpad`) fits the capacity wins.
+integer counts. Candidates divide their dims into whole sticks and stay within the target's
+``max_loop_count`` (symbolic counts are kept as they are); they are tried by total iterations,
+ties going to the larger outer count, and the first whose per-iteration working set fits the
+capacity wins.
+
+A candidate's working set is measured by planning the group's ops alone, op by op (coarse tiling,
+span reduction and work distribution of those ops, then the group's scratchpad placement).
+Aligned splits keep more tiles on chip and so need more scratchpad, and a count chosen on them
+would re-read the weights of a group more often; group distribution then fills the capacity the
+chosen count leaves.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import replace
 
 from apportion.errors import PlanningError
 from apportion.ir.program import LoopLevel, Program, TilingGroup
-from apportion.passes.geometry import divisors
-from apportion.passes.layouts import OpLayout
+from apportion.passes.buffers import buffer_roles
+from apportion.passes.coarse_tile import coarse_tile
+from apportion.passes.geometry import OpContext, divisors
+from apportion.passes.layouts import Layouts, OpLayout
+from apportion.passes.placement import plan_group
+from apportion.passes.span_reduction import span_reduction
+from apportion.passes.work_distribution import op_splits
+from apportion.target.target import Target
 
 #: the most count combinations tried for one group
 MAX_CANDIDATES = 4096
 
 
-def candidate_counts(program: Program, group: TilingGroup, op_layouts: dict[str, OpLayout]
-                     ) -> list[tuple[int | str, ...]]:
+def candidate_counts(program: Program, group: TilingGroup, op_layouts: Mapping[str, OpLayout],
+                     max_count: int) -> list[tuple[int | str, ...]]:
     """Every valid count tuple of ``group``, fewest total iterations first.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.passes.layouts import layouts
     >>> from apportion.target import spyre
     >>> p = load("examples/fused.json")
-    >>> candidate_counts(p, p.tiling[0], layouts(p, spyre()))[:4]
+    >>> candidate_counts(p, p.tiling[0], layouts(p, spyre()).ops, 65535)[:4]
     [(1, 1), (2, 1), (1, 2), (4, 1)]
     """
     ops = [program.op(n) for n in group.ops]
@@ -49,7 +62,7 @@ def candidate_counts(program: Program, group: TilingGroup, op_layouts: dict[str,
         dims = [d for d in lv.dims if d in cur]
         common = math.gcd(*(cur[d] for d in dims)) if dims else 1
         out = []
-        for c in divisors(common):
+        for c in divisors(common, max_count):
             if c > 1 and any((cur[d] // c) % per[d] for d in dims):
                 continue
             nxt = {**cur, **{d: cur[d] // c for d in dims}}
@@ -76,19 +89,24 @@ def with_counts(program: Program, index: int, counts: tuple[int | str, ...]) -> 
     return replace(program, tiling=tiling)
 
 
-def choose_counts(program: Program, op_layouts: dict[str, OpLayout], capacity: int,
-                  working_set: Callable[[Program, int], int]) -> Program:
-    """``program`` with every group's counts set to the first candidate that fits ``capacity``.
+def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str) -> Program:
+    """``program`` with every group's integer counts set to the first candidate that fits.
 
-    ``working_set(program, group_index)`` plans one group and returns its bytes per core.
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.passes.layouts import layouts
+    >>> from apportion.target import spyre
+    >>> p = load("examples/softmax_tiled.json")
+    >>> auto_tile(p, spyre(), layouts(p, spyre()), "balanced").tiling[0].loops[0].count
+    1
     """
+    capacity = target.scratchpad_capacity
     for index, group in enumerate(program.tiling):
         first_error: PlanningError | None = None
         smallest: tuple[int, tuple[int | str, ...]] | None = None
-        for counts in candidate_counts(program, group, op_layouts):
+        for counts in candidate_counts(program, group, lay.ops, target.max_loop_count):
             trial = with_counts(program, index, counts)
             try:
-                ws = working_set(trial, index)
+                ws = working_set(trial, target, lay, strategy, index)
             except PlanningError as e:
                 first_error = first_error or e
                 continue
@@ -107,3 +125,17 @@ def choose_counts(program: Program, op_layouts: dict[str, OpLayout], capacity: i
                                 f"working set fit the scratchpad capacity {capacity} bytes per "
                                 f"core{at}")
     return program
+
+
+def working_set(program: Program, target: Target, lay: Layouts, strategy: str,
+                index: int) -> int:
+    """Bytes per core one iteration of tiling group ``index`` needs, its ops planned alone."""
+    tiling = coarse_tile(program, lay.ops, target.max_loop_count)
+    group = tiling.groups[index]
+    ctxs = {n: OpContext(program.op(n), program, target, lay.ops[n], lay.tensors,
+                         tiling.sizes(program.op(n))) for n in group.ops}
+    spans = span_reduction(ctxs, strategy)
+    plans = {n: ctx.op_plan(spans.of(n), op_splits(ctx, spans, strategy), group.tile(n).loop)
+             for n, ctx in ctxs.items()}
+    return plan_group(program, target, group, buffer_roles(program, tiling), plans)[0] \
+        .working_set_bytes

@@ -22,10 +22,11 @@ loop always read full buffers. Where the buffers go is the `scratchpad` pass's d
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
-from apportion.ir.dtypes import FLOAT_DTYPES
-from apportion.ir.op import REDUCTIONS, Op
+from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.passes.coarse_tile import GroupTiling, Tiling
 from apportion.plans.memory import CombineOp, CopyOp, FinishOp, InitOp
@@ -78,15 +79,6 @@ def buffer_roles(program: Program, tiling: Tiling) -> dict[str, TensorRole]:
     return roles
 
 
-def identity(fn: str) -> float:
-    """The value a fresh accumulator of reduction ``fn`` starts from (matmul: 0).
-
-    >>> identity("max"), identity("matmul")
-    (-inf, 0.0)
-    """
-    return 0.0 if fn == "matmul" else REDUCTIONS[fn]
-
-
 def accumulator_dtype(op: Op, program: Program) -> str:
     """The dtype an accumulator of ``op``'s result holds: float32 for floats, else the result's.
 
@@ -95,19 +87,50 @@ def accumulator_dtype(op: Op, program: Program) -> str:
     >>> accumulator_dtype(p.op("gate"), p)
     'float32'
     """
-    dtype = program.tensor(op.out.tensor).dtype
-    return "float32" if dtype in FLOAT_DTYPES else dtype
+    reducer = op.kind.reducer
+    assert reducer is not None, f"op {op.name!r} does not accumulate"
+    return reducer.accumulator_dtype(program.tensor(op.out.tensor).dtype)
 
 
 def needs_finish(op: Op, program: Program) -> bool:
     """True when an accumulated result needs a finish step (wider accumulator, or a mean)."""
-    return op.fn == "mean" or accumulator_dtype(op, program) != program.tensor(op.out.tensor).dtype
+    reducer = op.kind.reducer
+    assert reducer is not None, f"op {op.name!r} does not accumulate"
+    return reducer.finish is not None or \
+        accumulator_dtype(op, program) != program.tensor(op.out.tensor).dtype
 
 
 Steps = tuple[tuple[InitOp, ...], tuple[CombineOp, ...], tuple[CopyOp, ...], tuple[FinishOp, ...]]
 
 
-def loop_steps(program: Program, group: GroupTiling, roles: dict[str, TensorRole]) -> Steps:
+@dataclass(frozen=True)
+class Buffers:
+    """The buffers pass's result: every tensor's role, and each loop group's extra steps."""
+
+    roles: Mapping[str, TensorRole]
+    steps: Mapping[int, Steps]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "roles", MappingProxyType(dict(self.roles)))
+        object.__setattr__(self, "steps", MappingProxyType(dict(self.steps)))
+
+
+def buffers(program: Program, tiling: Tiling) -> Buffers:
+    """The buffers pass: roles of every tensor, and the init, combine, copy and finish steps of
+    every loop group.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.passes.coarse_tile import coarse_tile
+    >>> p = load("examples/softmax_tiled.json")
+    >>> b = buffers(p, coarse_tile(p))
+    >>> b.roles["s"].role, [c.tensor for c in b.steps[0][2]]
+    ('tile', [])
+    """
+    roles = buffer_roles(program, tiling)
+    return Buffers(roles, {g.index: loop_steps(program, g, roles) for g in tiling.groups})
+
+
+def loop_steps(program: Program, group: GroupTiling, roles: Mapping[str, TensorRole]) -> Steps:
     """The init, combine, copy and finish steps of one group's loop nest, in program order."""
     inits, combines, copies, finishes = [], [], [], []
     for name in group.ops:
@@ -115,10 +138,12 @@ def loop_steps(program: Program, group: GroupTiling, roles: dict[str, TensorRole
         t = op.out.tensor
         role = roles[t]
         if role.role == "accumulator":
-            fn = "sum" if op.kind == "matmul" else op.fn
+            reducer = op.kind.reducer
+            assert reducer is not None
+            fn = reducer.name
             level = group.tile(name).reduction_level
             assert level is not None
-            inits.append(InitOp(group.path, name, t, fn, identity(op.fn), level))
+            inits.append(InitOp(group.path, name, t, fn, reducer.identity, level))
             combines.append(CombineOp(group.path, name, t, fn))
             if needs_finish(op, program):
                 count = math.prod(op.sizes[d] for d in op.reduction_dims)

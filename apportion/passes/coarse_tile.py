@@ -20,17 +20,17 @@ the plan; execution takes its value and checks that it divides the dim into whol
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from apportion.errors import PlanningError, ProgramError
+from apportion.ir.kinds import KINDS
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TilingGroup
 from apportion.passes.layouts import OpLayout
 from apportion.plans.plan import LoopInfo
 
 Pairs = tuple[tuple[str, int], ...]
-#: reductions whose tiles combine into an accumulator (matmul combines with sum)
-TILEABLE_REDUCTIONS = frozenset({"sum", "mean", "max", "min", "prod", "any"})
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,10 @@ class Tiling:
         return dict(op.dims) if t is None else t.size_map
 
 
-def coarse_tile(program: Program, op_layouts: dict[str, OpLayout] | None = None) -> Tiling:
-    """Loop nests of the program's tiling groups; with ``op_layouts``, tiles hold whole sticks.
+def coarse_tile(program: Program, op_layouts: Mapping[str, OpLayout] | None = None,
+                max_count: int | None = None) -> Tiling:
+    """Loop nests of the program's tiling groups; with ``op_layouts``, tiles hold whole sticks;
+    with ``max_count`` (the target's ``max_loop_count``), no integer count exceeds it.
 
     >>> from apportion.frontend.json_format import load
     >>> t = coarse_tile(load("examples/fused.json"))
@@ -107,7 +109,7 @@ def coarse_tile(program: Program, op_layouts: dict[str, OpLayout] | None = None)
                                    "an op belongs to at most one loop nest")
             seen[name] = gi
         _check_contiguous(program, group)
-        groups.append(_tile_group(program, gi, group, op_layouts))
+        groups.append(_tile_group(program, gi, group, op_layouts, max_count))
     return Tiling(tuple(groups))
 
 
@@ -139,12 +141,16 @@ def _check_contiguous(program: Program, group: TilingGroup) -> None:
 
 
 def _tile_group(program: Program, gi: int, group: TilingGroup,
-                op_layouts: dict[str, OpLayout] | None) -> GroupTiling:
+                op_layouts: Mapping[str, OpLayout] | None, max_count: int | None) -> GroupTiling:
     ops = [program.op(n) for n in group.ops]
     where = f"tiling group {list(group.ops)}"
+    for level, lv in enumerate(group.loops):
+        if max_count is not None and isinstance(lv.count, int) and lv.count > max_count:
+            raise PlanningError(f"{where}: loop level {level} count {lv.count} exceeds the "
+                                f"target's max_loop_count {max_count}")
     for op in ops:
-        if op.kind == "fallback":
-            raise PlanningError(f"{where}: op {op.name!r} is a fallback ({op.attr('fn')}), which "
+        if not op.kind.divisible:
+            raise PlanningError(f"{where}: op {op.name!r} is a fallback ({op.kind.name}), which "
                                 "runs whole on one core and cannot sit in a loop nest")
     owner: dict[str, Op] = {}  # dim letter -> first op having it (sizes must agree)
     for op in ops:
@@ -183,7 +189,7 @@ def _tile_group(program: Program, gi: int, group: TilingGroup,
 
 
 def _divide(group: TilingGroup, ops: list[Op], owner: dict[str, Op],
-            op_layouts: dict[str, OpLayout] | None) -> dict[str, int]:
+            op_layouts: Mapping[str, OpLayout] | None) -> dict[str, int]:
     """Per-iteration size of every dim letter of the group, dividing level by level."""
     where = f"tiling group {list(group.ops)}"
     sizes = {d: op.sizes[d] for d, op in owner.items()}
@@ -248,9 +254,8 @@ def _check_reductions(program: Program, group: TilingGroup, ops: list[Op],
         if level is None:
             continue
         dims = [d for d in tile.loop.tiled_dims[level] if d in op.reduction_dims]
-        fn = "sum" if op.kind == "matmul" else op.fn
-        if fn not in TILEABLE_REDUCTIONS:
-            valid = ", ".join(["matmul", *sorted(TILEABLE_REDUCTIONS)])
+        if not op.kind.tileable_reduction:
+            valid = ", ".join(sorted({k.name for k in KINDS if k.tileable_reduction}))
             raise PlanningError(f"{where}: op {op.name!r} ({op.fn}) is tiled over its reduction "
                                 f"dim {dims[0]!r} at loop level {level}; tiled {op.fn} is not "
                                 f"supported (tileable: {valid}); tile another dim or leave the "

@@ -24,63 +24,80 @@ of the planned ops, so two ops reusing a letter for unrelated dims cannot give a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from apportion.passes.buffers import TensorRole
-from apportion.passes.coarse_tile import GroupTiling
-from apportion.passes.geometry import OpContext
-from apportion.passes.scratchpad import plan_group
-from apportion.passes.work_distribution import ranked
-from apportion.plans.plan import OpPlan
-from apportion.target.target import Target
+from apportion.errors import PlanningError
+from apportion.passes.buffers import Buffers
+from apportion.passes.coarse_tile import GroupTiling, Tiling
+from apportion.passes.geometry import OpContext, Splits, group_time
+from apportion.passes.placement import plan_group
+from apportion.passes.span_reduction import SpanSplits, op_minimum
+from apportion.passes.work_distribution import greedy, ranked
 
 #: best assignments of each op that seed group-wide trials (its greedy one seeds one more)
 SEEDS_PER_OP = 6
 
-Splits = dict[str, dict[str, int]]
-MakePlan = Callable[[str, dict[str, int]], OpPlan]
+OpSplits = dict[str, dict[str, int]]
 
 
-def group_time(group: GroupTiling, ctxs: Mapping[str, OpContext], splits: Splits,
-               resident: frozenset[str]) -> float:
-    """Predicted time of one iteration of the group's ops with ``resident`` tensors on chip."""
-    return sum(ctxs[n].time_us(splits[n], resident) for n in group.ops)
+def group_distribution(ctxs: Mapping[str, OpContext], tiling: Tiling, bufs: Buffers,
+                       spans: SpanSplits, splits: Splits) -> Splits:
+    """The group distribution pass: every loop group's splits after the search above.
 
-
-def align_group(group: GroupTiling, target: Target, roles: dict[str, TensorRole],
-                ctxs: Mapping[str, OpContext], splits: Splits, fixed: frozenset[str],
-                greedy: Mapping[str, dict[str, int] | None], make_plan: MakePlan) -> Splits:
-    """The group's splits after the search described in the module docstring.
-
-    ``splits`` are the op-by-op splits of every op in the group, ``fixed`` the ops whose splits
-    must not change (pinned, fallback), ``greedy`` each op's greedy splits (None where greedy
-    finds none), which seed trials too and bound what a trial may predict for the op, and
-    ``make_plan`` the OpPlan of an op under given splits.
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.passes.pipeline import plan
+    >>> from apportion.target import spyre
+    >>> stages = {}
+    >>> _ = plan(load("examples/fused.json"), spyre(), debug=stages.__setitem__)
+    >>> stages["group_distribution"]["add"]
+    {'m': 32, 'n': 1}
     """
-    program = ctxs[group.ops[0]].program
-    limits = {n: float("inf") if greedy[n] is None else ctxs[n].time_us(greedy[n])
-              for n in group.ops}
+    changed: OpSplits = {}
+    for group in tiling.groups:
+        changed.update(_align(group, ctxs, bufs, spans, splits))
+    return splits.replace(changed)
 
+
+def _greedy(ctx: OpContext) -> dict[str, int] | None:
+    """The op's greedy splits alone, or None where greedy finds none."""
+    try:
+        return greedy(ctx, op_minimum(ctx, "greedy")[0])
+    except PlanningError:
+        return None
+
+
+def _align(group: GroupTiling, ctxs: Mapping[str, OpContext], bufs: Buffers,
+           spans: SpanSplits, splits: Splits) -> OpSplits:
+    """One group's splits: op-by-op ones unless a group-wide trial is predicted cheaper."""
+    first = ctxs[group.ops[0]]
+    program, target = first.program, first.target
+    # pinned and fallback ops keep their splits
+    fixed = frozenset(n for n in group.ops
+                      if program.pins.get(n) or not program.op(n).kind.divisible)
+    own = {n: splits[n] for n in group.ops}
+    greedy_splits = {n: None if n in fixed else _greedy(ctxs[n]) for n in group.ops}
+    limits = {n: float("inf") if greedy_splits[n] is None else
+              ctxs[n].time_us(greedy_splits[n]) for n in group.ops}
     seen: dict[tuple, float] = {}  # trials recur: seeds differ in dims some ops lack
 
-    def cost(trial: Splits) -> float:
+    def cost(trial: OpSplits) -> float:
         key = tuple(tuple(trial[n].items()) for n in group.ops)
         if key not in seen:
-            plans = {n: make_plan(n, trial[n]) for n in group.ops}
-            gp, _ = plan_group(program, target, group, roles, plans)
-            seen[key] = group_time(group, ctxs, trial, frozenset(gp.lx_tensors))
+            plans = {n: ctxs[n].op_plan(spans.of(n), trial[n], group.tile(n).loop)
+                     for n in group.ops}
+            gp, _ = plan_group(program, target, group, bufs.roles, plans)
+            seen[key] = group_time(group.ops, ctxs, trial, frozenset(gp.lx_tensors))
         return seen[key]
 
-    best = {n: splits[n] for n in group.ops}
-    best_cost = cost(best)
+    best, best_cost = own, cost(own)
     tried: set[tuple[tuple[str, int], ...]] = set()
     for name in group.ops:
         if name in fixed:
             continue
         ctx = ctxs[name]
-        own = greedy[name]
-        for seed in [*([own] if own else []), *ranked(ctx, {d: 1 for d in ctx.sizes},
-                                                      SEEDS_PER_OP)]:
+        mine = greedy_splits[name]
+        for seed in [*([mine] if mine else []), *ranked(ctx, {d: 1 for d in ctx.sizes},
+                                                       SEEDS_PER_OP)]:
             key = tuple(sorted((d, c) for d, c in seed.items() if c > 1))
             if key in tried:
                 continue
@@ -88,13 +105,13 @@ def align_group(group: GroupTiling, target: Target, roles: dict[str, TensorRole]
             trial = {}
             for n in group.ops:
                 follows = None if n in fixed else _follow(ctxs[n], dict(key), limits[n])
-                trial[n] = splits[n] if follows is None else follows
+                trial[n] = own[n] if follows is None else follows
             c = cost(trial)
             # an op that gains nothing by following (a split-K reader paying its combine to
             # keep one input on chip) goes back to its own splits
             for n in group.ops:
-                if trial[n] != splits[n]:
-                    back = {**trial, n: splits[n]}
+                if trial[n] != own[n]:
+                    back = {**trial, n: own[n]}
                     c_back = cost(back)
                     if c_back < c:
                         trial, c = back, c_back

@@ -8,7 +8,9 @@ any split of it hands every core whole sticks.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from apportion.ir.op import Op
 from apportion.ir.program import Program
@@ -50,9 +52,29 @@ def op_layout(op: Op, program: Program, target: Target) -> OpLayout:
     return OpLayout(op.name, sticks, tuple((d, eps.get(d, 1)) for d in op.dim_names))
 
 
-def layouts(program: Program, target: Target) -> dict[str, OpLayout]:
-    """The layouts pass: one OpLayout per op."""
-    return {op.name: op_layout(op, program, target) for op in program.ops}
+@dataclass(frozen=True)
+class Layouts:
+    """The layouts pass's result: every op's stick dims and units, every tensor's device layout."""
+
+    ops: Mapping[str, OpLayout]
+    tensors: Mapping[str, DeviceLayout]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ops", MappingProxyType(dict(self.ops)))
+        object.__setattr__(self, "tensors", MappingProxyType(dict(self.tensors)))
+
+
+def layouts(program: Program, target: Target) -> Layouts:
+    """The layouts pass: one OpLayout per op and one DeviceLayout per tensor.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.target import spyre
+    >>> lay = layouts(load("examples/mlp.json"), spyre())
+    >>> lay.ops["act"].stick_dims, lay.tensors["x"].shape
+    (('n',), (16, 256, 64))
+    """
+    return Layouts({op.name: op_layout(op, program, target) for op in program.ops},
+                   tensor_layouts(program, target))
 
 
 def tensor_layouts(program: Program, target: Target) -> dict[str, DeviceLayout]:

@@ -1,4 +1,8 @@
-"""The planning pipeline: every pass, in order, in one function."""
+"""The planning pipeline: every pass, in order, in one function.
+
+Each pass is one module with one entry point; it takes the program, the target and the values
+of earlier stages and returns a frozen value of its own, which no later stage changes.
+"""
 
 from __future__ import annotations
 
@@ -8,18 +12,19 @@ from dataclasses import replace
 
 from apportion.errors import PlanningError
 from apportion.ir.program import Program
-from apportion.passes.auto_tile import choose_counts
-from apportion.passes.buffers import TensorRole, buffer_roles, loop_steps
-from apportion.passes.coarse_tile import GroupTiling, Tiling, coarse_tile
-from apportion.passes.geometry import OpContext, check_spans, slice_sizes
-from apportion.passes.group_distribution import align_group, group_time
-from apportion.passes.layouts import layouts, tensor_layouts
-from apportion.passes.scratchpad import plan_group, scratchpad
+from apportion.passes.auto_tile import auto_tile as auto_tile_counts
+from apportion.passes.buffers import buffers
+from apportion.passes.coarse_tile import Tiling, coarse_tile
+from apportion.passes.geometry import contexts, group_time, slice_sizes
+from apportion.passes.group_distribution import group_distribution
+from apportion.passes.layouts import layouts
+from apportion.passes.scratchpad import scratchpad
 from apportion.passes.span_reduction import span_reduction
-from apportion.passes.work_distribution import STRATEGIES, distribute, greedy
-from apportion.plans.plan import OpPlan, Plan
+from apportion.passes.work_distribution import STRATEGIES, work_distribution
+from apportion.plans.plan import LoopInfo, Plan
 from apportion.target.target import Target
 
+#: ``debug(stage name, the stage's value)``
 Stage = Callable[[str, object], None]
 
 
@@ -27,9 +32,9 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
          debug: Stage | None = None, auto_tile: bool = False) -> Plan:
     """Plan ``program`` for ``target``.
 
-    ``debug``, when given, is called with each stage's name and result, and the plan is verified
-    after the last pass. ``auto_tile`` replaces the integer loop counts of every tiling group by
-    the smallest whose per-iteration working set fits the scratchpad.
+    ``debug``, when given, is called with each stage's name and its own value, and the plan is
+    verified after the last pass. ``auto_tile`` replaces the integer loop counts of every tiling
+    group by the smallest whose per-iteration working set fits the scratchpad.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.target import spyre
@@ -41,133 +46,56 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     """
     if strategy not in STRATEGIES:
         raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
-    dump = debug or (lambda name, value: None)
+    dump = debug or _quiet
     # 1. layouts: device layout of every tensor; stick dims and planning units of every op
-    tlayouts = tensor_layouts(program, target)
-    op_layouts = layouts(program, target)
-    dump("layouts", op_layouts)
-    # 2. coarse tiling: loop nests of the tiling groups (auto_tile: counts whose working set
-    #    fits), per-iteration sizes, and which buffers each tensor needs (tile, full, accumulator)
+    lay = layouts(program, target)
+    dump("layouts", lay)
+    # 2. auto_tile (when asked): each tiling group's integer loop counts, the fewest whose
+    #    per-iteration working set fits the scratchpad
     if auto_tile:
-        program = choose_counts(program, op_layouts, target.scratchpad_capacity,
-                                lambda p, g: _working_set(p, target, strategy, g))
-    tiling = coarse_tile(program, op_layouts)
-    roles = buffer_roles(program, tiling)
-    sizes = {op.name: tiling.sizes(op) for op in program.ops}
+        program = auto_tile_counts(program, target, lay, strategy)
+        dump("auto_tile", program.tiling)
+    # 3. coarse_tile: loop nests of the tiling groups and every op's per-iteration sizes
+    tiling = coarse_tile(program, lay.ops, target.max_loop_count)
     dump("coarse_tile", tiling)
-    # 3. span reduction: minimum splits that keep every per-core span within the limit
-    ctxs = {op.name: OpContext(op, program, target, op_layouts[op.name], tlayouts, sizes[op.name])
-            for op in program.ops}
-    minimum, span_errors = {}, {}
-    for op in program.ops:
-        minimum[op.name], span_errors[op.name] = _minimum(ctxs[op.name], strategy)
-    dump("span_reduction", minimum)
-    # 4. work distribution: splits of every dim under the strategy (pins from the program win);
-    #    a split reduction dim is split-K, chosen here with the rest. Then, under balanced,
-    #    group distribution: splits agreeing across a loop group where that keeps tiles on chip
-    splits = {op.name: _splits(ctxs[op.name], minimum[op.name], strategy, span_errors[op.name])
-              for op in program.ops}
+    # 4. buffers: which buffers each tensor needs (tile, full, accumulator) and the loop steps
+    bufs = buffers(program, tiling)
+    dump("buffers", bufs)
+    ctxs = contexts(program, target, lay, {op.name: tiling.sizes(op) for op in program.ops})
+    # 5. span_reduction: minimum splits that keep every per-core span within the limit
+    spans = span_reduction(ctxs, strategy)
+    dump("span_reduction", spans)
+    # 6. work_distribution: splits of every dim under the strategy (pins from the program win);
+    #    a split reduction dim is split-K, chosen here with the rest
+    splits = work_distribution(ctxs, spans, strategy)
     dump("work_distribution", splits)
+    # 7. group_distribution (balanced): splits agreeing across a loop group where that keeps
+    #    tiles on chip and lowers the group's predicted time
     if strategy == "balanced":
-        for g in tiling.groups:
-            splits.update(_align(g, target, roles, ctxs, minimum, splits, tiling))
+        splits = group_distribution(ctxs, tiling, bufs, spans, splits)
         dump("group_distribution", splits)
-    op_plans = {o.name: _op_plan(ctxs[o.name], minimum[o.name], splits[o.name], tiling)
-                for o in program.ops}
-    # 5. scratchpad planning: lifetimes in each loop body, scratchpad offsets, device addresses
-    steps = {g.index: loop_steps(program, g, roles) for g in tiling.groups}
-    groups, buffers = scratchpad(program, target, tiling, roles, op_plans, steps)
+    op_plans = {n: ctx.op_plan(spans.of(n), splits[n], _loop(tiling, n))
+                for n, ctx in ctxs.items()}
+    # 8. scratchpad: the scratchpad plan of every loop group, every tensor's buffers
+    memory = scratchpad(program, target, tiling, bufs, op_plans)
+    dump("scratchpad", memory)
     groups = tuple(replace(g, iteration_time_us=round(group_time(
-        tiling.groups[i], ctxs, splits, frozenset(g.lx_tensors)), 4))
-        for i, g in enumerate(groups))
-    dump("scratchpad", (groups, buffers))
+        g.ops, ctxs, splits.by_op, frozenset(g.lx_tensors)), 4)) for g in memory.groups)
     result = Plan(program.name, target.name, target.cores, strategy,
-                  tuple(op_plans[o.name] for o in program.ops), groups=groups, buffers=buffers)
+                  tuple(op_plans[o.name] for o in program.ops), groups=groups,
+                  buffers=memory.buffers)
     if debug:
         verify(program, target, result)
     return result
 
 
-def _minimum(ctx: OpContext, strategy: str) -> tuple[dict[str, int], PlanningError | None]:
-    try:
-        return span_reduction(ctx.op, ctx.program, ctx.target, ctx.layout, ctx.tlayouts,
-                              ctx.sizes, allow_uneven=strategy == "balanced"), None
-    except PlanningError as e:
-        if strategy == "greedy":
-            raise
-        # balanced searches every assignment itself; the walk's error stands if none fits
-        return {d: 1 for d in ctx.sizes}, e
+def _quiet(name: str, value: object) -> None:
+    pass
 
 
-def _splits(ctx: OpContext, minimum: dict[str, int], strategy: str,
-            span_error: PlanningError | None) -> dict[str, int]:
-    start = minimum if strategy == "greedy" else {d: 1 for d in ctx.sizes}
-    try:
-        return distribute(ctx, start, strategy, ctx.program.pins.get(ctx.op.name))
-    except PlanningError:
-        if span_error is not None:
-            raise span_error from None
-        raise
-
-
-def _align(group: GroupTiling, target: Target, roles: dict[str, TensorRole],
-           ctxs: dict[str, OpContext], minimum: dict[str, dict[str, int]],
-           splits: dict[str, dict[str, int]], tiling: Tiling) -> dict[str, dict[str, int]]:
-    """Pass `group_distribution` on one group (see its module)."""
-    program = ctxs[group.ops[0]].program
-    fixed = frozenset(n for n in group.ops
-                      if program.pins.get(n) or program.op(n).kind == "fallback")
-    greedy_splits: dict[str, dict[str, int] | None] = {}
-    for n in group.ops:
-        try:
-            greedy_min, _ = _minimum(ctxs[n], "greedy")
-            greedy_splits[n] = greedy(ctxs[n], greedy_min)
-        except PlanningError:
-            greedy_splits[n] = None
-    return align_group(group, target, roles, ctxs, {n: splits[n] for n in group.ops}, fixed,
-                       greedy_splits,
-                       lambda n, s: _op_plan(ctxs[n], minimum[n], s, tiling))
-
-
-def _working_set(program: Program, target: Target, strategy: str, group: int) -> int:
-    """Stages 2 to 5 for one tiling group's ops only: its per-iteration working set per core.
-
-    Splits are the op-by-op ones: aligned splits keep more tiles on chip and so need more
-    scratchpad, and a count chosen on them would re-read the weights of a group more often;
-    group distribution then fills the capacity the chosen count leaves.
-    """
-    op_layouts = layouts(program, target)
-    tlayouts = tensor_layouts(program, target)
-    tiling = coarse_tile(program, op_layouts)
-    roles = buffer_roles(program, tiling)
-    g = tiling.groups[group]
-    op_plans = {}
-    for name in g.ops:
-        op = program.op(name)
-        ctx = OpContext(op, program, target, op_layouts[name], tlayouts, tiling.sizes(op))
-        minimum, err = _minimum(ctx, strategy)
-        op_plans[name] = _op_plan(ctx, minimum, _splits(ctx, minimum, strategy, err), tiling)
-    return plan_group(program, target, g, roles, op_plans)[0].working_set_bytes
-
-
-def _op_plan(ctx: OpContext, minimum: dict[str, int], splits: dict[str, int],
-             tiling: Tiling) -> OpPlan:
-    op = ctx.op
-    tile = tiling.tile(op.name)
-    spans = check_spans(op, ctx.sizes, ctx.layout, splits, ctx.tlayouts, ctx.target).spans
-    return OpPlan(
-        name=op.name, op=op.fn, kind=op.kind,
-        iteration_space=tuple(ctx.sizes.items()),
-        reduction_dims=op.reduction_dims,
-        stick_dims=ctx.layout.stick_dims,
-        unit_elems=ctx.layout.unit_elems,
-        splits=tuple((d, splits[d]) for d in ctx.sizes),
-        utilization=round(ctx.utilization(splits), 6),
-        predicted_time_us=round(ctx.time_us(splits), 4),
-        span_bytes=tuple(spans.items()),
-        loop=None if tile is None else tile.loop,
-        span_splits=tuple(minimum.items()),
-    )
+def _loop(tiling: Tiling, name: str) -> LoopInfo | None:
+    tile = tiling.tile(name)
+    return None if tile is None else tile.loop
 
 
 def verify(program: Program, target: Target, result: Plan) -> None:

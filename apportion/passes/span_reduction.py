@@ -13,18 +13,73 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 
 from apportion.errors import PlanningError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
-from apportion.passes.geometry import check_spans, divisors, slice_sizes
+from apportion.passes.geometry import OpContext, check_spans, divisors, slice_sizes
 from apportion.passes.layouts import OpLayout
 from apportion.target.layout import DeviceLayout
 from apportion.target.target import Target
 
 
-def span_reduction(op: Op, program: Program, target: Target, layout: OpLayout,
-                   tlayouts: dict[str, DeviceLayout], sizes: dict[str, int] | None = None,
+@dataclass(frozen=True)
+class SpanSplits:
+    """The span reduction pass's result: per op, the minimum split of each dim.
+
+    Under ``balanced`` an op whose walk finds no fitting split starts from no split at all (the
+    search covers every assignment itself) and keeps the walk's error in ``refused``, raised if
+    work distribution finds nothing either; under ``greedy`` the error is raised at once.
+    """
+
+    minimum: Mapping[str, Mapping[str, int]]
+    refused: Mapping[str, PlanningError]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "minimum", MappingProxyType(
+            {op: MappingProxyType(dict(m)) for op, m in self.minimum.items()}))
+        object.__setattr__(self, "refused", MappingProxyType(dict(self.refused)))
+
+    def of(self, op: str) -> dict[str, int]:
+        return dict(self.minimum[op])
+
+
+def span_reduction(ctxs: Mapping[str, OpContext], strategy: str) -> SpanSplits:
+    """The span reduction pass over every op (``ctxs``: each op's context).
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.passes.geometry import contexts
+    >>> from apportion.passes.layouts import layouts
+    >>> from apportion.target import spyre
+    >>> p = load("examples/lm_head_prime_vocab.json")
+    >>> ctxs = contexts(p, spyre(), layouts(p, spyre()), {o.name: o.sizes for o in p.ops})
+    >>> span_reduction(ctxs, "balanced").of("lm_head")
+    {'t': 1, 'v': 2, 'k': 1}
+    """
+    minimum, refused = {}, {}
+    for name, ctx in ctxs.items():
+        minimum[name], err = op_minimum(ctx, strategy)
+        if err is not None:
+            refused[name] = err
+    return SpanSplits(minimum, refused)
+
+
+def op_minimum(ctx: OpContext, strategy: str) -> tuple[dict[str, int], PlanningError | None]:
+    """One op's minimum splits; under ``balanced`` a refusal is returned, not raised."""
+    try:
+        return minimum_splits(ctx.op, ctx.program, ctx.target, ctx.layout, ctx.tlayouts,
+                              ctx.sizes, allow_uneven=strategy == "balanced"), None
+    except PlanningError as e:
+        if strategy == "greedy":
+            raise
+        return {d: 1 for d in ctx.sizes}, e
+
+
+def minimum_splits(op: Op, program: Program, target: Target, layout: OpLayout,
+                   tlayouts: Mapping[str, DeviceLayout], sizes: dict[str, int] | None = None,
                    allow_uneven: bool = False) -> dict[str, int]:
     """Minimum splits per dim that bring every operand of ``op`` within the span limit.
 
@@ -35,7 +90,7 @@ def span_reduction(op: Op, program: Program, target: Target, layout: OpLayout,
     per = dict(layout.unit_elems)
     units = layout.units(sizes)
     commit = {d: 1 for d in sizes}
-    if op.kind == "fallback":
+    if not op.kind.divisible:
         worst = check_spans(op, sizes, layout, commit, tlayouts, target).worst
         if worst:
             raise PlanningError(f"op {op.name!r}: fallback op cannot be divided but tensor "
@@ -87,7 +142,7 @@ def _best_at(feeding: list[str], commit: dict[str, int], units: dict[str, int],
     options = []
     for d in feeding:
         counts = range(commit[d], min(units[d], target.cores) + 1) if uneven else [
-            c for c in divisors(units[d]) if commit[d] <= c <= target.cores]
+            c for c in divisors(units[d], target.cores) if c >= commit[d]]
         options.append(counts)
     others = math.prod(v for d, v in commit.items() if d not in feeding)
     current = span_of(commit)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from apportion.errors import PlanningError
-from apportion.passes.geometry import OpContext, check_spans, divisors
+from apportion.passes.geometry import OpContext, Splits, check_spans, divisors
+from apportion.passes.span_reduction import SpanSplits
 
 STRATEGIES = ("balanced", "greedy")
 
@@ -29,7 +30,7 @@ def core_split(size: int, cores: int) -> int:
     >>> core_split(4096, 24), core_split(769, 32)
     (16, 1)
     """
-    return max(i for i in divisors(size) if i <= cores)
+    return divisors(size, cores)[-1]  # 1 divides every size: never empty for cores >= 1
 
 
 def greedy(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
@@ -66,7 +67,7 @@ def candidates(ctx: OpContext, minimum: dict[str, int], uneven: bool = True
         hi = min(units[d], cores)
         if uneven:
             return list(range(minimum[d], hi + 1))
-        return [c for c in divisors(units[d]) if minimum[d] <= c <= hi]
+        return [c for c in divisors(units[d], hi) if c >= minimum[d]]
 
     opts = {d: options(d) for d in dims}
 
@@ -144,21 +145,51 @@ def check_pins(ctx: OpContext, pins: dict[str, int]) -> dict[str, int]:
     return pins
 
 
+def work_distribution(ctxs: Mapping[str, OpContext], spans: SpanSplits, strategy: str) -> Splits:
+    """The work distribution pass: every op's splits under ``strategy`` (program pins win).
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.passes.geometry import contexts
+    >>> from apportion.passes.layouts import layouts
+    >>> from apportion.passes.span_reduction import span_reduction
+    >>> from apportion.target import spyre
+    >>> p = load("examples/mlp.json")
+    >>> ctxs = contexts(p, spyre(), layouts(p, spyre()), {o.name: o.sizes for o in p.ops})
+    >>> work_distribution(ctxs, span_reduction(ctxs, "greedy"), "greedy")["gate"]
+    {'m': 1, 'n': 11, 'k': 2}
+    """
+    return Splits({name: op_splits(ctx, spans, strategy) for name, ctx in ctxs.items()})
+
+
+def op_splits(ctx: OpContext, spans: SpanSplits, strategy: str) -> dict[str, int]:
+    """One op's splits; under ``balanced`` a span refusal stands when the search finds none."""
+    minimum = spans.of(ctx.op.name)
+    start = minimum if strategy == "greedy" else {d: 1 for d in ctx.sizes}
+    try:
+        return distribute(ctx, start, strategy, ctx.program.pins.get(ctx.op.name))
+    except PlanningError:
+        refused = spans.refused.get(ctx.op.name)
+        if refused is not None:
+            raise refused from None
+        raise
+
+
 def distribute(ctx: OpContext, minimum: dict[str, int], strategy: str,
                pins: dict[str, int] | None = None) -> dict[str, int]:
     """Splits for one op under ``strategy``; pinned dims keep their pinned counts."""
     if strategy not in STRATEGIES:
         raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
-    if ctx.op.kind == "fallback" and any(n != 1 for n in (pins or {}).values()):
+    divisible = ctx.op.kind.divisible
+    if not divisible and any(n != 1 for n in (pins or {}).values()):
         raise PlanningError(f"op {ctx.op.name!r}: a fallback op runs on one core; work_division "
                             f"{pins} cannot split it")
-    if ctx.op.kind == "fallback" or pins:
-        if pins and ctx.op.kind != "fallback":
+    if not divisible or pins:
+        if pins and divisible:
             check_pins(ctx, pins)
-        fixed = {d: (pins or {}).get(d, 1) if ctx.op.kind != "fallback" else 1 for d in ctx.sizes}
+        fixed = {d: (pins or {}).get(d, 1) if divisible else 1 for d in ctx.sizes}
         worst = check_spans(ctx.op, ctx.sizes, ctx.layout, fixed, ctx.tlayouts, ctx.target).worst
         if worst is not None:
-            why = "fallback op cannot be divided but" if ctx.op.kind == "fallback" else \
+            why = "fallback op cannot be divided but" if not divisible else \
                 f"work_division {pins} leaves"
             raise PlanningError(f"op {ctx.op.name!r}: {why} tensor {worst[0]!r} spanning "
                                 f"{worst[1]} bytes > limit {ctx.target.span_limit}")

@@ -40,9 +40,3 @@ def core_slices(plan: OpPlan) -> list[dict[str, tuple[int, int]]]:
     per_dim = [dim_slices(plan.sizes[d], dict(plan.unit_elems)[d], plan.split_map[d]) for d in dims]
     return [dict(zip(dims, combo, strict=True)) for combo in itertools.product(*per_dim)]
 
-
-def largest_slice(plan: OpPlan) -> dict[str, int]:
-    """Per dim, the element count of the largest slice any core gets."""
-    per = dict(plan.unit_elems)
-    return {d: max(hi - lo for lo, hi in dim_slices(plan.sizes[d], per[d], plan.split_map[d]))
-            for d, _ in plan.iteration_space}

@@ -1,8 +1,9 @@
-"""numpy kernels of the reference executor: dtypes, pointwise functions, reductions, fallbacks.
+"""numpy side of the reference executor: storage dtypes, and the registry's semantics run on numpy.
 
-Every function the IR names (``POINTWISE``, ``REDUCTIONS``, ``FALLBACKS``) has one kernel here.
-Kernels take arrays already converted to the compute dtype (see ``compute_dtype``) and return
-arrays in it; ``to_storage`` casts a result to a tensor's dtype once, at the end.
+What each op kind computes is its registry entry's (``apportion.ir.kinds``), written against an
+array namespace; ``XP`` is that namespace here: numpy, plus scipy's ``erf``. The functions below
+run an entry's semantics on arrays already converted to the compute dtype (``compute_dtype``);
+``to_storage`` casts a result to a tensor's dtype once, at the end.
 
 numpy has no bfloat16, so bfloat16 tensors are stored as float32 arrays whose values are
 exactly representable in bfloat16 (``round_bf16``).
@@ -10,12 +11,14 @@ exactly representable in bfloat16 (``round_bf16``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
+import scipy.special
 
 from apportion.errors import ExecutionError
-from apportion.ir.op import FALLBACKS, POINTWISE, REDUCTIONS
+from apportion.ir.kinds import OpKind, Partial, Reducer
 
 #: tensor dtype -> numpy dtype of the array that holds it (bfloat16 lives in float32)
 STORAGE: dict[str, type[np.generic]] = {
@@ -94,177 +97,88 @@ def compute_dtype(dtypes: Iterable[str]) -> type[np.floating]:
     return np.float32 if all(d in _NARROW for d in dtypes) else np.float64
 
 
-# --- pointwise -----------------------------------------------------------------------------
+class _Numpy:
+    """The array namespace the registry's semantics run on: numpy, plus ``erf``."""
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    # The tanh form never overflows, unlike 1 / (1 + exp(-x)) for very negative x.
-    return 0.5 * (1.0 + np.tanh(0.5 * x))
+    erf = staticmethod(scipy.special.erf)
 
-
-def _gelu_tanh(x: np.ndarray) -> np.ndarray:
-    # The tanh approximation (torch's gelu(approximate="tanh")), not the erf form.
-    c = np.sqrt(2.0 / np.pi).astype(x.dtype)
-    return 0.5 * x * (1.0 + np.tanh(c * (x + 0.044715 * x * x * x)))
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
 
 
-#: pointwise function -> kernel over broadcastable arrays of the compute dtype
-POINTWISE_KERNELS: dict[str, Callable[..., np.ndarray]] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-    "max": np.maximum, "min": np.minimum, "pow": np.power,
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "tanh": np.tanh, "sigmoid": _sigmoid,
-    "relu": lambda x: np.maximum(x, 0),
-    "silu": lambda x: x * _sigmoid(x),
-    "gelu": _gelu_tanh,
-    "copy": np.copy, "square": np.square, "reciprocal": np.reciprocal,
-}
+#: the namespace passed to every registry semantics function
+XP = _Numpy()
 
 
-def pointwise(fn: str, *args: np.ndarray) -> np.ndarray:
-    """Apply pointwise ``fn`` with numpy broadcasting; domain errors give NaN/inf silently.
+def pointwise(kind: OpKind, *args: np.ndarray, attrs: Mapping[str, str] | None = None
+              ) -> np.ndarray:
+    """A pointwise, layout or matmul-point kind over broadcastable arrays; domain errors give
+    NaN/inf silently (both runs see the same ones).
 
-    >>> pointwise("relu", np.array([-1.0, 2.0])).tolist()
+    >>> from apportion.ir.kinds import kind
+    >>> pointwise(kind("relu"), np.array([-1.0, 2.0])).tolist()
     [0.0, 2.0]
+    >>> pointwise(kind("clamp"), np.array([-1.0, 2.0]), attrs={"max": "1.0"}).tolist()
+    [-1.0, 1.0]
     """
-    kernel = POINTWISE_KERNELS.get(fn)
-    if kernel is None:
-        raise ExecutionError(f"no pointwise kernel {fn!r}; valid: {', '.join(POINTWISE_KERNELS)}")
-    # Both runs see the same NaNs; numpy's warnings would only be noise here.
+    assert kind.compute is not None, f"op kind {kind.name!r} has no pointwise semantics"
     with np.errstate(all="ignore"):
-        return np.asarray(kernel(*args))
+        return np.asarray(kind.compute(XP, *args, **kind.numeric_attrs(attrs or {})))
 
 
-# --- reductions ----------------------------------------------------------------------------
-# A reduction runs in two steps so that a split reduction dim can be combined across cores:
+# A reduction runs in steps so that a split reduction dim can be combined across cores:
 # ``reduce_partial`` over one box, ``combine_partials`` over the boxes' partials in core order,
 # then ``finish`` (mean divides by the full count, argmax keeps the indices).
 
-#: reduction -> kernel reducing the given axes to a partial (mean gives the partial sum)
-REDUCE_KERNELS: dict[str, Callable[[np.ndarray, tuple[int, ...]], np.ndarray]] = {
-    "sum": lambda a, ax: np.sum(a, axis=ax),
-    "mean": lambda a, ax: np.sum(a, axis=ax),
-    "max": lambda a, ax: np.max(a, axis=ax),
-    "min": lambda a, ax: np.min(a, axis=ax),
-    "prod": lambda a, ax: np.prod(a, axis=ax),
-    "any": lambda a, ax: np.any(a != 0, axis=ax),
-}
+def reduce_partial(reducer: Reducer, a: np.ndarray, axes: tuple[int, ...],
+                   starts: Sequence[int], sizes: Sequence[int]) -> Partial:
+    """Reduce ``axes`` of ``a`` to a partial (``starts``/``sizes``: the box in the reduced dims).
 
-#: reduction -> binary combine of two partials (matmul combines with "sum")
-COMBINE_KERNELS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
-    "sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum,
-    "prod": np.multiply, "any": np.logical_or,
-}
-
-ArgPartial = tuple[np.ndarray, np.ndarray]
-Partial = np.ndarray | ArgPartial
-
-
-def reduce_partial(fn: str, a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
-    """Reduce ``axes`` of ``a`` with ``fn`` (not argmax), keeping no dims.
-
-    >>> reduce_partial("mean", np.ones((2, 3)), (1,)).tolist()   # the partial sum
+    >>> from apportion.ir.kinds import MEAN, ARGMAX
+    >>> reduce_partial(MEAN, np.ones((2, 3)), (1,), [0], [3]).tolist()   # the partial sum
     [3.0, 3.0]
-    """
-    if fn not in REDUCE_KERNELS:
-        raise ExecutionError(f"no reduction kernel {fn!r}; valid: {', '.join(REDUCE_KERNELS)}")
-    with np.errstate(all="ignore"):
-        return np.asarray(REDUCE_KERNELS[fn](a, axes))
-
-
-def argmax_partial(a: np.ndarray, axes: tuple[int, ...], starts: Sequence[int],
-                   sizes: Sequence[int]) -> ArgPartial:
-    """Max values and their global flat indices over ``axes`` of a box of the reduction space.
-
-    ``starts``/``sizes`` give, per reduced axis, where the box starts and the full dim size;
-    the flat index is row-major over the full reduction dims (the plain index for one dim).
-
-    >>> v, i = argmax_partial(np.array([[1.0, 5.0, 5.0]]), (1,), [10], [20])
+    >>> v, i = reduce_partial(ARGMAX, np.array([[1.0, 5.0, 5.0]]), (1,), [10], [20])
     >>> v.tolist(), i.tolist()
     ([5.0], [11])
     """
-    keep = [i for i in range(a.ndim) if i not in axes]
-    moved = np.transpose(a, (*keep, *axes))
-    red_shape = moved.shape[len(keep):]
-    flat = moved.reshape(*moved.shape[:len(keep)], -1)
-    local = np.argmax(flat, axis=-1)  # first maximum: ties go to the lowest index
-    values = np.take_along_axis(flat, local[..., None], axis=-1)[..., 0]
-    coords = np.unravel_index(local, red_shape)
-    glob = np.ravel_multi_index(
-        tuple(c + s for c, s in zip(coords, starts, strict=True)), tuple(sizes))
-    return values, np.asarray(glob, dtype=np.int64)
+    with np.errstate(all="ignore"):
+        return reducer.partial(XP, a, axes, starts, sizes)
 
 
-def _argmax_combine(x: ArgPartial, y: ArgPartial) -> ArgPartial:
-    (xv, xi), (yv, yi) = x, y
-    # NaN wins like in np.argmax; equal values go to the lower global index.
-    take_y = (yv > xv) | (np.isnan(yv) & ~np.isnan(xv)) | ((yv == xv) & (yi < xi))
-    return np.where(take_y, yv, xv), np.where(take_y, yi, xi)
-
-
-def combine_partials(fn: str, partials: Sequence[Partial]) -> Partial:
+def combine_partials(reducer: Reducer, partials: Sequence[Partial]) -> Partial:
     """Combine the partials of one output slice, left to right (a fixed, deterministic order).
 
-    >>> combine_partials("sum", [np.array([1.0]), np.array([2.0])]).tolist()
+    >>> from apportion.ir.kinds import SUM
+    >>> combine_partials(SUM, [np.array([1.0]), np.array([2.0])]).tolist()
     [3.0]
     """
     if not partials:
-        raise ExecutionError(f"no partials to combine for {fn!r}")
-    if fn == "argmax":
-        acc_arg: ArgPartial = partials[0]  # type: ignore[assignment]
-        for p in partials[1:]:
-            acc_arg = _argmax_combine(acc_arg, p)  # type: ignore[arg-type]
-        return acc_arg
-    key = "sum" if fn == "matmul" else fn
-    acc: np.ndarray = partials[0]  # type: ignore[assignment]
+        raise ExecutionError(f"no partials to combine for {reducer.name!r}")
+    acc = partials[0]
     with np.errstate(all="ignore"):
         for p in partials[1:]:
-            acc = COMBINE_KERNELS[key](acc, p)
+            acc = reducer.combine(XP, acc, p)
     return acc
 
 
-def finish(fn: str, partial: Partial, count: int) -> np.ndarray:
+def finish(reducer: Reducer, partial: Partial, count: int) -> np.ndarray:
     """Turn a fully combined partial into the value: mean divides by ``count``, argmax indices.
 
-    >>> finish("mean", np.array([6.0]), 3).tolist()
+    >>> from apportion.ir.kinds import MEAN
+    >>> finish(MEAN, np.array([6.0]), 3).tolist()
     [2.0]
     """
-    if fn == "argmax":
-        return partial[1]  # type: ignore[index]
-    if fn == "mean":
-        return partial / count  # type: ignore[operator]
-    return partial  # type: ignore[return-value]
+    with np.errstate(all="ignore"):
+        return np.asarray(reducer.value(XP, partial, count))
 
 
-# --- fallbacks -----------------------------------------------------------------------------
+def fallback(kind: OpKind, a: np.ndarray) -> np.ndarray:
+    """A fallback kind along the last axis of the whole tensor ``a``.
 
-#: whole-tensor function -> kernel along the last axis
-FALLBACK_KERNELS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "sort": lambda a: np.sort(a, axis=-1),
-    "cumsum": lambda a: np.cumsum(a, axis=-1),
-    "flip": lambda a: np.flip(a, axis=-1),
-}
-
-
-def fallback(fn: str, a: np.ndarray) -> np.ndarray:
-    """Apply a fallback function along the last axis of the whole tensor ``a``.
-
-    >>> fallback("cumsum", np.array([[1.0, 2.0, 3.0]])).tolist()
+    >>> from apportion.ir.kinds import kind
+    >>> fallback(kind("cumsum"), np.array([[1.0, 2.0, 3.0]])).tolist()
     [[1.0, 3.0, 6.0]]
     """
-    kernel = FALLBACK_KERNELS.get(fn)
-    if kernel is None:
-        raise ExecutionError(f"no fallback kernel {fn!r}; valid: {', '.join(FALLBACK_KERNELS)}")
+    assert kind.compute is not None, f"op kind {kind.name!r} has no semantics"
     with np.errstate(all="ignore"):
-        return np.asarray(kernel(a))
-
-
-def _check_complete() -> None:
-    # Every function the IR can name must have a kernel; fail at import, not mid-run.
-    missing = ({*POINTWISE} - {*POINTWISE_KERNELS}) \
-        | ({*REDUCTIONS} - {*REDUCE_KERNELS, "argmax"}) | (set(FALLBACKS) - {*FALLBACK_KERNELS})
-    if missing:
-        raise ExecutionError(f"reference kernels missing for {sorted(missing)}")
-
-
-_check_complete()
+        return np.asarray(kind.compute(XP, a))

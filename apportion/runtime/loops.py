@@ -24,6 +24,7 @@ import numpy as np
 
 from apportion.errors import ApportionError, ExecutionError
 from apportion.ir.dtypes import dtype_bytes
+from apportion.ir.kinds import REDUCERS
 from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.plans.memory import Buffer, GroupPlan
@@ -41,6 +42,7 @@ from apportion.plans.tiles import (
 from apportion.plans.views import core_slices
 from apportion.runtime import kernels
 from apportion.runtime.reference import (
+    _combine,
     bind_inputs,
     evaluate_op,
     partial_result,
@@ -150,7 +152,7 @@ class _Run:
                                  f"differs from the op's {op.sizes}")
         env = {a.tensor: decode(self.full(a.tensor), self.program.tensor(a.tensor).dtype)
                for a in op.ins}
-        if op.kind == "fallback":
+        if not op.kind.divisible:
             out = evaluate_op(op, self.program, env)
         else:
             out = run_op_boxes(op, self.program, env, core_slices(op_plan), self.pool)
@@ -181,7 +183,7 @@ class _Run:
                 self.run_tile(op, group, index, counts, written)
         for fin in group.finishes:
             acc, dtype = self.accumulator(fin.tensor)
-            value = kernels.finish(fin.fn, decode(acc, dtype), fin.count)
+            value = kernels.finish(REDUCERS[fin.fn], decode(acc, dtype), fin.count)
             self.full(fin.tensor)[...] = encode(value, self.program.tensor(fin.tensor).dtype)
 
     def run_tile(self, op: Op, group: GroupPlan, index: tuple[int, ...],
@@ -258,17 +260,16 @@ class _Run:
         tile_buf = self.buffer(t, "tile")
         tile_reg = region(op.out, tile)
         for cores in by_key.values():
-            part = kernels.combine_partials(op.fn, [parts[c] for c in cores])  # type: ignore
+            part = _combine(op, [parts[c] for c in cores])  # type: ignore[arg-type]
             reg = region(op.out, boxes[cores[0]])
             if acc is not None:
                 whole, acc_dtype = self.accumulator(t)
                 view = whole[_slices(reg)]
                 both = [decode(view, acc_dtype).astype(np.asarray(part).dtype), part]
-                view[...] = encode(kernels.combine_partials(acc.fn, both),  # type: ignore
+                view[...] = encode(kernels.combine_partials(REDUCERS[acc.fn], both),
                                    acc_dtype)
                 continue
-            count = math.prod(op.sizes[d] for d in op.reduction_dims)
-            value = encode(kernels.finish(op.fn, part, count), dtype)
+            value = encode(_finish_value(op, part), dtype)
             if tile_buf is None:
                 self.full(t)[_slices(reg)] = value
             elif tile_buf.space == "hbm":
@@ -289,6 +290,13 @@ class _Run:
                 for c in boxes:
                     reg = written[(t, c)]
                     full[_slices(reg)] = self.mem.view(tile_buf, _extent(reg), dtype, c)
+
+
+def _finish_value(op: Op, part: object) -> np.ndarray:
+    if op.kind.reducer is None:
+        return np.asarray(part)
+    count = math.prod(op.sizes[d] for d in op.reduction_dims)
+    return kernels.finish(op.kind.reducer, part, count)
 
 
 def run_tiled(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],

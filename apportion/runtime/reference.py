@@ -18,6 +18,7 @@ import numpy as np
 
 from apportion.errors import ApportionError, ExecutionError
 from apportion.ir.dtypes import FLOAT_DTYPES
+from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
 from apportion.plans.plan import Plan
@@ -44,7 +45,7 @@ def random_inputs(program: Program, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     volume: dict[str, int] = {}
     for op in program.ops:
-        if op.kind == "matmul":
+        if op.category is Category.MATMUL:
             for acc in op.ins:
                 volume[acc.tensor] = max(volume.get(acc.tensor, 1), _reduction_count(op))
     out: dict[str, np.ndarray] = {}
@@ -152,19 +153,20 @@ def partial_result(op: Op, program: Program, env: Mapping[str, np.ndarray], box:
     dims = op.dim_names
     shape = tuple(box[d][1] - box[d][0] for d in dims)
     red_axes = tuple(i for i, d in enumerate(dims) if d in op.reduction_dims)
-    if op.kind == "pointwise":
-        return _to_out_layout(op, np.broadcast_to(kernels.pointwise(op.fn, *xs), shape))
-    if op.kind == "matmul":
+    kind = op.kind
+    if kind.elementwise:
+        value = kernels.pointwise(kind, *xs, attrs=dict(op.attrs))
+        return _to_out_layout(op, np.broadcast_to(value, shape))
+    if kind.category is Category.MATMUL:  # a sum of products: einsum, so that BLAS does it
         return _to_out_layout(op, _einsum(op, xs, box))
-    if op.kind != "reduction":
-        raise ExecutionError(f"op {op.name!r}: a {op.kind} op has no per-box result")
-    a = np.broadcast_to(xs[0], shape)
-    if op.fn == "argmax":
-        values, index = kernels.argmax_partial(
-            a, red_axes, [box[d][0] for d in op.reduction_dims],
-            [op.sizes[d] for d in op.reduction_dims])
-        return _to_out_layout(op, values), _to_out_layout(op, index)
-    return _to_out_layout(op, kernels.reduce_partial(op.fn, a, red_axes))
+    if kind.reducer is None:
+        raise ExecutionError(f"op {op.name!r}: a {kind.category} op has no per-box result")
+    part = kernels.reduce_partial(
+        kind.reducer, np.broadcast_to(xs[0], shape), red_axes,
+        [box[d][0] for d in op.reduction_dims], [op.sizes[d] for d in op.reduction_dims])
+    if kind.reducer.pairs:
+        return _to_out_layout(op, part[0]), _to_out_layout(op, part[1])
+    return _to_out_layout(op, part)
 
 
 def _reduction_count(op: Op) -> int:
@@ -172,20 +174,21 @@ def _reduction_count(op: Op) -> int:
 
 
 def _finish(op: Op, program: Program, partial: Partial) -> np.ndarray:
-    value = kernels.finish(op.fn, partial, _reduction_count(op))
+    value = partial if op.kind.reducer is None else \
+        kernels.finish(op.kind.reducer, partial, _reduction_count(op))
     return kernels.to_storage(value, program.tensor(op.out.tensor).dtype)
 
 
 def _run_fallback(op: Op, program: Program, env: Mapping[str, np.ndarray]) -> np.ndarray:
-    # Whole tensor along its last axis, as stored: a fallback has no iteration-space model.
-    src = program.tensor(op.ins[0].tensor)
-    res = kernels.fallback(str(op.attr("fn")),
-                           env[src.name].astype(kernels.compute_dtype([src.dtype])))
-    out_t = program.tensor(op.out.tensor)
-    if res.shape != out_t.shape:
-        raise ExecutionError(f"op {op.name!r}: fallback {op.attr('fn')} gives shape {res.shape}, "
-                             f"output {out_t.name!r} has shape {out_t.shape}")
-    return kernels.to_storage(res, out_t.dtype)
+    # The whole input tensor along its last axis, as stored (a fallback has no iteration-space
+    # model); the result is then read through the input's index map and written through the
+    # output's, so y[n,m] = sort(x[m,n]) comes out transposed.
+    src = op.ins[0]
+    dtype = kernels.compute_dtype([program.tensor(src.tensor).dtype])
+    res = kernels.fallback(op.kind, env[src.tensor].astype(dtype))
+    by_dim = _operand(op, src, res, _full_box(op), dtype)
+    out = _to_out_layout(op, by_dim.reshape([n for _, n in op.dims]))
+    return kernels.to_storage(out, program.tensor(op.out.tensor).dtype)
 
 
 def evaluate_op(op: Op, program: Program, env: Mapping[str, np.ndarray],
@@ -204,7 +207,7 @@ def evaluate_op(op: Op, program: Program, env: Mapping[str, np.ndarray],
     >>> evaluate_op(p.ops[0], p, {"x": x}, {"k": (0, 2)}).tolist()   # a partial sum
     [1.0, 9.0]
     """
-    if op.kind == "fallback":
+    if not op.kind.divisible:
         if ranges is not None and _check_box(op, ranges) != _full_box(op):
             raise ExecutionError(f"op {op.name!r}: a fallback op runs only on its whole space")
         return _run_fallback(op, program, env)
@@ -265,7 +268,7 @@ def run_op_boxes(op: Op, program: Program, env: Mapping[str, np.ndarray],
     ...                                      {"i": (0, 2), "k": (1, 4)}]).tolist()
     [6.0, 22.0]
     """
-    if op.kind == "fallback":
+    if not op.kind.divisible:
         raise ExecutionError(f"op {op.name!r}: a fallback op runs whole, not box by box")
     check_cover(op, boxes)
     out_t = program.tensor(op.out.tensor)
@@ -285,7 +288,7 @@ def run_op_boxes(op: Op, program: Program, env: Mapping[str, np.ndarray],
         sl = _out_slice(op, box)
         counts[sl] += math.prod(box[d][1] - box[d][0] for d in op.reduction_dims)
         if len(parts) == groups[key]:
-            out[sl] = _finish(op, program, kernels.combine_partials(op.fn, parts))
+            out[sl] = _finish(op, program, _combine(op, parts))
             del pending[key]
     bad = np.argwhere(counts != _reduction_count(op))
     if bad.size:
@@ -294,6 +297,16 @@ def run_op_boxes(op: Op, program: Program, env: Mapping[str, np.ndarray],
                              f"{int(counts[at])} of {_reduction_count(op)} reduction points "
                              f"({len(bad)} elements wrong)")
     return out
+
+
+def _combine(op: Op, parts: list[Partial]) -> Partial:
+    """The partials of one output slice combined by the op's reducer (one part: as it is)."""
+    if op.kind.reducer is None:
+        if len(parts) != 1:
+            raise ExecutionError(f"op {op.name!r}: {len(parts)} cores computed one slice of a "
+                                 f"{op.category} op, which has nothing to combine")
+        return parts[0]
+    return kernels.combine_partials(op.kind.reducer, parts)
 
 
 def _map(pool: Executor | None, op: Op, program: Program, env: Mapping[str, np.ndarray],
@@ -372,7 +385,7 @@ def _run_planned_op(op: Op, program: Program, plan: Plan, env: Mapping[str, np.n
     if dict(op_plan.iteration_space) != op.sizes:
         raise ExecutionError(f"op {op.name!r}: plan's iteration space {op_plan.sizes} differs "
                              f"from the op's {op.sizes}")
-    if op.kind == "fallback":
+    if not op.kind.divisible:
         if op_plan.cores != 1:
             raise ExecutionError(f"op {op.name!r}: fallback ops run on one core, plan gives "
                                  f"{op_plan.cores}")

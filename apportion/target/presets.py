@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
-from dataclasses import fields, replace
+from dataclasses import MISSING, fields, replace
 from pathlib import Path
 from typing import Any
 
 from apportion.errors import TargetError
 from apportion.settings import sencores
-from apportion.target.target import Target
+from apportion.target.target import Target, describe, finite, is_int, is_real
 
 MiB = 1 << 20
 
@@ -41,7 +42,9 @@ def cpu(cores: int | None = None) -> Target:
     """This machine's CPU: all its cores, 64-byte cache lines as sticks, no span limit."""
     n = os.cpu_count() or 1
     return Target(
-        name="cpu", cores=n if cores is None else cores, max_cores=max(n, cores or 1),
+        # a bad cores is left for Target to name; max() would fail on it first
+        name="cpu", cores=n if cores is None else cores,
+        max_cores=max(n, cores) if is_int(cores) else n,
         span_limit=1 << 62, stick_bytes=64, scratchpad_bytes=1 * MiB, scratchpad_reserve=0.25,
         peak_flops_per_core=5e10, core_bandwidth=1e10, mem_bandwidth=2e10, combine_latency_us=5.0,
     )
@@ -50,51 +53,100 @@ def cpu(cores: int | None = None) -> Target:
 PRESETS = {"spyre": spyre, "cpu": cpu}
 
 
+# Fields that may be given in MiB as ``<field>_mib``: the byte sizes.
+MIB_FIELDS = ("span_limit", "stick_bytes", "scratchpad_bytes", "alignment")
+
+
+def _mib_to_bytes(where: str, key: str, value: object) -> int:
+    """``value`` MiB as a whole number of bytes, or a TargetError naming ``key``."""
+    if not is_real(value) or not finite(value) or value <= 0:
+        raise TargetError(f"{where}: {key} must be a finite number of MiB > 0, "
+                          f"got {describe(value)}")
+    n = value * MiB
+    if isinstance(n, float):
+        if not math.isfinite(n):
+            raise TargetError(f"{where}: {key} = {value} is too large")
+        # MiB is a power of two, so value * MiB is exact: a fraction here is a fraction of a byte
+        if not n.is_integer():
+            raise TargetError(f"{where}: {key} = {value} is not a whole number of bytes "
+                              f"({n} bytes)")
+        n = int(n)
+    return n
+
+
 def load_toml(path: str | Path, cores: int | None = None) -> Target:
     """A target from a TOML file: ``preset = "spyre"`` (optional) then any Target field.
 
-    Sizes may be given in bytes or with ``_mib`` suffixed field names (``span_limit_mib = 256``).
+    The fields may sit at the top level or in a ``[target]`` table. Byte sizes may be given with
+    ``_mib`` suffixed names instead (``span_limit_mib = 256``). Any bad field raises TargetError
+    naming the file and the field.
     """
+    where = f"target file {str(path)!r}"
     try:
-        doc: dict[str, Any] = tomllib.loads(Path(path).read_text())
+        raw = Path(path).read_bytes()
     except OSError as e:
-        raise TargetError(f"cannot read target file {str(path)!r}: {e.strerror}") from None
+        raise TargetError(f"cannot read {where}: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TargetError(f"{where} is not UTF-8 text (bad byte at offset {e.start})") from None
+    try:
+        doc: dict[str, Any] = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise TargetError(f"target file {str(path)!r} is not valid TOML: {e}") from None
-    doc = doc.get("target", doc)
-    base_name = doc.pop("preset", None)
-    if base_name is not None and base_name not in PRESETS:
-        raise TargetError(f"target file {str(path)!r}: unknown preset {base_name!r}; valid: "
-                          f"{', '.join(PRESETS)}")
+        raise TargetError(f"{where} is not valid TOML: {e}") from None
+    table = doc.get("target", doc)
+    if not isinstance(table, dict):
+        raise TargetError(f"{where}: target must be a table ([target]), got "
+                          f"{describe(table)}")
+    table = dict(table)  # popped below; leave the parsed document alone
+    base_name = table.pop("preset", None)
+    if base_name is not None and not (isinstance(base_name, str) and base_name in PRESETS):
+        raise TargetError(f"{where}: preset must be one of {', '.join(PRESETS)}, "
+                          f"got {describe(base_name)}")
     valid = {f.name for f in fields(Target)}
     values: dict[str, Any] = {}
-    for key, value in doc.items():
-        if key.endswith("_mib") and key[:-4] in valid:
-            values[key[:-4]] = int(value * MiB)
+    for key, value in table.items():
+        if key.endswith("_mib") and key[:-4] in MIB_FIELDS:
+            field = key[:-4]
+            if field in table:
+                raise TargetError(f"{where}: both {field} and {key} given; set one")
+            values[field] = _mib_to_bytes(where, key, value)
         elif key in valid:
             values[key] = value
         else:
-            raise TargetError(f"target file {str(path)!r}: unknown field {key!r}; valid: "
-                              f"{', '.join(sorted(valid))}")
+            raise TargetError(f"{where}: unknown field {key!r}; valid: "
+                              f"{', '.join(sorted(valid))} (sizes also as "
+                              f"{', '.join(f + '_mib' for f in MIB_FIELDS)})")
     if cores is not None:
         values["cores"] = cores
-    if base_name is not None:
-        base = PRESETS[base_name]()
-        if "max_cores" in values and "cores" not in values:
-            values["cores"] = min(base.cores, values["max_cores"])
-        return replace(base, **values)
-    missing = valid - set(values) - {"layout", "alignment", "name"}
-    if missing:
-        raise TargetError(f"target file {str(path)!r}: missing fields {', '.join(sorted(missing))} "
-                          "(or set preset = \"spyre\" to start from a preset)")
-    values.setdefault("name", Path(path).stem)
-    return Target(**values)
+    # The Target's own checks name the field; the prefix names the file it came from.
+    try:
+        if base_name is not None:
+            base = PRESETS[base_name]()
+            if "cores" not in values and is_int(values.get("max_cores")):
+                values["cores"] = min(base.cores, values["max_cores"])
+            return replace(base, **values)
+        optional = {f.name for f in fields(Target) if f.default is not MISSING} | {"name"}
+        missing = valid - set(values) - optional
+        if missing:
+            raise TargetError(f"missing fields {', '.join(sorted(missing))} "
+                              "(or set preset = \"spyre\" to start from a preset)")
+        values.setdefault("name", Path(path).stem)
+        return Target(**values)
+    except TargetError as e:
+        raise TargetError(f"{where}: {e}") from None
 
 
 def resolve(spec: str, cores: int | None = None) -> Target:
-    """A preset name or a path to a TOML file."""
+    """A preset name or a path to a TOML file, with ``cores`` (if given) overriding its count."""
+    choices = f"{', '.join(PRESETS)} or a .toml file"
+    if not isinstance(spec, str):
+        raise TargetError(f"target must be a name or path as a str ({choices}), "
+                          f"got {describe(spec, typed=True)}")
+    if cores is not None and not is_int(cores):
+        raise TargetError(f"target {spec!r}: cores must be an int, got {describe(cores)}")
     if spec in PRESETS:
         return PRESETS[spec](cores)
     if spec.endswith(".toml"):
         return load_toml(spec, cores)
-    raise TargetError(f"unknown target {spec!r}; valid: {', '.join(PRESETS)} or a .toml file")
+    raise TargetError(f"unknown target {spec!r}; valid: {choices}")

@@ -2,17 +2,61 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass
+from typing import TypeGuard
 
 from apportion.errors import TargetError
 from apportion.ir.dtypes import DTYPE_BYTES, dtype_bytes
 
 LAYOUTS = ("stick", "row_major")
 
+# Whole-number fields: counts and byte sizes, all > 0.
+INT_FIELDS = ("max_cores", "cores", "span_limit", "stick_bytes", "scratchpad_bytes", "alignment",
+              "max_loop_count")
+# Real-valued figures: (field, lowest allowed, whether the lowest is allowed, upper bound or None).
+FLOAT_FIELDS: tuple[tuple[str, float, bool, float | None], ...] = (
+    ("scratchpad_reserve", 0.0, True, 1.0),
+    ("peak_flops_per_core", 0.0, False, None),
+    ("core_bandwidth", 0.0, False, None),
+    ("mem_bandwidth", 0.0, False, None),
+    ("combine_latency_us", 0.0, True, None),
+)
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    # bool is an int subclass, but True cores or a True span limit is always a mistake
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def finite(value: int | float) -> bool:
+    # math.isfinite raises on ints too big for a float; those would overflow the cost model
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
+
+
+def describe(value: object, typed: bool = False) -> str:
+    """``value`` for a one-line error message: its repr, cut short, then its type unless it is a
+    number (a number's fault is its value) or ``typed`` asks for it anyway."""
+    text = repr(value)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return text if is_real(value) and not typed else f"{text} ({type(value).__name__})"
+
 
 @dataclass(frozen=True)
 class Target:
     """Cores, memory limits, stick size and cost figures of one accelerator.
+
+    Every field is checked on construction; a bad one raises ``TargetError`` naming it.
+    ``max_loop_count`` is the hardware's limit on the trip count of one counted loop (Spyre's
+    loop counters are 16-bit, so 65535).
 
     >>> from apportion.target import spyre
     >>> t = spyre(cores=8)
@@ -33,32 +77,33 @@ class Target:
     combine_latency_us: float  # fixed cost of one cross-core combine of partial sums
     layout: str = "stick"
     alignment: int = 128  # scratchpad offsets are multiples of this
+    max_loop_count: int = 65535  # most iterations one counted loop may run
 
     def __post_init__(self) -> None:
-        if self.max_cores < 1:
-            raise TargetError(f"target {self.name!r}: max_cores must be >= 1, got {self.max_cores}")
-        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or not (
-                1 <= self.cores <= self.max_cores):
-            raise TargetError(f"target {self.name!r}: cores must be in 1..{self.max_cores}, "
-                              f"got {self.cores!r}")
-        for f in ("span_limit", "stick_bytes", "scratchpad_bytes", "alignment"):
-            if getattr(self, f) <= 0:
-                raise TargetError(f"target {self.name!r}: {f} must be positive, "
-                                  f"got {getattr(self, f)}")
-        for f in ("peak_flops_per_core", "core_bandwidth", "mem_bandwidth"):
-            if getattr(self, f) <= 0:
-                raise TargetError(f"target {self.name!r}: {f} must be positive")
-        if self.combine_latency_us < 0:
-            raise TargetError(f"target {self.name!r}: combine_latency_us must be >= 0")
-        if not 0 <= self.scratchpad_reserve < 1:
-            raise TargetError(f"target {self.name!r}: scratchpad_reserve must be in [0, 1), "
-                              f"got {self.scratchpad_reserve}")
-        if self.layout not in LAYOUTS:
-            raise TargetError(f"target {self.name!r}: layout {self.layout!r}; valid: "
-                              f"{', '.join(LAYOUTS)}")
+        where = f"target {self.name!r}"
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise TargetError(f"{where}: name must be a non-empty str, got {describe(self.name)}")
+        for f in INT_FIELDS:
+            v = getattr(self, f)
+            if not is_int(v):
+                raise TargetError(f"{where}: {f} must be an int, got {describe(v)}")
+            if v < 1 and f != "cores":
+                raise TargetError(f"{where}: {f} must be an int >= 1, got {v}")
+        if not 1 <= self.cores <= self.max_cores:
+            raise TargetError(f"{where}: cores must be in 1..{self.max_cores}, got {self.cores}")
+        for f, low, low_ok, high in FLOAT_FIELDS:
+            v = getattr(self, f)
+            rng = (f">= {low:g}" if low_ok else f"> {low:g}") if high is None \
+                else f"in [{low:g}, {high:g})"
+            if not is_real(v) or not finite(v) or v < low or (v == low and not low_ok) \
+                    or (high is not None and v >= high):
+                raise TargetError(f"{where}: {f} must be a finite number {rng}, got {describe(v)}")
+        if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
+            raise TargetError(f"{where}: layout must be one of {', '.join(LAYOUTS)}, "
+                              f"got {describe(self.layout)}")
         for dt, b in DTYPE_BYTES.items():
             if self.stick_bytes % b:
-                raise TargetError(f"target {self.name!r}: stick_bytes {self.stick_bytes} is not a "
+                raise TargetError(f"{where}: stick_bytes {self.stick_bytes} is not a "
                                   f"multiple of {dt} ({b} bytes)")
 
     def elems_per_stick(self, dtype: str) -> int:
@@ -69,10 +114,3 @@ class Target:
     def scratchpad_capacity(self) -> int:
         """Bytes of scratchpad a plan may use: the scratchpad less its reserve."""
         return int(self.scratchpad_bytes * (1 - self.scratchpad_reserve))
-
-    def with_cores(self, cores: int) -> Target:
-        """The same target with another core count (checked against ``max_cores``)."""
-        return replace(self, cores=cores)
-
-    def summary(self) -> dict[str, object]:
-        return {"name": self.name, "cores": self.cores}

@@ -49,7 +49,7 @@ def test_example_gives_two_ops_in_one_group_with_outer_and_inner_levels() -> Non
 def test_softmax_over_rows_reduces_b_keeping_it_as_size_one() -> None:
     prog = softmax()
     assert [o.fn for o in prog.ops] == ["max", "sub", "exp", "sum", "div"]
-    assert [o.kind for o in prog.ops] == ["reduction", "pointwise", "pointwise", "reduction",
+    assert [o.category for o in prog.ops] == ["reduction", "pointwise", "pointwise", "reduction",
                                          "pointwise"]
     assert prog.tensor("amax0_out").shape == (1024, 1)
     assert str(prog.ops[1]) == "sub1: sub1_out[A, B] = sub(x[A, B], amax0_out[A, 0])"
@@ -137,7 +137,7 @@ def test_reductions_keep_the_dim_by_default_and_drop_it_with_keepdim_false(
         x = p.input("x", [A, B], "float32")
         kept, dropped = fn(x, A), fn(x, A, keepdim=False)
     assert kept.shape == (1, 4096) and dropped.dims == (B,)
-    assert [(o.fn, o.kind) for o in p.program.ops] == [(ir_fn, "reduction")] * 2
+    assert [(o.fn, o.category) for o in p.program.ops] == [(ir_fn, "reduction")] * 2
 
 
 def test_matmul_contracts_last_dim_of_x_with_first_dim_of_w() -> None:

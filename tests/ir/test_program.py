@@ -11,7 +11,7 @@ def test_matmul_dims_are_output_first_then_reduction():
                {"x": ([8, 4], F16), "w": ([4, 16], F16)})
     op = p.ops[0]
     assert op.dim_names == ("m", "n", "k")
-    assert op.reduction_dims == ("k",) and op.kind == "matmul"
+    assert op.reduction_dims == ("k",) and op.category == "matmul"
     assert p.tensor("y").shape == (8, 16) and p.tensor("y").dtype == F16
 
 
@@ -24,7 +24,7 @@ def test_letters_inside_sums_take_declared_sizes():
 
 def test_reduction_output_with_literal_zero_keeps_a_size_one_dim():
     p = one_op("sum", "r[m,0]", ["x[m,n]"], {"x": ([8, 16], F16)})
-    assert p.tensor("r").shape == (8, 1) and p.ops[0].kind == "reduction"
+    assert p.tensor("r").shape == (8, 1) and p.ops[0].category == "reduction"
 
 
 def test_argmax_output_is_int64():

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from apportion.ir.op import REDUCTIONS
-from apportion.passes.buffers import buffer_roles, identity, loop_steps
+from apportion.ir.kinds import REDUCERS, Category, kind
+from apportion.passes.buffers import buffer_roles, loop_steps
 from apportion.passes.coarse_tile import coarse_tile
 from apportion.passes.pipeline import plan
 from apportion.plans.memory import CombineOp, CopyOp, FinishOp, InitOp
@@ -120,10 +120,14 @@ def test_identities_come_from_the_ir(fn):
                 [{"name": "r", "op": fn, "out": "s[m,0]", "ins": ["x[m,n]"]}], ["s"],
                 tiling=[{"ops": ["r"], "count": 4, "dims": ["n"]}])
     (init,), (comb,), _, _ = loop_steps(p, coarse_tile(p).groups[0], roles_of(p))
-    assert init.identity == REDUCTIONS[fn]
+    assert init.identity == REDUCERS[fn].identity
     assert comb.fn == fn and init.fn == fn
 
 
 def test_identity_of_each_reduction():
+    def identity(name: str) -> float:
+        return kind(name).reducer.identity
+
     assert identity("sum") == 0.0 and identity("prod") == 1.0 and identity("matmul") == 0.0
-    assert identity("max") == -math.inf and identity("min") == math.inf
+    assert kind("max", Category.REDUCTION).reducer.identity == -math.inf
+    assert kind("min", Category.REDUCTION).reducer.identity == math.inf

@@ -112,7 +112,7 @@ def test_count_not_dividing_names_op_dim_size_and_count():
 def test_tiles_must_hold_whole_sticks():
     p = fused(loops=[{"count": 128, "dims": ["n"]}])  # 32 elements: half a float16 stick
     with pytest.raises(PlanningError, match=r"tiles of 32 elements, not whole sticks of 64"):
-        coarse_tile(p, layouts(p, spyre()))
+        coarse_tile(p, layouts(p, spyre()).ops)
     with pytest.raises(PlanningError, match="not whole sticks"):
         plan(p, spyre())
 

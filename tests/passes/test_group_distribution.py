@@ -35,7 +35,7 @@ def group_cost(p, pl, target) -> float:
     total = 0.0
     for op_plan in pl.ops:
         op = p.op(op_plan.name)
-        ctx = OpContext(op, p, target, layouts(p, target)[op.name], tensor_layouts(p, target),
+        ctx = OpContext(op, p, target, layouts(p, target).ops[op.name], tensor_layouts(p, target),
                         op_plan.sizes)
         total += ctx.time_us(op_plan.split_map, lx)
     return total

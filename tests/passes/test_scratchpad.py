@@ -13,7 +13,7 @@ from apportion.frontend.json_format import from_dict, load
 from apportion.passes.auto_tile import candidate_counts
 from apportion.passes.layouts import layouts
 from apportion.passes.pipeline import plan
-from apportion.passes.scratchpad import Request, place
+from apportion.passes.placement import Request, place
 from apportion.target import spyre
 from tests.helpers import program
 from tests.passes.test_coarse_tile import fused
@@ -22,8 +22,8 @@ ROOT = Path(__file__).parents[2]
 KiB = 1024
 
 
-def small_scratchpad(kib: int, cores: int = 32):
-    return dataclasses.replace(spyre(cores=cores), scratchpad_bytes=kib * KiB,
+def small_scratchpad(kib: float, cores: int = 32):
+    return dataclasses.replace(spyre(cores=cores), scratchpad_bytes=int(kib * KiB),
                                scratchpad_reserve=0.0)
 
 
@@ -110,7 +110,7 @@ def test_a_reader_whose_cores_read_other_cores_tiles_keeps_it_in_device_memory()
 
 def test_candidates_go_by_total_iterations_outer_first():
     p = fused()
-    c = candidate_counts(p, p.tiling[0], layouts(p, spyre()))
+    c = candidate_counts(p, p.tiling[0], layouts(p, spyre()).ops, 65535)
     assert c[:6] == [(1, 1), (2, 1), (1, 2), (4, 1), (2, 2), (1, 4)]
     assert all(4096 // n % 64 == 0 for _, n in c)  # whole float16 sticks
 

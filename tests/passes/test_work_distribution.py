@@ -87,7 +87,7 @@ def bound_of(p, target):
     from apportion.passes.work_distribution import best_utilization
 
     op = p.ops[0]
-    ctx = OpContext(op, p, target, layouts(p, target)[op.name], tensor_layouts(p, target),
+    ctx = OpContext(op, p, target, layouts(p, target).ops[op.name], tensor_layouts(p, target),
                     dict(op.dims))
     util, splits = best_utilization(ctx, {d: 1 for d in op.sizes})
     return util, splits, ctx

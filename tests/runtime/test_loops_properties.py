@@ -66,7 +66,7 @@ def tiled_programs(draw):
     loops = []
     for _ in range(draw(st.integers(1, 2))):
         d = draw(st.sampled_from(letters))  # one letter per level: every op has it or not
-        count = draw(st.sampled_from(divisors(units[d])))
+        count = draw(st.sampled_from(divisors(units[d], units[d])))
         units[d] //= count
         loops.append({"count": count, "dims": [d]})
     symbolic = draw(st.booleans())

@@ -1,0 +1,412 @@
+"""The op-kind registry: everything apportion knows about an op kind, in one entry.
+
+An entry says what category a kind is (pointwise, reduction, matmul, layout, fallback), how many
+inputs it takes, what dtypes it accepts and gives, its numeric attributes, its semantics over
+arrays, how partial results of a split or tiled reduction combine (identity, combine, accumulator
+dtype, finish), its work per iteration point for the cost model, and a slot for its MLIR body.
+Passes, the builder, the executors and the cost model ask the entry; none compares kind names.
+
+Semantics are written against an *array namespace* ``xp`` that the executor passes in (numpy
+plus ``erf`` for the reference executor), so the IR imports no array library. What a namespace
+must provide: numpy's names for the functions used below (``add``, ``where``, ``sum``,
+``take_along_axis``, ...) and ``erf``.
+
+Adding an op kind is one ``OpKind`` in ``KINDS`` plus its tests.
+
+>>> kind("exp").category, kind("exp").arity
+(<Category.POINTWISE: 'pointwise'>, 1)
+>>> resolve("max", n_ins=1, reduces=True).reducer.identity
+-inf
+>>> kind("matmul").reducer.name, kind("argmax").reducer.pairs
+('sum', True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from apportion.errors import ProgramError
+from apportion.ir.dtypes import DTYPE_BYTES, FLOAT_DTYPES, check_dtype
+
+ALL_DTYPES = frozenset(DTYPE_BYTES)
+FLOATS = FLOAT_DTYPES
+INTEGERS = frozenset({"int8", "int32", "int64"})
+
+
+class Category(StrEnum):
+    """What shape of computation a kind is; plans print it as the op's ``kind``."""
+
+    POINTWISE = "pointwise"  # one output element from the same point of every input
+    REDUCTION = "reduction"  # one input, combined over the dims the output does not index
+    MATMUL = "matmul"  # sum over the reduction dims of a product of two inputs
+    LAYOUT = "layout"  # moves elements unchanged (copies, casts, re-indexing)
+    FALLBACK = "fallback"  # no iteration-space model: runs whole, on one core
+
+
+Array = Any
+Partial = Any  # an array, or (values, indices) for a value-index reducer
+
+
+@dataclass(frozen=True)
+class Reducer:
+    """How partial results of a reduction combine when its dim is split or tiled.
+
+    ``partial(xp, a, axes, starts, sizes)`` reduces ``axes`` of one box of the input (``starts``
+    and ``sizes``: where the box starts in each reduced dim and that dim's full size, which only
+    value-index reducers need); ``combine(xp, p, q)`` merges two partials in order; ``finish(xp,
+    p, count)`` turns the fully combined partial into the value (``count``: reduction points).
+    ``identity`` is what a fresh accumulator holds. ``widen``: float results accumulate in
+    float32, as the hardware does, so rounding happens once. ``pairs``: partials are (value,
+    flat index) pairs. ``tileable``: an accumulator buffer across loop iterations can hold it.
+    """
+
+    name: str
+    identity: float
+    partial: Callable[[Any, Array, tuple[int, ...], Sequence[int], Sequence[int]], Partial]
+    combine: Callable[[Any, Partial, Partial], Partial]
+    finish: Callable[[Any, Partial, int], Array] | None = None
+    widen: bool = True
+    pairs: bool = False
+    tileable: bool = True
+
+    def value(self, xp: Any, partial: Partial, count: int) -> Array:
+        """The value of a fully combined partial over ``count`` reduction points."""
+        return partial if self.finish is None else self.finish(xp, partial, count)
+
+    def accumulator_dtype(self, result_dtype: str) -> str:
+        """The dtype an accumulator of a ``result_dtype`` result holds.
+
+        >>> kind("sum").reducer.accumulator_dtype("float16")
+        'float32'
+        """
+        return "float32" if self.widen and result_dtype in FLOATS else result_dtype
+
+
+@dataclass(frozen=True)
+class OpKind:
+    """One op kind (see the module docstring).
+
+    ``result_dtype`` is a fixed dtype, or None for the dtype of the first value input (or the
+    ``dtype`` attribute of a cast). ``conditions`` are input positions read as truth values (any
+    dtype, non-zero is true); the other inputs are values and must have a dtype in ``accepts``.
+    ``attrs`` are the numeric attributes the kind takes (at least one of them when
+    ``attrs_required``). ``compute(xp, *inputs, **attrs)`` gives the result of a pointwise,
+    layout or matmul point (matmul: the product its reducer sums) or, for a fallback, the
+    whole result along the last axis of its input. ``builder`` names the Python builder's
+    function (None: no generated one). ``work_per_point`` is the cost model's operations per
+    iteration point. ``mlir_body`` is filled by the parallel-IR emitter (issue 9).
+    """
+
+    name: str
+    category: Category
+    arity: int
+    compute: Callable[..., Array] | None = None
+    reducer: Reducer | None = None
+    result_dtype: str | None = None
+    accepts: frozenset[str] = ALL_DTYPES
+    conditions: tuple[int, ...] = ()
+    attrs: tuple[str, ...] = ()
+    attrs_required: bool = False
+    builder: str | None = None
+    work_per_point: float = 1.0
+    mlir_body: str | None = None
+    doc: str = ""
+
+    # -- what the passes ask ------------------------------------------------------------------
+
+    @property
+    def divisible(self) -> bool:
+        """False when the op runs whole on one core (a fallback)."""
+        return self.category is not Category.FALLBACK
+
+    @property
+    def elementwise(self) -> bool:
+        """True when every output element comes from the same point of every input."""
+        return self.category in (Category.POINTWISE, Category.LAYOUT)
+
+    @property
+    def tileable_reduction(self) -> bool:
+        """True when the op may accumulate across the iterations of a loop over its reduction."""
+        return self.reducer is not None and self.reducer.tileable
+
+    def value_inputs(self, n_ins: int) -> tuple[int, ...]:
+        return tuple(i for i in range(n_ins) if i not in self.conditions)
+
+    def out_dtype(self, in_dtypes: Sequence[str], attrs: Mapping[str, str], where: str) -> str:
+        """The dtype of the result, checking the inputs' dtypes against ``accepts``."""
+        for i in self.value_inputs(len(in_dtypes)):
+            if in_dtypes[i] not in self.accepts:
+                raise ProgramError(
+                    f"{where}: {self.name} does not take {in_dtypes[i]} (input {i}); it takes "
+                    f"{', '.join(sorted(self.accepts))}")
+        if "dtype" in attrs:
+            return check_dtype(attrs["dtype"], where)
+        if self.result_dtype is not None:
+            return self.result_dtype
+        values = self.value_inputs(len(in_dtypes))
+        return in_dtypes[values[0]] if values else "float32"
+
+    def numeric_attrs(self, attrs: Mapping[str, str]) -> dict[str, float]:
+        """The numeric attributes as floats (only those the kind takes)."""
+        return {k: float(v) for k, v in attrs.items() if k in self.attrs}
+
+    def check_attrs(self, attrs: Mapping[str, str], where: str) -> None:
+        """Refuse attributes the kind does not take and numbers that are not finite."""
+        allowed = set(self.attrs) | ({"dtype"} if self.category is Category.LAYOUT else set())
+        for key, value in attrs.items():
+            if key == "fn":
+                continue  # the legacy fallback form names its kind with "fn"
+            if key not in allowed:
+                what = ", ".join(sorted(allowed)) or "none"
+                raise ProgramError(f"{where}: {self.name} takes no attribute {key!r}; "
+                                   f"attributes: {what}")
+            if key in self.attrs:
+                try:
+                    number = float(value)
+                except ValueError:
+                    number = math.nan
+                if not math.isfinite(number):
+                    raise ProgramError(f"{where}: attribute {key!r} of {self.name} must be a "
+                                       f"finite number, got {value!r}")
+        if self.attrs_required and not any(k in attrs for k in self.attrs):
+            raise ProgramError(f"{where}: {self.name} needs at least one of the attributes "
+                               f"{', '.join(self.attrs)}")
+
+
+# --- reducers --------------------------------------------------------------------------------
+
+def _plain(reduce: Callable[[Any, Array, tuple[int, ...]], Array]
+           ) -> Callable[[Any, Array, tuple[int, ...], Sequence[int], Sequence[int]], Array]:
+    return lambda xp, a, axes, starts, sizes: reduce(xp, a, axes)
+
+
+def _argmax_partial(xp: Any, a: Array, axes: tuple[int, ...], starts: Sequence[int],
+                    sizes: Sequence[int]) -> Partial:
+    """Max values and their flat indices, row-major over the full reduction dims."""
+    keep = [i for i in range(a.ndim) if i not in axes]
+    moved = xp.transpose(a, (*keep, *axes))
+    red_shape = moved.shape[len(keep):]
+    flat = moved.reshape(*moved.shape[:len(keep)], -1)
+    local = xp.argmax(flat, axis=-1)  # the first maximum: ties go to the lowest index
+    values = xp.take_along_axis(flat, local[..., None], axis=-1)[..., 0]
+    coords = xp.unravel_index(local, red_shape)
+    flat_index = xp.ravel_multi_index(
+        tuple(c + s for c, s in zip(coords, starts, strict=True)), tuple(sizes))
+    return values, xp.asarray(flat_index, dtype=xp.int64)
+
+
+def _argmax_combine(xp: Any, p: Partial, q: Partial) -> Partial:
+    (pv, pi), (qv, qi) = p, q
+    # NaN wins, as in argmax; equal values go to the lower flat index
+    take_q = (qv > pv) | (xp.isnan(qv) & ~xp.isnan(pv)) | ((qv == pv) & (qi < pi))
+    return xp.where(take_q, qv, pv), xp.where(take_q, qi, pi)
+
+
+SUM = Reducer("sum", 0.0, _plain(lambda xp, a, ax: xp.sum(a, axis=ax)),
+              lambda xp, p, q: xp.add(p, q))
+MEAN = Reducer("mean", 0.0, _plain(lambda xp, a, ax: xp.sum(a, axis=ax)),
+               lambda xp, p, q: xp.add(p, q), lambda xp, p, count: p / count)
+MAX = Reducer("max", -math.inf, _plain(lambda xp, a, ax: xp.max(a, axis=ax)),
+              lambda xp, p, q: xp.maximum(p, q))
+MIN = Reducer("min", math.inf, _plain(lambda xp, a, ax: xp.min(a, axis=ax)),
+              lambda xp, p, q: xp.minimum(p, q))
+PROD = Reducer("prod", 1.0, _plain(lambda xp, a, ax: xp.prod(a, axis=ax)),
+               lambda xp, p, q: xp.multiply(p, q))
+ANY = Reducer("any", 0.0, _plain(lambda xp, a, ax: xp.any(a != 0, axis=ax)),
+              lambda xp, p, q: xp.logical_or(p, q), widen=False)
+# An accumulator buffer holds one array per tensor, not value-index pairs: argmax splits across
+# cores (pairs combine in registers) but does not accumulate across loop iterations.
+ARGMAX = Reducer("argmax", -math.inf, _argmax_partial, _argmax_combine,
+                 lambda xp, p, count: p[1], widen=False, pairs=True, tileable=False)
+
+#: reducer name -> reducer (plans name a loop's init, combine and finish steps by it)
+REDUCERS: dict[str, Reducer] = {r.name: r for r in (SUM, MEAN, MAX, MIN, PROD, ANY, ARGMAX)}
+
+
+# --- pointwise semantics ---------------------------------------------------------------------
+
+def _sigmoid(xp: Any, x: Array) -> Array:
+    return 0.5 * (1.0 + xp.tanh(0.5 * x))  # the tanh form never overflows
+
+
+def _gelu_tanh(xp: Any, x: Array) -> Array:
+    # the tanh approximation (torch's gelu(approximate="tanh")), not the erf form
+    c = math.sqrt(2.0 / math.pi)
+    return 0.5 * x * (1.0 + xp.tanh(c * (x + 0.044715 * x * x * x)))
+
+
+def _softplus(xp: Any, x: Array) -> Array:
+    # torch's softplus (beta 1, threshold 20): x itself above the threshold, where exp overflows
+    return xp.where(x > 20, x, xp.log1p(xp.exp(xp.minimum(x, 20))))
+
+
+def _clamp(xp: Any, x: Array, min: float | None = None, max: float | None = None) -> Array:
+    out = x if min is None else xp.maximum(x, min)
+    return out if max is None else xp.minimum(out, max)
+
+
+def _pointwise(name: str, arity: int, compute: Callable[..., Array], doc: str,
+               builder: str | None = None, **extra: Any) -> OpKind:
+    return OpKind(name, Category.POINTWISE, arity, compute, builder=builder or name, doc=doc,
+                  **extra)
+
+
+def _reduction(reducer: Reducer, builder: str, doc: str, **extra: Any) -> OpKind:
+    return OpKind(reducer.name, Category.REDUCTION, 1, None, reducer, builder=builder, doc=doc,
+                  **extra)
+
+
+def _fallback(name: str, compute: Callable[[Any, Array], Array], doc: str) -> OpKind:
+    return OpKind(name, Category.FALLBACK, 1, compute, builder=name, doc=doc)
+
+
+_COMPARE = {"result_dtype": "bool"}
+_LOGICAL = {"result_dtype": "bool", "conditions": (0, 1)}
+
+#: every op kind apportion knows
+KINDS: tuple[OpKind, ...] = (
+    # binary arithmetic
+    _pointwise("add", 2, lambda xp, a, b: xp.add(a, b), "``x + y``"),
+    _pointwise("sub", 2, lambda xp, a, b: xp.subtract(a, b), "``x - y``"),
+    _pointwise("mul", 2, lambda xp, a, b: xp.multiply(a, b), "``x * y``"),
+    _pointwise("div", 2, lambda xp, a, b: xp.divide(a, b), "``x / y``"),
+    _pointwise("max", 2, lambda xp, a, b: xp.maximum(a, b), "elementwise larger of two tensors",
+               "maximum"),
+    _pointwise("min", 2, lambda xp, a, b: xp.minimum(a, b), "elementwise smaller of two tensors",
+               "minimum"),
+    _pointwise("pow", 2, lambda xp, a, b: xp.power(a, b), "``x ** y``"),
+    _pointwise("floor_div", 2, lambda xp, a, b: xp.floor_divide(a, b),
+               "integer division rounding down (Python's ``//``, torch's floor_divide)",
+               accepts=INTEGERS),
+    _pointwise("remainder", 2, lambda xp, a, b: xp.remainder(a, b),
+               "remainder with the divisor's sign (Python's ``%``, torch's remainder)",
+               accepts=INTEGERS),
+    # comparisons and logic: bool results
+    _pointwise("eq", 2, lambda xp, a, b: xp.equal(a, b), "``x == y``", **_COMPARE),
+    _pointwise("ne", 2, lambda xp, a, b: xp.not_equal(a, b), "``x != y``", **_COMPARE),
+    _pointwise("lt", 2, lambda xp, a, b: xp.less(a, b), "``x < y``", **_COMPARE),
+    _pointwise("le", 2, lambda xp, a, b: xp.less_equal(a, b), "``x <= y``", **_COMPARE),
+    _pointwise("gt", 2, lambda xp, a, b: xp.greater(a, b), "``x > y``", **_COMPARE),
+    _pointwise("ge", 2, lambda xp, a, b: xp.greater_equal(a, b), "``x >= y``", **_COMPARE),
+    _pointwise("logical_and", 2, lambda xp, a, b: xp.logical_and(a != 0, b != 0),
+               "both non-zero", **_LOGICAL),
+    _pointwise("logical_or", 2, lambda xp, a, b: xp.logical_or(a != 0, b != 0),
+               "either non-zero", **_LOGICAL),
+    _pointwise("logical_not", 1, lambda xp, a: a == 0, "zero", result_dtype="bool",
+               conditions=(0,)),
+    _pointwise("where", 3, lambda xp, c, a, b: xp.where(c != 0, a, b),
+               "``x`` where ``cond`` is non-zero, else ``y``: ``ap.where(cond, x, y)``",
+               conditions=(0,)),
+    # unary
+    _pointwise("neg", 1, lambda xp, a: xp.negative(a), "``-x``"),
+    _pointwise("abs", 1, lambda xp, a: xp.abs(a), "``|x|``"),
+    _pointwise("exp", 1, lambda xp, a: xp.exp(a), "``e**x``"),
+    _pointwise("log", 1, lambda xp, a: xp.log(a), "natural log"),
+    _pointwise("sqrt", 1, lambda xp, a: xp.sqrt(a), "square root"),
+    _pointwise("rsqrt", 1, lambda xp, a: 1.0 / xp.sqrt(a), "``1 / sqrt(x)``"),
+    _pointwise("tanh", 1, lambda xp, a: xp.tanh(a), "hyperbolic tangent"),
+    _pointwise("sigmoid", 1, _sigmoid, "logistic sigmoid"),
+    _pointwise("relu", 1, lambda xp, a: xp.maximum(a, 0), "``max(x, 0)``"),
+    _pointwise("silu", 1, lambda xp, a: a * _sigmoid(xp, a), "``x * sigmoid(x)``"),
+    _pointwise("gelu", 1, _gelu_tanh, "GELU, tanh approximation"),
+    _pointwise("square", 1, lambda xp, a: xp.square(a), "``x * x``"),
+    _pointwise("reciprocal", 1, lambda xp, a: xp.reciprocal(a), "``1 / x``"),
+    _pointwise("sin", 1, lambda xp, a: xp.sin(a), "sine (rotary embeddings)", accepts=FLOATS),
+    _pointwise("cos", 1, lambda xp, a: xp.cos(a), "cosine (rotary embeddings)", accepts=FLOATS),
+    _pointwise("erf", 1, lambda xp, a: xp.erf(a), "the error function", accepts=FLOATS),
+    _pointwise("softplus", 1, _softplus, "``log(1 + e**x)`` (torch's, threshold 20)",
+               accepts=FLOATS),
+    _pointwise("clamp", 1, _clamp, "``x`` limited to ``[min, max]``: ``ap.clamp(x, min=0.0)``",
+               attrs=("min", "max"), attrs_required=True),
+    # layout
+    OpKind("copy", Category.LAYOUT, 1, lambda xp, a: a, doc="a copy, cast to ``dtype`` if given"),
+    # contraction
+    OpKind("matmul", Category.MATMUL, 2, lambda xp, a, b: xp.multiply(a, b), SUM,
+           work_per_point=2.0, doc="sum over the reduction dims of ``x * w``"),
+    # reductions
+    _reduction(SUM, "sum", "sum over ``dim``"),
+    _reduction(MEAN, "mean", "mean over ``dim``"),
+    _reduction(MAX, "amax", "maximum over ``dim``"),
+    _reduction(MIN, "amin", "minimum over ``dim``"),
+    _reduction(PROD, "prod", "product over ``dim``"),
+    _reduction(ANY, "any", "true where any element over ``dim`` is non-zero",
+               result_dtype="bool", conditions=(0,)),
+    _reduction(ARGMAX, "argmax", "index (int64) of the first maximum over ``dim``",
+               result_dtype="int64"),
+    # whole-tensor functions along the last axis
+    _fallback("sort", lambda xp, a: xp.sort(a, axis=-1), "sorted along the last axis"),
+    _fallback("cumsum", lambda xp, a: xp.cumsum(a, axis=-1),
+              "running sum along the last axis"),
+    _fallback("flip", lambda xp, a: xp.flip(a, axis=-1), "reversed along the last axis"),
+)
+
+_BY_NAME: dict[str, tuple[OpKind, ...]] = {}
+for _k in KINDS:
+    _BY_NAME[_k.name] = (*_BY_NAME.get(_k.name, ()), _k)
+# the program format's older spelling of a fallback: "op": "fallback", "fn": "sort"
+FALLBACK_OP = "fallback"
+
+
+def names() -> tuple[str, ...]:
+    """Every op name a program may use, sorted."""
+    return tuple(sorted({*_BY_NAME, FALLBACK_OP}))
+
+
+def kind(name: str, category: Category | None = None) -> OpKind:
+    """The kind called ``name`` (of ``category`` where a name has two, like ``max``)."""
+    found = _BY_NAME.get(name, ())
+    if category is not None:
+        found = tuple(k for k in found if k.category is category)
+    if not found:
+        raise ProgramError(f"unknown op {name!r}; valid: {', '.join(names())}")
+    return found[0]
+
+
+def resolve(name: str, n_ins: int, reduces: bool, fn: str | None = None) -> OpKind:
+    """The kind an op means: ``max``/``min`` are pointwise with two inputs and reductions with
+    one input and reduction dims; ``fallback`` takes its kind from ``fn``."""
+    if name == FALLBACK_OP:
+        fallbacks = sorted(k.name for k in KINDS if k.category is Category.FALLBACK)
+        if fn is None or fn not in _BY_NAME or kind(fn).category is not Category.FALLBACK:
+            raise ProgramError(f"fallback needs \"fn\" naming one of {', '.join(fallbacks)}")
+        return kind(fn)
+    found = _BY_NAME.get(name)
+    if found is None:
+        raise ProgramError(f"unknown op {name!r}; valid: {', '.join(names())}")
+    if len(found) == 1:
+        return found[0]
+    want = Category.REDUCTION if n_ins == 1 and reduces else Category.POINTWISE
+    return kind(name, want)
+
+
+def builder_kinds() -> tuple[OpKind, ...]:
+    """The kinds the Python builder makes a function for."""
+    return tuple(k for k in KINDS if k.builder is not None)
+
+
+@dataclass(frozen=True)
+class _Check:
+    """Registry consistency, checked at import: one builder name per kind, valid dtypes."""
+
+    kinds: tuple[OpKind, ...] = field(default=KINDS)
+
+    def __post_init__(self) -> None:
+        seen: dict[str, str] = {}
+        for k in self.kinds:
+            if k.builder is not None:
+                if k.builder in seen:
+                    raise ProgramError(f"op kinds {seen[k.builder]!r} and {k.name!r} share the "
+                                       f"builder name {k.builder!r}")
+                seen[k.builder] = k.name
+            if k.result_dtype is not None:
+                check_dtype(k.result_dtype, f"op kind {k.name!r}")
+            if (k.reducer is None) != (k.category not in (Category.REDUCTION, Category.MATMUL)):
+                raise ProgramError(f"op kind {k.name!r}: reductions and matmul need a reducer, "
+                                   "others none")
+
+
+_Check()
