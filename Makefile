@@ -17,6 +17,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check apportion tests
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -n 2 -p no:cacheprovider
 
 bench: $(STAMP)

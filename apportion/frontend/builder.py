@@ -18,23 +18,23 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from apportion.errors import ProgramError
-from apportion.frontend.json_format import inferred_dtype
+from apportion.frontend.json_format import inferred_dtype, number_attr
 from apportion.ir.affine import AffineExpr
 from apportion.ir.dtypes import check_dtype
+from apportion.ir.kinds import Category, OpKind, builder_kinds, kind
 from apportion.ir.op import Access, Op
 from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
 
 __all__ = [
     "BinaryOp", "Dim", "Hint", "ProgramBuilder", "Reduction", "Tensor", "UnaryOp",
-    "add", "amax", "amin", "argmax", "cast", "dim", "div", "exp", "gelu", "hint", "log", "matmul",
-    "maximum", "mean", "minimum", "mul", "neg", "program", "relu", "rsqrt", "sigmoid", "silu",
-    "sqrt", "sub", "sum", "tanh",
+    "cast", "dim", "hint", "matmul", "program",
+    *(k.builder for k in builder_kinds() if k.builder),
 ]
 
 _ZERO = AffineExpr.constant(0)
@@ -115,7 +115,7 @@ class Tensor:
         return matmul(self, other)
 
     def __neg__(self) -> Tensor:
-        return neg(self)
+        return _unary("neg", "neg", self, None)
 
 
 class Hint:
@@ -425,25 +425,39 @@ def _elementwise(b: ProgramBuilder, op_name: str, fn: str, ins: Sequence[Tensor]
 
 
 def _binary(fn: str, base: str, x: object, y: object, name: str | None) -> Tensor:
-    b, op_name = _start(base, name, x, y)
-    assert isinstance(x, Tensor) and isinstance(y, Tensor)
-    _same_dtype(op_name, x, y)
-    rank = max(len(x.dims), len(y.dims))
-    xs = (None,) * (rank - len(x.dims)) + x.dims
-    ys = (None,) * (rank - len(y.dims)) + y.dims
+    return _nary(kind(fn, Category.POINTWISE), base, (x, y), name, {})
+
+
+def _nary(k: OpKind, base: str, operands: Sequence[object], name: str | None,
+          attrs: dict[str, str]) -> Tensor:
+    """An elementwise op of ``k`` over ``operands`` broadcast against each other."""
+    b, op_name = _start(base, name, *operands)
+    xs = [t for t in operands if isinstance(t, Tensor)]
+    values = [xs[i] for i in k.value_inputs(len(xs))]
+    for other in values[1:]:
+        _same_dtype(op_name, values[0], other)
+    rank = max(len(t.dims) for t in xs)
     out: list[Dim] = []
-    for axis, (p, q) in enumerate(zip(xs, ys, strict=True)):
-        if p is None or q is None:
-            m = q if p is None else p
-        else:
-            m = q if p.size == 1 else p if q.size == 1 else _match(p, q)
-        if m is None:
-            raise ProgramError(
-                f"op {op_name!r}: tensor {x.name!r} dims {_dims_text(x.dims)} and tensor "
-                f"{y.name!r} dims {_dims_text(y.dims)} do not broadcast: dim {p} vs dim {q} "
-                f"at axis {axis}")
+    for axis in range(rank):
+        axes = [t.dims[axis - rank + len(t.dims)] if axis - rank + len(t.dims) >= 0 else None
+                for t in xs]
+        m: Dim | None = None
+        for t, p in zip(xs, axes, strict=True):
+            if p is None:
+                continue
+            if m is None or m.size == 1:
+                m, first = p, t
+            elif p.size != 1:
+                common = _match(m, p)
+                if common is None:
+                    raise ProgramError(
+                        f"op {op_name!r}: tensor {first.name!r} dims {_dims_text(first.dims)} "
+                        f"and tensor {t.name!r} dims {_dims_text(t.dims)} do not broadcast: "
+                        f"dim {m} vs dim {p} at axis {axis}")
+                m = common
+        assert m is not None
         out.append(m)
-    return _elementwise(b, op_name, fn, (x, y), tuple(out))
+    return _elementwise(b, op_name, k.name, xs, tuple(out), attrs)
 
 
 def _unary(fn: str, base: str, x: Tensor, name: str | None,
@@ -504,51 +518,59 @@ class Reduction(Protocol):
                  name: str | None = None) -> Tensor: ...
 
 
-def _unary_op(fn: str, base: str, doc: str) -> UnaryOp:
-    def op(x: Tensor, *, name: str | None = None) -> Tensor:
-        return _unary(fn, base, x, name)
-    op.__name__ = op.__qualname__ = base
-    op.__doc__ = doc
-    return op
+def _number_attrs(k: OpKind, where: str, attrs: dict[str, object]) -> dict[str, str]:
+    out = {}
+    for key, value in attrs.items():
+        if key not in k.attrs:
+            valid = ", ".join(k.attrs) or "none"
+            raise ProgramError(f"{where}: {k.name} takes no attribute {key!r}; attributes: {valid}")
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ProgramError(f"{where}: attribute {key!r} must be a number, got {value!r}")
+        out[key] = number_attr(value)
+    return out
 
 
-def _binary_op(fn: str, base: str, doc: str) -> BinaryOp:
-    def op(x: Tensor, y: Tensor, *, name: str | None = None) -> Tensor:
-        return _binary(fn, base, x, y, name)
-    op.__name__ = op.__qualname__ = base
-    op.__doc__ = doc
-    return op
+def _kind_function(k: OpKind) -> Callable[..., Tensor]:
+    """The builder function of one registry kind (its ``builder`` name)."""
+    base = k.builder or k.name
+    if k.category is Category.REDUCTION:
+        def reduction(x: Tensor, dim: Dim | int, *, keepdim: bool = True,
+                      name: str | None = None) -> Tensor:
+            return _reduce(k.name, base, x, dim, keepdim, name)
+        fn: Callable[..., Tensor] = reduction
+        doc = (f"{k.doc[0].upper()}{k.doc[1:]}: ``ap.{base}(x, B)``. ``keepdim=True`` (default) "
+               "keeps ``dim`` as size 1.")
+    elif k.category is Category.FALLBACK:
+        def whole(x: Tensor, *, name: str | None = None) -> Tensor:
+            return _unary(k.name, base, x, name)
+        fn = whole
+        doc = f"{k.doc[0].upper()}{k.doc[1:]}, on one core (a fallback): ``ap.{base}(x)``."
+    else:
+        def elementwise(*xs: Tensor, name: str | None = None, **attrs: object) -> Tensor:
+            if len(xs) != k.arity:
+                raise ProgramError(f"ap.{base} takes {k.arity} tensor"
+                                   f"{'s' if k.arity != 1 else ''}, got {len(xs)}")
+            return _nary(k, base, xs, name, _number_attrs(k, f"ap.{base}", attrs))
+        fn = elementwise
+        doc = f"Elementwise {k.doc}, with broadcast."
+    fn.__name__ = fn.__qualname__ = base
+    fn.__doc__ = doc
+    return fn
 
 
-def _reduction(fn: str, base: str, doc: str) -> Reduction:
-    def op(x: Tensor, dim: Dim | int, *, keepdim: bool = True, name: str | None = None) -> Tensor:
-        return _reduce(fn, base, x, dim, keepdim, name)
-    op.__name__ = op.__qualname__ = base
-    op.__doc__ = doc + " ``keepdim=True`` (default) keeps ``dim`` as size 1."
-    return op
+#: builder name -> function, one per registry kind that has a builder name
+OP_FUNCTIONS: dict[str, Callable[..., Tensor]] = {k.builder: _kind_function(k)
+                                                  for k in builder_kinds() if k.builder}
 
 
-add = _binary_op("add", "add", "``x + y`` with broadcast: ``ap.add(x, y, name='res')``.")
-sub = _binary_op("sub", "sub", "``x - y`` with broadcast.")
-mul = _binary_op("mul", "mul", "``x * y`` with broadcast.")
-div = _binary_op("div", "div", "``x / y`` with broadcast.")
-maximum = _binary_op("max", "maximum", "Elementwise larger of two tensors: ``ap.maximum(x, y)``.")
-minimum = _binary_op("min", "minimum", "Elementwise smaller of two tensors.")
-neg = _unary_op("neg", "neg", "``-x``.")
-exp = _unary_op("exp", "exp", "Elementwise ``e**x``: ``ap.exp(x)``.")
-log = _unary_op("log", "log", "Elementwise natural log.")
-sqrt = _unary_op("sqrt", "sqrt", "Elementwise square root.")
-rsqrt = _unary_op("rsqrt", "rsqrt", "Elementwise ``1 / sqrt(x)``.")
-tanh = _unary_op("tanh", "tanh", "Elementwise hyperbolic tangent.")
-sigmoid = _unary_op("sigmoid", "sigmoid", "Elementwise logistic sigmoid.")
-relu = _unary_op("relu", "relu", "Elementwise ``max(x, 0)``.")
-silu = _unary_op("silu", "silu", "Elementwise ``x * sigmoid(x)``.")
-gelu = _unary_op("gelu", "gelu", "Elementwise GELU.")
-sum = _reduction("sum", "sum", "Sum over ``dim``: ``ap.sum(x, B)``.")
-mean = _reduction("mean", "mean", "Mean over ``dim``: ``ap.mean(x, B)``.")
-amax = _reduction("max", "amax", "Maximum over ``dim``: ``ap.amax(x, B)``.")
-amin = _reduction("min", "amin", "Minimum over ``dim``: ``ap.amin(x, B)``.")
-argmax = _reduction("argmax", "argmax", "Index (int64) of the maximum over ``dim``.")
+def __getattr__(name: str) -> Callable[..., Tensor]:
+    # module attributes, not globals: ``sum``, ``any``, ``abs`` must not shadow the builtins here
+    try:
+        return OP_FUNCTIONS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 def cast(x: Tensor, dtype: str, *, name: str | None = None) -> Tensor:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import os
 import reprlib
 import sys
@@ -113,6 +114,7 @@ def _closest(key: str, valid: tuple[str, ...]) -> str | None:
     close = difflib.get_close_matches(key, valid, n=len(valid))
     if not close:
         return None
+
     def ratio(c: str) -> float:
         return difflib.SequenceMatcher(None, c, key).ratio()
 
@@ -295,10 +297,18 @@ def _attrs(od: dict[str, Any], where: str) -> dict[str, str]:
     for k in NUMBER_ATTRS:
         if k in od:
             v = od[k]
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                raise ProgramError(f"{where}: field {k!r} must be a number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v):
+                raise ProgramError(f"{where}: field {k!r} must be a finite number, got "
+                                   f"{_show(v)}")
             attrs[k] = number_attr(v)
     return attrs
+
+
+def _finite(v: float) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def number_attr(value: float) -> str:
