@@ -49,7 +49,9 @@ def round_bf16(a: np.ndarray) -> np.ndarray:
     bits = f.view(np.uint32).astype(np.uint64)
     lsb = (bits >> 16) & 1
     rounded = ((bits + 0x7FFF + lsb) & 0xFFFF0000).astype(np.uint32).view(np.float32)
-    return np.where(np.isnan(f), f, rounded).astype(np.float32, copy=False)
+    # ascontiguousarray makes a 0-d array 1-d: give the result the input's shape back
+    out = np.where(np.isnan(f), f, rounded).astype(np.float32, copy=False)
+    return out.reshape(np.shape(a))
 
 
 def storage_dtype(dtype: str) -> type[np.generic]:

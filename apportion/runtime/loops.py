@@ -92,7 +92,8 @@ class Memory:
 
 def _slices(reg: Region, origin: Region | None = None) -> tuple[slice, ...]:
     base = [lo for lo, _ in origin] if origin else [0] * len(reg)
-    return tuple(slice(lo - b, hi - b) for (lo, hi), b in zip(reg, base, strict=True))
+    # the trailing Ellipsis keeps a rank-0 index a view (a[()] would be a scalar copy)
+    return (*(slice(lo - b, hi - b) for (lo, hi), b in zip(reg, base, strict=True)), ...)
 
 
 def _extent(reg: Region) -> tuple[int, ...]:

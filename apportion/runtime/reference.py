@@ -228,8 +228,11 @@ def check_cover(op: Op, boxes: Sequence[Box]) -> None:
             raise ExecutionError(f"op {op.name!r}: core {i} box names dims {sorted(b)}, "
                                  f"expected {list(dims)}")
         _check_box(op, b)
-    lo = np.array([[b[d][0] for d in dims] for b in boxes], dtype=np.int64).reshape(-1, len(dims))
-    hi = np.array([[b[d][1] for d in dims] for b in boxes], dtype=np.int64).reshape(-1, len(dims))
+    # rank-0 ops (all indices literal) have boxes with no dims: shape (boxes, 0)
+    lo = np.array([[b[d][0] for d in dims] for b in boxes], dtype=np.int64).reshape(
+        len(boxes), len(dims))
+    hi = np.array([[b[d][1] for d in dims] for b in boxes], dtype=np.int64).reshape(
+        len(boxes), len(dims))
     for i in range(len(boxes) - 1):
         # Boxes overlap when their ranges intersect in every dim.
         hit = np.all(np.maximum(lo[i], lo[i + 1:]) < np.minimum(hi[i], hi[i + 1:]), axis=1)
