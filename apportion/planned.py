@@ -1,41 +1,98 @@
-"""``ap.plan``: a program planned for a target, with its emitters and executors at hand."""
+"""``ap.plan``: a program planned for a target, the value users hold, with its emitters and runs.
+
+>>> import apportion as ap
+>>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
+>>> planned.op("add").cores, [g.counts for g in planned.groups]
+(8, [(2, 4)])
+>>> all(c.ok for c in planned.check())
+True
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from apportion.errors import ExecutionError, PlanningError, ProgramError, TargetError
 from apportion.ir.program import Program
+from apportion.passes.pipeline import Stage
 from apportion.passes.pipeline import plan as run_pipeline
+from apportion.passes.work_distribution import STRATEGIES
+from apportion.plans.memory import Buffer, GroupPlan
 from apportion.plans.plan import OpPlan, Plan
-from apportion.target.presets import spyre
+from apportion.target.presets import PRESETS, spyre
 from apportion.target.target import Target
 
 if TYPE_CHECKING:
     from apportion.codegen.specs import SpecProgram
+    from apportion.runtime.reference import OutputCheck
 
 
 @dataclass(frozen=True)
 class PlannedProgram:
-    """A program, its target and its plan.
+    """A program, the target it was planned for, and its plan.
 
-    >>> import apportion as ap
-    >>> planned = ap.plan(ap.load("examples/mlp.json"), target=ap.targets.spyre(cores=8))
-    >>> planned.op("act").cores
-    8
+    ``run`` executes the plan core by core (loop nests iteration by iteration in simulated
+    memory), ``check`` compares that with the unplanned program, ``loopspec``/``bundle_mlir``
+    emit it, ``to_json`` prints plan format v1 and ``from_json`` reads it back.
     """
 
     program: Program
     target: Target
     plan: Plan
 
+    def __post_init__(self) -> None:
+        if self.plan.program != self.program.name or [o.name for o in self.plan.ops] != [
+                o.name for o in self.program.ops]:
+            raise PlanningError(f"plan of {self.plan.program!r} does not fit program "
+                                f"{self.program.name!r}: its ops differ")
+        if (self.plan.target, self.plan.cores) != (self.target.name, self.target.cores):
+            raise PlanningError(f"plan is for target {self.plan.target!r} with "
+                                f"{self.plan.cores} cores, not {self.target.name!r} with "
+                                f"{self.target.cores}")
+
+    # -- what was decided -----------------------------------------------------------------------
+
     def op(self, name: str) -> OpPlan:
+        """The plan of op ``name``."""
         return self.plan.op(name)
 
+    @property
+    def ops(self) -> tuple[OpPlan, ...]:
+        return self.plan.ops
+
+    @property
+    def groups(self) -> tuple[GroupPlan, ...]:
+        """The loop groups (coarse tiling) with their scratchpad plans."""
+        return self.plan.groups
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return self.plan.buffers
+
+    # -- formats and emitters -------------------------------------------------------------------
+
     def to_json(self) -> str:
+        """Plan format v1 (JSON)."""
         from apportion.plans.serialize import to_json
 
         return to_json(self.plan)
+
+    @staticmethod
+    def from_json(text: str, program: Any, target: Target | None = None) -> PlannedProgram:
+        """Read plan format v1 back for ``program``; without ``target``, the preset the plan
+        names is used with its core count (a plan for a TOML target needs the target given)."""
+        from apportion.plans.serialize import from_json
+
+        plan = from_json(text)
+        if target is None:
+            if plan.target not in PRESETS:
+                raise TargetError(f"plan is for target {plan.target!r}, not a preset "
+                                  f"({', '.join(PRESETS)}): pass the target it was made for")
+            target = PRESETS[plan.target](plan.cores)
+        return PlannedProgram(_program(program, "PlannedProgram.from_json"),
+                              _target(target, "PlannedProgram.from_json"), plan)
 
     def loopspec(self) -> SpecProgram:
         """The plan as nested LoopSpec / OpSpec values, ops outside loops bare, in program order.
@@ -50,37 +107,93 @@ class PlannedProgram:
         return loopspec(self.program, self.plan, self.target)
 
     def bundle_mlir(self, unrolled: bool = False) -> str:
-        """The loop bundle as MLIR text: ``scf.for`` loops of ``"apportion.execute"`` launches.
+        """The loop bundle as MLIR text, checked to parse and verify: ``scf.for`` loops of
+        ``"apportion.execute"`` launches (``unrolled``: every iteration with constant
+        addresses)."""
+        from apportion.codegen.bundle import render_bundle, verify_mlir
 
-        ``unrolled`` lists every iteration's launches with their addresses as constants.
-        """
-        from apportion.codegen.bundle import bundle_mlir
+        text = render_bundle(self.loopspec(), self.program.name, unrolled=unrolled)
+        verify_mlir(text)
+        return text
 
-        return bundle_mlir(self.program, self.plan, self.target, unrolled=unrolled)
+    # -- running ----------------------------------------------------------------------------------
 
-    def run(self, inputs: dict[str, Any] | None = None, threads: int | None = None
-            ) -> dict[str, Any]:
-        """Execute the plan core by core (random inputs unless given); returns every tensor."""
+    def run(self, inputs: Mapping[str, Any] | None = None, threads: int | None = None,
+            params: Mapping[str, int] | None = None) -> dict[str, Any]:
+        """Execute the plan core by core (random inputs unless given); returns the tensors held
+        whole. ``params`` gives symbolic loop counts (within the target's ``max_loop_count``)."""
         from apportion.runtime import random_inputs, run_planned
 
-        xs = inputs or random_inputs(self.program)
-        if self.plan.groups:  # loop nests run tile by tile (runtime.loops)
-            from apportion.runtime.loops import run_tiled
+        self._check_params(params)
+        xs = random_inputs(self.program) if inputs is None else inputs
+        return run_planned(self.program, self.plan, xs, threads=threads, params=params)
 
-            return run_tiled(self.program, self.plan, xs, threads=threads)
-        return run_planned(self.program, self.plan, xs, threads=threads)
-
-    def check(self, seed: int = 0) -> list[Any]:
+    def check(self, seed: int = 0, threads: int | None = None,
+              params: Mapping[str, int] | None = None) -> list[OutputCheck]:
         """Run planned and unplanned on the same random inputs and compare every output."""
         from apportion.runtime import compare, random_inputs, run_unplanned
 
         inputs = random_inputs(self.program, seed)
-        return compare(run_unplanned(self.program, inputs), self.run(inputs), self.program)
+        return compare(run_unplanned(self.program, inputs),
+                       self.run(inputs, threads=threads, params=params), self.program)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """Names of the symbolic loop counts a run needs values for."""
+        return tuple(dict.fromkeys(p for g in self.plan.groups for p in g.params))
+
+    def _check_params(self, params: Mapping[str, int] | None) -> None:
+        given = dict(params or {})
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            valid = ", ".join(self.params) or "none"
+            raise ExecutionError(f"{unknown[0]!r} is not a symbolic loop count of "
+                                 f"{self.program.name!r}; symbolic counts: {valid}")
+        for name, value in given.items():
+            if isinstance(value, bool) or not isinstance(value, int) or not (
+                    1 <= value <= self.target.max_loop_count):
+                raise ExecutionError(f"symbolic loop count {name!r} = {value!r}: must be an "
+                                     f"int in 1..{self.target.max_loop_count} (the target's "
+                                     "max_loop_count)")
 
 
-def plan(program: Any, target: Target | None = None, strategy: str = "balanced"
-         ) -> PlannedProgram:
-    """Plan a Program (or a builder's program) for ``target`` (default: spyre)."""
-    prog = program if isinstance(program, Program) else program.program
-    tgt = target or spyre()
-    return PlannedProgram(prog, tgt, run_pipeline(prog, tgt, strategy))
+def _program(program: Any, where: str) -> Program:
+    """The IR program of ``program`` (a Program or a builder), or a clear error."""
+    if isinstance(program, Program):
+        return program
+    built = getattr(program, "program", None)
+    if isinstance(built, Program):  # a ProgramBuilder (``with ap.program(...) as p``)
+        return built
+    hint = ": read a program file with ap.load(path) first" if isinstance(program, str) else ""
+    raise ProgramError(f"{where} needs a Program or a builder's program, got "
+                       f"{type(program).__name__} {program!r}"[:200] + hint)
+
+
+def _target(target: Any, where: str) -> Target:
+    if isinstance(target, Target):
+        return target
+    hint = (f": make one with ap.targets.resolve({target!r})" if isinstance(target, str) else
+            "")
+    raise TargetError(f"{where} needs a Target (ap.targets.spyre(cores=8), "
+                      f"ap.targets.load_toml(path)), got {type(target).__name__} "
+                      f"{target!r}"[:200] + hint)
+
+
+def plan(program: Any, target: Target | None = None, strategy: str = "balanced",
+         auto_tile: bool = False, debug: Stage | None = None) -> PlannedProgram:
+    """Plan ``program`` (a Program or a builder's) for ``target`` (default: spyre, 32 cores or
+    ``SENCORES``) under ``strategy`` (``balanced`` or ``greedy``); ``auto_tile`` picks each
+    tiling group's loop counts; ``debug(stage, value)`` sees every stage's result.
+
+    >>> import apportion as ap
+    >>> planned = ap.plan(ap.load("examples/mlp.json"), target=ap.targets.spyre(cores=8))
+    >>> planned.op("act").cores
+    8
+    """
+    prog = _program(program, "ap.plan")
+    tgt = spyre() if target is None else _target(target, "ap.plan")
+    if not isinstance(strategy, str) or strategy not in STRATEGIES:
+        raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    if not isinstance(auto_tile, bool):
+        raise PlanningError(f"auto_tile must be True or False, got {auto_tile!r}")
+    return PlannedProgram(prog, tgt, run_pipeline(prog, tgt, strategy, debug, auto_tile))

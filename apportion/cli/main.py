@@ -11,14 +11,13 @@ from typing import TYPE_CHECKING
 
 from rich.console import Console
 
-from apportion.errors import ApportionError
+from apportion.errors import ApportionError, ExecutionError
 from apportion.ir.program import Program
 from apportion.passes.work_distribution import STRATEGIES
-from apportion.plans.plan import Plan
 from apportion.target.presets import resolve
-from apportion.target.target import Target
 
 if TYPE_CHECKING:
+    from apportion.planned import PlannedProgram
     from apportion.runtime.reference import OutputCheck
 
 DEFAULT = "default"
@@ -43,53 +42,60 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "scratchpad")
 
 
-def _planned(args: argparse.Namespace) -> tuple[Program, Target, Plan]:
-    from apportion.passes.pipeline import plan
+def _planned(args: argparse.Namespace) -> PlannedProgram:
+    from apportion.planned import plan
 
     program = _load_program(args.program)
     target = resolve(args.target, args.cores)
-    return program, target, plan(program, target, args.strategy,
-                                 auto_tile=getattr(args, "auto_tile", False))
+    return plan(program, target, args.strategy, auto_tile=args.auto_tile)
+
+
+def _params(pairs: list[str] | None) -> dict[str, int]:
+    """``--param T=4`` values (symbolic loop counts) as a dict."""
+    out: dict[str, int] = {}
+    for text in pairs or []:
+        name, eq, value = text.partition("=")
+        if not eq or not name.strip().isidentifier():
+            raise ExecutionError(f"--param {text!r}: expected NAME=COUNT, like T=4")
+        try:
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise ExecutionError(f"--param {text!r}: count {value!r} is not an integer") from None
+    return out
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli.report import print_report
     from apportion.plans.export import coefficient_splits
-    from apportion.plans.serialize import to_json
 
-    program, target, plan = _planned(args)
+    planned = _planned(args)
     if args.format == "json":
-        print(to_json(plan))
+        print(planned.to_json())
     elif args.format == "coeffs":
-        print(json.dumps([coefficient_splits(program, plan, o) for o in plan.ops], indent=2))
+        print(json.dumps([coefficient_splits(planned.program, planned.plan, o)
+                          for o in planned.ops], indent=2))
     else:
-        print_report(plan, target, console)
+        print_report(planned.plan, planned.target, console)
     if args.plot:
         from apportion.cli.plot import plot_op
 
-        name = args.op or max(plan.ops, key=lambda o: o.predicted_time_us).name
-        path = plot_op(plan.op(name), program.op(name).out.dims, args.plot)
+        name = args.op or max(planned.ops, key=lambda o: o.predicted_time_us).name
+        path = plot_op(planned.op(name), planned.program.op(name).out.dims, args.plot)
         console.print(f"wrote {path} (op {name})", highlight=False)
     return 0
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    from apportion.runtime import compare, random_inputs, run_planned, run_unplanned
-
-    program, target, plan = _planned(args)
-    inputs = random_inputs(program, seed=args.seed)
-    if plan.groups:  # loop nests run tile by tile in simulated device memory and scratchpads
-        from apportion.runtime.loops import run_tiled
-
-        actual = run_tiled(program, plan, inputs, threads=args.threads)
-    else:
-        actual = run_planned(program, plan, inputs, threads=args.threads)
+    planned = _planned(args)
+    params = _params(args.param)
     if not args.check:
-        console.print(f"ran {len(plan.ops)} ops of {program.name} over {plan.cores} cores")
+        planned.run(threads=args.threads, params=params)
+        console.print(f"ran {len(planned.ops)} ops of {planned.program.name} over "
+                      f"{planned.plan.cores} cores")
         return 0
-    checks = compare(run_unplanned(program, inputs), actual, program)
-    return print_checks(checks, f"planned run of {program.name} ({args.strategy}, "
-                        f"{plan.cores} cores)", console)
+    checks = planned.check(seed=args.seed, threads=args.threads, params=params)
+    return print_checks(checks, f"planned run of {planned.program.name} ({args.strategy}, "
+                        f"{planned.plan.cores} cores)", console)
 
 
 def print_checks(checks: list[OutputCheck], what: str, console: Console) -> int:
@@ -107,20 +113,15 @@ def print_checks(checks: list[OutputCheck], what: str, console: Console) -> int:
 
 
 def cmd_emit(args: argparse.Namespace, console: Console) -> int:
-    from apportion.codegen.bundle import render_bundle, verify_mlir
-    from apportion.codegen.loopspec import loopspec
     from apportion.codegen.spec_text import to_json, to_source
 
-    program, target, plan = _planned(args)
-    specs = loopspec(program, plan, target)
+    planned = _planned(args)
     if args.loopspec:
-        print(to_source(specs), end="")
+        print(to_source(planned.loopspec()), end="")
     elif args.loopspec_json:
-        print(to_json(specs))
-    else:  # --bundle or --unrolled: check the text parses and verifies before printing it
-        text = render_bundle(specs, program.name, unrolled=args.unrolled)
-        verify_mlir(text)
-        print(text, end="")
+        print(to_json(planned.loopspec()))
+    else:  # --bundle or --unrolled: the text parses and verifies before it is printed
+        print(planned.bundle_mlir(unrolled=args.unrolled), end="")
     return 0
 
 
@@ -142,28 +143,23 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli.report import group_lines, predicted_total_us, print_report, summary_line
     from apportion.frontend.models import default_program, default_tiling
-    from apportion.passes.pipeline import plan
-    from apportion.runtime import compare, random_inputs, run_unplanned
-    from apportion.runtime.loops import run_tiled
+    from apportion.planned import plan
 
     program = default_program()
     target = resolve("spyre", args.cores)
     console.print(f"program {program.name}: {len(program.ops)} ops "
                   "(RMS norm, gated MLP of llama3-8b at 128 tokens)")
-    print_report(plan(program, target, "balanced"), target, console)
-    greedy = plan(program, target, "greedy")
+    print_report(plan(program, target, "balanced").plan, target, console)
+    greedy = plan(program, target, "greedy").plan
     console.print(f"greedy for comparison: mean utilization {greedy.mean_utilization:.1%}, "
                   f"predicted {predicted_total_us(greedy)[0]:.1f} us in all")
-    tiled = default_tiling(program)
-    tiled_plan = plan(tiled, target, "balanced", auto_tile=True)
+    tiled = plan(default_tiling(program), target, "balanced", auto_tile=True)
     console.print("\nthe norm and the MLP each as one loop group over tokens (auto-tiled):")
-    for line in group_lines(tiled_plan):
+    for line in group_lines(tiled.plan):
         console.print(line, highlight=False, soft_wrap=True)
-    console.print(summary_line(tiled_plan), highlight=False)
-    xs = random_inputs(tiled)
-    checks = compare(run_unplanned(tiled, xs), run_tiled(tiled, tiled_plan, xs), tiled)
-    return print_checks(checks, "the tiled plan, run core by core and iteration by iteration,",
-                        console)
+    console.print(summary_line(tiled.plan), highlight=False)
+    return print_checks(tiled.check(), "the tiled plan, run core by core and iteration by "
+                        "iteration,", console)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--check", action="store_true", help="compare with the unplanned program")
     r.add_argument("--threads", type=int, default=None, help="run cores concurrently")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--param", action="append", metavar="NAME=COUNT",
+                   help="value of a symbolic loop count, e.g. --param T=4 (repeatable)")
     r.set_defaults(func=cmd_run)
     e = sub.add_parser("emit", help="print the plan as a loop bundle (MLIR) or LoopSpec program")
     _common(e)

@@ -1,9 +1,9 @@
 """Executors: the numpy reference, run unplanned or core slice by core slice as planned."""
 
+from apportion.runtime.execute import run_planned as run_planned
 from apportion.runtime.kernels import round_bf16 as round_bf16
 from apportion.runtime.kernels import storage_dtype as storage_dtype
 from apportion.runtime.kernels import to_storage as to_storage
-from apportion.runtime.loops import run_tiled as run_tiled
 from apportion.runtime.reference import TOLERANCES as TOLERANCES
 from apportion.runtime.reference import Box as Box
 from apportion.runtime.reference import OutputCheck as OutputCheck
@@ -14,5 +14,4 @@ from apportion.runtime.reference import evaluate_op as evaluate_op
 from apportion.runtime.reference import partial_result as partial_result
 from apportion.runtime.reference import random_inputs as random_inputs
 from apportion.runtime.reference import run_op_boxes as run_op_boxes
-from apportion.runtime.reference import run_planned as run_planned
 from apportion.runtime.reference import run_unplanned as run_unplanned

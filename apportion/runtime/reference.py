@@ -356,15 +356,14 @@ def run_unplanned(program: Program, inputs: Mapping[str, np.ndarray]) -> dict[st
     return env
 
 
-def run_planned(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
-                threads: int | None = None) -> dict[str, np.ndarray]:
-    """Run every op core slice by core slice as ``plan`` divides it; returns every tensor.
+def run_sliced(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
+               threads: int | None = None) -> dict[str, np.ndarray]:
+    """Run every op core slice by core slice as an untiled ``plan`` divides it (no simulated
+    memory: each op reads whole arrays); returns every tensor.
 
-    Raises ExecutionError when an op's cores miss or repeat iteration points, when the plan
-    does not match the program, or for tiled loops (not supported yet). ``threads`` > 1 runs
-    an op's cores concurrently; the numbers are the same as sequentially.
-
-    >>> out = run_planned(p, plan, random_inputs(p), threads=8)     # doctest: +SKIP
+    Raises ExecutionError when an op's cores miss or repeat iteration points, or when the plan
+    does not match the program or has loop nests (``loops.run_tiled`` runs those). ``threads``
+    > 1 runs an op's cores concurrently; the numbers are the same as sequentially.
     """
     env = bind_inputs(program, inputs)
     pool = ThreadPoolExecutor(max_workers=threads) if threads and threads > 1 else None
@@ -384,7 +383,8 @@ def _run_planned_op(op: Op, program: Program, plan: Plan, env: Mapping[str, np.n
     except ApportionError as e:
         raise ExecutionError(f"op {op.name!r}: {e}") from None
     if op_plan.loop is not None:
-        raise ExecutionError(f"op {op.name!r}: tiled loops not supported yet by run_planned")
+        raise ExecutionError(f"op {op.name!r} sits in a loop nest: run the plan with "
+                             "runtime.run_planned, which runs loop nests tile by tile")
     if dict(op_plan.iteration_space) != op.sizes:
         raise ExecutionError(f"op {op.name!r}: plan's iteration space {op_plan.sizes} differs "
                              f"from the op's {op.sizes}")

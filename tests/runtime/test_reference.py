@@ -301,11 +301,12 @@ def test_overlap_that_compensates_a_gap_still_raises(monkeypatch: pytest.MonkeyP
         run_planned(p, plan_for(p), {"x": f32(4, 6)})
 
 
-def test_tiled_loops_are_not_supported_yet() -> None:
+def test_op_by_op_run_refuses_an_op_in_a_loop_nest_and_names_the_entry_that_runs_it() -> None:
     p = _sum_program()
     plan = plan_for(p, loop=LoopInfo((0,), (2,), (("i",),)))
-    with pytest.raises(ExecutionError, match="tiled loops not supported yet by run_planned"):
-        run_planned(p, plan, {"x": f32(4, 6)})
+    with pytest.raises(ExecutionError, match="sits in a loop nest: run the plan with "
+                                             "runtime.run_planned"):
+        reference.run_sliced(p, plan, {"x": f32(4, 6)})
 
 
 def test_missing_or_misshapen_inputs_raise() -> None:
