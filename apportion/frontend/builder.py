@@ -26,7 +26,7 @@ from typing import Any, Protocol
 from apportion.errors import ProgramError
 from apportion.frontend.json_format import inferred_dtype, number_attr
 from apportion.ir.affine import AffineExpr
-from apportion.ir.dtypes import check_dtype
+from apportion.ir.dtypes import check_dtype, check_name
 from apportion.ir.kinds import Category, OpKind, builder_kinds, kind
 from apportion.ir.op import Access, Op
 from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
@@ -202,9 +202,7 @@ class ProgramBuilder:
     """
 
     def __init__(self, name: str) -> None:
-        if not isinstance(name, str) or not name:
-            raise ProgramError(f"a program name must be a non-empty string, got {name!r}")
-        self.name = name
+        self.name = check_name(name, "program")
         self._inputs: list[str] = []
         self._outputs: list[str] = []
         self._types: dict[str, TensorType] = {}
@@ -212,10 +210,14 @@ class ProgramBuilder:
         self._sizes: dict[str, int] = {}  # dim name -> size
         self._letters: dict[tuple[str, int], str] = {}  # (dim name, occurrence in an op) -> letter
         self._token: Token[ProgramBuilder | None] | None = None
+        self._closed = False  # its `with` block ended: the program is complete
 
     def __enter__(self) -> ProgramBuilder:
         if self._token is not None:
             raise ProgramError(f"program {self.name!r} is already active")
+        if self._closed:
+            raise ProgramError(f"program {self.name!r} is closed (its `with` block ended); "
+                               "start a new one with ap.program(...)")
         self._token = _PROGRAM.set(self)
         return self
 
@@ -223,10 +225,12 @@ class ProgramBuilder:
         if self._token is not None:
             _PROGRAM.reset(self._token)
             self._token = None
+        self._closed = True
 
     def input(self, name: str, dims: Sequence[Dim | int], dtype: str) -> Tensor:
         """A program input: ``x = p.input("x", [A, B], "float16")``; an int is an anonymous dim."""
         where = f"tensor {name!r}"
+        self._check_open(where)
         if not isinstance(name, str) or not re.fullmatch(r"[^\[\],\s]+", name):
             raise ProgramError(f"{where}: a tensor name must be non-empty, without spaces, "
                                "brackets or commas")
@@ -245,6 +249,7 @@ class ProgramBuilder:
 
     def output(self, *tensors: Tensor) -> None:
         """Mark tensors as program outputs: ``p.output(z)``."""
+        self._check_open(f"output of program {self.name!r}")
         for t in tensors:
             self._own(t, f"output of program {self.name!r}")
             if t.name in self._outputs:
@@ -260,6 +265,11 @@ class ProgramBuilder:
                        tuple(r.op for r in self._records), self._tiling(), self._pins())
 
     # -- internals -------------------------------------------------------------------------
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise ProgramError(f"{what}: program {self.name!r} is closed (its `with` block "
+                               "ended), so it takes no more inputs, ops or outputs")
 
     def _register(self, d: Dim, where: str) -> None:
         if d.anonymous:
@@ -390,6 +400,7 @@ def _start(base: str, name: str | None, *operands: object) -> tuple[ProgramBuild
     op_name = b._op_name(base, name)
     for t in operands:
         b._own(t, f"op {op_name!r}")
+    b._check_open(f"op {op_name!r} on tensor {first.name!r}")
     return b, op_name
 
 

@@ -34,3 +34,30 @@ def check_dtype(dtype: str, where: str = "") -> str:
         at = f"{where}: " if where else ""
         raise ProgramError(f"{at}unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
     return dtype
+
+
+#: characters a name may not hold: program text delimiters, quotes and escapes that emitted MLIR
+#: strings and symbols could not carry as they are
+_NAME_FORBIDDEN = frozenset('"\\[],')
+
+
+def check_name(name: object, what: str) -> str:
+    """Return ``name`` if it can name a ``what`` (tensor, op, program) everywhere apportion
+    prints it: a non-empty string of printable characters without spaces, quotes, backslashes,
+    brackets or commas.
+
+    >>> check_name("model.layers.0.mlp", "op")
+    'model.layers.0.mlp'
+    >>> check_name('a"b', "tensor")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    apportion.errors.ProgramError: tensor name 'a"b' holds '"'; names are printable text ...
+    """
+    if not isinstance(name, str) or not name:
+        raise ProgramError(f"a {what} name must be a non-empty string, got {name!r}")
+    bad = next((c for c in name if c in _NAME_FORBIDDEN or not c.isprintable() or c.isspace()),
+               None)
+    if bad is not None:
+        raise ProgramError(f"{what} name {name!r} holds {bad!r}; names are printable text without "
+                           "spaces, quotes, backslashes, brackets or commas")
+    return name

@@ -7,6 +7,7 @@ from functools import cached_property
 
 from apportion.errors import ProgramError
 from apportion.ir.affine import AffineExpr, IndexingMap
+from apportion.ir.dtypes import check_name
 from apportion.ir.kinds import Category, OpKind, resolve
 
 
@@ -78,6 +79,7 @@ class Op:
     attrs: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        check_name(self.name, "op")
         where = f"op {self.name!r}"
         sizes = dict(self.dims)
         if len(sizes) != len(self.dims):

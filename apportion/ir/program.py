@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from apportion.errors import ProgramError
-from apportion.ir.dtypes import check_dtype, dtype_bytes
+from apportion.ir.dtypes import check_dtype, check_name, dtype_bytes
 from apportion.ir.op import Op
 
 
@@ -20,6 +20,7 @@ class TensorType:
     dim_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        check_name(self.name, "tensor")
         check_dtype(self.dtype, f"tensor {self.name!r}")
         for i, s in enumerate(self.shape):
             if not isinstance(s, int) or s <= 0:
@@ -102,6 +103,7 @@ class Program:
     work_division: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = field(default=())
 
     def __post_init__(self) -> None:
+        check_name(self.name, "program")
         validate(self)
 
     @cached_property

@@ -43,7 +43,7 @@ def op_from_dict(d: dict[str, Any]) -> OpPlan:
                 tuple(tuple(t) for t in loop["tiled_dims"])),
             span_splits=tuple(d.get("span_splits", {}).items()),
         )
-    except (KeyError, AttributeError, TypeError) as e:
+    except (KeyError, AttributeError, TypeError, ValueError) as e:
         raise PlanningError(f"malformed op in plan: {e!r}") from None
 
 
@@ -63,8 +63,17 @@ def to_dict(p: Plan) -> dict[str, Any]:
 
 
 def from_dict(doc: dict[str, Any]) -> Plan:
+    if not isinstance(doc, dict):
+        raise PlanningError(f"a plan must be a JSON object, got {type(doc).__name__}")
     if doc.get("format") != FORMAT:
         raise PlanningError(f"unsupported plan format {doc.get('format')!r}; expected {FORMAT!r}")
+    target = doc.get("target")
+    if not isinstance(target, dict) or not isinstance(target.get("name"), str) or isinstance(
+            target.get("cores"), bool) or not isinstance(target.get("cores"), int):
+        raise PlanningError("plan has no target: field 'target' must be "
+                            "{\"name\": ..., \"cores\": ...} naming what it was planned for")
+    if not isinstance(doc.get("ops"), list):
+        raise PlanningError("plan has no field 'ops' (a list of op plans)")
     known = {"format", "program", "strategy", "target", "ops", "groups", "buffers"}
     try:
         groups = tuple(group_from_dict(g) for g in doc.get("groups", []))
@@ -72,8 +81,8 @@ def from_dict(doc: dict[str, Any]) -> Plan:
     except (KeyError, AttributeError, TypeError, ValueError) as e:
         raise PlanningError(f"malformed loop group or buffer in plan: {e!r}") from None
     return Plan(
-        program=doc.get("program", ""), target=doc["target"]["name"],
-        cores=doc["target"]["cores"], strategy=doc.get("strategy", "balanced"),
+        program=doc.get("program", ""), target=target["name"], cores=target["cores"],
+        strategy=doc.get("strategy", "balanced"),
         ops=tuple(op_from_dict(o) for o in doc["ops"]),
         extras=tuple((k, v) for k, v in doc.items() if k not in known),
         groups=groups, buffers=buffers,

@@ -95,6 +95,10 @@ def load_toml(path: str | Path, cores: int | None = None) -> Target:
     except tomllib.TOMLDecodeError as e:
         raise TargetError(f"{where} is not valid TOML: {e}") from None
     table = doc.get("target", doc)
+    outside = sorted(k for k in doc if k != "target") if "target" in doc else []
+    if outside:  # with a [target] table, a key outside it would be silently ignored
+        raise TargetError(f"{where}: field {outside[0]!r} is outside the [target] table; put "
+                          "every field inside it (or drop the table header)")
     if not isinstance(table, dict):
         raise TargetError(f"{where}: target must be a table ([target]), got "
                           f"{describe(table)}")

@@ -299,3 +299,30 @@ def test_other_misuses_raise_program_errors_naming_the_culprit(
         x = p.input("x", [A], "float16")
         with pytest.raises(ProgramError, match=message):
             build(p, x)
+
+
+def test_a_closed_program_takes_no_more_ops_inputs_or_outputs() -> None:
+    with ap.program("done") as p:
+        x = p.input("x", [A], "float16")
+        p.output(ap.exp(x))
+    ops = len(p.program.ops)
+    with pytest.raises(ProgramError, match=r"op 'neg1' on tensor 'x': program 'done' is closed"):
+        _ = -x
+    with pytest.raises(ProgramError, match="program 'done' is closed"):
+        p.input("z", [A], "float16")
+    with pytest.raises(ProgramError, match="program 'done' is closed"):
+        p.output(x)
+    with pytest.raises(ProgramError, match="program 'done' is closed"), p:
+        pass
+    assert len(p.program.ops) == ops
+
+
+@pytest.mark.parametrize("bad", ['a"b', "a b", "a\\b", "a,b", "a[0]", ""])
+def test_names_that_emitted_text_cannot_hold_are_refused_at_input(bad: str) -> None:
+    from tests.helpers import program
+
+    with pytest.raises(ProgramError, match="name"):
+        program({"x": ([4], "float16")},
+                [{"name": bad, "op": "exp", "out": "y[i]", "ins": ["x[i]"]}], ["y"])
+    with pytest.raises(ProgramError, match="name"), ap.program(bad):
+        pass

@@ -183,3 +183,12 @@ def test_resolve_still_takes_presets_and_files(tmp_path):
     f.write_text('preset = "spyre"\nmax_cores = 8\n')
     assert resolve("spyre", 4).cores == 4 and resolve(str(f), 2).cores == 2
     assert isinstance(resolve("cpu"), Target)
+
+
+def test_a_toml_key_outside_the_target_table_is_an_error(tmp_path):
+    from apportion.target.presets import load_toml
+
+    path = tmp_path / "t.toml"
+    path.write_text('preset = "spyre"\n[target]\nname = "x"\n')
+    with pytest.raises(TargetError, match="field 'preset' is outside the \\[target\\] table"):
+        load_toml(path)
