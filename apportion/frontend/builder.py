@@ -4,7 +4,7 @@
 >>> with program("demo") as p:
 ...     x = p.input("x", [A, B], "float16")
 ...     with hint(slices={A: 2}):
-...         y = exp(x) * x
+...         y = OP_FUNCTIONS["exp"](x) * x   # ap.exp(x) * x
 ...     p.output(y)
 >>> [str(o) for o in p.program.ops]
 ['exp0: exp0_out[A, B] = exp(x[A, B])', 'mul1: mul1_out[A, B] = mul(exp0_out[A, B], x[A, B])']
@@ -12,6 +12,9 @@
 Index letters come from dim names (sanitised to identifiers, unique in the program), so a dim
 has the same letter in every op, which is what a tiling group's loop levels name. A size-1 axis
 is indexed with a literal ``0`` (broadcast). The result is read from ``p.program``.
+
+Every op kind of the registry (``apportion.ir.kinds``) with a builder name has a function here,
+made from its entry (``OP_FUNCTIONS``; ``ap.exp``, ``ap.where``, ``ap.amax``, ...).
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ class Tensor:
 
     >>> with program("t") as p:
     ...     x = p.input("x", [dim("A", 4), 8], "float32")
-    >>> (x + x).shape, [d.name for d in (x * x).dims]
+    ...     (x + x).shape, [d.name for d in (x * x).dims]
     ((4, 8), ['A', '_8'])
     """
 
@@ -194,9 +197,10 @@ class _Record:
 class ProgramBuilder:
     """Collects inputs, ops and outputs of one program; read the result from :attr:`program`.
 
+    >>> import apportion as ap
     >>> with program("p") as p:
     ...     x = p.input("x", [dim("T", 2), dim("H", 4)], "float16")
-    ...     p.output(relu(x))
+    ...     p.output(ap.relu(x))
     >>> p.program.outputs
     ('relu0_out',)
     """

@@ -156,7 +156,7 @@ def work_distribution(ctxs: Mapping[str, OpContext], spans: SpanSplits, strategy
     >>> p = load("examples/mlp.json")
     >>> ctxs = contexts(p, spyre(), layouts(p, spyre()), {o.name: o.sizes for o in p.ops})
     >>> work_distribution(ctxs, span_reduction(ctxs, "greedy"), "greedy")["gate"]
-    {'m': 1, 'n': 11, 'k': 2}
+    {'m': 32, 'n': 1, 'k': 1}
     """
     return Splits({name: op_splits(ctx, spans, strategy) for name, ctx in ctxs.items()})
 

@@ -60,18 +60,28 @@ def tiled_chain(n: int) -> Program:  # a loop group over the huge dim
                    ["z"], tiling=[{"ops": ["e", "g"], "loops": [{"count": 2, "dims": ["i"]}]}])
 
 
-def small_tiles(n: int) -> Program:  # a huge loop count leaves tiles that fit: planned today
+def nested(count: int, dim: str) -> list[dict]:
+    """Loop levels over ``dim`` whose counts multiply to ``count``, each within max_loop_count.
+
+    A power of two becomes levels of at most 2**15; any other count stays one level (refused).
+    """
+    if count & (count - 1):
+        return [{"count": count, "dims": [dim]}]
+    bits = count.bit_length() - 1
+    return [{"count": 2 ** min(15, bits - i), "dims": [dim]} for i in range(0, bits, 15)]
+
+
+def small_tiles(n: int) -> Program:  # nested loops over a huge dim leave tiles that fit
     return program({"x": ([n, 64], F16)},
                    [{"name": "e", "op": "exp", "out": "y[i,j]", "ins": ["x[i,j]"]},
                     {"name": "g", "op": "neg", "out": "z[i,j]", "ins": ["y[i,j]"]}],
-                   ["z"], tiling=[{"ops": ["e", "g"],
-                                   "loops": [{"count": n // 4096, "dims": ["i"]}]}])
+                   ["z"], tiling=[{"ops": ["e", "g"], "loops": nested(n // 4096, "i")}])
 
 
-def small_k_tiles(n: int) -> Program:  # a matmul accumulating over a huge loop count
+def small_k_tiles(n: int) -> Program:  # a matmul accumulating over nested loops of a huge K
     return program({"a": ([64, n], F16), "b": ([n, 64], F16)},
                    [{"name": "mm", "op": "matmul", "out": "y[m,n]", "ins": ["a[m,k]", "b[k,n]"]}],
-                   ["y"], tiling=[{"ops": ["mm"], "loops": [{"count": n // 4096, "dims": ["k"]}]}])
+                   ["y"], tiling=[{"ops": ["mm"], "loops": nested(n // 4096, "k")}])
 
 
 BUILDERS = [exp_1d, exp_2_by_half, exp_rows, matmul_k, matmul_m, row_sum, tiled_chain,
