@@ -318,6 +318,7 @@ KINDS: tuple[OpKind, ...] = (
     _pointwise("sin", 1, lambda xp, a: xp.sin(a), "sine (rotary embeddings)", accepts=FLOATS),
     _pointwise("cos", 1, lambda xp, a: xp.cos(a), "cosine (rotary embeddings)", accepts=FLOATS),
     _pointwise("erf", 1, lambda xp, a: xp.erf(a), "the error function", accepts=FLOATS),
+    _pointwise("sign", 1, lambda xp, a: xp.sign(a), "-1, 0 or 1 by the sign of ``x``"),
     _pointwise("softplus", 1, _softplus, "``log(1 + e**x)`` (torch's, threshold 20)",
                accepts=FLOATS),
     _pointwise("clamp", 1, _clamp, "``x`` limited to ``[min, max]``: ``ap.clamp(x, min=0.0)``",

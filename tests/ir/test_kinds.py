@@ -42,6 +42,7 @@ FORMULAS = {
     "gelu": lambda a: 0.5 * a * (1 + np.tanh(math.sqrt(2 / math.pi) * (a + 0.044715 * a ** 3))),
     "square": lambda a: a * a, "reciprocal": lambda a: 1 / a, "sin": np.sin, "cos": np.cos,
     "erf": _erf, "softplus": _softplus, "copy": lambda a: a,
+    "sign": lambda a: (a > 0).astype(float) - (a < 0),
     "clamp": lambda a: np.minimum(np.maximum(a, -0.5), 0.75),
 }
 FALLBACK_FORMULAS = {"sort": lambda a: np.sort(a, -1), "cumsum": lambda a: np.cumsum(a, -1),
