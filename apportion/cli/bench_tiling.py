@@ -137,20 +137,34 @@ def run_case(name: str, program: Program, target: Target) -> TilingResult:
                         traffic_bytes(program, tp, target))
 
 
-def run(cores: list[int], dtype: str = "float16", models_path: str | None = None,
-        tokens: list[int] | None = None, console: Console | None = None) -> list[TilingResult]:
-    """Run the benchmark and print its table."""
-    console = console or Console()
+def cases(dtype: str = "float16", models_path: str | None = None,
+          tokens: list[int] | None = None, limit: int | None = None
+          ) -> list[tuple[str, Program]]:
+    """The first ``limit`` (name, block program) pairs: every block of every model at each
+    token count (default: the models file's prefill counts from 128 to 2048)."""
     models = load_models(models_path)
     toks = tokens or [t for t in models["prefill_tokens"] if 128 <= t <= 2048]
-    cases = [(f"{m}/{blk}/{t}", fn(cfg, t, dtype)) for m, cfg in models["models"].items()
-             for blk, fn in BLOCKS.items() for t in toks]
+    blocks = [(f"{m}/{blk}/{t}", fn, cfg, t) for m, cfg in models["models"].items()
+              for blk, fn in BLOCKS.items() for t in toks][:limit]
+    return [(name, fn(cfg, t, dtype)) for name, fn, cfg, t in blocks]
+
+
+def run(cores: list[int], dtype: str = "float16", models_path: str | None = None,
+        tokens: list[int] | None = None, console: Console | None = None,
+        limit: int | None = None, blocks: list[tuple[str, Program]] | None = None
+        ) -> list[TilingResult]:
+    """Run the benchmark and print its table; returns every block's result.
+
+    ``blocks`` (from ``cases``) replaces the models file, ``dtype``, ``tokens`` and ``limit``.
+    """
+    console = console or Console()
+    todo = cases(dtype, models_path, tokens, limit) if blocks is None else blocks
     results = []
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("planning", total=len(cases) * len(cores))
+        task = progress.add_task("planning", total=len(todo) * len(cores))
         for n in cores:
             target = spyre(cores=n)
-            for name, program in cases:
+            for name, program in todo:
                 results.append(run_case(f"{name}@{n}", program, target))
                 progress.advance(task)
     console.print(table(results))

@@ -74,20 +74,30 @@ def run_case(case: OpCase, target: Target) -> CaseResult:
                       b.predicted_time_us, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
 
+def cases(dtype: str = "float16", models_path: str | None = None,
+          limit: int | None = None) -> list[OpCase]:
+    """The benchmark's op shapes: the first ``limit`` of the models file's, then the probe."""
+    return bench_cases(load_models(models_path), dtype)[:limit] + [prime_probe(dtype)]
+
+
 def run(cores: list[int], dtype: str = "float16", models_path: str | None = None,
-        limit: int | None = None, console: Console | None = None) -> list[CaseResult]:
-    """Run the benchmark and print its table; returns every case's result."""
+        limit: int | None = None, console: Console | None = None,
+        op_cases: list[OpCase] | None = None) -> list[CaseResult]:
+    """Run the benchmark and print its table; returns every case's result.
+
+    ``op_cases`` (from ``cases``) replaces the models file, ``dtype`` and ``limit``.
+    """
     console = console or Console()
-    cases = bench_cases(load_models(models_path), dtype)[:limit] + [prime_probe(dtype)]
+    todo = cases(dtype, models_path, limit) if op_cases is None else op_cases
     results: list[CaseResult] = []
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("planning", total=len(cases) * len(cores))
+        task = progress.add_task("planning", total=len(todo) * len(cores))
         for n in cores:
             target = spyre(cores=n)
-            for case in cases:
+            for case in todo:
                 results.append(run_case(case, target))
                 progress.advance(task)
-    console.print(table(results, cores, len(cases)))
+    console.print(table(results, cores, len(todo)))
     return results
 
 

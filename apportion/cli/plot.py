@@ -2,11 +2,48 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from apportion.errors import PlanningError
+from apportion.errors import ApportionError, PlanningError
 from apportion.plans.plan import OpPlan
 from apportion.plans.views import core_slices
+
+
+class PlotError(ApportionError):
+    """The plot cannot be written: a format matplotlib lacks, or the file cannot be saved."""
+
+
+def plot_formats() -> dict[str, str]:
+    """The file extensions matplotlib can write here (without the dot), with their names."""
+    from matplotlib.figure import Figure
+
+    return dict(sorted(Figure().canvas.get_supported_filetypes().items()))
+
+
+def check_plot_path(path: Path, option: str = "--plot") -> Path:
+    """``path`` if matplotlib can write a picture there in the format its extension names.
+
+    Checked before any planning. matplotlib picks the format from the extension (any case);
+    ``.pgf`` also needs the TeX program matplotlib runs to measure text.
+    """
+    formats = plot_formats()
+    valid = ", ".join(f".{e}" for e in formats)
+    ext = path.suffix[1:].lower()
+    if not ext:
+        raise PlotError(f"{option} {str(path)!r} has no file extension; "
+                        f"give one of {valid}")
+    if ext not in formats:
+        raise PlotError(f"{option} {str(path)!r}: matplotlib cannot write {path.suffix!r} "
+                        f"files; valid extensions: {valid}")
+    if ext == "pgf":
+        import matplotlib
+
+        tex = matplotlib.rcParams["pgf.texsystem"]
+        if shutil.which(tex) is None:
+            raise PlotError(f"{option} {str(path)!r}: .pgf needs {tex!r}, which is not "
+                            "installed; pick another extension, such as .pdf or .png")
+    return path
 
 
 def plot_op(op_plan: OpPlan, out_dims: tuple[str, ...], path: str | Path) -> Path:
@@ -56,6 +93,11 @@ def plot_op(op_plan: OpPlan, out_dims: tuple[str, ...], path: str | Path) -> Pat
                  f"utilization {op_plan.utilization:.1%}")
     fig.tight_layout()
     out = Path(path)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(out, dpi=110)
+    except (OSError, RuntimeError, ValueError) as e:  # permissions, a full disk, no TeX
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise PlotError(f"cannot write plot {str(out)!r}: {reason}") from None
+    finally:
+        plt.close(fig)
     return out

@@ -31,8 +31,6 @@ from apportion.ir.program import Program
 from apportion.passes.coarse_tile import GroupTiling, Tiling
 from apportion.plans.memory import CombineOp, CopyOp, FinishOp, InitOp
 
-ROLES = ("full", "tile", "accumulator")
-
 
 @dataclass(frozen=True)
 class TensorRole:
