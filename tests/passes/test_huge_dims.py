@@ -110,6 +110,18 @@ def test_largest_1d_tensor_within_32_spans_is_planned_on_32_cores(strategy):
     assert max(s for _, s in op.span_bytes) == 256 << 20
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("n", [2**62, 2**100], ids=lambda n: f"2^{n.bit_length() - 1}")
+def test_huge_dim_in_nested_loops_is_planned_per_tile(n, strategy):
+    # every level within max_loop_count; each iteration is a 4096-row tile over 32 cores
+    result = plan(small_tiles(n), spyre(cores=32), strategy, debug=lambda stage, value: None)
+    for name in ("e", "g"):
+        op = result.op(name)
+        assert op.sizes == {"i": 4096, "j": 64} and op.split_map == {"i": 32, "j": 1}
+    mm = plan(small_k_tiles(n), spyre(cores=32), strategy).op("mm")
+    assert mm.sizes == {"m": 64, "n": 64, "k": 4096} and mm.cores == 32
+
+
 def test_core_split_of_huge_sizes():
     assert core_split(2**62, 32) == 32
     assert core_split(2**100, 24) == 16
