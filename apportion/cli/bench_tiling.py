@@ -110,7 +110,7 @@ def traffic_bytes(program: Program, result: Plan, target: Target) -> int:
             n = 1
             for axis, (e, size) in enumerate(zip(acc.index, t.shape, strict=True)):
                 ext = min(e.extent(op_plan.sizes), size)
-                n *= math.ceil(ext / eps) * eps if axis == t.rank - 1 else ext
+                n *= -(-ext // eps) * eps if axis == t.rank - 1 else ext
             total += runs * n * dtype_bytes(t.dtype)
     return total
 

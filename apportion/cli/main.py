@@ -1,26 +1,92 @@
-"""The `apportion` command: plan, run, emit, bench, demo."""
+"""The `apportion` command: plan, run, emit, bench, demo.
+
+Bad input ends in exit status 2 and one line on stderr, ``apportion: error: ...``, naming the
+option, path, op, tensor, dim or limit at fault. Every value that can be checked before the work
+is checked first: options, output paths (``--plot``, ``--json``), ``--param`` values against the
+program's symbolic loop counts, and the memory a run needs at least.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
 import json
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from rich.console import Console
 
-from apportion.errors import ApportionError, ExecutionError
+from apportion.errors import ApportionError
 from apportion.ir.program import Program
 from apportion.passes.work_distribution import STRATEGIES
 from apportion.target.presets import resolve
+from apportion.target.target import Target
 
 if TYPE_CHECKING:
     from apportion.planned import PlannedProgram
     from apportion.runtime.reference import OutputCheck
 
 DEFAULT = "default"
+T = TypeVar("T")
+
+
+class UsageError(ApportionError):
+    """A bad command-line value: an option, a ``--param``, an output path."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line, ``apportion: error: ...``, with exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"apportion: error: {message} (see '{self.prog} --help')\n")
+
+
+class _Console(Console):
+    """A rich console that lets a closed pipe reach ``main`` (rich's own exits with 1)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+def _int_at_least(low: int) -> Callable[[str], int]:
+    """An argparse ``type``: an integer >= ``low`` (argparse names the option)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _output_path(option: str, text: str) -> Path:
+    """``text`` as a file the command can write, checked before any work is done."""
+    if not text:
+        raise UsageError(f"{option}: the path is empty")
+    path = Path(text)
+    try:
+        if path.is_dir():
+            raise UsageError(f"{option} {text!r} is a folder; give a file path in it")
+        folder = path.parent
+        if not folder.is_dir():
+            what = "is not a folder" if folder.exists() else "does not exist"
+            raise UsageError(f"{option} {text!r}: folder {str(folder)!r} {what}")
+        if not os.access(folder, os.W_OK | os.X_OK) or (
+                path.exists() and not os.access(path, os.W_OK)):
+            raise UsageError(f"{option} {text!r}: not writable")
+    except OSError as e:  # a name too long, a folder that cannot be searched
+        raise UsageError(f"{option} {text!r}: {e.strerror or e}") from None
+    return path
 
 
 def _load_program(spec: str) -> Program:
@@ -34,7 +100,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("program", nargs="?", default=DEFAULT,
                    help="program file (format v1), or 'default' for the built-in MLP block")
     p.add_argument("--target", default="spyre", help="spyre, cpu, or a target .toml file")
-    p.add_argument("--cores", type=int, default=None,
+    p.add_argument("--cores", type=_int_at_least(1), default=None,
                    help="cores to use (spyre: 1..32; default SENCORES or 32)")
     p.add_argument("--strategy", choices=STRATEGIES, default="balanced")
     p.add_argument("--auto-tile", action="store_true",
@@ -42,33 +108,113 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "scratchpad")
 
 
-def _planned(args: argparse.Namespace) -> PlannedProgram:
+def _plan(program: Program, target: Target, args: argparse.Namespace) -> PlannedProgram:
     from apportion.planned import plan
 
-    program = _load_program(args.program)
-    target = resolve(args.target, args.cores)
     return plan(program, target, args.strategy, auto_tile=args.auto_tile)
 
 
+def _planned(args: argparse.Namespace) -> PlannedProgram:
+    program = _load_program(args.program)
+    return _plan(program, resolve(args.target, args.cores), args)
+
+
 def _params(pairs: list[str] | None) -> dict[str, int]:
-    """``--param T=4`` values (symbolic loop counts) as a dict."""
+    """``--param T=4`` values (symbolic loop counts) as a dict; the syntax only."""
     out: dict[str, int] = {}
     for text in pairs or []:
         name, eq, value = text.partition("=")
-        if not eq or not name.strip().isidentifier():
-            raise ExecutionError(f"--param {text!r}: expected NAME=COUNT, like T=4")
+        name = name.strip()
+        if not eq or not name.isidentifier():
+            raise UsageError(f"--param {text!r}: expected NAME=COUNT, such as --param T=4")
         try:
-            out[name.strip()] = int(value)
+            count = int(value)
         except ValueError:
-            raise ExecutionError(f"--param {text!r}: count {value!r} is not an integer") from None
+            raise UsageError(f"--param {text!r}: count {value!r} is not an integer") from None
+        if name in out:
+            raise UsageError(f"--param {name} given twice ({name}={out[name]}, {name}={count})")
+        out[name] = count
     return out
+
+
+def _symbols(program: Program) -> tuple[str, ...]:
+    """The program's symbolic loop counts, in order of appearance."""
+    return tuple(dict.fromkeys(level.count for g in program.tiling for level in g.loops
+                               if isinstance(level.count, str)))
+
+
+def _check_params(program: Program, target: Target, params: dict[str, int],
+                  needed: Sequence[str]) -> None:
+    """Refuse a ``--param`` the program has no use for, out of range, or one ``needed``
+    missing."""
+    top = target.max_loop_count
+    known = _symbols(program)
+    for name, value in params.items():
+        if name not in known:
+            raise UsageError(f"--param {name}={value}: {name!r} is not a symbolic loop count of "
+                             f"program {program.name!r}; its symbolic counts: "
+                             f"{', '.join(known) or 'none'}")
+        if not 1 <= value <= top:
+            raise UsageError(f"--param {name}={value}: a loop count must be in 1..{top} "
+                             f"(target {target.name!r}'s max_loop_count)")
+    missing = [n for n in needed if n not in params]
+    if missing:
+        flags = " ".join(f"--param {n}=N" for n in missing)
+        raise UsageError(f"program {program.name!r} has symbolic loop count"
+                         f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}: pass "
+                         f"{flags} (N in 1..{top})")
+
+
+def _check_memory(program: Program, check: bool) -> None:
+    """Refuse, before any work, a run whose inputs and outputs alone exceed this machine's
+    memory (``--check`` holds the outputs twice); a lower bound, so it never refuses a run
+    that would fit."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):  # no sysconf: the run finds out itself
+        return
+    whole = dict.fromkeys([*program.inputs, *program.outputs])
+    need = sum(program.tensor(n).nbytes for n in whole)
+    if check:
+        need += sum(program.tensor(n).nbytes for n in program.outputs)
+    if need > memory:
+        big = max((program.tensor(n) for n in whole), key=lambda t: t.nbytes)
+        raise UsageError(f"running program {program.name!r} needs at least "
+                         f"{need / 2**30:.1f} GiB for its inputs and outputs; this machine has "
+                         f"{memory / 2**30:.1f} GiB (largest: tensor {big.name!r} "
+                         f"{list(big.shape)} {big.dtype})")
+
+
+def _drawable(args: argparse.Namespace, program: Program) -> tuple[str, ...]:
+    """The ops ``--plot`` may draw (a non-scalar output); checks ``--op`` is one of them."""
+    drawable = tuple(o.name for o in program.ops if o.out.dims)
+    if args.op is not None:
+        if args.op not in program.op_map:
+            raise UsageError(f"--op {args.op!r}: program {program.name!r} has no such op; "
+                             f"ops: {', '.join(program.op_map)}")
+        if args.op not in drawable:
+            raise UsageError(f"--op {args.op!r} has a scalar output, nothing to draw; ops to "
+                             f"draw: {', '.join(drawable) or 'none'}")
+    elif not drawable:
+        raise UsageError(f"--plot: every op of program {program.name!r} has a scalar output; "
+                         "nothing to draw")
+    return drawable
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli.report import print_report
     from apportion.plans.export import coefficient_splits
 
-    planned = _planned(args)
+    plot: Path | None = None
+    if args.plot is not None:  # the path first: a bad one is refused before any loading
+        from apportion.cli.plot import check_plot_path
+
+        plot = check_plot_path(_output_path("--plot", args.plot))
+    elif args.op is not None:
+        raise UsageError(f"--op {args.op!r} picks the op to draw: it needs --plot FILE")
+    program = _load_program(args.program)
+    drawable = _drawable(args, program) if plot is not None else ()
+    planned = _plan(program, resolve(args.target, args.cores), args)
     if args.format == "json":
         print(planned.to_json())
     elif args.format == "coeffs":
@@ -76,18 +222,24 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
                           for o in planned.ops], indent=2))
     else:
         print_report(planned.plan, planned.target, console)
-    if args.plot:
+    if plot is not None:
         from apportion.cli.plot import plot_op
 
-        name = args.op or max(planned.ops, key=lambda o: o.predicted_time_us).name
-        path = plot_op(planned.op(name), planned.program.op(name).out.dims, args.plot)
+        name = args.op or max((o for o in planned.ops if o.name in drawable),
+                              key=lambda o: o.predicted_time_us).name
+        path = plot_op(planned.op(name), planned.program.op(name).out.dims, plot)
         console.print(f"wrote {path} (op {name})", highlight=False)
     return 0
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    planned = _planned(args)
     params = _params(args.param)
+    program = _load_program(args.program)
+    target = resolve(args.target, args.cores)
+    _check_params(program, target, params, _symbols(program))
+    _check_memory(program, args.check)
+    planned = _plan(program, target, args)
+    _check_params(program, target, params, planned.params)
     if not args.check:
         planned.run(threads=args.threads, params=params)
         console.print(f"ran {len(planned.ops)} ops of {planned.program.name} over "
@@ -125,18 +277,41 @@ def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _from_models(path: str | None, build: Callable[[], T]) -> T:
+    """``build()``, with a malformed ``--models`` file (JSON, keys, types) refused in one line."""
+    if path is None:  # the packaged file: a failure here is a bug, not bad input
+        return build()
+    try:
+        return build()
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        why = f"no key {e.args[0]!r}" if isinstance(e, KeyError) and e.args else str(e)
+        raise UsageError(f"--models {path!r} is not a models file like the packaged "
+                         f"models.json: {why or type(e).__name__}") from None
+
+
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
+    from apportion.cli import bench_tiling, bench_workdiv
+    from apportion.target.presets import spyre
+
+    cores = list(dict.fromkeys(args.cores or ([32, 24] if args.suite == "workdiv" else [32])))
+    for n in cores:  # every core count before the first case runs
+        spyre(cores=n)
+    out = _output_path("--json", args.json) if args.json is not None else None
+    results: list[Any]
     if args.suite == "workdiv":
-        from apportion.cli import bench_workdiv
-
-        results = bench_workdiv.run(args.cores or [32, 24], models_path=args.models,
-                                    limit=args.limit, console=console)
-        if args.json:
-            Path(args.json).write_text(json.dumps([r.__dict__ for r in results], indent=1))
-        return 0
-    from apportion.cli import bench_tiling
-
-    bench_tiling.run(args.cores or [32], models_path=args.models, console=console)
+        op_cases = _from_models(args.models, lambda: bench_workdiv.cases(
+            models_path=args.models, limit=args.limit))
+        results = bench_workdiv.run(cores, console=console, op_cases=op_cases)
+    else:
+        blocks = _from_models(args.models, lambda: bench_tiling.cases(
+            models_path=args.models, limit=args.limit))
+        results = bench_tiling.run(cores, console=console, blocks=blocks)
+    if out is not None:
+        text = json.dumps([dataclasses.asdict(r) for r in results], indent=1)
+        try:
+            out.write_text(text)
+        except OSError as e:
+            raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
     return 0
 
 
@@ -163,19 +338,24 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="apportion", description=__doc__)
+    parser = _Parser(prog="apportion", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan a program and print the report or plan JSON")
     _common(p)
     p.add_argument("--format", choices=("table", "json", "coeffs"), default="table")
-    p.add_argument("--plot", metavar="FILE.png", help="draw which core computes which block")
-    p.add_argument("--op", help="the op to draw (default: the slowest)")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw which core computes which block (the format follows the "
+                        "extension: .png, .pdf, .svg, ...)")
+    p.add_argument("--op", help="with --plot: the op to draw (default: the slowest)")
     p.set_defaults(func=cmd_plan)
     r = sub.add_parser("run", help="execute the plan slice by slice")
     _common(r)
     r.add_argument("--check", action="store_true", help="compare with the unplanned program")
-    r.add_argument("--threads", type=int, default=None, help="run cores concurrently")
-    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--threads", type=_int_at_least(1), default=None,
+                   help="run cores concurrently")
+    r.add_argument("--seed", type=_int_at_least(0), default=0,
+                   help="seed of the random inputs (default 0)")
     r.add_argument("--param", action="append", metavar="NAME=COUNT",
                    help="value of a symbolic loop count, e.g. --param T=4 (repeatable)")
     r.set_defaults(func=cmd_run)
@@ -190,28 +370,68 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_emit)
     b = sub.add_parser("bench", help="benchmarks: workdiv, tiling")
     b.add_argument("suite", choices=("workdiv", "tiling"))
-    b.add_argument("--cores", type=int, nargs="+", default=None)
+    b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
+                   help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling)")
     b.add_argument("--models", default=None, help="models.json (default: the packaged copy)")
-    b.add_argument("--limit", type=int, default=None, help="only the first N op shapes")
-    b.add_argument("--json", default=None, help="write every case's result here")
+    b.add_argument("--limit", type=_int_at_least(1), default=None,
+                   help="only the first N op shapes (workdiv) or blocks (tiling)")
+    b.add_argument("--json", default=None, help="write every case's result here (JSON)")
     b.set_defaults(func=cmd_bench)
     d = sub.add_parser("demo", help="plan the built-in default program for spyre")
-    d.add_argument("--cores", type=int, default=None)
+    d.add_argument("--cores", type=_int_at_least(1), default=None)
     d.set_defaults(func=cmd_demo)
     return parser
 
 
+def _fail(message: str) -> int:
+    """Print ``message`` as one error line (an MLIR diagnostic may span several); status 2."""
+    one = "; ".join(line.strip() for line in message.splitlines() if line.strip())
+    print(f"apportion: error: {one}", file=sys.stderr)
+    return 2
+
+
+def _stdout_to_devnull() -> None:
+    """Point file descriptor 1 at /dev/null so that flushing at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file (a test's capture): nothing to redo
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; bad input exits 2 with one line on stderr, never a traceback."""
+    """Entry point; returns the exit status.
+
+    0: done; 1: ``run --check`` found a mismatch; 2: bad input, with one line on stderr
+    (``apportion: error: ...``) and never a traceback (argparse errors too, which exit with
+    SystemExit(2)). Output into a reader that closes early (``apportion plan ... | head -1``)
+    ends quietly with status 0, like many command-line tools: what the reader did not take is
+    dropped, stdout is pointed at /dev/null (the Python documentation's recipe for SIGPIPE) and
+    no BrokenPipeError is printed. Ctrl-C ends with status 130 and one line.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    nul = next((a for a in argv if "\0" in a), None)
+    if nul is not None:  # no path or value holds one; the file loaders would choke on it
+        return _fail(f"argument {nul!r} contains a NUL character")
     args = build_parser().parse_args(argv)
     # Reports are wide tables: do not squeeze them to 80 columns when piped.
-    probe = Console()
-    console = probe if probe.is_terminal else Console(width=160)
+    probe = _Console()
+    console = probe if probe.is_terminal else _Console(width=160)
     try:
-        return args.func(args, console)
+        status = args.func(args, console)
+        sys.stdout.flush()  # a closed pipe shows here rather than at interpreter exit
+        return status
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return 0
     except ApportionError as e:
-        print(f"apportion: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except MemoryError as e:  # numpy: "Unable to allocate 8.00 GiB for an array with ..."
+        return _fail(f"out of memory: {e or 'an allocation failed'}")
+    except KeyboardInterrupt:
+        print("apportion: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -11,8 +11,6 @@ tensor's address by the bytes between consecutive tiles along the dims that leve
 
 from __future__ import annotations
 
-import math
-
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.dtypes import dtype_bytes
@@ -32,7 +30,7 @@ def padded_strides(shape: tuple[int, ...], dtype: str, target: Target) -> tuple[
     if not shape:
         return ()
     eps = target.elems_per_stick(dtype)
-    padded = [*shape[:-1], math.ceil(shape[-1] / eps) * eps]
+    padded = [*shape[:-1], -(-shape[-1] // eps) * eps]
     strides = [dtype_bytes(dtype)]
     for n in reversed(padded[1:]):
         strides.append(strides[-1] * n)

@@ -35,6 +35,8 @@ from apportion.plans.plan import Plan
 from apportion.target.target import Target
 
 INDENT = "  "
+#: the most launches an unrolled bundle lists (each is a line of MLIR text)
+MAX_UNROLLED_LAUNCHES = 100_000
 
 
 def stride_symbols(strides: tuple[int | str, ...]) -> list[str]:
@@ -212,6 +214,17 @@ def render_bundle(specs: tuple[Spec, ...], name: str = "bundle", unrolled: bool 
     return "\n".join(lines) + "\n"
 
 
+def _launches(specs: tuple[Spec, ...]) -> int:
+    """How many launches unrolling ``specs`` lists (symbolic counts raise in ``_iterations``)."""
+    total = 0
+    for s in specs:
+        if isinstance(s, OpSpec):
+            total += 1
+        elif isinstance(s.count, int):
+            total += s.count * _launches(s.body)
+    return total
+
+
 def _iterations(specs: tuple[Spec, ...], indices: tuple[int, ...]
                 ) -> Iterator[tuple[OpSpec, tuple[int, ...]]]:
     """Every launch of the nest in order, with the loop indices it runs at."""
@@ -227,6 +240,10 @@ def _iterations(specs: tuple[Spec, ...], indices: tuple[int, ...]
 
 
 def _render_unrolled(specs: tuple[Spec, ...], name: str) -> str:
+    count = _launches(specs)
+    if count > MAX_UNROLLED_LAUNCHES:
+        raise EmitError(f"unrolling {name!r} lists {count} launches, more than "
+                        f"{MAX_UNROLLED_LAUNCHES}; emit the rolled bundle instead")
     launches = []
     consts: dict[int, str] = {}
     for op, indices in _iterations(specs, ()):

@@ -49,7 +49,7 @@ def slice_bytes(op: Op, program: Program, target: Target, slice_sizes: dict[str,
         for axis, (e, size) in enumerate(zip(acc.index, t.shape, strict=True)):
             ext = min(e.extent(slice_sizes), size)
             if axis == t.rank - 1:
-                ext = math.ceil(ext / eps) * eps
+                ext = -(-ext // eps) * eps
             n *= ext
         total += n * dtype_bytes(t.dtype)
     return total

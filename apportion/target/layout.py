@@ -61,7 +61,7 @@ class DeviceLayout:
         for d in self.dims:
             e = extents[d.tensor_dim]
             if d.part == "sticks":
-                e = math.ceil(e / self.elems_per_stick)
+                e = -(-e // self.elems_per_stick)  # integer ceil: exact for any size
             elif d.part == "in_stick":
                 e = min(e, self.elems_per_stick) if d.tensor_dim == inner else e
             if e > 1:
@@ -76,7 +76,7 @@ def device_layout(shape: tuple[int, ...], dtype: str, target: Target) -> DeviceL
     if r == 0:
         return DeviceLayout((), dtype_bytes(dtype), eps)
     inner = r - 1
-    sticks = math.ceil(shape[inner] / eps)
+    sticks = -(-shape[inner] // eps)
     if target.layout == "row_major" or r == 1:
         order: list[tuple[int, str, int]] = [(i, "whole", shape[i]) for i in range(r - 1)]
         order += [(inner, "sticks", sticks), (inner, "in_stick", eps)]

@@ -209,3 +209,17 @@ def test_cli_emit_error_exits_2(tmp_path, capsys):
     path.write_text(ap.dumps(fused(("T", 4))))
     assert main(["emit", str(path), "--unrolled"]) == 2
     assert "cannot unroll" in capsys.readouterr().err
+
+
+def test_unrolling_more_launches_than_the_limit_is_refused_before_any_text_is_made():
+    from apportion.codegen.bundle import MAX_UNROLLED_LAUNCHES, render_bundle
+    from apportion.codegen.specs import LoopSpec, OpSpec, TensorArg
+    from apportion.errors import EmitError
+
+    a = TensorArg(True, 0, "float16", [4, 64], ["m", "n"], {"hbm": 0}, tensor="a",
+                  tile_strides=[0, 0])
+    body = (OpSpec("exp", False, {"m": (4, 1), "n": (64, 1)}, [a], [], "e"),)
+    nest = (LoopSpec(65535, (LoopSpec(65535, body),)),)
+    with pytest.raises(EmitError, match=rf"lists {65535 * 65535} launches, more than "
+                                        rf"{MAX_UNROLLED_LAUNCHES}"):
+        render_bundle(nest, "big", unrolled=True)
