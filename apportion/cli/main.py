@@ -156,7 +156,7 @@ def _check_params(program: Program, target: Target, params: dict[str, int],
                              f"{', '.join(known) or 'none'}")
         if not 1 <= value <= top:
             raise UsageError(f"--param {name}={value}: a loop count must be in 1..{top} "
-                             f"(target {target.name!r}'s max_loop_count)")
+                             f"(the max_loop_count of target {target.name!r})")
     missing = [n for n in needed if n not in params]
     if missing:
         flags = " ".join(f"--param {n}=N" for n in missing)

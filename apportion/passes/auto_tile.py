@@ -15,6 +15,8 @@ chosen count leaves.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import replace
@@ -35,8 +37,13 @@ MAX_CANDIDATES = 4096
 
 
 def candidate_counts(program: Program, group: TilingGroup, op_layouts: Mapping[str, OpLayout],
-                     max_count: int) -> list[tuple[int | str, ...]]:
-    """Every valid count tuple of ``group``, fewest total iterations first.
+                     max_count: int, limit: int = MAX_CANDIDATES) -> list[tuple[int | str, ...]]:
+    """The first ``limit`` valid count tuples of ``group``, fewest total iterations first (ties:
+    the larger outer count first).
+
+    A best-first search over the levels, outermost first: a partial tuple's iterations bound
+    those of every tuple completing it, so tuples come out in order and a deep nest whose
+    candidates number millions is never listed whole.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.passes.layouts import layouts
@@ -53,31 +60,33 @@ def candidate_counts(program: Program, group: TilingGroup, op_layouts: Mapping[s
             sizes.setdefault(d, n)
             per[d] = max(per.get(d, 1), dict(op_layouts[op.name].unit_elems).get(d, 1))
 
-    def options(level: int, cur: dict[str, int]) -> list[tuple[int | str, ...]]:
-        if level == len(group.loops):
-            return [()]
+    def options(level: int, cur: dict[str, int]) -> list[tuple[int | str, dict[str, int]]]:
+        """The counts of ``level`` (with the dim sizes they leave) given the outer levels."""
         lv = group.loops[level]
         if isinstance(lv.count, str):
-            return [(lv.count, *rest) for rest in options(level + 1, cur)]
+            return [(lv.count, cur)]
         dims = [d for d in lv.dims if d in cur]
         common = math.gcd(*(cur[d] for d in dims)) if dims else 1
-        out = []
-        for c in divisors(common, max_count):
-            if c > 1 and any((cur[d] // c) % per[d] for d in dims):
-                continue
-            nxt = {**cur, **{d: cur[d] // c for d in dims}}
-            out.extend((c, *rest) for rest in options(level + 1, nxt))
-            if len(out) > MAX_CANDIDATES:
-                break
-        return out
+        return [(c, {**cur, **{d: cur[d] // c for d in dims}})
+                for c in divisors(common, max_count)
+                if c == 1 or not any((cur[d] // c) % per[d] for d in dims)]
 
-    found = options(0, sizes)[:MAX_CANDIDATES]
-
-    def key(counts: tuple[int | str, ...]) -> tuple:
+    def key(counts: tuple[int | str, ...]) -> tuple[int, tuple[int, ...]]:
         ints = [c if isinstance(c, int) else 1 for c in counts]
-        return (math.prod(ints), tuple(-c for c in ints))
+        return math.prod(ints), tuple(-c for c in ints)
 
-    return sorted(found, key=key)
+    out: list[tuple[int | str, ...]] = []
+    tie = itertools.count()  # states with equal keys leave in the order they came
+    heap: list[tuple[tuple[int, tuple[int, ...]], int, tuple[int | str, ...], dict[str, int]]]
+    heap = [(key(()), next(tie), (), sizes)]
+    while heap and len(out) < limit:
+        _, _, counts, cur = heapq.heappop(heap)
+        if len(counts) == len(group.loops):
+            out.append(counts)
+            continue
+        for c, nxt in options(len(counts), cur):
+            heapq.heappush(heap, (key((*counts, c)), next(tie), (*counts, c), nxt))
+    return out
 
 
 def with_counts(program: Program, index: int, counts: tuple[int | str, ...]) -> Program:
