@@ -65,7 +65,6 @@ def _int_at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
         return value
 
-    parse.__name__ = f"integer >= {low}"
     return parse
 
 
@@ -338,8 +337,7 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="apportion", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="apportion", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan a program and print the report or plan JSON")
     _common(p)

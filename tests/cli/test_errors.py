@@ -1,0 +1,353 @@
+"""Bad command-line input: exit status 2 and one line on stderr naming what is at fault, checked
+before any long work; a reader that closes the pipe early ends the command quietly."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import apportion.cli.main as cli
+from apportion.cli import bench_tiling, bench_workdiv
+from apportion.cli.main import main
+from apportion.errors import EmitError
+
+ROOT = Path(__file__).parents[2]
+MLP = str(ROOT / "examples/mlp.json")
+SCALAR = {  # one op whose output is a scalar: nothing to draw
+    "format": "apportion.program/1", "name": "tot",
+    "tensors": {"x": {"shape": [4, 64], "dtype": "float32"},
+                "s": {"shape": [], "dtype": "float32"}},
+    "inputs": ["x"], "outputs": ["s"],
+    "ops": [{"name": "total", "op": "sum", "out": "s[]", "ins": ["x[i,j]"]}],
+}
+
+
+def status(argv: list[str]) -> int:
+    """main's exit status, whether returned or raised by argparse."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+def one_error(capsys: pytest.CaptureFixture[str]) -> str:
+    """The one stderr line of a refused command."""
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("apportion: error: ") and "Traceback" not in err
+    return lines[0]
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str], *parts: str) -> str:
+    assert status(argv) == 2
+    line = one_error(capsys)
+    for part in parts:
+        assert part in line, line
+    return line
+
+
+@pytest.fixture
+def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if the command plans or benchmarks anything."""
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the command started work before refusing its input")
+
+    monkeypatch.setattr(cli, "_plan", boom)
+    monkeypatch.setattr(bench_workdiv, "run", boom)
+    monkeypatch.setattr(bench_tiling, "run", boom)
+
+
+def symbolic_program(tmp_path: Path) -> str:
+    """examples/fused.json with its outer loop count the symbol T."""
+    doc = json.loads((ROOT / "examples/fused.json").read_text())
+    doc["tiling"][0]["loops"][0]["count"] = "T"
+    path = tmp_path / "sym.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+# -- 1. --plot ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "parts"), [
+    ("missing/gate.png", ["--plot", "missing/gate.png", "does not exist"]),
+    ("gate.xyz", ["--plot", "gate.xyz", "'.xyz'", ".png", ".pdf", ".svg"]),
+    ("gate", ["--plot", "no file extension", ".png"]),
+    (".", ["--plot", "is a folder"]),
+])
+def test_plot_path_is_refused_before_planning(name, parts, tmp_path, capsys, no_work):
+    refused(["plan", MLP, "--plot", str(tmp_path / name)], capsys, *parts)
+
+
+def test_plot_path_whose_folder_is_a_file_is_refused(tmp_path, capsys, no_work):
+    (tmp_path / "f").write_text("")
+    refused(["plan", MLP, "--plot", str(tmp_path / "f" / "g.png")], capsys, "is not a folder")
+
+
+def test_plot_extensions_come_from_matplotlib(tmp_path, capsys, no_work):
+    from matplotlib.figure import Figure
+
+    line = refused(["plan", MLP, "--plot", str(tmp_path / "g.bmpx")], capsys)
+    for ext in Figure().canvas.get_supported_filetypes():
+        assert f".{ext}" in line
+
+
+@pytest.mark.parametrize(("argv", "parts"), [
+    (["--op", "gate"], ["--op 'gate'", "needs --plot"]),
+    (["--op", "nope", "--plot", "{tmp}/g.png"], ["--op 'nope'", "no such op", "gate, up"]),
+])
+def test_op_is_checked_before_planning(argv, parts, tmp_path, capsys, no_work):
+    refused(["plan", MLP] + [a.format(tmp=tmp_path) for a in argv], capsys, *parts)
+
+
+def test_plot_of_a_scalar_output_is_refused(tmp_path, capsys, no_work):
+    path = tmp_path / "tot.json"
+    path.write_text(json.dumps(SCALAR))
+    refused(["plan", str(path), "--plot", str(tmp_path / "t.png")], capsys, "scalar output")
+    refused(["plan", str(path), "--plot", str(tmp_path / "t.png"), "--op", "total"], capsys,
+            "--op 'total'", "scalar output")
+
+
+def test_plot_in_upper_case_and_svg_is_written(tmp_path, capsys):
+    assert main(["plan", MLP, "--cores", "4", "--plot", str(tmp_path / "g.PNG")]) == 0
+    assert (tmp_path / "g.PNG").read_bytes()[:4] == b"\x89PNG"
+    assert f"wrote {tmp_path / 'g.PNG'} (op " in capsys.readouterr().out
+    assert main(["plan", MLP, "--cores", "4", "--plot", str(tmp_path / "g.svg")]) == 0
+    assert b"<svg" in (tmp_path / "g.svg").read_bytes()[:400]
+
+
+def test_plot_write_failure_is_one_line(tmp_path, capsys, monkeypatch):
+    from matplotlib.figure import Figure
+
+    def fail(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Figure, "savefig", fail)
+    refused(["plan", MLP, "--plot", str(tmp_path / "g.png")], capsys,
+            "cannot write plot", "g.png", "Permission denied")
+
+
+# -- 2. bench outputs, limits and core counts ---------------------------------------------------
+
+@pytest.mark.parametrize("suite", ["workdiv", "tiling"])
+@pytest.mark.parametrize(("argv", "parts"), [
+    (["--json", "{tmp}/missing/out.json"], ["--json", "missing/out.json", "does not exist"]),
+    (["--json", "{tmp}"], ["--json", "is a folder"]),
+    (["--json", ""], ["--json", "empty"]),
+    (["--limit", "0"], ["--limit", ">= 1", "got 0"]),
+    (["--limit", "-1"], ["--limit", "got -1"]),
+    (["--limit", "x"], ["--limit", "'x'"]),
+    (["--cores", "8", "0"], ["--cores", "got 0"]),
+    (["--cores", "8", "33"], ["cores must be in 1..32, got 33"]),
+])
+def test_bench_input_is_refused_before_the_benchmark(suite, argv, parts, tmp_path, capsys,
+                                                     no_work):
+    refused(["bench", suite] + [a.format(tmp=tmp_path) for a in argv], capsys, *parts)
+
+
+@pytest.mark.parametrize(("text", "parts"), [
+    ("{not json", ["--models", "not a models file"]),
+    ('{"models": {"m": {}}}', ["--models", "no key 'prefill_tokens'"]),
+    ('{"models": {"m": 3}, "prefill_tokens": [128], "decode_batch": [1], '
+     '"decode_context": [8]}', ["--models", "not a models file"]),
+    ("[]", ["--models", "not a models file"]),
+])
+@pytest.mark.parametrize("suite", ["workdiv", "tiling"])
+def test_bad_models_file_is_one_line(suite, text, parts, tmp_path, capsys, no_work):
+    path = tmp_path / "models.json"
+    path.write_text(text)
+    refused(["bench", suite, "--models", str(path)], capsys, *parts)
+
+
+@pytest.mark.parametrize("suite", ["workdiv", "tiling"])
+def test_bench_limit_and_json(suite, tmp_path, capsys):
+    out = tmp_path / "out.json"
+    assert main(["bench", suite, "--limit", "1", "--cores", "8", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    # workdiv adds its prime-vocabulary probe to the first N shapes
+    assert len(rows) == (2 if suite == "workdiv" else 1)
+    assert all(r["case"] for r in rows)
+
+
+# -- 3. numeric options -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "parts"), [
+    (["run", MLP, "--check", "--seed", "-1"], ["argument --seed", ">= 0", "got -1"]),
+    (["run", MLP, "--seed", "1.5"], ["argument --seed", "'1.5'"]),
+    (["run", MLP, "--threads", "0"], ["argument --threads", ">= 1", "got 0"]),
+    (["run", MLP, "--threads", "-2"], ["argument --threads", "got -2"]),
+    (["plan", MLP, "--cores", "0"], ["argument --cores", "got 0"]),
+    (["emit", MLP, "--bundle", "--cores", "-3"], ["argument --cores", "got -3"]),
+    (["demo", "--cores", "0"], ["argument --cores", "got 0"]),
+    (["plan", MLP, "--strategy", "fast"], ["argument --strategy", "'fast'"]),
+    (["plan", MLP, "--nope"], ["unrecognized arguments: --nope"]),
+    (["emit", MLP], ["one of the arguments", "--bundle"]),
+    ([], ["command"]),
+])
+def test_bad_option_values_exit_2_with_one_line(argv, parts, capsys, no_work):
+    refused(argv, capsys, *parts)
+
+
+def test_seed_zero_and_a_large_seed_run(capsys):
+    assert main(["run", MLP, "--cores", "4", "--check", "--seed", str(2 ** 70)]) == 0
+
+
+def test_nul_in_an_argument_is_refused(capsys, no_work):
+    refused(["plan", MLP, "--target", "a\0b.toml"], capsys, "NUL")
+
+
+# -- 4. a reader that closes early --------------------------------------------------------------
+
+class ClosedPipe(io.TextIOBase):
+    """A stdout whose reader has gone: every write fails as a closed pipe does."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", MLP, "--format", "json"],
+    ["plan", MLP],  # the table goes through rich
+    ["emit", str(ROOT / "examples/fused.json"), "--loopspec"],
+])
+def test_broken_pipe_ends_quietly_with_status_0(argv, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert main(argv) == 0
+    monkeypatch.undo()
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("argv", [
+    ["plan", "examples/mlp.json", "--format", "json"],
+    ["plan", "examples/attention.json"],
+])
+def test_broken_pipe_in_a_real_process(argv):
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the first write
+    try:
+        p = subprocess.run([sys.executable, "-m", "apportion.cli.main", *argv], cwd=ROOT,
+                           stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert (p.returncode, p.stderr) == (0, "")
+
+
+def test_head_reads_the_first_bytes():
+    p = subprocess.run(f"{sys.executable} -m apportion.cli.main plan examples/mlp.json "
+                       "--format json | head -c 10", shell=True, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.stdout == '{\n  "forma' and "Error" not in p.stderr
+
+
+# -- 5. program and target files ----------------------------------------------------------------
+
+@pytest.mark.parametrize(("make", "parts"), [
+    (lambda d: d / "missing.json", ["cannot read program file", "No such file"]),
+    (lambda d: d, ["cannot read program file", "directory"]),
+    (lambda d: (d / "bin.json", (d / "bin.json").write_bytes(b'{"\xff\xfe"}'))[0],
+     ["not UTF-8"]),
+    (lambda d: (d / "half.json", (d / "half.json").write_text('{"format": "apportion.pro'))[0],
+     ["half.json"]),
+])
+def test_bad_program_file_is_one_line(make, parts, tmp_path, capsys, no_work):
+    refused(["plan", str(make(tmp_path))], capsys, *parts)
+
+
+@pytest.mark.parametrize(("text", "parts"), [
+    (None, ["cannot read target file", "No such file"]),
+    (b'preset = "spyre"\nmax_cores = "x"\n', ["max_cores"]),
+    (b'preset = "spyre"\nspan_limit_mib = -1\n', ["span_limit_mib"]),
+    (b'preset = "spyre"\nwarp = 3\n', ["unknown field 'warp'"]),
+    (b'preset = "tpu"\n', ["preset must be one of"]),
+    (b"max_cores = [[\n", ["not valid TOML"]),
+    (b"\xff\xfe = 1", ["not UTF-8"]),
+    (b"name = 'x'\n", ["missing fields"]),
+])
+def test_bad_target_file_is_one_line(text, parts, tmp_path, capsys, no_work):
+    path = tmp_path / "t.toml"
+    if text is not None:
+        path.write_bytes(text)
+    refused(["plan", MLP, "--target", str(path)], capsys, "t.toml", *parts)
+
+
+def test_target_toml_that_is_a_folder(tmp_path, capsys, no_work):
+    (tmp_path / "d.toml").mkdir()
+    refused(["run", MLP, "--target", str(tmp_path / "d.toml")], capsys, "cannot read target")
+
+
+# -- 6. --param ---------------------------------------------------------------------------------
+
+def test_param_runs_a_symbolic_loop_count(tmp_path, capsys):
+    assert main(["run", symbolic_program(tmp_path), "--param", "T=4", "--check"]) == 0
+    assert "matches the unplanned program" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("argv", "parts"), [
+    ([], ["symbolic loop count T", "--param T=N", "1..65535"]),
+    (["--check"], ["--param T=N"]),
+    (["--param", "T"], ["--param 'T'", "NAME=COUNT"]),
+    (["--param", "T=x"], ["--param 'T=x'", "not an integer"]),
+    (["--param", "=4"], ["--param '=4'", "NAME=COUNT"]),
+    (["--param", "U=4"], ["--param U=4", "'U' is not a symbolic loop count", "counts: T"]),
+    (["--param", "T=65536"], ["--param T=65536", "1..65535", "max_loop_count"]),
+    (["--param", "T=0"], ["--param T=0", "1..65535"]),
+    (["--param", "T=-2"], ["--param T=-2", "1..65535"]),
+    (["--param", "T=2", "--param", "T=4"], ["--param T given twice"]),
+])
+def test_bad_param_is_refused_before_planning(argv, parts, tmp_path, capsys, no_work):
+    refused(["run", symbolic_program(tmp_path), *argv], capsys, *parts)
+
+
+def test_param_for_a_program_without_symbolic_counts(capsys, no_work):
+    refused(["run", MLP, "--param", "T=4"], capsys, "'T' is not a symbolic loop count",
+            "counts: none")
+
+
+def test_param_that_does_not_divide_the_dim_names_it(tmp_path, capsys):
+    refused(["run", symbolic_program(tmp_path), "--param", "T=3"], capsys, "'T'", "divide")
+
+
+# -- the rest of the rule -----------------------------------------------------------------------
+
+def test_run_too_big_for_this_machine_is_refused_before_any_work(tmp_path, capsys, no_work):
+    doc = json.loads((ROOT / "examples/fused.json").read_text())
+    for t in doc["tensors"].values():
+        t["shape"] = [2 ** 22, 2 ** 22]  # 32 TiB each
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps(doc))
+    refused(["run", str(path), "--target", "cpu"], capsys, "needs at least", "GiB",
+            "tensor 'a'")
+
+
+def test_out_of_memory_is_one_line(monkeypatch, capsys):
+    def oom(*args, **kwargs):
+        raise MemoryError("Unable to allocate 8.00 GiB for an array")
+
+    monkeypatch.setattr(cli, "_plan", oom)
+    refused(["plan", MLP], capsys, "out of memory", "8.00 GiB")
+
+
+def test_a_multi_line_error_prints_as_one_line(monkeypatch, capsys):
+    def bad(*args, **kwargs):
+        raise EmitError("bundle does not verify:\n  error: 'scf.for' op\n  note: here")
+
+    monkeypatch.setattr(cli, "_plan", bad)
+    refused(["plan", MLP], capsys, "does not verify:; error: 'scf.for' op; note: here")
+
+
+def test_interrupt_is_one_line_and_status_130(monkeypatch, capsys):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_plan", interrupt)
+    assert main(["plan", MLP]) == 130
+    assert capsys.readouterr().err == "apportion: interrupted\n"
