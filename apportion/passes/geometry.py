@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from apportion.cost.model import op_cost
+from apportion.cost.model import largest_slice, op_cost
 from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.passes.layouts import Layouts, OpLayout
@@ -46,14 +46,8 @@ def divisors(n: int, limit: int) -> list[int]:
     return [i for i in range(1, min(n, limit) + 1) if n % i == 0]
 
 
-def slice_sizes(sizes: dict[str, int], per: dict[str, int], splits: dict[str, int]
-                ) -> dict[str, int]:
-    """Elements per dim of the largest core slice (whole units, ceil division)."""
-    out = {}
-    for d, n in sizes.items():
-        units = -(-n // per[d])
-        out[d] = min(-(-units // splits.get(d, 1)) * per[d], n)
-    return out
+#: elements per dim of the largest core slice (whole planning units, ceil division)
+slice_sizes = largest_slice
 
 
 @dataclass(frozen=True)
@@ -103,17 +97,25 @@ class OpContext:
         return check_spans(self.op, self.sizes, self.layout, splits, self.tlayouts,
                            self.target).worst is None
 
-    def time_us(self, splits: dict[str, int], resident: frozenset[str] = frozenset()) -> float:
+    def time_us(self, splits: Mapping[str, int], resident: frozenset[str] = frozenset()
+                ) -> float:
         """Predicted time under ``splits``; ``resident`` tensors live in the scratchpad."""
-        red = max((splits[d] for d in self.op.reduction_dims), default=1)
-        largest = slice_sizes(self.sizes, self.per, splits)
-        return op_cost(self.op, self.program, self.target, self.sizes, largest, red,
+        return op_cost(self.op, self.program, self.target, self.sizes, splits, self.per,
                        resident).time_us
+
+    def splittable(self, d: str) -> bool:
+        """False for a reduction dim whose last stick is padded on a target that cannot split
+        one (the backend cannot mask padding spread over cores)."""
+        per = self.per[d]
+        return (self.target.split_padded_reduction or d not in self.op.reduction_dims
+                or per == 1 or self.sizes[d] % per == 0)
 
     def valid(self, splits: dict[str, int]) -> bool:
         """True when ``splits`` is one of the assignments ``balanced`` searches and is feasible."""
         units, cores = self.units, self.target.cores
         if any(not 1 <= splits[d] <= min(units[d], cores) for d in self.sizes):
+            return False
+        if any(splits[d] > 1 and not self.splittable(d) for d in self.sizes):
             return False
         if math.prod(splits.values()) > cores:
             return False

@@ -18,11 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from apportion.errors import PlanningError
-from apportion.ir.op import Op
-from apportion.ir.program import Program
 from apportion.passes.geometry import OpContext, check_spans, divisors, slice_sizes
-from apportion.passes.layouts import OpLayout
-from apportion.target.layout import DeviceLayout
 from apportion.target.target import Target
 
 
@@ -70,23 +66,21 @@ def span_reduction(ctxs: Mapping[str, OpContext], strategy: str) -> SpanSplits:
 def op_minimum(ctx: OpContext, strategy: str) -> tuple[dict[str, int], PlanningError | None]:
     """One op's minimum splits; under ``balanced`` a refusal is returned, not raised."""
     try:
-        return minimum_splits(ctx.op, ctx.program, ctx.target, ctx.layout, ctx.tlayouts,
-                              ctx.sizes, allow_uneven=strategy == "balanced"), None
+        return minimum_splits(ctx, allow_uneven=strategy == "balanced"), None
     except PlanningError as e:
         if strategy == "greedy":
             raise
         return {d: 1 for d in ctx.sizes}, e
 
 
-def minimum_splits(op: Op, program: Program, target: Target, layout: OpLayout,
-                   tlayouts: Mapping[str, DeviceLayout], sizes: dict[str, int] | None = None,
-                   allow_uneven: bool = False) -> dict[str, int]:
-    """Minimum splits per dim that bring every operand of ``op`` within the span limit.
+def minimum_splits(ctx: OpContext, allow_uneven: bool = False) -> dict[str, int]:
+    """Minimum splits per dim that bring every operand of the op within the span limit.
 
-    ``sizes`` is the (per-iteration) iteration space; ``allow_uneven`` lets a dim with no fitting
-    even split take an uneven whole-stick split (the ``balanced`` strategy).
+    The op's (per-iteration) iteration space is ``ctx.sizes``; ``allow_uneven`` lets a dim with
+    no fitting even split take an uneven whole-stick split (the ``balanced`` strategy). Dims the
+    target cannot split (``ctx.splittable``) are never cut.
     """
-    sizes = dict(op.dims) if sizes is None else sizes
+    op, target, layout, tlayouts, sizes = ctx.op, ctx.target, ctx.layout, ctx.tlayouts, ctx.sizes
     per = dict(layout.unit_elems)
     units = layout.units(sizes)
     commit = {d: 1 for d in sizes}
@@ -109,7 +103,8 @@ def minimum_splits(op: Op, program: Program, target: Target, layout: OpLayout,
         for ddim in tl.dims:
             if ddim.part == "in_stick":
                 continue
-            feeding = [d for d in acc.index[ddim.tensor_dim].dims if units[d] > 1]
+            feeding = [d for d in acc.index[ddim.tensor_dim].dims
+                       if units[d] > 1 and ctx.splittable(d)]
             if not feeding:
                 continue
             choice = _best_at(feeding, commit, units, reductions, target, span_of, False)

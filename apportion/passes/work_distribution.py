@@ -46,8 +46,9 @@ def greedy(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
         extra = core_split(units[d] // base, budget) if units[d] % base == 0 else 1
         splits[d] = base * extra
         budget //= extra
-    if budget > 1 and not any(minimum[d] > 1 for d in op.reduction_dims) and op.reduction_dims:
-        best = max(op.reduction_dims, key=lambda d: core_split(units[d], budget))
+    reducible = [d for d in op.reduction_dims if ctx.splittable(d)]
+    if budget > 1 and not any(minimum[d] > 1 for d in op.reduction_dims) and reducible:
+        best = max(reducible, key=lambda d: core_split(units[d], budget))
         splits[best] = core_split(units[best], budget)
     return splits
 
@@ -64,7 +65,7 @@ def candidates(ctx: OpContext, minimum: dict[str, int], uneven: bool = True
     reductions = set(ctx.op.reduction_dims)
 
     def options(d: str) -> list[int]:
-        hi = min(units[d], cores)
+        hi = min(units[d], cores) if ctx.splittable(d) else minimum[d]
         if uneven:
             return list(range(minimum[d], hi + 1))
         return [c for c in divisors(units[d], hi) if c >= minimum[d]]
@@ -128,6 +129,11 @@ def check_pins(ctx: OpContext, pins: dict[str, int]) -> dict[str, int]:
     """Validate pinned splits of ``work_division`` and return them."""
     op, units = ctx.op, ctx.units
     for d, n in pins.items():
+        if n > 1 and not ctx.splittable(d):
+            raise PlanningError(
+                f"op {op.name!r}: work_division splits reduction dim {d!r} ({ctx.sizes[d]} "
+                f"elements) {n} ways, but its last stick of {ctx.per[d]} is padded and target "
+                f"{ctx.target.name!r} cannot split a padded reduction across cores")
         if n < 1:
             raise PlanningError(f"op {op.name!r}: work_division pins dim {d!r} to {n}; splits "
                                 "must be >= 1")

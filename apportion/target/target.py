@@ -13,15 +13,26 @@ LAYOUTS = ("stick", "row_major")
 
 # Whole-number fields: counts and byte sizes, all > 0.
 INT_FIELDS = ("max_cores", "cores", "span_limit", "stick_bytes", "scratchpad_bytes", "alignment",
-              "max_loop_count")
+              "max_loop_count", "pt_rows")
 # Real-valued figures: (field, lowest allowed, whether the lowest is allowed, upper bound or None).
 FLOAT_FIELDS: tuple[tuple[str, float, bool, float | None], ...] = (
     ("scratchpad_reserve", 0.0, True, 1.0),
-    ("peak_flops_per_core", 0.0, False, None),
+    ("mac_rate", 0.0, False, None),
+    ("sfp_rate", 0.0, False, None),
+    ("reduce_rate", 0.0, False, None),
+    ("pt_full_passes", 0.0, False, None),
+    ("pt_exponent", 0.0, True, None),
     ("core_bandwidth", 0.0, False, None),
     ("mem_bandwidth", 0.0, False, None),
-    ("combine_latency_us", 0.0, True, None),
+    ("broadcast_cohort", 1.0, True, None),
+    ("broadcast_exponent", 0.0, True, None),
+    ("overlap", 0.0, True, 1.0 + 1e-12),
+    ("ring_us_per_element", 0.0, True, None),
+    ("batch_split_factor", 1.0, True, None),
+    ("stick_split_us_per_byte", 0.0, True, None),
 )
+#: the cost model's coefficients (``apportion/cost/model.py`` names the term each one sets)
+COST_FIELDS = tuple(f for f, *_ in FLOAT_FIELDS if f != "scratchpad_reserve") + ("pt_rows",)
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -71,10 +82,22 @@ class Target:
     stick_bytes: int
     scratchpad_bytes: int
     scratchpad_reserve: float  # fraction of the scratchpad kept back
-    peak_flops_per_core: float  # FLOP/s
-    core_bandwidth: float  # bytes/s one core streams to or from device memory
+    # cost model coefficients (see apportion/cost/model.py for the term each one sets)
+    mac_rate: float  # matrix unit: MACs per microsecond per core
+    sfp_rate: float  # elementwise unit: elements per microsecond per core
+    reduce_rate: float  # reductions: elements per microsecond per core
+    core_bandwidth: float  # bytes/s one core's port moves to or from device memory
     mem_bandwidth: float  # bytes/s of device memory in all
-    combine_latency_us: float  # fixed cost of one cross-core combine of partial sums
+    pt_rows: int = 1  # rows the matrix unit streams per pass
+    pt_full_passes: float = 1.0  # passes per core that hide the matrix unit's start-up
+    pt_exponent: float = 0.0  # how fast its efficiency falls below that (0: it does not)
+    broadcast_cohort: float = 1e9  # cores one broadcast reaches before contention
+    broadcast_exponent: float = 0.0  # contention growth beyond that cohort
+    overlap: float = 0.0  # share of the shorter of compute and memory not hidden
+    ring_us_per_element: float = 0.0  # partial-sum hop per output element per extra slice
+    batch_split_factor: float = 1.0  # slowdown per doubling of a matmul batch split
+    stick_split_us_per_byte: float = 0.0  # gather cost per byte per halving of a stick dim
+    split_padded_reduction: bool = True  # may a reduction dim with a padded last stick split?
     layout: str = "stick"
     alignment: int = 128  # scratchpad offsets are multiples of this
     max_loop_count: int = 65535  # most iterations one counted loop may run
@@ -98,6 +121,9 @@ class Target:
             if not is_real(v) or not finite(v) or v < low or (v == low and not low_ok) \
                     or (high is not None and v >= high):
                 raise TargetError(f"{where}: {f} must be a finite number {rng}, got {describe(v)}")
+        if not isinstance(self.split_padded_reduction, bool):
+            raise TargetError(f"{where}: split_padded_reduction must be true or false, got "
+                              f"{describe(self.split_padded_reduction)}")
         if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
             raise TargetError(f"{where}: layout must be one of {', '.join(LAYOUTS)}, "
                               f"got {describe(self.layout)}")

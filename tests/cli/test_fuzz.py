@@ -23,8 +23,8 @@ OPS = sorted({o["name"] for text in EXAMPLES.values() for o in json.loads(text)[
 TARGET = 'preset = "spyre"\nname = "lite"\nmax_cores = 16\nspan_limit_mib = 128\n'
 FULL_TARGET = ("name = \"mine\"\ncores = 8\nmax_cores = 8\nspan_limit = 268435456\n"
                "stick_bytes = 128\nscratchpad_bytes = 2097152\nscratchpad_reserve = 0.2\n"
-               "peak_flops_per_core = 4.7e12\ncore_bandwidth = 12.8e9\nmem_bandwidth = 2e11\n"
-               "combine_latency_us = 0.5\n")
+               "mac_rate = 1.5e6\nsfp_rate = 1.76e3\nreduce_rate = 1.2e4\n"
+               "core_bandwidth = 12.8e9\nmem_bandwidth = 2e11\n")
 FUZZ = settings(deadline=None,  # example counts: the profile (tests/conftest.py)
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])

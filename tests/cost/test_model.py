@@ -1,35 +1,96 @@
-from apportion.cost.model import op_cost, slice_bytes
+"""Tests of the cost model's terms, one behaviour each, on the Spyre figures."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from apportion.cost.model import OpCost, batch_dims, matmul_rows, op_cost, slice_bytes
 from apportion.target import spyre
 from tests.helpers import one_op
 
 F16 = "float16"
 MATMUL = one_op("matmul", "y[m,n]", ["x[m,k]", "w[k,n]"],
-                {"x": ([256, 1024], F16), "w": ([1024, 2048], F16)})
-SIZES = {"m": 256, "n": 2048, "k": 1024}
+                {"x": ([512, 4096], F16), "w": ([4096, 4096], F16)})
+MM = MATMUL.ops[0]
+SIZES = MM.sizes
+UNITS = {"m": 1, "n": 64, "k": 64}
 
 
-def test_splitting_rows_makes_every_core_reread_the_whole_weight():
-    op = MATMUL.ops[0]
-    by_rows = slice_bytes(op, MATMUL, spyre(), {"m": 8, "n": 2048, "k": 1024})
-    by_cols = slice_bytes(op, MATMUL, spyre(), {"m": 256, "n": 64, "k": 1024})
-    assert by_rows > by_cols  # w (4 MiB) re-read per core dominates
+def cost(splits, target=None, program=MATMUL, op=MM, units=UNITS, **kw):
+    full = {d: splits.get(d, 1) for d in op.sizes}
+    return op_cost(op, program, target or spyre(), op.sizes, full, units, **kw)
 
 
-def test_combine_cost_appears_only_when_a_reduction_is_split():
-    op = MATMUL.ops[0]
-    whole = op_cost(op, MATMUL, spyre(), SIZES, {"m": 256, "n": 64, "k": 1024})
-    split = op_cost(op, MATMUL, spyre(), SIZES, {"m": 256, "n": 128, "k": 512}, 2)
-    assert whole.combine_us == 0 and split.combine_us > 0
+def test_row_pipeline_efficiency_falls_as_the_root_of_passes_below_eight():
+    full = cost({"m": 8, "n": 4})   # 64 rows per core: 8 passes of 8, the pipeline is full
+    short = cost({"m": 32, "n": 1})  # 16 rows: 2 passes, efficiency sqrt(2/8) = 1/2
+    per_core_macs = 16 * 4096 * 4096
+    assert math.isclose(short.compute_us, per_core_macs / spyre().mac_rate / 0.5)
+    assert math.isclose(full.compute_us, 64 * 1024 * 4096 / spyre().mac_rate)
 
 
-def test_compute_time_scales_with_the_largest_slice():
-    op = MATMUL.ops[0]
-    half = op_cost(op, MATMUL, spyre(), SIZES, {"m": 128, "n": 2048, "k": 1024})
-    full = op_cost(op, MATMUL, spyre(), SIZES, SIZES)
-    assert full.compute_us == 2 * half.compute_us
+def test_a_shared_slice_is_fetched_once_per_cohort_and_contends_past_eight():
+    t = spyre()
+    eight = cost({"m": 8, "n": 4})     # w's slices each shared by the 8 cores cutting m
+    sixteen = cost({"m": 16, "n": 2})  # by 16: (16/8)**0.75 times the bytes of w
+    x, w, y = 512 * 4096 * 2, 4096 * 4096 * 2, 512 * 4096 * 2
+    assert math.isclose(eight.memory_us, (x + w + y) / t.mem_bandwidth * 1e6)
+    assert math.isclose(sixteen.memory_us, (x + w * 2 ** 0.75 + y) / t.mem_bandwidth * 1e6)
+
+
+def test_memory_is_never_faster_than_one_cores_port():
+    slow_port = replace(spyre(), core_bandwidth=1e9)
+    c = cost({"m": 8, "n": 4}, slow_port)
+    per_core = 64 * 4096 * 2 + 4096 * 1024 * 2 + 64 * 1024 * 2
+    assert math.isclose(c.memory_us, per_core / 1e9 * 1e6)
+
+
+def test_resident_tensors_move_no_device_memory():
+    c = cost({"m": 8, "n": 4}, resident=frozenset({"w"}))
+    x, y = 512 * 4096 * 2, 512 * 4096 * 2
+    assert math.isclose(c.memory_us, (x + y) / spyre().mem_bandwidth * 1e6)
+
+
+def test_a_split_reduction_pays_one_ring_hop_per_extra_slice():
+    assert cost({"m": 8, "n": 4}).combine_us == 0
+    c = cost({"m": 8, "n": 2, "k": 2})
+    assert math.isclose(c.combine_us, 1 * 64 * 2048 * spyre().ring_us_per_element)
+
+
+def test_cutting_a_stick_dim_costs_per_byte_per_halving():
+    four, eight = cost({"m": 8, "n": 4}), cost({"m": 4, "n": 8})
+    stick_bytes = (4096 * 4096 + 512 * 4096) * 2  # w and y have n innermost
+    assert math.isclose(four.stick_us, stick_bytes * 2 * spyre().stick_split_us_per_byte)
+    assert math.isclose(eight.stick_us, stick_bytes * 3 * spyre().stick_split_us_per_byte)
+
+
+def test_splitting_a_batch_dim_slows_the_op_per_doubling():
+    bmm = one_op("matmul", "y[b,m,n]", ["x[b,m,k]", "w[b,k,n]"],
+                 {"x": ([8, 256, 1024], F16), "w": ([8, 1024, 512], F16)})
+    op = bmm.ops[0]
+    assert batch_dims(op) == ("b",) and matmul_rows(op) == ("m",)
+    units = {"b": 1, "m": 1, "n": 64, "k": 64}
+    c = cost({"b": 4, "m": 8}, program=bmm, op=op, units=units)
+    assert math.isclose(c.batch_factor, 1.2 ** 2)
+
+
+def test_overlap_adds_that_share_of_the_shorter_term():
+    c = OpCost(compute_us=10.0, memory_us=30.0, overlap=0.5, combine_us=1.0, stick_us=2.0)
+    assert c.time_us == 30.0 + 5.0 + 1.0 + 2.0
+
+
+@pytest.mark.parametrize(("fn", "rate"), [("exp", "sfp_rate"), ("sum", "reduce_rate")])
+def test_elementwise_and_reductions_run_at_their_units_rate(fn, rate):
+    out = "y[m,n]" if fn == "exp" else "y[m,0]"
+    p = one_op(fn, out, ["x[m,n]"], {"x": ([64, 4096], F16)})
+    c = cost({"m": 32}, program=p, op=p.ops[0], units={"m": 1, "n": 64})
+    assert math.isclose(c.compute_us, 2 * 4096 / getattr(spyre(), rate))
 
 
 def test_padding_to_sticks_counts_in_traffic():
     p = one_op("exp", "y[m,n]", ["x[m,n]"], {"x": ([4, 65], F16)})
-    # 65 fp16 elements take two 64-element sticks per row, in and out
-    assert slice_bytes(p.ops[0], p, spyre(), {"m": 4, "n": 65}) == 2 * 4 * 128 * 2
+    # 65 fp16 elements take two 64-element sticks per row
+    assert slice_bytes(p.ops[0].ins[0], p, spyre(), {"m": 4, "n": 65}) == 4 * 128 * 2

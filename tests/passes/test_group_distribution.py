@@ -17,7 +17,7 @@ from tests.runtime.test_loops_properties import tiled_programs
 
 F16 = "float16"
 # a plain MLP (up, gelu, down) over 128 tokens, one loop of count 1 around all three
-MLP_TENSORS = {"x": ([128, 768], F16), "wu": ([768, 3072], F16), "wd": ([3072, 768], F16)}
+MLP_TENSORS = {"x": ([1024, 768], F16), "wu": ([768, 3072], F16), "wd": ([3072, 768], F16)}
 MLP_OPS = [{"name": "up", "op": "matmul", "out": "u[t,f]", "ins": ["x[t,n]", "wu[n,f]"]},
            {"name": "act", "op": "gelu", "out": "m[t,f]", "ins": ["u[t,f]"]},
            {"name": "down", "op": "matmul", "out": "y[t,n]", "ins": ["m[t,f]", "wd[f,n]"]}]

@@ -119,7 +119,10 @@ def test_huge_dim_in_nested_loops_is_planned_per_tile(n, strategy):
         op = result.op(name)
         assert op.sizes == {"i": 4096, "j": 64} and op.split_map == {"i": 32, "j": 1}
     mm = plan(small_k_tiles(n), spyre(cores=32), strategy).op("mm")
-    assert mm.sizes == {"m": 64, "n": 64, "k": 4096} and mm.cores == 32
+    # each iteration is planned as the 4096-deep tile alone would be
+    tile = plan(matmul_k(4096), spyre(cores=32), strategy).op("mm")
+    assert mm.sizes == tile.sizes == {"m": 64, "n": 64, "k": 4096}
+    assert mm.split_map == tile.split_map
 
 
 def test_core_split_of_huge_sizes():

@@ -94,14 +94,14 @@ def bound_of(p, target):
 
 
 def test_bound_splits_a_short_reduction_that_balanced_keeps_whole_to_skip_the_combine():
-    # 8 rows of 4096: only 8 cores without splitting the reduction; the bound uses all 32
-    # a norm statistic in decode: the mean of each of 8 rows, kept as a [8, 1] column
-    p = one_op("mean", "r[m,0]", ["x[m,k]"], {"x": ([8, 4096], F16)})
+    # 16 rows of 128 (two sticks): only 16 cores without splitting the reduction; the bound
+    # uses all 32, a mean of each row kept as a [16, 1] column
+    p = one_op("mean", "r[m,0]", ["x[m,k]"], {"x": ([16, 128], F16)})
     util, splits, ctx = bound_of(p, spyre())
     assert util == 1.0 and splits["m"] * splits["k"] == 32 and splits["k"] > 1
     op = plan(p, spyre(), "balanced").op("mean")
-    assert op.split_map == {"m": 8, "k": 1} and op.utilization == 0.25
-    # the combine's latency costs more than the shorter slices save
+    assert op.split_map == {"m": 16, "k": 1} and op.utilization == 0.5
+    # the ring hop and the cut stick cost more than the shorter slices save
     assert op.predicted_time_us < ctx.time_us(splits)
 
 

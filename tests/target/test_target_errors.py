@@ -7,6 +7,7 @@ import pytest
 
 from apportion.errors import TargetError
 from apportion.target import Target, cpu, load_toml, resolve, spyre
+from apportion.target.target import COST_FIELDS
 
 NAN, INF = float("nan"), float("inf")
 
@@ -16,12 +17,13 @@ NAN, INF = float("nan"), float("inf")
     *[(f, v) for f in ("cores", "max_cores", "span_limit", "stick_bytes", "scratchpad_bytes",
                        "alignment", "max_loop_count")
       for v in (0, -1, True, 2.0, "8", None)],
-    *[(f, v) for f in ("scratchpad_reserve", "peak_flops_per_core", "core_bandwidth",
-                       "mem_bandwidth", "combine_latency_us")
+    *[(f, v) for f in ("scratchpad_reserve", *COST_FIELDS) if f != "pt_rows"
       for v in (NAN, INF, -INF, True, "1", None, 10**400)],
     ("scratchpad_reserve", 1.0), ("scratchpad_reserve", -0.1),
-    ("peak_flops_per_core", 0.0), ("core_bandwidth", 0), ("mem_bandwidth", -1.0),
-    ("combine_latency_us", -0.5),
+    ("mac_rate", 0.0), ("core_bandwidth", 0), ("mem_bandwidth", -1.0),
+    ("ring_us_per_element", -0.5), ("overlap", 1.5), ("broadcast_cohort", 0.5),
+    ("batch_split_factor", 0.9), ("pt_rows", 0), ("pt_rows", 2.0),
+    ("split_padded_reduction", 1), ("split_padded_reduction", "no"),
     ("layout", "tiled"), ("layout", 1), ("layout", None), ("layout", ["stick"]),
 ])
 def test_bad_field_is_named(field, value):
@@ -32,9 +34,9 @@ def test_bad_field_is_named(field, value):
 
 def test_nan_message_reads_as_documented():
     with pytest.raises(TargetError) as e:
-        replace(spyre(environ={}), peak_flops_per_core=NAN)
+        replace(spyre(environ={}), mac_rate=NAN)
     assert str(e.value) == \
-        "target 'spyre': peak_flops_per_core must be a finite number > 0, got nan"
+        "target 'spyre': mac_rate must be a finite number > 0, got nan"
 
 
 def test_cores_above_max_cores_names_the_range():
@@ -43,7 +45,8 @@ def test_cores_above_max_cores_names_the_range():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("scratchpad_reserve", 0), ("combine_latency_us", 0), ("peak_flops_per_core", 5 * 10**12),
+    ("scratchpad_reserve", 0), ("ring_us_per_element", 0), ("mac_rate", 5 * 10**12),
+    ("overlap", 1), ("overlap", 0.0),
 ])
 def test_ints_and_bounds_are_accepted_for_figures(field, value):
     assert getattr(replace(spyre(environ={}), **{field: value}), field) == value
@@ -84,9 +87,9 @@ def _load(tmp_path, text: str | bytes, name: str = "t.toml"):
     ("max_loop_count = 0", "max_loop_count"),
     ('max_loop_count = "65535"', "max_loop_count"),
     ("scratchpad_reserve = nan", "scratchpad_reserve"),
-    ("peak_flops_per_core = inf", "peak_flops_per_core"),
+    ("mac_rate = inf", "mac_rate"),
     ("mem_bandwidth = -inf", "mem_bandwidth"),
-    ("combine_latency_us = 1979-05-27", "combine_latency_us"),
+    ("ring_us_per_element = 1979-05-27", "ring_us_per_element"),
     ("core_bandwidth = { a = 1 }", "core_bandwidth"),
     ('span_limit_mib = "big"', "span_limit_mib"),
     ("span_limit_mib = nan", "span_limit_mib"),
@@ -140,8 +143,8 @@ def test_toml_sets_max_loop_count(tmp_path):
 def test_toml_without_preset_may_leave_defaulted_fields_out(tmp_path):
     t = _load(tmp_path, "cores = 2\nmax_cores = 4\nspan_limit = 4096\nstick_bytes = 128\n"
                         "scratchpad_bytes = 65536\nscratchpad_reserve = 0.0\n"
-                        "peak_flops_per_core = 1e9\ncore_bandwidth = 1e9\nmem_bandwidth = 2e9\n"
-                        "combine_latency_us = 1\n", name="bare.toml")
+                        "mac_rate = 1e3\nsfp_rate = 1e2\nreduce_rate = 1e2\n"
+                        "core_bandwidth = 1e9\nmem_bandwidth = 2e9\n", name="bare.toml")
     assert (t.name, t.layout, t.alignment, t.max_loop_count) == ("bare", "stick", 128, 65535)
 
 
