@@ -80,7 +80,9 @@ def plot_op(op_plan: OpPlan, out_dims: tuple[str, ...], path: str | Path) -> Pat
             (r0, r1) = key[-2] if rows_d else (0, 1)
             ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=cmap(cores[0]),
                                    edgecolor="black", linewidth=0.5))
-            label = ",".join(map(str, cores)) if len(cores) <= 4 else f"{cores[0]}..{cores[-1]}"
+            # cores sharing a block combine partial sums as ring neighbours (consecutive ids)
+            label = (",".join(map(str, cores)) if len(cores) <= 4 else
+                     f"{cores[0]}..{cores[-1]}") + (" ring" if len(cores) > 1 else "")
             ax.text((c0 + c1) / 2, (r0 + r1) / 2, label, ha="center", va="center", fontsize=7)
         ax.set_xlim(0, sizes[cols_d])
         ax.set_ylim(sizes[rows_d] if rows_d else 1, 0)

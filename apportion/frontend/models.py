@@ -23,10 +23,19 @@ def load_models(path: str | Path | None = None) -> dict[str, Any]:
         text = resources.files("apportion.frontend").joinpath("data/models.json").read_text()
     else:
         try:
-            text = Path(path).read_text()
-        except OSError as e:
-            raise ProgramError(f"cannot read models file {str(path)!r}: {e.strerror}") from None
-    return json.loads(text)
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, ValueError) as e:  # ValueError: not UTF-8, or a NUL byte in the path
+            why = getattr(e, "strerror", None) or e
+            raise ProgramError(f"cannot read models file {str(path)!r}: {why}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ProgramError(f"models file {str(path)!r} is not valid JSON: {e.msg} at line "
+                           f"{e.lineno}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("models"), dict):
+        raise ProgramError(f"models file {str(path)!r}: expected an object with a \"models\" "
+                           "table of model configurations")
+    return doc
 
 
 @dataclass(frozen=True)

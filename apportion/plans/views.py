@@ -40,3 +40,24 @@ def core_slices(plan: OpPlan) -> list[dict[str, tuple[int, int]]]:
     per_dim = [dim_slices(plan.sizes[d], dict(plan.unit_elems)[d], plan.split_map[d]) for d in dims]
     return [dict(zip(dims, combo, strict=True)) for combo in itertools.product(*per_dim)]
 
+
+def ring_groups(plan: OpPlan) -> list[tuple[int, ...]]:
+    """The groups of cores whose partial results combine into one output slice (a split
+    reduction), each a run of consecutive core ids: ring neighbours, one hop per extra slice.
+
+    Core ids run row-major over the op's dims and a reduction dim comes after every output dim,
+    so the cores splitting it are adjacent. Ops without a split reduction have none.
+
+    >>> from apportion.plans.plan import OpPlan
+    >>> p = OpPlan("mm", "matmul", "matmul", (("m", 4), ("k", 8)), ("k",), (),
+    ...            (("m", 1), ("k", 1)), (("m", 2), ("k", 4)), 1.0, 0.0, ())
+    >>> ring_groups(p)
+    [(0, 1, 2, 3), (4, 5, 6, 7)]
+    """
+    if all(plan.split_map[d] == 1 for d in plan.reduction_dims):
+        return []
+    groups: dict[tuple[tuple[int, int], ...], list[int]] = {}
+    parallel = [d for d, _ in plan.iteration_space if d not in plan.reduction_dims]
+    for core, box in enumerate(core_slices(plan)):
+        groups.setdefault(tuple(box[d] for d in parallel), []).append(core)
+    return [tuple(g) for g in groups.values()]

@@ -119,8 +119,8 @@ def load_toml(path: str | Path, cores: int | None = None) -> Target:
     where = f"target file {str(path)!r}"
     try:
         raw = Path(path).read_bytes()
-    except OSError as e:
-        raise TargetError(f"cannot read {where}: {e.strerror or e}") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        raise TargetError(f"cannot read {where}: {getattr(e, 'strerror', None) or e}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

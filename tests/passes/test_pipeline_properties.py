@@ -121,3 +121,19 @@ def test_balanced_is_never_predicted_slower_than_greedy(prog, target):
     balanced = plan(prog, target, "balanced")  # must plan whenever greedy does
     for g, b in zip(greedy.ops, balanced.ops, strict=True):
         assert b.predicted_time_us <= g.predicted_time_us + 1e-9, (g, b)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), targets(), st.sampled_from(["greedy", "balanced"]))
+def test_cores_combining_a_split_reduction_are_ring_neighbours(prog, target, strategy):
+    from apportion.plans.views import ring_groups
+
+    try:
+        result = plan(prog, target, strategy)
+    except PlanningError:
+        return
+    for op in result.ops:
+        for group in ring_groups(op):
+            assert list(group) == list(range(group[0], group[0] + len(group))), (op, group)
+            red = [op.split_map[d] for d in op.reduction_dims if op.split_map[d] > 1]
+            assert len(group) == red[0]

@@ -112,3 +112,24 @@ def test_bound_is_never_below_either_strategy():
         assert ctx.utilization(splits) == util
         for strategy in ("greedy", "balanced"):
             assert plan(p, spyre(cores), strategy).op("exp").utilization <= util + 1e-12
+
+
+@pytest.mark.parametrize("strategy", ["balanced", "greedy"])
+def test_spyre_never_splits_a_reduction_whose_last_stick_is_padded(strategy):
+    # 2 rows of 64*40+1 elements: k is the only dim worth cutting, but its last stick is padded
+    p = one_op("sum", "r[m,0]", ["x[m,k]"], {"x": ([2, 64 * 47 + 1], F16)})
+    assert plan(p, spyre(), strategy).op("sum").split_map["k"] == 1
+    even = one_op("sum", "r[m,0]", ["x[m,k]"], {"x": ([2, 64 * 40], F16)})
+    assert plan(even, spyre(), strategy).op("sum").split_map["k"] > 1
+    from dataclasses import replace
+
+    lenient = replace(spyre(), split_padded_reduction=True)
+    assert plan(p, lenient, strategy).op("sum").split_map["k"] > 1
+
+
+def test_pinning_a_split_of_a_padded_reduction_names_op_dim_and_target():
+    p = one_op("sum", "r[m,0]", ["x[m,k]"], {"x": ([2, 64 * 47 + 1], F16)},
+               work_division={"sum": {"k": 2}})
+    with pytest.raises(PlanningError, match=r"op 'sum': work_division splits reduction dim 'k' "
+                                            r"\(2561 elements\) 2 ways, but its last stick"):
+        plan(p, spyre())
