@@ -11,6 +11,7 @@
 
 from apportion import targets as targets
 from apportion.errors import ApportionError as ApportionError
+from apportion.errors import CalibrationError as CalibrationError
 from apportion.errors import EmitError as EmitError
 from apportion.errors import ExecutionError as ExecutionError
 from apportion.errors import PlanningError as PlanningError

@@ -25,3 +25,7 @@ class ExecutionError(ApportionError):
 
 class EmitError(ApportionError):
     """A plan cannot be emitted in the asked form, or the emitted IR does not verify."""
+
+
+class CalibrationError(ApportionError):
+    """Measurements cannot be read or fitted: names the record, the field and the fault."""
