@@ -1,0 +1,132 @@
+"""Split-K resolvers: how a target splits an op's reduction dim across cores.
+
+A resolver sees an op's reduction problem (``ReductionShape``: batch, M, N and K extents, the
+reduction dim's name and dtype) and returns the number of slices to cut K into, or ``None`` to
+leave the choice to the cost model's search (``cost``, the Spyre resolver: the split that
+minimises predicted time among every assignment work distribution weighs). A target names its
+resolver in ``Target.split_k``:
+
+* ``cost``: the cost model decides (``None``);
+* ``gpu``: IREE's split-reduction heuristic for matmul-like ops on GPUs (below);
+* ``table``: the first row of ``Target.split_k_table`` whose ranges hold the shape;
+* ``none``: never split a reduction.
+
+A program may pin a factor per op (``"split_k": {"mm": 8}``) whatever the resolver.
+
+IREE's GPU heuristic (``SetSplitReductionSizes.cpp``, ``getMatmulLikeReductionSizes``, for the
+data-center class of GPUs): skip outputs larger than 2048 x 4096 elements (enough workgroups
+already); skip when K < 18000 and K / sqrt(M N) / batch < 48 (too little reduction to pay for
+the combine); otherwise allow at most 2048 slices when the output is at most 16 x 16 or K > 1e7,
+128 when it is at most 64 x 64 or K > 1e6, 64 up to 128 x 128, 32 up to 256 x 256, 16 up to
+512 x 512, else min(8, K); and take the smallest tile size that divides K and gives at most
+that many slices.
+
+>>> gpu_slices(ReductionShape(batch=1, m=32, n=32, k=40960))   # 128 slices of 320
+128
+>>> gpu_slices(ReductionShape(batch=1, m=4096, n=4096, k=8192)) is None   # output too large
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from apportion.errors import TargetError
+
+#: IREE's constants (see the module docstring)
+GPU_LARGE_OUTPUT = 2048 * 4096
+GPU_LARGE_K = 18000
+GPU_RATIO_THRESHOLD = 48
+#: (largest output, or smallest K beyond which) -> most slices, checked in order
+GPU_LIMITS = ((16 * 16, 1e7, 2048), (64 * 64, 1e6, 128), (128 * 128, None, 64),
+              (256 * 256, None, 32), (512 * 512, None, 16))
+GPU_DEFAULT_LIMIT = 8
+#: IREE bounds its divisor search by trial division to this many candidates
+GPU_MAX_TILE_SEARCH = 1 << 15
+
+RESOLVERS = ("cost", "gpu", "table", "none")
+
+
+@dataclass(frozen=True)
+class ReductionShape:
+    """What a resolver sees of an op: output extents split into batch, M and N (products of
+    the dims only the first input, only the second, or both inputs index; all output dims count
+    as M for a plain reduction), the reduction extent K, the reduction dim and dtype."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    dim: str = "k"
+    dtype: str = "float16"
+    op: str = ""
+
+    @property
+    def output(self) -> int:
+        return self.batch * self.m * self.n
+
+
+def _smallest_tile(k: int, lower: int) -> int | None:
+    """The smallest divisor of ``k`` at least ``lower`` (None past IREE's search bound)."""
+    for tile in range(max(lower, 1), min(k, lower + GPU_MAX_TILE_SEARCH) + 1):
+        if k % tile == 0:
+            return tile
+    return None
+
+
+def gpu_slices(shape: ReductionShape) -> int | None:
+    """Slices of K under IREE's GPU heuristic, or None where it leaves K whole."""
+    out, k = shape.output, shape.k
+    if out > GPU_LARGE_OUTPUT:
+        return None
+    ratio = k / math.sqrt(shape.m * shape.n) / shape.batch
+    if k < GPU_LARGE_K and ratio < GPU_RATIO_THRESHOLD:
+        return None
+    limit = next((lim for most, big_k, lim in GPU_LIMITS
+                  if out <= most or (big_k is not None and k > big_k)),
+                 min(GPU_DEFAULT_LIMIT, k))
+    tile = _smallest_tile(k, -(-k // limit))
+    if tile is None or tile == k:
+        return None
+    return k // tile
+
+
+@dataclass(frozen=True)
+class TableRow:
+    """One row of a target's ``split_k_table``: inclusive ranges of the shape's extents (None:
+    any) and the slices to cut K into."""
+
+    slices: int
+    k: tuple[int | None, int | None] = (None, None)
+    m: tuple[int | None, int | None] = (None, None)
+    n: tuple[int | None, int | None] = (None, None)
+    batch: tuple[int | None, int | None] = (None, None)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.slices, bool) or not isinstance(self.slices, int) or self.slices < 1:
+            raise TargetError(f"split_k_table: slices must be an int >= 1, got {self.slices!r}")
+        for name in ("k", "m", "n", "batch"):
+            lo, hi = getattr(self, name)
+            for v in (lo, hi):
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                    raise TargetError(f"split_k_table: {name} bounds must be ints >= 1, got "
+                                      f"{v!r}")
+
+    def holds(self, shape: ReductionShape) -> bool:
+        for name in ("k", "m", "n", "batch"):
+            lo, hi = getattr(self, name)
+            v = getattr(shape, name)
+            if (lo is not None and v < lo) or (hi is not None and v > hi):
+                return False
+        return True
+
+
+def table_slices(rows: tuple[TableRow, ...], shape: ReductionShape) -> int | None:
+    """The slices of the first row holding ``shape`` (None: no row does)."""
+    return next((r.slices for r in rows if r.holds(shape)), None)
+
+
+#: a user resolver: the shape in, the slices (1: no split) or None (let the cost model decide)
+Resolver = Callable[[ReductionShape], int | None]
