@@ -34,8 +34,9 @@ class PlannedProgram:
     """A program, the target it was planned for, and its plan.
 
     ``run`` executes the plan core by core (loop nests iteration by iteration in simulated
-    memory), ``check`` compares that with the unplanned program, ``loopspec``/``bundle_mlir``
-    emit it, ``to_json`` prints plan format v1 and ``from_json`` reads it back.
+    memory; ``backend="iree"``: its parallel IR compiled and run by IREE), ``check`` compares
+    that with the unplanned program, ``loopspec``/``bundle_mlir``/``forall_mlir`` emit it,
+    ``to_json`` prints plan format v1 and ``from_json`` reads it back.
     """
 
     program: Program
@@ -116,26 +117,47 @@ class PlannedProgram:
         verify_mlir(text)
         return text
 
+    def forall_mlir(self) -> str:
+        """The plan as thread-first parallel IR on tensors (MLIR text), checked to parse and
+        verify: one ``scf.forall`` over each op's core grid, ``scf.for`` loops around the
+        foralls of a loop group's tile (``codegen.forall``)."""
+        from apportion.codegen.forall import forall_mlir, verify_mlir
+
+        text = forall_mlir(self.program, self.plan, self.target)
+        verify_mlir(text)
+        return text
+
     # -- running ----------------------------------------------------------------------------------
 
     def run(self, inputs: Mapping[str, Any] | None = None, threads: int | None = None,
-            params: Mapping[str, int] | None = None) -> dict[str, Any]:
+            params: Mapping[str, int] | None = None, backend: str = "reference"
+            ) -> dict[str, Any]:
         """Execute the plan core by core (random inputs unless given); returns the tensors held
-        whole. ``params`` gives symbolic loop counts (within the target's ``max_loop_count``)."""
+        whole. ``params`` gives symbolic loop counts (within the target's ``max_loop_count``).
+        ``backend="iree"`` compiles the parallel IR with IREE (cached, see ``runtime.iree``)
+        and runs it on the CPU instead; it returns the inputs and outputs."""
         from apportion.runtime import random_inputs, run_planned
 
         self._check_params(params)
+        _check_backend(backend)
         xs = random_inputs(self.program) if inputs is None else inputs
+        if backend == "iree":
+            from apportion.backends import iree_run
+
+            return iree_run(self.program, self.plan, self.target, xs, params).tensors
         return run_planned(self.program, self.plan, xs, threads=threads, params=params)
 
     def check(self, seed: int = 0, threads: int | None = None,
-              params: Mapping[str, int] | None = None) -> list[OutputCheck]:
-        """Run planned and unplanned on the same random inputs and compare every output."""
+              params: Mapping[str, int] | None = None, backend: str = "reference"
+              ) -> list[OutputCheck]:
+        """Run planned (on ``backend``) and unplanned on the same random inputs and compare
+        every output."""
         from apportion.runtime import compare, random_inputs, run_unplanned
 
         inputs = random_inputs(self.program, seed)
         return compare(run_unplanned(self.program, inputs),
-                       self.run(inputs, threads=threads, params=params), self.program)
+                       self.run(inputs, threads=threads, params=params, backend=backend),
+                       self.program)
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -155,6 +177,13 @@ class PlannedProgram:
                 raise ExecutionError(f"symbolic loop count {name!r} = {value!r}: must be an "
                                      f"int in 1..{self.target.max_loop_count} (the target's "
                                      "max_loop_count)")
+
+
+def _check_backend(backend: Any) -> None:
+    from apportion.backends import BACKENDS
+
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ExecutionError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
 
 
 def _program(program: Any, where: str) -> Program:

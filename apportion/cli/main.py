@@ -1,4 +1,4 @@
-"""The `apportion` command: plan, run, emit, bench, demo.
+"""The `apportion` command: plan, run, emit, bench, demo, calibrate.
 
 Bad input ends in exit status 2 and one line on stderr, ``apportion: error: ...``, naming the
 option, path, op, tensor, dim or limit at fault. Every value that can be checked before the work
@@ -239,6 +239,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     _check_memory(program, args.check)
     planned = _plan(program, target, args)
     _check_params(program, target, params, planned.params)
+    if args.backend == "iree":
+        return _run_iree(planned, args, params, console)
     if not args.check:
         planned.run(threads=args.threads, params=params)
         console.print(f"ran {len(planned.ops)} ops of {planned.program.name} over "
@@ -247,6 +249,33 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     checks = planned.check(seed=args.seed, threads=args.threads, params=params)
     return print_checks(checks, f"planned run of {planned.program.name} ({args.strategy}, "
                         f"{planned.plan.cores} cores)", console)
+
+
+def _run_iree(planned: PlannedProgram, args: argparse.Namespace, params: dict[str, int],
+              console: Console) -> int:
+    """``run --backend iree``: the plan's parallel IR compiled (or taken from the cache) and run
+    by IREE on the CPU; with ``--check``, the reference backend's check lines."""
+    from apportion.backends import iree_check, iree_run
+    from apportion.runtime.iree import default_cache_dir
+    from apportion.runtime.reference import random_inputs
+
+    if args.threads is not None:
+        raise UsageError("--threads applies to the reference backend; IREE uses its own "
+                         "task pool")
+    p = planned.program
+    if args.check:
+        checks, run = iree_check(p, planned.plan, planned.target, seed=args.seed, params=params)
+        status = print_checks(checks, f"IREE run of {p.name} ({args.strategy}, "
+                              f"{planned.plan.cores} cores)", console)
+    else:
+        run = iree_run(p, planned.plan, planned.target, random_inputs(p, args.seed), params)
+        console.print(f"ran {len(planned.ops)} ops of {p.name} over {planned.plan.cores} cores "
+                      "in IREE")
+        status = 0
+    how = "taken from the cache" if run.cached else f"compiled in {run.compile_s:.2f} s"
+    console.print(f"IREE module (llvm-cpu) {how} ({default_cache_dir()}); ran in "
+                  f"{run.run_s:.3f} s", highlight=False)
+    return status
 
 
 def print_checks(checks: list[OutputCheck], what: str, console: Console) -> int:
@@ -267,7 +296,9 @@ def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     from apportion.codegen.spec_text import to_json, to_source
 
     planned = _planned(args)
-    if args.loopspec:
+    if args.forall:  # parses and verifies before it is printed
+        print(planned.forall_mlir(), end="")
+    elif args.loopspec:
         print(to_source(planned.loopspec()), end="")
     elif args.loopspec_json:
         print(to_json(planned.loopspec()))
@@ -292,6 +323,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli import bench_tiling, bench_workdiv
     from apportion.target.presets import spyre
 
+    if args.suite == "costmodel":
+        return _bench_costmodel(args, console)
+    if args.measurements is not None or args.target is not None:
+        raise UsageError("--measurements and --target are options of the costmodel suite")
     cores = list(dict.fromkeys(args.cores or ([32, 24] if args.suite == "workdiv" else [32])))
     for n in cores:  # every core count before the first case runs
         spyre(cores=n)
@@ -301,6 +336,12 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         op_cases = _from_models(args.models, lambda: bench_workdiv.cases(
             models_path=args.models, limit=args.limit))
         results = bench_workdiv.run(cores, console=console, op_cases=op_cases)
+    elif args.suite == "scale":
+        from apportion.cli import bench_scale
+
+        results = _from_models(args.models, lambda: bench_scale.run(
+            cores, models_path=args.models, layers=bench_scale.LAYERS[:args.limit],
+            groups=bench_scale.GROUP_OPS[:args.limit], console=console))
     else:
         blocks = _from_models(args.models, lambda: bench_tiling.cases(
             models_path=args.models, limit=args.limit))
@@ -312,6 +353,46 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         except OSError as e:
             raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
     return 0
+
+
+def _bench_costmodel(args: argparse.Namespace, console: Console) -> int:
+    """``apportion bench costmodel``: the model against measured kernels (a device target)
+    or against planned runs timed on this machine (``--target cpu``)."""
+    from apportion.cli import bench_costmodel
+
+    if args.models is not None:
+        raise UsageError("--models is an option of the workdiv and tiling suites")
+    out = _output_path("--json", args.json) if args.json is not None else None
+    target = resolve(args.target or "spyre")
+    results = bench_costmodel.run(target, args.measurements, args.cores, args.limit, console,
+                                  label=args.target)
+    if out is not None:
+        try:
+            out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+        except OSError as e:
+            raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
+    """``apportion calibrate``: every option, path and the measurements checked before the fit."""
+    from apportion.cli import calibrate
+
+    if args.measure == (args.measurements is not None):
+        raise UsageError("give a measurements file or --measure (time this machine), "
+                         "one of the two")
+    for flag, value in (("--save", args.save), ("--cores", args.cores)):
+        if value is not None and not args.measure:
+            raise UsageError(f"{flag} goes with --measure")
+    out = _output_path("-o", args.output) if args.output is not None else None
+    save = _output_path("--save", args.save) if args.save is not None else None
+    spec = args.target or ("cpu" if args.measure else "spyre")
+    target = resolve(spec)
+    if args.measure and target.name == "spyre":
+        raise UsageError("--measure times this machine's CPU: use --target cpu or a cpu target "
+                         "file")
+    return calibrate.command(args.measurements, target, spec, args.fit, out, save, args.cores,
+                             console)
 
 
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
@@ -356,6 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the random inputs (default 0)")
     r.add_argument("--param", action="append", metavar="NAME=COUNT",
                    help="value of a symbolic loop count, e.g. --param T=4 (repeatable)")
+    r.add_argument("--backend", choices=("reference", "iree"), default="reference",
+                   help="reference: numpy, core slice by core slice; iree: the parallel IR "
+                        "(emit --forall) compiled and run by IREE on the CPU")
     r.set_defaults(func=cmd_run)
     e = sub.add_parser("emit", help="print the plan as a loop bundle (MLIR) or LoopSpec program")
     _common(e)
@@ -365,16 +449,41 @@ def build_parser() -> argparse.ArgumentParser:
                       help="MLIR: every iteration's launch with constant addresses")
     form.add_argument("--loopspec", action="store_true", help="LoopSpec program as Python source")
     form.add_argument("--loopspec-json", action="store_true", help="LoopSpec program as JSON")
+    form.add_argument("--forall", action="store_true",
+                      help="MLIR: thread-first parallel IR on tensors (scf.forall per op)")
     e.set_defaults(func=cmd_emit)
-    b = sub.add_parser("bench", help="benchmarks: workdiv, tiling")
-    b.add_argument("suite", choices=("workdiv", "tiling"))
+    b = sub.add_parser("bench", help="benchmarks: workdiv, tiling, costmodel, scale")
+    b.add_argument("suite", choices=("workdiv", "tiling", "costmodel", "scale"))
     b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
                    help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling)")
     b.add_argument("--models", default=None, help="models.json (default: the packaged copy)")
     b.add_argument("--limit", type=_int_at_least(1), default=None,
-                   help="only the first N op shapes (workdiv) or blocks (tiling)")
+                   help="only the first N op shapes (workdiv), blocks (tiling) or rows (scale)")
     b.add_argument("--json", default=None, help="write every case's result here (JSON)")
+    b.add_argument("--measurements", default=None, metavar="FILE.json",
+                   help="costmodel: measured kernels (default: the packaged Spyre ones)")
+    b.add_argument("--target", default=None,
+                   help="costmodel: spyre (default) or a .toml file: the measured kernels; cpu: "
+                        "programs planned and timed on this machine (--cores: core counts)")
     b.set_defaults(func=cmd_bench)
+    c = sub.add_parser("calibrate", help="fit the cost model's coefficients to measured times")
+    c.add_argument("measurements", nargs="?", default=None,
+                   help="measurements file (JSON), or --measure")
+    c.add_argument("--measure", action="store_true",
+                   help="time kernels on this machine with the planned executor instead")
+    c.add_argument("--target", default=None,
+                   help="spyre, cpu or a target .toml file (default spyre; cpu with --measure)")
+    c.add_argument("--fit", default=None, metavar="NAME,NAME,...",
+                   help="coefficients to fit (default spyre: mac_rate,mem_bandwidth,overlap; "
+                        "cpu: mac_rate,sfp_rate,reduce_rate,mem_bandwidth,core_bandwidth,"
+                        "overlap)")
+    c.add_argument("-o", "--output", default=None, metavar="FILE.toml",
+                   help="write the fitted target here")
+    c.add_argument("--save", default=None, metavar="FILE.json",
+                   help="with --measure: write the measurements here")
+    c.add_argument("--cores", type=_int_at_least(1), default=None,
+                   help="with --measure: the most cores to time on (default: this machine's)")
+    c.set_defaults(func=cmd_calibrate)
     d = sub.add_parser("demo", help="plan the built-in default program for spyre")
     d.add_argument("--cores", type=_int_at_least(1), default=None)
     d.set_defaults(func=cmd_demo)

@@ -53,7 +53,9 @@ def summary_line(plan: Plan) -> str:
     fallback = sum(1 for o in plan.ops if o.fallback)
     extra = f", {fallback} fallback op(s) on one core" if fallback else ""
     once = " (symbolic loop counts as one iteration)" if symbolic else ""
-    return (f"{len(plan.ops)} ops, mean utilization {plan.mean_utilization:.1%}, predicted "
+    reuse = "" if plan.reuse is None else \
+        f" ({plan.reuse.planned} planned, {plan.reuse.reused} reused from identical ops)"
+    return (f"{len(plan.ops)} ops{reuse}, mean utilization {plan.mean_utilization:.1%}, predicted "
             f"{total:.1f} us in all{once}{extra}  (~ marks an uneven split; op times are per "
             "loop iteration, without the scratchpad)")
 

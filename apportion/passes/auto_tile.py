@@ -1,16 +1,23 @@
-"""Automatic loop counts: for each tiling group, the fewest iterations whose working set fits.
+"""Automatic loop counts: for each tiling group, the counts with the lowest predicted time.
 
 The program's tiling groups say which ops and which dims are tiled at each level; this picks the
 integer counts. Candidates divide their dims into whole sticks and stay within the target's
-``max_loop_count`` (symbolic counts are kept as they are); they are tried by total iterations,
-ties going to the larger outer count, and the first whose per-iteration working set fits the
-capacity wins.
+``max_loop_count`` (symbolic counts are kept as they are); they come in order of total
+iterations, ties going to the larger outer count.
 
-A candidate's working set is measured by planning the group's ops alone, op by op (coarse tiling,
-span reduction and work distribution of those ops, then the group's scratchpad placement).
-Aligned splits keep more tiles on chip and so need more scratchpad, and a count chosen on them
-would re-read the weights of a group more often; group distribution then fills the capacity the
-chosen count leaves.
+A candidate *fits* when its per-iteration working set fits the scratchpad capacity, measured by
+planning the group's ops alone, op by op (coarse tiling, span reduction and work distribution of
+those ops, then the group's scratchpad placement). Among the fitting candidates (the first
+``MAX_TIMED`` of them, in the order above) and the count-1 option (every level once: the group
+untiled, whatever does not fit the scratchpad staying in device memory), the one with the lowest
+predicted time of the whole group wins: its iterations times the predicted time of one
+iteration, planned as the pipeline plans it (work distribution, then group distribution under
+``balanced``) with the tensors the scratchpad keeps costing no device-memory traffic, as
+``GroupPlan.iteration_time_us``. Weights a group reads again every iteration cost again every
+iteration, so a count that fits but re-reads them more than untiled loses to count 1. A
+candidate replaces an earlier one only when it is cheaper by more than a relative 1e-9, so ties
+go to fewer iterations. When no candidate fits, auto-tiling refuses, naming the least working
+set it found.
 """
 
 from __future__ import annotations
@@ -24,16 +31,19 @@ from dataclasses import replace
 from apportion.errors import PlanningError
 from apportion.ir.program import LoopLevel, Program, TilingGroup
 from apportion.passes.buffers import buffer_roles
-from apportion.passes.coarse_tile import coarse_tile
-from apportion.passes.geometry import OpContext, divisors
+from apportion.passes.coarse_tile import GroupTiling, coarse_tile
+from apportion.passes.geometry import OpContext, PlanCache, Splits, divisors
+from apportion.passes.group_distribution import align_group, group_cost
 from apportion.passes.layouts import Layouts, OpLayout
 from apportion.passes.placement import plan_group
 from apportion.passes.span_reduction import span_reduction
-from apportion.passes.work_distribution import op_splits
+from apportion.passes.work_distribution import op_splits, time_lower_bound
 from apportion.target.target import Target
 
 #: the most count combinations tried for one group
 MAX_CANDIDATES = 4096
+#: the most fitting count combinations whose predicted time is compared, fewest iterations first
+MAX_TIMED = 16
 
 
 def candidate_counts(program: Program, group: TilingGroup, op_layouts: Mapping[str, OpLayout],
@@ -98,8 +108,11 @@ def with_counts(program: Program, index: int, counts: tuple[int | str, ...]) -> 
     return replace(program, tiling=tiling)
 
 
-def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str) -> Program:
-    """``program`` with every group's integer counts set to the first candidate that fits.
+def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
+              cache: PlanCache | None = None) -> Program:
+    """``program`` with every group's integer counts set to the fastest candidate (see the
+    module docstring); ``cache`` keeps the op plans of one candidate for the identical ops of
+    the others and for the pipeline.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.passes.layouts import layouts
@@ -108,23 +121,37 @@ def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str) -> 
     >>> auto_tile(p, spyre(), layouts(p, spyre()), "balanced").tiling[0].loops[0].count
     1
     """
+    cache = cache or PlanCache()
     capacity = target.scratchpad_capacity
     for index, group in enumerate(program.tiling):
         first_error: PlanningError | None = None
         smallest: tuple[int, tuple[int | str, ...]] | None = None
+        best: tuple[float, Program] | None = None
+        fitting = 0
         for counts in candidate_counts(program, group, lay.ops, target.max_loop_count):
-            trial = with_counts(program, index, counts)
+            once = all(isinstance(c, str) or c == 1 for c in counts)
+            trial_program = with_counts(program, index, counts)
             try:
-                ws = working_set(trial, target, lay, strategy, index)
+                trial = Trial(trial_program, target, lay, strategy, index, cache)
+                ws = trial.working_set
+                fits = ws <= capacity
+                if not fits and (smallest is None or ws < smallest[0]):
+                    smallest = (ws, counts)
+                if not fits and not once:
+                    continue
+                fitting += fits
+                if best is not None and \
+                        trial.iterations * trial.lower_bound() >= best[0] * (1 - 1e-9):
+                    continue  # cannot beat the best so far: no need to plan it
+                total = trial.iterations * trial.iteration_time()
             except PlanningError as e:
                 first_error = first_error or e
                 continue
-            if ws <= capacity:
-                program = trial
+            if best is None or total < best[0] * (1 - 1e-9):
+                best = (total, trial_program)
+            if fitting == MAX_TIMED:
                 break
-            if smallest is None or ws < smallest[0]:
-                smallest = (ws, counts)
-        else:
+        if not fitting:
             if smallest is None and first_error is not None:
                 raise first_error
             at = f"; the least is {smallest[0]} bytes at counts {list(smallest[1])}" \
@@ -133,18 +160,59 @@ def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str) -> 
                                 f"{[list(lv.dims) for lv in group.loops]} make the per-iteration "
                                 f"working set fit the scratchpad capacity {capacity} bytes per "
                                 f"core{at}")
+        assert best is not None
+        program = best[1]
     return program
+
+
+class Trial:
+    """Tiling group ``index`` of ``program`` planned as auto-tiling weighs it: its ops alone,
+    op by op, for the working set; as the pipeline would, for the predicted time."""
+
+    def __init__(self, program: Program, target: Target, lay: Layouts, strategy: str,
+                 index: int, cache: PlanCache | None = None) -> None:
+        self.strategy = strategy
+        self.cache = cache = cache or PlanCache()
+        tiling = coarse_tile(program, lay.ops, target.max_loop_count)
+        group: GroupTiling = tiling.groups[index]
+        self.group = group
+        loops = {t.op: t.loop for t in group.tiles}
+        sizes = {t.op: t.size_map for t in group.tiles}
+        self.ctxs = {n: OpContext(program.op(n), program, target, lay.ops[n], lay.tensors,
+                                  sizes[n], loops[n]) for n in group.ops}
+        spans = span_reduction(self.ctxs, strategy)
+        self.splits = Splits({n: op_splits(ctx, spans, strategy, cache)
+                              for n, ctx in self.ctxs.items()})
+        self.roles = buffer_roles(program, tiling)
+        plans = {n: cache.op_plan(ctx, spans.of(n), self.splits[n], loops[n])
+                 for n, ctx in self.ctxs.items()}
+        #: bytes per core one iteration needs, its ops planned alone
+        self.working_set = plan_group(program, target, group, self.roles, plans)[0] \
+            .working_set_bytes
+        #: iterations of the nest (a symbolic count as one)
+        self.iterations = math.prod(c for c in group.counts if isinstance(c, int))
+
+    def lower_bound(self) -> float:
+        """A lower bound on ``iteration_time()``: each op at the least time any split could
+        give it, every tile the group makes on chip."""
+        tiles = frozenset(t for t, r in self.roles.items()
+                          if r.role == "tile" and r.group == self.group.index)
+        total = 0.0
+        for ctx in self.ctxs.values():
+            mine = frozenset(ctx.slots) & tiles
+            slots = tuple(i for i, t in enumerate(ctx.slots) if t in mine)
+            total += self.cache.get(("bound", ctx.signature, slots),
+                                    lambda c=ctx, m=mine: time_lower_bound(c, m))
+        return total
+
+    def iteration_time(self) -> float:
+        """Predicted time of one iteration, the group planned as the pipeline plans it."""
+        if self.strategy == "balanced":
+            return align_group(self.group, self.ctxs, self.roles, self.splits, self.cache)[1]
+        return group_cost(self.group, self.ctxs, self.roles, self.splits.by_op, self.cache)
 
 
 def working_set(program: Program, target: Target, lay: Layouts, strategy: str,
                 index: int) -> int:
     """Bytes per core one iteration of tiling group ``index`` needs, its ops planned alone."""
-    tiling = coarse_tile(program, lay.ops, target.max_loop_count)
-    group = tiling.groups[index]
-    ctxs = {n: OpContext(program.op(n), program, target, lay.ops[n], lay.tensors,
-                         tiling.sizes(program.op(n))) for n in group.ops}
-    spans = span_reduction(ctxs, strategy)
-    plans = {n: ctx.op_plan(spans.of(n), op_splits(ctx, spans, strategy), group.tile(n).loop)
-             for n, ctx in ctxs.items()}
-    return plan_group(program, target, group, buffer_roles(program, tiling), plans)[0] \
-        .working_set_bytes
+    return Trial(program, target, lay, strategy, index).working_set

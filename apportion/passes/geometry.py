@@ -8,9 +8,11 @@ them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, replace
+from functools import cached_property
 from types import MappingProxyType
+from typing import Any
 
 from apportion.cost.model import largest_slice, op_cost
 from apportion.ir.op import Op
@@ -69,6 +71,26 @@ def check_spans(op: Op, sizes: dict[str, int], layout: OpLayout, splits: dict[st
     return SpanCheck({t: tlayouts[t].span_bytes(e) for t, e in ext.items()}, target.span_limit)
 
 
+class Signature:
+    """An op's ``OpContext.signature``: a tuple, hashed once (caches are keyed by it)."""
+
+    __slots__ = ("value", "_hash")
+
+    def __init__(self, value: tuple) -> None:
+        self.value = value
+        self._hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, Signature) and self._hash == other._hash
+                                 and self.value == other.value)
+
+    def __repr__(self) -> str:
+        return f"Signature({self.value!r})"
+
+
 @dataclass(frozen=True)
 class OpContext:
     """What the strategies need to know of one op: sizes, units, layouts and target."""
@@ -79,6 +101,34 @@ class OpContext:
     layout: OpLayout
     tlayouts: Mapping[str, DeviceLayout]
     sizes: dict[str, int]
+    #: the op's place in a loop nest (None outside loops); part of its ``signature``
+    loop: LoopInfo | None = None
+
+    @cached_property
+    def slots(self) -> tuple[str, ...]:
+        """The op's distinct operand tensors, inputs then the output, in order of first use."""
+        return tuple(dict.fromkeys(a.tensor for a in self.op.operands))
+
+    @cached_property
+    def signature(self) -> Signature:
+        """What planning the op depends on, with the names of the op and its tensors left out.
+
+        Its kind (fn and attributes), its dims and per-iteration sizes, every operand's index
+        expressions, tensor shape and dtype and which operands are one tensor (``x * x``), its
+        pinned splits, and its loop context (counts and tiled dims, not the group's path). Two
+        ops of one program (or of programs with the same target) whose signatures are equal get
+        the same splits, predicted times, spans and scratchpad boxes, their tensors renamed
+        (``slots`` pairs them); ``PlanCache`` plans one of them and reuses it for the others.
+        """
+        op, program = self.op, self.program
+        slot = {t: i for i, t in enumerate(self.slots)}
+        operands = tuple((slot[a.tensor], tuple(e.to_source() for e in a.index),
+                          program.tensor(a.tensor).shape, program.tensor(a.tensor).dtype)
+                         for a in op.operands)
+        pins = program.pins.get(op.name)
+        loop = None if self.loop is None else (self.loop.count, self.loop.tiled_dims)
+        return Signature((op.fn, op.attrs, op.dims, tuple(self.sizes.items()), operands,
+                          None if pins is None else tuple(sorted(pins.items())), loop))
 
     @property
     def units(self) -> dict[str, int]:
@@ -147,10 +197,64 @@ class OpContext:
 
 
 def contexts(program: Program, target: Target, lay: Layouts,
-             sizes: Mapping[str, dict[str, int]]) -> dict[str, OpContext]:
-    """The OpContext of every op over ``sizes``, its per-iteration iteration space."""
+             sizes: Mapping[str, dict[str, int]],
+             loops: Mapping[str, LoopInfo | None] | None = None) -> dict[str, OpContext]:
+    """The OpContext of every op over ``sizes``, its per-iteration iteration space (and its
+    place in a loop nest from ``loops``, when given)."""
+    where = loops or {}
     return {op.name: OpContext(op, program, target, lay.ops[op.name], lay.tensors,
-                               dict(sizes[op.name])) for op in program.ops}
+                               dict(sizes[op.name]), where.get(op.name))
+            for op in program.ops}
+
+
+class PlanCache:
+    """Identical ops planned once: results kept by op ``signature`` for the ops that follow.
+
+    One cache serves one target (a plan call, with the programs auto-tiling tries). Each entry
+    is what one op's planning computed from its signature alone (its splits, its best few
+    assignments, a predicted time, its ``OpPlan``), so an op with an equal signature takes it
+    instead of computing it again and gets exactly what it would have computed: names in an
+    entry are mapped to the op's own through ``OpContext.slots``. Failures are never kept (their
+    messages name the op). ``enabled=False`` computes everything afresh, as if each op were
+    the only one of its kind.
+    """
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._memo: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """The entry for ``key``, computed (and kept) on first use. Entries are shared: keep
+        them immutable (tuples), or copy them before changing."""
+        if not self.enabled:
+            return compute()
+        try:
+            return self._memo[key]
+        except KeyError:
+            value = self._memo[key] = compute()
+            return value
+
+    def time_us(self, ctx: OpContext, splits: Mapping[str, int],
+                resident: frozenset[str] = frozenset()) -> float:
+        """``ctx.time_us(splits, resident)``, kept by signature (``resident`` by slot)."""
+        if not self.enabled:
+            return ctx.time_us(splits, resident)
+        mine = tuple(i for i, t in enumerate(ctx.slots) if t in resident)
+        key = ("time", ctx.signature, tuple(splits.items()), mine)
+        return self.get(key, lambda: ctx.time_us(splits, resident))
+
+    def op_plan(self, ctx: OpContext, minimum: Mapping[str, int], splits: Mapping[str, int],
+                loop: LoopInfo | None) -> OpPlan:
+        """``ctx.op_plan(minimum, splits, loop)``; an identical op's plan renamed when kept."""
+        if not self.enabled:
+            return ctx.op_plan(minimum, splits, loop)
+        key = ("op_plan", ctx.signature, tuple(minimum.items()), tuple(splits.items()))
+        slots, first = self.get(key, lambda: (ctx.slots, ctx.op_plan(minimum, splits, loop)))
+        if first.name == ctx.op.name and slots == ctx.slots:
+            return first if first.loop == loop else replace(first, loop=loop)
+        name = dict(zip(slots, ctx.slots, strict=True))
+        return replace(first, name=ctx.op.name, loop=loop,
+                       span_bytes=tuple((name[t], b) for t, b in first.span_bytes))
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,13 @@ from apportion.ir.program import Program
 from apportion.passes.auto_tile import auto_tile as auto_tile_counts
 from apportion.passes.buffers import buffers
 from apportion.passes.coarse_tile import Tiling, coarse_tile
-from apportion.passes.geometry import contexts, group_time, slice_sizes
+from apportion.passes.geometry import PlanCache, contexts, group_time, slice_sizes
 from apportion.passes.group_distribution import group_distribution
 from apportion.passes.layouts import layouts
 from apportion.passes.scratchpad import scratchpad
 from apportion.passes.span_reduction import span_reduction
 from apportion.passes.work_distribution import STRATEGIES, work_distribution
-from apportion.plans.plan import LoopInfo, Plan
+from apportion.plans.plan import LoopInfo, Plan, ReuseCounts
 from apportion.target.target import Target
 
 #: ``debug(stage name, the stage's value)``
@@ -29,12 +29,17 @@ Stage = Callable[[str, object], None]
 
 
 def plan(program: Program, target: Target, strategy: str = "balanced",
-         debug: Stage | None = None, auto_tile: bool = False) -> Plan:
+         debug: Stage | None = None, auto_tile: bool = False, reuse: bool = True) -> Plan:
     """Plan ``program`` for ``target``.
 
     ``debug``, when given, is called with each stage's name and its own value, and the plan is
     verified after the last pass. ``auto_tile`` replaces the integer loop counts of every tiling
-    group by the smallest whose per-iteration working set fits the scratchpad.
+    group by the ones with the lowest predicted time of the group among those whose
+    per-iteration working set fits the scratchpad (see ``passes/auto_tile.py``).
+
+    Identical ops (equal ``OpContext.signature``: kind, sizes, accesses up to tensor names,
+    pins, loop context) are planned once and the others take that plan, renamed (``reuse``;
+    ``reuse=False`` plans every op afresh, to the same plan). ``Plan.reuse`` counts both.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.target import spyre
@@ -47,13 +52,14 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     if strategy not in STRATEGIES:
         raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     dump = debug or _quiet
+    cache = PlanCache(reuse)
     # 1. layouts: device layout of every tensor; stick dims and planning units of every op
     lay = layouts(program, target)
     dump("layouts", lay)
-    # 2. auto_tile (when asked): each tiling group's integer loop counts, the fewest whose
-    #    per-iteration working set fits the scratchpad
+    # 2. auto_tile (when asked): each tiling group's integer loop counts, those with the lowest
+    #    predicted time of the group whose per-iteration working set fits the scratchpad
     if auto_tile:
-        program = auto_tile_counts(program, target, lay, strategy)
+        program = auto_tile_counts(program, target, lay, strategy, cache)
         dump("auto_tile", program.tiling)
     # 3. coarse_tile: loop nests of the tiling groups and every op's per-iteration sizes
     tiling = coarse_tile(program, lay.ops, target.max_loop_count)
@@ -61,29 +67,32 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     # 4. buffers: which buffers each tensor needs (tile, full, accumulator) and the loop steps
     bufs = buffers(program, tiling)
     dump("buffers", bufs)
-    ctxs = contexts(program, target, lay, {op.name: tiling.sizes(op) for op in program.ops})
+    loops = {op.name: _loop(tiling, op.name) for op in program.ops}
+    ctxs = contexts(program, target, lay, {op.name: tiling.sizes(op) for op in program.ops},
+                    loops)
     # 5. span_reduction: minimum splits that keep every per-core span within the limit
     spans = span_reduction(ctxs, strategy)
     dump("span_reduction", spans)
     # 6. work_distribution: splits of every dim under the strategy (pins from the program win);
     #    a split reduction dim is split-K, chosen here with the rest
-    splits = work_distribution(ctxs, spans, strategy)
+    splits = work_distribution(ctxs, spans, strategy, cache)
     dump("work_distribution", splits)
     # 7. group_distribution (balanced): splits agreeing across a loop group where that keeps
     #    tiles on chip and lowers the group's predicted time
     if strategy == "balanced":
-        splits = group_distribution(ctxs, tiling, bufs, spans, splits)
+        splits = group_distribution(ctxs, tiling, bufs, spans, splits, cache)
         dump("group_distribution", splits)
-    op_plans = {n: ctx.op_plan(spans.of(n), splits[n], _loop(tiling, n))
+    op_plans = {n: cache.op_plan(ctx, spans.of(n), splits[n], loops[n])
                 for n, ctx in ctxs.items()}
     # 8. scratchpad: the scratchpad plan of every loop group, every tensor's buffers
     memory = scratchpad(program, target, tiling, bufs, op_plans)
     dump("scratchpad", memory)
     groups = tuple(replace(g, iteration_time_us=round(group_time(
         g.ops, ctxs, splits.by_op, frozenset(g.lx_tensors)), 4)) for g in memory.groups)
+    planned = len({ctx.signature for ctx in ctxs.values()}) if reuse else len(ctxs)
     result = Plan(program.name, target.name, target.cores, strategy,
                   tuple(op_plans[o.name] for o in program.ops), groups=groups,
-                  buffers=memory.buffers)
+                  buffers=memory.buffers, reuse=ReuseCounts(planned, len(ctxs) - planned))
     if debug:
         verify(program, target, result)
     return result

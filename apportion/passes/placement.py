@@ -102,7 +102,7 @@ def tile_shape(op: Op, program: Program, sizes: dict[str, int]) -> tuple[int, ..
                  for e, n in zip(op.out.index, shape, strict=True))
 
 
-def _lx_bytes(producer: Op, readers: list[Op], plans: dict[str, OpPlan], program: Program,
+def lx_bytes(producer: Op, readers: list[Op], plans: dict[str, OpPlan], program: Program,
               target: Target, symbolic: bool) -> int | None:
     """Bytes per core of the producer's output in the scratchpad, or None when it cannot be."""
     pp = plans[producer.name]
@@ -144,7 +144,7 @@ def _same_cuts(p: Op, pp: OpPlan, r: Op, rp: OpPlan) -> bool:
     return cut_p == cut_r
 
 
-def _inplace(op: Op, program: Program) -> tuple[str, ...]:
+def inplace_inputs(op: Op, program: Program) -> tuple[str, ...]:
     """Inputs ``op`` may overwrite with its output: pointwise, same index, dtype size and boxes."""
     if not op.kind.elementwise:
         return ()
@@ -171,12 +171,12 @@ def plan_group(program: Program, target: Target, group: GroupTiling,
             continue
         readers = [program.op(r) for r in role.inside]
         end = max([group.ops.index(r) for r in role.inside], default=pos)
-        nbytes = _lx_bytes(op, readers, plans, program, target, symbolic)
+        nbytes = lx_bytes(op, readers, plans, program, target, symbolic)
         if nbytes is None:
             continue
         region_bytes[op.out.tensor] = nbytes
-        lx_inputs = tuple(t for t in _inplace(op, program) if t in region_bytes
-                          and _same_boxes(program, t, op, plans))
+        lx_inputs = tuple(t for t in inplace_inputs(op, program) if t in region_bytes
+                          and same_boxes(program, t, op, plans))
         requests.append(Request(op.out.tensor, pos, end, nbytes, lx_inputs))
     everything = place(requests, None)
     working = max((everything[r.tensor] + r.nbytes for r in requests), default=0)
@@ -201,7 +201,7 @@ def plan_group(program: Program, target: Target, group: GroupTiling,
     return gp, placed
 
 
-def _same_boxes(program: Program, tensor: str, op: Op, plans: dict[str, OpPlan]) -> bool:
+def same_boxes(program: Program, tensor: str, op: Op, plans: dict[str, OpPlan]) -> bool:
     producer = program.producer(tensor)
     if producer is None:
         return False

@@ -87,8 +87,20 @@ class OpPlan:
 
 
 @dataclass(frozen=True)
+class ReuseCounts:
+    """How many ops of a plan were planned and how many took an identical op's plan."""
+
+    planned: int
+    reused: int
+
+
+@dataclass(frozen=True)
 class Plan:
-    """A whole program's plan for one target and core count."""
+    """A whole program's plan for one target and core count.
+
+    ``reuse`` says how it was made (ops planned vs ops that took an identical op's plan, see
+    ``passes/geometry.PlanCache``), not what it is: plans compare equal whatever it holds.
+    """
 
     program: str
     target: str
@@ -98,6 +110,7 @@ class Plan:
     extras: tuple[tuple[str, object], ...] = field(default=())
     groups: tuple[GroupPlan, ...] = ()
     buffers: tuple[Buffer, ...] = ()
+    reuse: ReuseCounts | None = field(default=None, compare=False)
 
     def op(self, name: str) -> OpPlan:
         for o in self.ops:

@@ -8,7 +8,7 @@ from typing import Any
 
 from apportion.errors import PlanningError
 from apportion.plans.memory import Buffer, CombineOp, CopyOp, FinishOp, GroupPlan, InitOp
-from apportion.plans.plan import LoopInfo, OpPlan, Plan
+from apportion.plans.plan import LoopInfo, OpPlan, Plan, ReuseCounts
 
 FORMAT = "apportion.plan/1"
 
@@ -57,6 +57,8 @@ def to_dict(p: Plan) -> dict[str, Any]:
         doc["groups"] = [group_to_dict(g) for g in p.groups]
     if p.buffers:
         doc["buffers"] = [buffer_to_dict(b) for b in p.buffers]
+    if p.reuse is not None:  # optional: how the plan was made (ops planned vs reused)
+        doc["reuse"] = {"planned": p.reuse.planned, "reused": p.reuse.reused}
     for key, value in p.extras:
         doc[key] = value
     return doc
@@ -74,18 +76,27 @@ def from_dict(doc: dict[str, Any]) -> Plan:
                             "{\"name\": ..., \"cores\": ...} naming what it was planned for")
     if not isinstance(doc.get("ops"), list):
         raise PlanningError("plan has no field 'ops' (a list of op plans)")
-    known = {"format", "program", "strategy", "target", "ops", "groups", "buffers"}
+    known = {"format", "program", "strategy", "target", "ops", "groups", "buffers", "reuse"}
     try:
         groups = tuple(group_from_dict(g) for g in doc.get("groups", []))
         buffers = tuple(buffer_from_dict(b) for b in doc.get("buffers", []))
     except (KeyError, AttributeError, TypeError, ValueError) as e:
         raise PlanningError(f"malformed loop group or buffer in plan: {e!r}") from None
+    reuse = None
+    if "reuse" in doc:
+        r = doc["reuse"]
+        counts = [r.get(k) for k in ("planned", "reused")] if isinstance(r, dict) else []
+        if len(counts) != 2 or not all(isinstance(c, int) and not isinstance(c, bool)
+                                       and c >= 0 for c in counts):
+            raise PlanningError(f"malformed 'reuse' in plan: {r!r}; expected "
+                                "{\"planned\": n, \"reused\": n}")
+        reuse = ReuseCounts(*counts)
     return Plan(
         program=doc.get("program", ""), target=target["name"], cores=target["cores"],
         strategy=doc.get("strategy", "balanced"),
         ops=tuple(op_from_dict(o) for o in doc["ops"]),
         extras=tuple((k, v) for k, v in doc.items() if k not in known),
-        groups=groups, buffers=buffers,
+        groups=groups, buffers=buffers, reuse=reuse,
     )
 
 

@@ -256,12 +256,15 @@ def _sentinel(dtype: str) -> float | int | bool:
 
 
 def run_op_boxes(op: Op, program: Program, env: Mapping[str, np.ndarray],
-                 boxes: Sequence[Box], pool: Executor | None = None) -> np.ndarray:
+                 boxes: Sequence[Box], pool: Executor | None = None,
+                 order: Sequence[int] | None = None) -> np.ndarray:
     """Run ``op`` box by box and assemble its output tensor; boxes must tile the space exactly.
 
     Boxes with the same parallel ranges (a split reduction) are combined in the given order,
     then finished and cast once. ``pool`` runs the boxes concurrently; results do not depend
-    on it. A tiled loop is this call with each iteration's boxes offset into the whole space.
+    on it. ``order`` (a permutation of the box indices) computes the boxes in that order, as a
+    sequential schedule of a parallel loop would; partials still combine in box order. A
+    tiled loop is this call with each iteration's boxes offset into the whole space.
 
     >>> from apportion.frontend.json_format import loads
     >>> p = loads('{"tensors": {"x": {"shape": [2, 4], "dtype": "float32"}}, "inputs": ["x"],'
@@ -284,7 +287,16 @@ def run_op_boxes(op: Op, program: Program, env: Mapping[str, np.ndarray],
         key = tuple(b[d] for d in par)
         groups[key] = groups.get(key, 0) + 1
     pending: dict[tuple[tuple[int, int], ...], list[Partial]] = {}
-    for box, part in zip(boxes, _map(pool, op, program, env, boxes), strict=True):
+    if order is None:
+        results = zip(boxes, _map(pool, op, program, env, boxes), strict=True)
+    else:
+        if sorted(order) != list(range(len(boxes))):
+            raise ExecutionError(f"op {op.name!r}: order {list(order)} is not a permutation of "
+                                 f"the {len(boxes)} boxes")
+        done = dict(zip(order, _map(pool, op, program, env, [boxes[i] for i in order]),
+                        strict=True))
+        results = ((b, done[i]) for i, b in enumerate(boxes))
+    for box, part in results:
         key = tuple(box[d] for d in par)
         parts = pending.setdefault(key, [])
         parts.append(part)

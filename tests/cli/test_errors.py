@@ -152,11 +152,11 @@ def test_bench_input_is_refused_before_the_benchmark(suite, argv, parts, tmp_pat
 
 
 @pytest.mark.parametrize(("text", "parts"), [
-    ("{not json", ["--models", "not a models file"]),
+    ("{not json", ["models file", "is not valid JSON"]),
     ('{"models": {"m": {}}}', ["--models", "no key 'prefill_tokens'"]),
     ('{"models": {"m": 3}, "prefill_tokens": [128], "decode_batch": [1], '
      '"decode_context": [8]}', ["--models", "not a models file"]),
-    ("[]", ["--models", "not a models file"]),
+    ("[]", ["models file", "expected an object with a \"models\" table"]),
 ])
 @pytest.mark.parametrize("suite", ["workdiv", "tiling"])
 def test_bad_models_file_is_one_line(suite, text, parts, tmp_path, capsys, no_work):

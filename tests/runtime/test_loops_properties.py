@@ -103,7 +103,7 @@ def test_random_tiled_programs_execute_to_the_unplanned_result(case, cores, scra
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(tiled_programs(), st.integers(1, 32), st.sampled_from([2048, 8192, 65536]))
-def test_auto_tile_fits_the_scratchpad_or_says_so(case, cores, scratch):
+def test_auto_tile_fits_the_scratchpad_or_keeps_one_iteration_or_says_so(case, cores, scratch):
     p, params = case
     target = dataclasses.replace(spyre(cores=cores), scratchpad_bytes=scratch)
     try:
@@ -115,8 +115,10 @@ def test_auto_tile_fits_the_scratchpad_or_says_so(case, cores, scratch):
     except ProgramError:
         assume(False)
         return
-    # tiles that cannot be in a scratchpad at all (split reductions) stay device tiles
-    assert all(g.working_set_bytes <= g.capacity and g.fits for g in pl.groups)
+    # a group either fits, or keeps a single iteration because re-reading its weights every
+    # iteration is predicted slower than leaving tiles in device memory
+    for g in pl.groups:
+        assert g.fits or all(c == 1 or isinstance(c, str) for c in g.counts), g
     xs = random_inputs(p)
     try:
         got = run_tiled(p, pl, xs, params=params)

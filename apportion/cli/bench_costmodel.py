@@ -1,0 +1,184 @@
+"""`apportion bench costmodel`: the cost model against measured kernel times.
+
+For a device target (default ``spyre``): one row per measured shape of a measurements file
+(default: the packaged Spyre measurements): the measured-best split and its time, the split
+``balanced`` picks, the predicted time of both, and the rank of the measured-best split among
+every feasible candidate split.
+
+For the ``cpu`` target: a set of matmul, norm (mean then mul) and MLP programs planned for this
+machine, run one thread per core, and timed in the same run with the same timing function as
+``apportion calibrate --measure``; each program's predicted time (the sum of its ops') against
+the measured one. Both print the geometric mean of predicted over measured time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from apportion.cli.calibrate import (
+    best_records,
+    geometric_mean,
+    load,
+    packaged_path,
+    rank_split,
+    time_program,
+    with_cores,
+)
+from apportion.cli.report import predicted_total_us
+from apportion.cost.calibrate import split_text
+from apportion.frontend.json_format import from_dict
+from apportion.ir.program import Program
+from apportion.target.target import Target
+
+
+@dataclass(frozen=True)
+class ShapeRow:
+    """One measured shape: the measured-best split against the model's choice."""
+
+    shape: str
+    cores: int
+    measured_split: dict[str, int]
+    measured_us: float
+    predicted_us: float  # the measured-best split's predicted time
+    balanced_split: dict[str, int]
+    balanced_us: float  # predicted
+    rank: int
+    candidates: int
+
+
+@dataclass(frozen=True)
+class ProgramRow:
+    """One program planned for this machine and run: predicted vs measured."""
+
+    program: str
+    cores: int
+    predicted_us: float
+    measured_us: float
+
+
+def shape_rows(target: Target, measurements_path: str | Path) -> list[ShapeRow]:
+    rows = []
+    for m in best_records(load(measurements_path)):
+        r = rank_split(target, m)
+        rows.append(ShapeRow(m.shape, m.cores, dict(m.splits), m.time_us, r.predicted_us,
+                             r.pick, r.pick_us, r.rank, r.candidates))
+    return rows
+
+
+def shape_table(rows: Sequence[ShapeRow], label: str, source: str) -> Table:
+    t = Table(title=f"cost model of {label} against measured kernels ({source})",
+              title_justify="left")
+    for col in ("shape", "cores", "measured best", "measured us", "predicted us", "error",
+                "balanced picks", "its predicted us", "rank of best"):
+        t.add_column(col, justify="left" if col in ("shape", "measured best",
+                                                      "balanced picks") else "right")
+    for r in rows:
+        t.add_row(r.shape, str(r.cores), split_text(r.measured_split), f"{r.measured_us:.1f}",
+                  f"{r.predicted_us:.1f}", f"{r.predicted_us / r.measured_us - 1:+.1%}",
+                  split_text(r.balanced_split), f"{r.balanced_us:.1f}",
+                  f"{r.rank} of {r.candidates}")
+    return t
+
+
+def _doc(name: str, tensors: dict[str, list[int]], ops: list[dict[str, Any]],
+         outputs: list[str], dtype: str) -> dict[str, Any]:
+    return {"format": "apportion.program/1", "name": name,
+            "tensors": {t: {"shape": s, "dtype": dtype} for t, s in tensors.items()},
+            "inputs": list(tensors), "outputs": outputs, "ops": ops}
+
+
+def cpu_programs(dtype: str = "float32") -> list[Program]:
+    """The programs the cpu section plans and runs: matmuls, a norm (mean then mul), an MLP."""
+    def op(name: str, fn: str, out: str, *ins: str) -> dict[str, Any]:
+        return {"name": name, "op": fn, "out": out, "ins": list(ins)}
+
+    def mm(m: int, k: int, n: int) -> dict[str, Any]:
+        return _doc(f"matmul_{m}x{k}x{n}", {"x": [m, k], "w": [k, n]},
+                    [op("mm", "matmul", "y[m,n]", "x[m,k]", "w[k,n]")], ["y"], dtype)
+
+    def norm(t: int, h: int) -> dict[str, Any]:
+        return _doc(f"norm_{t}x{h}", {"x": [t, h]},
+                    [op("mean", "mean", "r[t,0]", "x[t,n]"),
+                     op("scale", "mul", "y[t,n]", "x[t,n]", "r[t,0]")], ["y"], dtype)
+
+    def mlp(t: int, h: int, f: int) -> dict[str, Any]:
+        return _doc(f"mlp_{t}x{h}x{f}", {"x": [t, h], "wg": [h, f], "wu": [h, f], "wd": [f, h]},
+                    [op("gate", "matmul", "g[m,n]", "x[m,k]", "wg[k,n]"),
+                     op("up", "matmul", "u[m,n]", "x[m,k]", "wu[k,n]"),
+                     op("act", "silu", "a[m,n]", "g[m,n]"),
+                     op("glu", "mul", "hh[m,n]", "a[m,n]", "u[m,n]"),
+                     op("down", "matmul", "y[m,n]", "hh[m,k]", "wd[k,n]")], ["y"], dtype)
+
+    docs = [mm(512, 1024, 1024), mm(256, 2048, 512), norm(2048, 1024), norm(512, 4096),
+            mlp(128, 1024, 2816), mlp(256, 512, 1408)]
+    return [from_dict(d) for d in docs]
+
+
+def program_rows(target: Target, cores: Sequence[int], programs: Sequence[Program],
+                 console: Console, repeats: int = 5) -> list[ProgramRow]:
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("timing programs", total=len(programs) * len(cores))
+        for n in cores:
+            t = with_cores(target, n)
+            for p in programs:
+                progress.update(task, description=f"timing {p.name} on {n} cores")
+                timed = time_program(p, t, repeats)
+                rows.append(ProgramRow(p.name, n, predicted_total_us(timed.planned.plan)[0],
+                                       timed.time_us))
+                progress.advance(task)
+    return rows
+
+
+def program_table(rows: Sequence[ProgramRow], label: str) -> Table:
+    t = Table(title=f"cost model of {label} against planned runs on this machine (one "
+              "thread per core)", title_justify="left")
+    for col in ("program", "cores", "predicted us", "measured us", "predicted/measured"):
+        t.add_column(col, justify="left" if col == "program" else "right")
+    for r in rows:
+        t.add_row(r.program, str(r.cores), f"{r.predicted_us:.1f}", f"{r.measured_us:.1f}",
+                  f"{r.predicted_us / r.measured_us:.2f}")
+    return t
+
+
+def run(target: Target, measurements: str | None = None, cores: Sequence[int] | None = None,
+        limit: int | None = None, console: Console | None = None,
+        label: str | None = None) -> list[Any]:
+    """Run the benchmark and print its table(s); returns every row.
+
+    A target named ``cpu`` runs the cpu section (``cores``: core counts, default all of this
+    machine's; ``limit``: only the first N programs), plus the table of ``measurements`` when
+    given; any other target the measurements table (default: the packaged Spyre file).
+    ``label`` names the target in the titles (default: its name).
+    """
+    console = console or Console()
+    label = label or target.name
+    results: list[Any] = []
+    cpu = target.name == "cpu"
+    path = measurements if measurements is not None or cpu else str(packaged_path("spyre"))
+    if path is not None:
+        rows = shape_rows(target, path)
+        source = Path(path).name
+        console.print(shape_table(rows, label, source))
+        console.print(f"geometric mean of predicted/measured: "
+                      f"{geometric_mean([r.predicted_us / r.measured_us for r in rows]):.3f}; "
+                      f"measured-best split ranked first on {sum(r.rank == 1 for r in rows)} of "
+                      f"{len(rows)} shapes", highlight=False)
+        results += rows
+    if cpu:
+        counts = list(cores or [os.cpu_count() or 1])
+        rows_p = program_rows(target, counts, cpu_programs()[:limit], console)
+        console.print(program_table(rows_p, label))
+        console.print(f"geometric mean of predicted/measured: "
+                      f"{geometric_mean([r.predicted_us / r.measured_us for r in rows_p]):.3f}",
+                      highlight=False)
+        results += rows_p
+    return results

@@ -1,0 +1,236 @@
+"""Compiling and running MLIR text with IREE (``iree.compiler``, ``iree.runtime``) on the CPU.
+
+The parallel IR's function-level ``scf.forall`` crashes IREE 3.13's compiler as it is
+(iree-org/iree#24775), so ``lower_forall`` first runs IREE's ``iree-codegen-forall-to-for``
+pass over it with the compiler's MLIR bindings (a forall runs correctly in any order, so a
+sequential loop is a valid schedule). ``compile_mlir`` then builds a ``.vmfb`` for the
+``llvm-cpu`` backend (``--iree-llvmcpu-target-cpu=host``), cached under the sha256 of the
+text, the flags, the compiler version and the host CPU in a cache folder (default
+``~/.cache/apportion/iree``, outside any repository), and ``run_vmfb`` calls one function of it
+with numpy arrays; the compile time is a field of the result and an INFO log line.
+
+Element types at the boundary (what ``iree.runtime`` accepts and gives back):
+
+* ``f16``, ``f32``, ``i8``, ``i32``, ``i64``: numpy arrays of the same type;
+* ``bf16``: numpy has none; apportion keeps bfloat16 in float32 arrays rounded to bfloat16
+  (``kernels.round_bf16``), so the high 16 bits of each float32 are the exact bfloat16 bit
+  pattern: they go in as a ``BFLOAT_16`` buffer view made from ``uint16`` bits, and come back
+  (IREE gives an ``ml_dtypes.bfloat16`` array) viewed as ``uint16`` and shifted back into
+  float32;
+* ``i1`` (bool): numpy ``bool`` arrays, one byte per element (IREE's ``BOOL_8``), both ways;
+* ``index`` arguments (symbolic loop counts): Python ints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from apportion.errors import ExecutionError
+
+log = logging.getLogger(__name__)
+
+#: compile flags beside the target backend
+FLAGS: tuple[str, ...] = ("--iree-llvmcpu-target-cpu=host",)
+BACKEND = "llvm-cpu"
+LOWERING = "builtin.module(func.func(iree-codegen-forall-to-for))"
+
+
+def default_cache_dir() -> Path:
+    """``~/.cache/apportion/iree``: compiled modules, keyed by the hash of text and flags."""
+    return Path.home() / ".cache" / "apportion" / "iree"
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A compiled module: its bytes, seconds the compile took (0.0 when cached) and where the
+    cache holds it."""
+
+    vmfb: bytes
+    compile_s: float
+    cached: bool
+    path: Path | None
+
+
+def _bindings() -> tuple[Any, Any]:
+    try:
+        from iree.compiler import ir, passmanager
+    except ImportError as e:  # a dependency; this guards broken installs
+        raise ExecutionError(f"IREE backend: iree-base-compiler is missing ({e})") from None
+    return ir, passmanager
+
+
+def lower_forall(text: str) -> str:
+    """``text`` with every ``scf.forall`` lowered to ``scf.for`` (IREE's pass), as text."""
+    ir, passmanager = _bindings()
+    ctx = ir.Context()
+    try:
+        module = ir.Module.parse(text, ctx)
+        passmanager.PassManager.parse(LOWERING, ctx).run(module.operation)
+    except ir.MLIRError as e:
+        raise ExecutionError(f"IREE backend: cannot lower scf.forall: {e}") from None
+    return str(module)
+
+
+def compiler_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("iree-base-compiler")
+    except Exception:  # noqa: BLE001 - no metadata: the key then ignores the version
+        return "unknown"
+
+
+def host_cpu() -> str:
+    """What ``--iree-llvmcpu-target-cpu=host`` compiles for: the machine, and on Linux the CPU
+    model and feature flags (a cache shared between machines must not mix their modules)."""
+    parts = [platform.machine(), platform.processor()]
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags", "Features")):
+                    parts.append(line.strip())
+                if line.strip() == "":
+                    break  # the first processor is enough
+    except OSError:
+        pass
+    return "\n".join(parts)
+
+
+def cache_key(text: str, flags: Sequence[str]) -> str:
+    """sha256 of the text, the backend, the flags, the compiler version and the host CPU."""
+    h = hashlib.sha256()
+    for part in (text, BACKEND, *flags, compiler_version(), host_cpu()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def compile_mlir(text: str, cache_dir: str | os.PathLike[str] | None = None,
+                 flags: Sequence[str] = FLAGS, lower: bool = True) -> Compiled:
+    """Compile MLIR text (``lower``: after ``lower_forall``) to a ``.vmfb`` for the CPU.
+
+    A module already in ``cache_dir`` (default ``default_cache_dir()``) is read back instead;
+    compile errors (the compiler runs as a subprocess, so a crash too) raise ExecutionError.
+    """
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = cache_key(text, [*flags, f"lower={lower}"])
+    path = folder / f"{key}.vmfb"
+    if path.is_file():
+        log.info("IREE module %s from the cache", key[:12])
+        return Compiled(path.read_bytes(), 0.0, True, path)
+    try:
+        import iree.compiler as compiler
+    except ImportError as e:
+        raise ExecutionError(f"IREE backend: iree-base-compiler is missing ({e})") from None
+    start = time.perf_counter()
+    source = lower_forall(text) if lower else text
+    try:
+        vmfb = compiler.compile_str(source, target_backends=[BACKEND], extra_args=list(flags))
+    except compiler.CompilerToolError as e:
+        first = "; ".join(_short(line) for line in str(e).splitlines()
+                          if "error:" in line)[:2000]
+        raise ExecutionError(f"IREE backend: iree-compile failed: {first or e}") from None
+    seconds = time.perf_counter() - start
+    log.info("IREE module %s compiled in %.2f s", key[:12], seconds)
+    stored: Path | None = None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(vmfb)
+        os.replace(tmp, path)  # atomic: a concurrent reader sees the old state or the whole file
+        stored = path
+    except OSError as e:  # an unwritable cache only costs the next compile
+        log.warning("IREE module cache %s is not writable: %s", folder, e)
+    return Compiled(bytes(vmfb), seconds, False, stored)
+
+
+def _short(line: str) -> str:
+    """One compiler diagnostic without the target attributes it may print (kilobytes)."""
+    line = re.sub(r"#hal\.executable\.target<.*", "#hal.executable.target<...>", line.strip())
+    return line if len(line) <= 400 else line[:400] + "..."
+
+
+# --- running --------------------------------------------------------------------------------
+
+def _runtime() -> Any:
+    try:
+        import iree.runtime as rt
+    except ImportError as e:
+        raise ExecutionError(f"IREE backend: iree-base-runtime is missing ({e})") from None
+    return rt
+
+
+def _to_device(rt: Any, device: Any, value: Any, elt: str) -> Any:
+    if elt == "index":
+        return int(value)
+    a = np.asarray(value)
+    # np.asarray(order="C"), not ascontiguousarray, which makes a rank-0 array rank 1
+    if elt == "bf16":
+        bits = (np.asarray(a, dtype=np.float32, order="C").view(np.uint32) >> 16).astype(
+            np.uint16)
+        return device.allocator.allocate_buffer_copy(
+            memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
+            device=device, buffer=bits, element_type=rt.HalElementType.BFLOAT_16)
+    host = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i8": np.int8,
+            "i32": np.int32, "i64": np.int64, "i1": np.bool_}[elt]
+    return np.asarray(a, dtype=host, order="C")
+
+
+def _from_device(value: Any, elt: str) -> np.ndarray:
+    # a copy: the host view may map device memory that dies with the call's context (a
+    # result that is an argument returned as is aliases that argument's buffer)
+    host = value.to_host() if hasattr(value, "to_host") else value
+    a = np.array(host, copy=True)
+    if elt == "bf16":
+        bits = np.asarray(a, order="C").view(np.uint16).astype(np.uint32) << 16
+        return bits.view(np.float32)
+    if elt == "i1":
+        return a.astype(np.bool_, copy=False)
+    return a
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The function's results (numpy arrays, bfloat16 in float32) and seconds the call took."""
+
+    outputs: list[np.ndarray]
+    run_s: float
+
+
+def run_vmfb(vmfb: bytes, function: str, args: Sequence[tuple[Any, str]],
+             results: Sequence[str], driver: str = "local-task") -> RunResult:
+    """Call ``function`` of a compiled module with ``args`` (value, element type: ``f16``,
+    ``bf16``, ... or ``index``) and return its results as arrays of ``results``' types."""
+    rt = _runtime()
+    try:
+        config = rt.Config(driver)
+        ctx = rt.SystemContext(config=config)
+        ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, vmfb))
+        fn = ctx.modules.module[function]
+        device = config.device
+        values = [_to_device(rt, device, v, elt) for v, elt in args]
+        start = time.perf_counter()
+        out = fn(*values)
+        seconds = time.perf_counter() - start
+        outs = list(out) if isinstance(out, tuple | list) else [out]
+        if len(outs) != len(results):
+            raise ExecutionError(f"IREE backend: {function!r} returned {len(outs)} results, "
+                                 f"expected {len(results)}")
+        # copied while the arguments and the context are alive
+        arrays = [_from_device(o, elt) for o, elt in zip(outs, results, strict=True)]
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise ExecutionError(f"IREE backend: running {function!r} failed: {e}") from None
+    return RunResult(arrays, seconds)

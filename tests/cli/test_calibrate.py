@@ -1,0 +1,166 @@
+"""`apportion calibrate` and `apportion bench costmodel`: the fit of the shipped Spyre data, the
+ranks of the measured-best splits, the TOML written, and bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from apportion.cli import bench_costmodel
+from apportion.cli import calibrate as cal_cli
+from apportion.cli.main import main
+from apportion.cost import calibrate as cal_cost
+from apportion.target import load_toml, spyre
+from apportion.target.target import COST_FIELDS, Target
+
+ROOT = Path(__file__).parents[2]
+SPYRE_DATA = str(ROOT / "apportion/frontend/data/spyre_measurements.json")
+
+
+def status(argv: list[str]) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str], *parts: str) -> str:
+    assert status(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("apportion: error: "), err
+    for part in parts:
+        assert part in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def no_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail the test if the command fits or measures anything."""
+    def boom(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the command started work before refusing its input")
+
+    monkeypatch.setattr(cal_cli, "fit", boom)
+    monkeypatch.setattr(cal_cli, "measure", boom)
+    monkeypatch.setattr(bench_costmodel, "program_rows", boom)
+
+
+def test_the_shipped_spyre_data_fits_and_ranks_every_best_split_first(tmp_path, capsys):
+    out = tmp_path / "fitted.toml"
+    assert main(["calibrate", SPYRE_DATA, "--target", "spyre", "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    for name in ("mac_rate", "mem_bandwidth", "overlap"):
+        assert name in text
+    for shape in ("512x4096x4096", "512x4096x1024", "512x4096x12800"):
+        assert f"{shape} on 32 cores: measured-best m8 n4 k1 ranks 1 of" in text
+    assert "NOT first" not in text
+    fitted = load_toml(out)
+    records = cal_cli.load(SPYRE_DATA)
+    cal = cal_cost.fit(records, spyre(), cal_cli.predictor())
+    assert all(abs(r.rel_error) <= 0.30 for r in cal.records)
+    for f in COST_FIELDS:  # the file holds the fitted figures, exactly
+        assert getattr(fitted, f) == getattr(cal.target, f), f
+    assert out.read_text().splitlines()[1] == 'preset = "spyre"'
+
+
+def test_a_target_file_base_writes_every_field(tmp_path, capsys):
+    base = tmp_path / "lite.toml"
+    base.write_text('preset = "spyre"\nname = "lite"\nmax_cores = 32\nsfp_rate = 1000.0\n')
+    out = tmp_path / "fitted.toml"
+    assert main(["calibrate", SPYRE_DATA, "--target", str(base), "--fit", "overlap",
+                 "-o", str(out)]) == 0
+    fitted = load_toml(out)
+    assert fitted.name == "lite" and fitted.sfp_rate == 1000.0
+    again = load_toml(base)
+    assert {f.name: getattr(fitted, f.name) for f in fields(Target) if f.name != "overlap"} == \
+        {f.name: getattr(again, f.name) for f in fields(Target) if f.name != "overlap"}
+    assert "overlap" in capsys.readouterr().out
+
+
+def test_every_measured_best_split_ranks_first_under_the_preset():
+    for m in cal_cli.load(SPYRE_DATA):
+        if m.best:
+            r = cal_cli.rank_split(spyre(), m)
+            assert r.first and r.pick == dict(m.splits), m.shape
+            assert r.candidates > 100
+
+
+def test_bench_costmodel_prints_one_row_per_measured_shape(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "costmodel", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "ranked first on 3 of 3 shapes" in text
+    rows = json.loads(out.read_text())
+    assert [r["shape"] for r in rows] == ["512x4096x4096", "512x4096x1024", "512x4096x12800"]
+    assert all(r["rank"] == 1 and r["balanced_split"] == r["measured_split"] for r in rows)
+
+
+@pytest.mark.parametrize(("argv", "parts"), [
+    (["calibrate", "MISSING"], ("cannot read measurements file", "No such file")),
+    (["calibrate", "BADJSON"], ("is not valid JSON",)),
+    (["calibrate", "BADRECORD"], ("record 0: field 'time_us' must be a finite number > 0",)),
+    (["calibrate", SPYRE_DATA, "--fit", "mac_rate,warp"], ("cannot fit 'warp'",)),
+    (["calibrate", SPYRE_DATA, "--fit", "pt_rows"], ("cannot fit 'pt_rows'",)),
+    (["calibrate", SPYRE_DATA, "--fit", "overlap,,mac_rate"], ("--fit", "comma-separated")),
+    (["calibrate", SPYRE_DATA, "-o", "NOFOLDER/x.toml"], ("-o", "does not exist")),
+    (["calibrate", SPYRE_DATA, "-o", "FOLDER"], ("-o", "is a folder")),
+    (["calibrate", SPYRE_DATA, "--target", "tpu"], ("unknown target 'tpu'",)),
+    (["calibrate"], ("give a measurements file or --measure",)),
+    (["calibrate", SPYRE_DATA, "--measure"], ("give a measurements file or --measure",)),
+    (["calibrate", SPYRE_DATA, "--save", "m.json"], ("--save goes with --measure",)),
+    (["calibrate", SPYRE_DATA, "--cores", "2"], ("--cores goes with --measure",)),
+    (["calibrate", "--measure", "--target", "spyre"], ("--measure times this machine",)),
+    (["calibrate", "--measure", "--save", "NOFOLDER/m.json"], ("--save", "does not exist")),
+    (["calibrate", "--measure", "--fit", "warp"], ("cannot fit 'warp'",)),
+    (["calibrate", "BIGCORES"], ("record 0: field 'cores' 64 is more than the 32 cores "
+                                 "(max_cores) of target 'spyre'",)),
+    (["bench", "costmodel", "--measurements", "MISSING"], ("cannot read measurements file",)),
+    (["bench", "costmodel", "--models", "m.json"], ("--models is an option of the workdiv",)),
+    (["bench", "costmodel", "--target", "tpu"], ("unknown target 'tpu'",)),
+    (["bench", "workdiv", "--measurements", SPYRE_DATA], ("options of the costmodel suite",)),
+    (["bench", "costmodel", "--json", "NOFOLDER/b.json"], ("--json", "does not exist")),
+])
+def test_bad_input_exits_2_with_one_line_before_any_work(argv, parts, tmp_path, capsys, no_fit):
+    files = {"MISSING": tmp_path / "missing.json", "BADJSON": tmp_path / "bad.json",
+             "BADRECORD": tmp_path / "record.json", "NOFOLDER": tmp_path / "nowhere",
+             "FOLDER": tmp_path, "BIGCORES": tmp_path / "big.json"}
+    files["BADJSON"].write_text("[{")
+    files["BADRECORD"].write_text(json.dumps([{"matmul": {"M": 64, "K": 64, "N": 64},
+                                               "cores": 4, "splits": {}, "time_us": 0}]))
+    files["BIGCORES"].write_text(json.dumps([{"matmul": {"M": 64, "K": 64, "N": 64},
+                                              "cores": 64, "splits": {}, "time_us": 5}]))
+
+    def real(a: str) -> str:
+        for key, path in files.items():
+            a = a.replace(key, str(path)) if a.startswith(key) else a
+        return a
+
+    refused([real(a) for a in argv], capsys, *parts)
+
+
+@pytest.mark.slow
+def test_measure_times_this_machine_and_writes_measurements_and_target(tmp_path, capsys):
+    out, saved = tmp_path / "cpu.toml", tmp_path / "m.json"
+    assert main(["calibrate", "--measure", "--cores", "2", "-o", str(out),
+                 "--save", str(saved)]) == 0
+    text = capsys.readouterr().out
+    assert "sfp_rate" in text and "reduce_rate" in text
+    records = cal_cli.load(saved)
+    assert len(records) == 2 * len(cal_cli.KERNELS)
+    assert {m.cores for m in records} == {1, 2}
+    fitted = load_toml(out)
+    assert fitted.name == "cpu"
+
+
+@pytest.mark.slow
+def test_bench_costmodel_times_cpu_programs(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "costmodel", "--target", "cpu", "--cores", "2", "--limit", "2",
+                 "--json", str(out)]) == 0
+    assert "geometric mean of predicted/measured" in capsys.readouterr().out
+    rows = json.loads(out.read_text())
+    assert [r["program"] for r in rows] == ["matmul_512x1024x1024", "matmul_256x2048x512"]
+    assert all(r["measured_us"] > 0 and r["predicted_us"] > 0 for r in rows)

@@ -1,0 +1,271 @@
+"""Tests of the calibration fit and the measurement format (``apportion/cost/calibrate.py``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from apportion.cost.calibrate import (
+    FITTABLE,
+    SPYRE_PEAK_MAC_RATE,
+    Measurement,
+    check_fit_names,
+    default_bounds,
+    dumps_measurements,
+    fit,
+    loads_measurements,
+    matmul_document,
+    parse_measurements,
+    read_measurements,
+    target_toml,
+)
+from apportion.cost.model import op_cost
+from apportion.errors import ApportionError, CalibrationError
+from apportion.frontend.json_format import from_dict
+from apportion.passes.layouts import op_layout
+from apportion.target import load_toml, spyre
+from apportion.target.target import Target
+
+DATA = Path(__file__).parents[2] / "apportion/frontend/data"
+
+
+def predict(target: Target, m: Measurement) -> float:
+    """The model's time of a record: op_cost under the record's split, on its core count."""
+    t = replace(target, cores=m.cores)
+    op = m.program.op(m.op)
+    units = dict(op_layout(op, m.program, t).unit_elems)
+    return op_cost(op, m.program, t, op.sizes, m.splits, units).time_us
+
+
+def matmul(mkn: tuple[int, int, int], splits: dict[str, int], time_us: float = 1.0,
+           batch: int | None = None) -> Measurement:
+    spec = {"M": mkn[0], "K": mkn[1], "N": mkn[2], "dtype": "float16"}
+    if batch is not None:
+        spec["batch"] = batch
+    (m,) = parse_measurements([{"matmul": spec, "cores": 32, "splits": splits,
+                                "time_us": time_us}], from_dict)
+    return m
+
+
+# a dozen shapes and splits: compute-bound, memory-bound, short pipelines, split reductions
+SYNTHETIC = [
+    ((512, 4096, 4096), {"m": 8, "n": 4}), ((512, 4096, 4096), {"m": 4, "n": 8}),
+    ((512, 4096, 1024), {"m": 8, "n": 4}), ((512, 4096, 12800), {"m": 8, "n": 4}),
+    ((128, 4096, 4096), {"m": 2, "n": 16}), ((2048, 1024, 1024), {"m": 32}),
+    ((64, 8192, 2048), {"n": 8, "k": 4}), ((256, 2816, 1024), {"m": 2, "n": 4, "k": 4}),
+    ((4096, 4096, 4096), {"m": 8, "n": 4}), ((2048, 4096, 8192), {"m": 4, "n": 8}),
+    ((8192, 2048, 2048), {"m": 32}), ((4096, 8192, 1024), {"m": 16, "n": 2}),
+]
+
+
+def test_a_fit_recovers_known_coefficients_within_5_percent_from_the_preset():
+    truth = replace(spyre(), mac_rate=SPYRE_PEAK_MAC_RATE * 0.7, mem_bandwidth=204.8e9 * 0.6,
+                    overlap=0.5)
+    records = [matmul(mkn, s) for mkn, s in SYNTHETIC]
+    records = [replace(m, time_us=predict(truth, m)) for m in records]
+    cal = fit(records, spyre(), predict)
+    for name in ("mac_rate", "mem_bandwidth", "overlap"):
+        assert cal.values[name] == pytest.approx(getattr(truth, name), rel=0.05), name
+    assert cal.rms_log_error < 1e-3 < cal.base_rms_log_error
+    assert all(abs(r.rel_error) < 1e-3 for r in cal.records)
+
+
+def test_the_result_holds_the_fitted_target_and_every_record():
+    records = [matmul(mkn, s, time_us=100.0) for mkn, s in SYNTHETIC[:4]]
+    cal = fit(records, spyre(), predict, names=["overlap"])
+    assert cal.target == replace(spyre(), overlap=cal.values["overlap"])
+    assert [r.measurement for r in cal.records] == records
+    r = cal.records[0]
+    assert r.predicted_us == pytest.approx(predict(cal.target, records[0]))
+    assert r.rel_error == pytest.approx(r.predicted_us / 100.0 - 1)
+    assert cal.rms_log_error == pytest.approx(
+        math.sqrt(sum(x.log_error ** 2 for x in cal.records) / len(records)))
+    with pytest.raises(AttributeError):
+        cal.rms_log_error = 0.0  # type: ignore[misc]
+
+
+def test_the_shipped_spyre_data_fits_within_30_percent_per_record():
+    records = read_measurements(DATA / "spyre_measurements.json", from_dict)
+    assert [(m.shape, m.split_text, m.time_us, m.best) for m in records] == [
+        ("512x4096x4096", "m8 n4 k1", 326.0, True),
+        ("512x4096x4096", "m4 n8 k1", pytest.approx(326 * 1.06), False),
+        ("512x4096x1024", "m8 n4 k1", 114.0, True),
+        ("512x4096x12800", "m8 n4 k1", 1453.0, True)]
+    cal = fit(records, spyre(), predict)
+    assert all(abs(r.rel_error) <= 0.30 for r in cal.records)
+    assert cal.rms_log_error <= cal.base_rms_log_error
+    # the physical caps hold: the published peaks
+    assert cal.values["mac_rate"] <= SPYRE_PEAK_MAC_RATE
+    assert cal.values["mem_bandwidth"] <= 204.8e9
+
+
+@pytest.mark.xfail(strict=True, reason="the default fit of the shipped data (with the m4 n8 "
+                   "record) puts overlap at 0.80; SPYRE_COST keeps 0.9 until the preset is "
+                   "updated to the fitted figures")
+def test_the_spyre_preset_holds_the_figures_fitted_from_the_shipped_data():
+    records = read_measurements(DATA / "spyre_measurements.json", from_dict)
+    cal = fit(records, spyre(), predict)
+    for name, value in cal.values.items():
+        assert getattr(spyre(), name) == pytest.approx(value, rel=0.05), name
+
+
+def test_the_cpu_preset_holds_the_figures_fitted_from_the_shipped_data():
+    from apportion.target import cpu
+
+    records = read_measurements(DATA / "cpu_measurements.json", from_dict)
+    cal = fit(records, cpu(), predict)
+    for c in cal.coefficients:
+        if c.determined:
+            assert getattr(cpu(), c.name) == pytest.approx(c.after, rel=0.05), c.name
+
+
+def test_bounds_are_a_factor_of_ten_overlap_in_0_1_and_never_past_a_cap():
+    b = default_bounds(spyre(), ["mac_rate", "mem_bandwidth", "overlap", "sfp_rate"])
+    assert b["mac_rate"] == pytest.approx((SPYRE_PEAK_MAC_RATE / 10, SPYRE_PEAK_MAC_RATE))
+    assert b["mem_bandwidth"] == pytest.approx((20.48e9, 204.8e9))
+    assert b["overlap"] == (0.0, 1.0)
+    assert b["sfp_rate"] == pytest.approx((176.0, 17600.0))
+    capped = default_bounds(spyre(), ["sfp_rate"], caps={"sfp_rate": 1000.0})
+    assert capped["sfp_rate"] == pytest.approx((176.0, 1000.0))
+    # batch_split_factor may not go below 1, its field's own limit
+    assert default_bounds(spyre(), ["batch_split_factor"])["batch_split_factor"][0] == 1.0
+
+
+def test_a_fit_stays_within_given_bounds():
+    records = [matmul(mkn, s, time_us=10.0) for mkn, s in SYNTHETIC[:4]]
+    cal = fit(records, spyre(), predict, names=["mac_rate", "overlap"],
+              bounds={"overlap": (0.85, 0.95)})
+    assert 0.85 <= cal.values["overlap"] <= 0.95
+    assert cal.coefficient("overlap").at_bound == "low"
+
+
+@pytest.mark.parametrize(("names", "match"), [
+    (["warp"], "cannot fit 'warp': not a cost coefficient; fittable: mac_rate"),
+    (["pt_rows"], "cannot fit 'pt_rows': it is a whole count"),
+    (["overlap", "overlap"], "coefficient 'overlap' named twice"),
+    ([], "nothing to fit"),
+])
+def test_bad_fit_names_are_refused(names, match):
+    with pytest.raises(CalibrationError, match=match):
+        check_fit_names(names)
+    assert "pt_rows" not in FITTABLE and "scratchpad_reserve" not in FITTABLE
+
+
+def test_a_coefficient_with_a_zero_base_needs_bounds():
+    records = [matmul(mkn, s, time_us=300.0) for mkn, s in SYNTHETIC[:2]]
+    base = replace(spyre(), stick_split_us_per_byte=0.0)
+    with pytest.raises(CalibrationError, match="'stick_split_us_per_byte' from a base value"):
+        fit(records, base, predict, names=["stick_split_us_per_byte"])
+    cal = fit(records, base, predict, names=["stick_split_us_per_byte"],
+              bounds={"stick_split_us_per_byte": (0.0, 1e-5)})
+    assert 0.0 <= cal.values["stick_split_us_per_byte"] <= 1e-5
+
+
+def test_the_toml_written_loads_back_with_the_same_figures(tmp_path):
+    records = [matmul(mkn, s, time_us=200.0) for mkn, s in SYNTHETIC[:4]]
+    cal = fit(records, spyre(), predict)
+    path = tmp_path / "fitted.toml"
+    path.write_text(target_toml(cal, "spyre", ["fitted in a test"]))
+    text = path.read_text()
+    assert text.startswith('# fitted in a test\npreset = "spyre"\n')
+    assert load_toml(path) == replace(cal.target, cores=load_toml(path).cores)
+    full = tmp_path / "full.toml"  # no preset: every field
+    full.write_text(target_toml(cal, None))
+    assert load_toml(full) == cal.target
+
+
+def test_the_matmul_shorthand_is_a_one_op_program():
+    p = from_dict(matmul_document({"M": 4, "K": 8, "N": 16, "batch": 2, "dtype": "float32"}))
+    (op,) = p.ops
+    assert op.sizes == {"b": 2, "m": 4, "n": 16, "k": 8}
+    assert p.tensor("x").shape == (2, 4, 8) and p.tensor("w").dtype == "float32"
+
+
+def test_records_write_back_and_read_again():
+    records = read_measurements(DATA / "spyre_measurements.json", from_dict)
+    again = loads_measurements(dumps_measurements(records), from_dict)
+    assert again == records
+    prog = {"name": "e", "tensors": {"x": {"shape": [4, 64], "dtype": "float32"}},
+            "inputs": ["x"], "outputs": ["y"],
+            "ops": [{"name": "e", "op": "exp", "out": "y[m,n]", "ins": ["x[m,n]"]}]}
+    (m,) = parse_measurements([{"program": prog, "cores": 2, "splits": {"m": 2},
+                                "time_us": 5}], from_dict)
+    assert m.op == "e" and dict(m.splits) == {"m": 2, "n": 1} and m.shape == "e/e"
+    assert loads_measurements(dumps_measurements([m]), from_dict) == (m,)
+
+
+GOOD = {"matmul": {"M": 512, "K": 4096, "N": 1024}, "cores": 32,
+        "splits": {"m": 8, "n": 4, "k": 1}, "time_us": 114.0}
+PROG = {"name": "two", "tensors": {"x": {"shape": [4, 64], "dtype": "float16"}},
+        "inputs": ["x"], "outputs": ["z"],
+        "ops": [{"name": "a", "op": "exp", "out": "y[m,n]", "ins": ["x[m,n]"]},
+                {"name": "b", "op": "exp", "out": "z[m,n]", "ins": ["y[m,n]"]}]}
+
+
+def bad(**changes):
+    rec = {k: v for k, v in {**GOOD, **changes}.items() if v is not None}
+    return [GOOD, rec]
+
+
+@pytest.mark.parametrize(("doc", "match"), [
+    ({"a": 1}, re.escape("expected a JSON list of measurement records, got {'a': 1} (dict)")),
+    ([], "the list of measurement records is empty"),
+    ([GOOD, 3], r"record 1: expected an object with fields program, matmul"),
+    (bad(speed=3), "record 1: unknown field 'speed'; valid: program, matmul, op"),
+    (bad(matmul=None), "record 1: give exactly one of fields 'program'.*neither given"),
+    (bad(program=PROG), "record 1: give exactly one of fields 'program'.*both given"),
+    (bad(matmul={"M": 512, "K": 4096}), "record 1: field 'matmul': N is missing"),
+    (bad(matmul={"M": 0, "K": 1, "N": 1}), "record 1: field 'matmul': M must be an int >= 1"),
+    (bad(matmul={"M": 1, "K": 1, "N": 1, "rows": 2}), "field 'matmul': unknown field 'rows'"),
+    (bad(matmul={"M": 64, "K": 64, "N": 64, "dtype": "float8"}),
+     "record 1: field 'matmul': .*float8"),
+    (bad(matmul={"M": 64, "K": 64, "N": 64, "dtype": 16}),
+     "record 1: field 'matmul': dtype must be a dtype name"),
+    (bad(cores=0), "record 1: field 'cores' must be an int >= 1, got 0"),
+    (bad(cores=None), "record 1: field 'cores' is missing"),
+    (bad(cores=True), "record 1: field 'cores' must be an int"),
+    (bad(splits=[8, 4]), "record 1: field 'splits' must be an object of dim: slices"),
+    (bad(splits={"q": 2}), "record 1: field 'splits': 'q' is not a dim of op 'matmul'; "
+                           "dims: m, n, k"),
+    (bad(splits={"m": 0}), "record 1: field 'splits': dim 'm' must be split into an int in "
+                           "1..512 slices, got 0"),
+    (bad(splits={"m": 8, "n": 8}), "record 1: field 'splits' m8 n8 k1 uses 64 cores, more than "
+                                   "'cores' 32"),
+    (bad(time_us=-3), "record 1: field 'time_us' must be a finite number > 0, got -3"),
+    (bad(time_us="fast"), "record 1: field 'time_us' must be a finite number > 0"),
+    (bad(time_us=None), "record 1: field 'time_us' is missing"),
+    (bad(best="yes"), "record 1: field 'best' must be true or false"),
+    (bad(matmul=None, program=PROG, splits={}), "record 1: field 'op' is missing and program "
+                                                "'two' has 2 ops; name the op timed"),
+    (bad(matmul=None, program=PROG, op="c", splits={}),
+     "record 1: field 'op': 'c' is not an op of program 'two'; ops: a, b"),
+    (bad(matmul=None, program={"name": "p"}, splits={}), "record 1: field 'program': "),
+    (bad(matmul=None, program={**PROG, "tiling": [{"ops": ["a"], "count": 2}]}, op="a",
+         splits={}), "record 1: field 'program': program 'two' has tiling groups"),
+])
+def test_bad_records_name_their_index_and_field(doc, match):
+    with pytest.raises(CalibrationError, match=match) as e:
+        parse_measurements(doc, from_dict, source="m.json")
+    assert str(e.value).startswith("m.json")
+    assert isinstance(e.value, ApportionError) and "\n" not in str(e.value)
+
+
+def test_unreadable_files_are_calibration_errors(tmp_path):
+    with pytest.raises(CalibrationError, match="cannot read measurements file .*No such file"):
+        read_measurements(tmp_path / "missing.json", from_dict)
+    with pytest.raises(CalibrationError, match="it is a directory"):
+        read_measurements(tmp_path, from_dict)
+    path = tmp_path / "bad.json"
+    path.write_text('[{"matmul": ')
+    with pytest.raises(CalibrationError, match="is not valid JSON: Expecting value at line 1"):
+        read_measurements(path, from_dict)
+    path.write_bytes(b"\xff[]")
+    with pytest.raises(CalibrationError, match="is not UTF-8 text"):
+        read_measurements(path, from_dict)
+    path.write_text(json.dumps([GOOD]))
+    assert len(read_measurements(path, from_dict)) == 1
