@@ -103,8 +103,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="cores to use (spyre: 1..32; default SENCORES or 32)")
     p.add_argument("--strategy", choices=STRATEGIES, default="balanced")
     p.add_argument("--auto-tile", action="store_true",
-                   help="choose each tiling group's loop counts: the smallest that fit the "
-                        "scratchpad")
+                   help="choose each tiling group's loop counts: the lowest predicted time of "
+                        "the group, weighing re-read weights against scratchpad savings")
 
 
 def _plan(program: Program, target: Target, args: argparse.Namespace) -> PlannedProgram:
