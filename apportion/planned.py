@@ -144,6 +144,10 @@ class PlannedProgram:
         if backend == "iree":
             from apportion.backends import iree_run
 
+            if threads is not None:
+                raise ExecutionError("threads applies to the reference backend; IREE runs "
+                                     "with its own task pool")
+
             return iree_run(self.program, self.plan, self.target, xs, params).tensors
         return run_planned(self.program, self.plan, xs, threads=threads, params=params)
 

@@ -45,7 +45,7 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     >>> from apportion.target import spyre
     >>> p = plan(load("examples/mlp.json"), spyre(cores=32))
     >>> p.op("gate").split_map   # balanced: the lowest predicted time
-    {'m': 6, 'n': 5, 'k': 1}
+    {'m': 8, 'n': 4, 'k': 1}
     >>> plan(load("examples/fused.json"), spyre(cores=32)).op("add").sizes
     {'m': 512, 'n': 1024}
     """

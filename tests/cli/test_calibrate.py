@@ -52,8 +52,7 @@ def test_the_shipped_spyre_data_fits_and_ranks_every_best_split_first(tmp_path, 
     out = tmp_path / "fitted.toml"
     assert main(["calibrate", SPYRE_DATA, "--target", "spyre", "-o", str(out)]) == 0
     text = capsys.readouterr().out
-    for name in ("mac_rate", "mem_bandwidth", "overlap"):
-        assert name in text
+    assert "overlap" in text  # the default fit: the published peaks stay, the overlap moves
     for shape in ("512x4096x4096", "512x4096x1024", "512x4096x12800"):
         assert f"{shape} on 32 cores: measured-best m8 n4 k1 ranks 1 of" in text
     assert "NOT first" not in text
