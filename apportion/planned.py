@@ -22,6 +22,7 @@ from apportion.passes.work_distribution import STRATEGIES
 from apportion.plans.memory import Buffer, GroupPlan
 from apportion.plans.plan import OpPlan, Plan
 from apportion.target.presets import PRESETS, spyre
+from apportion.target.split_k import Resolver
 from apportion.target.target import Target
 
 if TYPE_CHECKING:
@@ -213,7 +214,8 @@ def _target(target: Any, where: str) -> Target:
 
 
 def plan(program: Any, target: Target | None = None, strategy: str = "balanced",
-         auto_tile: bool = False, debug: Stage | None = None) -> PlannedProgram:
+         auto_tile: bool = False, debug: Stage | None = None,
+         split_k: Resolver | None = None) -> PlannedProgram:
     """Plan ``program`` (a Program or a builder's) for ``target`` (default: spyre, 32 cores or
     ``SENCORES``) under ``strategy`` (``balanced`` or ``greedy``); ``auto_tile`` picks each
     tiling group's loop counts; ``debug(stage, value)`` sees every stage's result.
@@ -229,4 +231,8 @@ def plan(program: Any, target: Target | None = None, strategy: str = "balanced",
         raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if not isinstance(auto_tile, bool):
         raise PlanningError(f"auto_tile must be True or False, got {auto_tile!r}")
-    return PlannedProgram(prog, tgt, run_pipeline(prog, tgt, strategy, debug, auto_tile))
+    if split_k is not None and not callable(split_k):
+        raise PlanningError(f"split_k must be a callable (a ReductionShape in, slices or None "
+                            f"out), got {type(split_k).__name__}")
+    return PlannedProgram(prog, tgt, run_pipeline(prog, tgt, strategy, debug, auto_tile,
+                                                  split_k=split_k))

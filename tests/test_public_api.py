@@ -32,7 +32,8 @@ def test_auto_tile_and_debug_reach_the_pipeline_and_every_stage_shows_its_own_va
     stages: dict[str, object] = {}
     planned = ap.plan(ap.load("examples/softmax_tiled.json"), ap.targets.spyre(cores=32),
                       auto_tile=True, debug=stages.__setitem__)
-    assert list(stages) == ["layouts", "auto_tile", "coarse_tile", "buffers", "span_reduction",
+    assert list(stages) == ["layouts", "auto_tile", "coarse_tile", "buffers", "split_k",
+                            "span_reduction",
                             "work_distribution", "group_distribution", "scratchpad"]
     chosen = stages["auto_tile"]
     assert planned.groups[0].counts == tuple(lv.count for lv in chosen[0].loops)

@@ -474,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--target", default=None,
                    help="spyre, cpu or a target .toml file (default spyre; cpu with --measure)")
     c.add_argument("--fit", default=None, metavar="NAME,NAME,...",
-                   help="coefficients to fit (default spyre: mac_rate,mem_bandwidth,overlap; "
+                   help="coefficients to fit (default spyre: overlap; "
                         "cpu: mac_rate,sfp_rate,reduce_rate,mem_bandwidth,core_bandwidth,"
                         "overlap)")
     c.add_argument("-o", "--output", default=None, metavar="FILE.toml",

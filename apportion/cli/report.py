@@ -26,6 +26,8 @@ def plan_table(plan: Plan, target: Target) -> Table:
         space = " ".join(f"{d}={n}" for d, n in o.iteration_space)
         splits = " ".join(f"{d}:{n}" + ("" if o.is_even(d) else "~")
                           for d, n in o.splits if n > 1) or "-"
+        if o.split_k is not None and o.split_k.factor > 1:  # who decided the reduction split
+            splits += f" (k by {o.split_k.by})"
         worst = max((s for _, s in o.span_bytes), default=0)
         kind = o.kind + ("" if o.kind == o.op else f" ({o.op})")
         loop = "-" if o.loop is None else " x ".join(str(c) for c in o.loop.count)

@@ -536,5 +536,13 @@ def target_toml(calibration: Calibration, preset: str | None,
         lines += [f"{c.name} = {_toml_value(getattr(t, c.name))}"
                   for c in calibration.coefficients]
     else:
-        lines += [f"{f.name} = {_toml_value(getattr(t, f.name))}" for f in fields(Target)]
+        lines += [f"{f.name} = {_toml_value(getattr(t, f.name))}" for f in fields(Target)
+                  if f.name != "split_k_table"]
+        for row in t.split_k_table:  # an array of tables, after every plain field
+            lines.append("[[split_k_table]]")
+            lines.append(f"slices = {row.slices}")
+            # TOML has no null: an open bound is written as 1 or 2**62, which bound nothing
+            lines += [f"{name} = [{lo or 1}, {hi or 2**62}]"
+                      for name in ("k", "m", "n", "batch")
+                      for lo, hi in [getattr(row, name)] if (lo, hi) != (None, None)]
     return "\n".join(lines) + "\n"

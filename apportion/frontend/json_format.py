@@ -24,7 +24,7 @@ from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
 FORMAT = "apportion.program/1"
 #: the fields each object of a program document may have; any other key is an error
 PROGRAM_FIELDS = ("format", "name", "tensors", "inputs", "outputs", "ops", "tiling",
-                  "work_division")
+                  "work_division", "split_k")
 TENSOR_FIELDS = ("shape", "dtype")
 GROUP_FIELDS = ("ops", "loops", "count", "dims")
 LOOP_FIELDS = ("count", "dims")
@@ -224,6 +224,8 @@ def from_dict(doc: Any) -> Program:
                 raise ProgramError(f"{where}: split of dim {_show(d)} must be an integer, "
                                    f"got {_show(n)}")
         pins.append((op_name, tuple(splits.items())))
+    split_k = _mapping(doc, "split_k", _is_str, _is_int,
+                       "an object mapping op names to slices of their reduction", "program")
     return Program(
         name=name,
         tensors=tuple(tensors.values()),
@@ -232,6 +234,7 @@ def from_dict(doc: Any) -> Program:
         ops=tuple(ops),
         tiling=tiling,
         work_division=tuple(pins),
+        split_k=tuple(split_k.items()),
     )
 
 
@@ -411,6 +414,8 @@ def to_dict(p: Program) -> dict[str, Any]:
                          for g in p.tiling]
     if p.work_division:
         doc["work_division"] = {op: dict(s) for op, s in p.work_division}
+    if p.split_k:
+        doc["split_k"] = dict(p.split_k)
     return doc
 
 

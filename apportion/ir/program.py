@@ -101,6 +101,8 @@ class Program:
     ops: tuple[Op, ...]
     tiling: tuple[TilingGroup, ...] = ()
     work_division: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = field(default=())
+    #: pinned split-K factors: op -> slices of its reduction (the target decides the others)
+    split_k: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         check_name(self.name, "program")
@@ -136,6 +138,10 @@ class Program:
     @cached_property
     def pins(self) -> dict[str, dict[str, int]]:
         return {op: dict(splits) for op, splits in self.work_division}
+
+    @cached_property
+    def split_k_pins(self) -> dict[str, int]:
+        return dict(self.split_k)
 
 
 def validate(p: Program) -> None:
@@ -176,6 +182,15 @@ def validate(p: Program) -> None:
     for name in tmap:
         if name not in defined:
             raise ProgramError(f"tensor {name!r} is declared but neither an input nor produced")
+    for op_name, factor in p.split_k:
+        if op_name not in names:
+            raise ProgramError(f"split_k pins unknown op {op_name!r}")
+        if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
+            raise ProgramError(f"split_k for op {op_name!r} must be an int >= 1, got "
+                               f"{factor!r}")
+        if op_name in p.pins:
+            raise ProgramError(f"op {op_name!r} is pinned by both work_division and split_k; "
+                               "give its reduction split in one of them")
     for op_name, splits in p.work_division:
         if op_name not in names:
             raise ProgramError(f"work_division pins unknown op {op_name!r}")

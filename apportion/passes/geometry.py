@@ -103,6 +103,23 @@ class OpContext:
     sizes: dict[str, int]
     #: the op's place in a loop nest (None outside loops); part of its ``signature``
     loop: LoopInfo | None = None
+    #: splits decided before work distribution (the split-K resolver's): dim -> slices
+    fixed: tuple[tuple[str, int], ...] = ()
+
+    @cached_property
+    def fixed_map(self) -> dict[str, int]:
+        return dict(self.fixed)
+
+    def options(self, d: str, low: int, high: int) -> tuple[int, int]:
+        """The range of slice counts dim ``d`` may take: its fixed count where the split-K
+        resolver set one (the op's other reduction dims then stay whole), else ``low..high``
+        (``low`` alone where the target cannot split it)."""
+        fixed = self.fixed_map
+        if d in fixed:
+            return fixed[d], fixed[d]
+        if not self.splittable(d) or (fixed and d in self.op.reduction_dims):
+            return low, low
+        return low, high
 
     @cached_property
     def slots(self) -> tuple[str, ...]:
@@ -128,7 +145,8 @@ class OpContext:
         pins = program.pins.get(op.name)
         loop = None if self.loop is None else (self.loop.count, self.loop.tiled_dims)
         return Signature((op.fn, op.attrs, op.dims, tuple(self.sizes.items()), operands,
-                          None if pins is None else tuple(sorted(pins.items())), loop))
+                          None if pins is None else tuple(sorted(pins.items())), loop,
+                          self.fixed))
 
     @property
     def units(self) -> dict[str, int]:
@@ -166,6 +184,9 @@ class OpContext:
         if any(not 1 <= splits[d] <= min(units[d], cores) for d in self.sizes):
             return False
         if any(splits[d] > 1 and not self.splittable(d) for d in self.sizes):
+            return False
+        if any(not lo <= splits[d] <= hi for d in self.sizes
+               for lo, hi in [self.options(d, 1, splits[d])]):
             return False
         if math.prod(splits.values()) > cores:
             return False

@@ -20,8 +20,11 @@ from apportion.passes.group_distribution import group_distribution
 from apportion.passes.layouts import layouts
 from apportion.passes.scratchpad import scratchpad
 from apportion.passes.span_reduction import span_reduction
+from apportion.passes.split_k import split_k as split_k_pass
+from apportion.passes.split_k import with_split_k
 from apportion.passes.work_distribution import STRATEGIES, work_distribution
 from apportion.plans.plan import LoopInfo, Plan, ReuseCounts
+from apportion.target.split_k import Resolver
 from apportion.target.target import Target
 
 #: ``debug(stage name, the stage's value)``
@@ -29,7 +32,8 @@ Stage = Callable[[str, object], None]
 
 
 def plan(program: Program, target: Target, strategy: str = "balanced",
-         debug: Stage | None = None, auto_tile: bool = False, reuse: bool = True) -> Plan:
+         debug: Stage | None = None, auto_tile: bool = False, reuse: bool = True,
+         split_k: Resolver | None = None) -> Plan:
     """Plan ``program`` for ``target``.
 
     ``debug``, when given, is called with each stage's name and its own value, and the plan is
@@ -40,6 +44,7 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     Identical ops (equal ``OpContext.signature``: kind, sizes, accesses up to tensor names,
     pins, loop context) are planned once and the others take that plan, renamed (``reuse``;
     ``reuse=False`` plans every op afresh, to the same plan). ``Plan.reuse`` counts both.
+    ``split_k`` is a user split-K resolver, asked before the target's (``passes/split_k.py``).
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.target import spyre
@@ -70,21 +75,26 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     loops = {op.name: _loop(tiling, op.name) for op in program.ops}
     ctxs = contexts(program, target, lay, {op.name: tiling.sizes(op) for op in program.ops},
                     loops)
-    # 5. span_reduction: minimum splits that keep every per-core span within the limit
+    # 5. split_k: each op's reduction split as the program pins it or the target's resolver
+    #    decides (None: left to work distribution's search by predicted time)
+    decisions = split_k_pass(ctxs, program.split_k_pins, split_k)
+    dump("split_k", decisions)
+    ctxs = with_split_k(ctxs, decisions)
+    # 6. span_reduction: minimum splits that keep every per-core span within the limit
     spans = span_reduction(ctxs, strategy)
     dump("span_reduction", spans)
-    # 6. work_distribution: splits of every dim under the strategy (pins from the program win);
+    # 7. work_distribution: splits of every dim under the strategy (pins from the program win);
     #    a split reduction dim is split-K, chosen here with the rest
     splits = work_distribution(ctxs, spans, strategy, cache)
     dump("work_distribution", splits)
-    # 7. group_distribution (balanced): splits agreeing across a loop group where that keeps
+    # 8. group_distribution (balanced): splits agreeing across a loop group where that keeps
     #    tiles on chip and lowers the group's predicted time
     if strategy == "balanced":
         splits = group_distribution(ctxs, tiling, bufs, spans, splits, cache)
         dump("group_distribution", splits)
-    op_plans = {n: cache.op_plan(ctx, spans.of(n), splits[n], loops[n])
-                for n, ctx in ctxs.items()}
-    # 8. scratchpad: the scratchpad plan of every loop group, every tensor's buffers
+    op_plans = {n: replace(cache.op_plan(ctx, spans.of(n), splits[n], loops[n]),
+                           split_k=decisions.by_op[n]) for n, ctx in ctxs.items()}
+    # 9. scratchpad: the scratchpad plan of every loop group, every tensor's buffers
     memory = scratchpad(program, target, tiling, bufs, op_plans)
     dump("scratchpad", memory)
     groups = tuple(replace(g, iteration_time_us=round(group_time(

@@ -104,7 +104,7 @@ def minimum_splits(ctx: OpContext, allow_uneven: bool = False) -> dict[str, int]
             if ddim.part == "in_stick":
                 continue
             feeding = [d for d in acc.index[ddim.tensor_dim].dims
-                       if units[d] > 1 and ctx.splittable(d)]
+                       if units[d] > 1 and ctx.splittable(d) and d not in ctx.fixed_map]
             if not feeding:
                 continue
             choice = _best_at(feeding, commit, units, reductions, target, span_of, False)

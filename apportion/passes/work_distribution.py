@@ -66,8 +66,8 @@ def core_split(size: int, cores: int) -> int:
 def greedy(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
     """The reference design's split assignment, starting from the span splits ``minimum``."""
     units, op = ctx.units, ctx.op
-    splits = dict(minimum)
-    budget = ctx.target.cores // math.prod(minimum.values())
+    splits = {**minimum, **ctx.fixed_map}
+    budget = ctx.target.cores // math.prod(splits.values())
     ranked = sorted(op.parallel_dims, key=lambda d: -units[d])  # stable: ties keep dim order
     for d in ranked:
         if budget <= 1:
@@ -76,8 +76,8 @@ def greedy(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
         extra = core_split(units[d] // base, budget) if units[d] % base == 0 else 1
         splits[d] = base * extra
         budget //= extra
-    reducible = [d for d in op.reduction_dims if ctx.splittable(d)]
-    if budget > 1 and not any(minimum[d] > 1 for d in op.reduction_dims) and reducible:
+    reducible = [d for d in op.reduction_dims if ctx.options(d, 1, 2) == (1, 2)]
+    if budget > 1 and not any(splits[d] > 1 for d in op.reduction_dims) and reducible:
         best = max(reducible, key=lambda d: core_split(units[d], budget))
         splits[best] = core_split(units[best], budget)
     return splits
@@ -95,10 +95,10 @@ def candidates(ctx: OpContext, minimum: dict[str, int], uneven: bool = True
     reductions = set(ctx.op.reduction_dims)
 
     def options(d: str) -> list[int]:
-        hi = min(units[d], cores) if ctx.splittable(d) else minimum[d]
-        if uneven:
-            return list(range(minimum[d], hi + 1))
-        return [c for c in divisors(units[d], hi) if c >= minimum[d]]
+        lo, hi = ctx.options(d, minimum[d], min(units[d], cores))
+        if uneven or lo == hi:
+            return list(range(lo, hi + 1))
+        return [c for c in divisors(units[d], hi) if c >= lo]
 
     opts = {d: options(d) for d in dims}
 
@@ -163,8 +163,8 @@ class _Search:
         self.reductions = set(op.reduction_dims)
 
         def options(d: str) -> list[int]:
-            hi = min(units[d], cores) if ctx.splittable(d) else minimum[d]
-            return list(range(minimum[d], hi + 1))
+            lo, hi = ctx.options(d, minimum[d], min(units[d], cores))
+            return list(range(lo, hi + 1))
 
         self.opts = {d: options(d) for d in self.dims}
         self.all_fit = False

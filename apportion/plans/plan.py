@@ -26,6 +26,16 @@ class LoopInfo:
 
 
 @dataclass(frozen=True)
+class SplitK:
+    """How an op's reduction was split before work distribution: the reduction dims cut, the
+    slices, and who decided (a target resolver's name, ``user``, or ``pinned``)."""
+
+    dims: tuple[str, ...]
+    factor: int
+    by: str
+
+
+@dataclass(frozen=True)
 class OpPlan:
     """The plan of one op.
 
@@ -48,6 +58,7 @@ class OpPlan:
     span_bytes: Pairs
     loop: LoopInfo | None = None
     span_splits: Pairs = ()
+    split_k: SplitK | None = None
 
     def __post_init__(self) -> None:
         dims = [d for d, _ in self.iteration_space]

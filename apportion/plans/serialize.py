@@ -8,7 +8,7 @@ from typing import Any
 
 from apportion.errors import PlanningError
 from apportion.plans.memory import Buffer, CombineOp, CopyOp, FinishOp, GroupPlan, InitOp
-from apportion.plans.plan import LoopInfo, OpPlan, Plan, ReuseCounts
+from apportion.plans.plan import LoopInfo, OpPlan, Plan, ReuseCounts, SplitK
 
 FORMAT = "apportion.plan/1"
 
@@ -25,6 +25,8 @@ def op_to_dict(o: OpPlan) -> dict[str, Any]:
             "tiled_dims": [list(t) for t in o.loop.tiled_dims]},
         "unit_elems": dict(o.unit_elems), "span_splits": dict(o.span_splits),
         "even": all(o.is_even(d) for d, _ in o.splits),
+        "split_k": None if o.split_k is None else {
+            "dims": list(o.split_k.dims), "factor": o.split_k.factor, "by": o.split_k.by},
     }
 
 
@@ -42,6 +44,8 @@ def op_from_dict(d: dict[str, Any]) -> OpPlan:
                 tuple(loop["group"]), tuple(loop["count"]),
                 tuple(tuple(t) for t in loop["tiled_dims"])),
             span_splits=tuple(d.get("span_splits", {}).items()),
+            split_k=None if d.get("split_k") is None else SplitK(
+                tuple(d["split_k"]["dims"]), d["split_k"]["factor"], d["split_k"]["by"]),
         )
     except (KeyError, AttributeError, TypeError, ValueError) as e:
         raise PlanningError(f"malformed op in plan: {e!r}") from None

@@ -11,6 +11,7 @@ from typing import Any
 
 from apportion.errors import TargetError
 from apportion.settings import sencores
+from apportion.target.split_k import TableRow
 from apportion.target.target import Target, describe, finite, is_int, is_real
 
 MiB = 1 << 20
@@ -91,11 +92,60 @@ def cpu(cores: int | None = None) -> Target:
     )
 
 
-PRESETS = {"spyre": spyre, "cpu": cpu}
+# A data-center GPU (AMD MI300X class), each compute unit a "core": 304 CUs, fp16 dense peak
+# 1307.4 TFLOPS (2 operations per MAC), vector fp32 81.7 TFLOPS, HBM3 at 5.3 TB/s, 64 KiB of LDS
+# per CU as the scratchpad, 128-byte cache lines as sticks. Split-K follows IREE's published
+# GPU split-reduction heuristic (``target/split_k.py``).
+GPU_COST = {
+    "mac_rate": 1307.4e12 / 2 / 304 / 1e6,
+    "sfp_rate": 81.7e12 / 304 / 1e6, "reduce_rate": 81.7e12 / 304 / 1e6,
+    "mem_bandwidth": 5.3e12, "core_bandwidth": 64e9, "overlap": 0.0,
+}
+
+
+def gpu(cores: int | None = None) -> Target:
+    """A GPU: 304 compute units as cores (``cores`` fewer), IREE's split-K heuristic.
+
+    >>> gpu().split_k, gpu(cores=64).cores
+    ('gpu', 64)
+    """
+    return Target(name="gpu", cores=304 if cores is None else cores, max_cores=304,
+                  span_limit=1 << 62, stick_bytes=128, scratchpad_bytes=64 * 1024,
+                  scratchpad_reserve=0.0, max_loop_count=(1 << 31) - 1, split_k="gpu",
+                  **GPU_COST)
+
+
+PRESETS = {"spyre": spyre, "cpu": cpu, "gpu": gpu}
 
 
 # Fields that may be given in MiB as ``<field>_mib``: the byte sizes.
 MIB_FIELDS = ("span_limit", "stick_bytes", "scratchpad_bytes", "alignment")
+
+
+def _table_rows(where: str, value: object) -> tuple[TableRow, ...]:
+    """``[[split_k_table]]`` rows (``slices = 8``, ``k = [65536, 1048576]``, ...) as TableRows."""
+    if not isinstance(value, list) or not all(isinstance(r, dict) for r in value):
+        raise TargetError(f"{where}: split_k_table must be an array of tables "
+                          f"([[split_k_table]]), got {describe(value)}")
+    rows = []
+    for i, row in enumerate(value):
+        fields_ = dict(row)
+        for name in ("k", "m", "n", "batch"):
+            if name in fields_:
+                bounds = fields_[name]
+                if not isinstance(bounds, list) or len(bounds) != 2:
+                    raise TargetError(f"{where}: split_k_table row {i}: {name} must be "
+                                      f"[low, high], got {describe(bounds)}")
+                fields_[name] = tuple(bounds)
+        unknown = set(fields_) - {"slices", "k", "m", "n", "batch"}
+        if unknown or "slices" not in fields_:
+            raise TargetError(f"{where}: split_k_table row {i} needs slices and may have k, m, "
+                              f"n, batch ranges; got {sorted(row)}")
+        try:
+            rows.append(TableRow(**fields_))
+        except TargetError as e:
+            raise TargetError(f"{where}: row {i}: {e}") from None
+    return tuple(rows)
 
 
 def _mib_to_bytes(where: str, key: str, value: object) -> int:
@@ -156,6 +206,8 @@ def load_toml(path: str | Path, cores: int | None = None) -> Target:
             if field in table:
                 raise TargetError(f"{where}: both {field} and {key} given; set one")
             values[field] = _mib_to_bytes(where, key, value)
+        elif key == "split_k_table":
+            values[key] = _table_rows(where, value)
         elif key in valid:
             values[key] = value
         else:

@@ -1,0 +1,118 @@
+"""Tests of pass split_k: pins, the target's resolver, a user resolver, and the plan field."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+import apportion as ap
+from apportion.errors import PlanningError, ProgramError, TargetError
+from apportion.target import load_toml
+from apportion.target.split_k import TableRow
+from tests.helpers import program
+
+
+def matmul(m: int, k: int, n: int, dtype: str = "float16", **extra) -> ap.Program:
+    return program({"x": ([m, k], dtype), "w": ([k, n], dtype)},
+                   [{"name": "mm", "op": "matmul", "out": "y[m,n]", "ins": ["x[m,k]", "w[k,n]"]}],
+                   ["y"], **extra)
+
+
+def test_the_gpu_target_splits_k_by_irees_heuristic_and_the_plan_says_so():
+    planned = ap.plan(matmul(32, 40960, 32), ap.targets.gpu())
+    op = planned.op("mm")
+    assert op.split_map["k"] == 128 and op.split_k.factor == 128 and op.split_k.by == "gpu"
+    doc = json.loads(planned.to_json())["ops"][0]
+    assert doc["split_k"] == {"dims": ["k"], "factor": 128, "by": "gpu"}
+    assert ap.PlannedProgram.from_json(planned.to_json(), planned.program) == planned
+    assert all(c.ok for c in planned.check())
+
+
+def test_the_gpu_heuristic_leaves_a_large_output_whole():
+    op = ap.plan(matmul(4096, 8192, 4096), ap.targets.gpu(cores=64)).op("mm")
+    assert op.split_map["k"] == 1 and op.split_k.factor == 1 and op.split_k.by == "gpu"
+
+
+def test_spyre_leaves_split_k_to_the_cost_model_and_records_nothing():
+    op = ap.plan(matmul(512, 4096, 4096)).op("mm")
+    assert op.split_k is None
+
+
+@pytest.mark.parametrize("strategy", ["balanced", "greedy"])
+def test_a_pinned_factor_is_honoured_under_both_strategies_and_runs(strategy):
+    planned = ap.plan(matmul(64, 4096, 256, split_k={"mm": 4}), ap.targets.spyre(cores=16),
+                      strategy)
+    op = planned.op("mm")
+    assert op.split_map["k"] == 4 and op.split_k == op.split_k.__class__(("k",), 4, "pinned")
+    assert op.cores <= 16
+    assert all(c.ok for c in planned.check())
+
+
+@pytest.mark.parametrize(("pins", "match"), [
+    ({"mm": 1000}, r"op 'mm': split_k 1000 of reduction dim 'k' exceeds its 64 sticks"),
+    ({"mm": 64}, r"or the target's 32 cores"),
+])
+def test_a_pinned_factor_that_cannot_be_honoured_names_op_dim_and_factor(pins, match):
+    with pytest.raises(PlanningError, match=match):
+        ap.plan(matmul(64, 4096, 256, split_k=pins))
+
+
+def test_split_k_pins_are_checked_in_the_program():
+    with pytest.raises(ProgramError, match="split_k pins unknown op 'nope'"):
+        matmul(8, 128, 8, split_k={"nope": 2})
+    with pytest.raises(ProgramError, match=r"field 'split_k' must be an object mapping op names"):
+        matmul(8, 128, 8, split_k={"mm": 2.5})
+    with pytest.raises(ProgramError, match="pinned by both work_division and split_k"):
+        matmul(8, 128, 8, split_k={"mm": 2}, work_division={"mm": {"k": 2}})
+    exp = program({"x": ([8, 128], "float16")},
+                  [{"name": "e", "op": "exp", "out": "y[i,j]", "ins": ["x[i,j]"]}], ["y"],
+                  split_k={"e": 2})
+    with pytest.raises(PlanningError, match="a pointwise op has no reduction dim to split"):
+        ap.plan(exp)
+
+
+def test_a_user_resolver_decides_before_the_target():
+    seen = []
+
+    def resolver(shape):
+        seen.append((shape.m, shape.n, shape.k, shape.dim))
+        return 2
+
+    op = ap.plan(matmul(64, 4096, 256), split_k=resolver).op("mm")
+    assert seen == [(64, 256, 4096, "k")]
+    assert op.split_map["k"] == 2 and op.split_k.by == "user"
+    with pytest.raises(PlanningError, match="the user split-K resolver returned 'two'"):
+        ap.plan(matmul(64, 4096, 256), split_k=lambda shape: "two")
+
+
+def test_a_table_target_from_toml_splits_by_its_first_matching_row(tmp_path):
+    path = tmp_path / "t.toml"
+    path.write_text('preset = "spyre"\nsplit_k = "table"\n'
+                    '[[split_k_table]]\nslices = 8\nk = [8192, 1048576]\n'
+                    '[[split_k_table]]\nslices = 2\n')
+    target = load_toml(path)
+    assert target.split_k_table == (TableRow(8, k=(8192, 1048576)), TableRow(2))
+    assert ap.plan(matmul(64, 16384, 256), target).op("mm").split_map["k"] == 8
+    assert ap.plan(matmul(64, 4096, 256), target).op("mm").split_map["k"] == 2
+
+
+@pytest.mark.parametrize(("toml", "match"), [
+    ('split_k = "magic"', "split_k must be one of cost, gpu, table, none"),
+    ('split_k = "table"', "needs split_k_table rows"),
+    ("split_k_table = 3", "split_k_table must be an array of tables"),
+    ("[[split_k_table]]\nk = [1, 2]", "row 0 needs slices"),
+    ("[[split_k_table]]\nslices = 2\nk = [1]", r"k must be \[low, high\]"),
+])
+def test_bad_split_k_settings_in_a_target_file_name_the_field(tmp_path, toml, match):
+    path = tmp_path / "t.toml"
+    path.write_text('preset = "spyre"\n' + toml + "\n")
+    with pytest.raises(TargetError, match=match):
+        load_toml(path)
+
+
+def test_none_never_splits_a_reduction():
+    target = replace(ap.targets.spyre(), split_k="none")
+    op = ap.plan(matmul(8, 4096, 64), target).op("mm")
+    assert op.split_map["k"] == 1 and op.split_k.by == "none"
