@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterator
 
 from apportion.codegen.loopspec import loopspec
+from apportion.codegen.mlir import SsaNames, symbol_name
 from apportion.codegen.mlir import verify_mlir as verify_mlir
 from apportion.codegen.specs import LoopSpec, OpSpec, Spec, TensorArg, walk
 from apportion.errors import EmitError
@@ -83,26 +84,6 @@ def address_map(strides: tuple[int | str, ...]) -> str:
     return f"affine_map<({dims})[{syms}] -> (s0{terms})>"
 
 
-def _ident(text: str) -> str:
-    """A valid MLIR identifier made from a tensor or program name."""
-    out = re.sub(r"[^A-Za-z0-9_$.]", "_", text) or "t"
-    return out if out[0].isalpha() or out[0] == "_" else f"_{out}"
-
-
-class _Names:
-    """Hands out SSA names, unique across the function, so no region shadows another."""
-
-    def __init__(self) -> None:
-        self.used: set[str] = set()
-
-    def fresh(self, stem: str) -> str:
-        stem = _ident(stem)
-        for i in itertools.count():
-            name = stem if i == 0 else f"{stem}_{i}"
-            if name not in self.used:
-                self.used.add(name)
-                return f"%{name}"
-        raise AssertionError("unreachable")
 
 
 def _moves(a: TensorArg) -> bool:
@@ -126,7 +107,7 @@ class _Rolled:
     """The rolled bundle of one LoopSpec program: names, constants and maps, then the body."""
 
     def __init__(self, specs: tuple[Spec, ...]) -> None:
-        self.names = _Names()
+        self.names = SsaNames()
         self.symbols: dict[str, str] = {}  # symbolic count -> function argument
         self.consts: dict[int, str] = {}
         self.bases: dict[tuple[str, int | str, int], str] = {}  # (memory, tensor, address)
@@ -148,7 +129,7 @@ class _Rolled:
                 if _base_key(a) not in self.bases:
                     self.bases[_base_key(a)] = self.names.fresh(f"{a.tensor or 'arg'}_{a.memory}")
                 if _moves(a) and (a.tensor, a.tile_strides) not in self.maps:
-                    stem, taken = f"#tile_{_ident(a.tensor or str(a.arg_index))}", \
+                    stem, taken = f"#tile_{symbol_name(a.tensor or str(a.arg_index))}", \
                         set(self.maps.values())
                     alias = next(stem if i == 0 else f"{stem}_{i}" for i in itertools.count()
                                  if (stem if i == 0 else f"{stem}_{i}") not in taken)
@@ -161,7 +142,7 @@ class _Rolled:
     def header(self, name: str) -> list[str]:
         lines = [f"{alias} = {address_map(strides)}" for (_, strides), alias in self.maps.items()]
         args = ", ".join(f"{v}: index" for v in self.symbols.values())
-        lines.append(f"func.func @{_ident(name)}({args}) {{")
+        lines.append(f"func.func @{symbol_name(name)}({args}) {{")
         lines += [f"{INDENT}{v} = arith.constant {c} : index" for c, v in self.consts.items()]
         lines += [f"{INDENT}{v} = arith.constant {address} : index  // {tensor} {memory}"
                   for (memory, tensor, address), v in self.bases.items()]
@@ -257,7 +238,7 @@ def _render_unrolled(specs: tuple[Spec, ...], name: str) -> str:
                 address += sum(int(s) * i for s, i in zip(a.tile_strides, indices, strict=True))
             values.append(consts.setdefault(address, f"%c{address}"))
         launches.append((op, indices, values))
-    lines = [f"func.func @{_ident(name)}() {{"]
+    lines = [f"func.func @{symbol_name(name)}() {{"]
     lines += [f"{INDENT}{v} = arith.constant {c} : index" for c, v in sorted(consts.items())]
     for op, indices, values in launches:
         where = f"  // iteration {list(indices)}" if indices else ""

@@ -52,12 +52,11 @@ A kind the registry gives no MLIR body raises ``EmitError`` naming the op and th
 
 from __future__ import annotations
 
-import itertools
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from apportion.codegen.mlir import SsaNames, symbol_name
 from apportion.codegen.mlir import verify_mlir as verify_mlir
 from apportion.errors import ApportionError, EmitError
 from apportion.ir.dtypes import FLOAT_DTYPES
@@ -114,16 +113,6 @@ def mlir_type(dtype: str) -> str:
     ('bf16', 'i1')
     """
     return MLIR_TYPES[dtype]
-
-
-def symbol_name(name: str) -> str:
-    """A valid MLIR identifier made from a tensor, op or program name.
-
-    >>> symbol_name("model.layers-0"), symbol_name("0x")
-    ('model.layers_0', '_0x')
-    """
-    out = re.sub(r"[^A-Za-z0-9_$.]", "_", name) or "t"
-    return out if out[0].isalpha() or out[0] == "_" else f"_{out}"
 
 
 # --- index expressions ----------------------------------------------------------------------
@@ -285,20 +274,6 @@ def _map(n_dims: int, results: Sequence[str]) -> str:
 
 # --- text blocks ----------------------------------------------------------------------------
 
-class _Names:
-    """SSA names unique across the function (no region shadows another)."""
-
-    def __init__(self) -> None:
-        self.used: set[str] = set()
-
-    def fresh(self, stem: str) -> str:
-        stem = symbol_name(stem)
-        for i in itertools.count():
-            name = stem if i == 0 else f"{stem}_{i}"
-            if name not in self.used:
-                self.used.add(name)
-                return f"%{name}"
-        raise AssertionError("unreachable")
 
 
 class _Block:
@@ -476,7 +451,7 @@ def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mappin
     if not text.strip():
         return [operands["a"]]
     names = {r: blk.fresh(r) for r in results}
-    # "-" never occurs in names from _Names.fresh, so template temporaries cannot collide
+    # "-" never occurs in names from SsaNames.fresh, so template temporaries cannot collide
     blk.fn.templates += 1
     prefix = f"b{blk.fn.templates}-"
     for line in text.splitlines():
@@ -606,7 +581,7 @@ class _Emitter:
     evaluate the geometry without MLIR)."""
 
     def __init__(self) -> None:
-        self.names = _Names()
+        self.names = SsaNames()
         self.defs: dict[str, Callable[[Mapping[str, int]], int]] = {}
         self.consts: dict[int, str] = {}
         self.const_lines: list[str] = []

@@ -12,7 +12,41 @@ apportion.errors.EmitError: emitted MLIR does not verify: ...
 
 from __future__ import annotations
 
+import itertools
+import re
+
 from apportion.errors import EmitError
+
+
+def symbol_name(name: str) -> str:
+    """A valid MLIR identifier made from a tensor, op or program name.
+
+    >>> symbol_name("model.layers-0"), symbol_name("0x")
+    ('model.layers_0', '_0x')
+    """
+    out = re.sub(r"[^A-Za-z0-9_$.]", "_", name) or "t"
+    return out if out[0].isalpha() or out[0] == "_" else f"_{out}"
+
+
+class SsaNames:
+    """Hands out SSA names, unique across a function, so no region shadows another.
+
+    >>> names = SsaNames()
+    >>> names.fresh("x"), names.fresh("x"), names.fresh("a-b")
+    ('%x', '%x_1', '%a_b')
+    """
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def fresh(self, stem: str) -> str:
+        stem = symbol_name(stem)
+        for i in itertools.count():
+            name = stem if i == 0 else f"{stem}_{i}"
+            if name not in self.used:
+                self.used.add(name)
+                return f"%{name}"
+        raise AssertionError("unreachable")
 
 
 def verify_mlir(text: str) -> None:
