@@ -325,6 +325,8 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
     if args.suite == "costmodel":
         return _bench_costmodel(args, console)
+    if args.suite == "splitk":
+        return _bench_splitk(args, console)
     if args.measurements is not None or args.target is not None:
         raise UsageError("--measurements and --target are options of the costmodel suite")
     cores = list(dict.fromkeys(args.cores or ([32, 24] if args.suite == "workdiv" else [32])))
@@ -353,6 +355,28 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         except OSError as e:
             raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
     return 0
+
+
+def _bench_splitk(args: argparse.Namespace, console: Console) -> int:
+    """``apportion bench splitk``: each resolver's split-K pick, then the skinny shapes'
+    factors timed on this machine in IREE (``cli/bench_splitk.py``)."""
+    from apportion.cli import bench_splitk
+    from apportion.frontend.models import load_models
+
+    for flag, value in (("--cores", args.cores), ("--measurements", args.measurements),
+                        ("--target", args.target)):
+        if value is not None:
+            raise UsageError(f"{flag} is not an option of the splitk suite")
+    out = _output_path("--json", args.json) if args.json is not None else None
+    shapes = _from_models(args.models, lambda: bench_splitk.shapes_of(
+        load_models(args.models)))[:args.limit]
+    _, records = bench_splitk.run(shapes, console)
+    if out is not None:
+        try:
+            out.write_text(json.dumps(bench_splitk.to_doc(records), indent=1))
+        except OSError as e:
+            raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
+    return 0 if all(r.check_ok for r in records) else 1
 
 
 def _bench_costmodel(args: argparse.Namespace, console: Console) -> int:
@@ -453,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="MLIR: thread-first parallel IR on tensors (scf.forall per op)")
     e.set_defaults(func=cmd_emit)
     b = sub.add_parser("bench", help="benchmarks: workdiv, tiling, costmodel, scale")
-    b.add_argument("suite", choices=("workdiv", "tiling", "costmodel", "scale"))
+    b.add_argument("suite", choices=("workdiv", "tiling", "costmodel", "scale", "splitk"))
     b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
                    help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling)")
     b.add_argument("--models", default=None, help="models.json (default: the packaged copy)")

@@ -80,15 +80,38 @@ CPU_COST = {
 }
 
 
+# Split-K on the CPU: a split table from float32 matmuls (``y[m,n] = x[m,k] @ w[k,n]``) whose
+# K was split 1, 2, 4, ..., 64 ways, compiled by IREE (llvm-cpu) and timed on a 2-core machine
+# of the project's CI kind (AMD EPYC; ``apportion bench splitk``, data in
+# ``frontend/data/cpu_splitk_measurements.json``). The fastest factors, within noise: about 512
+# of K per slice for a matrix-vector product (M = 1: 1x4096x14336 fastest at 32, 1x6144x4096 at
+# 4 to 8; whole K is 2 to 3 times slower), about 4096 per slice for outputs of 64 to 256 rows
+# and columns (128x128x32768 at 2 to 8, 128x256x16384 at 2 to 4; whole K 1.2 to 1.8 times
+# slower), and K whole for a 32x32 output (every split slower). Each row's bounds are inclusive;
+# only matmul-like shapes match (every row asks N >= 8, a plain reduction's N is 1), and a shape
+# no row holds is left to the cost model's search. Splits of K are capped at the target's cores.
+CPU_SPLIT_K = (
+    # matrix-vector (M = 1): about 512 of K per slice
+    TableRow(32, k=(8192, None), m=(1, 1), n=(1024, None)),
+    TableRow(8, k=(2048, 8191), m=(1, 1), n=(1024, None)),
+    # 64..256 x 64..256 outputs: about 4096 of K per slice
+    TableRow(8, k=(32768, None), m=(64, 256), n=(64, 256)),
+    TableRow(4, k=(16384, 32767), m=(64, 256), n=(64, 256)),
+    # small outputs: the combine costs more than the split gains
+    TableRow(1, m=(1, 64), n=(8, 64)),
+)
+
+
 def cpu(cores: int | None = None) -> Target:
-    """This machine's CPU: all its cores, 64-byte cache lines as sticks, no span limit."""
+    """This machine's CPU: all its cores, 64-byte cache lines as sticks, no span limit, split-K
+    by the measured table ``CPU_SPLIT_K``."""
     n = os.cpu_count() or 1
     return Target(
         # a bad cores is left for Target to name; max() would fail on it first
         name="cpu", cores=n if cores is None else cores,
         max_cores=max(n, cores) if is_int(cores) else n,
         span_limit=1 << 62, stick_bytes=64, scratchpad_bytes=1 * MiB, scratchpad_reserve=0.25,
-        **CPU_COST,
+        split_k="table", split_k_table=CPU_SPLIT_K, **CPU_COST,
     )
 
 
