@@ -37,7 +37,10 @@ from apportion.passes.group_distribution import align_group, group_cost
 from apportion.passes.layouts import Layouts, OpLayout
 from apportion.passes.placement import plan_group
 from apportion.passes.span_reduction import span_reduction
+from apportion.passes.split_k import split_k as split_k_pass
+from apportion.passes.split_k import with_split_k
 from apportion.passes.work_distribution import op_splits, time_lower_bound
+from apportion.target.split_k import Resolver
 from apportion.target.target import Target
 
 #: the most count combinations tried for one group
@@ -109,7 +112,7 @@ def with_counts(program: Program, index: int, counts: tuple[int | str, ...]) -> 
 
 
 def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
-              cache: PlanCache | None = None) -> Program:
+              cache: PlanCache | None = None, split_k: Resolver | None = None) -> Program:
     """``program`` with every group's integer counts set to the fastest candidate (see the
     module docstring); ``cache`` keeps the op plans of one candidate for the identical ops of
     the others and for the pipeline.
@@ -132,7 +135,7 @@ def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
             once = all(isinstance(c, str) or c == 1 for c in counts)
             trial_program = with_counts(program, index, counts)
             try:
-                trial = Trial(trial_program, target, lay, strategy, index, cache)
+                trial = Trial(trial_program, target, lay, strategy, index, cache, split_k)
                 ws = trial.working_set
                 fits = ws <= capacity
                 if not fits and (smallest is None or ws < smallest[0]):
@@ -170,7 +173,8 @@ class Trial:
     op by op, for the working set; as the pipeline would, for the predicted time."""
 
     def __init__(self, program: Program, target: Target, lay: Layouts, strategy: str,
-                 index: int, cache: PlanCache | None = None) -> None:
+                 index: int, cache: PlanCache | None = None,
+                 split_k: Resolver | None = None) -> None:
         self.strategy = strategy
         self.cache = cache = cache or PlanCache()
         tiling = coarse_tile(program, lay.ops, target.max_loop_count)
@@ -178,8 +182,11 @@ class Trial:
         self.group = group
         loops = {t.op: t.loop for t in group.tiles}
         sizes = {t.op: t.size_map for t in group.tiles}
-        self.ctxs = {n: OpContext(program.op(n), program, target, lay.ops[n], lay.tensors,
-                                  sizes[n], loops[n]) for n in group.ops}
+        ctxs = {n: OpContext(program.op(n), program, target, lay.ops[n], lay.tensors,
+                             sizes[n], loops[n]) for n in group.ops}
+        # the reduction splits the pipeline will fix (pins, the user's or the target's resolver)
+        pins = {n: f for n, f in program.split_k_pins.items() if n in ctxs}
+        self.ctxs = with_split_k(ctxs, split_k_pass(ctxs, pins, split_k))
         spans = span_reduction(self.ctxs, strategy)
         self.splits = Splits({n: op_splits(ctx, spans, strategy, cache)
                               for n, ctx in self.ctxs.items()})

@@ -64,7 +64,7 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     # 2. auto_tile (when asked): each tiling group's integer loop counts, those with the lowest
     #    predicted time of the group whose per-iteration working set fits the scratchpad
     if auto_tile:
-        program = auto_tile_counts(program, target, lay, strategy, cache)
+        program = auto_tile_counts(program, target, lay, strategy, cache, split_k)
         dump("auto_tile", program.tiling)
     # 3. coarse_tile: loop nests of the tiling groups and every op's per-iteration sizes
     tiling = coarse_tile(program, lay.ops, target.max_loop_count)

@@ -116,3 +116,12 @@ def test_none_never_splits_a_reduction():
     target = replace(ap.targets.spyre(), split_k="none")
     op = ap.plan(matmul(8, 4096, 64), target).op("mm")
     assert op.split_map["k"] == 1 and op.split_k.by == "none"
+
+
+def test_auto_tile_weighs_a_group_with_its_split_k_decisions():
+    p = matmul(256, 4096, 512, split_k={"mm": 4},
+               tiling=[{"ops": ["mm"], "loops": [{"count": 1, "dims": ["m"]}]}])
+    planned = ap.plan(p, ap.targets.spyre(cores=32), auto_tile=True)
+    op = planned.op("mm")
+    assert op.split_map["k"] == 4 and op.split_k.by == "pinned" and op.loop is not None
+    assert all(c.ok for c in planned.check())
