@@ -18,6 +18,7 @@ from apportion.errors import ExecutionError, PlanningError, ProgramError, Target
 from apportion.ir.program import Program
 from apportion.passes.pipeline import Stage
 from apportion.passes.pipeline import plan as run_pipeline
+from apportion.passes.split_k import rewrite_as_planned
 from apportion.passes.work_distribution import STRATEGIES
 from apportion.plans.memory import Buffer, GroupPlan
 from apportion.plans.plan import OpPlan, Plan
@@ -43,6 +44,9 @@ class PlannedProgram:
     program: Program
     target: Target
     plan: Plan
+    #: the program as the user gave it, where planning rewrote it (split-K ops as partial and
+    #: combine ops; ``program`` is then the rewritten one): what ``check`` runs unplanned
+    source: Program | None = None
 
     def __post_init__(self) -> None:
         if self.plan.program != self.program.name or [o.name for o in self.plan.ops] != [
@@ -93,8 +97,11 @@ class PlannedProgram:
                 raise TargetError(f"plan is for target {plan.target!r}, not a preset "
                                   f"({', '.join(PRESETS)}): pass the target it was made for")
             target = PRESETS[plan.target](plan.cores)
-        return PlannedProgram(_program(program, "PlannedProgram.from_json"),
-                              _target(target, "PlannedProgram.from_json"), plan)
+        given = _program(program, "PlannedProgram.from_json")
+        target = _target(target, "PlannedProgram.from_json")
+        split = {o.name: o.split_k for o in plan.ops if o.split_k is not None}
+        planned = rewrite_as_planned(given, target, split)
+        return PlannedProgram(planned, target, plan, None if planned is given else given)
 
     def loopspec(self) -> SpecProgram:
         """The plan as nested LoopSpec / OpSpec values, ops outside loops bare, in program order.
@@ -159,10 +166,10 @@ class PlannedProgram:
         every output."""
         from apportion.runtime import compare, random_inputs, run_unplanned
 
-        inputs = random_inputs(self.program, seed)
-        return compare(run_unplanned(self.program, inputs),
-                       self.run(inputs, threads=threads, params=params, backend=backend),
-                       self.program)
+        given = self.source or self.program
+        inputs = random_inputs(given, seed)
+        return compare(run_unplanned(given, inputs),
+                       self.run(inputs, threads=threads, params=params, backend=backend), given)
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -234,5 +241,7 @@ def plan(program: Any, target: Target | None = None, strategy: str = "balanced",
     if split_k is not None and not callable(split_k):
         raise PlanningError(f"split_k must be a callable (a ReductionShape in, slices or None "
                             f"out), got {type(split_k).__name__}")
-    return PlannedProgram(prog, tgt, run_pipeline(prog, tgt, strategy, debug, auto_tile,
-                                                  split_k=split_k))
+    result = run_pipeline(prog, tgt, strategy, debug, auto_tile, split_k=split_k)
+    if result.rewritten is not None:  # split-K ops became partial and combine ops
+        return PlannedProgram(result.rewritten, tgt, result, prog)
+    return PlannedProgram(prog, tgt, result)

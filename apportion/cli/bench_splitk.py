@@ -111,12 +111,26 @@ class Pick:
     predicted_us: float
 
 
+def split_of(planned: PlannedProgram) -> tuple[int, str | None, float, int]:
+    """The matmul's split of K: slices, who decided, predicted time and cores. A split decided
+    before work distribution makes the op a partial op and a combine op (both timed); one left
+    to the cost model's search stays inside the op ``mm``."""
+    names = [o.name for o in planned.ops]
+    if "mm.partial" in names:
+        partial, combine = planned.op("mm.partial"), planned.op("mm.combine")
+        assert partial.split_k is not None
+        return (partial.split_k.factor, partial.split_k.by,
+                partial.predicted_time_us + combine.predicted_time_us, partial.cores)
+    op = planned.op("mm")
+    return (op.split_map["k"], op.split_k.by if op.split_k else None, op.predicted_time_us,
+            op.cores)
+
+
 def pick(resolver: str, m: int, n: int, k: int) -> Pick:
     """Plan the matmul for ``resolver``'s target and read its split of K."""
     make, dtype = resolvers()[resolver]
-    op = plan(matmul_program(m, n, k, dtype), make()).op("mm")
-    return Pick(resolver, m, n, k, op.split_map["k"], op.split_k.by if op.split_k else None,
-                op.predicted_time_us)
+    factor, by, predicted, _ = split_of(plan(matmul_program(m, n, k, dtype), make()))
+    return Pick(resolver, m, n, k, factor, by, predicted)
 
 
 def cpu_pick(m: int, n: int, k: int) -> int:
@@ -199,9 +213,10 @@ def prepare(m: int, n: int, k: int, k_full: int, factor: int) -> _Prepared:
     it with its inputs for timing."""
     target = dataclasses.replace(cpu(), cores=factor, max_cores=max(factor, cpu().max_cores))
     planned: PlannedProgram = plan(matmul_program(m, n, k, "float32", factor), target)
-    op = planned.op("mm")
-    if op.split_map["k"] != factor or op.cores != factor:
-        raise ExecutionError(f"{m}x{n}x{k}: split_k {factor} planned as {op.split_map}")
+    got, _, _, cores = split_of(planned)
+    if got != factor or cores != factor:
+        raise ExecutionError(f"{m}x{n}x{k}: split_k {factor} planned as {got} slices on "
+                             f"{cores} cores")
     check = planned.check(backend="iree")[0]
     text = forall_mlir(planned.program, planned.plan, planned.target)
     compiled = iree.compile_mlir(text)
@@ -211,7 +226,7 @@ def prepare(m: int, n: int, k: int, k_full: int, factor: int) -> _Prepared:
     inputs = random_inputs(program)
     once = _timer(compiled.vmfb, symbol_name(program.name),
                   [np.asarray(inputs[name]) for name in program.inputs])
-    return _Prepared(m, n, k, k_full, factor, dict(op.split_map), compiled.compile_s,
+    return _Prepared(m, n, k, k_full, factor, dict(planned.ops[0].split_map), compiled.compile_s,
                      compiled.cached, check.ok, float(check.max_abs_err), once)
 
 

@@ -20,10 +20,10 @@ from apportion.passes.group_distribution import group_distribution
 from apportion.passes.layouts import layouts
 from apportion.passes.scratchpad import scratchpad
 from apportion.passes.span_reduction import span_reduction
+from apportion.passes.split_k import SplitKDecisions, partials, with_split_k
 from apportion.passes.split_k import split_k as split_k_pass
-from apportion.passes.split_k import with_split_k
 from apportion.passes.work_distribution import STRATEGIES, work_distribution
-from apportion.plans.plan import LoopInfo, Plan, ReuseCounts
+from apportion.plans.plan import LoopInfo, Plan, ReuseCounts, SplitK
 from apportion.target.split_k import Resolver
 from apportion.target.target import Target
 
@@ -79,6 +79,19 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     #    decides (None: left to work distribution's search by predicted time)
     decisions = split_k_pass(ctxs, program.split_k_pins, split_k)
     dump("split_k", decisions)
+    #    an op whose reduction is split this way becomes a partial op and a combine op
+    grouped = frozenset(n for g in tiling.groups for n in g.ops)
+    source, asked = program, decisions
+    program, fixed = partials(program, ctxs, decisions, grouped)
+    if fixed:
+        dump("partials", program)
+        lay = layouts(program, target)
+        tiling = coarse_tile(program, lay.ops, target.max_loop_count)
+        bufs = buffers(program, tiling)
+        loops = {op.name: _loop(tiling, op.name) for op in program.ops}
+        ctxs = contexts(program, target, lay, {op.name: tiling.sizes(op) for op in program.ops},
+                        loops)
+        decisions = SplitKDecisions({n: fixed.get(n, decisions.by_op.get(n)) for n in ctxs})
     ctxs = with_split_k(ctxs, decisions)
     # 6. span_reduction: minimum splits that keep every per-core span within the limit
     spans = span_reduction(ctxs, strategy)
@@ -93,7 +106,7 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
         splits = group_distribution(ctxs, tiling, bufs, spans, splits, cache)
         dump("group_distribution", splits)
     op_plans = {n: replace(cache.op_plan(ctx, spans.of(n), splits[n], loops[n]),
-                           split_k=decisions.by_op[n]) for n, ctx in ctxs.items()}
+                           split_k=_reported(n, decisions, asked)) for n, ctx in ctxs.items()}
     # 9. scratchpad: the scratchpad plan of every loop group, every tensor's buffers
     memory = scratchpad(program, target, tiling, bufs, op_plans)
     dump("scratchpad", memory)
@@ -102,10 +115,22 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     planned = len({ctx.signature for ctx in ctxs.values()}) if reuse else len(ctxs)
     result = Plan(program.name, target.name, target.cores, strategy,
                   tuple(op_plans[o.name] for o in program.ops), groups=groups,
-                  buffers=memory.buffers, reuse=ReuseCounts(planned, len(ctxs) - planned))
+                  buffers=memory.buffers, reuse=ReuseCounts(planned, len(ctxs) - planned),
+                  rewritten=None if program is source else program)
     if debug:
         verify(program, target, result)
     return result
+
+
+def _reported(name: str, decisions: SplitKDecisions, asked: SplitKDecisions
+              ) -> SplitK | None:
+    """An op's split-K as the plan reports it: a partial op names the reduction dim of the op
+    it was cut from (``asked``: the decisions on the program as given)."""
+    d = decisions.by_op.get(name)
+    base = name.removesuffix(".partial")
+    if d is None or base == name or base not in asked.by_op:
+        return d
+    return asked.by_op[base]
 
 
 def _quiet(name: str, value: object) -> None:

@@ -21,10 +21,16 @@ from types import MappingProxyType
 
 from apportion.cost.model import batch_dims, matmul_rows
 from apportion.errors import PlanningError
+from apportion.ir.affine import AffineExpr
 from apportion.ir.kinds import Category
-from apportion.passes.geometry import OpContext
+from apportion.ir.op import Access, Op
+from apportion.ir.program import Program, TensorType
+from apportion.passes.coarse_tile import coarse_tile
+from apportion.passes.geometry import OpContext, contexts
+from apportion.passes.layouts import layouts
 from apportion.plans.plan import SplitK
 from apportion.target.split_k import ReductionShape, Resolver, gpu_slices, table_slices
+from apportion.target.target import Target
 
 
 @dataclass(frozen=True)
@@ -131,3 +137,108 @@ def with_split_k(ctxs: Mapping[str, OpContext], decisions: SplitKDecisions
         out[name] = ctx if d is None else replace(
             ctx, fixed=tuple((dim, d.factor) for dim in d.dims))
     return out
+
+
+def partial_name(op: str) -> str:
+    return f"{op}.partial"
+
+
+def combine_name(op: str) -> str:
+    return f"{op}.combine"
+
+
+def _rewritable(ctx: OpContext, decision: SplitK | None, grouped: bool) -> bool:
+    """A decided split of one reduction dim into whole-stick slices of an op outside loops,
+    whose partials are plain arrays (not argmax's value-index pairs)."""
+    if decision is None or decision.factor <= 1 or grouped or len(decision.dims) != 1:
+        return False
+    reducer = ctx.op.kind.reducer
+    if reducer is None or reducer.pairs:
+        return False
+    d, f = decision.dims[0], decision.factor
+    size, per = ctx.sizes[d], ctx.per[d]
+    return size % f == 0 and (size // f) % per == 0
+
+
+def _split(e: AffineExpr, d: str, s: str, k: str, step: int) -> AffineExpr:
+    """``e`` with dim ``d`` replaced by ``step * s + k`` (slice ``s``, offset ``k`` in it)."""
+    c = e.coeff(d)
+    if not c:
+        return e
+    terms = [(x, cx) for x, cx in e.terms if x != d] + [(s, c * step), (k, c)]
+    return AffineExpr(tuple(terms), e.const)
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name = base
+    while name in taken:
+        name += "_"
+    taken.add(name)
+    return name
+
+
+def partials(program: Program, ctxs: Mapping[str, OpContext], decisions: SplitKDecisions,
+             grouped: frozenset[str]) -> tuple[Program, dict[str, SplitK]]:
+    """``program`` with every split-K op rewritten as a partial op and a combine op.
+
+    The partial op computes each slice's partial result into ``[slices, ...output dims]``
+    (its slice dim indexes the reduction dim as ``K/f * s + k``) in the reducer's accumulator
+    dtype; the combine op reduces the slice dim with the kind's reducer (a matmul's sums) into
+    the original output. Returns the program and, per partial op, the split that fixes its slice
+    dim across cores. Ops in loop groups, argmax and uneven slices keep the split inside the op.
+    """
+    new_ops: list[Op] = []
+    new_tensors = list(program.tensors)
+    fixed: dict[str, SplitK] = {}
+    for op in program.ops:
+        ctx, decision = ctxs[op.name], decisions.by_op.get(op.name)
+        if not _rewritable(ctx, decision, op.name in grouped):
+            new_ops.append(op)
+            continue
+        assert decision is not None and op.kind.reducer is not None
+        d, f = decision.dims[0], decision.factor
+        step = ctx.sizes[d] // f
+        letters = set(op.dim_names)
+        s, k = _fresh(f"{d}_slice", letters), _fresh(f"{d}_in", letters)
+
+        out_t = program.tensor(op.out.tensor)
+        acc_dtype = op.kind.reducer.accumulator_dtype(out_t.dtype)
+        names = {t.name for t in new_tensors}
+        partial_t = _fresh(f"{op.out.tensor}.partials", names)
+        partial_index = (AffineExpr.dim(s), *op.out.index)
+        sizes = {**op.sizes, s: f, k: step}
+        sizes.pop(d)
+        partial = Op.build(partial_name(op.name), op.fn, Access(partial_t, partial_index),
+                           tuple(Access(a.tensor, tuple(_split(e, d, s, k, step)
+                                                        for e in a.index))
+                                 for a in op.ins), sizes, dict(op.attrs))
+        new_tensors.append(TensorType(partial_t, (f, *out_t.shape), acc_dtype))
+        combine_fn = "sum" if op.category is Category.MATMUL else op.fn
+        combine = Op.build(combine_name(op.name), combine_fn, op.out,
+                           (Access(partial_t, partial_index),),
+                           {x: n for x, n in sizes.items() if x in {s, *op.out.dims}})
+        new_ops += [partial, combine]
+        fixed[partial.name] = SplitK((s,), f, decision.by)
+    if not fixed:
+        return program, {}
+    split_k = tuple((n, f) for n, f in program.split_k if n not in
+                    {name.removesuffix(".partial") for name in fixed})
+    return replace(program, tensors=tuple(new_tensors), ops=tuple(new_ops),
+                   split_k=split_k), fixed
+
+
+def rewrite_as_planned(program: Program, target: Target,
+                       split: Mapping[str, SplitK]) -> Program:
+    """``program`` rewritten into partial and combine ops as a plan records it (``split``: the
+    split-K of each partial op, by its name), so that a plan read back meets its program."""
+    asked = {name.removesuffix(".partial"): s for name, s in split.items()
+             if name.endswith(".partial")}
+    if not asked:
+        return program
+    lay = layouts(program, target)
+    tiling = coarse_tile(program, lay.ops, target.max_loop_count)
+    ctxs = contexts(program, target, lay, {op.name: tiling.sizes(op) for op in program.ops})
+    grouped = frozenset(n for g in tiling.groups for n in g.ops)
+    rewritten, _ = partials(program, ctxs, SplitKDecisions(
+        {n: asked.get(n) for n in ctxs}), grouped)
+    return rewritten

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from apportion.errors import PlanningError
+from apportion.ir.program import Program
 from apportion.plans.memory import Buffer, GroupPlan
 
 Pairs = tuple[tuple[str, int], ...]
@@ -122,6 +123,10 @@ class Plan:
     groups: tuple[GroupPlan, ...] = ()
     buffers: tuple[Buffer, ...] = ()
     reuse: ReuseCounts | None = field(default=None, compare=False)
+    #: the program as planned, where planning rewrote it (split-K ops as partial and combine
+    #: ops); None when it planned the program as given. Not part of plan format v1: reading a
+    #: plan back rewrites the program again from the ops' ``split_k``
+    rewritten: Program | None = field(default=None, compare=False, repr=False)
 
     def op(self, name: str) -> OpPlan:
         for o in self.ops:

@@ -20,13 +20,23 @@ def matmul(m: int, k: int, n: int, dtype: str = "float16", **extra) -> ap.Progra
                    ["y"], **extra)
 
 
-def test_the_gpu_target_splits_k_by_irees_heuristic_and_the_plan_says_so():
-    planned = ap.plan(matmul(32, 40960, 32), ap.targets.gpu())
-    op = planned.op("mm")
-    assert op.split_map["k"] == 128 and op.split_k.factor == 128 and op.split_k.by == "gpu"
-    doc = json.loads(planned.to_json())["ops"][0]
-    assert doc["split_k"] == {"dims": ["k"], "factor": 128, "by": "gpu"}
-    assert ap.PlannedProgram.from_json(planned.to_json(), planned.program) == planned
+def test_the_gpu_target_splits_k_by_irees_heuristic_into_partial_and_combine_ops():
+    given = matmul(32, 40960, 32)
+    planned = ap.plan(given, ap.targets.gpu())
+    # 128 slices of 320: a partial matmul over each slice, then a sum over the slices
+    assert [str(o) for o in planned.program.ops] == [
+        "mm.partial: y.partials[k_slice, m, n] = matmul(x[m, 320*k_slice+k_in], "
+        "w[320*k_slice+k_in, n])",
+        "mm.combine: y[m, n] = sum(y.partials[k_slice, m, n])"]
+    assert planned.program.tensor("y.partials").dtype == "float32"  # the accumulator dtype
+    assert planned.source is given
+    partial, combine = planned.op("mm.partial"), planned.op("mm.combine")
+    assert partial.split_map["k_slice"] == 128 and partial.split_map["k_in"] == 1
+    assert partial.split_k == partial.split_k.__class__(("k",), 128, "gpu")
+    assert combine.split_k is None
+    doc = json.loads(planned.to_json())["ops"]
+    assert doc[0]["split_k"] == {"dims": ["k"], "factor": 128, "by": "gpu"}
+    assert ap.PlannedProgram.from_json(planned.to_json(), given) == planned
     assert all(c.ok for c in planned.check())
 
 
@@ -44,9 +54,10 @@ def test_spyre_leaves_split_k_to_the_cost_model_and_records_nothing():
 def test_a_pinned_factor_is_honoured_under_both_strategies_and_runs(strategy):
     planned = ap.plan(matmul(64, 4096, 256, split_k={"mm": 4}), ap.targets.spyre(cores=16),
                       strategy)
-    op = planned.op("mm")
-    assert op.split_map["k"] == 4 and op.split_k == op.split_k.__class__(("k",), 4, "pinned")
-    assert op.cores <= 16
+    op = planned.op("mm.partial")
+    assert op.split_map["k_slice"] == 4 and op.split_k == op.split_k.__class__(("k",), 4,
+                                                                              "pinned")
+    assert op.cores <= 16 and planned.op("mm.combine").op == "sum"
     assert all(c.ok for c in planned.check())
 
 
@@ -80,9 +91,9 @@ def test_a_user_resolver_decides_before_the_target():
         seen.append((shape.m, shape.n, shape.k, shape.dim))
         return 2
 
-    op = ap.plan(matmul(64, 4096, 256), split_k=resolver).op("mm")
+    op = ap.plan(matmul(64, 4096, 256), split_k=resolver).op("mm.partial")
     assert seen == [(64, 256, 4096, "k")]
-    assert op.split_map["k"] == 2 and op.split_k.by == "user"
+    assert op.split_map["k_slice"] == 2 and op.split_k.by == "user"
     with pytest.raises(PlanningError, match="the user split-K resolver returned 'two'"):
         ap.plan(matmul(64, 4096, 256), split_k=lambda shape: "two")
 
@@ -94,8 +105,8 @@ def test_a_table_target_from_toml_splits_by_its_first_matching_row(tmp_path):
                     '[[split_k_table]]\nslices = 2\n')
     target = load_toml(path)
     assert target.split_k_table == (TableRow(8, k=(8192, 1048576)), TableRow(2))
-    assert ap.plan(matmul(64, 16384, 256), target).op("mm").split_map["k"] == 8
-    assert ap.plan(matmul(64, 4096, 256), target).op("mm").split_map["k"] == 2
+    assert ap.plan(matmul(64, 16384, 256), target).op("mm.partial").split_map["k_slice"] == 8
+    assert ap.plan(matmul(64, 4096, 256), target).op("mm.partial").split_map["k_slice"] == 2
 
 
 @pytest.mark.parametrize(("toml", "match"), [
@@ -124,4 +135,28 @@ def test_auto_tile_weighs_a_group_with_its_split_k_decisions():
     planned = ap.plan(p, ap.targets.spyre(cores=32), auto_tile=True)
     op = planned.op("mm")
     assert op.split_map["k"] == 4 and op.split_k.by == "pinned" and op.loop is not None
+    assert all(c.ok for c in planned.check())
+
+
+@pytest.mark.parametrize("fn", ["sum", "mean", "max", "min", "prod", "any"])
+@pytest.mark.parametrize("backend", ["reference", "iree"])
+def test_split_reductions_become_partials_combined_by_their_reducer(fn, backend):
+    p = program({"x": ([8, 4096], "float32")},
+                [{"name": "r", "op": fn, "out": "s[i,0]", "ins": ["x[i,k]"]}], ["s"],
+                split_k={"r": 4})
+    planned = ap.plan(p, ap.targets.spyre(cores=32))
+    combine = planned.op("r.combine")
+    assert combine.op == fn and planned.op("r.partial").split_map["k_slice"] == 4
+    assert all(c.ok for c in planned.check(backend=backend))
+
+
+def test_argmax_and_uneven_slices_keep_the_split_inside_the_op():
+    am = program({"x": ([8, 4096], "float32")},
+                 [{"name": "r", "op": "argmax", "out": "s[i]", "ins": ["x[i,k]"]}], ["s"],
+                 split_k={"r": 4})
+    op = ap.plan(am).op("r")
+    assert op.split_map["k"] == 4 and op.split_k.by == "pinned"
+    uneven = matmul(64, 4096 + 64, 256, split_k={"mm": 3})  # 65 sticks in 3 slices
+    planned = ap.plan(uneven)
+    assert [o.name for o in planned.ops] == ["mm"] and planned.op("mm").split_map["k"] == 3
     assert all(c.ok for c in planned.check())
