@@ -10,6 +10,12 @@ leaves the reduction split to work distribution's search by predicted time.
 
 A resolver's factor is capped at what the op and target allow (the dim's planning units, the
 core count); a pinned factor that cannot be honoured is an error naming op, dim and factor.
+
+The pipeline then rewrites each decided split into two ops (``partials``): a partial op over
+``[slices, ...output dims]`` reading the reduction dim as ``K/f * s + k``, its slice dim fixed
+across ``f`` cores, and a combine op reducing the slices with the kind's reducer. Argmax (its
+partials are value-index pairs), slices that are not whole sticks and ops in loop groups keep the
+decided split inside the op instead.
 """
 
 from __future__ import annotations
