@@ -73,9 +73,13 @@ def check_counts(program: Program, plan: Plan, params: Mapping[str, int] | None)
 
 def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, np.ndarray],
              params: Mapping[str, int] | None = None,
-             cache_dir: str | os.PathLike[str] | None = None) -> IreeRun:
+             cache_dir: str | os.PathLike[str] | None = None,
+             symbolic: Program | None = None) -> IreeRun:
     """Emit ``plan`` as parallel IR, verify it, compile it (or take it from the cache) and run
     it on ``inputs``; ``params`` gives the symbolic loop counts."""
+    if symbolic is not None:
+        raise ExecutionError(f"program {symbolic.name!r} has run-time sizes; the IREE backend "
+                             "does not run those yet")
     text = forall_mlir(program, plan, target)
     verify_mlir(text)
     check_counts(program, plan, params)

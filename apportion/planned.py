@@ -100,7 +100,10 @@ class PlannedProgram:
         given = _program(program, "PlannedProgram.from_json")
         target = _target(target, "PlannedProgram.from_json")
         split = {o.name: o.split_k for o in plan.ops if o.split_k is not None}
-        planned = rewrite_as_planned(given, target, split)
+        if dict(plan.symbols) != given.planning_sizes():
+            raise PlanningError(f"plan was made at symbol sizes {dict(plan.symbols)}; program "
+                                f"{given.name!r} plans at {given.planning_sizes()}")
+        planned = rewrite_as_planned(given.bind(), target, split)
         return PlannedProgram(planned, target, plan, None if planned is given else given)
 
     def loopspec(self) -> SpecProgram:
@@ -146,18 +149,49 @@ class PlannedProgram:
         and runs it on the CPU instead; it returns the inputs and outputs."""
         from apportion.runtime import random_inputs, run_planned
 
-        self._check_params(params)
+        sizes, params = self._split_params(params)
         _check_backend(backend)
-        xs = random_inputs(self.program) if inputs is None else inputs
         if backend == "iree":
             from apportion.backends import iree_run
 
             if threads is not None:
                 raise ExecutionError("threads applies to the reference backend; IREE runs "
                                      "with its own task pool")
+            xs = random_inputs(self.bound(sizes)[0]) if inputs is None else inputs
+            return iree_run(self.program, self.plan, self.target, xs, params,
+                            symbolic=self.given if self.symbols else None).tensors
+        if self.symbols and inputs is not None:
+            from apportion.passes.bind import infer_sizes
 
-            return iree_run(self.program, self.plan, self.target, xs, params).tensors
-        return run_planned(self.program, self.plan, xs, threads=threads, params=params)
+            sizes = infer_sizes(self.given, inputs, sizes)
+        program, plan = self.bound(sizes)
+        xs = random_inputs(program) if inputs is None else inputs
+        return run_planned(program, plan, xs, threads=threads, params=params)
+
+    @property
+    def given(self) -> Program:
+        """The program as the user gave it (before split-K rewrites and size binding)."""
+        return self.source or self.program
+
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        """Names of the sizes known only at run time (``--param K=4096`` binds one)."""
+        return tuple(self.given.symbol_map)
+
+    def bound(self, sizes: Mapping[str, int] | None = None) -> tuple[Program, Plan]:
+        """The program and plan at run-time ``sizes`` of the symbols (default: the planning
+        sizes): split-K select chains evaluated, every op's slices cut from the bound sizes."""
+        if not self.symbols:
+            if sizes:
+                raise ExecutionError(f"program {self.program.name!r} has no symbolic sizes; "
+                                     f"got {sorted(sizes)}")
+            return self.program, self.plan
+        from apportion.passes.bind import bind_plan
+
+        try:
+            return bind_plan(self.given, self.plan, self.target, sizes or {})
+        except ProgramError as e:
+            raise ExecutionError(str(e)) from None
 
     def check(self, seed: int = 0, threads: int | None = None,
               params: Mapping[str, int] | None = None, backend: str = "reference"
@@ -166,7 +200,8 @@ class PlannedProgram:
         every output."""
         from apportion.runtime import compare, random_inputs, run_unplanned
 
-        given = self.source or self.program
+        sizes, _ = self._split_params(params)
+        given = self.given.bind(sizes) if self.symbols else self.given
         inputs = random_inputs(given, seed)
         return compare(run_unplanned(given, inputs),
                        self.run(inputs, threads=threads, params=params, backend=backend), given)
@@ -176,13 +211,21 @@ class PlannedProgram:
         """Names of the symbolic loop counts a run needs values for."""
         return tuple(dict.fromkeys(p for g in self.plan.groups for p in g.params))
 
+    def _split_params(self, params: Mapping[str, int] | None
+                      ) -> tuple[dict[str, int], dict[str, int] | None]:
+        """``params`` as symbol sizes and symbolic loop counts, each checked."""
+        given = dict(params or {})
+        sizes = {k: given.pop(k) for k in list(given) if k in self.symbols}
+        self._check_params(given)
+        return sizes, given or None
+
     def _check_params(self, params: Mapping[str, int] | None) -> None:
         given = dict(params or {})
         unknown = sorted(set(given) - set(self.params))
         if unknown:
-            valid = ", ".join(self.params) or "none"
-            raise ExecutionError(f"{unknown[0]!r} is not a symbolic loop count of "
-                                 f"{self.program.name!r}; symbolic counts: {valid}")
+            valid = ", ".join((*self.params, *self.symbols)) or "none"
+            raise ExecutionError(f"{unknown[0]!r} is not a symbolic loop count or size of "
+                                 f"{self.program.name!r}; symbolic counts and sizes: {valid}")
         for name, value in given.items():
             if isinstance(value, bool) or not isinstance(value, int) or not (
                     1 <= value <= self.target.max_loop_count):
@@ -244,4 +287,6 @@ def plan(program: Any, target: Target | None = None, strategy: str = "balanced",
     result = run_pipeline(prog, tgt, strategy, debug, auto_tile, split_k=split_k)
     if result.rewritten is not None:  # split-K ops became partial and combine ops
         return PlannedProgram(result.rewritten, tgt, result, prog)
+    if prog.symbols:  # planned at its planning sizes
+        return PlannedProgram(prog.bind(), tgt, result, prog)
     return PlannedProgram(prog, tgt, result)

@@ -19,12 +19,13 @@ from typing import Any
 
 from apportion.errors import ProgramError
 from apportion.ir.op import Access, Op
-from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
+from apportion.ir.program import LoopLevel, Program, Symbol, TensorType, TilingGroup
 
 FORMAT = "apportion.program/1"
 #: the fields each object of a program document may have; any other key is an error
 PROGRAM_FIELDS = ("format", "name", "tensors", "inputs", "outputs", "ops", "tiling",
-                  "work_division", "split_k")
+                  "work_division", "split_k", "symbols")
+SYMBOL_FIELDS = ("min", "max")
 TENSOR_FIELDS = ("shape", "dtype")
 GROUP_FIELDS = ("ops", "loops", "count", "dims")
 LOOP_FIELDS = ("count", "dims")
@@ -186,6 +187,7 @@ def from_dict(doc: Any) -> Program:
     if fmt != FORMAT:
         raise ProgramError(f"unsupported program format {_show(fmt)}; expected {FORMAT!r}")
     name = _require(doc, "name", _is_str, "a string", "program", "program")
+    symbols = _symbols(doc)
     tensors: dict[str, TensorType] = {}
     entries = _require(doc, "tensors", lambda v: isinstance(v, dict),
                        "an object mapping tensor names to {\"shape\": [...], \"dtype\": ...}",
@@ -197,11 +199,15 @@ def from_dict(doc: Any) -> Program:
         where = f"tensor {tname!r}"
         spec = _object(spec, 'an object like {"shape": [4, 8], "dtype": "float16"}', where)
         _check_fields(spec, TENSOR_FIELDS, where)
-        shape = _require_list(spec, "shape", _is_positive_int,
-                              "a list of positive ints ([] for a rank-0 tensor)",
-                              "a positive int", where)
+        shape = _require_list(spec, "shape", lambda v: _is_positive_int(v) or _is_symbol(v),
+                              'a list of positive ints or symbol names like "K" ([] for a '
+                              "rank-0 tensor)", 'a positive int or a symbol name like "K"', where)
         dtype = _require(spec, "dtype", _is_str, 'a dtype name like "float16"', where)
-        tensors[tname] = TensorType(tname, tuple(shape), dtype)
+        dynamic = tuple((i, v) for i, v in enumerate(shape) if isinstance(v, str))
+        for _, sym in dynamic:
+            symbols.setdefault(sym, Symbol(sym))
+        sizes = tuple(symbols[v].planning_size if isinstance(v, str) else v for v in shape)
+        tensors[tname] = TensorType(tname, sizes, dtype, dynamic=dynamic)
     inputs = _require_list(doc, "inputs", _is_str, "a list of tensor names (strings)",
                            "a tensor name (a string)", "program")
     outputs = _require_list(doc, "outputs", _is_str, "a list of tensor names (strings)",
@@ -235,7 +241,26 @@ def from_dict(doc: Any) -> Program:
         tiling=tiling,
         work_division=tuple(pins),
         split_k=tuple(split_k.items()),
+        symbols=tuple(symbols.values()),
     )
+
+
+def _is_symbol(v: Any) -> bool:
+    return isinstance(v, str) and v.isidentifier()
+
+
+def _symbols(doc: dict[str, Any]) -> dict[str, Symbol]:
+    """The ``symbols`` object: ``{"K": {"max": 1048576}}``; shapes may name others, unbounded."""
+    entries = _mapping(doc, "symbols", _is_symbol, lambda v: isinstance(v, dict),
+                       'an object mapping symbol names to bounds like {"max": 4096}', "program")
+    out = {}
+    for sym, spec in entries.items():
+        where = f"symbol {sym!r}"
+        _check_fields(spec, SYMBOL_FIELDS, where)
+        lo = _require(spec, "min", _is_positive_int, "a positive int", where, 1)
+        hi = _require(spec, "max", _is_positive_int, "a positive int", where, None)
+        out[sym] = Symbol(sym, hi, lo)
+    return out
 
 
 def _parse_op(od: Any, i: int, tensors: dict[str, TensorType]) -> Op:
@@ -259,6 +284,12 @@ def _parse_op(od: Any, i: int, tensors: dict[str, TensorType]) -> Op:
     declared_out = tensors.get(out.tensor)
     if declared_out is not None:
         _sizes_from(out, declared_out, sizes, where)
+    # an output dim indexed by a symbolic input dim takes its symbol
+    dim_symbol = {e.single_dim: tensors[a.tensor].symbols[i] for a in ins
+                  for i, e in enumerate(a.index)
+                  if e.single_dim is not None and i in tensors[a.tensor].symbols}
+    dynamic = tuple((i, dim_symbol[e.single_dim]) for i, e in enumerate(out.index)
+                    if e.single_dim in dim_symbol)
     shape = []
     for e in out.index:
         d = e.single_dim
@@ -277,7 +308,7 @@ def _parse_op(od: Any, i: int, tensors: dict[str, TensorType]) -> Op:
         raise ProgramError(f"{where}: {e}") from None
     dtype = inferred_dtype(op, tensors)
     if declared_out is None:
-        tensors[out.tensor] = TensorType(out.tensor, tuple(shape), dtype)
+        tensors[out.tensor] = TensorType(out.tensor, tuple(shape), dtype, dynamic=dynamic)
     return op
 
 
@@ -394,7 +425,7 @@ def to_dict(p: Program) -> dict[str, Any]:
     """The JSON document of ``p``; ``from_dict(to_dict(p)) == p``."""
     implied = {o.out.tensor for o in p.ops
                if inferred_dtype(o, p.tensor_map) == p.tensor(o.out.tensor).dtype}
-    tensors = {t.name: {"shape": list(t.shape), "dtype": t.dtype}
+    tensors = {t.name: {"shape": t.shape_text(), "dtype": t.dtype}
                for t in p.tensors if t.name not in implied}
     ops = []
     for o in p.ops:
@@ -416,6 +447,10 @@ def to_dict(p: Program) -> dict[str, Any]:
         doc["work_division"] = {op: dict(s) for op, s in p.work_division}
     if p.split_k:
         doc["split_k"] = dict(p.split_k)
+    if p.symbols:
+        doc["symbols"] = {s.name: {k: v for k, v in (("min", s.min), ("max", s.max))
+                                   if v is not None and (k, v) != ("min", 1)}
+                          for s in p.symbols}
     return doc
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from apportion.errors import ProgramError
@@ -11,13 +12,53 @@ from apportion.ir.op import Op
 
 
 @dataclass(frozen=True)
+class Symbol:
+    """A dim size known only at run time, bounded by ``min`` and ``max`` (None: unbounded).
+
+    A program is planned at ``planning_size``: the bound when there is one (every span and
+    memory check then holds for any run-time size), else ``min``.
+    """
+
+    name: str
+    max: int | None = None
+    min: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.isidentifier():
+            raise ProgramError(f"symbol name {self.name!r} must be an identifier")
+        for what, v in (("min", self.min), ("max", self.max)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ProgramError(f"symbol {self.name!r}: {what} must be an int >= 1, got {v!r}")
+        if self.max is not None and self.max < self.min:
+            raise ProgramError(f"symbol {self.name!r}: max {self.max} is below min {self.min}")
+
+    @property
+    def planning_size(self) -> int:
+        return self.max if self.max is not None else self.min
+
+    def check(self, value: object) -> int:
+        """``value`` as a size of this symbol, or a ProgramError naming the bound it breaks."""
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ProgramError(f"symbol {self.name!r} needs an int size, got {value!r}")
+        if value < self.min or (self.max is not None and value > self.max):
+            bound = f"{self.min}..{self.max}" if self.max is not None else f">= {self.min}"
+            raise ProgramError(f"symbol {self.name!r} = {value} is outside its bounds {bound}")
+        return value
+
+
+@dataclass(frozen=True)
 class TensorType:
-    """A named tensor: shape and dtype. ``dim_names`` optionally names its dims."""
+    """A named tensor: shape and dtype. ``dim_names`` optionally names its dims.
+
+    ``dynamic`` pairs a dim index with the symbol naming its run-time size; ``shape`` holds
+    that symbol's planning size there.
+    """
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     dim_names: tuple[str, ...] = ()
+    dynamic: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         check_name(self.name, "tensor")
@@ -29,6 +70,20 @@ class TensorType:
         if self.dim_names and len(self.dim_names) != len(self.shape):
             raise ProgramError(f"tensor {self.name!r}: {len(self.dim_names)} dim names for "
                                f"rank {len(self.shape)}")
+        for i, sym in self.dynamic:
+            if not 0 <= i < len(self.shape):
+                raise ProgramError(f"tensor {self.name!r}: symbolic dim {i} out of rank "
+                                   f"{len(self.shape)}")
+
+    @property
+    def symbols(self) -> dict[int, str]:
+        """Dim index -> the symbol naming its run-time size."""
+        return dict(self.dynamic)
+
+    def shape_text(self) -> list[int | str]:
+        """The shape as the program format writes it: symbols by name."""
+        sym = self.symbols
+        return [sym.get(i, s) for i, s in enumerate(self.shape)]
 
     @property
     def rank(self) -> int:
@@ -103,6 +158,8 @@ class Program:
     work_division: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = field(default=())
     #: pinned split-K factors: op -> slices of its reduction (the target decides the others)
     split_k: tuple[tuple[str, int], ...] = ()
+    #: dim sizes known only at run time (``TensorType.dynamic`` names them)
+    symbols: tuple[Symbol, ...] = ()
 
     def __post_init__(self) -> None:
         check_name(self.name, "program")
@@ -143,6 +200,51 @@ class Program:
     def split_k_pins(self) -> dict[str, int]:
         return dict(self.split_k)
 
+    @cached_property
+    def symbol_map(self) -> dict[str, Symbol]:
+        return {s.name: s for s in self.symbols}
+
+    @cached_property
+    def dim_symbols(self) -> dict[str, dict[str, str]]:
+        """Op -> {its dim: the symbol naming that dim's run-time size}, for symbolic dims."""
+        return {op.name: _op_symbols(op, self.tensor_map) for op in self.ops}
+
+    def planning_sizes(self) -> dict[str, int]:
+        """Symbol -> the size the program is planned at."""
+        return {s.name: s.planning_size for s in self.symbols}
+
+    def bind(self, sizes: Mapping[str, int] | None = None) -> Program:
+        """This program with every symbol replaced by its size in ``sizes`` (default: its
+        planning size): a program with static shapes only.
+
+        >>> from apportion.frontend.json_format import loads
+        >>> p = loads('{"format": "apportion.program/1", "name": "t", "symbols": {"K": '
+        ...   '{"max": 64}}, "tensors": {"x": {"shape": [4, "K"], "dtype": "float32"}}, '
+        ...   '"inputs": ["x"], "outputs": ["y"], "ops": [{"name": "s", "op": "sum", '
+        ...   '"out": "y[m]", "ins": ["x[m,k]"]}]}')
+        >>> p.tensor("x").shape, p.bind({"K": 8}).op("s").sizes
+        ((4, 64), {'m': 4, 'k': 8})
+        """
+        if not self.symbols:
+            if sizes:
+                raise ProgramError(f"program {self.name!r} has no symbolic sizes; got "
+                                   f"{sorted(sizes)}")
+            return self
+        given = dict(sizes or {})
+        unknown = sorted(set(given) - set(self.symbol_map))
+        if unknown:
+            raise ProgramError(f"program {self.name!r} has no symbol {unknown[0]!r}; its "
+                               f"symbols: {', '.join(self.symbol_map)}")
+        values = {name: sym.check(given.get(name, sym.planning_size))
+                  for name, sym in self.symbol_map.items()}
+        tensors = tuple(replace(t, shape=tuple(values[t.symbols[i]] if i in t.symbols else n
+                                               for i, n in enumerate(t.shape)), dynamic=())
+                        for t in self.tensors)
+        ops = tuple(replace(op, dims=tuple((d, values[syms[d]] if d in syms else n)
+                                           for d, n in op.dims))
+                    for op in self.ops for syms in (self.dim_symbols[op.name],))
+        return replace(self, tensors=tensors, ops=ops, symbols=())
+
 
 def validate(p: Program) -> None:
     """Check names, shapes against dims, single definition, order (no cycles) and index bounds."""
@@ -182,6 +284,7 @@ def validate(p: Program) -> None:
     for name in tmap:
         if name not in defined:
             raise ProgramError(f"tensor {name!r} is declared but neither an input nor produced")
+    _check_symbols(p, tmap)
     for op_name, factor in p.split_k:
         if op_name not in names:
             raise ProgramError(f"split_k pins unknown op {op_name!r}")
@@ -199,6 +302,60 @@ def validate(p: Program) -> None:
             if d not in op.sizes:
                 raise ProgramError(f"work_division for op {op_name!r}: unknown dim {d!r}; "
                                    f"dims: {', '.join(op.dim_names)}")
+
+
+def _op_symbols(op: Op, tensors: Mapping[str, TensorType]) -> dict[str, str]:
+    """{dim: symbol} for the dims of ``op`` that index a symbolic tensor dim."""
+    out: dict[str, str] = {}
+    for acc in op.operands:
+        syms = tensors[acc.tensor].symbols
+        for i, e in enumerate(acc.index):
+            if i in syms and e.single_dim is not None:
+                out.setdefault(e.single_dim, syms[i])
+    return out
+
+
+def _check_symbols(p: Program, tmap: Mapping[str, TensorType]) -> None:
+    """Symbols are declared, tensors hold their planning sizes, and every access of a symbolic
+    tensor dim is one op dim of that symbol (and every use of that op dim is symbolic too), so
+    binding a size changes shapes and op dims together."""
+    declared = {s.name: s for s in p.symbols}
+    if len(declared) != len(p.symbols):
+        raise ProgramError(f"program {p.name!r} declares a symbol twice")
+    for t in p.tensors:
+        for i, sym in t.dynamic:
+            if sym not in declared:
+                raise ProgramError(f"tensor {t.name!r} dim {i} is sized by undeclared symbol "
+                                   f"{sym!r}")
+            if t.shape[i] != declared[sym].planning_size:
+                raise ProgramError(f"tensor {t.name!r} dim {i}: symbol {sym!r} is planned at "
+                                   f"{declared[sym].planning_size}, the shape says {t.shape[i]}")
+    if not declared:
+        return
+    for op in p.ops:
+        syms = _op_symbols(op, tmap)
+        for acc in op.operands:
+            t = tmap[acc.tensor]
+            for i, e in enumerate(acc.index):
+                sym = t.symbols.get(i)
+                if sym is not None and (e.single_dim is None or syms[e.single_dim] != sym):
+                    raise ProgramError(
+                        f"op {op.name!r}: tensor {acc.tensor!r} dim {i} has symbolic size "
+                        f"{sym!r}; index it with one dim of that size, not "
+                        f"{e.to_source()!r}")
+                used = [d for d in e.dims if d in syms]
+                if sym is None and used:
+                    raise ProgramError(
+                        f"op {op.name!r}: dim {used[0]!r} has symbolic size {syms[used[0]]!r} "
+                        f"but indexes dim {i} of tensor {acc.tensor!r}, whose size is static; "
+                        f"give that dim the size {syms[used[0]]!r} too")
+    grouped = {n for g in p.tiling for n in g.ops}
+    for op in p.ops:
+        syms = _op_symbols(op, tmap)
+        if syms and op.name in grouped:
+            d = next(iter(syms))
+            raise ProgramError(f"op {op.name!r}: dim {d!r} has symbolic size {syms[d]!r}; ops "
+                               "in a tiling group need static sizes")
 
 
 def _check_access(op: Op, tensor: str, index: tuple, t: TensorType) -> None:

@@ -58,6 +58,14 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
         raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     dump = debug or _quiet
     cache = PlanCache(reuse)
+    # sizes known only at run time are planned at their planning sizes (the bound, if any);
+    # split-K still sees which reductions are symbolic and may decide by a select chain
+    symbols, planned_at = program.dim_symbols, tuple(program.planning_sizes().items())
+    if program.symbols and program.tiling:
+        raise PlanningError(f"program {program.name!r} has symbolic sizes "
+                            f"({', '.join(program.symbol_map)}) and tiling groups; a program "
+                            "with run-time sizes is planned without loop groups")
+    program = program.bind()
     # 1. layouts: device layout of every tensor; stick dims and planning units of every op
     lay = layouts(program, target)
     dump("layouts", lay)
@@ -77,7 +85,7 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
                     loops)
     # 5. split_k: each op's reduction split as the program pins it or the target's resolver
     #    decides (None: left to work distribution's search by predicted time)
-    decisions = split_k_pass(ctxs, program.split_k_pins, split_k)
+    decisions = split_k_pass(ctxs, program.split_k_pins, split_k, symbols)
     dump("split_k", decisions)
     #    an op whose reduction is split this way becomes a partial op and a combine op
     grouped = frozenset(n for g in tiling.groups for n in g.ops)
@@ -116,7 +124,7 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     result = Plan(program.name, target.name, target.cores, strategy,
                   tuple(op_plans[o.name] for o in program.ops), groups=groups,
                   buffers=memory.buffers, reuse=ReuseCounts(planned, len(ctxs) - planned),
-                  rewritten=None if program is source else program)
+                  rewritten=None if program is source else program, symbols=planned_at)
     if debug:
         verify(program, target, result)
     return result

@@ -35,7 +35,15 @@ from apportion.passes.coarse_tile import coarse_tile
 from apportion.passes.geometry import OpContext, contexts
 from apportion.passes.layouts import layouts
 from apportion.plans.plan import SplitK
-from apportion.target.split_k import ReductionShape, Resolver, gpu_slices, table_slices
+from apportion.target.split_k import (
+    ReductionShape,
+    Resolver,
+    SelectChain,
+    gpu_chain,
+    gpu_slices,
+    table_chain,
+    table_slices,
+)
 from apportion.target.target import Target
 
 
@@ -49,8 +57,10 @@ class SplitKDecisions:
         object.__setattr__(self, "by_op", MappingProxyType(dict(self.by_op)))
 
 
-def reduction_shape(ctx: OpContext) -> ReductionShape | None:
-    """The op's reduction problem as resolvers see it, or None for ops without a reducer."""
+def reduction_shape(ctx: OpContext, symbols: Mapping[str, str] | None = None
+                    ) -> ReductionShape | None:
+    """The op's reduction problem as resolvers see it, or None for ops without a reducer.
+    ``symbols`` maps the op's dims to the symbols naming their run-time sizes."""
     op = ctx.op
     if op.kind.reducer is None or not op.kind.divisible or not op.reduction_dims:
         return None
@@ -58,18 +68,29 @@ def reduction_shape(ctx: OpContext) -> ReductionShape | None:
     dim = max(op.reduction_dims, key=lambda d: (ctx.units[d], -op.reduction_dims.index(d)))
     k = math.prod(sizes[d] for d in op.reduction_dims)
     dtype = ctx.program.tensor(op.ins[0].tensor).dtype
+    # a run-time K only when the split dim is the op's one reduction dim (else K is a product)
+    symbol = (symbols or {}).get(dim) if len(op.reduction_dims) == 1 else None
     if op.category is Category.MATMUL:
         rows, batch = matmul_rows(op), batch_dims(op)
         second = set(op.ins[1].dims)
         cols = tuple(d for d in op.out.dims if d in second and d not in batch)
         return ReductionShape(math.prod(sizes[d] for d in batch),
                               math.prod(sizes[d] for d in rows),
-                              math.prod(sizes[d] for d in cols), k, dim, dtype, op.name)
-    return ReductionShape(1, math.prod(sizes[d] for d in op.out.dims), 1, k, dim, dtype, op.name)
+                              math.prod(sizes[d] for d in cols), k, dim, dtype, op.name, symbol)
+    return ReductionShape(1, math.prod(sizes[d] for d in op.out.dims), 1, k, dim, dtype, op.name,
+                          symbol)
 
 
-def _target_slices(ctx: OpContext, shape: ReductionShape) -> tuple[int | None, str]:
+def _target_slices(ctx: OpContext, shape: ReductionShape
+                   ) -> tuple[int | SelectChain | None, str]:
     target = ctx.target
+    if shape.symbol is not None and target.split_k in ("gpu", "table"):
+        unit, cap = ctx.per[shape.dim], target.cores
+        chain = gpu_chain(shape, unit, cap) if target.split_k == "gpu" else table_chain(
+            target.split_k_table, shape, unit, cap)
+        if chain is None:
+            return (1, "gpu") if target.split_k == "gpu" else (None, "cost")
+        return chain, target.split_k
     if target.split_k == "gpu":
         return gpu_slices(shape) or 1, "gpu"
     if target.split_k == "table":
@@ -81,8 +102,13 @@ def _target_slices(ctx: OpContext, shape: ReductionShape) -> tuple[int | None, s
 
 
 def split_k(ctxs: Mapping[str, OpContext], pins: Mapping[str, int],
-            user: Resolver | None = None) -> SplitKDecisions:
+            user: Resolver | None = None,
+            symbols: Mapping[str, Mapping[str, str]] | None = None) -> SplitKDecisions:
     """The split-K pass (see the module docstring).
+
+    ``symbols`` (op -> dim -> symbol) marks reduction sizes known only at run time: for those a
+    resolver may return a ``SelectChain`` (``gpu`` and ``table`` do), and the decision carries
+    it with its choice at the planning size.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.passes.geometry import contexts
@@ -91,13 +117,13 @@ def split_k(ctxs: Mapping[str, OpContext], pins: Mapping[str, int],
     >>> p = load("examples/mlp.json")
     >>> ctxs = contexts(p, spyre(), layouts(p, spyre()), {o.name: o.sizes for o in p.ops})
     >>> split_k(ctxs, {"down": 4}).by_op["down"]
-    SplitK(dims=('k',), factor=4, by='pinned')
+    SplitK(dims=('k',), factor=4, by='pinned', select=None)
     >>> split_k(ctxs, {}).by_op["down"] is None   # spyre: left to the cost model's search
     True
     """
     out: dict[str, SplitK | None] = {}
     for name, ctx in ctxs.items():
-        shape = reduction_shape(ctx)
+        shape = reduction_shape(ctx, (symbols or {}).get(name))
         if name in pins:
             out[name] = _pinned(ctx, shape, pins[name])
             continue
@@ -110,12 +136,54 @@ def split_k(ctxs: Mapping[str, OpContext], pins: Mapping[str, int],
         if slices is None:
             out[name] = None
             continue
+        cap = min(ctx.units[shape.dim], ctx.target.cores) if ctx.splittable(shape.dim) else 1
+        if isinstance(slices, SelectChain):
+            out[name] = _chosen(ctx, shape, slices, by)
+            continue
         if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
             raise PlanningError(f"op {name!r}: the {by} split-K resolver returned {slices!r}; "
-                                "it must return a positive int (slices) or None")
-        cap = min(ctx.units[shape.dim], ctx.target.cores) if ctx.splittable(shape.dim) else 1
+                                "it must return a positive int (slices), a SelectChain (for a "
+                                "run-time K) or None")
         out[name] = SplitK((shape.dim,), min(slices, cap), by)
     return SplitKDecisions(out)
+
+
+def _chosen(ctx: OpContext, shape: ReductionShape, chain: SelectChain, by: str) -> SplitK:
+    """A select chain's decision: its choice at the planning size, carrying the chain; a static
+    choice where K is static or the op's partials cannot be cut at run time (argmax)."""
+    name, d = ctx.op.name, shape.dim
+    if shape.symbol is None:
+        raise PlanningError(f"op {name!r}: the {by} split-K resolver returned a select chain, "
+                            f"but reduction dim {d!r} has a static size {shape.k}; return an int")
+    if not ctx.splittable(d) and any(f > 1 for f in chain.factors):
+        raise PlanningError(f"op {name!r}: the {by} select chain splits reduction dim {d!r}, "
+                            f"whose last stick is padded; target {ctx.target.name!r} cannot "
+                            "split it")
+    over = [f for f in chain.factors if f > ctx.target.cores]
+    if over:
+        raise PlanningError(f"op {name!r}: the {by} select chain for {shape.symbol!r} gives "
+                            f"{over[0]} slices, more than the target's {ctx.target.cores} cores")
+    factor = chain.evaluate(shape.k)
+    if _divides(ctx, d, factor) is not None:
+        raise PlanningError(f"op {name!r}: the {by} select chain gives {factor} slices of "
+                            f"reduction dim {d!r} at its planning size {shape.k}: "
+                            f"{_divides(ctx, d, factor)}")
+    cases = list(chain.cases)
+    while cases and cases[-1].factor == chain.default:  # cases that change nothing
+        cases.pop()
+    reducer = ctx.op.kind.reducer
+    if not cases or (reducer is not None and reducer.pairs):
+        # one choice whatever the size, or argmax (split inside the op): a static split
+        return SplitK((d,), factor, by)
+    return SplitK((d,), factor, by, replace(chain, cases=tuple(cases)))
+
+
+def _divides(ctx: OpContext, d: str, factor: int) -> str | None:
+    """Why ``factor`` slices of dim ``d`` are not whole planning units (None: they are)."""
+    size, per = ctx.sizes[d], ctx.per[d]
+    if factor > 1 and (size % factor or (size // factor) % per):
+        return f"{size} is not {factor} slices of whole {per}-element units"
+    return None
 
 
 def _pinned(ctx: OpContext, shape: ReductionShape | None, factor: int) -> SplitK:
@@ -156,14 +224,16 @@ def combine_name(op: str) -> str:
 def _rewritable(ctx: OpContext, decision: SplitK | None, grouped: bool) -> bool:
     """A decided split of one reduction dim into whole-stick slices of an op outside loops,
     whose partials are plain arrays (not argmax's value-index pairs)."""
-    if decision is None or decision.factor <= 1 or grouped or len(decision.dims) != 1:
+    if decision is None or grouped or len(decision.dims) != 1:
+        return False
+    if decision.factor <= 1 and decision.select is None:  # a chain's slices vary: always cut
         return False
     reducer = ctx.op.kind.reducer
     if reducer is None or reducer.pairs:
         return False
     d, f = decision.dims[0], decision.factor
     size, per = ctx.sizes[d], ctx.per[d]
-    return size % f == 0 and (size // f) % per == 0
+    return f == 1 or (size % f == 0 and (size // f) % per == 0)
 
 
 def _split(e: AffineExpr, d: str, s: str, k: str, step: int) -> AffineExpr:
@@ -224,7 +294,7 @@ def partials(program: Program, ctxs: Mapping[str, OpContext], decisions: SplitKD
                            (Access(partial_t, partial_index),),
                            {x: n for x, n in sizes.items() if x in {s, *op.out.dims}})
         new_ops += [partial, combine]
-        fixed[partial.name] = SplitK((s,), f, decision.by)
+        fixed[partial.name] = SplitK((s,), f, decision.by, decision.select)
     if not fixed:
         return program, {}
     split_k = tuple((n, f) for n, f in program.split_k if n not in

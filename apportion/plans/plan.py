@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from apportion.errors import PlanningError
 from apportion.ir.program import Program
 from apportion.plans.memory import Buffer, GroupPlan
+from apportion.target.split_k import SelectChain
 
 Pairs = tuple[tuple[str, int], ...]
 
@@ -29,11 +30,20 @@ class LoopInfo:
 @dataclass(frozen=True)
 class SplitK:
     """How an op's reduction was split before work distribution: the reduction dims cut, the
-    slices, and who decided (a target resolver's name, ``user``, or ``pinned``)."""
+    slices, and who decided (a target resolver's name, ``user``, or ``pinned``).
+
+    For a reduction size known only at run time, ``select`` chooses the slices from the size
+    (first matching case) and ``factor`` is its choice at the planning size.
+    """
 
     dims: tuple[str, ...]
     factor: int
     by: str
+    select: SelectChain | None = None
+
+    def factor_at(self, size: int) -> int:
+        """The slices for a run-time reduction size ``size``."""
+        return self.factor if self.select is None else self.select.evaluate(size)
 
 
 @dataclass(frozen=True)
@@ -127,6 +137,8 @@ class Plan:
     #: ops); None when it planned the program as given. Not part of plan format v1: reading a
     #: plan back rewrites the program again from the ops' ``split_k``
     rewritten: Program | None = field(default=None, compare=False, repr=False)
+    #: symbol -> the size it was planned at, for a program with run-time sizes
+    symbols: tuple[tuple[str, int], ...] = ()
 
     def op(self, name: str) -> OpPlan:
         for o in self.ops:

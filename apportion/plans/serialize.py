@@ -6,9 +6,10 @@ import json
 import math
 from typing import Any
 
-from apportion.errors import PlanningError
+from apportion.errors import ApportionError, PlanningError
 from apportion.plans.memory import Buffer, CombineOp, CopyOp, FinishOp, GroupPlan, InitOp
 from apportion.plans.plan import LoopInfo, OpPlan, Plan, ReuseCounts, SplitK
+from apportion.target.split_k import Case, SelectChain
 
 FORMAT = "apportion.plan/1"
 
@@ -26,8 +27,36 @@ def op_to_dict(o: OpPlan) -> dict[str, Any]:
         "unit_elems": dict(o.unit_elems), "span_splits": dict(o.span_splits),
         "even": all(o.is_even(d) for d, _ in o.splits),
         "split_k": None if o.split_k is None else {
-            "dims": list(o.split_k.dims), "factor": o.split_k.factor, "by": o.split_k.by},
+            "dims": list(o.split_k.dims), "by": o.split_k.by,
+            "factor": o.split_k.factor if o.split_k.select is None else
+            select_to_dict(o.split_k.select, o.split_k.factor)},
     }
+
+
+def select_to_dict(chain: SelectChain, planned: int) -> dict[str, Any]:
+    """A select chain as plan format v1 writes a run-time ``factor``: the cases in order
+    (``if``: bounds and multiple of the size), the default, and the choice at the planning
+    size."""
+    return {"size": chain.size,
+            "select": [{"if": {k: v for k, v in (("min", c.lo), ("max", c.hi),
+                                                 ("multiple", c.multiple))
+                               if v is not None and (k, v) != ("multiple", 1)},
+                        "factor": c.factor} for c in chain.cases],
+            "default": chain.default, "planned": planned}
+
+
+def select_from_dict(d: dict[str, Any]) -> tuple[SelectChain, int]:
+    cases = tuple(Case(c["factor"], c["if"].get("min"), c["if"].get("max"),
+                       c["if"].get("multiple", 1)) for c in d["select"])
+    return SelectChain(d["size"], cases, d["default"]), d["planned"]
+
+
+def _split_k_from_dict(d: dict[str, Any]) -> SplitK:
+    factor = d["factor"]
+    if isinstance(factor, dict):
+        chain, planned = select_from_dict(factor)
+        return SplitK(tuple(d["dims"]), planned, d["by"], chain)
+    return SplitK(tuple(d["dims"]), factor, d["by"])
 
 
 def op_from_dict(d: dict[str, Any]) -> OpPlan:
@@ -44,10 +73,9 @@ def op_from_dict(d: dict[str, Any]) -> OpPlan:
                 tuple(loop["group"]), tuple(loop["count"]),
                 tuple(tuple(t) for t in loop["tiled_dims"])),
             span_splits=tuple(d.get("span_splits", {}).items()),
-            split_k=None if d.get("split_k") is None else SplitK(
-                tuple(d["split_k"]["dims"]), d["split_k"]["factor"], d["split_k"]["by"]),
+            split_k=None if d.get("split_k") is None else _split_k_from_dict(d["split_k"]),
         )
-    except (KeyError, AttributeError, TypeError, ValueError) as e:
+    except (KeyError, AttributeError, TypeError, ValueError, ApportionError) as e:
         raise PlanningError(f"malformed op in plan: {e!r}") from None
 
 
@@ -61,6 +89,8 @@ def to_dict(p: Plan) -> dict[str, Any]:
         doc["groups"] = [group_to_dict(g) for g in p.groups]
     if p.buffers:
         doc["buffers"] = [buffer_to_dict(b) for b in p.buffers]
+    if p.symbols:  # the sizes a program with run-time sizes was planned at
+        doc["symbols"] = dict(p.symbols)
     if p.reuse is not None:  # optional: how the plan was made (ops planned vs reused)
         doc["reuse"] = {"planned": p.reuse.planned, "reused": p.reuse.reused}
     for key, value in p.extras:
@@ -80,7 +110,14 @@ def from_dict(doc: dict[str, Any]) -> Plan:
                             "{\"name\": ..., \"cores\": ...} naming what it was planned for")
     if not isinstance(doc.get("ops"), list):
         raise PlanningError("plan has no field 'ops' (a list of op plans)")
-    known = {"format", "program", "strategy", "target", "ops", "groups", "buffers", "reuse"}
+    known = {"format", "program", "strategy", "target", "ops", "groups", "buffers", "reuse",
+             "symbols"}
+    symbols = doc.get("symbols", {})
+    if not isinstance(symbols, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+            for k, v in symbols.items()):
+        raise PlanningError(f"malformed 'symbols' in plan: {symbols!r}; expected "
+                            "{\"K\": planning size}")
     try:
         groups = tuple(group_from_dict(g) for g in doc.get("groups", []))
         buffers = tuple(buffer_from_dict(b) for b in doc.get("buffers", []))
@@ -100,7 +137,7 @@ def from_dict(doc: dict[str, Any]) -> Plan:
         strategy=doc.get("strategy", "balanced"),
         ops=tuple(op_from_dict(o) for o in doc["ops"]),
         extras=tuple((k, v) for k, v in doc.items() if k not in known),
-        groups=groups, buffers=buffers, reuse=reuse,
+        groups=groups, buffers=buffers, reuse=reuse, symbols=tuple(symbols.items()),
     )
 
 

@@ -62,6 +62,8 @@ class ReductionShape:
     dim: str = "k"
     dtype: str = "float16"
     op: str = ""
+    #: the symbol naming K when K is known only at run time (``k`` is then its planning size)
+    symbol: str | None = None
 
     @property
     def output(self) -> int:
@@ -128,5 +130,139 @@ def table_slices(rows: tuple[TableRow, ...], shape: ReductionShape) -> int | Non
     return next((r.slices for r in rows if r.holds(shape)), None)
 
 
-#: a user resolver: the shape in, the slices (1: no split) or None (let the cost model decide)
-Resolver = Callable[[ReductionShape], int | None]
+@dataclass(frozen=True)
+class Case:
+    """One case of a select chain: K in ``[lo, hi]`` (None: open) and a multiple of
+    ``multiple`` takes ``factor`` slices."""
+
+    factor: int
+    lo: int | None = None
+    hi: int | None = None
+    multiple: int = 1
+
+    def __post_init__(self) -> None:
+        for what, v in (("factor", self.factor), ("multiple", self.multiple),
+                        ("lo", self.lo), ("hi", self.hi)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise TargetError(f"select case: {what} must be an int >= 1, got {v!r}")
+
+    def holds(self, k: int) -> bool:
+        return ((self.lo is None or k >= self.lo) and (self.hi is None or k <= self.hi)
+                and k % self.multiple == 0)
+
+    def __str__(self) -> str:
+        parts = [f"{self.lo}<=" if self.lo is not None else "", "K",
+                 f"<={self.hi}" if self.hi is not None else ""]
+        cond = "".join(parts) if self.lo is not None or self.hi is not None else ""
+        if self.multiple > 1:
+            cond = f"{cond} & " if cond else ""
+            cond += f"K%{self.multiple}==0"
+        return f"{cond or 'any K'} -> {self.factor}"
+
+
+@dataclass(frozen=True)
+class SelectChain:
+    """The split of a reduction whose size ``size`` is known only at run time: the first case
+    holding the size gives the slices, else ``default``. Emitted as a chain of ``arith.select``;
+    evaluated by the executors when the size is bound.
+
+    >>> chain = SelectChain("K", (Case(128, lo=40960, multiple=128), Case(8, multiple=8)))
+    >>> chain.evaluate(40960), chain.evaluate(800), chain.evaluate(801)
+    (128, 8, 1)
+    """
+
+    size: str
+    cases: tuple[Case, ...]
+    default: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.default, bool) or not isinstance(self.default, int) or \
+                self.default < 1:
+            raise TargetError(f"select chain of {self.size!r}: default must be an int >= 1, "
+                              f"got {self.default!r}")
+
+    def evaluate(self, k: int) -> int:
+        return next((c.factor for c in self.cases if c.holds(k)), self.default)
+
+    @property
+    def factors(self) -> tuple[int, ...]:
+        """Every factor the chain can take, largest first."""
+        return tuple(sorted({*(c.factor for c in self.cases), self.default}, reverse=True))
+
+    def __str__(self) -> str:
+        return "; ".join([*(str(c) for c in self.cases), f"else {self.default}"])
+
+
+def _power_of_two_factors(most: int) -> list[int]:
+    out, f = [], 2
+    while f <= most:
+        out.append(f)
+        f *= 2
+    return out[::-1]
+
+
+def gpu_chain(shape: ReductionShape, unit: int = 1, cap: int | None = None
+              ) -> SelectChain | None:
+    """IREE's GPU heuristic as a select chain on a run-time K (``shape.k`` ignored; None where
+    the output alone rules a split out). IREE searches every tile size dividing K; a chain
+    cannot, so it tries power-of-two slice counts, largest first: on a K the heuristic splits
+    into a power of two (every power-of-two K, 40960 = 128 x 320) it agrees with
+    ``gpu_slices``. A case also needs whole ``unit``-element slices; ``cap`` bounds the slices.
+
+    >>> chain = gpu_chain(ReductionShape(batch=1, m=32, n=32, k=0, symbol="K"))
+    >>> chain.evaluate(40960) == gpu_slices(ReductionShape(batch=1, m=32, n=32, k=40960))
+    True
+    >>> chain.evaluate(1000)   # K / sqrt(M N) < 48: left whole
+    1
+    """
+    out = shape.output
+    if out > GPU_LARGE_OUTPUT:
+        return None
+    # the ratio test passes from the smallest K with K / sqrt(M N) / batch >= 48
+    lo = math.ceil(GPU_RATIO_THRESHOLD * math.sqrt(shape.m * shape.n) * shape.batch)
+    while lo > 1 and (lo - 1) / math.sqrt(shape.m * shape.n) / shape.batch >= \
+            GPU_RATIO_THRESHOLD:
+        lo -= 1
+    lo = min(lo, GPU_LARGE_K)
+    # the slice limit by K range: rows above the output's own row fire past their big K
+    regions: list[tuple[int, int | None, int]] = []  # (K from, K to, limit)
+    hi: int | None = None
+    for most, big_k, limit in GPU_LIMITS:
+        if out <= most:
+            regions.append((lo, hi, limit))
+            break
+        if big_k is not None:
+            start = int(big_k) + 1
+            regions.append((start, hi, limit))
+            hi = start - 1
+    else:
+        regions.append((lo, hi, GPU_DEFAULT_LIMIT))
+    cases = []
+    for start, stop, limit in regions:
+        most = limit if cap is None else min(limit, cap)
+        for f in _power_of_two_factors(most):
+            cases.append(Case(f, lo=max(start, lo), hi=stop, multiple=f * unit))
+    return SelectChain(shape.symbol or shape.dim, tuple(cases), 1)
+
+
+def table_chain(rows: tuple[TableRow, ...], shape: ReductionShape, unit: int = 1,
+                cap: int | None = None) -> SelectChain | None:
+    """A target table as a select chain on a run-time K: the rows whose M, N and batch ranges
+    hold the shape, in order, each a case on its K range (and whole ``unit``-element slices);
+    None when no row can hold the shape."""
+    cases = []
+    for r in rows:
+        if not all((lo is None or getattr(shape, n) >= lo) and (hi is None or
+                   getattr(shape, n) <= hi) for n in ("m", "n", "batch")
+                   for lo, hi in (getattr(r, n),)):
+            continue
+        f = r.slices if cap is None else min(r.slices, cap)
+        cases.append(Case(f, lo=r.k[0], hi=r.k[1], multiple=f * unit))
+    if not cases:
+        return None
+    return SelectChain(shape.symbol or shape.dim, tuple(cases), 1)
+
+
+#: a user resolver: the shape in, the slices (1: no split), a ``SelectChain`` (for a run-time
+#: K, ``shape.symbol`` set) or None (let the cost model decide)
+Resolver = Callable[[ReductionShape], "int | SelectChain | None"]

@@ -93,9 +93,9 @@ WRONG_TYPES: list[tuple[str, Callable[[Doc], None], str]] = [
     ("shape-str", _set(("tensors", "x", "shape"), "8x16"),
      r"tensor 'x': field 'shape' must be a list of positive ints"),
     ("shape-float", _set(("tensors", "x", "shape"), [8.0, 16]),
-     r"tensor 'x': field 'shape' item 0 must be a positive int, got 8\.0"),
+     r"tensor 'x': field 'shape' item 0 must be a positive int or a symbol name like .K., got 8\.0"),
     ("shape-bool", _set(("tensors", "x", "shape"), [8, True]),
-     r"tensor 'x': field 'shape' item 1 must be a positive int, got true"),
+     r"tensor 'x': field 'shape' item 1 must be a positive int or a symbol name like .K., got true"),
     ("shape-null", _set(("tensors", "x", "shape"), [None, 16]), r"item 0 .* got null"),
     ("shape-zero", _set(("tensors", "x", "shape"), [8, 0]), r"item 1 must be a positive int"),
     ("shape-negative", _set(("tensors", "x", "shape"), [-8, 16]), r"item 0 .* got -8"),
@@ -198,7 +198,7 @@ def test_a_huge_value_is_shown_short_in_the_message():
 
 def test_a_huge_int_from_from_dict_does_not_break_the_message():
     # repr() of an int past Python's 4300-digit limit raises ValueError; the message must not
-    with pytest.raises(ProgramError, match=r"item 0 must be a positive int, got an integer"):
+    with pytest.raises(ProgramError, match=r"item 0 must be a positive int or a symbol name like .K., got an integer"):
         from_dict(with_(_set(("tensors", "x", "shape"), [-(10 ** 5000), 16])))
 
 
@@ -216,7 +216,7 @@ def test_an_unsupported_format_is_refused():
 UNKNOWN: list[tuple[str, Callable[[Doc], None], str]] = [
     ("top", _set(("tilling",), []),
      r"^program: unknown field 'tilling' \(did you mean 'tiling'\?\); valid: format, name, "
-     r"tensors, inputs, outputs, ops, tiling, work_division, split_k$"),
+     r"tensors, inputs, outputs, ops, tiling, work_division, split_k, symbols$"),
     ("top-input", _set(("input",), ["x"]), r"program: unknown field 'input' .*'inputs'"),
     ("tensor", _set(("tensors", "x", "shpe"), [8, 16]),
      r"^tensor 'x': unknown field 'shpe' \(did you mean 'shape'\?\); valid: shape, dtype$"),
@@ -256,7 +256,7 @@ def test_every_op_field_listed_in_op_fields_is_known(field):
 
 def test_field_lists_are_the_documented_ones():
     assert PROGRAM_FIELDS == ("format", "name", "tensors", "inputs", "outputs", "ops", "tiling",
-                              "work_division", "split_k")
+                              "work_division", "split_k", "symbols")
     assert TENSOR_FIELDS == ("shape", "dtype")
     assert GROUP_FIELDS == ("ops", "loops", "count", "dims")
     assert LOOP_FIELDS == ("count", "dims")
