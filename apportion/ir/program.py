@@ -70,7 +70,7 @@ class TensorType:
         if self.dim_names and len(self.dim_names) != len(self.shape):
             raise ProgramError(f"tensor {self.name!r}: {len(self.dim_names)} dim names for "
                                f"rank {len(self.shape)}")
-        for i, sym in self.dynamic:
+        for i, _ in self.dynamic:
             if not 0 <= i < len(self.shape):
                 raise ProgramError(f"tensor {self.name!r}: symbolic dim {i} out of rank "
                                    f"{len(self.shape)}")

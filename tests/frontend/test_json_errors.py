@@ -93,9 +93,9 @@ WRONG_TYPES: list[tuple[str, Callable[[Doc], None], str]] = [
     ("shape-str", _set(("tensors", "x", "shape"), "8x16"),
      r"tensor 'x': field 'shape' must be a list of positive ints"),
     ("shape-float", _set(("tensors", "x", "shape"), [8.0, 16]),
-     r"tensor 'x': field 'shape' item 0 must be a positive int or a symbol name like .K., got 8\.0"),
+     r"tensor 'x': field 'shape' item 0 must be a positive int or a symbol name.*, got 8\.0"),
     ("shape-bool", _set(("tensors", "x", "shape"), [8, True]),
-     r"tensor 'x': field 'shape' item 1 must be a positive int or a symbol name like .K., got true"),
+     r"tensor 'x': field 'shape' item 1 must be a positive int or a symbol name.*, got true"),
     ("shape-null", _set(("tensors", "x", "shape"), [None, 16]), r"item 0 .* got null"),
     ("shape-zero", _set(("tensors", "x", "shape"), [8, 0]), r"item 1 must be a positive int"),
     ("shape-negative", _set(("tensors", "x", "shape"), [-8, 16]), r"item 0 .* got -8"),
@@ -198,7 +198,7 @@ def test_a_huge_value_is_shown_short_in_the_message():
 
 def test_a_huge_int_from_from_dict_does_not_break_the_message():
     # repr() of an int past Python's 4300-digit limit raises ValueError; the message must not
-    with pytest.raises(ProgramError, match=r"item 0 must be a positive int or a symbol name like .K., got an integer"):
+    with pytest.raises(ProgramError, match=r"item 0 must be a positive int or a symbol.*, got an integer"):
         from_dict(with_(_set(("tensors", "x", "shape"), [-(10 ** 5000), 16])))
 
 
