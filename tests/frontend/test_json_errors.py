@@ -198,7 +198,7 @@ def test_a_huge_value_is_shown_short_in_the_message():
 
 def test_a_huge_int_from_from_dict_does_not_break_the_message():
     # repr() of an int past Python's 4300-digit limit raises ValueError; the message must not
-    with pytest.raises(ProgramError, match=r"item 0 must be a positive int or a symbol.*, got an integer"):
+    with pytest.raises(ProgramError, match=r"item 0 must be .*, got an integer"):
         from_dict(with_(_set(("tensors", "x", "shape"), [-(10 ** 5000), 16])))
 
 
