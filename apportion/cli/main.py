@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from rich.console import Console
 
-from apportion.errors import ApportionError
+from apportion.errors import ApportionError, ProgramError
 from apportion.ir.program import Program
 from apportion.passes.work_distribution import STRATEGIES
 from apportion.target.presets import resolve
@@ -149,10 +149,18 @@ def _check_params(program: Program, target: Target, params: dict[str, int],
     top = target.max_loop_count
     known = _symbols(program)
     for name, value in params.items():
+        if name in program.symbol_map:  # a run-time size, within its bounds
+            try:
+                program.symbol_map[name].check(value)
+            except ProgramError as e:
+                raise UsageError(f"--param {name}={value}: {e}") from None
+            continue
         if name not in known:
+            sizes = ", ".join(program.symbol_map)
             raise UsageError(f"--param {name}={value}: {name!r} is not a symbolic loop count of "
                              f"program {program.name!r}; its symbolic counts: "
-                             f"{', '.join(known) or 'none'}")
+                             f"{', '.join(known) or 'none'}"
+                             + (f"; its symbolic sizes: {sizes}" if sizes else ""))
         if not 1 <= value <= top:
             raise UsageError(f"--param {name}={value}: a loop count must be in 1..{top} "
                              f"(the max_loop_count of target {target.name!r})")
@@ -162,6 +170,13 @@ def _check_params(program: Program, target: Target, params: dict[str, int],
         raise UsageError(f"program {program.name!r} has symbolic loop count"
                          f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}: pass "
                          f"{flags} (N in 1..{top})")
+
+
+def _sizes_text(program: Program, sizes: dict[str, int]) -> str:
+    """``K=4096 (given), M=64 (planning size)``."""
+    return ", ".join(f"{n}={sizes[n]} (given)" if n in sizes else
+                     f"{n}={s.planning_size} (planning size)"
+                     for n, s in program.symbol_map.items())
 
 
 def _check_memory(program: Program, check: bool) -> None:
@@ -236,9 +251,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     program = _load_program(args.program)
     target = resolve(args.target, args.cores)
     _check_params(program, target, params, _symbols(program))
-    _check_memory(program, args.check)
+    _check_memory(program.bind({k: v for k, v in params.items() if k in program.symbol_map}),
+                  args.check)
     planned = _plan(program, target, args)
     _check_params(program, target, params, planned.params)
+    if program.symbols:
+        sizes = {k: v for k, v in params.items() if k in program.symbol_map}
+        console.print(f"run-time sizes: {_sizes_text(program, sizes)}", highlight=False)
     if args.backend == "iree":
         return _run_iree(planned, args, params, console)
     if not args.check:

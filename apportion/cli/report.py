@@ -83,10 +83,25 @@ def group_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def symbol_lines(plan: Plan) -> list[str]:
+    """For a program with run-time sizes: the sizes it was planned at, and each split-K select
+    chain (the slices a run-time reduction size takes, first matching case)."""
+    if not plan.symbols:
+        return []
+    sizes = ", ".join(f"{n}={v}" for n, v in plan.symbols)
+    lines = [f"run-time sizes, planned at {sizes} (each op keeps its slices per dim at "
+             "any size)"]
+    for o in plan.ops:
+        if o.split_k is not None and o.split_k.select is not None:
+            lines.append(f"{o.name}: slices of {o.split_k.select.size} ({o.split_k.by}): "
+                         f"{o.split_k.select}")
+    return lines
+
+
 def print_report(plan: Plan, target: Target, console: Console | None = None) -> None:
-    """Print the table, one line per loop group, and the summary line."""
+    """Print the table, one line per loop group, the run-time sizes and the summary line."""
     console = console or Console()
     console.print(plan_table(plan, target))
-    for line in group_lines(plan):
+    for line in (*group_lines(plan), *symbol_lines(plan)):
         console.print(line, highlight=False, soft_wrap=True)
     console.print(summary_line(plan))

@@ -260,6 +260,7 @@ def validate(p: Program) -> None:
         if name in defined:
             raise ProgramError(f"input {name!r} is listed twice")
         defined.add(name)
+    _check_symbols(p, tmap)
     names: set[str] = set()
     for op in p.ops:
         if op.name in names:
@@ -284,7 +285,6 @@ def validate(p: Program) -> None:
     for name in tmap:
         if name not in defined:
             raise ProgramError(f"tensor {name!r} is declared but neither an input nor produced")
-    _check_symbols(p, tmap)
     for op_name, factor in p.split_k:
         if op_name not in names:
             raise ProgramError(f"split_k pins unknown op {op_name!r}")
@@ -308,6 +308,8 @@ def _op_symbols(op: Op, tensors: Mapping[str, TensorType]) -> dict[str, str]:
     """{dim: symbol} for the dims of ``op`` that index a symbolic tensor dim."""
     out: dict[str, str] = {}
     for acc in op.operands:
+        if acc.tensor not in tensors:  # validation names the missing tensor
+            continue
         syms = tensors[acc.tensor].symbols
         for i, e in enumerate(acc.index):
             if i in syms and e.single_dim is not None:
@@ -335,7 +337,9 @@ def _check_symbols(p: Program, tmap: Mapping[str, TensorType]) -> None:
     for op in p.ops:
         syms = _op_symbols(op, tmap)
         for acc in op.operands:
-            t = tmap[acc.tensor]
+            t = tmap.get(acc.tensor)
+            if t is None or len(acc.index) != t.rank:  # validation names these
+                continue
             for i, e in enumerate(acc.index):
                 sym = t.symbols.get(i)
                 if sym is not None and (e.single_dim is None or syms[e.single_dim] != sym):

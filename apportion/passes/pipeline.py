@@ -60,7 +60,9 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     cache = PlanCache(reuse)
     # sizes known only at run time are planned at their planning sizes (the bound, if any);
     # split-K still sees which reductions are symbolic and may decide by a select chain
-    symbols, planned_at = program.dim_symbols, tuple(program.planning_sizes().items())
+    symbols = {op: {d: program.symbol_map[sym] for d, sym in dims.items()}
+               for op, dims in program.dim_symbols.items()}
+    planned_at = tuple(program.planning_sizes().items())
     if program.symbols and program.tiling:
         raise PlanningError(f"program {program.name!r} has symbolic sizes "
                             f"({', '.join(program.symbol_map)}) and tiling groups; a program "

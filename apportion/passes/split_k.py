@@ -30,7 +30,7 @@ from apportion.errors import PlanningError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
-from apportion.ir.program import Program, TensorType
+from apportion.ir.program import Program, Symbol, TensorType
 from apportion.passes.coarse_tile import coarse_tile
 from apportion.passes.geometry import OpContext, contexts
 from apportion.passes.layouts import layouts
@@ -57,7 +57,7 @@ class SplitKDecisions:
         object.__setattr__(self, "by_op", MappingProxyType(dict(self.by_op)))
 
 
-def reduction_shape(ctx: OpContext, symbols: Mapping[str, str] | None = None
+def reduction_shape(ctx: OpContext, symbols: Mapping[str, Symbol] | None = None
                     ) -> ReductionShape | None:
     """The op's reduction problem as resolvers see it, or None for ops without a reducer.
     ``symbols`` maps the op's dims to the symbols naming their run-time sizes."""
@@ -69,7 +69,8 @@ def reduction_shape(ctx: OpContext, symbols: Mapping[str, str] | None = None
     k = math.prod(sizes[d] for d in op.reduction_dims)
     dtype = ctx.program.tensor(op.ins[0].tensor).dtype
     # a run-time K only when the split dim is the op's one reduction dim (else K is a product)
-    symbol = (symbols or {}).get(dim) if len(op.reduction_dims) == 1 else None
+    sym = (symbols or {}).get(dim) if len(op.reduction_dims) == 1 else None
+    symbol = None if sym is None else sym.name
     if op.category is Category.MATMUL:
         rows, batch = matmul_rows(op), batch_dims(op)
         second = set(op.ins[1].dims)
@@ -103,10 +104,10 @@ def _target_slices(ctx: OpContext, shape: ReductionShape
 
 def split_k(ctxs: Mapping[str, OpContext], pins: Mapping[str, int],
             user: Resolver | None = None,
-            symbols: Mapping[str, Mapping[str, str]] | None = None) -> SplitKDecisions:
+            symbols: Mapping[str, Mapping[str, Symbol]] | None = None) -> SplitKDecisions:
     """The split-K pass (see the module docstring).
 
-    ``symbols`` (op -> dim -> symbol) marks reduction sizes known only at run time: for those a
+    ``symbols`` (op -> dim -> ``Symbol``) marks reduction sizes known only at run time: for those a
     resolver may return a ``SelectChain`` (``gpu`` and ``table`` do), and the decision carries
     it with its choice at the planning size.
 
@@ -138,7 +139,8 @@ def split_k(ctxs: Mapping[str, OpContext], pins: Mapping[str, int],
             continue
         cap = min(ctx.units[shape.dim], ctx.target.cores) if ctx.splittable(shape.dim) else 1
         if isinstance(slices, SelectChain):
-            out[name] = _chosen(ctx, shape, slices, by)
+            out[name] = _chosen(ctx, shape, slices, by, (symbols or {}).get(name, {}).get(
+                shape.dim))
             continue
         if isinstance(slices, bool) or not isinstance(slices, int) or slices < 1:
             raise PlanningError(f"op {name!r}: the {by} split-K resolver returned {slices!r}; "
@@ -148,10 +150,17 @@ def split_k(ctxs: Mapping[str, OpContext], pins: Mapping[str, int],
     return SplitKDecisions(out)
 
 
-def _chosen(ctx: OpContext, shape: ReductionShape, chain: SelectChain, by: str) -> SplitK:
-    """A select chain's decision: its choice at the planning size, carrying the chain; a static
-    choice where K is static or the op's partials cannot be cut at run time (argmax)."""
+def _chosen(ctx: OpContext, shape: ReductionShape, chain: SelectChain, by: str,
+            symbol: Symbol | None) -> SplitK:
+    """A select chain's decision: its choice at the planning size, carrying the chain without
+    the cases the symbol's bounds rule out; a static choice where K is static, one choice is
+    left, or the op's partials cannot be cut at run time (argmax)."""
     name, d = ctx.op.name, shape.dim
+    if symbol is not None:
+        chain = replace(chain, cases=tuple(
+            c for c in chain.cases if not ((symbol.max is not None and c.lo is not None and
+                                            c.lo > symbol.max) or
+                                           (c.hi is not None and c.hi < symbol.min))))
     if shape.symbol is None:
         raise PlanningError(f"op {name!r}: the {by} split-K resolver returned a select chain, "
                             f"but reduction dim {d!r} has a static size {shape.k}; return an int")

@@ -1,0 +1,51 @@
+"""The CLI on a program with run-time sizes: plan report, --param sizes, errors."""
+
+import json
+
+import pytest
+
+from apportion.cli.main import main
+
+DOC = {"name": "dynk", "symbols": {"K": {"max": 65536}},
+       "tensors": {"x": {"shape": [32, "K"], "dtype": "float32"},
+                   "w": {"shape": ["K", 32], "dtype": "float32"}},
+       "inputs": ["x", "w"], "outputs": ["y"],
+       "ops": [{"name": "mm", "op": "matmul", "out": "y[m,n]", "ins": ["x[m,k]", "w[k,n]"]}]}
+
+
+@pytest.fixture
+def program(tmp_path):
+    path = tmp_path / "dynk.json"
+    path.write_text(json.dumps(DOC))
+    return str(path)
+
+
+def test_plan_reports_the_planning_sizes_and_the_select_chain(program, capsys):
+    assert main(["plan", program, "--target", "gpu"]) == 0
+    out = capsys.readouterr().out
+    assert "planned at K=65536" in out
+    assert "mm.partial: slices of K (gpu):" in out and "else 1" in out
+
+
+@pytest.mark.parametrize("k", ["40960", "1000"])
+def test_run_check_binds_a_size_given_as_a_param(program, k, capsys):
+    assert main(["run", program, "--target", "gpu", "--check", "--param", f"K={k}"]) == 0
+    out = capsys.readouterr().out
+    assert f"K={k} (given)" in out and "matches the unplanned program" in out
+
+
+def test_run_without_a_size_uses_the_planning_size(program, capsys):
+    assert main(["run", program, "--cores", "4", "--check"]) == 0
+    assert "K=65536 (planning size)" in capsys.readouterr().out
+
+
+def test_a_size_outside_the_bounds_is_a_usage_error_naming_the_symbol(program, capsys):
+    assert main(["run", program, "--param", "K=70000"]) == 2
+    err = capsys.readouterr().err
+    assert "--param K=70000: symbol 'K' = 70000 is outside its bounds 1..65536" in err
+    assert "Traceback" not in err
+
+
+def test_an_unknown_param_lists_the_symbolic_sizes(program, capsys):
+    assert main(["run", program, "--param", "Q=4"]) == 2
+    assert "its symbolic sizes: K" in capsys.readouterr().err
