@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 from apportion.errors import ApportionError, PlanningError
-from apportion.plans.plan import OpPlan
+from apportion.plans.plan import OpPlan, Plan
 from apportion.plans.views import core_slices
 
 
@@ -94,6 +95,40 @@ def plot_op(op_plan: OpPlan, out_dims: tuple[str, ...], path: str | Path) -> Pat
     fig.suptitle(f"{op_plan.name}: {op_plan.cores} cores, splits {splits}, "
                  f"utilization {op_plan.utilization:.1%}")
     fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def plot_utilization(plan: Plan, path: str | Path) -> Path:
+    """Save a picture of every op's utilization in program order, coloured by op family, with
+    its predicted time on a second axis: where along a model the cores sit idle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = ("matmul", "pointwise", "reduction", "layout", "fallback")
+    colours = dict(zip(families, ("tab:blue", "tab:orange", "tab:green", "tab:purple", "tab:red"),
+                       strict=True))
+    fam = [o.kind.split(" ", 1)[0] for o in plan.ops]
+    xs = range(len(plan.ops))
+    fig, ax = plt.subplots(figsize=(max(6.0, min(24.0, len(plan.ops) * 0.08)), 4))
+    ax.bar(xs, [o.utilization * 100 for o in plan.ops], width=1.0,
+           color=[colours.get(f, "grey") for f in fam])
+    ax.set_xlabel("op (program order)")
+    ax.set_ylabel("utilization %")
+    ax.set_ylim(0, 100)
+    time_ax = ax.twinx()
+    time_ax.plot(xs, [o.predicted_time_us for o in plan.ops], color="black", linewidth=0.7)
+    time_ax.set_ylabel("predicted us")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[f]) for f in families if f in fam]
+    ax.legend(handles, [f for f in families if f in fam], loc="upper right", fontsize=7)
+    ax.set_title(f"{plan.program}: utilization along the program ({plan.cores} cores, "
+                 f"{plan.strategy})", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, plt, path)
+
+
+def _save(fig: Any, plt: Any, path: str | Path) -> Path:
     out = Path(path)
     try:
         fig.savefig(out, dpi=110)

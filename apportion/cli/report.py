@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 from rich.console import Console
 from rich.table import Table
 
-from apportion.plans.plan import Plan
+from apportion.plans.plan import OpPlan, Plan
 from apportion.target.target import Target
 
 
@@ -96,6 +99,66 @@ def symbol_lines(plan: Plan) -> list[str]:
             lines.append(f"{o.name}: slices of {o.split_k.select.size} ({o.split_k.by}): "
                          f"{o.split_k.select}")
     return lines
+
+
+FAMILIES = ("matmul", "pointwise", "reduction", "layout", "fallback")
+
+
+def _family(kind: str) -> str:
+    """The op family of a plan op's ``kind`` (``reduction (sum)`` -> ``reduction``)."""
+    return kind.split(" ", 1)[0]
+
+
+def _work(o: OpPlan) -> int:
+    return math.prod(n for _, n in o.iteration_space)
+
+
+def family_table(plan: Plan) -> Table:
+    """Per op family: ops, share of the work (iteration points) and of the predicted time, and
+    mean utilization; the model-level view of a plan."""
+    table = Table(title=f"{plan.program} by op family", title_justify="left")
+    for col in ("family", "ops", "work share", "time share", "mean util"):
+        table.add_column(col, justify="left" if col == "family" else "right")
+    work = sum(_work(o) for o in plan.ops) or 1
+    time = sum(o.predicted_time_us for o in plan.ops) or 1.0
+    for fam in FAMILIES:
+        ops = [o for o in plan.ops if _family(o.kind) == fam]
+        if not ops:
+            continue
+        table.add_row(fam, str(len(ops)), f"{sum(_work(o) for o in ops) / work:.1%}",
+                      f"{sum(o.predicted_time_us for o in ops) / time:.1%}",
+                      f"{sum(o.utilization for o in ops) / len(ops):.1%}")
+    return table
+
+
+def lowest_utilization(plan: Plan, labels: Mapping[str, str] | None = None, count: int = 5
+                       ) -> list[str]:
+    """The ``count`` ops with the lowest utilization (fallbacks, which run on one core by
+    nature, after the others), each with its label (a PyTorch node name and source line)."""
+    ranked = sorted(plan.ops, key=lambda o: (o.fallback, o.utilization, -o.predicted_time_us))
+    out = []
+    for o in ranked[:count]:
+        label = (labels or {}).get(o.name)
+        out.append(f"{o.name}{f' ({label})' if label else ''}: {o.kind}, {o.cores} cores, "
+                   f"utilization {o.utilization:.1%}, {o.predicted_time_us:.2f} us")
+    return out
+
+
+def print_model_report(plan: Plan, target: Target, labels: Mapping[str, str] | None = None,
+                       console: Console | None = None, lowered: str | None = None) -> None:
+    """The report of a whole model: the family table, the five least utilized ops with their
+    labels, ``lowered`` (a line on how many source nodes became planned ops) and the summary."""
+    console = console or Console()
+    console.print(family_table(plan))
+    console.print("lowest utilization:", highlight=False)
+    for line in lowest_utilization(plan, labels):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
+    if lowered:
+        console.print(lowered, highlight=False, soft_wrap=True)
+    total, _ = predicted_total_us(plan)
+    console.print(f"{len(plan.ops)} ops on {target.name} ({plan.cores} cores, {plan.strategy}): "
+                  f"predicted {total:.1f} us in all, mean utilization "
+                  f"{plan.mean_utilization:.1%}", highlight=False)
 
 
 def print_report(plan: Plan, target: Target, console: Console | None = None) -> None:
