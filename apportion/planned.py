@@ -106,6 +106,19 @@ class PlannedProgram:
         planned = rewrite_as_planned(given.bind(), target, split)
         return PlannedProgram(planned, target, plan, None if planned is given else given)
 
+    def at(self, sizes: Mapping[str, int]) -> PlannedProgram:
+        """This plan at run-time ``sizes`` of its symbols: a PlannedProgram with static shapes
+        (what the LoopSpec and loop bundle emitters need: they launch concrete slices)."""
+        program, plan = self.bound(sizes)
+        return PlannedProgram(program, self.target, plan, self.given.bind(sizes))
+
+    def _static(self, what: str) -> None:
+        if self.symbols:
+            raise PlanningError(f"program {self.program.name!r} has run-time sizes "
+                                f"({', '.join(self.symbols)}); {what} launches concrete slices: "
+                                f"bind them first with .at({{{self.symbols[0]!r}: n}}) "
+                                "(the forall form covers every size)")
+
     def loopspec(self) -> SpecProgram:
         """The plan as nested LoopSpec / OpSpec values, ops outside loops bare, in program order.
 
@@ -116,6 +129,7 @@ class PlannedProgram:
         """
         from apportion.codegen.loopspec import loopspec
 
+        self._static("the LoopSpec program")
         return loopspec(self.program, self.plan, self.target)
 
     def bundle_mlir(self, unrolled: bool = False) -> str:
@@ -124,6 +138,7 @@ class PlannedProgram:
         addresses)."""
         from apportion.codegen.bundle import render_bundle, verify_mlir
 
+        self._static("the loop bundle")
         text = render_bundle(self.loopspec(), self.program.name, unrolled=unrolled)
         verify_mlir(text)
         return text

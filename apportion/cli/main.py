@@ -315,9 +315,28 @@ def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     from apportion.codegen.spec_text import to_json, to_source
 
     planned = _planned(args)
-    if args.forall:  # parses and verifies before it is printed
+    params = _params(args.param)
+    _check_params(planned.given, planned.target, params, ())
+    sizes = {k: v for k, v in params.items() if k in planned.given.symbol_map}
+    if set(params) - set(sizes):
+        name = sorted(set(params) - set(sizes))[0]
+        raise UsageError(f"--param {name}: emit takes run-time sizes only; symbolic loop "
+                         "counts stay symbolic in the emitted loops")
+    if args.forall:  # parses and verifies before it is printed; covers every size
+        if sizes:
+            raise UsageError("emit --forall covers every run-time size; --param applies to "
+                             "--bundle, --unrolled and --loopspec")
         print(planned.forall_mlir(), end="")
-    elif args.loopspec:
+        return 0
+    if planned.symbols:
+        missing = [n for n in planned.symbols if n not in sizes]
+        if missing:
+            flags = " ".join(f"--param {n}=N" for n in missing)
+            raise UsageError(f"program {planned.given.name!r} has run-time sizes "
+                             f"{', '.join(missing)}: the loop bundle and LoopSpec launch "
+                             f"concrete slices, pass {flags} (emit --forall covers every size)")
+        planned = planned.at(sizes)
+    if args.loopspec:
         print(to_source(planned.loopspec()), end="")
     elif args.loopspec_json:
         print(to_json(planned.loopspec()))
@@ -494,6 +513,9 @@ def build_parser() -> argparse.ArgumentParser:
     form.add_argument("--loopspec-json", action="store_true", help="LoopSpec program as JSON")
     form.add_argument("--forall", action="store_true",
                       help="MLIR: thread-first parallel IR on tensors (scf.forall per op)")
+    e.add_argument("--param", action="append", metavar="NAME=SIZE",
+                   help="a run-time size to emit the loop bundle or LoopSpec at, e.g. "
+                        "--param K=4096 (repeatable)")
     e.set_defaults(func=cmd_emit)
     b = sub.add_parser("bench", help="benchmarks: workdiv, tiling, costmodel, scale")
     b.add_argument("suite", choices=("workdiv", "tiling", "costmodel", "scale", "splitk"))

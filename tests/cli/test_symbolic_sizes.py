@@ -49,3 +49,24 @@ def test_a_size_outside_the_bounds_is_a_usage_error_naming_the_symbol(program, c
 def test_an_unknown_param_lists_the_symbolic_sizes(program, capsys):
     assert main(["run", program, "--param", "Q=4"]) == 2
     assert "its symbolic sizes: K" in capsys.readouterr().err
+
+
+def test_emit_bundle_of_a_symbolic_program_needs_its_sizes(program, capsys):
+    assert main(["emit", program, "--bundle", "--cores", "4"]) == 2
+    assert "pass --param K=N" in capsys.readouterr().err
+    assert main(["emit", program, "--bundle", "--cores", "4", "--param", "K=4096"]) == 0
+    assert "apportion.execute" in capsys.readouterr().out
+    assert main(["emit", program, "--loopspec", "--cores", "4", "--param", "K=512"]) == 0
+
+
+def test_a_planned_symbolic_program_at_sizes_is_static():
+    import apportion as ap
+    from apportion.errors import PlanningError
+    from apportion.frontend.json_format import from_dict
+
+    planned = ap.plan(from_dict(DOC), ap.targets.spyre(cores=4))
+    with pytest.raises(PlanningError, match=r"run-time sizes \(K\).*\.at\("):
+        planned.loopspec()
+    at = planned.at({"K": 1024})
+    assert at.program.tensor("x").shape == (32, 1024) and not at.symbols
+    assert all(c.ok for c in at.check())
