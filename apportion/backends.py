@@ -22,12 +22,14 @@ import numpy as np
 from apportion.codegen.forall import (
     forall_mlir,
     mlir_type,
+    size_symbols,
     symbol_name,
     symbols,
     verify_mlir,
 )
-from apportion.errors import ExecutionError
+from apportion.errors import ExecutionError, ProgramError
 from apportion.ir.program import Program
+from apportion.passes.bind import bind_plan, infer_sizes
 from apportion.plans.plan import Plan
 from apportion.plans.tiles import core_boxes, resolve_counts, tile_box
 from apportion.runtime import iree
@@ -74,32 +76,65 @@ def check_counts(program: Program, plan: Plan, params: Mapping[str, int] | None)
 def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, np.ndarray],
              params: Mapping[str, int] | None = None,
              cache_dir: str | os.PathLike[str] | None = None,
-             symbolic: Program | None = None) -> IreeRun:
+             symbolic: Program | None = None, sizes: Mapping[str, int] | None = None
+             ) -> IreeRun:
     """Emit ``plan`` as parallel IR, verify it, compile it (or take it from the cache) and run
-    it on ``inputs``; ``params`` gives the symbolic loop counts."""
-    if symbolic is not None:
-        raise ExecutionError(f"program {symbolic.name!r} has run-time sizes; the IREE backend "
-                             "does not run those yet")
-    text = forall_mlir(program, plan, target)
+    it on ``inputs``; ``params`` gives the symbolic loop counts.
+
+    ``symbolic`` is the program as given where it has run-time sizes (``program`` and ``plan``
+    are then at its planning sizes, as ``PlannedProgram`` holds them): the module covers every
+    size, so one compile serves them all; a run takes its sizes from the inputs' shapes (and
+    ``sizes``, or sizes named in ``params``), checks them as the reference executor would
+    (bounds, split-K cuts into whole planning units) and gets the outputs at those sizes.
+    """
+    loop_params = dict(params or {})
+    bound_program, bound_plan = program, plan
+    size_args: list[int] = []
+    if symbolic is not None and symbolic.symbols:
+        given = {**(sizes or {}), **{k: loop_params.pop(k) for k in list(loop_params)
+                                     if k in symbolic.symbol_map}}
+        found = infer_sizes(symbolic, inputs, given)
+        try:
+            bound_program, bound_plan = bind_plan(symbolic, plan, target, found)
+        except ProgramError as e:
+            raise ExecutionError(str(e)) from None
+        text = forall_mlir(program, plan, target, symbolic=symbolic)
+        at = {**symbolic.planning_sizes(), **found}
+        size_args = [at[s] for s in size_symbols(symbolic)]
+    elif sizes:
+        raise ExecutionError(f"program {program.name!r} has no run-time sizes; got "
+                             f"{sorted(sizes)}")
+    else:
+        text = forall_mlir(program, plan, target)
     verify_mlir(text)
-    check_counts(program, plan, params)
-    env = bind_inputs(program, inputs)
+    check_counts(bound_program, bound_plan, loop_params or None)
+    env = bind_inputs(bound_program, inputs)
     compiled = iree.compile_mlir(text, cache_dir)
     args = [(env[n], mlir_type(program.tensor(n).dtype)) for n in program.inputs]
-    args += [(int((params or {})[s]), "index") for s in symbols(plan)]
+    args += [(int(loop_params[s]), "index") for s in symbols(plan)]
+    args += [(n, "index") for n in size_args]
     results = [mlir_type(program.tensor(n).dtype) for n in program.outputs]
     run = iree.run_vmfb(compiled.vmfb, symbol_name(program.name), args, results)
     tensors = dict(env)
     for name, a in zip(program.outputs, run.outputs, strict=True):
-        tensors[name] = a.reshape(program.tensor(name).shape)
+        tensors[name] = a.reshape(bound_program.tensor(name).shape)
     return IreeRun(tensors, compiled.compile_s, compiled.cached, run.run_s)
 
 
 def iree_check(program: Program, plan: Plan, target: Target, seed: int = 0,
                params: Mapping[str, int] | None = None,
-               cache_dir: str | os.PathLike[str] | None = None
-               ) -> tuple[list[OutputCheck], IreeRun]:
-    """Run in IREE and unplanned on the same random inputs; compare every output."""
-    inputs = random_inputs(program, seed)
-    run = iree_run(program, plan, target, inputs, params, cache_dir)
-    return compare(run_unplanned(program, inputs), run.tensors, program), run
+               cache_dir: str | os.PathLike[str] | None = None,
+               symbolic: Program | None = None) -> tuple[list[OutputCheck], IreeRun]:
+    """Run in IREE and unplanned on the same random inputs; compare every output. A program
+    with run-time sizes (``symbolic``, see ``iree_run``) runs at the sizes ``params`` names
+    (the others at their planning sizes), ``symbolic`` unplanned at those sizes the reference."""
+    reference = program
+    if symbolic is not None and symbolic.symbols:
+        try:
+            reference = symbolic.bind({k: v for k, v in (params or {}).items()
+                                       if k in symbolic.symbol_map})
+        except ProgramError as e:
+            raise ExecutionError(str(e)) from None
+    inputs = random_inputs(reference, seed)
+    run = iree_run(program, plan, target, inputs, params, cache_dir, symbolic)
+    return compare(run_unplanned(reference, inputs), run.tensors, reference), run

@@ -146,10 +146,12 @@ class PlannedProgram:
     def forall_mlir(self) -> str:
         """The plan as thread-first parallel IR on tensors (MLIR text), checked to parse and
         verify: one ``scf.forall`` over each op's core grid, ``scf.for`` loops around the
-        foralls of a loop group's tile (``codegen.forall``)."""
+        foralls of a loop group's tile (``codegen.forall``); one function for every run-time
+        size (``codegen.forall_sizes``)."""
         from apportion.codegen.forall import forall_mlir, verify_mlir
 
-        text = forall_mlir(self.program, self.plan, self.target)
+        text = forall_mlir(self.program, self.plan, self.target,
+                           symbolic=self.given if self.symbols else None)
         verify_mlir(text)
         return text
 
@@ -174,7 +176,8 @@ class PlannedProgram:
                                      "with its own task pool")
             xs = random_inputs(self.bound(sizes)[0]) if inputs is None else inputs
             return iree_run(self.program, self.plan, self.target, xs, params,
-                            symbolic=self.given if self.symbols else None).tensors
+                            symbolic=self.given if self.symbols else None,
+                            sizes=sizes or None).tensors
         if self.symbols and inputs is not None:
             from apportion.passes.bind import infer_sizes
 

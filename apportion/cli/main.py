@@ -282,12 +282,16 @@ def _run_iree(planned: PlannedProgram, args: argparse.Namespace, params: dict[st
         raise UsageError("--threads applies to the reference backend; IREE uses its own "
                          "task pool")
     p = planned.program
+    given = planned.given if planned.symbols else None  # one module for every run-time size
     if args.check:
-        checks, run = iree_check(p, planned.plan, planned.target, seed=args.seed, params=params)
+        checks, run = iree_check(p, planned.plan, planned.target, seed=args.seed, params=params,
+                                 symbolic=given)
         status = print_checks(checks, f"IREE run of {p.name} ({args.strategy}, "
                               f"{planned.plan.cores} cores)", console)
     else:
-        run = iree_run(p, planned.plan, planned.target, random_inputs(p, args.seed), params)
+        sizes = {k: v for k, v in params.items() if k in planned.symbols}
+        xs = random_inputs(planned.bound(sizes)[0], args.seed)
+        run = iree_run(p, planned.plan, planned.target, xs, params, symbolic=given)
         console.print(f"ran {len(planned.ops)} ops of {p.name} over {planned.plan.cores} cores "
                       "in IREE")
         status = 0

@@ -39,6 +39,13 @@ the loop and thread ids; a symbolic count divides with ``arith.divui``, slices o
 tile size use ``arith`` on ``index``, and a forall's shared tensor keeps a static shape (the
 whole dim bounds a run-time tile: IREE cannot size a dynamic tensor carried through a loop).
 
+A program with run-time sizes (``symbolic``, the program as given) is one function for every
+size (``codegen.forall_sizes``): ``?`` for symbolic dims, their sizes read with ``tensor.dim``,
+each split-K op's slices an ``arith.select`` chain on its run-time reduction size, every op's
+slices cut from the run-time sizes as ``dim_slices`` cuts them (a thread past the last unit
+gets an empty slice), and a forall whose shared output has a run-time size one linear thread id
+(IREE cannot size a dynamic tensor that nested loops carry).
+
 A kind the registry gives no MLIR body raises ``EmitError`` naming the op and the kind.
 
 >>> import apportion as ap
@@ -52,6 +59,7 @@ A kind the registry gives no MLIR body raises ``EmitError`` naming the op and th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
 from apportion.codegen.forall_block import INDENT as INDENT
@@ -61,6 +69,7 @@ from apportion.codegen.forall_fallback import _CONSTRUCTIONS, _Fallbacks
 from apportion.codegen.forall_index import Ix as Ix
 from apportion.codegen.forall_index import IxLike as IxLike
 from apportion.codegen.forall_index import Key as Key
+from apportion.codegen.forall_sizes import Sizes
 from apportion.codegen.forall_split_reduction import _SplitReductions
 from apportion.codegen.forall_tensors import Box as Box
 from apportion.codegen.forall_tensors import TensorVal as TensorVal
@@ -79,14 +88,33 @@ from apportion.plans.plan import LoopInfo, OpPlan, Plan
 from apportion.target.target import Target
 
 
-def forall_mlir(program: Program, plan: Plan, target: Target | None = None) -> str:
+def forall_mlir(program: Program, plan: Plan, target: Target | None = None,
+                symbolic: Program | None = None) -> str:
     """The planned program as thread-first parallel IR on tensors (MLIR text, not verified;
     ``verify_mlir`` checks it). ``target`` is the plan's, for symmetry with the other emitters.
+    ``symbolic`` is the program as given when it has run-time sizes (``program`` and ``plan``
+    are then at its planning sizes, ``PlannedProgram.given``): the function covers every size
+    (``codegen.forall_sizes``).
     """
     if target is not None and (plan.target, plan.cores) != (target.name, target.cores):
         raise EmitError(f"plan is for {plan.target!r} with {plan.cores} cores, not "
                         f"{target.name!r} with {target.cores}")
-    return _Function(program, plan).text()
+    if symbolic is not None:
+        if not symbolic.symbols:
+            symbolic = None
+        elif symbolic.name != program.name or symbolic.inputs != program.inputs or \
+                symbolic.outputs != program.outputs:
+            raise EmitError(f"program {program.name!r} is not program {symbolic.name!r} "
+                            "planned: their names, inputs or outputs differ")
+    return _Function(program, plan, symbolic).text()
+
+
+def size_symbols(program: Program) -> tuple[str, ...]:
+    """The run-time sizes the emitted function of ``program`` (a program as given, with
+    symbols) takes as trailing ``index`` arguments, after the symbolic loop counts: those no
+    input has (the others it reads with ``tensor.dim``)."""
+    on_inputs = {s for n in program.inputs for _, s in program.tensor(n).dynamic}
+    return tuple(s.name for s in program.symbols if s.name not in on_inputs)
 
 
 def symbols(plan: Plan) -> tuple[str, ...]:
@@ -117,20 +145,30 @@ class _Function(_SplitReductions, _Fallbacks):
 
     # -- the whole function ---------------------------------------------------------------
 
+    def __init__(self, program: Program, plan: Plan, symbolic: Program | None = None) -> None:
+        super().__init__(program, plan)
+        self.symbolic = symbolic
+
     def text(self) -> str:
         p = self.program
         top = _Block(self, 1)
         env = _Env()
-        args = []
-        for name in p.inputs:
-            t = p.tensor(name)
-            ssa = self.names.fresh(name)
-            env.vals[name] = TensorVal(ssa, tuple(Ix(s) for s in t.shape), mlir_type(t.dtype))
-            args.append(f"{ssa}: {env.vals[name].type}")
+        ssas = {name: self.names.fresh(name) for name in p.inputs}
         self.symbols: dict[str, str] = {}
         for c in symbols(self.plan):
             self.symbols[c] = self.names.fresh(c)
-            args.append(f"{self.symbols[c]}: index")
+        if self.symbolic is not None:
+            self.sizes = Sizes.symbolic(p, self.symbolic, self.names)
+        args = []
+        for name in p.inputs:
+            t = p.tensor(name)
+            env.vals[name] = TensorVal(ssas[name], self.sizes.shape(name), mlir_type(t.dtype))
+            args.append(f"{ssas[name]}: {env.vals[name].type}")
+        args += [f"{self.symbols[c]}: index" for c in self.symbols]
+        if self.symbolic is not None:
+            self.sizes.read(top, env.vals)
+            self.sizes.cut(top, self.plan)
+            args += [f"{self.sizes.symbols[s]}: index" for s in self.sizes.arguments]
         i = 0
         while i < len(p.ops):
             op = p.ops[i]
@@ -162,9 +200,43 @@ class _Function(_SplitReductions, _Fallbacks):
             raise EmitError(f"op {op.name!r}: plan's iteration space {opl.sizes} differs from "
                             f"the op's {op.sizes}")
         t = self.program.tensor(op.out.tensor)
-        dest = self.empty(blk, op.out.tensor, tuple(Ix(s) for s in t.shape), mlir_type(t.dtype))
-        tile = {d: (Ix(0), Ix(n)) for d, n in op.dims}
-        env.vals[op.out.tensor] = self.op(blk, op, opl, tile, dest, env, None)
+        dest = self.empty(blk, op.out.tensor, self.sizes.shape(op.out.tensor),
+                          mlir_type(t.dtype))
+        tile = {d: (Ix(0), n) for d, n in self.sizes.of(op).items()}
+        viewed, local = self.viewed(blk, op, env)
+        env.vals[op.out.tensor] = self.op(blk, viewed, opl, tile, dest, local, None)
+
+    def viewed(self, blk: _Block, op: Op, env: _Env) -> tuple[Op, _Env]:
+        """``op`` and the tensors it reads, with the inputs of a partial op whose slice length
+        is known only at run time read through a ``tensor.expand_shape`` of the reduction axis
+        into ``[slices, step]`` (``codegen.forall_sizes``)."""
+        views = self.sizes.views(op)
+        if not views:
+            return op, env
+        local = _Env(dict(env.vals))
+        ins = list(op.ins)
+        axes: dict[str, int] = {}
+        for v in views:
+            a = op.ins[v.index]
+            ins[v.index] = v.access
+            if axes.setdefault(a.tensor, v.axis) != v.axis:
+                raise EmitError(f"op {op.name!r} reads tensor {a.tensor!r} along its run-time "
+                                "split through two different axes")
+            src = env.vals[a.tensor]
+            if local.vals[a.tensor] is not src:
+                continue  # expanded for an earlier access
+            j = v.axis
+            if src.shape[j] != v.size or any(not o.is_const or o.value for o in src.origin):
+                raise EmitError(f"op {op.name!r}: tensor {a.tensor!r} axis {j} is not the "
+                                "whole reduction dim it splits at run time")
+            shape = (*src.shape[:j], v.slices, v.step, *src.shape[j + 1:])
+            groups = [[i] for i in range(j)] + [[j, j + 1]] + [
+                [i + 1] for i in range(j + 1, len(src.shape))]
+            view = TensorVal(blk.fresh(f"{a.tensor}_view"), shape, src.elt)
+            blk.emit(f"{view.ssa} = tensor.expand_shape {src.ssa} {groups} output_shape "
+                     f"[{self.list(blk, shape)}] : {src.type} into {view.type}")
+            local.vals[a.tensor] = view
+        return dataclasses.replace(op, ins=tuple(ins)), local
 
     # -- one op over a tile ---------------------------------------------------------------
 
@@ -187,17 +259,17 @@ class _Function(_SplitReductions, _Fallbacks):
         if not split_dims:
             piece = self.core(blk, op, tile, dest, env, accumulate)
             return self.insert(blk, piece, dest, self.out_region(op, tile), parallel=False)
-        ivs = {d: blk.fresh(f"{op.name}_{d}") for d in split_dims}
+        inner = blk.child()
+        ivs, grid = self.thread_ids(blk, inner, op, split_dims, splits,
+                                    not all(s.is_const for s in dest.shape))
         shared = blk.fresh(f"{symbol_name(op.out.tensor)}_shared")
         new = blk.fresh(op.out.tensor)
-        inner = blk.child()
         box = {d: self.thread_slice(inner, tile[d], per[d], splits[d], ivs.get(d))
                for d in op.dim_names}
         sh = dest.renamed(shared)
         piece = self.core(inner, op, box, sh, env, accumulate)
-        blk.emit(f"{new} = scf.forall ({', '.join(ivs.values())}) in "
-                 f"({', '.join(str(splits[d]) for d in split_dims)}) shared_outs({shared} = "
-                 f"{dest.ssa}) -> ({dest.type}) {{")
+        blk.emit(f"{new} = scf.forall {grid} shared_outs({shared} = {dest.ssa}) -> "
+                 f"({dest.type}) {{")
         inner2 = inner.child()
         self.parallel_insert(inner2, piece, sh, self.out_region(op, box))
         blk.extend(inner)  # after the insert, which may compute offsets in the thread body
@@ -239,7 +311,7 @@ class _Function(_SplitReductions, _Fallbacks):
         for op in ops:
             t = op.out.tensor
             tt = p.tensor(t)
-            shape = tuple(Ix(s) for s in tt.shape)
+            shape = self.sizes.shape(t)
             if op.name in accumulating:
                 if op.kind.reducer is None or op.kind.reducer.pairs:
                     raise EmitError(f"op {op.name!r}: {op.kind.name} cannot accumulate across "

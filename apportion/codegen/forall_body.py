@@ -5,10 +5,10 @@ mean divided by its count)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 from apportion.codegen.forall_block import _Block
+from apportion.codegen.forall_index import Ix
 from apportion.codegen.forall_tensors import Box, TensorVal, _Env, _Slice, _Tensors
 from apportion.codegen.forall_types import (
     _FLOAT_BITS,
@@ -160,6 +160,7 @@ class _Bodies(_Tensors):
         outs = [self.filled(blk, symbol_name(op.out.tensor), shape, elt, ident)
                 for elt, ident in self.accumulators(op, ty)]
         starts = {d: blk.value(box[d][0]) for d in op.reduction_dims} if reducer.pairs else {}
+        strides = self.strides(blk, op) if reducer.pairs else {}
 
         def body(b: _Block, args: list[str], outs_: list[str]) -> list[str]:
             xs = self.inputs_to(b, op, args, ty)
@@ -170,7 +171,7 @@ class _Bodies(_Tensors):
                 value = xs[0]
             if not reducer.pairs:
                 return _apply(b, reducer.mlir_combine, integer, ty, {"a": outs_[0], "b": value})
-            flat = self.flat_index(b, op, dims, starts)
+            flat = self.flat_index(b, op, dims, starts, strides)
             return _apply(b, reducer.mlir_combine, integer, ty,
                           {"a": outs_[0], "ai": outs_[1], "b": value, "bi": flat},
                           results=("r", "ri"))
@@ -200,19 +201,34 @@ class _Bodies(_Tensors):
                              _Slice(part.ssa, part.type, part.elt, ident)],
                             [acc], ident, body, f"{symbol_name(op.out.tensor)}_comb")[0]
 
-    def flat_index(self, b: _Block, op: Op, dims: list[str], starts: Mapping[str, str]) -> str:
+    def strides(self, blk: _Block, op: Op) -> dict[str, Ix | str]:
+        """The row-major stride of each reduction dim of ``op`` over its whole reduction dims:
+        a constant, or (a run-time size) its SSA value, made in ``blk``."""
+        out: dict[str, Ix | str] = {}
+        stride = Ix(1)
+        for d in reversed(op.reduction_dims):
+            out[d] = stride if stride.is_const else blk.value(stride, "stride")
+            stride = blk.mul(stride, self.sizes.of(op)[d])
+        return out
+
+    def flat_index(self, b: _Block, op: Op, dims: list[str], starts: Mapping[str, str],
+                   strides: Mapping[str, Ix | str]) -> str:
         """Inside a body: the row-major flat index (i64) over the op's whole reduction dims of
-        the current point (``starts``: the box's start in each reduction dim)."""
+        the current point (``starts``: the box's start in each reduction dim; ``strides``:
+        each dim's stride, see ``strides``)."""
         flat: str | None = None
-        stride = 1
         for d in reversed(op.reduction_dims):
             i = b.fresh(f"i_{d}")
             b.emit(f"{i} = linalg.index {dims.index(d)} : index")
             g = b.fresh(f"g_{d}")
             b.emit(f"{g} = arith.addi {i}, {starts[d]} : index")
-            if stride != 1:
-                sc = b.fresh("stride")
-                b.emit(f"{sc} = arith.constant {stride} : index")
+            stride = strides[d]
+            if stride != Ix(1):
+                if isinstance(stride, Ix):
+                    sc = b.fresh("stride")
+                    b.emit(f"{sc} = arith.constant {stride.value} : index")
+                else:
+                    sc = stride
                 m = b.fresh(f"m_{d}")
                 b.emit(f"{m} = arith.muli {g}, {sc} : index")
                 g = m
@@ -222,7 +238,6 @@ class _Bodies(_Tensors):
                 s = b.fresh("flat")
                 b.emit(f"{s} = arith.addi {flat}, {g} : index")
                 flat = s
-            stride *= op.sizes[d]
         if flat is None:
             flat = b.fresh("flat")
             b.emit(f"{flat} = arith.constant 0 : index")
@@ -245,7 +260,16 @@ class _Bodies(_Tensors):
         o = out()
         rank = len(acc.shape)
         ident = [f"d{i}" for i in range(rank)]
-        count = math.prod(op.sizes[d] for d in op.reduction_dims)
+        count = Ix(1)
+        for d in op.reduction_dims:
+            count = blk.mul(count, self.sizes.of(op)[d])
+        if is_mean and not count.is_const:  # a run-time count: converted before the body
+            index = blk.value(count, "count")
+            as_int = blk.fresh("count")
+            blk.emit(f"{as_int} = arith.index_cast {index} : index to i64")
+            fty = acc.elt if acc.elt in _FLOAT_TYPES else "f64"
+            run_count = blk.fresh("count")
+            blk.emit(f"{run_count} = arith.uitofp {as_int} : i64 to {fty}")
 
         def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
             v = args[0]
@@ -253,7 +277,7 @@ class _Bodies(_Tensors):
             if is_mean:
                 fty = src if src in _FLOAT_TYPES else "f64"
                 v = _convert(b, v, src, fty)
-                c = b.const(float(count), fty)
+                c = b.const(float(count.value), fty) if count.is_const else run_count
                 q = b.fresh("mean")
                 b.emit(f"{q} = arith.divf {v}, {c} : {fty}")
                 v, src = q, fty

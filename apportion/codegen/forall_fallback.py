@@ -34,7 +34,8 @@ class _Fallbacks(_Bodies):
         ty = self.compute_type(op)
         res = _CONSTRUCTIONS[body.construction](self, blk, op, body, src, ty)
         dims = list(op.dim_names)
-        box = {d: (Ix(0), Ix(n)) for d, n in op.dims}
+        sizes = self.sizes.of(op)
+        box = {d: (Ix(0), n) for d, n in sizes.items()}
         read = self.read(blk, res, op.ins[0], box, dims)
         o = self.extract_out(blk, dest, self.out_region(op, box), op.out.tensor)
         out_results = [f"d{dims.index(d)}" for d in self.out_dims(op)]
@@ -42,7 +43,7 @@ class _Fallbacks(_Bodies):
         def convert(b: _Block, args: list[str], outs: list[str]) -> list[str]:
             return [_convert(b, args[0], ty, dest.elt)]
 
-        piece = self.generic(blk, dims, {d: Ix(n) for d, n in op.dims}, [], [read], [o],
+        piece = self.generic(blk, dims, sizes, [], [read], [o],
                              out_results, convert, symbol_name(op.out.tensor))[0]
         return self.insert(blk, piece, dest, self.out_region(op, box), parallel=False)
 

@@ -34,14 +34,17 @@ class _SplitReductions(_Bodies):
         stem = symbol_name(op.out.tensor)
         # a forall's shared tensor has a static shape (IREE cannot resolve the sizes of a
         # dynamic one carried through the loop it becomes): the whole dim bounds a run-time tile
-        bound = [s if s.is_const else Ix(op.sizes[d])
+        # (a run-time size of the whole op is no tile: its partials take that size)
+        whole = self.sizes.of(op)
+        bound = [s if s.is_const or s == whole[d] else Ix(op.sizes[d])
                  for s, d in zip(tile_shape, self.out_dims(op), strict=True)]
         parts = [self.empty(blk, f"{stem}_parts", [Ix(count), *bound], elt)
                  for elt, _ in self.accumulators(op, ty)]
-        ivs = {d: blk.fresh(f"{op.name}_{d}") for d in split_dims}
+        inner = blk.child()
+        ivs, grid = self.thread_ids(blk, inner, op, split_dims, splits,
+                                    not all(s.is_const for p in parts for s in p.shape))
         shared = [p.renamed(blk.fresh(f"{stem}_part")) for p in parts]
         new = blk.fresh(f"{stem}_parts")
-        inner = blk.child()
         box = {d: self.thread_slice(inner, tile[d], per[d], splits[d], ivs.get(d))
                for d in op.dim_names}
         dims = list(op.dim_names)
@@ -55,9 +58,7 @@ class _SplitReductions(_Bodies):
         types = ", ".join(p.type for p in parts)
         shared_text = ", ".join(f"{s} = {p.ssa}" for s, p in zip(heads, parts, strict=True))
         head = f"{new}:{len(parts)}" if len(parts) > 1 else new
-        blk.emit(f"{head} = scf.forall ({', '.join(ivs.values())}) in "
-                 f"({', '.join(str(splits[d]) for d in split_dims)}) shared_outs("
-                 f"{shared_text}) -> ({types}) {{")
+        blk.emit(f"{head} = scf.forall {grid} shared_outs({shared_text}) -> ({types}) {{")
         ins_blk = inner.child()
         region = [(slot, Ix(1), True)] + [
             (box[d][0] - tile[d][0], box[d][1], False) for d in self.out_dims(op)]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from apportion.codegen.forall_block import INDENT, _Block, _Emitter, slice_of
 from apportion.codegen.forall_index import Ix, IxLike, _map
+from apportion.codegen.forall_sizes import Sizes
 from apportion.codegen.mlir import symbol_name
 from apportion.errors import ApportionError, EmitError
 from apportion.ir.op import Access, Op
@@ -103,6 +104,9 @@ class _Tensors(_Emitter):
         if plan.program != program.name or [o.name for o in plan.ops] != [
                 o.name for o in program.ops]:
             raise EmitError(f"plan of {plan.program!r} does not fit program {program.name!r}")
+        #: every op dim and tensor axis as an index expression (run-time sizes: see
+        #: ``codegen.forall_sizes``)
+        self.sizes = Sizes(program)
 
     def op_plan(self, op: Op) -> OpPlan:
         try:
@@ -129,6 +133,28 @@ class _Tensors(_Emitter):
         name = blk.fresh(f"{stem}_fill")
         blk.emit(f"{name} = linalg.fill ins({c} : {elt}) outs({e.ssa} : {e.type}) -> {e.type}")
         return e.renamed(name)
+
+    def thread_ids(self, blk: _Block, inner: _Block, op: Op, split_dims: Sequence[str],
+                   splits: Mapping[str, int], linear: bool) -> tuple[dict[str, str], str]:
+        """Each split dim's thread id and the forall's ``(ids) in (counts)``. ``linear``
+        (shared outputs of a run-time size) makes a grid of several dims one id over all its
+        threads, each dim's id an ``affine.apply`` of it in the thread body ``inner``: IREE
+        cannot size a dynamic tensor that nested loops carry, as a forall of several dims
+        lowered to loops would."""
+        ivs = {d: blk.fresh(f"{op.name}_{d}") for d in split_dims}
+        if not linear or len(split_dims) < 2:
+            return ivs, (f"({', '.join(ivs.values())}) in "
+                         f"({', '.join(str(splits[d]) for d in split_dims)})")
+        core = blk.fresh(f"{op.name}_core")
+        stride = 1
+        for d in reversed(split_dims):
+            at = Ix.atom(core).floordiv(stride)
+            if d != split_dims[0]:
+                at = at.mod(splits[d])
+            inner.emit(f"{ivs[d]} = affine.apply {_map(1, [at.render({core: 'd0'})])}({core})")
+            self.defs[ivs[d]] = lambda env, at=at: at.evaluate(env)
+            stride *= splits[d]
+        return ivs, f"({core}) in ({stride})"
 
     def thread_slice(self, blk: _Block, tile: tuple[Ix, Ix], per: int, split: int,
                      iv: str | None) -> tuple[Ix, Ix]:

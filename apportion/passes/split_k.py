@@ -28,6 +28,7 @@ from types import MappingProxyType
 from apportion.cost.model import batch_dims, matmul_rows
 from apportion.errors import PlanningError
 from apportion.ir.affine import AffineExpr
+from apportion.ir.dtypes import FLOAT_DTYPES
 from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program, Symbol, TensorType
@@ -180,9 +181,8 @@ def _chosen(ctx: OpContext, shape: ReductionShape, chain: SelectChain, by: str,
     cases = list(chain.cases)
     while cases and cases[-1].factor == chain.default:  # cases that change nothing
         cases.pop()
-    reducer = ctx.op.kind.reducer
-    if not cases or (reducer is not None and reducer.pairs):
-        # one choice whatever the size, or argmax (split inside the op): a static split
+    if not cases or not _partials_combine(ctx):
+        # one choice whatever the size, or a split inside the op (argmax): a static split
         return SplitK((d,), factor, by)
     return SplitK((d,), factor, by, replace(chain, cases=tuple(cases)))
 
@@ -230,6 +230,17 @@ def combine_name(op: str) -> str:
     return f"{op}.combine"
 
 
+def _partials_combine(ctx: OpContext) -> bool:
+    """Whether the op's slices can be separate partial results combined by a second op: not
+    argmax's value-index pairs, and not an integer mean (a mean of truncated slice means is not
+    the truncated mean)."""
+    reducer = ctx.op.kind.reducer
+    if reducer is None or reducer.pairs:
+        return False
+    out = ctx.program.tensor(ctx.op.out.tensor).dtype
+    return not (ctx.op.fn == "mean" and out not in FLOAT_DTYPES)
+
+
 def _rewritable(ctx: OpContext, decision: SplitK | None, grouped: bool) -> bool:
     """A decided split of one reduction dim into whole-stick slices of an op outside loops,
     whose partials are plain arrays (not argmax's value-index pairs)."""
@@ -237,8 +248,7 @@ def _rewritable(ctx: OpContext, decision: SplitK | None, grouped: bool) -> bool:
         return False
     if decision.factor <= 1 and decision.select is None:  # a chain's slices vary: always cut
         return False
-    reducer = ctx.op.kind.reducer
-    if reducer is None or reducer.pairs:
+    if not _partials_combine(ctx):
         return False
     d, f = decision.dims[0], decision.factor
     size, per = ctx.sizes[d], ctx.per[d]

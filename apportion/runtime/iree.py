@@ -18,7 +18,7 @@ Element types at the boundary (what ``iree.runtime`` accepts and gives back):
   (IREE gives an ``ml_dtypes.bfloat16`` array) viewed as ``uint16`` and shifted back into
   float32;
 * ``i1`` (bool): numpy ``bool`` arrays, one byte per element (IREE's ``BOOL_8``), both ways;
-* ``index`` arguments (symbolic loop counts): Python ints.
+* ``index`` arguments (symbolic loop counts, run-time sizes no input has): Python ints.
 """
 
 from __future__ import annotations
