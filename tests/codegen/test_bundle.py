@@ -160,7 +160,7 @@ def test_accumulator_init_sits_before_the_reduction_loop():
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 @pytest.mark.parametrize("unrolled", [False, True])
 def test_every_example_verifies(path, unrolled):
-    verify_mlir(bundle(ap.load(path), unrolled=unrolled))
+    verify_mlir(bundle(ap.load(path).bind(), unrolled=unrolled))  # run-time sizes: planning
 
 
 def test_address_map_text():

@@ -160,3 +160,16 @@ def test_argmax_and_uneven_slices_keep_the_split_inside_the_op():
     planned = ap.plan(uneven)
     assert [o.name for o in planned.ops] == ["mm"] and planned.op("mm").split_map["k"] == 3
     assert all(c.ok for c in planned.check())
+
+
+def test_an_integer_mean_keeps_its_split_inside_the_op_and_runs_right():
+    # a mean of truncated slice means is not the truncated mean: no partial/combine pair
+    import apportion as ap
+    from apportion.frontend.json_format import from_dict
+
+    doc = {"name": "im", "tensors": {"x": {"shape": [4, 8192], "dtype": "int32"}},
+           "inputs": ["x"], "outputs": ["y"],
+           "ops": [{"name": "r", "op": "mean", "out": "y[m]", "ins": ["x[m,k]"]}]}
+    planned = ap.plan(from_dict(doc), ap.targets.resolve("gpu"))
+    assert [o.name for o in planned.ops] == ["r"] and planned.op("r").split_map["k"] > 1
+    assert all(c.ok for c in planned.check())
