@@ -36,3 +36,15 @@ from apportion.target.target import Target as Target
 # One builder function per op kind of the registry (``ap.exp``, ``ap.where``, ``ap.amax``, ...):
 # adding a kind to ``apportion.ir.kinds`` adds its function here.
 globals().update(_OP_FUNCTIONS)
+
+#: names imported on first use: the PyTorch frontend (torch itself only when a model is lowered)
+_LAZY = {"from_torch": "apportion.frontend.torch_export",
+         "TorchProgram": "apportion.frontend.torch_export"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'apportion' has no attribute {name!r}")

@@ -286,6 +286,12 @@ class OpKind:
     function (None: no generated one). ``work_per_point`` is the cost model's operations per
     iteration point. ``mlir_body`` is its scalar body as MLIR templates for the parallel-IR
     emitter (``MlirBody``; reductions use their reducer's ``mlir_combine``).
+
+    ``whole`` marks a whole-tensor fallback (gathers, reshapes, constants, random numbers: the
+    PyTorch frontend's kinds): ``compute(xp, *inputs, shape=..., **attrs)`` takes every input
+    array as stored and the output's shape, and each access names its tensor whole. A kind with
+    no inputs takes a ``dtype`` attribute (its result's; float32 without one).
+    ``nonfinite_attrs``: its numeric attributes may be infinite or NaN (a fill value).
     """
 
     name: str
@@ -302,6 +308,8 @@ class OpKind:
     work_per_point: float = 1.0
     mlir_body: MlirBody | None = None
     doc: str = ""
+    whole: bool = False
+    nonfinite_attrs: bool = False
 
     # -- what the passes ask ------------------------------------------------------------------
 
@@ -342,8 +350,10 @@ class OpKind:
         return {k: float(v) for k, v in attrs.items() if k in self.attrs}
 
     def check_attrs(self, attrs: Mapping[str, str], where: str) -> None:
-        """Refuse attributes the kind does not take and numbers that are not finite."""
-        allowed = set(self.attrs) | ({"dtype"} if self.category is Category.LAYOUT else set())
+        """Refuse attributes the kind does not take and numbers that are not finite (but
+        where the kind takes non-finite ones)."""
+        takes_dtype = self.category is Category.LAYOUT or self.arity == 0
+        allowed = set(self.attrs) | ({"dtype"} if takes_dtype else set())
         for key, value in attrs.items():
             if key == "fn":
                 continue  # the legacy fallback form names its kind with "fn"
@@ -353,12 +363,13 @@ class OpKind:
                                    f"attributes: {what}")
             if key in self.attrs:
                 try:
-                    number = float(value)
+                    number, parsed = float(value), True
                 except ValueError:
-                    number = math.nan
-                if not math.isfinite(number):
-                    raise ProgramError(f"{where}: attribute {key!r} of {self.name} must be a "
-                                       f"finite number, got {value!r}")
+                    number, parsed = math.nan, False
+                if not (math.isfinite(number) or self.nonfinite_attrs and parsed):
+                    what = "a number" if self.nonfinite_attrs else "a finite number"
+                    raise ProgramError(f"{where}: attribute {key!r} of {self.name} must be "
+                                       f"{what}, got {value!r}")
         if self.attrs_required and not any(k in attrs for k in self.attrs):
             raise ProgramError(f"{where}: {self.name} needs at least one of the attributes "
                                f"{', '.join(self.attrs)}")
@@ -483,6 +494,32 @@ def _fallback(name: str, compute: Callable[[Any, Array], Array], doc: str) -> Op
     return OpKind(name, Category.FALLBACK, 1, compute, builder=name, doc=doc)
 
 
+def _whole(name: str, arity: int, compute: Callable[..., Array], doc: str,
+           **extra: Any) -> OpKind:
+    return OpKind(name, Category.FALLBACK, arity, compute, doc=doc, whole=True, **extra)
+
+
+def _gather(xp: Any, table: Array, ids: Array, *, shape: tuple[int, ...]) -> Array:
+    # rows of the table in row-major order, a row being (output elements / index elements)
+    row = math.prod(shape) // max(ids.size, 1)
+    rows = xp.reshape(table, (-1, row))
+    return xp.reshape(xp.take(rows, xp.reshape(ids, (-1,)), axis=0), shape)
+
+
+def _arange(xp: Any, *, shape: tuple[int, ...], start: float = 0.0, step: float = 1.0) -> Array:
+    return xp.reshape(start + step * xp.arange(math.prod(shape)), shape)
+
+
+def _uniform(xp: Any, *, shape: tuple[int, ...], low: float = 0.0, high: float = 1.0,
+             seed: float = 0.0) -> Array:
+    return xp.random.default_rng(int(seed)).uniform(low, high, shape)
+
+
+def _normal(xp: Any, *, shape: tuple[int, ...], mean: float = 0.0, std: float = 1.0,
+            seed: float = 0.0) -> Array:
+    return xp.random.default_rng(int(seed)).normal(mean, std, shape)
+
+
 _COMPARE = {"result_dtype": "bool"}
 _LOGICAL = {"result_dtype": "bool", "conditions": (0, 1)}
 
@@ -562,6 +599,27 @@ KINDS: tuple[OpKind, ...] = (
     _fallback("cumsum", lambda xp, a: xp.cumsum(a, axis=-1),
               "running sum along the last axis"),
     _fallback("flip", lambda xp, a: xp.flip(a, axis=-1), "reversed along the last axis"),
+    # whole-tensor functions of the PyTorch frontend (no builder function, no MLIR body)
+    _whole("gather", 2, _gather,
+           "``table[ids]``: rows of the table (row-major, a row being output elements / index "
+           "elements) picked by the integer ``ids``; embeddings and index gathers"),
+    _whole("reshape", 1, lambda xp, a, *, shape: xp.reshape(a, shape),
+           "the input's elements in row-major order, in the output's shape"),
+    _whole("concat", 2,
+           lambda xp, a, b, *, shape, axis: xp.concatenate([a, b], axis=int(axis)),
+           "``a`` then ``b`` along ``axis``", attrs=("axis",), attrs_required=True),
+    _whole("full", 0, lambda xp, *, shape, value: xp.full(shape, value),
+           "a constant: every element ``value`` (in ``dtype``)", attrs=("value",),
+           attrs_required=True, nonfinite_attrs=True),
+    _whole("arange", 0, _arange,
+           "``start + step * i`` over the elements in row-major order (in ``dtype``)",
+           attrs=("start", "step")),
+    _whole("uniform", 0, _uniform,
+           "random numbers uniform in [``low``, ``high``) from numpy's generator at ``seed``",
+           attrs=("low", "high", "seed")),
+    _whole("normal", 0, _normal,
+           "normal random numbers (``mean``, ``std``) from numpy's generator at ``seed``",
+           attrs=("mean", "std", "seed")),
 )
 
 # every elementwise, matmul and fallback kind gets its MLIR body; reductions have their

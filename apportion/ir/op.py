@@ -113,6 +113,9 @@ class Op:
             self._check_fallback(where)
 
     def _check_fallback(self, where: str) -> None:
+        if self.kind.whole:
+            self._check_whole(where)
+            return
         # a fallback runs whole; its output lays out the input's dims (a transpose at most)
         src = self.ins[0]
         if self.reduction_dims or sorted(self.out.dims) != sorted(src.dims):
@@ -124,6 +127,21 @@ class Op:
                                "a fallback reads whole dims (or literal 0)")
         if len(set(src.dims)) != len(src.dims):
             raise ProgramError(f"{where}: fallback {self.kind.name} reads {src} with a dim twice")
+
+    def _check_whole(self, where: str) -> None:
+        # a whole-tensor fallback reads its inputs and writes its output as stored: every index
+        # is a dim of its own or the literal 0 (program validation checks the sizes)
+        for acc in (*self.ins, self.out):
+            alone = [e.single_dim for e in acc.index]
+            if any(d is None and (e.terms or e.const) for d, e in zip(alone, acc.index,
+                                                                       strict=True)):
+                raise ProgramError(f"{where}: fallback {self.kind.name} indexes {acc} through a "
+                                   "sum or an offset; it reads and writes whole tensors, one dim "
+                                   "(or literal 0) per axis")
+            named = [d for d in alone if d is not None]
+            if len(set(named)) != len(named):
+                raise ProgramError(f"{where}: fallback {self.kind.name} indexes {acc} with a dim "
+                                   "twice")
 
     @staticmethod
     def build(name: str, fn: str, out: Access, ins: tuple[Access, ...],

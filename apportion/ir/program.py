@@ -105,11 +105,16 @@ class TensorType:
 class LoopLevel:
     """One counted loop of a tiling group: ``count`` iterations over ``dims``.
 
-    ``count`` is an int, or a name for a count known only at run time.
+    ``count`` is an int, or a name for a count known only at run time. A symbolic count may be
+    bounded: ``min`` (default 1) and ``max`` (default none: the target's ``max_loop_count``).
+    The planner sizes every tile for the smallest value the count can take (see pass
+    ``coarse_tile``), so a run takes any count in the bounds that divides the tiled dims.
     """
 
     count: int | str
     dims: tuple[str, ...]
+    min: int = 1
+    max: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.count, bool) or not isinstance(self.count, int | str):
@@ -120,6 +125,16 @@ class LoopLevel:
             raise ProgramError(f"symbolic loop count {self.count!r} must be an identifier")
         if not self.dims:
             raise ProgramError("a loop level must tile at least one dim")
+        for what, v in (("min", self.min), ("max", self.max)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ProgramError(f"loop count {self.count!r}: {what} must be an int >= 1, "
+                                   f"got {v!r}")
+        if isinstance(self.count, int) and (self.min != 1 or self.max is not None):
+            raise ProgramError(f"loop count {self.count}: bounds (min, max) belong to a "
+                               "symbolic count only")
+        if self.max is not None and self.max < self.min:
+            raise ProgramError(f"loop count {self.count!r}: max {self.max} is below min "
+                               f"{self.min}")
 
 
 @dataclass(frozen=True)
@@ -272,7 +287,7 @@ def validate(p: Program) -> None:
                 why = "is produced by a later op (a cycle or an out-of-order program)" if later \
                     else "is neither an input nor produced by an op"
                 raise ProgramError(f"op {op.name!r}: tensor {acc.tensor!r} {why}")
-            _check_access(op, acc.tensor, acc.index, tmap[acc.tensor])
+            _check_access(op, acc.tensor, acc.index, tmap[acc.tensor], read=True)
         if op.out.tensor in defined:
             raise ProgramError(f"op {op.name!r}: tensor {op.out.tensor!r} is defined twice")
         if op.out.tensor not in tmap:
@@ -362,13 +377,14 @@ def _check_symbols(p: Program, tmap: Mapping[str, TensorType]) -> None:
                                "in a tiling group need static sizes")
 
 
-def _check_access(op: Op, tensor: str, index: tuple, t: TensorType) -> None:
+def _check_access(op: Op, tensor: str, index: tuple, t: TensorType, read: bool = False) -> None:
     if len(index) != t.rank:
         raise ProgramError(f"op {op.name!r}: tensor {tensor!r} has rank {t.rank} but is indexed "
                            f"with {len(index)} indices")
     for i, (e, size) in enumerate(zip(index, t.shape, strict=True)):
         if e.single_dim is not None:
-            if op.sizes[e.single_dim] != size:
+            if op.sizes[e.single_dim] != size and not _leading_slice(op, e.single_dim, t, i,
+                                                                     read):
                 raise ProgramError(
                     f"op {op.name!r}: dim {e.single_dim!r} has size {op.sizes[e.single_dim]} but "
                     f"indexes dim {i} of tensor {tensor!r} of size {size}")
@@ -380,3 +396,11 @@ def _check_access(op: Op, tensor: str, index: tuple, t: TensorType) -> None:
             raise ProgramError(
                 f"op {op.name!r}: index {e.to_source()} of tensor {tensor!r} dim {i} reaches "
                 f"{e.max_value(op.sizes)}, beyond its size {size}")
+
+
+def _leading_slice(op: Op, dim: str, t: TensorType, axis: int, read: bool) -> bool:
+    """True when ``dim`` alone reads the leading part of a larger static axis of ``t``
+    (``x[:, :n]``: a chunk, a narrow at 0): allowed for the inputs of divisible ops, which
+    read boxes; outputs are written whole and fallbacks read whole tensors."""
+    return (read and op.kind.divisible and op.sizes[dim] < t.shape[axis]
+            and axis not in t.symbols)

@@ -179,7 +179,25 @@ def _finish(op: Op, program: Program, partial: Partial) -> np.ndarray:
     return kernels.to_storage(value, program.tensor(op.out.tensor).dtype)
 
 
+def _run_whole(op: Op, program: Program, env: Mapping[str, np.ndarray]) -> np.ndarray:
+    # A whole-tensor fallback (gather, reshape, constants): every input as stored, the result
+    # in the output's shape
+    out_t = program.tensor(op.out.tensor)
+    attrs = op.kind.numeric_attrs(dict(op.attrs))
+    assert op.kind.compute is not None, f"op kind {op.kind.name!r} has no semantics"
+    try:
+        with np.errstate(all="ignore"):
+            res = np.asarray(op.kind.compute(kernels.XP, *(env[a.tensor] for a in op.ins),
+                                             shape=out_t.shape, **attrs))
+        res = res.reshape(out_t.shape)
+    except (IndexError, ValueError) as e:  # an index out of range, shapes that do not fit
+        raise ExecutionError(f"op {op.name!r}: {op.kind.name} failed: {e}") from None
+    return kernels.to_storage(res, out_t.dtype)
+
+
 def _run_fallback(op: Op, program: Program, env: Mapping[str, np.ndarray]) -> np.ndarray:
+    if op.kind.whole:
+        return _run_whole(op, program, env)
     # The whole input tensor along its last axis, as stored (a fallback has no iteration-space
     # model); the result is then read through the input's index map and written through the
     # output's, so y[n,m] = sort(x[m,n]) comes out transposed.

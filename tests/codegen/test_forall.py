@@ -281,7 +281,9 @@ def test_any_split_of_any_small_program_emits_verified_ir(planned):
 
 
 def test_every_registry_kind_has_a_body():
-    assert [k.name for k in KINDS if not supported(k)] == []
+    # but the PyTorch frontend's whole-tensor fallbacks (gather, reshape, constants, ...),
+    # which the emitter refuses by name
+    assert [k.name for k in KINDS if not supported(k) and not k.whole] == []
 
 
 def test_a_kind_without_a_body_is_refused_by_name():

@@ -11,7 +11,10 @@ import pytest
 
 import apportion as ap
 from apportion.errors import ProgramError
+from apportion.ir.affine import AffineExpr
 from apportion.ir.kinds import KINDS, REDUCERS, Category, kind, names, resolve
+from apportion.ir.op import Access, Op
+from apportion.ir.program import Program, TensorType
 from apportion.passes.pipeline import plan
 from apportion.runtime import compare, random_inputs, run_planned, run_unplanned
 from apportion.target import spyre
@@ -47,6 +50,19 @@ FORMULAS = {
 }
 FALLBACK_FORMULAS = {"sort": lambda a: np.sort(a, -1), "cumsum": lambda a: np.cumsum(a, -1),
                      "flip": lambda a: a[..., ::-1]}
+# the whole-tensor fallbacks (PyTorch frontend): inputs and attributes, and the result
+WHOLE_CASES = {
+    "gather": ([np.arange(12.0).reshape(4, 3), np.array([[3, 0], [1, 1]])], {}, (2, 2, 3),
+               lambda t, i: t[i]),
+    "reshape": ([np.arange(12.0).reshape(3, 4)], {}, (2, 6), lambda a: a.reshape(2, 6)),
+    "concat": ([np.ones((2, 3)), np.zeros((2, 1))], {"axis": 1}, (2, 4),
+               lambda a, b: np.concatenate([a, b], 1)),
+    "full": ([], {"value": -np.inf}, (2, 3), lambda: np.full((2, 3), -np.inf)),
+    "arange": ([], {"start": 2, "step": 3}, (2, 2), lambda: np.array([[2.0, 5], [8, 11]])),
+    "uniform": ([], {"low": 1, "high": 2, "seed": 7}, (3,),
+                lambda: np.random.default_rng(7).uniform(1, 2, 3)),
+    "normal": ([], {"seed": 7}, (3,), lambda: np.random.default_rng(7).normal(0, 1, 3)),
+}
 REDUCTION_FORMULAS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
                       "prod": np.prod, "any": lambda a, axis: np.any(a != 0, axis=axis),
                       "argmax": np.argmax}
@@ -58,7 +74,8 @@ ELEMENTWISE = [k for k in KINDS if k.elementwise]
 
 def test_every_kind_of_the_registry_has_a_formula_here():
     for k in KINDS:
-        table = {Category.FALLBACK: FALLBACK_FORMULAS, Category.REDUCTION: REDUCTION_FORMULAS,
+        table = {Category.FALLBACK: WHOLE_CASES if k.whole else FALLBACK_FORMULAS,
+                 Category.REDUCTION: REDUCTION_FORMULAS,
                  Category.MATMUL: {"matmul": None}}.get(k.category, FORMULAS)
         assert k.name in table, f"op kind {k.name!r} has no test formula"
 
@@ -132,6 +149,54 @@ def test_fallback_kind_runs_whole_on_one_core_under_both_strategies(name):
         assert pl.op("f").cores == 1 and pl.op("f").kind == "fallback"
         np.testing.assert_allclose(run_planned(p, pl, {"x": x})["y"], FALLBACK_FORMULAS[name](x),
                                    rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE_CASES))
+def test_whole_tensor_fallback_runs_its_inputs_as_stored_into_the_output_shape(name):
+    arrays, attrs, shape, want = WHOLE_CASES[name]
+    letters = iter("abcdefgh")
+
+    def access(tensor, dims):
+        return Access(tensor, tuple(AffineExpr.dim(next(letters)) for _ in dims))
+
+    ins = tuple(access(f"x{i}", a.shape) for i, a in enumerate(arrays))
+    out = access("y", shape)
+    sizes = {e.single_dim: n for acc, dims in ((out, shape), *((a, x.shape) for a, x in
+                                                             zip(ins, arrays, strict=True)))
+             for e, n in zip(acc.index, dims, strict=True)}
+    text = {k: repr(float(v)) for k, v in attrs.items()}
+    if not arrays:
+        text["dtype"] = "float32"
+    op = Op.build("w", name, out, ins, sizes, text)
+    dtypes = ["int64" if a.dtype.kind == "i" else "float32" for a in arrays]
+    tensors = [TensorType(f"x{i}", a.shape, d) for i, (a, d) in enumerate(zip(arrays, dtypes,
+                                                                            strict=True))]
+    out_dtype = op.kind.out_dtype(dtypes, dict(op.attrs), "w")
+    p = Program("w", (*tensors, TensorType("y", shape, out_dtype)), tuple(t.name for t in tensors),
+                ("y",), (op,))
+    xs = {f"x{i}": a for i, a in enumerate(arrays)}
+    for strategy in ("balanced", "greedy"):
+        pl = plan(p, spyre(cores=8), strategy)
+        assert pl.op("w").cores == 1 and pl.op("w").kind == "fallback"
+        np.testing.assert_allclose(run_planned(p, pl, xs)["y"], want(*arrays), rtol=1e-6)
+
+
+def test_whole_tensor_fallbacks_read_whole_axes_and_constants_take_a_dtype():
+    x = Access.parse("x[i,j]")
+    with pytest.raises(ProgramError, match="reshape indexes x.*through a sum or an offset"):
+        Op.build("r", "reshape", Access.parse("y[k]"), (Access.parse("x[i,j+1]"),),
+                 {"i": 2, "j": 3, "k": 6})
+    with pytest.raises(ProgramError, match="full takes no attribute 'min'"):
+        Op.build("f", "full", Access.parse("y[k]"), (), {"k": 2}, {"min": "1.0"})
+    with pytest.raises(ProgramError, match="needs at least one of the attributes value"):
+        Op.build("f", "full", Access.parse("y[k]"), (), {"k": 2}, {"dtype": "int64"})
+    with pytest.raises(ProgramError, match="copy takes no attribute 'value'"):
+        Op.build("c", "copy", Access.parse("y[i,j]"), (x,), {"i": 2, "j": 3}, {"value": "1.0"})
+    full = Op.build("f", "full", Access.parse("y[k]"), (), {"k": 2},
+                    {"dtype": "int64", "value": "-inf"})
+    assert full.kind.out_dtype([], dict(full.attrs), "f") == "int64"
+    with pytest.raises(ProgramError, match="'min' of clamp must be a finite number"):
+        Op.build("c", "clamp", Access.parse("y[i,j]"), (x,), {"i": 2, "j": 3}, {"min": "-inf"})
 
 
 def test_fallback_writes_through_its_output_index_map():

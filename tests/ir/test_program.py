@@ -72,3 +72,23 @@ def test_size_disagreement_names_op_tensor_and_dim():
 def test_work_division_for_unknown_dim_is_an_error():
     with pytest.raises(ProgramError, match="unknown dim 'q'"):
         one_op("exp", "y[i]", ["x[i]"], {"x": ([8], F16)}, work_division={"exp": {"q": 2}})
+
+
+def test_a_dim_alone_may_read_the_leading_part_of_a_larger_axis_but_never_write_one():
+    from apportion.ir.op import Access, Op
+    from apportion.ir.program import Program, TensorType
+
+    def prog(op: Op, out_shape: tuple[int, ...]) -> Program:
+        return Program("p", (TensorType("x", (4, 384), "float32"),
+                             TensorType("y", out_shape, "float32")), ("x",), ("y",), (op,))
+
+    sizes = {"t": 4, "c": 128}
+    head = prog(Op.build("q", "exp", Access.parse("y[t,c]"), (Access.parse("x[t,c]"),), sizes),
+                (4, 128))  # x[:, :128], a chunk
+    assert head.ops[0].sizes == sizes
+    with pytest.raises(ProgramError, match="dim 'c' has size 128 but indexes dim 1 of tensor 'y'"):
+        prog(Op.build("q", "exp", Access.parse("y[t,c]"), (Access.parse("x[t,c]"),), sizes),
+             (4, 384))
+    with pytest.raises(ProgramError, match="dim 'c' has size 128 but indexes dim 1 of tensor 'x'"):
+        prog(Op.build("q", "cumsum", Access.parse("y[t,c]"), (Access.parse("x[t,c]"),), sizes),
+             (4, 128))  # a fallback reads whole tensors

@@ -72,7 +72,8 @@ POINTWISE_FORMULAS = {
 # kind of the registry, the later ones included).
 POINTWISE = {k.name: k.arity for k in KINDS if k.elementwise and k.name in POINTWISE_FORMULAS}
 REDUCTIONS = [k.name for k in KINDS if k.category is Category.REDUCTION]
-FALLBACKS = [k.name for k in KINDS if k.category is Category.FALLBACK]
+# along the last axis (the whole-tensor fallbacks of the PyTorch frontend: tests/ir/test_kinds.py)
+FALLBACKS = [k.name for k in KINDS if k.category is Category.FALLBACK and not k.whole]
 
 # --- kernels -------------------------------------------------------------------------------
 

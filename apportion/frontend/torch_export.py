@@ -1,0 +1,303 @@
+"""PyTorch models in: ``from_torch`` exports a model with ``torch.export``, decomposes it to core
+ATen ops and lowers every node to apportion ops, and ``TorchProgram`` holds the program with the
+values of its weights and where each op comes from.
+
+The lowering of each ATen op is in ``torch_aten`` (the table) and ``torch_lower`` (values as
+tensors read through index maps, and the ops that compute them). Parameters, buffers and lifted
+constants become program inputs whose values are ``TorchProgram.constants``; views fold into the
+index maps of the next op; nodes with no iteration-space model (gathers, ``cumsum``, constants,
+random numbers) become fallback ops; no-op asserts are dropped. A node apportion cannot lower is
+a ``ProgramError`` naming the node, its target, its source line and the reason.
+
+torch is imported when ``from_torch`` (or ``TorchProgram.inputs`` with torch tensors) runs, not
+when this module is: ``import apportion`` works without torch.
+
+>>> import apportion as ap, torch                                  # doctest: +SKIP
+>>> tp = ap.from_torch(torch.nn.Linear(64, 32), (torch.randn(8, 64),))  # doctest: +SKIP
+>>> planned = ap.plan(tp.program, ap.targets.spyre(cores=8))         # doctest: +SKIP
+>>> y, = tp.torch_outputs(planned.run(tp.inputs(torch.randn(8, 64))))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from apportion.errors import ApportionError, ProgramError
+from apportion.frontend.torch_aten import DROPPED, LOWERINGS, Ctx, static_shape, torch_dtype
+from apportion.frontend.torch_lower import Lowering, Origin, Value, is_fallback
+from apportion.ir.program import Program
+
+__all__ = ["NodeLowering", "Origin", "TorchProgram", "from_torch"]
+
+#: what became of an ATen node: ops that are not fallbacks (or index maps only), at least one
+#: fallback op, or nothing (a no-op assert)
+STATUSES = ("lowered", "fallback", "dropped")
+
+
+@dataclass(frozen=True)
+class NodeLowering:
+    """One ATen node of the exported graph and the apportion ops it became (``getitem``
+    nodes, which pick one result of a multi-result op, are not listed)."""
+
+    node: str
+    target: str
+    status: str
+    ops: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class TorchProgram:
+    """A PyTorch model as an apportion program.
+
+    ``user_inputs`` are the program inputs of the model's example inputs (its tensors, in the
+    order ``torch.export`` flattens them); ``constants`` hold the values of the other inputs
+    (weights, buffers, lifted constants, scalars). ``outputs`` are the tensors of the model's
+    outputs, whose torch shapes are ``output_shapes`` (a tensor stores its output in torch's
+    row-major order; a dim merged from several, like heads times head width, may be held as
+    several axes: ``torch_outputs`` reshapes). ``origins`` maps each op to the torch node it
+    lowers, and ``nodes`` lists what became of every node.
+    """
+
+    program: Program
+    constants: Mapping[str, np.ndarray]
+    user_inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    output_shapes: tuple[tuple[int, ...], ...]
+    origins: Mapping[str, Origin]
+    nodes: tuple[NodeLowering, ...]
+
+    @property
+    def node_counts(self) -> dict[str, int]:
+        """ATen nodes lowered to non-fallback ops (or index maps), to fallbacks, dropped."""
+        counts = dict.fromkeys(STATUSES, 0)
+        for n in self.nodes:
+            counts[n.status] += 1
+        return counts
+
+    @property
+    def lowered_share(self) -> float:
+        """The share of the nodes that compute something lowered to non-fallback ops."""
+        c = self.node_counts
+        total = c["lowered"] + c["fallback"]
+        return c["lowered"] / total if total else 1.0
+
+    def inputs(self, *example_inputs: Any, **kwargs: Any) -> dict[str, np.ndarray]:
+        """Every program input for these model inputs (given as to ``from_torch``): the user
+        inputs as numpy arrays, then the constants; ready for ``PlannedProgram.run``."""
+        leaves = _tensor_leaves((tuple(example_inputs), dict(kwargs)))
+        if len(leaves) != len(self.user_inputs):
+            raise ProgramError(f"program {self.program.name!r} takes {len(self.user_inputs)} "
+                               f"tensor inputs ({', '.join(self.user_inputs)}), got "
+                               f"{len(leaves)}")
+        out = {name: _numpy(x) for name, x in zip(self.user_inputs, leaves, strict=True)}
+        out.update(self.constants)
+        return out
+
+    def torch_outputs(self, results: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+        """The model's outputs from a run's tensors, in the model's order and torch shapes."""
+        return tuple(np.asarray(results[n]).reshape(s)
+                     for n, s in zip(self.outputs, self.output_shapes, strict=True))
+
+
+def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = None, *,
+               kwargs: Mapping[str, Any] | None = None, name: str | None = None
+               ) -> TorchProgram:
+    """Export ``model`` (an ``nn.Module``, or an ``ExportedProgram``) on ``example_inputs``
+    (and keyword inputs ``kwargs``), decompose it to core ATen ops and lower it.
+
+    Shapes are the example inputs' (``dynamic_shapes`` is refused: symbolic sizes are not
+    supported yet). Hugging Face models want ``use_cache=False`` in their config.
+    """
+    if dynamic_shapes is not None:
+        raise ProgramError("from_torch: dynamic_shapes is not supported yet; symbolic sizes "
+                           "are not lowered, export with the example inputs' static shapes")
+    import torch
+
+    if isinstance(model, torch.export.ExportedProgram):
+        ep = model
+    elif isinstance(model, torch.nn.Module):
+        try:
+            ep = torch.export.export(model, tuple(example_inputs), kwargs=dict(kwargs or {}))
+        except Exception as e:  # whatever export refuses is the model's, named here
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ProgramError(f"from_torch: torch.export.export of "
+                               f"{type(model).__name__} failed: {type(e).__name__}: "
+                               f"{first}") from e
+    else:
+        raise ProgramError(f"from_torch needs a torch.nn.Module or an ExportedProgram, got "
+                           f"{type(model).__name__}")
+    ep = ep.run_decompositions()
+    label = name or type(model).__name__
+    return lower_exported(ep, re.sub(r"[^A-Za-z0-9_.\-]", "_", label) or "model")
+
+
+def lower_exported(ep: Any, name: str) -> TorchProgram:
+    """Lower an ``ExportedProgram`` whose graph holds core ATen ops."""
+    import torch
+
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    sig = ep.graph_signature
+    specs = {s.arg.name: s for s in sig.input_specs if hasattr(s.arg, "name")}
+    lw = Lowering(name)
+    env: dict[Any, Any] = {}
+    user_inputs: list[str] = []
+    nodes: list[NodeLowering] = []
+    outputs: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            _placeholder(ep, lw, node, specs.get(node.name), env, user_inputs)
+        elif node.op == "call_function":
+            origin = _origin(node, torch_dir)
+            lw.at(origin)
+            before = len(lw.ops)
+            status = "dropped" if str(node.target) in DROPPED else "lowered"
+            env[node] = None if status == "dropped" else _lower_node(lw, node, origin, env)
+            made = lw.ops[before:]
+            if any(is_fallback(o) for o in made):
+                status = "fallback"
+            if node.target is not operator.getitem:  # picks a result: not an ATen node
+                nodes.append(NodeLowering(node.name, str(node.target), status,
+                                          tuple(o.name for o in made)))
+        elif node.op == "output":
+            lw.at(Origin("output", "output"))
+            _outputs(lw, sig, node, env, outputs, shapes)
+        else:
+            raise ProgramError(f"graph node {node.name!r} ({node.op} {node.target}) is not "
+                               "supported; core ATen graphs hold placeholders, call_function "
+                               "nodes and the output")
+    try:
+        program = Program(name, tuple(lw.types.values()), tuple(lw.inputs), tuple(outputs),
+                          tuple(lw.ops))
+    except ProgramError as e:  # a lowering bug, not the model's: say so
+        raise ProgramError(f"lowering {name!r} gave an invalid program: {e}") from None
+    return TorchProgram(program, MappingProxyType(dict(lw.constants)), tuple(user_inputs),
+                        tuple(outputs), tuple(shapes), MappingProxyType(dict(lw.origins)),
+                        tuple(nodes))
+
+
+def _placeholder(ep: Any, lw: Lowering, node: Any, spec: Any, env: dict[Any, Any],
+                 user_inputs: list[str]) -> None:
+    val = node.meta.get("val")
+    kind = spec.kind.name if spec is not None else "USER_INPUT"
+    if not hasattr(val, "shape"):  # a non-tensor input export kept: its example value
+        env[node] = val
+        return
+    where = f"input {node.name!r}"
+    try:
+        shape = static_shape(val.shape)
+    except ProgramError as e:
+        raise ProgramError(f"{where}: {e}") from None
+    if any(n == 0 for n in shape):
+        raise ProgramError(f"{where} has shape {list(shape)}; empty tensors are not supported")
+    dtype = torch_dtype(val.dtype, f"{where}: dtype")
+    if kind == "USER_INPUT":
+        env[node] = lw.input(node.name, dtype, shape)
+        user_inputs.append(node.name)
+    elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
+        if not node.users:  # unused (a buffer the forward pass never reads)
+            return
+        target = spec.target
+        value = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
+        env[node] = lw.input(node.name, dtype, shape, _numpy(value))
+    else:
+        raise ProgramError(f"{where} is a {kind.lower()} input; apportion lowers tensors only "
+                           "(parameters, buffers, constants, user inputs)")
+
+
+def _lower_node(lw: Lowering, node: Any, origin: Origin, env: dict[Any, Any]) -> Any:
+    import torch
+
+    target = str(node.target)
+    if node.target is operator.getitem:
+        return env[node.args[0]][node.args[1]]
+    fn = LOWERINGS.get(target)
+    if fn is None:
+        raise ProgramError(f"{origin}: apportion has no lowering for {target}")
+    args = torch.fx.node.map_arg(node.args, lambda n: env[n])
+    kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
+    try:
+        value = fn(Ctx(lw, node), *args, **kwargs)
+    except ApportionError as e:
+        raise type(e)(f"{origin}: {e}") from None
+    except (TypeError, ValueError, KeyError, IndexError, AssertionError) as e:
+        raise ProgramError(f"{origin}: cannot lower these arguments ({type(e).__name__}: "
+                           f"{e})") from e
+    try:
+        _check(node, value)
+    except ProgramError as e:
+        raise ProgramError(f"{origin}: {e}") from None
+    return value
+
+
+def _check(node: Any, value: Any) -> None:
+    """The lowered value has the shape and dtype torch says the node has."""
+    meta = node.meta.get("val")
+    pairs = list(zip(meta, value, strict=False)) if isinstance(meta, list | tuple) else \
+        [(meta, value)]
+    for m, v in pairs:
+        if not hasattr(m, "shape"):
+            continue
+        want = (static_shape(m.shape), torch_dtype(m.dtype))
+        got = (v.shape, v.dtype) if isinstance(v, Value) else None
+        if got != want:
+            raise ProgramError(f"lowered to {got}, but torch's result is {want} (shape, "
+                               "dtype)")
+
+
+def _outputs(lw: Lowering, sig: Any, node: Any, env: dict[Any, Any], outputs: list[str],
+             shapes: list[tuple[int, ...]]) -> None:
+    args = node.args[0] if isinstance(node.args[0], list | tuple) else (node.args[0],)
+    for spec, arg in zip(sig.output_specs, args, strict=True):
+        kind = spec.kind.name
+        if kind != "USER_OUTPUT":
+            raise ProgramError(f"the model updates {spec.target or spec.arg} in place (output "
+                               f"kind {kind.lower()}); in-place updates are not supported")
+        v = env.get(arg) if hasattr(arg, "op") else arg
+        if not isinstance(v, Value):
+            raise ProgramError(f"model output {getattr(arg, 'name', arg)!r} is {v!r}, not a "
+                               "tensor; apportion programs output tensors")
+        c = lw.contiguous(v)
+        if c.tensor in outputs or c.tensor in lw.inputs:  # an output of its own
+            axes = list(range(v.rank))
+            c = lw.op("copy", v.shape, axes, [(v, axes)], part="copy")
+        outputs.append(c.tensor)
+        shapes.append(v.shape)
+
+
+def _origin(node: Any, torch_dir: str) -> Origin:
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    user = [f for f in frames if not f[0].startswith(torch_dir)] or frames
+    source = f"{user[-1][0]}:{user[-1][1]}" if user else None
+    stack = node.meta.get("nn_module_stack") or {}
+    module = next(reversed(stack.values()))[0] if stack else None
+    return Origin(node.name, str(node.target), source, module or None)
+
+
+def _tensor_leaves(tree: Any) -> list[Any]:
+    try:
+        import torch
+        from torch.utils._pytree import tree_leaves
+    except ImportError:  # numpy inputs without torch: a flat tuple of arrays
+        args, kwargs = tree
+        return [x for x in (*args, *kwargs.values()) if isinstance(x, np.ndarray)]
+    return [x for x in tree_leaves(tree) if isinstance(x, torch.Tensor | np.ndarray)]
+
+
+def _numpy(x: Any) -> np.ndarray:
+    """A numpy copy of a tensor (bfloat16 as float32, which holds it exactly)."""
+    if isinstance(x, np.ndarray):
+        return x
+    t = x.detach().cpu()
+    if str(t.dtype) == "torch.bfloat16":
+        t = t.float()
+    return t.numpy().copy()
