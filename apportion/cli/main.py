@@ -102,6 +102,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cores", type=_int_at_least(1), default=None,
                    help="cores to use (spyre: 1..32; default SENCORES or 32)")
     p.add_argument("--strategy", choices=STRATEGIES, default="balanced")
+    p.add_argument("--torch", metavar="MODULE:FACTORY", default=None,
+                   help="a PyTorch model instead of a program file: a callable returning "
+                        "(model, example_inputs), imported from the current directory or "
+                        "PYTHONPATH (e.g. apportion.frontend.torch_demo:tiny_llama)")
     p.add_argument("--auto-tile", action="store_true",
                    help="choose each tiling group's loop counts: the lowest predicted time of "
                         "the group, weighing re-read weights against scratchpad savings")
@@ -215,9 +219,58 @@ def _drawable(args: argparse.Namespace, program: Program) -> tuple[str, ...]:
     return drawable
 
 
+def _torch_model(args: argparse.Namespace) -> Any:
+    """The ``--torch module:factory`` model, lowered; refuses a program file given as well."""
+    from apportion.cli.torch_models import load_model
+
+    if args.program != DEFAULT:
+        raise UsageError(f"give a program file or --torch, not both ({args.program!r} and "
+                         f"--torch {args.torch!r})")
+    return load_model(args.torch)
+
+
+def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
+    from apportion.cli.torch_models import plan_model, print_plan
+
+    if args.format == "coeffs" or args.op is not None:
+        raise UsageError("with --torch: --format table or json, and --plot DIR (no --op)")
+    plot_dir = None
+    if args.plot is not None:
+        plot_dir = Path(args.plot)
+        if not plot_dir.is_dir():
+            raise UsageError(f"--plot {args.plot!r}: with --torch, --plot names an existing "
+                             "folder for utilization.png and largest_op.png")
+    tm = _torch_model(args)
+    planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)
+    print_plan(tm, planned, args.format, plot_dir, console)
+    return 0
+
+
+def cmd_run_torch(args: argparse.Namespace, console: Console) -> int:
+    from apportion.cli.torch_models import check_model, plan_model
+
+    if args.param:
+        raise UsageError("--param applies to program files; a --torch model has static sizes")
+    tm = _torch_model(args)
+    planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)
+    label = (f"{planned.program.name} from --torch {args.torch} ({args.strategy}, "
+             f"{planned.plan.cores} cores, {args.backend})")
+    if not args.check:
+        planned.run(tm.lowered.inputs(*tm.example_inputs), threads=args.threads,
+                    backend=args.backend)
+        console.print(f"ran {len(planned.ops)} ops of {label}", highlight=False)
+        return 0
+    checks = check_model(tm, planned, args.backend, args.threads)
+    return print_checks(checks, f"planned run of {label}", console,
+                        "the model run eagerly in PyTorch")
+
+
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli.report import print_report
     from apportion.plans.export import coefficient_splits
+
+    if args.torch is not None:
+        return cmd_plan_torch(args, console)
 
     plot: Path | None = None
     if args.plot is not None:  # the path first: a bad one is refused before any loading
@@ -247,6 +300,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    if args.torch is not None:
+        return cmd_run_torch(args, console)
     params = _params(args.param)
     program = _load_program(args.program)
     target = resolve(args.target, args.cores)
@@ -301,24 +356,32 @@ def _run_iree(planned: PlannedProgram, args: argparse.Namespace, params: dict[st
     return status
 
 
-def print_checks(checks: list[OutputCheck], what: str, console: Console) -> int:
-    """One line per output and a verdict; the exit status (1 on a mismatch)."""
+def print_checks(checks: list[OutputCheck], what: str, console: Console,
+                 reference: str = "the unplanned program") -> int:
+    """One line per output and a verdict against ``reference``; the exit status (1 on a
+    mismatch)."""
     for c in checks:
         status = "[green]ok[/green]" if c.ok else "[red]MISMATCH[/red]"
         console.print(f"{c.tensor:>12} {c.dtype:>9}  max abs err {c.max_abs_err:.3g}  "
                       f"max rel err {c.max_rel_err:.3g}  tol {c.tolerance}  {status}")
     bad = [c.tensor for c in checks if not c.ok]
     if bad:
-        console.print(f"[red]{what} differs from unplanned on {', '.join(bad)}[/red]")
+        console.print(f"[red]{what} differs from {reference} on {', '.join(bad)}[/red]")
         return 1
-    console.print(f"{what} matches the unplanned program")
+    console.print(f"{what} matches {reference}")
     return 0
 
 
 def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     from apportion.codegen.spec_text import to_json, to_source
 
-    planned = _planned(args)
+    if args.torch is not None:
+        from apportion.cli.torch_models import plan_model
+
+        planned = plan_model(_torch_model(args), resolve(args.target, args.cores),
+                             args.strategy)
+    else:
+        planned = _planned(args)
     params = _params(args.param)
     _check_params(planned.given, planned.target, params, ())
     sizes = {k: v for k, v in params.items() if k in planned.given.symbol_map}
@@ -461,7 +524,40 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
                              console)
 
 
+DEMO_MODEL = "apportion.frontend.torch_demo:tiny_llama"
+
+
 def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    """A Llama-style model from ``transformers`` exported, planned for Spyre, run and checked
+    against PyTorch; ``--program``: the built-in program (no PyTorch needed), tiled too."""
+    if args.program:
+        return _demo_program(args, console)
+    from apportion.cli.report import predicted_total_us
+    from apportion.cli.torch_models import check_model, load_model, plan_model, print_plan
+
+    try:
+        tm = load_model(DEMO_MODEL)
+    except ApportionError as e:
+        if "No module named 'torch'" in str(e) or "No module named 'transformers'" in str(e):
+            raise UsageError("the demo exports a PyTorch model: install the torch extra "
+                             "(pip install -e '.[torch]'), or run apportion demo --program") \
+                from None
+        raise
+    target = resolve("spyre", args.cores)
+    console.print("model: a Llama-style decoder from Hugging Face transformers with random "
+                  "weights (2 layers, hidden 256, 4 heads, 2 KV heads), 16 tokens, exported "
+                  f"with torch.export and planned for spyre on {target.cores} cores",
+                  highlight=False)
+    planned = plan_model(tm, target, "balanced")
+    print_plan(tm, planned, "table", None, console)
+    greedy = plan_model(tm, target, "greedy").plan
+    console.print(f"greedy for comparison: mean utilization {greedy.mean_utilization:.1%}, "
+                  f"predicted {predicted_total_us(greedy)[0]:.1f} us in all", highlight=False)
+    return print_checks(check_model(tm, planned), "the planned model, run core slice by core "
+                        "slice,", console, "the model run eagerly in PyTorch")
+
+
+def _demo_program(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli.report import group_lines, predicted_total_us, print_report, summary_line
     from apportion.frontend.models import default_program, default_tiling
     from apportion.planned import plan
@@ -553,8 +649,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cores", type=_int_at_least(1), default=None,
                    help="with --measure: the most cores to time on (default: this machine's)")
     c.set_defaults(func=cmd_calibrate)
-    d = sub.add_parser("demo", help="plan the built-in default program for spyre")
+    d = sub.add_parser("demo", help="a small Llama exported from PyTorch, planned for spyre, "
+                                    "run and checked")
     d.add_argument("--cores", type=_int_at_least(1), default=None)
+    d.add_argument("--program", action="store_true",
+                   help="the built-in program instead (llama3-8b norm + MLP; no PyTorch needed)")
     d.set_defaults(func=cmd_demo)
     return parser
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from rich.console import Console
 from rich.table import Table
 
+from apportion.ir.program import Program
 from apportion.plans.plan import OpPlan, Plan
 from apportion.target.target import Target
 
@@ -69,6 +70,27 @@ def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
+#: why the planner added a loop group (``GroupPlan.added``), as the report says it
+ADDED = {"span": ", added by the planner: no split keeps it within the span limit"}
+
+
+def symbolic_text(name: str, lo: int, hi: int | None, planned: int) -> str:
+    """How a symbolic loop count's tiles were planned: at its bound or its smallest value.
+
+    >>> symbolic_text("T", 1, None, 1)
+    'T planned at its smallest value 1 (no bound: the whole range per iteration)'
+    >>> symbolic_text("T", 4, 64, 4)
+    'T planned at its bound min=4 (runs take 4 <= T <= 64)'
+    """
+    runs = f"{planned} <= {name}" + (f" <= {hi}" if hi is not None else "")
+    if planned == 1:
+        return f"{name} planned at its smallest value 1 (no bound: the whole range per iteration)"
+    if planned == lo:
+        return f"{name} planned at its bound min={lo} (runs take {runs})"
+    return (f"{name} planned at {planned}, its smallest value from min={lo} that divides the "
+            f"tiled dims into whole sticks (runs take {runs})")
+
+
 def group_lines(plan: Plan) -> list[str]:
     """One line per loop group: counts, working set per iteration vs scratchpad, savings."""
     lines = []
@@ -78,8 +100,11 @@ def group_lines(plan: Plan) -> list[str]:
         verdict = "fits" if g.fits else "does NOT fit"
         lx = ", ".join(g.lx_tensors) or "none"
         hbm = f"; tiles left in device memory: {', '.join(g.hbm_tiles)}" if g.hbm_tiles else ""
+        why = ADDED.get(g.added, g.added)
+        for name, lo, hi, planned in g.symbolic:
+            levels += f"; {symbolic_text(name, lo, hi, planned)}"
         lines.append(
-            f"loop group {list(g.path)} ({', '.join(g.ops)}): {levels}; working set per "
+            f"loop group {list(g.path)} ({', '.join(g.ops)}){why}: {levels}; working set per "
             f"iteration {_kib(g.working_set_bytes)} per core vs scratchpad {_kib(g.capacity)}: "
             f"{verdict}; in scratchpad: {lx}{hbm}; device memory saved {_mib(g.saved_bytes)} "
             f"MiB; predicted {g.iteration_time_us:.2f} us per iteration")
@@ -109,23 +134,29 @@ def _family(kind: str) -> str:
     return kind.split(" ", 1)[0]
 
 
-def _work(o: OpPlan) -> int:
+def op_work(o: OpPlan, program: Program | None) -> int:
+    """An op's iteration points; a whole-tensor fallback's output elements (it names each
+    operand's dims apart, so its space is not its work)."""
+    if program is not None:
+        op = program.op(o.name)
+        if op.kind.whole:
+            return math.prod(op.sizes[d] for d in op.out.dims)
     return math.prod(n for _, n in o.iteration_space)
 
 
-def family_table(plan: Plan) -> Table:
+def family_table(plan: Plan, program: Program | None = None) -> Table:
     """Per op family: ops, share of the work (iteration points) and of the predicted time, and
-    mean utilization; the model-level view of a plan."""
+    mean utilization; the model-level view of a plan (``program``: the program planned)."""
     table = Table(title=f"{plan.program} by op family", title_justify="left")
     for col in ("family", "ops", "work share", "time share", "mean util"):
         table.add_column(col, justify="left" if col == "family" else "right")
-    work = sum(_work(o) for o in plan.ops) or 1
+    work = sum(op_work(o, program) for o in plan.ops) or 1
     time = sum(o.predicted_time_us for o in plan.ops) or 1.0
     for fam in FAMILIES:
         ops = [o for o in plan.ops if _family(o.kind) == fam]
         if not ops:
             continue
-        table.add_row(fam, str(len(ops)), f"{sum(_work(o) for o in ops) / work:.1%}",
+        table.add_row(fam, str(len(ops)), f"{sum(op_work(o, program) for o in ops) / work:.1%}",
                       f"{sum(o.predicted_time_us for o in ops) / time:.1%}",
                       f"{sum(o.utilization for o in ops) / len(ops):.1%}")
     return table
@@ -145,11 +176,12 @@ def lowest_utilization(plan: Plan, labels: Mapping[str, str] | None = None, coun
 
 
 def print_model_report(plan: Plan, target: Target, labels: Mapping[str, str] | None = None,
-                       console: Console | None = None, lowered: str | None = None) -> None:
+                       console: Console | None = None, lowered: str | None = None,
+                       program: Program | None = None) -> None:
     """The report of a whole model: the family table, the five least utilized ops with their
     labels, ``lowered`` (a line on how many source nodes became planned ops) and the summary."""
     console = console or Console()
-    console.print(family_table(plan))
+    console.print(family_table(plan, program))
     console.print("lowest utilization:", highlight=False)
     for line in lowest_utilization(plan, labels):
         console.print(f"  {line}", highlight=False, soft_wrap=True)

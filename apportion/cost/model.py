@@ -133,7 +133,10 @@ def batch_dims(op: Op) -> tuple[str, ...]:
 
 
 def _compute_us(op: Op, target: Target, largest: Mapping[str, int]) -> float:
-    points = math.prod(largest.values())
+    # a whole-tensor fallback (a gather, a constant) names each operand's dims apart: its work
+    # is its output's elements, not the product of every operand's
+    dims = op.out.dims if op.kind.whole else tuple(largest)
+    points = math.prod(largest[d] for d in dims)
     work = points * op.kind.work_per_point
     category = op.category
     if category is Category.MATMUL:

@@ -277,10 +277,24 @@ def _origin(node: Any, torch_dir: str) -> Origin:
     trace = node.meta.get("stack_trace") or ""
     frames = re.findall(r'File "([^"]+)", line (\d+)', trace)
     user = [f for f in frames if not f[0].startswith(torch_dir)] or frames
-    source = f"{user[-1][0]}:{user[-1][1]}" if user else None
+    source = f"{_short_path(user[-1][0])}:{user[-1][1]}" if user else None
     stack = node.meta.get("nn_module_stack") or {}
     module = next(reversed(stack.values()))[0] if stack else None
     return Origin(node.name, str(node.target), source, module or None)
+
+
+def _short_path(path: str) -> str:
+    """A source file as a reader finds it: an installed package's path from its package
+    (``transformers/models/llama/modeling_llama.py``), a file under the current directory
+    relative to it, any other path as it is."""
+    marker = "site-packages" + os.sep
+    if marker in path:
+        return path.rsplit(marker, 1)[1]
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return path if rel.startswith("..") else rel
 
 
 def _tensor_leaves(tree: Any) -> list[Any]:

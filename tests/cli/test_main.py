@@ -67,8 +67,8 @@ def test_sencores_is_honoured_by_the_cli(monkeypatch, capsys):
     assert from_json(capsys.readouterr().out).cores == 4
 
 
-def test_demo_plans_tiles_and_checks_the_default_program(capsys):
-    assert main(["demo", "--cores", "16"]) == 0
+def test_demo_program_plans_tiles_and_checks_the_default_program(capsys):
+    assert main(["demo", "--program", "--cores", "16"]) == 0
     out = capsys.readouterr().out
     assert "llama3-8b" in out and "greedy for comparison" in out
     assert "loop group [0] (sq, ms, inv, norm)" in out and "loop group [1] (gate" in out

@@ -1,0 +1,205 @@
+"""``--torch module:factory``: PyTorch models on the command line (plan and run).
+
+A factory is a Python callable returning ``(model, example_inputs)``; it is imported from the
+current directory or ``PYTHONPATH``. ``plan --torch`` prints the model report (op families, the
+least utilized ops with their PyTorch names, the share of ATen nodes lowered to non-fallback
+ops); ``run --torch --check`` runs the plan and compares it with the model run eagerly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from apportion.errors import ApportionError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from apportion.frontend.torch_export import TorchProgram
+    from apportion.planned import PlannedProgram
+    from apportion.runtime.reference import OutputCheck
+
+
+class FactoryError(ApportionError):
+    """A ``--torch module:factory`` that cannot be found, called or used."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TorchModel:
+    """A model, its example inputs, and the program lowered from it."""
+
+    spec: str
+    model: Any
+    example_inputs: tuple[Any, ...]
+    lowered: TorchProgram
+
+
+def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
+    """Import ``module:factory`` (the current directory first on the path) and call it."""
+    module_name, colon, attr = spec.partition(":")
+    if not colon or not module_name or not attr:
+        raise FactoryError(f"--torch {spec!r}: expected MODULE:FACTORY, such as "
+                           "--torch mymodels:tiny_llama (a callable returning (model, "
+                           "example_inputs))")
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise FactoryError(f"--torch {spec!r}: cannot import module {module_name!r} from the "
+                           f"current directory or PYTHONPATH: {e}") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise FactoryError(f"--torch {spec!r}: module {module_name!r} has no callable "
+                           f"{attr!r}")
+    try:
+        made = factory()
+    except Exception as e:  # the user's code: name it, no traceback
+        raise FactoryError(f"--torch {spec!r}: {attr}() raised {type(e).__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    if not (isinstance(made, tuple | list) and len(made) == 2):
+        raise FactoryError(f"--torch {spec!r}: {attr}() must return (model, example_inputs), "
+                           f"got {type(made).__name__}")
+    model, inputs = made
+    if not isinstance(inputs, tuple | list):
+        inputs = (inputs,)
+    return model, tuple(inputs)
+
+
+def load_model(spec: str) -> TorchModel:
+    """The factory's model lowered with ``from_torch``."""
+    from apportion.frontend.torch_export import from_torch
+
+    model, inputs = load_factory(spec)
+    name = spec.partition(":")[2]
+    with warnings.catch_warnings():  # torch.export's own deprecation notices, not the user's
+        warnings.simplefilter("ignore", FutureWarning)
+        lowered = from_torch(model, inputs, name=name)
+    return TorchModel(spec, model, inputs, lowered)
+
+
+def labels(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, str]:
+    """Op name -> where it comes from in the model (split-K's partial and combine ops take
+    their op's origin)."""
+    out = {}
+    for name in ops:
+        base = name.removesuffix(".partial").removesuffix(".combine")
+        origin = lowered.origins.get(name) or lowered.origins.get(base)
+        if origin is not None:
+            out[name] = str(origin)
+    return out
+
+
+def origins_doc(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Op name -> its origin as plan JSON carries it (``"origins"``)."""
+    out = {}
+    for name in ops:
+        base = name.removesuffix(".partial").removesuffix(".combine")
+        origin = lowered.origins.get(name) or lowered.origins.get(base)
+        if origin is not None:
+            out[name] = {k: v for k, v in dataclasses.asdict(origin).items() if v is not None}
+    return out
+
+
+def lowered_line(lowered: TorchProgram) -> str:
+    c = lowered.node_counts
+    fallback = sorted({n.target for n in lowered.nodes if n.status == "fallback"})
+    return (f"ATen nodes: {c['lowered']} lowered to non-fallback ops, {c['fallback']} to "
+            f"fallbacks ({', '.join(fallback) or 'none'}), {c['dropped']} dropped; "
+            f"{lowered.lowered_share:.1%} lowered")
+
+
+def with_origins(planned: PlannedProgram, lowered: TorchProgram) -> PlannedProgram:
+    """``planned`` whose plan JSON carries each op's PyTorch origin."""
+    doc = origins_doc(lowered, [o.name for o in planned.ops])
+    plan = dataclasses.replace(planned.plan, extras=(*planned.plan.extras, ("origins", doc)))
+    return dataclasses.replace(planned, plan=plan)
+
+
+def plan_model(tm: TorchModel, target: Any, strategy: str) -> PlannedProgram:
+    from apportion.planned import plan
+
+    return with_origins(plan(tm.lowered.program, target, strategy), tm.lowered)
+
+
+def print_plan(tm: TorchModel, planned: PlannedProgram, fmt: str, plot_dir: Path | None,
+               console: Console) -> None:
+    from apportion.cli.report import print_model_report
+
+    if fmt == "json":
+        print(planned.to_json())
+    else:
+        print_model_report(planned.plan, planned.target,
+                           labels(tm.lowered, [o.name for o in planned.ops]), console,
+                           lowered_line(tm.lowered), planned.program)
+    if plot_dir is not None:
+        from apportion.cli.plot import plot_op, plot_utilization
+        from apportion.cli.report import op_work
+
+        util = plot_utilization(planned.plan, plot_dir / "utilization.png")
+        drawable = [o for o in planned.ops if planned.program.op(o.name).out.dims]
+        largest = max(drawable, key=lambda o: op_work(o, planned.program))
+        cores = plot_op(largest, planned.program.op(largest.name).out.dims,
+                        plot_dir / "largest_op.png")
+        console.print(f"wrote {util} and {cores} (op {largest.name})", highlight=False)
+
+
+def eager_outputs(tm: TorchModel) -> tuple[np.ndarray, ...]:
+    """The model's outputs run eagerly on its example inputs, as numpy arrays."""
+    import torch
+
+    with torch.no_grad():
+        out = tm.model(*tm.example_inputs)
+    leaves = [x for x in _leaves(out) if isinstance(x, torch.Tensor)]
+    return tuple(x.detach().cpu().numpy() for x in leaves)
+
+
+def _leaves(tree: Any) -> list[Any]:
+    import torch.utils._pytree as pytree
+
+    return list(pytree.tree_leaves(tree))
+
+
+def check_model(tm: TorchModel, planned: PlannedProgram, backend: str = "reference",
+                threads: int | None = None) -> list[OutputCheck]:
+    """Run the plan on the example inputs and compare each output with the eager model's."""
+    from apportion.runtime.reference import compare
+
+    run = planned.run(tm.lowered.inputs(*tm.example_inputs), threads=threads, backend=backend)
+    got = tm.lowered.torch_outputs(run)
+    eager = eager_outputs(tm)
+    if len(eager) != len(got):
+        raise FactoryError(f"--torch {tm.spec!r}: the model returned {len(eager)} tensors, the "
+                           f"lowered program {len(got)}")
+    names = tm.lowered.outputs
+    expected = {n: e for n, e in zip(names, eager, strict=True)}
+    actual = {n: np.asarray(a).reshape(e.shape) for n, a, e in zip(names, got, eager,
+                                                                    strict=True)}
+    return compare(expected, actual, _shaped(tm.lowered, eager))
+
+
+def _shaped(lowered: TorchProgram, eager: Sequence[np.ndarray]) -> Any:
+    """What ``compare`` reads of a program (its outputs and their types), the outputs in the
+    model's torch shapes."""
+    types = {n: dataclasses.replace(lowered.program.tensor(n), shape=tuple(e.shape), dynamic=())
+             for n, e in zip(lowered.outputs, eager, strict=True)}
+    return _Outputs(lowered.outputs, types)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outputs:
+    outputs: tuple[str, ...]
+    types: dict[str, Any]
+
+    def tensor(self, name: str) -> Any:
+        return self.types[name]

@@ -1,0 +1,59 @@
+"""Small PyTorch models for demos, tests and ``--torch`` (random weights, seeded, no download).
+
+Each factory returns ``(model, example_inputs)``, the form ``--torch module:factory`` takes:
+``apportion plan --torch apportion.frontend.torch_demo:tiny_llama``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: token count of the example inputs
+SEQ = 16
+
+
+def tiny_llama(layers: int = 2, hidden: int = 256, seq: int = SEQ) -> tuple[Any, tuple[Any, ...]]:
+    """A Llama-style decoder from Hugging Face ``transformers``: ``layers`` layers of width
+    ``hidden``, 4 heads and 2 KV heads (grouped-query attention), rotary embeddings, a causal
+    mask, a vocabulary of 1000."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden,
+                                   num_hidden_layers=layers, num_attention_heads=4,
+                                   num_key_value_heads=2, vocab_size=1000,
+                                   max_position_embeddings=max(128, seq), use_cache=False)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    return model, (torch.randint(0, cfg.vocab_size, (1, seq)),)
+
+
+def tiny_gpt2(layers: int = 2, seq: int = SEQ) -> tuple[Any, tuple[Any, ...]]:
+    """A GPT-2 from ``transformers``: ``layers`` layers of width 128, 4 heads, a vocabulary of
+    1000."""
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=layers, n_embd=128, n_head=4, vocab_size=1000,
+                                  n_positions=max(128, seq), use_cache=False)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    return model, (torch.randint(0, cfg.vocab_size, (1, seq)),)
+
+
+def mlp(tokens: int = 64, hidden: int = 256) -> tuple[Any, tuple[Any, ...]]:
+    """A gated MLP block in plain ``torch.nn`` (SiLU(x W_gate) * x W_up) W_down."""
+    import torch
+
+    class GatedMLP(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gate = torch.nn.Linear(hidden, 4 * hidden, bias=False)
+            self.up = torch.nn.Linear(hidden, 4 * hidden, bias=False)
+            self.down = torch.nn.Linear(4 * hidden, hidden, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+    torch.manual_seed(0)
+    return GatedMLP().eval(), (torch.randn(tokens, hidden),)
