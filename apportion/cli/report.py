@@ -70,27 +70,6 @@ def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
-#: why the planner added a loop group (``GroupPlan.added``), as the report says it
-ADDED = {"span": ", added by the planner: no split keeps it within the span limit"}
-
-
-def symbolic_text(name: str, lo: int, hi: int | None, planned: int) -> str:
-    """How a symbolic loop count's tiles were planned: at its bound or its smallest value.
-
-    >>> symbolic_text("T", 1, None, 1)
-    'T planned at its smallest value 1 (no bound: the whole range per iteration)'
-    >>> symbolic_text("T", 4, 64, 4)
-    'T planned at its bound min=4 (runs take 4 <= T <= 64)'
-    """
-    runs = f"{planned} <= {name}" + (f" <= {hi}" if hi is not None else "")
-    if planned == 1:
-        return f"{name} planned at its smallest value 1 (no bound: the whole range per iteration)"
-    if planned == lo:
-        return f"{name} planned at its bound min={lo} (runs take {runs})"
-    return (f"{name} planned at {planned}, its smallest value from min={lo} that divides the "
-            f"tiled dims into whole sticks (runs take {runs})")
-
-
 def group_lines(plan: Plan) -> list[str]:
     """One line per loop group: counts, working set per iteration vs scratchpad, savings."""
     lines = []
@@ -100,11 +79,8 @@ def group_lines(plan: Plan) -> list[str]:
         verdict = "fits" if g.fits else "does NOT fit"
         lx = ", ".join(g.lx_tensors) or "none"
         hbm = f"; tiles left in device memory: {', '.join(g.hbm_tiles)}" if g.hbm_tiles else ""
-        why = ADDED.get(g.added, g.added)
-        for name, lo, hi, planned in g.symbolic:
-            levels += f"; {symbolic_text(name, lo, hi, planned)}"
         lines.append(
-            f"loop group {list(g.path)} ({', '.join(g.ops)}){why}: {levels}; working set per "
+            f"loop group {list(g.path)} ({', '.join(g.ops)}): {levels}; working set per "
             f"iteration {_kib(g.working_set_bytes)} per core vs scratchpad {_kib(g.capacity)}: "
             f"{verdict}; in scratchpad: {lx}{hbm}; device memory saved {_mib(g.saved_bytes)} "
             f"MiB; predicted {g.iteration_time_us:.2f} us per iteration")
