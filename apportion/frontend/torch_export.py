@@ -20,6 +20,7 @@ when this module is: ``import apportion`` works without torch.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import re
@@ -33,7 +34,7 @@ import numpy as np
 from apportion.errors import ApportionError, ProgramError
 from apportion.frontend.torch_aten import DROPPED, LOWERINGS, Ctx, static_shape, torch_dtype
 from apportion.frontend.torch_lower import Lowering, Origin, Value, is_fallback
-from apportion.ir.program import Program
+from apportion.ir.program import Program, Symbol, with_symbols
 
 __all__ = ["NodeLowering", "Origin", "TorchProgram", "from_torch"]
 
@@ -73,6 +74,8 @@ class TorchProgram:
     output_shapes: tuple[tuple[int, ...], ...]
     origins: Mapping[str, Origin]
     nodes: tuple[NodeLowering, ...]
+    #: per output, its torch axes whose size is a run-time size (``dynamic_shapes``)
+    output_dynamic: tuple[tuple[int, ...], ...] = ()
 
     @property
     def node_counts(self) -> dict[str, int]:
@@ -103,8 +106,9 @@ class TorchProgram:
 
     def torch_outputs(self, results: Mapping[str, np.ndarray]) -> tuple[np.ndarray, ...]:
         """The model's outputs from a run's tensors, in the model's order and torch shapes."""
-        return tuple(np.asarray(results[n]).reshape(s)
-                     for n, s in zip(self.outputs, self.output_shapes, strict=True))
+        dynamic = self.output_dynamic or ((),) * len(self.outputs)
+        return tuple(_torch_shaped(np.asarray(results[n]), s, d)
+                     for n, s, d in zip(self.outputs, self.output_shapes, dynamic, strict=True))
 
 
 def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = None, *,
@@ -113,13 +117,20 @@ def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = 
     """Export ``model`` (an ``nn.Module``, or an ``ExportedProgram``) on ``example_inputs``
     (and keyword inputs ``kwargs``), decompose it to core ATen ops and lower it.
 
-    Shapes are the example inputs' (``dynamic_shapes`` is refused: symbolic sizes are not
-    supported yet). Hugging Face models want ``use_cache=False`` in their config.
+    Shapes are the example inputs', or, with ``dynamic_shapes`` (as ``torch.export`` takes
+    them, ``torch.export.Dim("batch", max=64)``), symbols named after the ``Dim``s with their
+    bounds: the program is lowered at each symbol's planning size (its max, else its min) and
+    every axis a symbolic size reaches through plain indexing gets the symbol; a graph that
+    computes with a symbolic size (``arange`` over it, a view that merges it with another dim)
+    is refused naming the op. Hugging Face models want ``use_cache=False`` in their config.
     """
-    if dynamic_shapes is not None:
-        raise ProgramError("from_torch: dynamic_shapes is not supported yet; symbolic sizes "
-                           "are not lowered, export with the example inputs' static shapes")
     import torch
+
+    if dynamic_shapes is not None:
+        if not isinstance(model, torch.nn.Module):
+            raise ProgramError("from_torch: dynamic_shapes needs the nn.Module, not an "
+                               "ExportedProgram")
+        return _from_torch_dynamic(model, example_inputs, dynamic_shapes, kwargs, name)
 
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
@@ -137,6 +148,110 @@ def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = 
     ep = ep.run_decompositions()
     label = name or type(model).__name__
     return lower_exported(ep, re.sub(r"[^A-Za-z0-9_.\-]", "_", label) or "model")
+
+
+def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any,
+                        kwargs: Mapping[str, Any] | None, name: str | None) -> TorchProgram:
+    """Export with ``dynamic_shapes`` to learn which input axes are symbolic and their bounds;
+    lower a static export at the planning sizes; give the program its symbols."""
+    import torch
+
+    try:
+        ep = torch.export.export(model, tuple(example_inputs), kwargs=dict(kwargs or {}),
+                                 dynamic_shapes=dynamic_shapes)
+    except Exception as e:  # torch's verdict on the dynamic shapes, named here
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ProgramError(f"from_torch: torch.export.export with dynamic_shapes failed: "
+                           f"{type(e).__name__}: {first}") from e
+    names = _dim_names(model, dynamic_shapes, len(example_inputs))
+    user = [sp.arg.name for sp in ep.graph_signature.input_specs
+            if sp.kind == torch.export.graph_signature.InputKind.USER_INPUT]
+    shapes = {n.name: n.meta["val"].shape for n in ep.graph.nodes if n.op == "placeholder"}
+    symbols: dict[str, Symbol] = {}
+    axes: list[dict[int, str]] = []
+    for k, arg in enumerate(user):
+        found = {}
+        for i, size in enumerate(shapes[arg]):
+            if isinstance(size, torch.SymInt):
+                expr = size.node.expr
+                sym = _symbol_name(names.get((k, i), str(expr)))
+                if sym not in symbols:
+                    symbols[sym] = _bounded(sym, ep.range_constraints.get(expr))
+                found[i] = sym
+        axes.append(found)
+    if not symbols:
+        raise ProgramError("from_torch: dynamic_shapes made no input size symbolic")
+    # a static export at the planning sizes: the sizes the program is planned at
+    static_inputs = []
+    leaves = _tensor_leaves(tuple(example_inputs))
+    if len(leaves) != len(user):
+        raise ProgramError(f"from_torch: {len(user)} tensor inputs, {len(leaves)} given")
+    for x, found in zip(leaves, axes, strict=True):
+        shape = [symbols[found[i]].planning_size if i in found else n
+                 for i, n in enumerate(x.shape)]
+        static_inputs.append(torch.zeros(shape, dtype=x.dtype))
+    tp = from_torch(model, tuple(static_inputs), kwargs=kwargs, name=name)
+    seeds = {tensor: found for tensor, found in zip(tp.user_inputs, axes, strict=True) if found}
+    for tensor in seeds:
+        if len(tp.program.tensor(tensor).shape) != len(shapes[user[tp.user_inputs.index(
+                tensor)]]):
+            raise ProgramError(f"from_torch: input {tensor!r} is stored with another rank than "
+                               "torch's; its symbolic sizes cannot be placed")
+    try:
+        program = with_symbols(tp.program, seeds, tuple(symbols.values()))
+    except ProgramError as e:
+        raise ProgramError(f"from_torch: the graph computes with a dynamic size, which apportion "
+                           f"plans only as a plain index: {e}") from None
+    out_node = next(n for n in ep.graph.nodes if n.op == "output")
+    flat = torch.utils._pytree.tree_leaves(out_node.args[0])
+    kinds = [sp.kind for sp in ep.graph_signature.output_specs]
+    dynamic = tuple(tuple(i for i, n in enumerate(v.meta["val"].shape)
+                          if isinstance(n, torch.SymInt))
+                    for v, kind in zip(flat, kinds, strict=False)
+                    if isinstance(v, torch.fx.Node)
+                    and kind == torch.export.graph_signature.OutputKind.USER_OUTPUT)
+    if len(dynamic) != len(tp.outputs):
+        dynamic = ()
+    return dataclasses.replace(tp, program=program, output_dynamic=dynamic)
+
+
+def _dim_names(model: Any, dynamic_shapes: Any, count: int) -> dict[tuple[int, int], str]:
+    """(positional input, axis) -> the name of the ``Dim`` the user gave there, for specs given
+    per positional input (a tuple or list) or by ``forward``'s parameter names (a dict)."""
+    import inspect
+
+    if isinstance(dynamic_shapes, dict):
+        try:
+            params = list(inspect.signature(model.forward).parameters)
+        except (TypeError, ValueError):
+            return {}
+        per_input = [dynamic_shapes.get(p) for p in params[:count]]
+    elif isinstance(dynamic_shapes, tuple | list):
+        per_input = list(dynamic_shapes)[:count]
+    else:
+        return {}
+    out = {}
+    for i, spec in enumerate(per_input):
+        items = spec.items() if isinstance(spec, dict) else enumerate(spec or ())
+        for axis, dim in items:
+            name = getattr(dim, "__name__", None)
+            if isinstance(axis, int) and isinstance(name, str):
+                out[(i, axis)] = name
+    return out
+
+
+def _symbol_name(text: str) -> str:
+    clean = re.sub(r"\W", "_", text)
+    return clean if clean.isidentifier() else f"s_{clean}"
+
+
+def _bounded(name: str, ranges: Any) -> Symbol:
+    """A symbol with torch's range constraints (an unbounded max is None)."""
+    if ranges is None:
+        return Symbol(name)
+    lo = int(ranges.lower) if str(ranges.lower).lstrip("-").isdigit() else 1
+    hi = int(ranges.upper) if str(ranges.upper).isdigit() else None
+    return Symbol(name, hi, max(lo, 1))
 
 
 def lower_exported(ep: Any, name: str) -> TorchProgram:
@@ -295,6 +410,20 @@ def _short_path(path: str) -> str:
     except ValueError:  # another drive
         return path
     return path if rel.startswith("..") else rel
+
+
+def _torch_shaped(a: np.ndarray, shape: tuple[int, ...], dynamic: tuple[int, ...]
+                  ) -> np.ndarray:
+    """A result in its torch shape; a run-time size axis takes what the run's elements leave
+    (one such axis; with several, each must be stored as its own axis)."""
+    if not dynamic:
+        return a.reshape(shape)
+    if len(dynamic) == 1:
+        return a.reshape(tuple(-1 if i == dynamic[0] else n for i, n in enumerate(shape)))
+    if a.ndim == len(shape):
+        return a
+    raise ProgramError(f"an output with run-time sizes on axes {list(dynamic)} is stored as "
+                       f"{a.ndim} axes, not torch's {len(shape)}: cannot reshape it")
 
 
 def _tensor_leaves(tree: Any) -> list[Any]:

@@ -139,16 +139,38 @@ class LoopLevel:
 
 @dataclass(frozen=True)
 class TilingGroup:
-    """A contiguous run of ops wrapped in nested counted loops, outermost level first."""
+    """A contiguous run of ops wrapped in nested counted loops, outermost level first.
+
+    Every op sits in every level unless ``depths`` says otherwise: ``(op, d)`` puts ``op`` in
+    the outer ``d`` levels only, so it runs once per iteration of those, next to the inner
+    loops of its neighbours (consecutive ops deeper than ``d`` share one inner loop).
+    """
 
     ops: tuple[str, ...]
     loops: tuple[LoopLevel, ...]
+    depths: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.ops:
             raise ProgramError("a tiling group needs at least one op")
         if not self.loops:
             raise ProgramError(f"tiling group {list(self.ops)} has no loop levels")
+        seen: set[str] = set()
+        for name, d in self.depths:
+            if name not in self.ops:
+                raise ProgramError(f"tiling group {list(self.ops)}: depths name op {name!r}, "
+                                   "which is not in the group")
+            if name in seen:
+                raise ProgramError(f"tiling group {list(self.ops)}: depth of op {name!r} is "
+                                   "given twice")
+            seen.add(name)
+            if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= len(self.loops):
+                raise ProgramError(f"tiling group {list(self.ops)}: op {name!r} depth {d!r} "
+                                   f"must be an int in 1..{len(self.loops)} (its loop levels)")
+
+    def depth(self, op: str) -> int:
+        """How many of the group's levels (outermost first) ``op`` sits in."""
+        return dict(self.depths).get(op, len(self.loops))
 
 
 @dataclass(frozen=True)
@@ -317,6 +339,36 @@ def validate(p: Program) -> None:
             if d not in op.sizes:
                 raise ProgramError(f"work_division for op {op_name!r}: unknown dim {d!r}; "
                                    f"dims: {', '.join(op.dim_names)}")
+
+
+def with_symbols(program: Program, seeds: Mapping[str, Mapping[int, str]],
+                 symbols: tuple[Symbol, ...]) -> Program:
+    """``program`` with the input axes in ``seeds`` (tensor -> axis -> symbol) sized by
+    ``symbols``, and every axis an op writes with a dim that reads a symbolic axis alone sized
+    by the same symbol, in program order. The shapes must already hold the planning sizes;
+    validation refuses a symbolic size used any other way (in a sum, against a static axis).
+
+    >>> from apportion.frontend.json_format import loads
+    >>> p = loads('{"name": "t", "tensors": {"x": {"shape": [8, 4], "dtype": "float32"}},'
+    ...   '"inputs": ["x"], "outputs": ["y"], "ops": [{"name": "e", "op": "exp", '
+    ...   '"out": "y[b,c]", "ins": ["x[b,c]"]}]}')
+    >>> with_symbols(p, {"x": {0: "B"}}, (Symbol("B", max=8),)).tensor("y").symbols
+    {0: 'B'}
+    """
+    dynamic: dict[str, dict[int, str]] = {t: dict(axes) for t, axes in seeds.items()}
+    for op in program.ops:
+        dims: dict[str, str] = {}
+        for acc in op.ins:
+            for i, e in enumerate(acc.index):
+                sym = dynamic.get(acc.tensor, {}).get(i)
+                if sym is not None and e.single_dim is not None:
+                    dims.setdefault(e.single_dim, sym)
+        for i, e in enumerate(op.out.index):
+            if e.single_dim in dims:
+                dynamic.setdefault(op.out.tensor, {})[i] = dims[e.single_dim]
+    tensors = tuple(replace(t, dynamic=tuple(sorted(dynamic.get(t.name, {}).items())))
+                    for t in program.tensors)
+    return replace(program, tensors=tensors, symbols=tuple(symbols))
 
 
 def _op_symbols(op: Op, tensors: Mapping[str, TensorType]) -> dict[str, str]:

@@ -308,10 +308,8 @@ def test_a_node_the_registry_refuses_is_an_error_naming_node_and_reason():
         from_torch(FloatRemainder(), (torch.randn(4, 8),))
 
 
-def test_dynamic_shapes_and_non_modules_are_refused():
+def test_non_modules_are_refused():
     x = torch.randn(4, 8)
-    with pytest.raises(ap.ProgramError, match="dynamic_shapes is not supported yet"):
-        from_torch(Floor(), (x,), dynamic_shapes={"x": {0: torch.export.Dim("n")}})
     with pytest.raises(ap.ProgramError, match="needs a torch.nn.Module"):
         from_torch(lambda x: x, (x,))
 
@@ -345,3 +343,41 @@ def test_import_apportion_does_not_import_torch():
     code = ("import sys, apportion as ap; assert 'torch' not in sys.modules; "
             "ap.TorchProgram; ap.from_torch; assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_dynamic_batch_becomes_a_symbol_and_runs_at_other_sizes():
+    from apportion.frontend.torch_demo import mlp
+
+    model, (x,) = mlp()
+    batch = torch.export.Dim("batch", max=128)
+    tp = ap.from_torch(model, (x,), dynamic_shapes=({0: batch},))
+    assert [(s.name, s.max) for s in tp.program.symbols] == [("batch", 128)]
+    assert tp.program.tensor(tp.user_inputs[0]).symbols == {0: "batch"}
+    planned = ap.plan(tp.program, ap.targets.spyre(cores=8))
+    for b in (3, 128):
+        xb = torch.randn(b, x.shape[1])
+        got, = tp.torch_outputs(planned.run(tp.inputs(xb)))
+        np.testing.assert_allclose(got, model(xb).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_dynamic_size_merged_into_an_output_dim_comes_back_in_torch_shape():
+    class Flatten(torch.nn.Module):
+        def forward(self, x):
+            return (x * 2).reshape(-1)
+
+    batch = torch.export.Dim("batch", max=64)
+    tp = ap.from_torch(Flatten(), (torch.randn(8, 4),), dynamic_shapes=({0: batch},))
+    planned = ap.plan(tp.program, ap.targets.spyre(cores=4))
+    x = torch.randn(5, 4)
+    got, = tp.torch_outputs(planned.run(tp.inputs(x)))
+    np.testing.assert_allclose(got, (x * 2).reshape(-1).numpy())
+
+
+def test_a_graph_computing_with_a_dynamic_size_is_refused_naming_the_op():
+    class Positions(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.arange(x.shape[0])[:, None]
+
+    batch = torch.export.Dim("batch", max=64)
+    with pytest.raises(ap.ProgramError, match="dynamic size.*op '"):
+        ap.from_torch(Positions(), (torch.randn(8, 4),), dynamic_shapes=({0: batch},))
