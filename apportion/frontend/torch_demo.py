@@ -36,7 +36,8 @@ def tiny_gpt2(layers: int = 2, seq: int = SEQ) -> tuple[Any, tuple[Any, ...]]:
 
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(n_layer=layers, n_embd=128, n_head=4, vocab_size=1000,
-                                  n_positions=max(128, seq), use_cache=False)
+                                  n_positions=max(128, seq), bos_token_id=0, eos_token_id=0,
+                                  use_cache=False)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     return model, (torch.randint(0, cfg.vocab_size, (1, seq)),)
 
