@@ -70,6 +70,27 @@ def _kib(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
+#: why the planner added a loop group (``GroupPlan.added``), as the report says it
+ADDED = {"span": ", added by the planner: no split keeps it within the span limit"}
+
+
+def symbolic_text(name: str, lo: int, hi: int | None, planned: int) -> str:
+    """How a symbolic loop count's tiles were planned: at its bound or its smallest value.
+
+    >>> symbolic_text("T", 1, None, 1)
+    'T planned at its smallest value 1 (no bound: the whole range per iteration)'
+    >>> symbolic_text("T", 4, 64, 4)
+    'T planned at its bound min=4 (runs take 4 <= T <= 64)'
+    """
+    runs = f"{planned} <= {name}" + (f" <= {hi}" if hi is not None else "")
+    if planned == 1:
+        return f"{name} planned at its smallest value 1 (no bound: the whole range per iteration)"
+    if planned == lo:
+        return f"{name} planned at its bound min={lo} (runs take {runs})"
+    return (f"{name} planned at {planned}, its smallest value from min={lo} that divides the "
+            f"tiled dims into whole sticks (runs take {runs})")
+
+
 def group_lines(plan: Plan) -> list[str]:
     """One line per loop group: counts, working set per iteration vs scratchpad, savings."""
     lines = []
@@ -79,12 +100,24 @@ def group_lines(plan: Plan) -> list[str]:
         verdict = "fits" if g.fits else "does NOT fit"
         lx = ", ".join(g.lx_tensors) or "none"
         hbm = f"; tiles left in device memory: {', '.join(g.hbm_tiles)}" if g.hbm_tiles else ""
+        why = ADDED.get(g.added, g.added)
+        for name, lo, hi, planned in g.symbolic:
+            levels += f"; {symbolic_text(name, lo, hi, planned)}"
         lines.append(
-            f"loop group {list(g.path)} ({', '.join(g.ops)}): {levels}; working set per "
+            f"loop group {list(g.path)} ({', '.join(g.ops)}){why}: {levels}; working set per "
             f"iteration {_kib(g.working_set_bytes)} per core vs scratchpad {_kib(g.capacity)}: "
             f"{verdict}; in scratchpad: {lx}{hbm}; device memory saved {_mib(g.saved_bytes)} "
             f"MiB; predicted {g.iteration_time_us:.2f} us per iteration")
     return lines
+
+
+def scratchpad_lines(plan: Plan) -> list[str]:
+    """The outputs of ops outside loop groups kept in the scratchpad (each core its part)."""
+    kept = [b for b in plan.buffers if b.space == "lx" and b.kind == "full"]
+    if not kept:
+        return []
+    what = ", ".join(f"{b.tensor} ({_kib(b.nbytes)} at {b.offset})" for b in kept)
+    return [f"in scratchpad outside loop groups (per core): {what}"]
 
 
 def symbol_lines(plan: Plan) -> list[str]:
@@ -173,6 +206,6 @@ def print_report(plan: Plan, target: Target, console: Console | None = None) -> 
     """Print the table, one line per loop group, the run-time sizes and the summary line."""
     console = console or Console()
     console.print(plan_table(plan, target))
-    for line in (*group_lines(plan), *symbol_lines(plan)):
+    for line in (*group_lines(plan), *scratchpad_lines(plan), *symbol_lines(plan)):
         console.print(line, highlight=False, soft_wrap=True)
     console.print(summary_line(plan))

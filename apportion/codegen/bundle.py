@@ -87,7 +87,8 @@ def address_map(strides: tuple[int | str, ...]) -> str:
 
 
 def _moves(a: TensorArg) -> bool:
-    return a.memory == "hbm" and not a.per_tile_fixed and any(a.tile_strides)
+    # device memory, or a scratchpad tile read in loops deeper than its buffer
+    return not a.per_tile_fixed and any(a.tile_strides)
 
 
 def _execute(op: OpSpec, values: list[str]) -> str:

@@ -1,7 +1,9 @@
 """The LoopSpec program of a plan: nested counted loops of kernel launches with their tensors.
 
-Ops outside loops are bare OpSpecs in program order; the ops of a tiling group nest in one
-LoopSpec per level, with the steps the loops need:
+Ops outside loops are bare OpSpecs in program order; the ops of a tiling group nest in LoopSpecs
+as their loop paths say (``plans.tiles.loop_tree``: an op at a lesser depth sits next to the
+inner LoopSpec of its neighbours, an op with a loop of its own gets its own LoopSpec), with the
+steps the loops need:
 
 * before the level that tiles an op's reduction dim, an init (``<op>.init``, op ``fill``)
   setting its slice of the accumulator to the reduction's identity;
@@ -17,7 +19,9 @@ LoopSpec per level, with the steps the loops need:
 Accumulators carry their own dtype (``TensorArg.dtype`` float32) and device layout.
 
 Within a loop, a tensor's per-tile buffer of that group wins; otherwise the launch addresses the
-whole tensor and its tile's address moves with the loops (``TensorArg.tile_strides``).
+whole tensor and its tile's address moves with the loops (``TensorArg.tile_strides``). A tile
+buffer living in fewer loops than the launch (an outer op's tile read in an inner loop, an inner
+op's tiles gathered for an outer one) moves within the buffer along the deeper loops.
 
 >>> import apportion as ap
 >>> planned = ap.plan(ap.load("examples/fused.json"), target=ap.targets.spyre(cores=32))
@@ -49,6 +53,7 @@ from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
 from apportion.plans.memory import Buffer, FinishOp, GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan, Plan
+from apportion.plans.tiles import Loop, loop_tree
 from apportion.target.layout import device_layout
 from apportion.target.target import Target
 
@@ -61,47 +66,77 @@ def loopspec(program: Program, plan: Plan, target: Target) -> SpecProgram:
         op_plan = plan.op(op.name)
         if op_plan.loop is None:
             out.append(_op_spec(program, plan, target, op, op_plan, None))
-        elif op_plan.loop.group not in done:
-            done.add(op_plan.loop.group)
+        elif op_plan.loop.group[:1] not in done:  # the group's ops may sit in several loops
+            done.add(op_plan.loop.group[:1])
             out += _nest(program, plan, target, plan.group(op_plan.loop.group))
     return SpecProgram(out)
 
 
 def _finish_spec(program: Program, plan: Plan, target: Target, fin: FinishOp) -> OpSpec:
-    """After the nest: the whole accumulator, cast (and for a mean scaled) into the result."""
+    """At the end of the loop tiling the op's reduction (``fin.level``; level 0: after the
+    nest): its accumulator, cast (and for a mean scaled), copied out into the tensor's full
+    buffer and its tile buffer, whichever it has."""
     op, op_plan = program.op(fin.op), plan.op(fin.op)
-    space = {d: (op.sizes[d], op_plan.split_map[d]) for d in op.out.dims}
-    args = (_arg(program, plan, target, op, op.out, 0, True, None, 0, prefer="accumulator"),
-            _arg(program, plan, target, op, op.out, 1, False, None, 0, prefer="full"))
-    return OpSpec(f"finish_{fin.fn}", False, space, args, (), f"{op.name}.finish")
+    loop = op_plan.loop
+    assert loop is not None
+    depth = fin.level
+    planned = {n: v for n, _lo, _hi, v in plan.group(loop.group).symbolic}
+    sizes = _sizes_at(op, op_plan, loop, depth, planned)
+    space = {d: (sizes[d], op_plan.split_map[d]) for d in op.out.dims}
+    kinds = {b.kind for b in plan.buffers_of(op.out.tensor)}
+    args = [_arg(program, plan, target, op, op.out, 0, True, loop, depth, prefer="accumulator")]
+    for kind in ("full", "tile"):
+        if kind in kinds:
+            args.append(_arg(program, plan, target, op, op.out, len(args), False, loop, depth,
+                             prefer=kind))
+    tiled = _tiled(LoopInfo(loop.group[:depth], loop.count[:depth], loop.tiled_dims[:depth]))
+    return OpSpec(f"finish_{fin.fn}", False, space, tuple(args),
+                  tuple(d for d in tiled if d in op.out.dims), f"{op.name}.finish")
 
 
 def _nest(program: Program, plan: Plan, target: Target, group: GroupPlan) -> list[Spec]:
-    """The loops of one group, innermost body first, with inits in front of their level."""
-    body: list[Spec] = []
-    for name in group.ops:
-        op, op_plan = program.op(name), plan.op(name)
-        accumulates = any(c.op == name for c in group.combines)
-        body.append(_op_spec(program, plan, target, op, op_plan, op_plan.loop, accumulates))
-        for c in group.copies:
-            if c.op == name:
-                body.append(_step_spec(program, plan, target, op, op_plan, "copy", "copy",
-                                       len(group.counts)))
-    for level in reversed(range(len(group.counts))):
-        inits = [i for i in group.inits if i.level == level]
-        # an init runs before the level tiling the reduction, over what the outer levels select
-        body = [*(_step_spec(program, plan, target, program.op(i.op), plan.op(i.op), "init",
-                             "fill", level) for i in inits),
-                LoopSpec(group.counts[level], tuple(body))]
-    return [*body, *(_finish_spec(program, plan, target, f) for f in group.finishes)]
+    """The loops of one group as its ops' loop paths nest them (``plans.tiles.loop_tree``),
+    with inits in front of the loop that tiles their reduction and finishes after it."""
+    loops = {n: plan.op(n).loop for n in group.ops}
+    tree = loop_tree(group.ops, loops)  # type: ignore[arg-type]
+    return _items(program, plan, target, group, tree)
+
+
+def _items(program: Program, plan: Plan, target: Target, group: GroupPlan,
+           items: list[str | Loop]) -> list[Spec]:
+    out: list[Spec] = []
+    for item in items:
+        if isinstance(item, str):
+            op, op_plan = program.op(item), plan.op(item)
+            accumulates = any(c.op == item for c in group.combines)
+            out.append(_op_spec(program, plan, target, op, op_plan, op_plan.loop, accumulates))
+            for c in group.copies:
+                if c.op == item:
+                    assert op_plan.loop is not None
+                    out.append(_step_spec(program, plan, target, op, op_plan, "copy", "copy",
+                                          len(op_plan.loop.count)))
+            continue
+        inside = set(item.names())
+        # an init runs before the loop tiling the reduction, over what the outer loops select
+        out += [_step_spec(program, plan, target, program.op(i.op), plan.op(i.op), "init",
+                           "fill", item.depth)
+                for i in group.inits if i.level == item.depth and i.op in inside]
+        out.append(LoopSpec(item.count, tuple(_items(program, plan, target, group,
+                                                     item.items))))
+        out += [_finish_spec(program, plan, target, f)
+                for f in group.finishes if f.level == item.depth and f.op in inside]
+    return out
 
 
 def _op_spec(program: Program, plan: Plan, target: Target, op: Op, op_plan: OpPlan,
              loop: LoopInfo | None, accumulates: bool = False) -> OpSpec:
     depth = len(loop.count) if loop else 0
     reads = (*op.ins, op.out) if accumulates else op.ins
-    args = [_arg(program, plan, target, op, a, i, True, loop, depth) for i, a in enumerate(reads)]
-    args.append(_arg(program, plan, target, op, op.out, len(reads), False, loop, depth))
+    acc = "accumulator" if accumulates else None
+    args = [_arg(program, plan, target, op, a, i, True, loop, depth,
+                 prefer=acc if a is op.out else None) for i, a in enumerate(reads)]
+    args.append(_arg(program, plan, target, op, op.out, len(reads), False, loop, depth,
+                     prefer=acc))
     space = {d: (n, op_plan.split_map[d]) for d, n in op_plan.iteration_space}
     return OpSpec(op.fn, bool(op.reduction_dims), space, tuple(args), _tiled(loop), op.name)
 
@@ -113,28 +148,32 @@ def _step_spec(program: Program, plan: Plan, target: Target, op: Op, op_plan: Op
     assert loop is not None
     out = op.out
     dims = out.dims
-    sizes = _sizes_at(op, op_plan, loop, depth)
+    planned = {n: v for n, _lo, _hi, v in plan.group(loop.group).symbolic}
+    sizes = _sizes_at(op, op_plan, loop, depth, planned)
     space = {d: (sizes[d], op_plan.split_map[d]) for d in dims}
     if step == "copy":
         src = _arg(program, plan, target, op, out, 0, True, loop, depth, prefer="tile")
         dst = _arg(program, plan, target, op, out, 1, False, loop, depth, prefer="full")
         args: tuple[TensorArg, ...] = (src, dst)
     else:
-        args = (_arg(program, plan, target, op, out, 0, False, loop, depth),)
+        args = (_arg(program, plan, target, op, out, 0, False, loop, depth,
+                     prefer="accumulator"),)
     tiled = _tiled(LoopInfo(loop.group[:depth], loop.count[:depth], loop.tiled_dims[:depth]))
     return OpSpec(fn, False, space, args, tuple(d for d in tiled if d in dims),
                   f"{op.name}.{step}")
 
 
-def _sizes_at(op: Op, op_plan: OpPlan, loop: LoopInfo, depth: int) -> dict[str, int]:
-    """Per-launch sizes of the op's dims inside the outer ``depth`` levels."""
+def _sizes_at(op: Op, op_plan: OpPlan, loop: LoopInfo, depth: int,
+              planned: dict[str, int] | None = None) -> dict[str, int]:
+    """Per-launch sizes of the op's dims inside the outer ``depth`` levels (a symbolic count
+    at the value its tiles were planned at, ``planned``: an upper bound of its tiles)."""
     if depth == len(loop.count):
         return op_plan.sizes
     sizes = dict(op.sizes)
     for count, dims in zip(loop.count[:depth], loop.tiled_dims[:depth], strict=True):
+        n = count if isinstance(count, int) else (planned or {}).get(count, 1)
         for d in dims:
-            if isinstance(count, int):
-                sizes[d] //= count
+            sizes[d] //= n
     return sizes
 
 
@@ -157,7 +196,9 @@ def _buffer(plan: Plan, tensor: str, loop: LoopInfo | None, prefer: str | None) 
         raise EmitError(f"the plan places no buffer for tensor {tensor!r}; plan it with the "
                         "buffers and scratchpad passes")
     group = loop.group if loop else None
-    tiles = [b for b in found if b.kind == "tile" and b.group == group]
+    # a tile buffer lives in the outer loops of the launch (its group path is a prefix)
+    tiles = [b for b in found if b.kind == "tile" and group is not None
+             and b.group == group[:len(b.group)]]
     whole = [b for b in found if b.kind != "tile"]
     if tiles and prefer in (None, "tile"):
         return tiles[0]
@@ -175,8 +216,22 @@ def _arg(program: Program, plan: Plan, target: Target, op: Op, access: Access, i
     t = program.tensor(access.tensor)
     buf = _buffer(plan, t.name, loop, prefer)
     dtype = buf.dtype or t.dtype
-    if buf.kind == "tile":
+    fixed = buf.per_tile_fixed
+    if buf.kind == "tile" or buf.kind == "accumulator" and (
+            buf.space == "lx" or buf.shape != t.shape):
+        # a tile, or a tile-sized accumulator (of the loops outside its reduction's)
         shape, strides = buf.shape, (0,) * depth
+        lives = len(buf.group) if buf.kind == "tile" else next(
+            i.level for g in plan.groups for i in g.inits if i.tensor == t.name)
+        if loop is not None and depth > lives:
+            # the launch sits in loops deeper than the buffer: its tile moves within the
+            # buffer (one core's part of it, in the scratchpad)
+            inner = LoopInfo(loop.group[:depth], loop.count[:depth], loop.tiled_dims[:depth])
+            held = _per_core(plan, program, t.name, shape) if buf.space == "lx" else shape
+            moves = tile_strides(access, padded_strides(held, dtype, target),
+                                 level_steps(inner, op.sizes))
+            strides = (0,) * lives + moves[lives:]
+        fixed = not any(strides)
     else:
         shape = t.shape
         strides = (0,) * depth
@@ -188,5 +243,24 @@ def _arg(program: Program, plan: Plan, target: Target, op: Op, access: Access, i
         is_input=is_input, arg_index=index, dtype=dtype,
         device_size=device_layout(shape, dtype, target).shape,
         device_coordinates=device_coordinates(access, shape, dtype, target),
-        allocation={buf.space: buf.offset}, per_tile_fixed=buf.per_tile_fixed,
+        allocation={buf.space: buf.offset}, per_tile_fixed=fixed,
         tensor=t.name, tile_strides=strides)
+
+
+def _per_core(plan: Plan, program: Program, tensor: str, shape: tuple[int, ...]
+              ) -> tuple[int, ...]:
+    """The extents of one core's part of a scratchpad tile (its producer's largest slice)."""
+    producer = program.producer(tensor)
+    if producer is None:
+        return shape
+    op_plan = plan.op(producer.name)
+    per, splits = dict(op_plan.unit_elems), op_plan.split_map
+    out = []
+    for e, n in zip(producer.out.index, shape, strict=True):
+        d = e.single_dim
+        if d is None or splits.get(d, 1) == 1:
+            out.append(n)
+        else:
+            units = -(-n // per[d])
+            out.append(min(n, -(-units // splits[d]) * per[d]))
+    return tuple(out)

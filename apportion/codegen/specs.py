@@ -81,7 +81,8 @@ class TensorArg:
     buffers and scratchpad tensors); ``device_coordinates`` one affine expression of the op dims
     per device dim; ``allocation`` is ``{"hbm": byte address}`` or ``{"lx": scratchpad
     offset}``. ``per_tile_fixed`` marks a tensor holding one tile at an address that stays put
-    across loop iterations. ``tile_strides`` gives, per enclosing loop level (outermost
+    across loop iterations (a scratchpad tensor read in loops deeper than its tile buffer
+    moves within it: not fixed). ``tile_strides`` gives, per enclosing loop level (outermost
     first), the bytes its address advances per iteration (0: not tiled at that level; an
     expression over count names such as ``"8388608 floordiv T"`` when a count is symbolic).
     """
@@ -110,8 +111,8 @@ class TensorArg:
                             f"{{'hbm': address}}, {{'lx': offset}}")
         if self.address < 0:
             raise EmitError(f"{where}: negative {self.memory} address {self.address}")
-        if self.memory == "lx" and any(self.tile_strides):
-            raise EmitError(f"{where}: a scratchpad tensor cannot move across loop iterations "
+        if self.per_tile_fixed and any(self.tile_strides):
+            raise EmitError(f"{where}: a tile fixed in place cannot move across loop iterations "
                             f"(tile strides {self.tile_strides})")
 
     @property

@@ -19,6 +19,7 @@ made from its entry (``OP_FUNCTIONS``; ``ap.exp``, ``ap.where``, ``ap.amax``, ..
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +37,8 @@ from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
 
 __all__ = [
     "BinaryOp", "Dim", "Hint", "ProgramBuilder", "Reduction", "Tensor", "UnaryOp",
-    "cast", "dim", "hint", "matmul", "program",
+    "avg_pool", "cast", "conv", "dim", "fill", "gather", "hint", "matmul", "max_pool",
+    "program", "topk",
     *(k.builder for k in builder_kinds() if k.builder),
 ]
 
@@ -128,7 +130,8 @@ class Hint:
     """
 
     def __init__(self, slices: Mapping[Dim, int | str] | None = None,
-                 work_division: Mapping[Dim, int] | None = None) -> None:
+                 work_division: Mapping[Dim, int] | None = None,
+                 min: int | None = None, max: int | None = None) -> None:
         self.slices = dict(slices or {})
         self.work_division = dict(work_division or {})
         if not self.slices and not self.work_division:
@@ -140,7 +143,12 @@ class Hint:
         if len(counts) > 1:
             raise ProgramError(f"hint slices {_hint_text(self.slices)}: one hint is one loop level "
                                "with one count; nest hints for different counts")
-        self.level = LoopLevel(counts[0], tuple(d.name for d in self.slices)) if counts else None
+        if (min is not None or max is not None) and not (counts and isinstance(counts[0], str)):
+            raise ProgramError(f"hint slices {_hint_text(self.slices)}: min and max bound a "
+                               "symbolic count (a name like \"T\"), not an int")
+        bounds = {k: v for k, v in (("min", min), ("max", max)) if v is not None}
+        self.level = LoopLevel(counts[0], tuple(d.name for d in self.slices), **bounds) \
+            if counts else None
         for d, n in self.work_division.items():
             if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
                 raise ProgramError(f"hint work_division: split of dim {d.name!r} must be a "
@@ -172,14 +180,17 @@ def _hint_text(slices: Mapping[Dim, Any]) -> str:
 
 
 def hint(slices: Mapping[Dim, int | str] | None = None,
-         work_division: Mapping[Dim, int] | None = None) -> Hint:
+         work_division: Mapping[Dim, int] | None = None,
+         min: int | None = None, max: int | None = None) -> Hint:
     """Tile the ops made inside: ``with ap.hint(slices={A: 2}): ...`` loops twice over rows of A.
 
     Nested hints are nested loop levels, outermost first; consecutive ops with the same hint
-    scopes form one tiling group. A count is an int or a symbol name. ``work_division={A: 4}``
-    pins the split of A for each op made inside that uses A.
+    scopes form one tiling group. A count is an int or a symbol name; ``min`` and ``max`` bound
+    a symbolic count (``ap.hint(slices={A: "T"}, min=4)``: tiles are planned for T = 4, the
+    smallest it may be). ``work_division={A: 4}`` pins the split of A for each op made inside
+    that uses A.
     """
-    return Hint(slices, work_division)
+    return Hint(slices, work_division, min, max)
 
 
 @dataclass(frozen=True)
@@ -354,22 +365,43 @@ class ProgramBuilder:
         return self._letters.get((d.name, 0)) in op.sizes
 
     def _tiling(self) -> tuple[TilingGroup, ...]:
-        groups: list[TilingGroup] = []
-        for scopes, run in itertools.groupby(self._records, key=lambda r: r.loop_scopes):
-            if not scopes:
+        """Tiling groups from the hint scopes: consecutive ops whose loop scopes nest in one
+        chain; an op made in the outer scopes only sits at a lesser depth of the same nest."""
+        runs: list[tuple[list[Hint], list[_Record]]] = []
+        for r in self._records:
+            chain = list(r.loop_scopes)
+            if not chain:
+                runs.append(([], []))
                 continue
-            ops = [r.op for r in run]
+            cur = runs[-1] if runs and runs[-1][0] else None
+            if cur is not None and _nests(cur[0], chain):
+                cur[0].extend(chain[len(cur[0]):])
+                cur[1].append(r)
+            else:
+                runs.append((chain, [r]))
+        groups: list[TilingGroup] = []
+        for chain, records in runs:
+            if not chain:
+                continue
+            ops = [r.op for r in records]
             names = tuple(o.name for o in ops)
             levels = []
-            for s in scopes:
-                for d in s.slices:
-                    if not any(self._uses(o, d) for o in ops):
-                        raise ProgramError(f"hint slices {_hint_text(s.slices)}: no op of tiling "
-                                           f"group {list(names)} uses dim {d.name!r}")
+            for depth, s in enumerate(chain):
+                inside = [r.op for r in records if len(r.loop_scopes) > depth]
+                scopes = {id(r.loop_scopes[depth]): r.loop_scopes[depth] for r in records
+                          if len(r.loop_scopes) > depth}
+                for scope in scopes.values():
+                    for d in scope.slices:
+                        if not any(self._uses(o, d) for o in inside):
+                            raise ProgramError(
+                                f"hint slices {_hint_text(scope.slices)}: no op of tiling group "
+                                f"{list(names)} uses dim {d.name!r}")
                 assert s.level is not None
                 letters = tuple(self._letters[(d.name, 0)] for d in s.slices)
-                levels.append(LoopLevel(s.level.count, letters))
-            groups.append(TilingGroup(names, tuple(levels)))
+                levels.append(dataclasses.replace(s.level, dims=letters))
+            depths = tuple((r.op.name, len(r.loop_scopes)) for r in records
+                           if len(r.loop_scopes) < len(chain))
+            groups.append(TilingGroup(names, tuple(levels), depths))
         return tuple(groups)
 
     def _pins(self) -> tuple[tuple[str, tuple[tuple[str, int], ...]], ...]:
@@ -386,6 +418,12 @@ class ProgramBuilder:
             if merged:
                 pins.append((r.op.name, tuple(merged.items())))
         return tuple(pins)
+
+
+def _nests(chain: list[Hint], scopes: list[Hint]) -> bool:
+    """True when an op made in ``scopes`` joins the nest of ``chain``: one is a prefix of the
+    other (the same scope objects; another scope, even an equal one, is another nest)."""
+    return all(a is b for a, b in zip(chain, scopes, strict=False))
 
 
 def program(name: str) -> ProgramBuilder:
@@ -618,3 +656,166 @@ def matmul(x: Tensor, w: Tensor, *, name: str | None = None) -> Tensor:
     w_index = [_ix(lt) for lt in (kl, *out_letters[split:])]
     return b._add(op_name, "matmul", out_dims, [_ix(lt) for lt in out_letters],
                   [(x, x_index), (w, w_index)], sizes)
+
+
+# -- constants, convolution, pooling, top-k, gather (their structure is in their accesses) ----
+
+def _active(what: str) -> ProgramBuilder:
+    b = _PROGRAM.get()
+    if b is None:
+        raise ProgramError(f"{what} must be used inside `with ap.program(...)`")
+    return b
+
+
+def _window(x: Tensor, axes: Sequence[Dim | int], what: str) -> list[int]:
+    """Axis indices of ``x`` named by dims or indices."""
+    out = []
+    for a in axes:
+        if isinstance(a, Dim):
+            hits = [j for j, d in enumerate(x.dims) if d == a]
+            if len(hits) != 1:
+                raise ProgramError(f"{what}: tensor {x.name!r} {_dims_text(x.dims)} has "
+                                   f"{'no' if not hits else 'more than one'} dim {a.name!r}")
+            out.append(hits[0])
+        elif isinstance(a, int) and not isinstance(a, bool) and -len(x.dims) <= a < len(x.dims):
+            out.append(a % len(x.dims))
+        else:
+            raise ProgramError(f"{what}: {a!r} is not a dim or an axis of tensor {x.name!r}")
+    return out
+
+
+def _sum(*parts: tuple[int, str | None]) -> AffineExpr:
+    """``coeff * letter + ...`` (a None letter: a size-1 dim, index 0)."""
+    terms = tuple((lt, c) for c, lt in parts if lt is not None)
+    return AffineExpr(terms, 0)
+
+
+def fill(dims: Sequence[Dim | int], value: float, dtype: str = "float32", *,
+         name: str | None = None) -> Tensor:
+    """A constant tensor: ``ap.fill([A, B], 0.0, "float16")``, divided over cores like any
+    pointwise op (kind ``fill``)."""
+    b = _active("ap.fill")
+    op_name = b._op_name("fill", name)
+    b._check_open(f"op {op_name!r}")
+    where = f"op {op_name!r}"
+    for axis, d in enumerate(dims):
+        if not isinstance(d, Dim) and (isinstance(d, bool) or not isinstance(d, int) or d <= 0):
+            raise ProgramError(f"{where}: axis {axis} must be a Dim or a positive int, got {d!r}")
+    full = tuple(d if isinstance(d, Dim) else _anonymous(d) for d in dims)
+    for d in full:
+        b._register(d, where)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ProgramError(f"{where}: value must be a number, got {value!r}")
+    letters = b._slot_letters([d if d.size > 1 else None for d in full])
+    sizes = {lt: d.size for lt, d in zip(letters, full, strict=True) if lt}
+    return b._add(op_name, "fill", full, [_ix(lt) for lt in letters], [], sizes,
+                  {"value": number_attr(value), "dtype": check_dtype(dtype, where)})
+
+
+def conv(x: Tensor, w: Tensor, *, stride: int = 1, name: str | None = None) -> Tensor:
+    """A convolution without padding, as a matmul over index sums (kind ``conv``).
+
+    ``x`` is ``[*spatial, C]`` and ``w`` ``[*window, C, F]`` with one window dim per spatial dim
+    (1-D or 2-D); the result is ``[*out, F]`` with ``out = (size - window) // stride + 1``:
+    ``y[o, f] = sum over k, c of x[stride*o + k, c] * w[k, c, f]``.
+    """
+    b, op_name = _start("conv", name, x, w)
+    where = f"op {op_name!r}"
+    _same_dtype(op_name, x, w)
+    n = len(x.dims) - 1
+    if n < 1 or len(w.dims) != n + 2:
+        raise ProgramError(f"{where}: conv takes x [*spatial, C] and w [*window, C, F] with one "
+                           f"window dim per spatial dim; got {x.name!r} {_dims_text(x.dims)} "
+                           f"and {w.name!r} {_dims_text(w.dims)}")
+    if isinstance(stride, bool) or not isinstance(stride, int) or stride < 1:
+        raise ProgramError(f"{where}: stride must be a positive int, got {stride!r}")
+    c = _match(x.dims[-1], w.dims[n])
+    if c is None:
+        raise ProgramError(f"{where}: channels differ: {x.dims[-1]} of {x.name!r} vs "
+                           f"{w.dims[n]} of {w.name!r}")
+    out_sizes = [(x.dims[i].size - w.dims[i].size) // stride + 1 for i in range(n)]
+    if any(s < 1 for s in out_sizes):
+        raise ProgramError(f"{where}: window {_dims_text(w.dims[:n])} is larger than the input "
+                           f"{_dims_text(x.dims[:n])}")
+    out_dims = (*(_anonymous(s) for s in out_sizes), w.dims[-1])
+    window = w.dims[:n]
+    letters = b._slot_letters([d if d.size > 1 else None for d in (*out_dims, *window, c)])
+    outs, fl = letters[:n], letters[n]
+    ks, cl = letters[n + 1:2 * n + 1], letters[2 * n + 1]
+    sizes = {lt: d.size for lt, d in zip(letters, (*out_dims, *window, c), strict=True) if lt}
+    x_index = [_sum((stride, o), (1, k)) for o, k in zip(outs, ks, strict=True)] + [_ix(cl)]
+    w_index = [*(_ix(k) for k in ks), _ix(cl), _ix(fl)]
+    return b._add(op_name, "conv", out_dims, [*(_ix(o) for o in outs), _ix(fl)],
+                  [(x, x_index), (w, w_index)], sizes)
+
+
+def _pool(fn: str, x: Tensor, axes: Sequence[Dim | int], window: int | Sequence[int],
+          stride: int | Sequence[int] | None, name: str | None) -> Tensor:
+    b, op_name = _start(fn, name, x)
+    where = f"op {op_name!r}"
+    pooled = _window(x, axes, where)
+    wins = [window] * len(pooled) if isinstance(window, int) else list(window)
+    steps = wins if stride is None else ([stride] * len(pooled) if isinstance(stride, int)
+                                         else list(stride))
+    if len(wins) != len(pooled) or len(steps) != len(pooled) or any(
+            isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in (*wins, *steps)):
+        raise ProgramError(f"{where}: give one positive window (and stride) per pooled axis, "
+                           f"got window {window!r}, stride {stride!r}")
+    out_dims = list(x.dims)
+    for j, k, s in zip(pooled, wins, steps, strict=True):
+        size = (x.dims[j].size - k) // s + 1
+        if size < 1:
+            raise ProgramError(f"{where}: window {k} is larger than axis {j} of {x.name!r}")
+        out_dims[j] = _anonymous(size)
+    windows = [_anonymous(k) for k in wins]
+    letters = b._slot_letters([d if d.size > 1 else None for d in (*out_dims, *windows)])
+    outs, ks = letters[:len(out_dims)], letters[len(out_dims):]
+    sizes = {lt: d.size for lt, d in zip(letters, (*out_dims, *windows), strict=True) if lt}
+    x_index = [_ix(lt) for lt in outs]
+    for (j, s), k in zip(zip(pooled, steps, strict=True), ks, strict=True):
+        x_index[j] = _sum((s, outs[j]), (1, k))
+    return b._add(op_name, fn, tuple(out_dims), [_ix(lt) for lt in outs], [(x, x_index)], sizes)
+
+
+def max_pool(x: Tensor, axes: Sequence[Dim | int], window: int | Sequence[int],
+             stride: int | Sequence[int] | None = None, *, name: str | None = None) -> Tensor:
+    """Max pooling without padding over ``axes`` of ``x`` (stride defaults to the window):
+    ``y[o, c] = max over k of x[stride*o + k, c]`` (kind ``max_pool``, a reduction)."""
+    return _pool("max_pool", x, axes, window, stride, name)
+
+
+def avg_pool(x: Tensor, axes: Sequence[Dim | int], window: int | Sequence[int],
+             stride: int | Sequence[int] | None = None, *, name: str | None = None) -> Tensor:
+    """Average pooling without padding: ``y[o, c] = mean over k of x[stride*o + k, c]``."""
+    return _pool("avg_pool", x, axes, window, stride, name)
+
+
+def topk(x: Tensor, k: int, *, name: str | None = None) -> Tensor:
+    """The ``k`` largest along the last axis, largest first: a fallback, whole, on one core."""
+    b, op_name = _start("topk", name, x)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= x.dims[-1].size:
+        raise ProgramError(f"op {op_name!r}: k must be an int in 1..{x.dims[-1].size}, got {k!r}")
+    out_dims = (*x.dims[:-1], _anonymous(k))
+    letters = b._slot_letters([*x.dims, out_dims[-1]])
+    sizes = {lt: d.size for lt, d in zip(letters, (*x.dims, out_dims[-1]), strict=True) if lt}
+    return b._add(op_name, "topk", out_dims, [*(_ix(lt) for lt in letters[:-2]),
+                                              _ix(letters[-1])],
+                  [(x, [_ix(lt) for lt in letters[:-1]])], sizes)
+
+
+def gather(table: Tensor, ids: Tensor, *, name: str | None = None) -> Tensor:
+    """Rows of ``table`` picked by the integer ``ids`` (an embedding): the result is
+    ``ids.dims + table.dims[1:]``; a fallback, whole, on one core (kind ``gather``)."""
+    b, op_name = _start("gather", name, table, ids)
+    out_dims = (*ids.dims, *table.dims[1:])
+    letters = b._slot_letters([*table.dims, *ids.dims])
+    t_l, i_l = letters[:len(table.dims)], letters[len(table.dims):]
+    sizes = {lt: d.size for lt, d in zip(letters, (*table.dims, *ids.dims), strict=True)}
+    return b._add(op_name, "gather", out_dims, [*(_ix(lt) for lt in i_l),
+                                                *(_ix(lt) for lt in t_l[1:])],
+                  [(table, [_ix(lt) for lt in t_l]), (ids, [_ix(lt) for lt in i_l])], sizes)
+
+
+#: builder functions whose structure is their accesses, exported with the registry's ones
+OP_FUNCTIONS.update({"fill": fill, "conv": conv, "max_pool": max_pool, "avg_pool": avg_pool,
+                     "topk": topk, "gather": gather})

@@ -27,8 +27,8 @@ PROGRAM_FIELDS = ("format", "name", "tensors", "inputs", "outputs", "ops", "tili
                   "work_division", "split_k", "symbols")
 SYMBOL_FIELDS = ("min", "max")
 TENSOR_FIELDS = ("shape", "dtype")
-GROUP_FIELDS = ("ops", "loops", "count", "dims")
-LOOP_FIELDS = ("count", "dims")
+GROUP_FIELDS = ("ops", "loops", "count", "dims", "depths")
+LOOP_FIELDS = ("count", "dims", "min", "max")
 # a tensor name as the builder allows it: what an access string can spell before its "["
 _NAME_CHARS_OUT = frozenset("[],")
 _ACCESS_LIKE = 'an access string like "x[m,k]"'
@@ -312,9 +312,10 @@ def _parse_op(od: Any, i: int, tensors: dict[str, TensorType]) -> Op:
     return op
 
 
-#: op fields that are attributes: names (``fn``, ``dtype``) and numbers (``min``, ``max``)
+#: op fields that are attributes: names (``fn``, ``dtype``) and numbers (``min``, ``max``,
+#: ``value``)
 NAME_ATTRS = ("fn", "dtype")
-NUMBER_ATTRS = ("min", "max")
+NUMBER_ATTRS = ("min", "max", "value")
 #: every field an op may have: the structure, then the attributes; extend by adding names here
 #: (or to NAME_ATTRS / NUMBER_ATTRS, which ``_attrs`` reads)
 OP_FIELDS = ("name", "op", "out", "ins", "dims", *NAME_ATTRS, *NUMBER_ATTRS)
@@ -406,7 +407,11 @@ def _parse_group(g: Any, i: int, ops: list[Op]) -> TilingGroup:
                                    "\"dims\"")
             flat["dims"] = [d0]
         levels = (_parse_level(flat, where),)
-    return TilingGroup(names, levels)
+    depths = g.get("depths", {})
+    if not isinstance(depths, dict):
+        raise ProgramError(f"{where}: field 'depths' must be an object like {{\"op\": 1}} "
+                           "(the outer loop levels an op sits in)")
+    return TilingGroup(names, levels, tuple(depths.items()))
 
 
 def _parse_level(lv: dict[str, Any], where: str) -> LoopLevel:
@@ -415,10 +420,20 @@ def _parse_level(lv: dict[str, Any], where: str) -> LoopLevel:
                      'a positive int or a symbol name like "T"', where)
     dims = _require_list(lv, "dims", _is_str, "a non-empty list of dim names (strings)",
                          "a dim name (a string)", where)
+    bounds = {k: lv[k] for k in ("min", "max") if k in lv}  # a symbolic count's bounds
     try:
-        return LoopLevel(count, tuple(dims))
+        return LoopLevel(count, tuple(dims), **bounds)
     except ProgramError as e:  # LoopLevel does not know which group it is in
         raise ProgramError(f"{where}: {e}") from None
+
+
+def _level_dict(lv: LoopLevel) -> dict[str, Any]:
+    d: dict[str, Any] = {"count": lv.count, "dims": list(lv.dims)}
+    if lv.min != 1:
+        d["min"] = lv.min
+    if lv.max is not None:
+        d["max"] = lv.max
+    return d
 
 
 def to_dict(p: Program) -> dict[str, Any]:
@@ -441,7 +456,8 @@ def to_dict(p: Program) -> dict[str, Any]:
                            "inputs": list(p.inputs), "outputs": list(p.outputs), "ops": ops}
     if p.tiling:
         doc["tiling"] = [{"ops": list(g.ops),
-                          "loops": [{"count": lv.count, "dims": list(lv.dims)} for lv in g.loops]}
+                          "loops": [_level_dict(lv) for lv in g.loops],
+                          **({"depths": dict(g.depths)} if g.depths else {})}
                          for g in p.tiling]
     if p.work_division:
         doc["work_division"] = {op: dict(s) for op, s in p.work_division}

@@ -221,6 +221,12 @@ MLIR_BODIES: dict[str, MlirBody] = {
                              "{r} = arith.minimumf %{p}lo, {max} : {t}"),
                       defaults=(("min", -math.inf), ("max", math.inf))),
     "copy": MlirBody("", ""),  # the cast is the emitter's conversion to the output type
+    "relayout": MlirBody("", ""),  # a copy: the new layout is the output tensor's
+    "fill": MlirBody(_lines("%{p}z = arith.constant 0.0 : {t}",
+                            "{r} = arith.addf {value}, %{p}z : {t}"),
+                     _lines("%{p}z = arith.constant 0 : {t}",
+                            "{r} = arith.addi {value}, %{p}z : {t}")),
+    "conv": _bin("arith.mulf", "arith.muli"),  # the product its reducer sums over the window
     "matmul": _bin("arith.mulf", "arith.muli"),  # the product its reducer sums
     # fallbacks, along the last axis of the whole input
     "sort": MlirBody(_lines("%{p}lt = arith.cmpf olt, {a}, {b} : {t}",
@@ -520,6 +526,15 @@ def _normal(xp: Any, *, shape: tuple[int, ...], mean: float = 0.0, std: float = 
     return xp.random.default_rng(int(seed)).normal(mean, std, shape)
 
 
+def _fill(xp: Any, *, value: float) -> Array:
+    return xp.asarray(value)  # broadcast over the box by the executor
+
+
+def _topk(xp: Any, a: Array, *, shape: tuple[int, ...]) -> Array:
+    # the shape[-1] largest along the last axis, largest first (NaN first, as torch's topk)
+    return xp.flip(xp.sort(a, axis=-1), axis=-1)[..., :shape[-1]]
+
+
 _COMPARE = {"result_dtype": "bool"}
 _LOGICAL = {"result_dtype": "bool", "conditions": (0, 1)}
 
@@ -620,6 +635,29 @@ KINDS: tuple[OpKind, ...] = (
     _whole("normal", 0, _normal,
            "normal random numbers (``mean``, ``std``) from numpy's generator at ``seed``",
            attrs=("mean", "std", "seed")),
+)
+
+#: constants, convolution, pooling, top-k and re-layout; builder functions ``ap.fill``,
+#: ``ap.conv``, ``ap.max_pool``, ``ap.avg_pool``, ``ap.topk`` (``frontend/builder.py``: their
+#: structure is in their accesses, not in a generated elementwise function)
+KINDS += (
+    OpKind("fill", Category.POINTWISE, 0, _fill, attrs=("value",), attrs_required=True,
+           doc="a constant over its iteration space: every element ``value`` (in ``dtype``); "
+               "divided over cores and tiled like any pointwise op (``full`` runs whole)"),
+    OpKind("conv", Category.MATMUL, 2, lambda xp, a, b: xp.multiply(a, b), SUM,
+           work_per_point=2.0,
+           doc="convolution: the sum over the window and the input channels of "
+               "``x[o+k, c] * w[k, c, f]`` (a matmul whose input index is a sum of dims)"),
+    OpKind("max_pool", Category.REDUCTION, 1, None, MAX,
+           doc="max pooling: the maximum over the window of ``x[s*o+k, c]``"),
+    OpKind("avg_pool", Category.REDUCTION, 1, None, MEAN,
+           doc="average pooling: the mean over the window of ``x[s*o+k, c]``"),
+    _whole("topk", 1, _topk,
+           "the k largest along the last axis, largest first (k: the output's last axis); a "
+           "fallback: whole, on one core"),
+    OpKind("relayout", Category.LAYOUT, 1, lambda xp, a: a,
+           doc="a copy of a tensor laid out with another stick dim (its innermost axis): "
+               "inserted by the planner where an op reads a tensor transposed"),
 )
 
 # every elementwise, matmul and fallback kind gets its MLIR body; reductions have their

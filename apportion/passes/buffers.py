@@ -3,17 +3,23 @@
 For a tensor made in a loop group:
 
 * read only inside the group (or nowhere): a per-tile buffer at a fixed place that every
-  iteration reuses (role ``tile``);
+  iteration reuses (role ``tile``); it holds the producer's tile at the depth of the loops the
+  producer shares with all its readers (``depth``): a producer in an inner loop read after that
+  loop writes its tiles one by one into a buffer holding the outer loop's tile;
 * read both inside and after it, or a program output read inside: a per-tile buffer for the
   readers inside, a full buffer for those after it, and a copy step in the loop writing each tile
   into its slice of the full one (role ``tile``, ``copy``);
 * read only after the group, or a program output: written straight into its slice of a full
   buffer (role ``full``);
-* made by an op tiled over a reduction dim: a full accumulator set to the reduction's identity
-  before the loop level tiling the reduction, combined into every iteration (role
-  ``accumulator``). Float results accumulate in float32, as hardware does, so that rounding
-  happens once; the tensor then has a full buffer too, which a finish step after the loop nest
-  fills (casting, and dividing a ``mean`` by its count).
+* made by an op tiled over a reduction dim: an accumulator set to the reduction's identity
+  before the loop tiling the reduction, combined into every iteration (role ``accumulator``).
+  It holds the op's output over the loops outside that loop only (tile-sized; the whole tensor
+  when the reduction is tiled by the outermost level), and a finish step at the end of that
+  loop copies it out into the tensor's buffers (its full one, and a tile buffer where ops of the
+  group read it after the loop), casting and dividing a ``mean`` by its count. Float results
+  accumulate in float32, as hardware does, so that rounding happens once. Only an accumulator of
+  the whole tensor that needs neither cast nor division is the tensor's buffer itself, with no
+  finish step.
 
 Every other tensor (inputs, results of ops outside loops) has a full buffer. Readers outside a
 loop always read full buffers. Where the buffers go is the `scratchpad` pass's decision.
@@ -28,7 +34,7 @@ from types import MappingProxyType
 
 from apportion.ir.op import Op
 from apportion.ir.program import Program
-from apportion.passes.coarse_tile import GroupTiling, Tiling
+from apportion.passes.coarse_tile import GroupTiling, Tiling, common_depth
 from apportion.plans.memory import CombineOp, CopyOp, FinishOp, InitOp
 
 
@@ -43,6 +49,9 @@ class TensorRole:
     copy: bool = False
     inside: tuple[str, ...] = ()  # readers in the producer's group
     outside: tuple[str, ...] = ()  # readers after it ("<output>" for a program output)
+    #: loops a tile buffer lives in: those the producer shares with every reader in the group
+    #: (its own depth without readers there); the buffer holds the producer's tile at that depth
+    depth: int = 0
 
 
 def buffer_roles(program: Program, tiling: Tiling) -> dict[str, TensorRole]:
@@ -67,13 +76,16 @@ def buffer_roles(program: Program, tiling: Tiling) -> dict[str, TensorRole]:
         outside = tuple(r for r in readers if r not in group.ops)
         if t in program.outputs:
             outside += ("<output>",)
+        loop = group.tile(op.name).loop
+        depth = min((common_depth(loop, group.tile(r).loop) for r in inside),
+                    default=len(loop.count))
         if group.tile(op.name).reduction_level is not None:
             role, copy = "accumulator", False
         elif inside:
             role, copy = "tile", bool(outside)
         else:
             role, copy = ("full", False) if outside else ("tile", False)
-        roles[t] = TensorRole(t, role, group.index, op.name, copy, inside, outside)
+        roles[t] = TensorRole(t, role, group.index, op.name, copy, inside, outside, depth)
     return roles
 
 
@@ -143,9 +155,10 @@ def loop_steps(program: Program, group: GroupTiling, roles: Mapping[str, TensorR
             assert level is not None
             inits.append(InitOp(group.path, name, t, fn, reducer.identity, level))
             combines.append(CombineOp(group.path, name, t, fn))
-            if needs_finish(op, program):
-                count = math.prod(op.sizes[d] for d in op.reduction_dims)
-                finishes.append(FinishOp(group.path, name, t, fn, count))
+            # the copy-out at the end of the reduction's loop; the scratchpad pass drops it
+            # where the accumulator stays in device memory and can be the tensor itself
+            count = math.prod(op.sizes[d] for d in op.reduction_dims)
+            finishes.append(FinishOp(group.path, name, t, fn, count, level))
         elif role.copy:
             copies.append(CopyOp(group.path, name, t))
     return tuple(inits), tuple(combines), tuple(copies), tuple(finishes)

@@ -1,32 +1,63 @@
 """Pass `coarse_tile`: loop nests around the program's tiling groups, and per-iteration sizes.
 
 A group (``Program.tiling``) is a contiguous run of ops inside nested counted loops, outermost
-first. Every op of a group sits in every level of its nest; at a level it is tiled on the level's
-dims it has, and an op without any of them computes the same box every iteration of that level
-(redundant work, never a wrong value: its inputs do not change along that level). Levels divide
-a dim outermost first, so a dim tiled at two levels is divided twice. One loop variable steps
-all dims of a level, so a level may list several letters only when each op has at most one of
-them. The group's loop path is its index in ``tiling`` then 0 per inner level: ``[g, 0, ...]``.
+first. An op sits in every level of its nest unless the group gives it a lesser depth
+(``TilingGroup.depths``): it then runs once per iteration of the outer levels it sits in, next
+to the inner loop its deeper neighbours share (consecutive ops deeper than it share one inner
+loop; a shallower op between two runs of deeper ops makes two sibling inner loops). At a level an
+op is tiled on the level's dims it has, and an op without any of them computes the same box every
+iteration of that level (redundant work, never a wrong value: its inputs do not change along
+that level). Levels divide a dim outermost first, so a dim tiled at two levels is divided twice.
 
-Tiling a reduction dim makes the op accumulate: its output is a whole-tensor accumulator (see
-pass ``buffers``), complete only after the loop, so no other op of the group may read it.
+One loop variable steps the dims of a level that different ops use. An op that has two (or more)
+of one level's dims gets them one after the other: the level's loop steps the first, and the op
+alone runs an inner loop of the same count over the next, so it computes every pair of tiles,
+not only the diagonal. From there on the op's loops are its own (its path leaves its
+neighbours').
+
+Every op has its own chain of loops (``LoopInfo``: counts and tiled dims per level it sits in, and
+its path ``[g, i1, i2, ...]``: ``g`` the group's index in ``tiling``, ``ik`` which loop at depth
+``k`` among the siblings inside its parent, in program order). Two ops share a loop when their
+paths agree up to its depth.
+
+A fallback op (one core, whole) may sit in a loop. It runs on one core every iteration, whole
+along the dims it works on: one along the last axis of its input (sort, cumsum, flip) is tiled on
+its other dims only, and a whole-tensor fallback (gather, full, ...) on none (where a level tiles
+such a dim the fallback computes all of it each iteration: redundant, never wrong). A reader in
+the group must be tiled like its producer on the loops they share, so a fallback that would need
+the whole of a tensor the loop makes one tile at a time is an error naming both.
+
+A tile smaller than one stick is allowed where the hardware allows it: for a dim that is a stick
+dim only of what the op reads (a load of part of a stick). A tile boundary inside a stick of a
+tensor the op writes (two iterations would write one stick) is an error naming the op, the dim
+and the stick.
+
+Tiling a reduction dim makes the op accumulate: its output is an accumulator over the loops
+outside the one tiling the reduction (see pass ``buffers``), complete only after that loop, so
+an op of the group may read it only from outside that loop (at a lesser depth).
 ``argmax`` tiled over its reduction dims is not supported (its accumulator would need indices).
 
 Symbolic counts are run-time parameters. Plan time cannot know the tile, so a dim tiled by a
-symbolic count is planned at its whole size (as if the count were 1): every span, scratchpad
-offset and per-core slice planned then bounds what any count gives. The count stays named in
-the plan; execution takes its value and checks that it divides the dim into whole sticks.
+symbolic count is planned at the count's *smallest value*: the least count from its lower bound
+(``LoopLevel.min``, default 1) up to its upper bound (``max``, default the target's
+``max_loop_count``) that divides every dim of the level into whole sticks. Larger counts give
+smaller tiles, so every span, scratchpad offset and per-core slice planned then bounds what any
+count a run may take gives. A count without bounds is planned at 1, the whole range per
+iteration. The count stays named in the plan, with its bounds and the value it was planned at
+(``GroupPlan.symbolic``); execution takes its value and refuses one below the planned value or
+above the bound, or one that does not divide the dim into whole sticks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from apportion.errors import PlanningError, ProgramError
 from apportion.ir.kinds import KINDS
 from apportion.ir.op import Op
-from apportion.ir.program import Program, TilingGroup
+from apportion.ir.program import LoopLevel, Program, TilingGroup
 from apportion.passes.layouts import OpLayout
 from apportion.plans.plan import LoopInfo
 
@@ -62,6 +93,8 @@ class GroupTiling:
     counts: tuple[int | str, ...]
     dims: tuple[tuple[str, ...], ...]
     tiles: tuple[OpTile, ...]
+    #: per symbolic count: (name, min, max, the value its tiles were planned at)
+    symbolic: tuple[tuple[str, int, int | None, int], ...] = ()
 
     def tile(self, op: str) -> OpTile:
         return next(t for t in self.tiles if t.op == op)
@@ -148,10 +181,6 @@ def _tile_group(program: Program, gi: int, group: TilingGroup,
         if max_count is not None and isinstance(lv.count, int) and lv.count > max_count:
             raise PlanningError(f"{where}: loop level {level} count {lv.count} exceeds the "
                                 f"target's max_loop_count {max_count}")
-    for op in ops:
-        if not op.kind.divisible:
-            raise PlanningError(f"{where}: op {op.name!r} is a fallback ({op.kind.name}), which "
-                                "runs whole on one core and cannot sit in a loop nest")
     owner: dict[str, Op] = {}  # dim letter -> first op having it (sizes must agree)
     for op in ops:
         for d, n in op.dims:
@@ -170,80 +199,204 @@ def _tile_group(program: Program, gi: int, group: TilingGroup,
                 f"no op of the group has dim {missing[0]!r} tiled"
             raise ProgramError(f"{where}: {what} at loop level {level} ({list(lv.dims)}); "
                                f"op dims: {have}")
-        for op in ops:
-            both = [d for d in lv.dims if d in op.sizes]
-            if len(both) > 1:
-                # one loop variable steps every dim of a level: two dims of one op would only
-                # ever meet on the diagonal, leaving the other tiles uncomputed
-                raise ProgramError(f"{where}: op {op.name!r} has dims {both[0]!r} and "
-                                   f"{both[1]!r}, both tiled at loop level {level}; a level tiles "
-                                   "one dim per op (the dims of a level are the letters different "
-                                   "ops use); put them at separate levels")
-    tile_sizes = _divide(group, ops, owner, op_layouts)
+    _, planned = _divide(group, ops, owner, op_layouts, max_count)
+    values = [lv.count if isinstance(lv.count, int) else planned[i]
+              for i, lv in enumerate(group.loops)]
+    chains = {op.name: _chain(op, group) for op in ops}
+    paths = _paths(gi, group.ops, chains)
     path = (gi,) + (0,) * (len(group.loops) - 1)
     counts = tuple(lv.count for lv in group.loops)
-    tiles = tuple(_op_tile(op, group, path, counts, tile_sizes) for op in ops)
-    _check_letters(program, group, ops)
+    tiles = tuple(_op_tile(op, chains[op.name], paths[op.name], counts, values, op_layouts,
+                           where) for op in ops)
+    _check_letters(program, group, ops, tiles)
     _check_reductions(program, group, ops, tiles)
-    return GroupTiling(gi, path, group.ops, counts, tuple(lv.dims for lv in group.loops), tiles)
+    symbolic = tuple((lv.count, lv.min, lv.max, planned[i]) for i, lv in enumerate(group.loops)
+                     if isinstance(lv.count, str))
+    return GroupTiling(gi, path, group.ops, counts, tuple(lv.dims for lv in group.loops), tiles,
+                       symbolic)
+
+
+#: one loop of an op's chain: (key, group level, tiled dims); ops share a loop by equal keys
+Link = tuple[tuple, int, tuple[str, ...]]
+
+
+def _chain(op: Op, group: TilingGroup) -> list[Link]:
+    """The loops ``op`` sits in, outermost first: one per group level up to its depth, a level
+    with several of its dims making one loop per dim (the first shared, the rest its own)."""
+    depth = group.depth(op.name)
+    fixed = _untiled(op)
+    out: list[Link] = []
+    own = False  # once the op has a loop of its own, every loop inside it is its own
+    for level, lv in enumerate(group.loops[:depth]):
+        # a fallback stays whole along the dims it works on: it runs over all of them on one
+        # core every iteration (redundant where the level tiles them, never wrong)
+        dims = [d for d in lv.dims if d in op.sizes and d not in fixed]
+        parts = [(d,) for d in dims] or [()]
+        for j, part in enumerate(parts):
+            own = own or j > 0
+            key = ("own", level, j, part) if own else ("level", level)
+            out.append((key, level, part))
+    return out
+
+
+def _untiled(op: Op) -> frozenset[str]:
+    """Dims a loop may not tile: a fallback's along its input's last axis (or all of a
+    whole-tensor fallback's)."""
+    if op.kind.divisible:
+        return frozenset()
+    if op.kind.whole:
+        return frozenset(op.sizes)
+    last = op.ins[0].index[-1].single_dim if op.ins and op.ins[0].index else None
+    return frozenset({last} if last else ())
+
+
+def _paths(gi: int, names: tuple[str, ...], chains: Mapping[str, list[Link]]
+           ) -> dict[str, tuple[int, ...]]:
+    """Each op's loop path: the group index, then which sibling loop at each depth."""
+    open_keys: list[tuple] = []
+    open_path: list[int] = []
+    children: list[int] = [0]  # loops opened so far under the open loop at each depth
+    out = {}
+    for name in names:
+        keys = [k for k, _, _ in chains[name]]
+        p = 0
+        while p < min(len(keys), len(open_keys)) and keys[p] == open_keys[p]:
+            p += 1
+        del open_keys[p:], open_path[p:], children[p + 1:]
+        for k in range(p, len(keys)):
+            idx = gi if k == 0 else children[k]
+            children[k] += 1
+            open_keys.append(keys[k])
+            open_path.append(idx)
+            children.append(0)
+        out[name] = tuple(open_path[:len(keys)])
+    return out
 
 
 def _divide(group: TilingGroup, ops: list[Op], owner: dict[str, Op],
-            op_layouts: Mapping[str, OpLayout] | None) -> dict[str, int]:
-    """Per-iteration size of every dim letter of the group, dividing level by level."""
+            op_layouts: Mapping[str, OpLayout] | None, max_count: int | None
+            ) -> tuple[dict[str, int], dict[int, int]]:
+    """Per-iteration size of every dim letter of the group, dividing level by level, and the
+    value each symbolic count is planned at (by level)."""
     where = f"tiling group {list(group.ops)}"
     sizes = {d: op.sizes[d] for d, op in owner.items()}
+    planned: dict[int, int] = {}
     for level, lv in enumerate(group.loops):
-        if isinstance(lv.count, str):
-            continue  # symbolic: planned at the size it has (see the module docstring)
+        count = lv.count
+        if isinstance(count, str):
+            count = planned[level] = _smallest_value(where, level, lv, ops, sizes, op_layouts,
+                                                     max_count)
+            if count == 1:
+                continue
         for d in lv.dims:
             n = sizes[d]
-            if n % lv.count:
+            if n % count:
                 op = owner[d]
-                raise PlanningError(f"{where}: loop level {level} count {lv.count} does not "
+                raise PlanningError(f"{where}: loop level {level} count {count} does not "
                                     f"divide dim {d!r} of op {op.name!r} (size {n}"
                                     f"{'' if n == op.sizes[d] else ' after outer levels'})")
-            sizes[d] = n // lv.count
-            if op_layouts is None or lv.count == 1:
-                continue
-            for op in ops:
+            sizes[d] = n // count
+    return sizes, planned
+
+
+def _smallest_value(where: str, level: int, lv: LoopLevel, ops: list[Op], sizes: dict[str, int],
+                    op_layouts: Mapping[str, OpLayout] | None, max_count: int | None) -> int:
+    """The smallest value symbolic count ``lv.count`` may take: from its ``min`` up to its
+    ``max`` (or ``max_count``), the first dividing every dim of the level into whole units."""
+    top = lv.max if lv.max is not None else max_count
+    if top is not None and lv.min > top:
+        raise PlanningError(f"{where}: symbolic loop count {lv.count!r} at level {level} has "
+                            f"min {lv.min} above the target's max_loop_count {top}")
+    dims = [d for d in lv.dims if d in sizes]
+    units = {d: max([dict(op_layouts[o.name].unit_elems).get(d, 1) for o in ops if d in o.sizes]
+                    or [1]) if op_layouts is not None else 1 for d in dims}
+    common = math.gcd(*(sizes[d] // units[d] if sizes[d] % units[d] == 0 else 1
+                        for d in dims)) if dims else 1
+    c = lv.min
+    while top is None or c <= top:
+        if common % c == 0:
+            return c
+        if c > common:
+            break
+        c += 1
+    bound = f"{lv.min}..{top}" if top is not None else f">= {lv.min}"
+    raise PlanningError(f"{where}: symbolic loop count {lv.count!r} at level {level} has no "
+                        f"value in {bound} dividing dims {dims} (sizes "
+                        f"{[sizes[d] for d in dims]}) into whole sticks")
+
+
+def _op_tile(op: Op, chain: list[Link], path: tuple[int, ...], counts: tuple[int | str, ...],
+             values: list[int], op_layouts: Mapping[str, OpLayout] | None, where: str) -> OpTile:
+    """The op's loop info and per-iteration sizes (``counts``: each group level's count;
+    ``values``: the same with a symbolic one at its planned value)."""
+    per = dict(op_layouts[op.name].unit_elems) if op_layouts is not None else {}
+    written = set(op.out.index[-1].dims) if op.out.index else set()
+    sizes = dict(op.sizes)
+    for level, dims in ((lv, dims) for _, lv, dims in chain):
+        count = values[level]
+        for d in dims:
+            n = sizes[d]
+            sizes[d] = n // count
+            unit = per.get(d, 1)
+            if count > 1 and sizes[d] % unit and d in written:
                 # a tile boundary inside a stick would have two iterations write one stick
-                per = dict(op_layouts[op.name].unit_elems).get(d, 1)
-                if sizes[d] % per:
-                    raise PlanningError(
-                        f"{where}: loop level {level} count {lv.count} cuts dim {d!r} of op "
-                        f"{op.name!r} (size {n}) into tiles of {sizes[d]} elements, not whole "
-                        f"sticks of {per}; the count must divide its {-(-n // per)} sticks")
-    return sizes
-
-
-def _op_tile(op: Op, group: TilingGroup, path: tuple[int, ...], counts: tuple[int | str, ...],
-             tile_sizes: dict[str, int]) -> OpTile:
-    tiled = tuple(tuple(d for d in lv.dims if d in op.sizes) for lv in group.loops)
+                raise PlanningError(
+                    f"{where}: loop level {level} count {count} cuts dim {d!r} of op "
+                    f"{op.name!r} (size {n}) into tiles of {sizes[d]} elements, not whole "
+                    f"sticks of {unit}; the op writes its output {op.out.tensor!r} along that "
+                    f"dim, so the count must divide its {-(-n // unit)} sticks (a tile of part "
+                    "of a stick is allowed only for a dim the op reads)")
+    loop = LoopInfo(path, tuple(counts[lv] for _, lv, _ in chain),
+                    tuple(dims for _, _, dims in chain))
     red = set(op.reduction_dims)
-    red_levels = [lvl for lvl, dims in enumerate(tiled) if red & set(dims)]
-    sizes = tuple((d, tile_sizes[d] if any(d in t for t in tiled) else n) for d, n in op.dims)
-    return OpTile(op.name, LoopInfo(path, counts, tiled), sizes,
+    red_levels = [i for i, (_, _, dims) in enumerate(chain) if red & set(dims)]
+    return OpTile(op.name, loop, tuple((d, sizes[d]) for d, _ in op.dims),
                   red_levels[0] if red_levels else None)
 
 
-def _check_letters(program: Program, group: TilingGroup, ops: list[Op]) -> None:
-    """A tensor made in the group is read there with the letters its producer tiles it by."""
-    tiled = {d for lv in group.loops for d in lv.dims}
+def common_depth(a: LoopInfo, b: LoopInfo) -> int:
+    """How many loops two ops of one group share (their paths' common prefix).
+
+    >>> common_depth(LoopInfo((0, 0), (2, 4), (("m",), ("n",))), LoopInfo((0,), (2,), (("m",),)))
+    1
+    """
+    n = 0
+    while n < min(len(a.group), len(b.group)) and a.group[n] == b.group[n]:
+        n += 1
+    return n
+
+
+def _check_letters(program: Program, group: TilingGroup, ops: list[Op],
+                   tiles: tuple[OpTile, ...]) -> None:
+    """A tensor made in the group is read there with the letters its producer tiles it by, and
+    tiled like it on every loop the two share (so each read lies in the producer's tile)."""
+    where = f"tiling group {list(group.ops)}"
+    tile_of = {t.op: t for t in tiles}
     made = {op.out.tensor: op for op in ops}
     for op in ops:
         for acc in op.ins:
             prod = made.get(acc.tensor)
             if prod is None:
                 continue
+            pl, rl = tile_of[prod.name].loop, tile_of[op.name].loop
+            tiled = {d for dims in pl.tiled_dims for d in dims}
             for axis, (w, r) in enumerate(zip(prod.out.index, acc.index, strict=True)):
                 d = w.single_dim
                 if d in tiled and r.single_dim != d:
                     raise ProgramError(
-                        f"tiling group {list(group.ops)}: op {op.name!r} reads tensor "
+                        f"{where}: op {op.name!r} reads tensor "
                         f"{acc.tensor!r} axis {axis} as {r.to_source()!r}, but its producer "
                         f"{prod.name!r} writes that axis as {d!r}, a tiled dim; tiles would not "
                         "line up (ops of a group use one letter per dim)")
+            out_dims = set(prod.out.dims)
+            for k in range(common_depth(pl, rl)):
+                for d in pl.tiled_dims[k]:
+                    if d in out_dims and d not in rl.tiled_dims[k]:
+                        raise PlanningError(
+                            f"{where}: op {op.name!r} reads tensor {acc.tensor!r}, which its "
+                            f"producer {prod.name!r} tiles over {d!r} in the loop at depth {k} "
+                            f"they share, but {op.name!r} is not tiled over {d!r} there (it "
+                            "would read a whole tensor of which each iteration holds one tile)")
 
 
 def _check_reductions(program: Program, group: TilingGroup, ops: list[Op],
@@ -260,16 +413,19 @@ def _check_reductions(program: Program, group: TilingGroup, ops: list[Op],
                                 f"dim {dims[0]!r} at loop level {level}; tiled {op.fn} is not "
                                 f"supported (tileable: {valid}); tile another dim or leave the "
                                 "op out of the group")
-        for inner in range(level + 1, len(group.loops)):
+        for inner in range(level + 1, len(tile.loop.count)):
             if not tile.loop.tiled_dims[inner]:
+                lv = group.loops[min(inner, len(group.loops) - 1)]
                 raise PlanningError(
                     f"{where}: op {op.name!r} accumulates over {dims[0]!r} (tiled at loop level "
-                    f"{level}) but has none of the dims {list(group.loops[inner].dims)} of inner "
-                    f"level {inner}: it would add each tile {group.loops[inner].count} times")
+                    f"{level}) but has none of the dims {list(lv.dims)} of inner "
+                    f"level {inner}: it would add each tile {tile.loop.count[inner]} times")
+        tile_of = {t.op: t for t in tiles}
         for reader in ops:
-            if any(a.tensor == op.out.tensor for a in reader.ins):
+            if any(a.tensor == op.out.tensor for a in reader.ins) and \
+                    common_depth(tile.loop, tile_of[reader.name].loop) > level:
                 raise PlanningError(
-                    f"{where}: op {reader.name!r} reads {op.out.tensor!r} in the loop, but "
-                    f"{op.name!r} makes it by accumulating over {dims[0]!r} (tiled at loop "
-                    f"level {level}); it is complete only after the loop; move {reader.name!r} "
-                    "out of the group or tile another dim")
+                    f"{where}: op {reader.name!r} reads {op.out.tensor!r} inside the loop over "
+                    f"{dims[0]!r} (loop level {level}) in which {op.name!r} accumulates it; it "
+                    f"is complete only after that loop; put {reader.name!r} at a lesser depth "
+                    "(after the loop), move it out of the group or tile another dim")

@@ -44,12 +44,19 @@ from dataclasses import dataclass
 from apportion.errors import PlanningError
 from apportion.ir.op import Op
 from apportion.passes.buffers import Buffers, TensorRole
-from apportion.passes.coarse_tile import GroupTiling, Tiling
+from apportion.passes.coarse_tile import GroupTiling, Tiling, common_depth
 from apportion.passes.geometry import OpContext, PlanCache, Splits
 
 # Placement's own rules for one tensor, so a trial measures exactly what ``plan_group`` would:
 # the bytes a tile takes on chip (or None), in-place candidates, and the placement itself.
-from apportion.passes.placement import Request, inplace_inputs, lx_bytes, same_boxes
+from apportion.passes.placement import (
+    Request,
+    inplace_inputs,
+    lifetime,
+    lx_bytes,
+    same_boxes,
+    same_loop,
+)
 from apportion.passes.span_reduction import SpanSplits, op_minimum
 from apportion.passes.work_distribution import greedy, ranked
 from apportion.plans.plan import OpPlan
@@ -223,13 +230,23 @@ class _Trial:
         # per position: the tile it makes (None: not a tile), its readers and last reader
         self.tile: list[str | None] = []
         self.readers: list[tuple[int, ...]] = []
+        self.begin: dict[str, int] = {}
         self.end: dict[str, int] = {}
+        # per position: the loops it sits in and its buffer's depth (what placement reads)
+        self.loops: list[tuple] = []
         for i, o in enumerate(self.op):
             role = roles[o.out.tensor]
             inside = tuple(self.pos[r] for r in role.inside)
             self.readers.append(inside)
             self.tile.append(o.out.tensor if role.role == "tile" else None)
-            self.end[o.out.tensor] = max(inside, default=i)
+            if role.role == "tile":
+                self.begin[o.out.tensor], self.end[o.out.tensor] = lifetime(
+                    group, roles, o.out.tensor)
+            else:
+                self.begin[o.out.tensor] = self.end[o.out.tensor] = i
+            loop = group.tile(o.name).loop
+            self.loops.append((loop.count, loop.tiled_dims, role.depth, tuple(
+                common_depth(loop, group.tile(ops[r]).loop) for r in inside)))
         # producers (positions in the group) of each op's inputs
         self.inputs: list[tuple[int, ...]] = [
             tuple(dict.fromkeys(made[a.tensor] for a in o.ins if a.tensor in made))
@@ -270,14 +287,15 @@ class _Trial:
         readers = self.readers[i]
         sig = self.sig
         # what the bytes depend on: producer and readers (structure, splits, where they read)
-        lk = ("lx", sig[i], key[i], self.symbolic,
+        lk = ("lx", sig[i], key[i], self.symbolic, self.loops[i],
               tuple(zip((sig[r] for r in readers), self.reads[i], (key[r] for r in readers),
-                        strict=True)))
+                        (self.loops[r][:2] for r in readers), strict=True)))
 
         def measure() -> int | None:
             plans = {self.group.ops[j]: self._plan(j, key[j]) for j in (i, *readers)}
             return lx_bytes(self.op[i], [self.op[r] for r in readers], plans, self.program,
-                            self.target, self.symbolic)
+                            self.target, self.symbolic, self.group,
+                            self.roles[self.op[i].out.tensor].depth)
 
         nbytes = self.cache.get(lk, measure)
         if nbytes is None:
@@ -285,7 +303,8 @@ class _Trial:
         lx_inputs = []
         for x in self.inplace[i]:
             j = self.made.get(x)
-            if j is None or j >= i or requests[j] is None:
+            if j is None or j >= i or requests[j] is None or \
+                    not same_loop(self.group, self.roles, x, self.op[i]):
                 continue
 
             def boxes_match(j: int = j, x: str = x) -> bool:
@@ -294,7 +313,7 @@ class _Trial:
 
             if self.cache.get(("boxes", sig[i], key[i], sig[j], key[j]), boxes_match):
                 lx_inputs.append(x)
-        return Request(t, i, self.end[t], nbytes, tuple(lx_inputs))
+        return Request(t, self.begin[t], self.end[t], nbytes, tuple(lx_inputs))
 
     def _time(self, i: int, changed: Mapping[str, bool] | None = None) -> float:
         """Op ``i``'s predicted time under its splits, its operands on chip where placed

@@ -18,8 +18,10 @@ from apportion.passes.coarse_tile import Tiling, coarse_tile
 from apportion.passes.geometry import PlanCache, contexts, group_time, slice_sizes
 from apportion.passes.group_distribution import group_distribution
 from apportion.passes.layouts import layouts
+from apportion.passes.relayout import relayout
 from apportion.passes.scratchpad import scratchpad
 from apportion.passes.span_reduction import span_reduction
+from apportion.passes.span_tiling import REASON, span_tiling
 from apportion.passes.split_k import SplitKDecisions, partials, with_split_k
 from apportion.passes.split_k import split_k as split_k_pass
 from apportion.passes.work_distribution import STRATEGIES, work_distribution
@@ -68,6 +70,11 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
                             f"({', '.join(program.symbol_map)}) and tiling groups; a program "
                             "with run-time sizes is planned without loop groups")
     program = program.bind()
+    # 0. relayout: an explicit re-layout op before each op that reads a tensor transposed
+    #    (another stick dim); the planned program is then the rewritten one
+    program, copies = (program, ()) if planned_at else relayout(program, target)
+    if copies:
+        dump("relayout", copies)
     # 1. layouts: device layout of every tensor; stick dims and planning units of every op
     lay = layouts(program, target)
     dump("layouts", lay)
@@ -76,6 +83,12 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     if auto_tile:
         program = auto_tile_counts(program, target, lay, strategy, cache, split_k)
         dump("auto_tile", program.tiling)
+    # 2b. span_tiling: a loop of last resort around each op that no split of the strategy keeps
+    #     within the span limit (a new one-op tiling group; the plan's group says ``added``)
+    spanned = span_tiling(program, target, lay, strategy, cache)
+    if spanned.added:
+        dump("span_tiling", spanned)
+        program = spanned.program
     # 3. coarse_tile: loop nests of the tiling groups and every op's per-iteration sizes
     tiling = coarse_tile(program, lay.ops, target.max_loop_count)
     dump("coarse_tile", tiling)
@@ -118,15 +131,21 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     op_plans = {n: replace(cache.op_plan(ctx, spans.of(n), splits[n], loops[n]),
                            split_k=_reported(n, decisions, asked)) for n, ctx in ctxs.items()}
     # 9. scratchpad: the scratchpad plan of every loop group, every tensor's buffers
-    memory = scratchpad(program, target, tiling, bufs, op_plans)
+    memory = scratchpad(program, target, tiling, bufs, op_plans, untiled=not planned_at)
     dump("scratchpad", memory)
+    added = set(spanned.groups)
+    # iteration time: the tiles kept on chip move no device memory (as group distribution
+    # weighs them; an accumulator's place in the scratchpad is not priced)
     groups = tuple(replace(g, iteration_time_us=round(group_time(
-        g.ops, ctxs, splits.by_op, frozenset(g.lx_tensors)), 4)) for g in memory.groups)
+        g.ops, ctxs, splits.by_op, frozenset(g.lx_tensors) - {f.tensor for f in g.finishes}),
+        4),
+        added=REASON if g.path[0] in added else "") for g in memory.groups)
     planned = len({ctx.signature for ctx in ctxs.values()}) if reuse else len(ctxs)
     result = Plan(program.name, target.name, target.cores, strategy,
                   tuple(op_plans[o.name] for o in program.ops), groups=groups,
                   buffers=memory.buffers, reuse=ReuseCounts(planned, len(ctxs) - planned),
-                  rewritten=None if program is source else program, symbols=planned_at)
+                  rewritten=None if program is source and not copies else program,
+                  symbols=planned_at)
     if debug:
         verify(program, target, result)
     return result

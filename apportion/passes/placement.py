@@ -16,24 +16,33 @@ Such tensors are placed in program order at 128-byte aligned offsets (``target.a
 space is freed after a tensor's last read; an elementwise op whose input dies at it writes its
 output in place over that input when the two cover the same elements; otherwise the smallest free
 gap that fits is taken (best fit, lowest offset on ties). A tensor that fits nowhere in
-``target.scratchpad_capacity`` keeps a per-tile buffer in device memory. The working set of a
+``target.scratchpad_capacity`` keeps a per-tile buffer in device memory. A tile buffer that
+lives in fewer loops than its producer or a reader (see pass ``buffers``) is live through those
+deeper loops; one written by a producer deeper than it stays in device memory.
+
+Accumulators copied out by a finish step are placed next, around the tiles (group distribution
+weighs the tiles only, so theirs stays the placement it measured): each lives through the loop
+tiling its reduction and may sit in the scratchpad when every core combines into its own part
+on every iteration of that loop. One left in device memory that needs no cast, division or tile
+for readers in the group becomes the tensor itself (its finish is dropped). The working set of a
 group is the scratchpad that placing all of them would need (alignment and reuse included).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from apportion.ir.dtypes import dtype_bytes
-from apportion.ir.op import Op
+from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
-from apportion.passes.buffers import Steps, TensorRole
-from apportion.passes.coarse_tile import GroupTiling
+from apportion.passes.buffers import Steps, TensorRole, accumulator_dtype, needs_finish
+from apportion.passes.coarse_tile import GroupTiling, Tiling
 from apportion.plans.memory import GroupPlan
-from apportion.plans.plan import OpPlan
-from apportion.plans.tiles import inside, region
+from apportion.plans.plan import LoopInfo, OpPlan
+from apportion.plans.tiles import core_boxes, inside, region, tile_box
 from apportion.plans.views import core_slices
 from apportion.target.layout import device_layout
 from apportion.target.target import Target
@@ -102,14 +111,73 @@ def tile_shape(op: Op, program: Program, sizes: dict[str, int]) -> tuple[int, ..
                  for e, n in zip(op.out.index, shape, strict=True))
 
 
+#: the most inner iterations of a reader whose core boxes a placement checks one by one
+MAX_CHECKED = 4096
+
+
+def op_counts(group: GroupTiling, loop: LoopInfo) -> tuple[int, ...]:
+    """An op's loop counts, each symbolic one at the value the group's tiles were planned at."""
+    planned = {n: v for n, _lo, _hi, v in group.symbolic}
+    return tuple(c if isinstance(c, int) else planned.get(c, 1) for c in loop.count)
+
+
+def buffer_box(op: Op, group: GroupTiling, depth: int) -> dict[str, tuple[int, int]]:
+    """The box of ``op``'s iteration space that a tile buffer at ``depth`` holds (at loop
+    index 0: every iteration's has the same extents)."""
+    loop = group.tile(op.name).loop
+    return tile_box(op.sizes, loop, (0,) * depth, op_counts(group, loop), op.name)
+
+
+def buffer_shape(op: Op, program: Program, group: GroupTiling, depth: int) -> tuple[int, ...]:
+    """Elements of ``op``'s output a tile buffer at ``depth`` holds."""
+    box = buffer_box(op, group, depth)
+    return tile_shape(op, program, {d: hi - lo for d, (lo, hi) in box.items()})
+
+
+def lifetime(group: GroupTiling, roles: Mapping[str, TensorRole], tensor: str
+             ) -> tuple[int, int]:
+    """Body positions (indices in ``group.ops``) from the first write of a tile buffer to its
+    last read. A buffer lives through whole loops: written in a loop deeper than it, it is live
+    from that loop's first op; read in one, to its last op (every iteration reads it)."""
+    role = roles[tensor]
+    pos = {n: i for i, n in enumerate(group.ops)}
+    paths = [group.tile(n).loop.group for n in group.ops]
+    c = role.depth
+
+    def loop_span(path: tuple[int, ...], at: int) -> tuple[int, int]:
+        if len(path) == c:
+            return at, at
+        inner = [i for i, q in enumerate(paths) if q[:c + 1] == path[:c + 1]]
+        return min(inner), max(inner)
+
+    p = pos[role.producer or ""]
+    start, end = loop_span(paths[p], p)
+    for r in role.inside:
+        end = max(end, loop_span(paths[pos[r]], pos[r])[1])
+    return start, end
+
+
 def lx_bytes(producer: Op, readers: list[Op], plans: dict[str, OpPlan], program: Program,
-              target: Target, symbolic: bool) -> int | None:
-    """Bytes per core of the producer's output in the scratchpad, or None when it cannot be."""
+              target: Target, symbolic: bool, group: GroupTiling | None = None,
+              depth: int | None = None) -> int | None:
+    """Bytes per core of the producer's output in the scratchpad, or None when it cannot be.
+
+    With ``group`` and the buffer's ``depth``, the readers' boxes are checked at every
+    iteration of their loops deeper than the buffer (a producer writing its tiles one by one
+    into a coarser buffer cannot keep it on chip)."""
     pp = plans[producer.name]
     if not producer.kind.divisible or any(pp.split_map[d] > 1 for d in producer.reduction_dims):
         return None
     out = producer.out
-    mine = [region(out, b) for b in core_slices(pp)]
+    if group is None:
+        mine: list = [region(out, b) for b in core_slices(pp)]
+    else:
+        ploop = group.tile(producer.name).loop
+        if depth is not None and depth < len(ploop.count):
+            return None
+        depth = len(ploop.count)
+        mine = [None if b is None else region(out, b)
+                for b in core_boxes(pp, buffer_box(producer, group, depth))]
     for r in readers:
         accs = [a for a in r.ins if a.tensor == out.tensor]
         if any(a.index != out.index for a in accs):
@@ -117,18 +185,40 @@ def lx_bytes(producer: Op, readers: list[Op], plans: dict[str, OpPlan], program:
         rp = plans[r.name]
         if symbolic and not _same_cuts(producer, pp, r, rp):
             return None
-        theirs = [region(out, b) for b in core_slices(rp)]
-        if len(theirs) > len(mine) or not all(map(inside, theirs, mine)):
-            return None
+        for theirs in _reader_regions(r, rp, out, group, depth):
+            if theirs is None or len(theirs) > len(mine) or not all(
+                    t is None or (m is not None and inside(t, m))
+                    for t, m in zip(theirs, mine, strict=False)):
+                return None
     t = program.tensor(out.tensor)
     eps = target.elems_per_stick(t.dtype)
     per_core = 0
     for reg in mine:
+        if reg is None:
+            continue
         ext = [hi - lo for lo, hi in reg]
         if ext:
             ext[-1] = -(-ext[-1] // eps) * eps  # whole sticks
         per_core = max(per_core, math.prod(ext) * dtype_bytes(t.dtype))
     return align(per_core, target.alignment)
+
+
+def _reader_regions(r: Op, rp: OpPlan, out: Access, group: GroupTiling | None,
+                    depth: int | None) -> Iterator[list | None]:
+    """Per iteration of the reader's loops deeper than the buffer, its cores' regions of the
+    buffer's tensor (None for a core with nothing; a None list where they cannot be known)."""
+    if group is None or depth is None:
+        yield [region(out, b) for b in core_slices(rp)]
+        return
+    loop = group.tile(r.name).loop
+    inner = loop.count[depth:]
+    counts = op_counts(group, loop)
+    if any(isinstance(c, str) for c in inner) or math.prod(counts[depth:]) > MAX_CHECKED:
+        yield None
+        return
+    for j in itertools.product(*(range(c) for c in counts[depth:])):
+        box = tile_box(r.sizes, loop, (0,) * depth + j, counts, r.name)
+        yield [None if b is None else region(out, b) for b in core_boxes(rp, box)]
 
 
 def _same_cuts(p: Op, pp: OpPlan, r: Op, rp: OpPlan) -> bool:
@@ -164,24 +254,41 @@ def plan_group(program: Program, target: Target, group: GroupTiling,
     """The group's scratchpad plan and its placements ``tensor -> (offset, bytes per core)``."""
     symbolic = any(isinstance(c, str) for c in group.counts)
     requests, region_bytes = [], {}
-    for pos, name in enumerate(group.ops):
+    for name in group.ops:
         op = program.op(name)
         role = roles[op.out.tensor]
         if role.role != "tile":
             continue
         readers = [program.op(r) for r in role.inside]
-        end = max([group.ops.index(r) for r in role.inside], default=pos)
-        nbytes = lx_bytes(op, readers, plans, program, target, symbolic)
+        start, end = lifetime(group, roles, op.out.tensor)
+        nbytes = lx_bytes(op, readers, plans, program, target, symbolic, group, role.depth)
         if nbytes is None:
             continue
         region_bytes[op.out.tensor] = nbytes
         lx_inputs = tuple(t for t in inplace_inputs(op, program) if t in region_bytes
-                          and same_boxes(program, t, op, plans))
-        requests.append(Request(op.out.tensor, pos, end, nbytes, lx_inputs))
+                          and same_boxes(program, t, op, plans)
+                          and same_loop(group, roles, t, op))
+        requests.append(Request(op.out.tensor, start, end, nbytes, lx_inputs))
+    inits, combines, copies, finishes = steps
+    # accumulators copied out by a finish step, in the space the tiles leave (group
+    # distribution weighs the tiles alone, so theirs is the placement it measured)
+    accs = []
+    for fin in finishes:
+        op = program.op(fin.op)
+        nbytes = acc_lx_bytes(op, plans[op.name], program, group, fin.level, target)
+        if nbytes is not None:
+            region_bytes[fin.tensor] = nbytes
+            accs.append(Request(fin.tensor, *loop_span(group, op.name, fin.level), nbytes))
     everything = place(requests, None)
-    working = max((everything[r.tensor] + r.nbytes for r in requests), default=0)
+    everything.update(place_around(requests, everything, accs, None))
+    working = max((everything[r.tensor] + r.nbytes for r in (*requests, *accs)), default=0)
     fitted = place(requests, target.scratchpad_capacity)
+    fitted.update(place_around(requests, fitted, accs, target.scratchpad_capacity))
     placed = {t: (off, region_bytes[t]) for t, off in fitted.items()}
+    # an accumulator left in device memory that needs no cast, division or tile for readers in
+    # the group is better the tensor itself: it accumulates in place, with no copy-out
+    finishes = tuple(f for f in finishes if f.tensor in placed or roles[f.tensor].inside
+                     or needs_finish(program.op(f.op), program))
     tiles = [program.op(n).out.tensor for n in group.ops
              if roles[program.op(n).out.tensor].role == "tile"]
     saved = 0
@@ -190,15 +297,178 @@ def plan_group(program: Program, target: Target, group: GroupTiling,
         used = full if roles[t].copy else 0
         if t not in placed:
             op = program.op(roles[t].producer or "")
-            used += device_bytes(tile_shape(op, program, plans[op.name].sizes),
+            used += device_bytes(buffer_shape(op, program, group, roles[t].depth),
                                  program.tensor(t).dtype, target)
         saved += full - used
-    inits, combines, copies, finishes = steps
+    for fin in finishes:  # against a whole-tensor accumulator in device memory
+        op = program.op(fin.op)
+        acc = accumulator_dtype(op, program)
+        full = device_bytes(program.tensor(fin.tensor).shape, acc, target)
+        used = 0 if fin.tensor in placed else device_bytes(
+            buffer_shape(op, program, group, fin.level), acc, target)
+        saved += full - used
+    lx = [t for t in (*tiles, *(f.tensor for f in finishes)) if t in placed]
     gp = GroupPlan(group.path, group.ops, group.counts, group.dims, working,
-                   target.scratchpad_capacity, tuple(t for t in tiles if t in placed),
+                   target.scratchpad_capacity, tuple(lx),
                    tuple(t for t in tiles if t not in placed), saved, inits, combines, copies,
-                   finishes)
+                   finishes, symbolic=group.symbolic)
     return gp, placed
+
+
+def untiled_lx_bytes(producer: Op, readers: list[Op], plans: Mapping[str, OpPlan],
+                     program: Program, target: Target, tiling: Tiling) -> int | None:
+    """Bytes per core of an untiled op's output in the scratchpad, or None when it cannot be:
+    every core of every reader (outside loops, or in a loop group at every iteration) reads only
+    what the same core of the producer wrote."""
+    pp = plans[producer.name]
+    if not producer.kind.divisible or any(pp.split_map[d] > 1 for d in producer.reduction_dims):
+        return None
+    out = producer.out
+    mine = [region(out, b) for b in core_slices(pp)]
+    for r in readers:
+        if any(a.index != out.index for a in r.ins if a.tensor == out.tensor):
+            return None
+        rp = plans[r.name]
+        group = tiling.group_of(r.name)
+        if group is None:
+            views: Iterator[list | None] = iter([[region(out, b) for b in core_slices(rp)]])
+        else:
+            views = _reader_regions(r, rp, out, group, 0)
+        for theirs in views:
+            if theirs is None or len(theirs) > len(mine) or not all(
+                    t is None or inside(t, m) for t, m in zip(theirs, mine, strict=False)):
+                return None
+    t = program.tensor(out.tensor)
+    eps = target.elems_per_stick(t.dtype)
+    per_core = 0
+    for reg in mine:
+        ext = [hi - lo for lo, hi in reg]
+        if ext:
+            ext[-1] = -(-ext[-1] // eps) * eps  # whole sticks
+        per_core = max(per_core, math.prod(ext) * dtype_bytes(t.dtype))
+    return align(per_core, target.alignment)
+
+
+def plan_program(program: Program, target: Target, tiling: Tiling,
+                 roles: Mapping[str, TensorRole], plans: Mapping[str, OpPlan],
+                 groups: Mapping[int, tuple[GroupPlan, Mapping[str, tuple[int, int]]]]
+                 ) -> dict[str, tuple[int, int]]:
+    """The scratchpad of the whole program: the outputs of ops outside loop groups placed
+    around what the groups keep (``groups``: each group's plan and placements), by lifetimes in
+    program order; ``tensor -> (offset, bytes per core)`` of those that fit.
+
+    A tensor lives from its producer to its last reader; a reader in a loop group keeps it
+    until the group's end. Program outputs stay in device memory, and so does a tensor some
+    reader core would read another core's part of.
+    """
+    pos = {op.name: i for i, op in enumerate(program.ops)}
+    placed: list[Request] = []
+    offsets: dict[str, int] = {}
+    for g in tiling.groups:
+        gp, where = groups[g.index]
+        s0 = pos[g.ops[0]]
+        for t, (off, n) in where.items():
+            producer = roles[t].producer or ""
+            fin = next((f for f in gp.finishes if f.tensor == t), None)
+            start, end = loop_span(g, producer, fin.level) if fin else lifetime(g, roles, t)
+            placed.append(Request(t, s0 + start, s0 + end, n))
+            offsets[t] = off
+    requests, sizes = [], {}
+    for op in program.ops:
+        t = op.out.tensor
+        if tiling.group_of(op.name) is not None or t in program.outputs:
+            continue
+        readers = list(program.consumers(t))
+        if not readers:
+            continue
+        nbytes = untiled_lx_bytes(op, readers, plans, program, target, tiling)
+        if nbytes is None:
+            continue
+        end = 0
+        for r in readers:
+            g = tiling.group_of(r.name)
+            end = max(end, pos[r.name] if g is None else pos[g.ops[-1]])
+        requests.append(Request(t, pos[op.name], end, nbytes))
+        sizes[t] = nbytes
+    fitted = place_around(placed, offsets, requests, target.scratchpad_capacity)
+    return {t: (off, sizes[t]) for t, off in fitted.items()}
+
+
+def loop_span(group: GroupTiling, op: str, depth: int) -> tuple[int, int]:
+    """Body positions of the loop at ``depth`` holding ``op`` (depth 0: the whole nest)."""
+    path = group.tile(op).loop.group
+    inside = [i for i, n in enumerate(group.ops)
+              if group.tile(n).loop.group[:depth + 1] == path[:depth + 1]]
+    return min(inside), max(inside)
+
+
+def acc_lx_bytes(op: Op, plan: OpPlan, program: Program, group: GroupTiling, level: int,
+                 target: Target) -> int | None:
+    """Bytes per core of ``op``'s accumulator in the scratchpad, or None when it cannot be:
+    every core must combine into the same part of it on every iteration of the loop at
+    ``level`` (no reduction dim split over cores, no output dim tiled inside that loop)."""
+    if any(plan.split_map[d] > 1 for d in op.reduction_dims):
+        return None
+    loop = group.tile(op.name).loop
+    red = set(op.reduction_dims)
+    counts = op_counts(group, loop)
+    if any(set(dims) - red for dims, c in zip(loop.tiled_dims[level:], counts[level:],
+                                              strict=True) if c != 1):
+        return None
+    box = tile_box(op.sizes, loop, (0,) * len(counts), counts, op.name)
+    dtype = accumulator_dtype(op, program)
+    eps = target.elems_per_stick(dtype)
+    per_core = 0
+    for b in core_boxes(plan, box):
+        if b is None:
+            continue
+        ext = [hi - lo for lo, hi in region(op.out, b)]
+        if ext:
+            ext[-1] = -(-ext[-1] // eps) * eps  # whole sticks
+        per_core = max(per_core, math.prod(ext) * dtype_bytes(dtype))
+    return align(per_core, target.alignment)
+
+
+def place_around(placed: list[Request], offsets: Mapping[str, int], requests: list[Request],
+                 capacity: int | None) -> dict[str, int]:
+    """Offsets for ``requests`` around the already ``placed`` ones (at ``offsets``): each in
+    the smallest gap free over its lifetime (lowest offset on ties), in order of start.
+
+    >>> a = Request("a", 0, 3, 256)
+    >>> place_around([a], {"a": 0}, [Request("x", 1, 2, 128), Request("y", 4, 5, 128)], 512)
+    {'x': 256, 'y': 0}
+    """
+    live = [(r.start, r.end, offsets[r.tensor], r.nbytes) for r in placed
+            if r.tensor in offsets]
+    out: dict[str, int] = {}
+    for r in sorted(requests, key=lambda q: q.start):
+        busy = sorted((off, n) for s, e, off, n in live if not (e < r.start or s > r.end))
+        gaps, at = [], 0
+        for off, n in busy:
+            if off > at:
+                gaps.append((off - at, at))
+            at = max(at, off + n)
+        fitting = [(size, off) for size, off in gaps if size >= r.nbytes]
+        if fitting:
+            out[r.tensor] = min(fitting)[1]
+        elif capacity is None or capacity - at >= r.nbytes:
+            out[r.tensor] = at
+        else:
+            continue
+        live.append((r.start, r.end, out[r.tensor], r.nbytes))
+    return out
+
+
+def same_loop(group: GroupTiling, roles: Mapping[str, TensorRole], tensor: str, op: Op
+              ) -> bool:
+    """True when ``op`` and the producer of ``tensor`` run in the same loop, each writing its
+    whole tile buffer there (so ``op`` may write its output over ``tensor``)."""
+    producer = roles[tensor].producer
+    if producer is None or producer not in group.ops:
+        return False
+    a, b = group.tile(producer).loop, group.tile(op.name).loop
+    return a.group == b.group and roles[tensor].depth == len(a.group) == \
+        roles[op.out.tensor].depth
 
 
 def same_boxes(program: Program, tensor: str, op: Op, plans: dict[str, OpPlan]) -> bool:

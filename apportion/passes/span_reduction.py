@@ -6,7 +6,7 @@ dims outermost first; at each, search the products of valid slice counts of the 
 it, within the core budget and above the counts already committed. If some fit, take the one with
 the largest span that fits (fewest cores); otherwise take the smallest span (most progress) and go
 inward. At most one reduction dim may be split for span. The result is the minimum split per dim;
-work distribution starts from it.
+work distribution starts from it (``greedy`` may grow a forced minimum to any legal factor).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def op_minimum(ctx: OpContext, strategy: str) -> tuple[dict[str, int], PlanningE
     try:
         return minimum_splits(ctx, allow_uneven=strategy == "balanced"), None
     except PlanningError as e:
-        if strategy == "greedy":
+        if strategy != "balanced":  # greedy and its variants
             raise
         return {d: 1 for d in ctx.sizes}, e
 

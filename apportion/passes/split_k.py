@@ -35,6 +35,7 @@ from apportion.ir.program import Program, Symbol, TensorType
 from apportion.passes.coarse_tile import coarse_tile
 from apportion.passes.geometry import OpContext, contexts
 from apportion.passes.layouts import layouts
+from apportion.passes.relayout import relayout
 from apportion.plans.plan import SplitK
 from apportion.target.split_k import (
     ReductionShape,
@@ -324,8 +325,10 @@ def partials(program: Program, ctxs: Mapping[str, OpContext], decisions: SplitKD
 
 def rewrite_as_planned(program: Program, target: Target,
                        split: Mapping[str, SplitK]) -> Program:
-    """``program`` rewritten into partial and combine ops as a plan records it (``split``: the
-    split-K of each partial op, by its name), so that a plan read back meets its program."""
+    """``program`` rewritten as the pipeline rewrites it (its relayout ops, see pass
+    ``relayout``) and into partial and combine ops as a plan records it (``split``: the split-K
+    of each partial op, by its name), so that a plan read back meets its program."""
+    program, _ = relayout(program, target)
     asked = {name.removesuffix(".partial"): s for name, s in split.items()
              if name.endswith(".partial")}
     if not asked:

@@ -4,7 +4,13 @@ Two strategies:
 
 * ``greedy`` reproduces the reference design: keep the span splits as minimums, rank the output
   dims by decreasing size in planning units and give each the largest divisor that fits the core
-  budget left, then split at most one reduction dim (none if span reduction split one).
+  budget left, then split at most one reduction dim (none if span reduction split one). It
+  follows the reference's newer rule for a dim the span limit forces to split: the forced
+  minimum may grow to any legal factor (a divisor of the dim's units, at least the minimum,
+  within the cores the other dims leave), not only to multiples of it; 6 rows on 3 cores with a
+  forced split of 2 give 3 (the older rule keeps 2: no multiple of 2 fits). A span-forced
+  reduction split grows the same way, after the output dims. ``greedy-multiples`` keeps the
+  older rule (the reference before the change), for comparison.
 * ``balanced`` (default) searches every assignment satisfying the same constraints (span limit,
   whole sticks, at most one reduction dim, product of splits <= cores), uneven splits included,
   and keeps the lowest predicted time; ties go to even splits, fewer cores, then outer dims.
@@ -51,7 +57,14 @@ from apportion.passes.geometry import (
 )
 from apportion.passes.span_reduction import SpanSplits
 
-STRATEGIES = ("balanced", "greedy")
+STRATEGIES = ("balanced", "greedy", "greedy-multiples")
+#: greedy strategies -> how a span-forced minimum split may grow (see the module docstring)
+GREEDY_RULES = {"greedy": "any", "greedy-multiples": "multiples"}
+
+
+def is_greedy(strategy: str) -> bool:
+    """True for the strategies reproducing the reference design's greedy rule."""
+    return strategy in GREEDY_RULES
 
 
 def core_split(size: int, cores: int) -> int:
@@ -63,8 +76,60 @@ def core_split(size: int, cores: int) -> int:
     return divisors(size, cores)[-1]  # 1 divides every size: never empty for cores >= 1
 
 
-def greedy(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
-    """The reference design's split assignment, starting from the span splits ``minimum``."""
+def greedy(ctx: OpContext, minimum: dict[str, int], rule: str = "any") -> dict[str, int]:
+    """The reference design's split assignment, starting from the span splits ``minimum``.
+
+    ``rule`` is how a span-forced minimum grows: ``"any"`` legal factor (the reference's newer
+    rule) or only ``"multiples"`` of it (the older one); dims without a forced split take the
+    largest divisor of their units within the cores left either way.
+
+    >>> from apportion.passes.geometry import OpContext
+    >>> from apportion.passes.layouts import layouts
+    >>> from apportion.target import spyre
+    >>> from apportion.frontend.json_format import loads
+    >>> p = loads('{"name": "r", "tensors": {"x": {"shape": [6, 64], "dtype": "float16"}}, '
+    ...   '"inputs": ["x"], "outputs": ["y"], "ops": [{"name": "e", "op": "exp", '
+    ...   '"out": "y[m,n]", "ins": ["x[m,n]"]}]}')
+    >>> t = spyre(cores=3)
+    >>> ctx = OpContext(p.op("e"), p, t, layouts(p, t).ops["e"], layouts(p, t).tensors,
+    ...                 {"m": 6, "n": 64})
+    >>> greedy(ctx, {"m": 2, "n": 1}), greedy(ctx, {"m": 2, "n": 1}, "multiples")
+    ({'m': 3, 'n': 1}, {'m': 2, 'n': 1})
+    """
+    if rule == "multiples":
+        return _greedy_multiples(ctx, minimum)
+    if rule != "any":
+        raise PlanningError(f"unknown greedy rule {rule!r}; valid: any, multiples")
+    units, op, cores = ctx.units, ctx.op, ctx.target.cores
+    splits = {**minimum, **ctx.fixed_map}
+    fixed = ctx.fixed_map
+
+    def grow(d: str) -> None:
+        others = math.prod(v for x, v in splits.items() if x != d)
+        allowed = cores // others
+        legal = [c for c in divisors(units[d], allowed) if c >= splits[d]]
+        if legal:
+            splits[d] = legal[-1]
+
+    ranked = sorted(op.parallel_dims, key=lambda d: -units[d])  # stable: ties keep dim order
+    for d in ranked:
+        if d not in fixed:
+            grow(d)
+    forced = [d for d in op.reduction_dims if splits[d] > 1]
+    if forced:
+        if forced[0] not in fixed:
+            grow(forced[0])
+        return splits
+    budget = cores // math.prod(splits.values())
+    reducible = [d for d in op.reduction_dims if ctx.options(d, 1, 2) == (1, 2)]
+    if budget > 1 and reducible:
+        best = max(reducible, key=lambda d: core_split(units[d], budget))
+        splits[best] = core_split(units[best], budget)
+    return splits
+
+
+def _greedy_multiples(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:
+    """The older rule: a forced minimum grows only by a factor dividing the units left."""
     units, op = ctx.units, ctx.op
     splits = {**minimum, **ctx.fixed_map}
     budget = ctx.target.cores // math.prod(splits.values())
@@ -400,7 +465,7 @@ def op_splits(ctx: OpContext, spans: SpanSplits, strategy: str,
         key = ("splits", strategy, ctx.signature, tuple(spans.of(ctx.op.name).items()))
         return dict(cache.get(key, lambda: tuple(op_splits(ctx, spans, strategy).items())))
     minimum = spans.of(ctx.op.name)
-    start = minimum if strategy == "greedy" else {d: 1 for d in ctx.sizes}
+    start = minimum if is_greedy(strategy) else {d: 1 for d in ctx.sizes}
     try:
         return distribute(ctx, start, strategy, ctx.program.pins.get(ctx.op.name))
     except PlanningError:
@@ -430,6 +495,6 @@ def distribute(ctx: OpContext, minimum: dict[str, int], strategy: str,
             raise PlanningError(f"op {ctx.op.name!r}: {why} tensor {worst[0]!r} spanning "
                                 f"{worst[1]} bytes > limit {ctx.target.span_limit}")
         return fixed
-    if strategy == "greedy":
-        return greedy(ctx, minimum)
+    if is_greedy(strategy):
+        return greedy(ctx, minimum, GREEDY_RULES[strategy])
     return balanced(ctx, minimum)

@@ -6,8 +6,10 @@ A tensor lives in one or two buffers:
   results of a loop read after it (written tile by tile into their slice);
 * ``tile``: one loop iteration's tile at a fixed place every iteration reuses, in the scratchpad
   ("lx", one region per core) or in device memory when it does not fit;
-* ``accumulator``: the whole tensor in device memory, set to its reduction's identity before the
-  loop that tiles the reduction dim and combined into every iteration.
+* ``accumulator``: the op's output over the loops outside the one tiling its reduction (the whole
+  tensor when that loop is the outermost), in the scratchpad when it fits, else in device memory;
+  set to its reduction's identity before that loop, combined into every iteration, and copied
+  out (``FinishOp``) after it.
 
 A tensor made in a loop and read both in and after it has a ``tile`` and a ``full`` buffer and a
 ``CopyOp`` writing each tile into the full one.
@@ -32,9 +34,11 @@ class Buffer:
     """Where one tensor's elements live.
 
     ``offset`` is a device-memory byte address (space ``hbm``) or a byte offset in every core's
-    scratchpad (space ``lx``, where ``nbytes`` is per core). ``shape`` is the elements it holds:
-    the tensor's shape, or one tile's (an upper bound when a loop count is symbolic). ``group``
-    is the loop group path a tile or accumulator belongs to. ``dtype`` is set when the buffer
+    scratchpad (space ``lx``, where ``nbytes`` is per core and each core holds its part: a full
+    buffer there is an untiled op's output kept on chip for its readers). ``shape`` is the
+    elements it holds: the tensor's shape, or one tile's (an upper bound when a loop count is
+    symbolic). ``group`` is the path of the loops a tile lives in (a prefix of its producer's)
+    or of the accumulating op. ``dtype`` is set when the buffer
     holds another type than the tensor (a float32 accumulator of a float16 result).
     """
 
@@ -53,9 +57,6 @@ class Buffer:
             raise PlanningError(f"{where}: kind {self.kind!r}; valid: {', '.join(BUFFER_KINDS)}")
         if self.space not in SPACES:
             raise PlanningError(f"{where}: space {self.space!r}; valid: {', '.join(SPACES)}")
-        if self.space == "lx" and self.kind != "tile":
-            raise PlanningError(f"{where}: only tile buffers live in the scratchpad, not "
-                                f"{self.kind!r}")
         if self.offset < 0 or self.nbytes <= 0:
             raise PlanningError(f"{where}: offset {self.offset} and nbytes {self.nbytes} must be "
                                 ">= 0 and > 0")
@@ -109,10 +110,12 @@ class CopyOp:
 
 @dataclass(frozen=True)
 class FinishOp:
-    """After the loop nest: ``tensor = cast(finish(fn, accumulator))`` into its full buffer.
+    """After the loop at depth ``level`` holding ``op`` (the loop that tiles its reduction;
+    level 0: after the nest): ``tensor = cast(finish(fn, accumulator))`` into the tensor's
+    buffers (its full one, and its tile buffer where ops of the group read it).
 
-    Needed when the accumulator is wider than the tensor or ``fn`` is ``mean`` (the sum over
-    ``count`` reduction points is divided by it).
+    The copy-out of a tile-sized accumulator; needed too when the accumulator is wider than the
+    tensor or ``fn`` is ``mean`` (the sum over ``count`` reduction points is divided by it).
     """
 
     group: tuple[int, ...]
@@ -120,6 +123,7 @@ class FinishOp:
     tensor: str
     fn: str
     count: int
+    level: int = 0
 
 
 @dataclass(frozen=True)
@@ -127,11 +131,16 @@ class GroupPlan:
     """One coarse-tiling loop nest: its ops, loop levels, and what its scratchpad holds.
 
     ``working_set_bytes`` is the scratchpad one core would need to hold every per-iteration
-    intermediate of the group at once (offsets aligned, freed space reused); ``lx_tensors`` are
+    intermediate (and tile-sized accumulator) of the group at once (offsets aligned, freed space
+    reused); ``lx_tensors`` are
     those placed in the ``capacity`` bytes, ``hbm_tiles`` the tiles left in device memory, and
     ``saved_bytes`` the device memory the group's intermediates no longer take compared with
     whole tensors. ``iteration_time_us`` is the predicted time of one iteration of the body, its
-    scratchpad tensors moving no device memory (0 when not computed).
+    scratchpad tensors moving no device memory (0 when not computed). ``added`` is empty for a
+    group of the program and names why the planner added it otherwise: ``"span"``, a loop of
+    last resort around one op that no split keeps within the span limit (pass
+    ``span_tiling``). ``symbolic`` gives each symbolic count's bounds and the value its tiles
+    were planned at: a run may take any count from that value up to the bound.
     """
 
     path: tuple[int, ...]
@@ -148,6 +157,9 @@ class GroupPlan:
     copies: tuple[CopyOp, ...] = ()
     finishes: tuple[FinishOp, ...] = ()
     iteration_time_us: float = 0.0
+    added: str = ""
+    #: per symbolic count: (name, min, max or None, the value every tile was planned at)
+    symbolic: tuple[tuple[str, int, int | None, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not (len(self.path) == len(self.counts) == len(self.tiled_dims)):
@@ -163,6 +175,20 @@ class GroupPlan:
     def params(self) -> tuple[str, ...]:
         """Names of the symbolic loop counts (run-time parameters)."""
         return tuple(c for c in self.counts if isinstance(c, str))
+
+    def check_count(self, name: str, value: int) -> str | None:
+        """Why run-time ``value`` of symbolic count ``name`` is outside what the plan holds
+        for (None when it is inside)."""
+        for sym, _lo, hi, planned in self.symbolic:
+            if sym != name:
+                continue
+            if value < planned:
+                return (f"symbolic loop count {name!r} = {value} is below {planned}, the value "
+                        f"loop group {list(self.path)} was planned at (its tiles hold "
+                        f"{name} >= {planned})")
+            if hi is not None and value > hi:
+                return f"symbolic loop count {name!r} = {value} is above its bound max {hi}"
+        return None
 
     @property
     def iterations(self) -> int | None:

@@ -147,9 +147,13 @@ class Plan:
         raise PlanningError(f"plan has no op {name!r}; ops: {', '.join(o.name for o in self.ops)}")
 
     def group(self, path: tuple[int, ...]) -> GroupPlan:
-        """The loop group at ``path``."""
+        """The loop group at ``path``, or holding the loop at ``path`` (an op's loop path: the
+        group's index, then which sibling loop at each depth)."""
         for g in self.groups:
             if g.path == tuple(path):
+                return g
+        for g in self.groups:
+            if path and g.path[:1] == tuple(path[:1]):
                 return g
         raise PlanningError(f"plan has no loop group {list(path)}; groups: "
                             f"{[list(g.path) for g in self.groups]}")

@@ -147,7 +147,7 @@ def _number(x: float) -> float | str:
 
 
 def group_to_dict(g: GroupPlan) -> dict[str, Any]:
-    return {
+    doc = {
         "group": list(g.path), "ops": list(g.ops), "count": list(g.counts),
         "tiled_dims": [list(t) for t in g.tiled_dims],
         "working_set_bytes": g.working_set_bytes, "capacity": g.capacity,
@@ -157,9 +157,15 @@ def group_to_dict(g: GroupPlan) -> dict[str, Any]:
                    "level": i.level} for i in g.inits],
         "combines": [{"op": c.op, "tensor": c.tensor, "fn": c.fn} for c in g.combines],
         "copies": [{"op": c.op, "tensor": c.tensor} for c in g.copies],
-        "finishes": [{"op": f.op, "tensor": f.tensor, "fn": f.fn, "count": f.count}
-                     for f in g.finishes],
+        "finishes": [{"op": f.op, "tensor": f.tensor, "fn": f.fn, "count": f.count,
+                      "level": f.level} for f in g.finishes],
     }
+    if g.added:  # a loop the planner added (``"span"``: no split fits the span limit)
+        doc["added"] = g.added
+    if g.symbolic:  # each symbolic count's bounds and the value its tiles were planned at
+        doc["symbolic"] = [{"count": n, "min": lo, "max": hi, "planned": v}
+                           for n, lo, hi, v in g.symbolic]
+    return doc
 
 
 def group_from_dict(d: dict[str, Any]) -> GroupPlan:
@@ -176,8 +182,11 @@ def group_from_dict(d: dict[str, Any]) -> GroupPlan:
         combines=tuple(CombineOp(path, c["op"], c["tensor"], c["fn"])
                        for c in d.get("combines", [])),
         copies=tuple(CopyOp(path, c["op"], c["tensor"]) for c in d.get("copies", [])),
-        finishes=tuple(FinishOp(path, f["op"], f["tensor"], f["fn"], f["count"])
-                       for f in d.get("finishes", [])),
+        finishes=tuple(FinishOp(path, f["op"], f["tensor"], f["fn"], f["count"],
+                                f.get("level", 0)) for f in d.get("finishes", [])),
+        added=d.get("added", ""),
+        symbolic=tuple((c["count"], c["min"], c["max"], c["planned"])
+                       for c in d.get("symbolic", [])),
     )
 
 

@@ -51,6 +51,53 @@ def iterations(counts: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
     return itertools.product(*(range(c) for c in counts))
 
 
+class Loop:
+    """One loop of a group's nest: its depth, count, and body (op names and inner loops, in
+    program order)."""
+
+    def __init__(self, depth: int, count: int | str, items: list) -> None:
+        self.depth, self.count, self.items = depth, count, items
+
+    def names(self) -> list[str]:
+        """The ops inside, at any depth."""
+        out: list[str] = []
+        for it in self.items:
+            out += [it] if isinstance(it, str) else it.names()
+        return out
+
+    def __repr__(self) -> str:
+        return f"Loop({self.depth}, {self.count!r}, {self.items!r})"
+
+
+def loop_tree(names: tuple[str, ...] | list[str], loops: Mapping[str, LoopInfo],
+              depth: int = 0) -> list[str | Loop]:
+    """A group's ops as the body at ``depth``: an op whose loop path ends there runs in it;
+    consecutive ops with the same path below it share an inner loop.
+
+    >>> loop_tree(["a", "b", "c"], {"a": LoopInfo((0,), (2,), (("m",),)),
+    ...                              "b": LoopInfo((0, 0), (2, 4), (("m",), ("n",))),
+    ...                              "c": LoopInfo((0,), (2,), (("m",),))})
+    [Loop(0, 2, ['a', Loop(1, 4, ['b']), 'c'])]
+    """
+    items: list[str | Loop] = []
+    names = list(names)
+    i = 0
+    while i < len(names):
+        path = loops[names[i]].group
+        if len(path) == depth:
+            items.append(names[i])
+            i += 1
+            continue
+        j = i
+        while j < len(names) and len(loops[names[j]].group) > depth and \
+                loops[names[j]].group[:depth + 1] == path[:depth + 1]:
+            j += 1
+        items.append(Loop(depth, loops[names[i]].count[depth],
+                          loop_tree(names[i:j], loops, depth + 1)))
+        i = j
+    return items
+
+
 def tile_box(sizes: Mapping[str, int], loop: LoopInfo | None, index: tuple[int, ...],
              counts: tuple[int, ...], op: str = "") -> Box:
     """The box of the iteration space at loop ``index`` (levels ``len(index)`` and deeper whole).

@@ -27,12 +27,13 @@ def run_planned(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
                 ) -> dict[str, np.ndarray]:
     """Run ``program`` as ``plan`` divides it, core slice by core slice.
 
-    A plan with loop nests runs iteration by iteration in simulated device memory and per-core
-    scratchpads (``loops.run_tiled``; ``params`` gives symbolic loop counts); any other plan op
-    by op on whole arrays (``reference.run_sliced``). ``threads`` > 1 runs an op's cores
-    concurrently (same numbers). Returns the inputs and every tensor held whole.
+    A plan with loop nests or scratchpad buffers runs in simulated device memory and per-core
+    scratchpads (``loops.run_tiled``, iteration by iteration; ``params`` gives symbolic loop
+    counts); any other plan op by op on whole arrays (``reference.run_sliced``). ``threads`` > 1
+    runs an op's cores concurrently (same numbers). Returns the inputs and every tensor held
+    whole in device memory.
     """
-    if plan.groups:
+    if plan.groups or any(b.space == "lx" for b in plan.buffers):
         return run_tiled(program, plan, inputs, threads=threads, params=params)
     if params:
         raise ExecutionError(f"params {sorted(params)} given, but plan of {program.name!r} has "

@@ -7,11 +7,15 @@ packed in row-major order of what a buffer holds (a whole tensor, one tile, or o
 a tile in the scratchpad); bfloat16 as its 16 bits.
 
 Ops outside loops run core slice by core slice (``reference.run_op_boxes``). A loop group runs
-its iterations outermost level first; in each, the accumulator inits due at that point, then
-every op over its tile: each core's box (the op plan's slices of the tile) is computed by
-``reference.partial_result`` from the buffers, split reductions are combined across cores, and
-the result is finished into its buffer or combined into its accumulator; copies follow their op,
-and finish steps (accumulator to result) the whole nest.
+as the tree its ops' loop paths make (``loop_tree``: an op at a lesser depth runs next to the
+inner loop of its neighbours, an op with a loop of its own runs it alone): each loop runs its
+iterations in order, after the accumulator inits due before it; in a body every op runs over its
+tile: each core's box (the op plan's slices of the tile) is computed by
+``reference.partial_result`` from the buffers (a fallback on one core, whole along the axis it
+works on), split reductions are combined across cores, and the result is finished into its
+buffer (a tile buffer holds the tile of the loops it lives in: a producer deeper than it writes
+its part) or combined into its accumulator; copies follow their op, and finish steps
+(accumulator to result) the whole nest.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ from apportion.ir.kinds import REDUCERS
 from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.plans.memory import Buffer, GroupPlan
-from apportion.plans.plan import OpPlan, Plan
+from apportion.plans.plan import LoopInfo, OpPlan, Plan
 from apportion.plans.tiles import (
     Box,
+    Loop,
     Region,
     core_boxes,
     inside,
-    iterations,
+    loop_tree,
     region,
     resolve_counts,
     tile_box,
@@ -43,7 +48,10 @@ from apportion.plans.views import core_slices
 from apportion.runtime import kernels
 from apportion.runtime.reference import (
     _combine,
+    _operand,
+    _to_out_layout,
     bind_inputs,
+    check_cover,
     evaluate_op,
     partial_result,
     run_op_boxes,
@@ -74,7 +82,8 @@ class Memory:
     def __init__(self, plan: Plan, cores: int):
         hbm_end = max((b.end for b in plan.buffers if b.space == "hbm"), default=0)
         self.hbm = np.full(hbm_end, 0xFF, dtype=np.uint8)
-        lx = [g.capacity for g in plan.groups if g.lx_tensors]
+        lx = [b.end for b in plan.buffers if b.space == "lx"]
+        lx += [g.capacity for g in plan.groups if g.lx_tensors]
         self.lx = [np.full(max(lx), 0xFF, dtype=np.uint8) for _ in range(cores)] if lx else []
 
     def view(self, buf: Buffer, shape: tuple[int, ...], dtype: str, core: int = 0) -> np.ndarray:
@@ -116,27 +125,80 @@ class _Run:
                  params: Mapping[str, int] | None):
         self.program, self.plan, self.pool, self.params = program, plan, pool, params
         self.mem = Memory(plan, plan.cores)
+        self.levels: dict[str, int] = {}  # accumulating op -> the loop depth it resets at
+        #: (tensor, core) -> the region that core last wrote of a tensor in its scratchpad
+        self.written: dict[tuple[str, int], Region] = {}
 
     def buffer(self, tensor: str, kind: str) -> Buffer | None:
         return next((b for b in self.plan.buffers_of(tensor) if b.kind == kind), None)
 
+    def whole(self, tensor: str) -> Buffer | None:
+        """The buffer holding ``tensor`` whole: its full one, or an accumulator of the whole
+        tensor in device memory that needs no finish step."""
+        buf = self.buffer(tensor, "full")
+        if buf is not None and buf.space == "lx":
+            return None  # each core holds its part on chip
+        if buf is None:
+            acc = self.buffer(tensor, "accumulator")
+            t = self.program.tensor(tensor)
+            if acc is not None and acc.space == "hbm" and acc.shape == t.shape:
+                buf = acc
+        return buf
+
     def full(self, tensor: str) -> np.ndarray:
-        buf = self.buffer(tensor, "full") or self.buffer(tensor, "accumulator")
+        buf = self.whole(tensor)
         if buf is None:
             raise ExecutionError(f"tensor {tensor!r} has no full buffer in the plan; plan the "
                                  "program with the pipeline (pass scratchpad assigns buffers)")
         t = self.program.tensor(tensor)
         return self.mem.view(buf, t.shape, t.dtype)
 
-    def accumulator(self, tensor: str) -> tuple[np.ndarray, str]:
-        """The accumulator of ``tensor`` and the dtype it holds."""
+    def accumulator(self, tensor: str) -> tuple[Buffer, str]:
+        """The accumulator buffer of ``tensor`` and the dtype it holds."""
         buf = self.buffer(tensor, "accumulator")
         if buf is None:
             raise ExecutionError(f"tensor {tensor!r} is combined in a loop but has no "
                                  "accumulator buffer in the plan")
-        t = self.program.tensor(tensor)
-        dtype = buf.dtype or t.dtype
-        return self.mem.view(buf, t.shape, dtype), dtype
+        return buf, buf.dtype or self.program.tensor(tensor).dtype
+
+    def acc_region(self, op: Op, index: tuple[int, ...], held: bool = False) -> Region:
+        """The region of ``op``'s output its accumulator resets and finishes at loop ``index``:
+        the tile of the loops outside the one tiling its reduction (``held``: the region its
+        buffer holds, the whole tensor for a whole-tensor accumulator in device memory)."""
+        loop = self.op_plan(op).loop
+        assert loop is not None
+        level = self.levels[op.name]
+        if held:
+            buf, _ = self.accumulator(op.out.tensor)
+            if buf.space == "hbm" and buf.shape == self.program.tensor(op.out.tensor).shape:
+                level = 0
+        return region(op.out, tile_box(op.sizes, loop, index[:level], self.counts(loop),
+                                       op.name))
+
+    def acc_view(self, op: Op, reg: Region, index: tuple[int, ...], core: int
+                 ) -> tuple[np.ndarray, str]:
+        """The accumulator elements of region ``reg`` (in the scratchpad: ``core``'s part,
+        which is all of ``reg``) and the dtype they hold."""
+        buf, dtype = self.accumulator(op.out.tensor)
+        if buf.space == "lx":
+            return self.mem.view(buf, _extent(reg), dtype, core), dtype
+        held = self.acc_region(op, index, held=True)
+        return self.mem.view(buf, _extent(held), dtype)[_slices(reg, held)], dtype
+
+    def acc_parts(self, op: Op, index: tuple[int, ...]) -> list[tuple[int, Region]]:
+        """(core, region) of each part of ``op``'s accumulator at ``index``: every core's own in
+        the scratchpad, the whole tile (as core 0's) in device memory."""
+        buf, _ = self.accumulator(op.out.tensor)
+        if buf.space != "lx":
+            return [(0, self.acc_region(op, index))]
+        op_plan = self.op_plan(op)
+        loop = op_plan.loop
+        assert loop is not None
+        counts = self.counts(loop)
+        tile = tile_box(op.sizes, loop, (*index, *(0,) * (len(counts) - len(index))), counts,
+                        op.name)
+        return [(c, region(op.out, b)) for c, b in enumerate(core_boxes(op_plan, tile))
+                if b is not None]
 
     def op_plan(self, op: Op) -> OpPlan:
         try:
@@ -146,11 +208,19 @@ class _Run:
 
     # --- ops outside loops -----------------------------------------------------------------
 
+    def on_chip(self, tensor: str) -> Buffer | None:
+        """The scratchpad buffer holding an untiled op's output whole (each core its part)."""
+        buf = self.buffer(tensor, "full")
+        return buf if buf is not None and buf.space == "lx" else None
+
     def run_whole(self, op: Op) -> None:
         op_plan = self.op_plan(op)
         if op_plan.sizes != op.sizes:
             raise ExecutionError(f"op {op.name!r}: plan's iteration space {op_plan.sizes} "
                                  f"differs from the op's {op.sizes}")
+        if self.on_chip(op.out.tensor) or any(self.on_chip(a.tensor) for a in op.ins):
+            self._run_cores(op, op_plan)
+            return
         env = {a.tensor: decode(self.full(a.tensor), self.program.tensor(a.tensor).dtype)
                for a in op.ins}
         if not op.kind.divisible:
@@ -159,50 +229,147 @@ class _Run:
             out = run_op_boxes(op, self.program, env, core_slices(op_plan), self.pool)
         self.full(op.out.tensor)[...] = encode(out, self.program.tensor(op.out.tensor).dtype)
 
+    def _run_cores(self, op: Op, op_plan: OpPlan) -> None:
+        """An op outside loops core by core, its scratchpad operands each core's own part."""
+        boxes = core_slices(op_plan)
+        if op.kind.divisible:
+            check_cover(op, boxes)
+        shared: dict[str, np.ndarray] = {}
+        on_chip = []
+        for t in dict.fromkeys(a.tensor for a in op.ins):
+            buf = self.on_chip(t)
+            if buf is None:
+                shared[t] = decode(self.full(t), self.program.tensor(t).dtype)
+            else:
+                on_chip.append((t, buf))
+
+        def compute(core: int) -> object:
+            env = dict(shared)
+            for t, buf in on_chip:
+                env[t] = self._staged_lx(op, t, buf, core, boxes[core], self.written)
+            if not op.kind.divisible:
+                return evaluate_op(op, self.program, env)
+            return partial_result(op, self.program, env, boxes[core])
+
+        cores = list(range(len(boxes)))
+        parts = list(self.pool.map(compute, cores) if self.pool else map(compute, cores))
+        t = op.out.tensor
+        dtype = self.program.tensor(t).dtype
+        out_buf = self.on_chip(t)
+        by_key: dict[tuple, list[int]] = {}
+        for c, box in enumerate(boxes):
+            by_key.setdefault(tuple(box[d] for d in op.parallel_dims), []).append(c)
+        for group in by_key.values():
+            part = parts[group[0]] if not op.kind.divisible else _combine(
+                op, [parts[c] for c in group])  # type: ignore[arg-type]
+            value = encode(part if not op.kind.divisible else _finish_value(op, part), dtype)
+            reg = region(op.out, boxes[group[0]])
+            if out_buf is None:
+                self.full(t)[_slices(reg)] = value
+                continue
+            if len(group) > 1:
+                raise ExecutionError(f"op {op.name!r}: cores {group} combine partials of "
+                                     f"{t!r}, which the plan keeps in their scratchpads")
+            self.mem.view(out_buf, _extent(reg), dtype, group[0])[...] = value
+            self.written[(t, group[0])] = reg
+
     # --- loop groups -----------------------------------------------------------------------
 
     def run_group(self, group: GroupPlan) -> None:
         counts = resolve_counts(group.counts, self.params)
+        for name, value in zip(group.counts, counts, strict=True):
+            why = group.check_count(name, value) if isinstance(name, str) else None
+            if why is not None:
+                raise ExecutionError(why)
         ops = [self.program.op(n) for n in group.ops]
+        loops: dict[str, LoopInfo] = {}
         for op in ops:
             loop = self.op_plan(op).loop
-            if loop is None or loop.group != group.path or loop.count != group.counts:
-                raise ExecutionError(f"op {op.name!r}: plan's loop {loop} is not group "
-                                     f"{list(group.path)} with counts {list(group.counts)}")
-        for index in iterations(counts):
+            if loop is None or loop.group[:1] != group.path[:1]:
+                raise ExecutionError(f"op {op.name!r}: plan's loop {loop} is not in group "
+                                     f"{list(group.path)}")
+            loops[op.name] = loop
+        self.levels = {i.op: i.level for i in group.inits}
+        self._run_items(group, loop_tree(group.ops, loops), (), self.written)
+
+    def counts(self, loop: LoopInfo) -> tuple[int, ...]:
+        """An op's loop counts, symbolic ones at their run-time values."""
+        return resolve_counts(loop.count, self.params)
+
+    def _run_items(self, group: GroupPlan, items: list[str | Loop], index: tuple[int, ...],
+                   written: dict[tuple[str, int], Region]) -> None:
+        """Run a loop body: its ops at ``index``, and its inner loops, each after the inits of
+        the accumulators reset before it."""
+        for item in items:
+            if isinstance(item, str):
+                self.run_tile(self.program.op(item), group, index, written)
+                continue
+            inside = set(item.names())
             for init in group.inits:
-                if all(i == 0 for i in index[init.level:]):
-                    op = self.program.op(init.op)
-                    box = tile_box(op.sizes, self.op_plan(op).loop, index[:init.level], counts,
-                                   op.name)
-                    acc, dtype = self.accumulator(init.tensor)
-                    view = acc[_slices(region(op.out, box))]
-                    view[...] = encode(np.full(view.shape, _identity(init.identity, dtype)),
-                                       dtype)
-            written: dict[tuple[str, int], Region] = {}
-            for op in ops:
-                self.run_tile(op, group, index, counts, written)
-        for fin in group.finishes:
-            acc, dtype = self.accumulator(fin.tensor)
-            value = kernels.finish(REDUCERS[fin.fn], decode(acc, dtype), fin.count)
-            self.full(fin.tensor)[...] = encode(value, self.program.tensor(fin.tensor).dtype)
+                if init.level == item.depth and init.op in inside:
+                    self._init(self.program.op(init.op), init.identity, index)
+            count = resolve_counts((item.count,), self.params)[0]
+            for i in range(count):
+                self._run_items(group, item.items, (*index, i), written)
+            for fin in group.finishes:  # copy-outs at the end of the loop tiling a reduction
+                if fin.level == item.depth and fin.op in inside:
+                    self._finish(self.program.op(fin.op), fin.fn, fin.count, index)
+
+    def _init(self, op: Op, identity: float, index: tuple[int, ...]) -> None:
+        """Set ``op``'s accumulator (the tile the loops outside the reset select) to the
+        reduction's identity."""
+        for core, reg in self.acc_parts(op, index):
+            view, dtype = self.acc_view(op, reg, index, core)
+            view[...] = encode(np.full(view.shape, _identity(identity, dtype)), dtype)
+
+    def _finish(self, op: Op, fn: str, count: int, index: tuple[int, ...]) -> None:
+        """Copy ``op``'s accumulator out, finished (cast, a mean divided), into the tensor's
+        full buffer and its tile buffer, whichever it has."""
+        t = op.out.tensor
+        dtype = self.program.tensor(t).dtype
+        full = self.buffer(t, "full")
+        tile_buf = self.buffer(t, "tile")
+        tile_reg = None if tile_buf is None else self._buffer_region(t, tile_buf, index)
+        for core, reg in self.acc_parts(op, index):
+            view, acc_dtype = self.acc_view(op, reg, index, core)
+            value = encode(kernels.finish(REDUCERS[fn], decode(view, acc_dtype), count), dtype)
+            if full is not None:
+                self.full(t)[_slices(reg)] = value
+            if tile_buf is not None and tile_reg is not None:
+                self.mem.view(tile_buf, _extent(tile_reg), dtype)[_slices(reg, tile_reg)] = value
+
+    def _buffer_region(self, t: str, buf: Buffer, index: tuple[int, ...]) -> Region:
+        """The region of ``t`` its tile buffer holds at loop ``index`` (the loops it lives in:
+        ``len(buf.group)`` outermost)."""
+        producer = self.program.producer(t)
+        assert producer is not None
+        loop = self.op_plan(producer).loop
+        assert loop is not None
+        depth = len(buf.group)
+        return region(producer.out, tile_box(producer.sizes, loop, index[:depth],
+                                             self.counts(loop), producer.name))
 
     def run_tile(self, op: Op, group: GroupPlan, index: tuple[int, ...],
-                 counts: tuple[int, ...], written: dict[tuple[str, int], Region]) -> None:
+                 written: dict[tuple[str, int], Region]) -> None:
         op_plan = self.op_plan(op)
-        tile = tile_box(op.sizes, op_plan.loop, index, counts, op.name)
+        assert op_plan.loop is not None
+        tile = tile_box(op.sizes, op_plan.loop, index, self.counts(op_plan.loop), op.name)
         boxes = core_boxes(op_plan, tile)
         shared: dict[str, np.ndarray] = {}
         lx_inputs = []
         for t in dict.fromkeys(a.tensor for a in op.ins):
             dtype = self.program.tensor(t).dtype
             tile_buf = self.buffer(t, "tile")
-            if tile_buf is None or tile_buf.group != group.path:
-                shared[t] = decode(self.full(t), dtype)
+            if tile_buf is None or tile_buf.group[:1] != group.path[:1]:
+                on_chip = self.on_chip(t)  # an untiled op's output, each core its part
+                if on_chip is not None:
+                    lx_inputs.append((t, on_chip))
+                else:
+                    shared[t] = decode(self.full(t), dtype)
             elif tile_buf.space == "lx":
                 lx_inputs.append((t, tile_buf))
             else:
-                shared[t] = self._staged_tile(op, t, tile_buf, index, counts, boxes)
+                shared[t] = self._staged_tile(op, t, tile_buf, index, boxes)
 
         def compute(core: int) -> object:
             box = boxes[core]
@@ -210,21 +377,20 @@ class _Run:
             env = dict(shared)
             for t, buf in lx_inputs:
                 env[t] = self._staged_lx(op, t, buf, core, box, written)
+            if not op.kind.divisible:
+                return _fallback_tile(op, self.program, env, box)
             return partial_result(op, self.program, env, box)
 
         live = [c for c, b in enumerate(boxes) if b is not None]
         parts = list(self.pool.map(compute, live) if self.pool else map(compute, live))
         self._store(op, group, tile, {c: boxes[c] for c in live}, dict(zip(live, parts,
                                                                              strict=True)),
-                    written)
+                    written, index)
 
     def _staged_tile(self, op: Op, t: str, buf: Buffer, index: tuple[int, ...],
-                     counts: tuple[int, ...], boxes: list[Box | None]) -> np.ndarray:
+                     boxes: list[Box | None]) -> np.ndarray:
         """A whole-tensor array holding the current tile of ``t`` from its device tile buffer."""
-        producer = self.program.producer(t)
-        assert producer is not None
-        reg = region(producer.out, tile_box(producer.sizes, self.op_plan(producer).loop, index,
-                                            counts, producer.name))
+        reg = self._buffer_region(t, buf, index)
         reads = [a for a in op.ins if a.tensor == t]
         for box in boxes:
             if box is not None and not all(inside(region(a, box), reg) for a in reads):
@@ -251,7 +417,8 @@ class _Run:
         return staged
 
     def _store(self, op: Op, group: GroupPlan, tile: Box, boxes: dict[int, Box],
-               parts: dict[int, object], written: dict[tuple[str, int], Region]) -> None:
+               parts: dict[int, object], written: dict[tuple[str, int], Region],
+               index: tuple[int, ...]) -> None:
         t = op.out.tensor
         dtype = self.program.tensor(t).dtype
         by_key: dict[tuple, list[int]] = {}
@@ -260,12 +427,12 @@ class _Run:
         acc = next((x for x in group.combines if x.op == op.name), None)
         tile_buf = self.buffer(t, "tile")
         tile_reg = region(op.out, tile)
+        buf_reg = tile_reg if tile_buf is None else self._buffer_region(t, tile_buf, index)
         for cores in by_key.values():
             part = _combine(op, [parts[c] for c in cores])  # type: ignore[arg-type]
             reg = region(op.out, boxes[cores[0]])
             if acc is not None:
-                whole, acc_dtype = self.accumulator(t)
-                view = whole[_slices(reg)]
+                view, acc_dtype = self.acc_view(op, reg, index, cores[0])
                 both = [decode(view, acc_dtype).astype(np.asarray(part).dtype), part]
                 view[...] = encode(kernels.combine_partials(REDUCERS[acc.fn], both),
                                    acc_dtype)
@@ -274,7 +441,7 @@ class _Run:
             if tile_buf is None:
                 self.full(t)[_slices(reg)] = value
             elif tile_buf.space == "hbm":
-                self.mem.view(tile_buf, _extent(tile_reg), dtype)[_slices(reg, tile_reg)] = value
+                self.mem.view(tile_buf, _extent(buf_reg), dtype)[_slices(reg, buf_reg)] = value
             else:
                 if len(cores) > 1:
                     raise ExecutionError(f"op {op.name!r}: cores {cores} combine partials of "
@@ -286,11 +453,26 @@ class _Run:
                 continue
             full = self.full(t)
             if tile_buf.space == "hbm":
-                full[_slices(tile_reg)] = self.mem.view(tile_buf, _extent(tile_reg), dtype)
+                whole_tile = self.mem.view(tile_buf, _extent(buf_reg), dtype)
+                full[_slices(tile_reg)] = whole_tile[_slices(tile_reg, buf_reg)]
             else:
                 for c in boxes:
                     reg = written[(t, c)]
                     full[_slices(reg)] = self.mem.view(tile_buf, _extent(reg), dtype, c)
+
+
+def _fallback_tile(op: Op, program: Program, env: Mapping[str, np.ndarray], box: Box
+                   ) -> np.ndarray:
+    """A fallback op over ``box`` of its iteration space (whole along the axis it works on),
+    in its output's layout."""
+    if op.kind.whole:
+        return evaluate_op(op, program, env)
+    src = op.ins[0]
+    dtype = kernels.compute_dtype([program.tensor(src.tensor).dtype])
+    res = kernels.fallback(op.kind, env[src.tensor].astype(dtype))
+    by_dim = _operand(op, src, res, box, dtype)
+    shape = [box[d][1] - box[d][0] for d in op.dim_names]
+    return _to_out_layout(op, by_dim.reshape(shape))
 
 
 def _finish_value(op: Op, part: object) -> np.ndarray:
@@ -340,7 +522,7 @@ def run_tiled(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
             i += len(group.ops)
         out = {}
         for t in program.tensors:
-            if run.buffer(t.name, "full") or run.buffer(t.name, "accumulator"):
+            if run.whole(t.name) is not None:
                 out[t.name] = decode(run.full(t.name), t.dtype).copy()
         return out
     finally:

@@ -149,10 +149,12 @@ def test_accumulator_init_sits_before_the_reduction_loop():
     init = next(i for i, s in enumerate(lines) if "mm.init.kernel" in s)
     loops = [i for i, s in enumerate(lines) if "scf.for" in s]
     assert loops[0] < init < loops[1]
-    # the float32 accumulator advances 128 rows x 512 x 4 bytes per outer iteration
-    assert "#tile_h = affine_map<(d0)[s0] -> (s0 + d0 * 262144)>" in text
+    # the tile-sized float32 accumulator stays at one scratchpad offset; its copy-out after
+    # the K loop writes the float16 result's 128 rows x 512 x 2 bytes of each outer iteration
+    assert "#tile_h = affine_map<(d0)[s0] -> (s0 + d0 * 131072)>" in text
     finish = next(i for i, s in enumerate(lines) if "mm.finish.kernel" in s)
-    assert finish > max(loops) and lines[finish - 1].strip() == "}"
+    assert finish > max(loops) and lines[finish - 2].strip() == "}"
+    assert lines[finish + 1].strip() == "}"  # inside the outer loop
     assert "#tile_w = affine_map<(d0, d1)[s0] -> (s0 + d1 * 262144)>" in text
     verify_mlir(bundle(prog, unrolled=True))
 

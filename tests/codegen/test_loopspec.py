@@ -109,28 +109,35 @@ def test_accumulating_reduction_gets_an_init_and_reads_its_float32_accumulator()
                    ["h"], tiling=[{"ops": ["mm"], "loops": [{"count": 2, "dims": ["m"]},
                                                            {"count": 4, "dims": ["k"]}]}])
     planned = ap.plan(prog, target=SPYRE)
-    outer, finish = planned.loopspec()
-    init, inner = outer.body
-    acc_buf = planned.plan.buffers_of("h")[0]
+    (outer,) = planned.loopspec()
+    init, inner, finish = outer.body
+    acc_buf = planned.plan.buffer("h", "accumulator")
     assert init.name == "mm.init" and init.op == "fill" and init.tiled_symbols == ("m",)
-    # float32 accumulator: 128 rows x 512 columns x 4 bytes per outer iteration
-    assert [a.tensor for a in init.args] == ["h"] and init.args[0].tile_strides == (262144,)
-    assert init.args[0].dtype == "float32" and init.args[0].device_size == (16, 256, 32)
+    # a tile-sized float32 accumulator (128 rows x 512 columns) in the scratchpad, reset before
+    # the inner K loop at a fixed offset
+    assert (acc_buf.space, acc_buf.shape) == ("lx", (128, 512))
+    assert [a.tensor for a in init.args] == ["h"] and init.args[0].tile_strides == (0,)
+    assert init.args[0].memory == "lx" and init.args[0].per_tile_fixed
+    assert init.args[0].dtype == "float32" and init.args[0].device_size == (16, 128, 32)
     (mm,) = inner.body
     assert mm.is_reduction and [(a.tensor, a.is_input) for a in mm.args] == [
         ("x", True), ("w", True), ("h", True), ("h", False)]
     x, w, acc, out = mm.args
-    # x[m,k] moves along rows and columns, w[k,n] along rows only, h[m,n] only with m
+    # x[m,k] moves along rows and columns, w[k,n] along rows only, h stays on chip
     assert x.tile_strides == (128 * 2048, 256 * 2)
     assert w.tile_strides == (0, 256 * 1024)
-    assert acc == replace(out, is_input=True, arg_index=2) and out.tile_strides == (262144, 0)
-    assert acc.address == acc_buf.offset and acc_buf.kind == "accumulator"
-    # after the nest, the accumulator is cast into the float16 result
-    assert finish.name == "mm.finish" and finish.op == "finish_sum" and not finish.tiled_symbols
+    assert acc == replace(out, is_input=True, arg_index=2) and out.tile_strides == (0, 0)
+    assert acc.address == acc_buf.offset and acc.memory == "lx"
+    # after the K loop, inside the M loop: the accumulator is cast into the float16 result's
+    # rows of this outer iteration
+    assert finish.name == "mm.finish" and finish.op == "finish_sum"
+    assert finish.tiled_symbols == ("m",)
     src, dst = finish.args
-    assert (src.dtype, src.address, src.is_input) == ("float32", acc_buf.offset, True)
-    full = next(b for b in planned.plan.buffers_of("h") if b.kind == "full")
+    assert (src.dtype, src.address, src.is_input, src.memory) == ("float32", acc_buf.offset,
+                                                                  True, "lx")
+    full = planned.plan.buffer("h", "full")
     assert (dst.dtype, dst.address, dst.is_input) == ("float16", full.offset, False)
+    assert dst.tile_strides == (128 * 512 * 2,)
 
 
 def test_tile_copied_out_of_the_loop():
@@ -240,8 +247,10 @@ def test_values_validate_and_freeze():
         replace(arg, allocation={"dram": 0})
     with pytest.raises(EmitError, match="device coordinates"):
         replace(arg, device_coordinates=["m", "n"])
-    with pytest.raises(EmitError, match="scratchpad"):
-        replace(arg, allocation={"lx": 0}, tile_strides=[128])
+    with pytest.raises(EmitError, match="fixed in place cannot move"):
+        replace(arg, allocation={"lx": 0}, per_tile_fixed=True, tile_strides=[128])
+    # a scratchpad tile read in loops deeper than its buffer moves within it
+    assert replace(arg, allocation={"lx": 0}, tile_strides=[128]).memory == "lx"
     with pytest.raises(EmitError, match="tiled dim"):
         OpSpec("exp", False, {"m": (4, 1)}, [arg], ["n"])
     with pytest.raises(TypeError):

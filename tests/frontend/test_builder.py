@@ -178,16 +178,16 @@ def test_leaving_a_hint_scope_or_an_op_without_hints_ends_the_group() -> None:
     with ap.program("groups") as p:
         x = p.input("x", [A, B], "float32")
         with ap.hint(slices={A: 2}):
-            y = ap.exp(x)                  # group 1: [(2, A)]
+            y = ap.exp(x)                  # group 1, outer loop only
             with ap.hint(slices={B: 4}):
-                y = ap.log(y)              # group 2: [(2, A), (4, B)]
-            y = ap.relu(y)                 # group 3: [(2, A)]
+                y = ap.log(y)              # group 1, inner loop: [(2, A), (4, B)]
+            y = ap.relu(y)                 # group 1, outer loop only
         y = ap.tanh(y)                     # no group
         with ap.hint(slices={A: 2}):
-            y = ap.exp(y)                  # group 4: a new scope with the same hint
+            y = ap.exp(y)                  # group 2: a new scope with the same hint
         p.output(y)
-    assert [(g.ops, [lv.count for lv in g.loops]) for g in p.program.tiling] == [
-        (("exp0",), [2]), (("log1",), [2, 4]), (("relu2",), [2]), (("exp4",), [2])]
+    assert [(g.ops, [lv.count for lv in g.loops], g.depths) for g in p.program.tiling] == [
+        (("exp0", "log1", "relu2"), [2, 4], (("exp0", 1), ("relu2", 1))), (("exp4",), [2], ())]
 
 
 def test_an_op_not_using_a_hinted_dim_is_allowed_when_another_op_of_the_group_uses_it() -> None:

@@ -224,10 +224,10 @@ UNKNOWN: list[tuple[str, Callable[[Doc], None], str]] = [
     ("op-ins", _op("inz", []), r"op 'gate': unknown field 'inz' \(did you mean 'ins'\?\)"),
     ("group", _set(("tiling", 0, "loop"), []),
      r"^tiling\[0\]: unknown field 'loop' \(did you mean 'loops'\?\); valid: ops, loops, count, "
-     r"dims$"),
+     r"dims, depths$"),
     ("loop", _set(("tiling", 0, "loops", 0, "counts"), 2),
      r"^tiling group \['gate', 'act'\]: loops\[0\]: unknown field 'counts' \(did you mean "
-     r"'count'\?\); valid: count, dims$"),
+     r"'count'\?\); valid: count, dims, min, max$"),
     ("no-suggestion", _set(("zzzzzz",), 1), r"^program: unknown field 'zzzzzz'; valid: format"),
 ]
 
@@ -258,8 +258,8 @@ def test_field_lists_are_the_documented_ones():
     assert PROGRAM_FIELDS == ("format", "name", "tensors", "inputs", "outputs", "ops", "tiling",
                               "work_division", "split_k", "symbols")
     assert TENSOR_FIELDS == ("shape", "dtype")
-    assert GROUP_FIELDS == ("ops", "loops", "count", "dims")
-    assert LOOP_FIELDS == ("count", "dims")
+    assert GROUP_FIELDS == ("ops", "loops", "count", "dims", "depths")
+    assert LOOP_FIELDS == ("count", "dims", "min", "max")
     assert {"name", "op", "out", "ins", "dims", "fn", "dtype"} <= set(OP_FIELDS)
 
 

@@ -47,6 +47,7 @@ FORMULAS = {
     "erf": _erf, "softplus": _softplus, "copy": lambda a: a,
     "sign": lambda a: (a > 0).astype(float) - (a < 0),
     "clamp": lambda a: np.minimum(np.maximum(a, -0.5), 0.75),
+    "relayout": lambda a: a, "fill": lambda: np.full((3, 7), 2.5),
 }
 FALLBACK_FORMULAS = {"sort": lambda a: np.sort(a, -1), "cumsum": lambda a: np.cumsum(a, -1),
                      "flip": lambda a: a[..., ::-1]}
@@ -62,11 +63,13 @@ WHOLE_CASES = {
     "uniform": ([], {"low": 1, "high": 2, "seed": 7}, (3,),
                 lambda: np.random.default_rng(7).uniform(1, 2, 3)),
     "normal": ([], {"seed": 7}, (3,), lambda: np.random.default_rng(7).normal(0, 1, 3)),
+    "topk": ([np.array([[3.0, 1, 2], [0, 5, 4]])], {}, (2, 2),
+             lambda a: np.array([[3.0, 2], [5, 4]])),
 }
 REDUCTION_FORMULAS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
                       "prod": np.prod, "any": lambda a, axis: np.any(a != 0, axis=axis),
-                      "argmax": np.argmax}
-ATTRS = {"clamp": {"min": -0.5, "max": 0.75}}
+                      "argmax": np.argmax, "max_pool": np.max, "avg_pool": np.mean}
+ATTRS = {"clamp": {"min": -0.5, "max": 0.75}, "fill": {"value": 2.5}}
 POSITIVE = {"log", "sqrt", "rsqrt", "pow", "div", "reciprocal"}
 
 ELEMENTWISE = [k for k in KINDS if k.elementwise]
@@ -76,7 +79,7 @@ def test_every_kind_of_the_registry_has_a_formula_here():
     for k in KINDS:
         table = {Category.FALLBACK: WHOLE_CASES if k.whole else FALLBACK_FORMULAS,
                  Category.REDUCTION: REDUCTION_FORMULAS,
-                 Category.MATMUL: {"matmul": None}}.get(k.category, FORMULAS)
+                 Category.MATMUL: {"matmul": None, "conv": None}}.get(k.category, FORMULAS)
         assert k.name in table, f"op kind {k.name!r} has no test formula"
 
 
@@ -104,13 +107,15 @@ def test_elementwise_kind_matches_its_numpy_formula_run_unplanned_and_planned(k)
     ins = _inputs(k, rng)
     names_ = [f"x{i}" for i in range(k.arity)]
     op = {"name": "f", "op": k.name, "out": "y[i,j]", "ins": [f"{n}[i,j]" for n in names_],
-          **ATTRS.get(k.name, {})}
+          **ATTRS.get(k.name, {}), **({"dims": {"i": 3, "j": 7}} if not k.arity else {})}
     p = program({n: ([3, 7], dt) for n, (dt, _) in zip(names_, ins, strict=True)}, [op], ["y"])
     xs = {n: a for n, (_, a) in zip(names_, ins, strict=True)}
     want = FORMULAS[k.name](*(a.astype(np.float64) if a.dtype != np.bool_ else a
                               for _, a in ins))
     got = run_unplanned(p, xs)["y"]
-    assert p.tensor("y").dtype == (k.result_dtype or ins[k.value_inputs(k.arity)[0]][0])
+    values = k.value_inputs(k.arity)
+    assert p.tensor("y").dtype == (k.result_dtype or (ins[values[0]][0] if values else
+                                                      "float32"))
     np.testing.assert_allclose(got.astype(np.float64), np.asarray(want, np.float64),
                                rtol=1e-6, atol=1e-6)
     for strategy in ("balanced", "greedy"):

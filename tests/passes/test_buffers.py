@@ -85,18 +85,27 @@ def test_tiled_matmul_k_gets_an_accumulator_an_init_and_a_combine():
     assert finishes == (FinishOp((0,), "mm", "h", "sum", 256),)
     pl = plan(p, spyre())
     acc, full = pl.buffer("h", "accumulator"), pl.buffer("h", "full")
-    assert (acc.space, acc.dtype, acc.nbytes) == ("hbm", "float32", 64 * 128 * 4)
+    # the float32 accumulator (the whole output here) fits the scratchpad: each core keeps its
+    # part there and the finish copies it out
+    assert (acc.space, acc.dtype, acc.shape) == ("lx", "float32", (64, 128))
+    assert acc.nbytes < 64 * 128 * 4
     assert (full.dtype, full.nbytes) == ("", 64 * 128 * 2)
     assert pl.op("mm").sizes == {"m": 64, "n": 128, "k": 64}
 
 
-def test_integer_accumulators_are_the_result_itself():
+def test_integer_accumulators_on_chip_are_copied_out_else_are_the_result_itself():
+    import dataclasses
     p = program({"x": ([64, 256], "int32")},
                 [{"name": "r", "op": "sum", "out": "s[m,0]", "ins": ["x[m,n]"]}], ["s"],
                 tiling=[{"ops": ["r"], "count": 4, "dims": ["n"]}])
-    assert loop_steps(p, coarse_tile(p).groups[0], roles_of(p))[3] == ()
+    (fin,) = loop_steps(p, coarse_tile(p).groups[0], roles_of(p))[3]
+    assert (fin.tensor, fin.level) == ("s", 0)
     pl = plan(p, spyre())
-    assert [b.kind for b in pl.buffers_of("s")] == ["accumulator"]
+    assert [(b.kind, b.space) for b in pl.buffers_of("s")] == [("accumulator", "lx"),
+                                                              ("full", "hbm")]
+    no_room = dataclasses.replace(spyre(), scratchpad_bytes=64, scratchpad_reserve=0.0)
+    pl = plan(p, no_room)
+    assert [b.kind for b in pl.buffers_of("s")] == ["accumulator"] and not pl.groups[0].finishes
 
 
 def test_a_tiled_mean_sums_then_divides_after_the_loop():

@@ -131,10 +131,13 @@ def test_a_dim_listed_twice_in_one_level():
         coarse_tile(fused(loops=[{"count": 2, "dims": ["m", "m"]}]))
 
 
-def test_an_op_with_two_dims_of_one_level_is_refused():
-    with pytest.raises(ProgramError, match=r"op 'add' has dims 'm' and 'n', both tiled at loop "
-                                           r"level 0.*separate levels"):
-        coarse_tile(fused(loops=[{"count": 2, "dims": ["m", "n"]}]))
+def test_an_op_with_two_dims_of_one_level_runs_an_inner_loop_of_its_own():
+    # the level steps m; an inner loop then steps n, so every (m, n) tile is computed (the two
+    # ops have the same dims there, so they share it)
+    t = coarse_tile(fused(loops=[{"count": 2, "dims": ["m", "n"]}]))
+    assert t.tile("add").loop == LoopInfo((0, 0), (2, 2), (("m",), ("n",)))
+    assert t.tile("mul").loop == LoopInfo((0, 0), (2, 2), (("m",), ("n",)))
+    assert t.tile("add").size_map == {"m": A // 2, "n": B // 2}
 
 
 def test_op_in_two_groups():
@@ -179,7 +182,8 @@ def test_unsupported_tiled_reductions_are_refused_before_planning():
 
 def test_reading_an_accumulator_inside_its_loop_is_refused():
     readers = [{"name": "u", "op": "exp", "out": "e[m,0]", "ins": ["s[m,0]"]}]
-    with pytest.raises(PlanningError, match=r"op 'u' reads 's' in the loop.*complete only after"):
+    with pytest.raises(PlanningError, match=r"op 'u' reads 's' inside the loop over 'n'.*"
+                                            r"complete only after"):
         coarse_tile(reduction("sum", readers=readers))
 
 
@@ -187,7 +191,7 @@ def test_tiled_softmax_over_its_reduction_dim_is_refused():
     p = load(ROOT / "examples/softmax_tiled.json")
     p2 = type(p)(p.name, p.tensors, p.inputs, p.outputs, p.ops,
                  (TilingGroup(p.tiling[0].ops, (LoopLevel(2, ("n",)),)),))
-    with pytest.raises(PlanningError, match=r"op 'shift' reads 'mx' in the loop"):
+    with pytest.raises(PlanningError, match=r"op 'shift' reads 'mx' inside the loop"):
         coarse_tile(p2)
 
 
@@ -201,12 +205,16 @@ def test_accumulating_op_must_be_tiled_at_every_inner_level():
         coarse_tile(p)
 
 
-def test_fallback_ops_cannot_be_tiled():
+def test_fallback_ops_are_tiled_on_all_but_the_dim_they_work_along():
     p = program({"x": ([8, 64], "float32")},
                 [{"name": "s", "op": "fallback", "fn": "sort", "out": "y[m,n]", "ins": ["x[m,n]"]}],
                 ["y"], tiling=[{"ops": ["s"], "count": 2, "dims": ["m"]}])
-    with pytest.raises(PlanningError, match=r"op 's' is a fallback \(sort\)"):
-        coarse_tile(p)
+    assert coarse_tile(p).tile("s").size_map == {"m": 4, "n": 64}
+    p = program({"x": ([8, 64], "float32")},
+                [{"name": "s", "op": "fallback", "fn": "sort", "out": "y[m,n]", "ins": ["x[m,n]"]}],
+                ["y"], tiling=[{"ops": ["s"], "count": 2, "dims": ["n"]}])
+    # sort works along n: it stays whole there, every iteration
+    assert coarse_tile(p).tile("s").size_map == {"m": 8, "n": 64}
 
 
 def test_matmul_k_tiling_records_the_reduction_level():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -80,7 +81,7 @@ def programs(draw):
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
-@given(programs(), targets(), st.sampled_from(["greedy", "balanced"]))
+@given(programs(), targets(), st.sampled_from(["greedy", "greedy-multiples", "balanced"]))
 def test_every_plan_covers_each_point_once_and_matches_unplanned(prog, target, strategy):
     try:
         result = plan(prog, target, strategy)
@@ -99,7 +100,7 @@ def test_every_plan_covers_each_point_once_and_matches_unplanned(prog, target, s
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
-@given(programs(), targets(), st.sampled_from(["greedy", "balanced"]))
+@given(programs(), targets(), st.sampled_from(["greedy", "greedy-multiples", "balanced"]))
 def test_plans_respect_span_and_core_limits(prog, target, strategy):
     try:
         result = plan(prog, target, strategy)
@@ -120,6 +121,13 @@ def test_balanced_is_never_predicted_slower_than_greedy(prog, target):
         return
     balanced = plan(prog, target, "balanced")  # must plan whenever greedy does
     for g, b in zip(greedy.ops, balanced.ops, strict=True):
+        if g.loop != b.loop:
+            # greedy's loop of last resort (pass span_tiling) where balanced found an uneven
+            # split or a smaller loop: different iteration spaces, not comparable op by op
+            assert g.loop is not None
+            if b.loop is not None:  # the smallest count that fits under each strategy
+                assert math.prod(b.loop.count) <= math.prod(g.loop.count)
+            continue
         assert b.predicted_time_us <= g.predicted_time_us + 1e-9, (g, b)
 
 

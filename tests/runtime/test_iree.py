@@ -227,6 +227,8 @@ def test_every_kind(dtype, cache):
     for k in KINDS:
         if k.category not in (Category.POINTWISE, Category.LAYOUT):
             continue
+        if k.arity == 0:  # fill: the forall emitter does not emit input-less ops yet
+            continue
         values = [i for i in range(k.arity) if i not in k.conditions]
         if values and dtype not in k.accepts:
             continue

@@ -98,6 +98,7 @@ REDUCTION_FORMULAS = {
     "sum": lambda x: x.sum(1), "mean": lambda x: x.mean(1), "max": lambda x: x.max(1),
     "min": lambda x: x.min(1), "prod": lambda x: x.prod(1), "any": lambda x: (x != 0).any(1),
     "argmax": lambda x: x.argmax(1),
+    "max_pool": lambda x: x.max(1), "avg_pool": lambda x: x.mean(1),  # a window of the row
 }
 
 

@@ -1,0 +1,201 @@
+"""Pass `span_tiling`: a counted loop where no split keeps an op within the span limit.
+
+The span limit bounds the contiguous device memory one core addresses in one kernel launch.
+Splitting an op's dims over cores shrinks each core's span, but not always enough: a
+``[1, 8195, 256, 64]`` float16 tensor (256.1 MiB) on 4 cores has no even split of its 8195 rows
+(``greedy`` refuses), and on one core, or for a tensor larger than the limit times the cores, no
+split of any kind exists (``balanced`` refuses too).
+
+Loop tiling is the answer of last resort. For every op outside the program's tiling groups for
+which the strategy finds no split (``greedy``: span reduction's walk over even splits fails;
+``balanced``: its exhaustive search over even and uneven splits finds no feasible assignment),
+this pass wraps the op alone in a new one-level tiling group over one of its dims, so that each
+iteration's tile fits. It chooses the dim and the smallest count that fits: for every dim, the
+counts that divide it into whole planning units (sticks for stick dims) and stay within the
+target's ``max_loop_count``, smallest first, until the tile's per-iteration context is feasible
+under the strategy; the smallest count over all dims wins, ties going to the lower predicted time
+of the whole loop (count times one tile's time under the strategy's split), then to dims the
+output indexes (a tiled reduction dim accumulates), then to outer dims. A reduction dim is a
+candidate only when its kind accumulates across loop iterations (``Reducer.tileable``).
+
+Fallback ops (one core, whole), ops with run-time sizes and ops already in a tiling group are
+left alone, and an op no single-dim loop fits keeps the strategy's error. The added groups are
+appended to the program's ``tiling`` (paths after the program's own groups) and named in the
+result, so that the plan's ``GroupPlan.added`` says why each exists (plan format ``added``; the
+report's loop-group line).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
+
+from apportion.errors import PlanningError
+from apportion.ir.op import Op
+from apportion.ir.program import LoopLevel, Program, TilingGroup
+from apportion.passes.geometry import OpContext, PlanCache, check_spans, divisors
+from apportion.passes.layouts import Layouts
+from apportion.passes.span_reduction import SpanSplits, minimum_splits, op_minimum
+from apportion.passes.work_distribution import op_splits, ranked
+from apportion.plans.plan import LoopInfo
+from apportion.target.target import Target
+
+#: ``GroupPlan.added`` of a group this pass adds
+REASON = "span"
+
+
+@dataclass(frozen=True)
+class SpanTile:
+    """One loop the pass added: the op, the dim it tiles, the count, and the tile's splits."""
+
+    op: str
+    dim: str
+    count: int
+    group: int  # index of the added group in the program's ``tiling``
+
+
+@dataclass(frozen=True)
+class SpanTiling:
+    """The pass's result: the program with its added groups, and what was added."""
+
+    program: Program
+    added: Mapping[str, SpanTile]  # op -> its loop
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "added", MappingProxyType(dict(self.added)))
+
+    @property
+    def groups(self) -> dict[int, SpanTile]:
+        """Index in ``program.tiling`` -> the loop added there."""
+        return {t.group: t for t in self.added.values()}
+
+
+def fits(ctx: OpContext, strategy: str) -> bool:
+    """True when ``strategy`` finds a split of the op (at ``ctx.sizes``) within the span limit.
+
+    ``greedy``: the span reduction's walk over even splits succeeds (greedy only adds cuts to
+    it); ``balanced``: the walk with uneven splits succeeds, or failing that the exhaustive
+    search finds a feasible assignment. Pinned splits fit when they do.
+    """
+    pins = ctx.program.pins.get(ctx.op.name)
+    if pins:
+        if any(n < 1 or n > ctx.units.get(d, 0) for d, n in pins.items()):
+            return True  # invalid pins: work distribution names the fault
+        fixed = {d: pins.get(d, 1) for d in ctx.sizes}
+        return check_spans(ctx.op, ctx.sizes, ctx.layout, fixed, ctx.tlayouts,
+                           ctx.target).worst is None
+    if ctx.feasible({d: 1 for d in ctx.sizes}):
+        return True
+    try:
+        minimum_splits(ctx, allow_uneven=strategy == "balanced")
+        return True
+    except PlanningError:
+        if strategy != "balanced":
+            return False
+    return bool(ranked(ctx, {d: 1 for d in ctx.sizes}, 1))
+
+
+def span_tiling(program: Program, target: Target, lay: Layouts, strategy: str,
+                cache: PlanCache | None = None) -> SpanTiling:
+    """The span tiling pass (see the module docstring).
+
+    >>> from apportion.frontend.json_format import loads
+    >>> from apportion.passes.layouts import layouts
+    >>> from apportion.target import spyre
+    >>> p = loads('{"name": "big", "tensors": {"x": {"shape": [1, 8195, 256, 64], '
+    ...   '"dtype": "float16"}}, "inputs": ["x"], "outputs": ["y"], "ops": [{"name": "e", '
+    ...   '"op": "exp", "out": "y[a,b,c,d]", "ins": ["x[a,b,c,d]"]}]}')
+    >>> t = spyre(cores=4)
+    >>> span_tiling(p, t, layouts(p, t), "greedy").added["e"]
+    SpanTile(op='e', dim='b', count=5, group=0)
+    >>> span_tiling(p, t, layouts(p, t), "balanced").added   # an uneven split of b fits
+    mappingproxy({})
+    """
+    if program.symbols:
+        return SpanTiling(program, {})
+    grouped = {n for g in program.tiling for n in g.ops}
+    added: dict[str, SpanTile] = {}
+    groups = list(program.tiling)
+    for op in program.ops:
+        if op.name in grouped or not op.kind.divisible:
+            continue
+        ctx = OpContext(op, program, target, lay.ops[op.name], lay.tensors, dict(op.sizes))
+        if fits(ctx, strategy):
+            continue
+        choice = choose_loop(ctx, strategy, target.max_loop_count, cache)
+        if choice is None:
+            continue  # no single-dim loop fits: the strategy's own error stands
+        d, count = choice
+        added[op.name] = SpanTile(op.name, d, count, len(groups))
+        groups.append(TilingGroup((op.name,), (LoopLevel(count, (d,)),)))
+    if not added:
+        return SpanTiling(program, {})
+    return SpanTiling(replace(program, tiling=tuple(groups)), added)
+
+
+def loop_candidates(op: Op, per: Mapping[str, int], max_count: int) -> list[tuple[str, int]]:
+    """(dim, count) pairs a one-level loop around ``op`` may take: counts > 1 dividing the dim
+    into whole planning units of ``per`` elements, within ``max_count``; parallel dims, then
+    reduction dims whose kind accumulates across iterations.
+
+    >>> from apportion.ir.op import Access
+    >>> op = Op.build("e", "exp", Access.parse("y[m,n]"), (Access.parse("x[m,n]"),),
+    ...               {"m": 6, "n": 128})
+    >>> loop_candidates(op, {"m": 1, "n": 64}, 100)
+    [('m', 2), ('m', 3), ('m', 6), ('n', 2)]
+    """
+    dims = [*op.parallel_dims,
+            *(op.reduction_dims if op.kind.tileable_reduction else ())]
+    out = []
+    for d in dims:
+        n, unit = op.sizes[d], per.get(d, 1)
+        if n % unit:
+            continue  # a padded last stick: tiles of whole sticks cannot cover it evenly
+        out += [(d, c) for c in divisors(n // unit, max_count) if c > 1]
+    return out
+
+
+def choose_loop(ctx: OpContext, strategy: str, max_count: int,
+                cache: PlanCache | None = None) -> tuple[str, int] | None:
+    """The dim and count of the loop around ``ctx.op`` (see the module docstring), or None."""
+    op = ctx.op
+    per = ctx.per
+    best_count: dict[str, int] = {}
+    for d, c in loop_candidates(op, per, max_count):
+        if d in best_count or any(c > b for b in best_count.values()):
+            continue  # this dim already fits at a smaller count, or another dim does
+        tile = _tile_ctx(ctx, d, c)
+        if fits(tile, strategy):
+            best_count[d] = c
+    if not best_count:
+        return None
+    least = min(best_count.values())
+    tied = [d for d, c in best_count.items() if c == least]
+    if len(tied) == 1:
+        return tied[0], least
+    order = {d: i for i, d in enumerate(op.dim_names)}
+
+    def key(d: str) -> tuple[float, bool, int]:
+        return (round(least * _time(_tile_ctx(ctx, d, least), strategy, cache), 9),
+                d in op.reduction_dims, order[d])
+
+    best = min(tied, key=key)
+    return best, least
+
+
+def _tile_ctx(ctx: OpContext, d: str, count: int) -> OpContext:
+    sizes = {**ctx.sizes, d: ctx.sizes[d] // count}
+    loop = LoopInfo((0,), (count,), ((d,),))
+    return replace(ctx, sizes=sizes, loop=loop)
+
+
+def _time(ctx: OpContext, strategy: str, cache: PlanCache | None) -> float:
+    """Predicted time of one tile under the strategy's split (infinite where none exists)."""
+    try:
+        minimum, err = op_minimum(ctx, strategy)
+        spans = SpanSplits({ctx.op.name: minimum}, {} if err is None else {ctx.op.name: err})
+        return ctx.time_us(op_splits(ctx, spans, strategy, cache))
+    except PlanningError:
+        return math.inf

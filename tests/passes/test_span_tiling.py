@@ -1,0 +1,191 @@
+"""Tests of pass span_tiling: a counted loop of last resort where no split fits the span limit.
+
+Each case plans, emits the LoopSpec program and the loop bundle, and runs the plan in simulated
+memory against the unplanned program. A small span limit keeps the tensors small.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+import apportion as ap
+from apportion.errors import PlanningError
+from apportion.frontend.json_format import loads
+from apportion.passes.layouts import layouts
+from apportion.passes.pipeline import plan
+from apportion.passes.span_tiling import choose_loop, fits, span_tiling
+from apportion.plans.serialize import from_json, to_json
+from apportion.target import spyre
+from tests.helpers import program
+
+#: the issue's [1, 8195, 256, 64] float16 tensor (256.1 MiB) scaled down: [1, 35, 128, 64]
+#: float16 is 560 KiB against a 512 KiB limit, and 35 rows have no even split on 4 cores
+LIMIT = 512 * 1024
+
+
+def tiny(cores: int = 4, limit: int = LIMIT):
+    return dataclasses.replace(spyre(cores=cores), span_limit=limit)
+
+
+def big(rows: int = 35, op: str = "exp"):
+    return program({"x": ([1, rows, 128, 64], "float16")},
+                   [{"name": "e", "op": op, "out": "y[a,b,c,d]", "ins": ["x[a,b,c,d]"]}], ["y"])
+
+
+def planned_and_checked(prog, target, strategy):
+    """Plan, emit LoopSpec and bundle (verified MLIR), run with check; the PlannedProgram."""
+    p = ap.plan(prog, target, strategy=strategy)
+    p.loopspec()
+    p.bundle_mlir()
+    checks = p.check()
+    assert all(c.ok for c in checks), checks
+    return p
+
+
+def test_the_issue_shape_greedy_tiles_the_rows_balanced_splits_them_unevenly():
+    p = loads(json.dumps({"name": "big", "tensors": {"x": {"shape": [1, 8195, 256, 64],
+                                                            "dtype": "float16"}},
+                          "inputs": ["x"], "outputs": ["y"],
+                          "ops": [{"name": "e", "op": "exp", "out": "y[a,b,c,d]",
+                                   "ins": ["x[a,b,c,d]"]}]}))
+    g = plan(p, spyre(cores=4), "greedy")
+    assert g.op("e").loop.count == (5,) and g.op("e").loop.tiled_dims == (("b",),)
+    assert g.op("e").sizes["b"] == 1639 and g.groups[0].added == "span"
+    assert max(s for _, s in g.op("e").span_bytes) <= spyre().span_limit
+    b = plan(p, spyre(cores=4), "balanced")
+    assert b.op("e").loop is None and not b.groups and not b.op("e").is_even("b")
+
+
+def test_greedy_loop_plans_emits_and_runs():
+    p = planned_and_checked(big(), tiny(), "greedy")
+    assert p.op("e").loop.count == (5,) and p.groups[0].added == "span"
+    assert p.op("e").cores == 4  # each iteration's tile is divided over every core
+    text = p.bundle_mlir()
+    assert "scf.for" in text and "e.kernel" in text
+
+
+def test_balanced_finds_an_uneven_split_and_adds_no_loop():
+    p = planned_and_checked(big(), tiny(), "balanced")
+    assert not p.groups and not p.op("e").is_even("b")
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "balanced"])
+def test_one_core_loops_under_both_strategies(strategy):
+    p = planned_and_checked(big(), tiny(cores=1), strategy)
+    assert p.op("e").loop.count == (5,) and p.groups[0].added == "span"  # 35 = 5 x 7
+
+
+def test_the_smallest_count_that_fits_is_chosen():
+    prog, target = big(rows=36), tiny(cores=1)
+    lay = layouts(prog, target)
+    added = span_tiling(prog, target, lay, "greedy").added["e"]
+    assert (added.dim, added.count) == ("b", 2)
+    # a count of 2 fits: nothing smaller does (1 is the op as given)
+    assert not fits(_ctx(prog, target), "greedy")
+
+
+def _ctx(prog, target):
+    from apportion.passes.geometry import OpContext
+    lay = layouts(prog, target)
+    op = prog.ops[0]
+    return OpContext(op, prog, target, lay.ops[op.name], lay.tensors, dict(op.sizes))
+
+
+def test_a_reduction_dim_is_tiled_when_no_output_dim_helps():
+    # the reduction reads 600 KiB in one row: only a loop over k brings it under the limit
+    prog = program({"x": ([1, 300 * 1024], "float16")},
+                   [{"name": "s", "op": "sum", "out": "y[m,0]", "ins": ["x[m,k]"]}], ["y"])
+    p = planned_and_checked(prog, tiny(cores=1), "greedy")
+    assert p.op("s").loop.tiled_dims == (("k",),) and p.op("s").loop.count == (2,)
+    assert [i.tensor for i in p.groups[0].inits] == ["y"]
+
+
+def test_matmul_over_the_limit_loops_and_accumulates_correctly():
+    prog = program({"x": ([8, 48 * 64], "float16"), "w": ([48 * 64, 128], "float16")},
+                   [{"name": "mm", "op": "matmul", "out": "h[m,n]", "ins": ["x[m,k]", "w[k,n]"]}],
+                   ["h"])
+    p = planned_and_checked(prog, tiny(cores=1, limit=512 * 1024), "greedy")
+    assert p.op("mm").loop is not None and p.groups[0].added == "span"
+
+
+def test_the_plan_json_says_the_loop_was_added_and_round_trips():
+    result = plan(big(), tiny(), "greedy")
+    doc = json.loads(to_json(result))
+    assert doc["groups"][0]["added"] == "span"
+    assert from_json(to_json(result)) == result
+    # a program's own group has no "added" key
+    own = plan(dataclasses.replace(big(), tiling=result_tiling()), tiny(), "greedy")
+    assert "added" not in json.loads(to_json(own))["groups"][0]
+
+
+def result_tiling():
+    from apportion.ir.program import LoopLevel, TilingGroup
+    return (TilingGroup(("e",), (LoopLevel(5, ("b",)),)),)
+
+
+def test_report_names_the_added_loop():
+    from apportion.cli.report import group_lines
+
+    line = group_lines(plan(big(), tiny(), "greedy"))[0]
+    assert "added by the planner" in line and "5 over b" in line
+
+
+def test_an_op_no_loop_fits_keeps_the_strategy_error():
+    # one row of 600 KiB and a pointwise op: the only dim to tile is the stick dim, whose
+    # sticks are one row each way... a loop over n fits; a fallback op cannot loop at all
+    prog = program({"x": ([1, 300 * 1024], "float16")},
+                   [{"name": "c", "op": "cumsum", "out": "y[m,n]", "ins": ["x[m,n]"]}], ["y"])
+    with pytest.raises(PlanningError, match="fallback op cannot be divided"):
+        plan(prog, tiny(cores=1), "greedy")
+
+
+def test_choose_loop_tiles_the_dim_that_shrinks_the_span():
+    # Spyre lays a 2-D tensor out sticks first ([k sticks, m, 64]): one row still spans every
+    # stick, so a loop over the rows m cannot help and the reduction dim k is tiled
+    prog = program({"x": ([2, 300 * 512], "float16")},  # two rows of 300 KiB
+                   [{"name": "s", "op": "sum", "out": "y[m,0]", "ins": ["x[m,k]"]}], ["y"])
+    assert choose_loop(_ctx(prog, tiny(cores=1)), "greedy", 65535) == ("k", 2)
+    assert choose_loop(_ctx(prog, tiny(cores=1)), "greedy", 1) is None  # count limit 1
+
+
+@st.composite
+def overflowing(draw):
+    """A pointwise op or a row reduction over [a, b, c] whose whole tensor is over the limit."""
+    dtype = draw(st.sampled_from(["float16", "float32"]))
+    eps = 64 if dtype == "float16" else 32
+    a, b = draw(st.integers(1, 6)), draw(st.integers(1, 40))
+    c = eps * draw(st.integers(1, 3))
+    op = draw(st.sampled_from(["exp", "neg", "sum", "max"]))
+    out = "y[i,j,0]" if op in ("sum", "max") else "y[i,j,k]"
+    prog = program({"x": ([a, b, c], dtype)},
+                   [{"name": "o", "op": op, "out": out, "ins": ["x[i,j,k]"]}], ["y"])
+    size = a * b * c * (2 if dtype == "float16" else 4)
+    limit = max(128, size // draw(st.integers(2, 9)))
+    return prog, dataclasses.replace(spyre(cores=draw(st.integers(1, 6))), span_limit=limit)
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=40)
+@given(overflowing(), st.sampled_from(["greedy", "balanced"]))
+def test_plans_with_added_loops_respect_the_limit_and_run_exactly(case, strategy):
+    prog, target = case
+    try:
+        p = ap.plan(prog, target, strategy=strategy)
+    except PlanningError:
+        # planning refuses only where no split and no single-dim loop fits
+        lay = layouts(prog, target)
+        assert "o" not in span_tiling(prog, target, lay, strategy).added
+        return
+    o = p.op("o")
+    event(f"loop added: {o.loop is not None}")
+    assert all(s <= target.span_limit for _, s in o.span_bytes)
+    assert (o.loop is not None) == bool(p.groups) and all(g.added == "span" for g in p.groups)
+    if o.loop is not None:  # a loop only where the strategy alone finds no split
+        assert not fits(_ctx(prog, target), strategy)
+    p.loopspec()
+    checks = p.check()
+    assert all(c.ok for c in checks), checks
