@@ -37,9 +37,11 @@ from apportion.target.target import Target as Target
 # adding a kind to ``apportion.ir.kinds`` adds its function here.
 globals().update(_OP_FUNCTIONS)
 
-#: names imported on first use: the PyTorch frontend (torch itself only when a model is lowered)
+#: names imported on first use: the PyTorch frontend and the torch.compile backend (torch itself
+#: only when a model is lowered)
 _LAZY = {"from_torch": "apportion.frontend.torch_export",
-         "TorchProgram": "apportion.frontend.torch_export"}
+         "TorchProgram": "apportion.frontend.torch_export",
+         "backend": "apportion.torch_backend"}
 
 
 def __getattr__(name: str) -> object:

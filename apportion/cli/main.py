@@ -375,6 +375,7 @@ def print_checks(checks: list[OutputCheck], what: str, console: Console,
 def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     from apportion.codegen.spec_text import to_json, to_source
 
+
     if args.torch is not None:
         from apportion.cli.torch_models import plan_model
 
@@ -432,6 +433,11 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         return _bench_costmodel(args, console)
     if args.suite == "splitk":
         return _bench_splitk(args, console)
+    if args.suite == "e2e":
+        return _bench_e2e(args, console)
+    for flag, value in (("--threads", args.threads), ("--repeat", args.repeat)):
+        if value is not None:
+            raise UsageError(f"{flag} is an option of the e2e suite")
     if args.measurements is not None or args.target is not None:
         raise UsageError("--measurements and --target are options of the costmodel suite")
     cores = list(dict.fromkeys(args.cores or ([32, 24] if args.suite == "workdiv" else [32])))
@@ -482,6 +488,30 @@ def _bench_splitk(args: argparse.Namespace, console: Console) -> int:
         except OSError as e:
             raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
     return 0 if all(r.check_ok for r in records) else 1
+
+
+def _bench_e2e(args: argparse.Namespace, console: Console) -> int:
+    """``apportion bench e2e``: PyTorch models exported, lowered, planned for Spyre and run by
+    the threaded torch executor against eager PyTorch (``cli/bench_e2e.py``)."""
+    from apportion.cli import bench_e2e
+    from apportion.target.presets import spyre
+
+    for flag, value in (("--models", args.models), ("--measurements", args.measurements),
+                        ("--target", args.target)):
+        if value is not None:
+            raise UsageError(f"{flag} is not an option of the e2e suite")
+    cores = list(dict.fromkeys(args.cores or [32]))
+    for n in cores:
+        spyre(cores=n)
+    out = _output_path("--json", args.json) if args.json is not None else None
+    results = bench_e2e.run(cores, threads=args.threads, repeat=args.repeat or 5,
+                            limit=args.limit, console=console)
+    if out is not None:
+        try:
+            out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
+        except OSError as e:
+            raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
+    return 0
 
 
 def _bench_costmodel(args: argparse.Namespace, console: Console) -> int:
@@ -617,13 +647,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run-time size to emit the loop bundle or LoopSpec at, e.g. "
                         "--param K=4096 (repeatable)")
     e.set_defaults(func=cmd_emit)
-    b = sub.add_parser("bench", help="benchmarks: workdiv, tiling, costmodel, scale")
-    b.add_argument("suite", choices=("workdiv", "tiling", "costmodel", "scale", "splitk"))
+    b = sub.add_parser("bench", help="benchmarks: workdiv, tiling, costmodel, scale, splitk, "
+                                     "e2e")
+    b.add_argument("suite", choices=("workdiv", "tiling", "costmodel", "scale", "splitk",
+                                     "e2e"))
     b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
-                   help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling)")
+                   help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling "
+                        "and e2e)")
     b.add_argument("--models", default=None, help="models.json (default: the packaged copy)")
     b.add_argument("--limit", type=_int_at_least(1), default=None,
-                   help="only the first N op shapes (workdiv), blocks (tiling) or rows (scale)")
+                   help="only the first N op shapes (workdiv), blocks (tiling), rows (scale) "
+                        "or models (e2e: mlp, llama, gpt2)")
+    b.add_argument("--threads", type=_int_at_least(1), default=None,
+                   help="e2e: threads of the torch executor and of eager PyTorch "
+                        "(default: torch.get_num_threads())")
+    b.add_argument("--repeat", type=_int_at_least(1), default=None,
+                   help="e2e: timed runs per side, the median reported (default 5)")
     b.add_argument("--json", default=None, help="write every case's result here (JSON)")
     b.add_argument("--measurements", default=None, metavar="FILE.json",
                    help="costmodel: measured kernels (default: the packaged Spyre ones)")

@@ -1,0 +1,173 @@
+"""`apportion bench e2e`: PyTorch models end to end, from ``torch.export`` to a planned run.
+
+For each model (``frontend/torch_demo``: a gated MLP in plain ``torch.nn``, 64 tokens of width
+256; a Hugging Face Llama, 2 layers of width 256, FFN 512, 4 heads, 2 KV heads, vocabulary 1000;
+a Hugging Face GPT-2, 2 layers of width 128, 4 heads, vocabulary 1000; 16 tokens each) and each
+core count, one row:
+
+* **export s**: ``torch.export.export`` of the model on its example inputs;
+* **lower s**: the core-ATen decompositions and the lowering to an apportion program
+  (``from_torch`` of the exported program);
+* **plan s**: ``ap.plan`` for Spyre (``balanced``) at the core count;
+* **executor ms**: one run of the plan by the threaded torch executor
+  (``runtime.torch_exec.TorchExecutor``, built once: its schedule and its pool of ``threads``
+  threads), median of ``repeat`` runs;
+* **eager ms**: one call of the model in eager PyTorch under ``torch.no_grad()`` with
+  ``torch.set_num_threads(threads)``, median of ``repeat`` calls;
+* **x eager**: executor over eager, both measured in this run, interleaved repeat by repeat so
+  that both see the same load; **max |err|**: the executor's largest difference from eager.
+
+Export, lowering and planning are timed once (the first model is exported once before, so that
+imports are not counted). Each model runs once on each side before its timed repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from apportion.errors import ApportionError
+from apportion.target.presets import spyre
+
+#: name, what it is, factory of (model, example inputs); the cheapest first (``--limit 1``)
+MODELS: tuple[tuple[str, str, str], ...] = (
+    ("mlp", "gated MLP (torch.nn), 64 x 256 -> 1024", "mlp"),
+    ("llama", "Llama 2L h256 ffn512 4h/2kv v1000, 16 tok", "tiny_llama"),
+    ("gpt2", "GPT-2 2L h128 4h v1000, 16 tok", "tiny_gpt2"),
+)
+
+
+class BenchError(ApportionError):
+    """``bench e2e`` cannot run here (no PyTorch)."""
+
+
+@dataclass(frozen=True)
+class E2EResult:
+    """One row: a model at a core count on a number of threads."""
+
+    model: str
+    about: str
+    ops: int
+    cores: int
+    threads: int
+    repeat: int
+    export_s: float
+    lower_s: float
+    plan_s: float
+    executor_ms: float
+    eager_ms: float
+    max_abs_err: float
+
+    @property
+    def ratio(self) -> float:
+        return self.executor_ms / self.eager_ms if self.eager_ms > 0 else float("inf")
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t0, out
+
+
+def _first_tensor(out: Any) -> Any:
+    """The model's first output tensor (a Hugging Face output's logits)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "logits"):
+        return out.logits
+    return next(x for x in (out.values() if isinstance(out, dict) else out)
+                if isinstance(x, torch.Tensor))
+
+
+def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: list[int],
+                threads: int, repeat: int) -> list[E2EResult]:
+    """Time one model at every core count (export and lowering once)."""
+    import torch
+
+    from apportion.frontend.torch_export import from_torch
+    from apportion.planned import plan
+    from apportion.runtime.torch_exec import TorchExecutor, to_torch_storage
+
+    export_s, ep = _timed(lambda: torch.export.export(model, xs))
+    lower_s, lowered = _timed(lambda: from_torch(ep, xs, name=name))
+    saved = torch.get_num_threads()
+    rows = []
+    try:
+        with torch.no_grad():
+            torch.set_num_threads(threads)
+            want = _first_tensor(model(*xs))
+        for n in cores:
+            plan_s, planned = _timed(lambda n=n: plan(lowered.program, spyre(cores=n)))
+            program = planned.program
+            inputs: dict[str, Any] = {k: to_torch_storage(v, program.tensor(k).dtype)
+                                      for k, v in lowered.constants.items()}  # once, as ap.backend
+            inputs.update(zip(lowered.user_inputs, xs, strict=True))
+            with TorchExecutor(program, planned.plan, threads) as ex:
+                got = ex.run(inputs)[lowered.outputs[0]].reshape(lowered.output_shapes[0])
+                runs, eager = [], []
+                for _ in range(repeat):  # interleaved: both sides under the same load
+                    runs.append(_timed(lambda ex=ex, xs_=inputs: ex.run(xs_))[0])
+                    torch.set_num_threads(threads)
+                    with torch.no_grad():
+                        eager.append(_timed(lambda: model(*xs))[0])
+            err = float((got.double() - want.double()).abs().max())
+            rows.append(E2EResult(name, about, len(program.ops), n, threads, repeat,
+                                  export_s, lower_s, plan_s, statistics.median(runs) * 1e3,
+                                  statistics.median(eager) * 1e3, err))
+    finally:
+        torch.set_num_threads(saved)
+    return rows
+
+
+def run(cores: list[int], threads: int | None = None, repeat: int = 5,
+        limit: int | None = None, console: Console | None = None) -> list[E2EResult]:
+    """Run the benchmark over the first ``limit`` models and print its table."""
+    try:
+        import torch
+
+        from apportion.frontend import torch_demo
+        from apportion.runtime.torch_exec import GRAIN
+    except ImportError as e:
+        raise BenchError(f"bench e2e needs PyTorch and transformers: pip install "
+                         f"'apportion[torch]' ({e})") from None
+    console = console or Console()
+    threads = threads or torch.get_num_threads()
+    for n in cores:
+        spyre(cores=n)  # every core count checked before the first model runs
+    results: list[E2EResult] = []
+    for i, (name, about, factory) in enumerate(MODELS[:limit]):
+        model, xs = getattr(torch_demo, factory)()
+        if i == 0:  # imports and torch.export's first-call costs are not the model's
+            torch.export.export(model, xs)
+        results += bench_model(name, about, model, xs, cores, threads, repeat)
+    console.print(table(results))
+    on = f"{threads} thread{'s' if threads > 1 else ''}"
+    console.print(f"export: torch.export.export; lower: core-ATen decompositions and the "
+                  f"lowering to apportion ops; plan: balanced on spyre; executor: the plan run "
+                  f"core slice by core slice with torch kernels on {on} (ops under {GRAIN} "
+                  f"points per core on the calling thread); eager: the model in PyTorch with "
+                  f"torch.set_num_threads({threads}); ms: medians of {repeat} interleaved runs",
+                  highlight=False)
+    return results
+
+
+def table(rows: list[E2EResult]) -> Table:
+    t = Table(title="PyTorch models end to end: export, lower, plan, run (spyre)",
+              title_justify="left")
+    for col in ("model", "about", "ops", "cores", "threads", "export s", "lower s", "plan s",
+                "executor ms", "eager ms", "x eager", "max |err|"):
+        t.add_column(col, justify="left" if col in ("model", "about") else "right")
+    for r in rows:
+        t.add_row(r.model, r.about, str(r.ops), str(r.cores), str(r.threads),
+                  f"{r.export_s:.2f}", f"{r.lower_s:.2f}", f"{r.plan_s:.3f}",
+                  f"{r.executor_ms:.2f}", f"{r.eager_ms:.2f}", f"{r.ratio:.1f}",
+                  f"{r.max_abs_err:.1e}")
+    return t
