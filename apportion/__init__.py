@@ -9,6 +9,7 @@
 32
 """
 
+from apportion import sharding as sharding
 from apportion import targets as targets
 from apportion.errors import ApportionError as ApportionError
 from apportion.errors import CalibrationError as CalibrationError
@@ -31,6 +32,8 @@ from apportion.frontend.json_format import loads as loads
 from apportion.ir.program import Program as Program
 from apportion.planned import PlannedProgram as PlannedProgram
 from apportion.planned import plan as plan
+from apportion.sharding.mesh import Mesh as Mesh
+from apportion.sharding.spec import shard as shard
 from apportion.target.target import Target as Target
 
 # One builder function per op kind of the registry (``ap.exp``, ``ap.where``, ``ap.amax``, ...):

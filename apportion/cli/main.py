@@ -1,4 +1,4 @@
-"""The `apportion` command: plan, run, emit, bench, demo, calibrate.
+"""The `apportion` command: plan, run, emit, shard, bench, demo, calibrate.
 
 Bad input ends in exit status 2 and one line on stderr, ``apportion: error: ...``, naming the
 option, path, op, tensor, dim or limit at fault. Every value that can be checked before the work
@@ -300,6 +300,10 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    if args.mesh is not None or args.backend == "dtensor":  # sharded over devices
+        from apportion.cli.shard import cmd_run_sharded
+
+        return cmd_run_sharded(args, console, print_checks)
     if args.torch is not None:
         return cmd_run_torch(args, console)
     params = _params(args.param)
@@ -375,6 +379,10 @@ def print_checks(checks: list[OutputCheck], what: str, console: Console,
 def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     from apportion.codegen.spec_text import to_json, to_source
 
+    if args.mesh is not None or args.shard:  # the per-device programs of a sharding
+        from apportion.cli.shard import cmd_emit_sharded
+
+        return cmd_emit_sharded(args, console)
 
     if args.torch is not None:
         from apportion.cli.torch_models import plan_model
@@ -435,6 +443,10 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         return _bench_splitk(args, console)
     if args.suite == "e2e":
         return _bench_e2e(args, console)
+    if args.suite == "sharding":
+        from apportion.cli.bench_sharding import command
+
+        return command(args, console, _output_path)
     for flag, value in (("--threads", args.threads), ("--repeat", args.repeat)):
         if value is not None:
             raise UsageError(f"{flag} is an option of the e2e suite")
@@ -610,6 +622,8 @@ def _demo_program(args: argparse.Namespace, console: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from apportion.cli import shard as shard_cli
+
     parser = _Parser(prog="apportion", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plan", help="plan a program and print the report or plan JSON")
@@ -629,9 +643,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the random inputs (default 0)")
     r.add_argument("--param", action="append", metavar="NAME=COUNT",
                    help="value of a symbolic loop count, e.g. --param T=4 (repeatable)")
-    r.add_argument("--backend", choices=("reference", "iree"), default="reference",
+    r.add_argument("--backend", choices=("reference", "iree", "dtensor"), default="reference",
                    help="reference: numpy, core slice by core slice; iree: the parallel IR "
-                        "(emit --forall) compiled and run by IREE on the CPU")
+                        "(emit --forall) compiled and run by IREE on the CPU; dtensor (with "
+                        "--mesh): one process per device on torch.distributed")
+    shard_cli.add_mesh_options(r)
+    r.add_argument("--timeout", type=float, default=300.0,
+                   help="--backend dtensor: seconds before every rank is stopped (default 300)")
     r.set_defaults(func=cmd_run)
     e = sub.add_parser("emit", help="print the plan as a loop bundle (MLIR) or LoopSpec program")
     _common(e)
@@ -642,15 +660,21 @@ def build_parser() -> argparse.ArgumentParser:
     form.add_argument("--loopspec", action="store_true", help="LoopSpec program as Python source")
     form.add_argument("--loopspec-json", action="store_true", help="LoopSpec program as JSON")
     form.add_argument("--forall", action="store_true",
-                      help="MLIR: thread-first parallel IR on tensors (scf.forall per op)")
+                      help="MLIR: thread-first parallel IR on tensors (scf.forall per op); "
+                           "with --mesh, every device's programs")
+    form.add_argument("--shard", action="store_true",
+                      help="with --mesh: the sharded program in MLIR's shard dialect (the "
+                           "MLIR bindings lack it: refused, see docs/architecture.md)")
+    shard_cli.add_mesh_options(e)
     e.add_argument("--param", action="append", metavar="NAME=SIZE",
                    help="a run-time size to emit the loop bundle or LoopSpec at, e.g. "
                         "--param K=4096 (repeatable)")
     e.set_defaults(func=cmd_emit)
+    shard_cli.add_parser(sub, _common)
     b = sub.add_parser("bench", help="benchmarks: workdiv, tiling, costmodel, scale, splitk, "
-                                     "e2e")
+                                     "e2e, sharding")
     b.add_argument("suite", choices=("workdiv", "tiling", "costmodel", "scale", "splitk",
-                                     "e2e"))
+                                     "e2e", "sharding"))
     b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
                    help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling "
                         "and e2e)")

@@ -23,8 +23,10 @@ from apportion.ir.program import LoopLevel, Program, Symbol, TensorType, TilingG
 
 FORMAT = "apportion.program/1"
 #: the fields each object of a program document may have; any other key is an error
+#: "shardings" (tensor -> per dim the mesh axes splitting it) is read beside the program by
+#: ``apportion.sharding.spec.load``; ``from_dict`` accepts and ignores it, ``to_dict`` omits it
 PROGRAM_FIELDS = ("format", "name", "tensors", "inputs", "outputs", "ops", "tiling",
-                  "work_division", "split_k", "symbols")
+                  "work_division", "split_k", "symbols", "shardings")
 SYMBOL_FIELDS = ("min", "max")
 TENSOR_FIELDS = ("shape", "dtype")
 GROUP_FIELDS = ("ops", "loops", "count", "dims", "depths")

@@ -209,7 +209,8 @@ def load_toml(path: str | Path, cores: int | None = None) -> Target:
     except tomllib.TOMLDecodeError as e:
         raise TargetError(f"{where} is not valid TOML: {e}") from None
     table = doc.get("target", doc)
-    outside = sorted(k for k in doc if k != "target") if "target" in doc else []
+    # a [mesh] table beside the target belongs to apportion.sharding.mesh.load_toml
+    outside = sorted(k for k in doc if k not in ("target", "mesh")) if "target" in doc else []
     if outside:  # with a [target] table, a key outside it would be silently ignored
         raise TargetError(f"{where}: field {outside[0]!r} is outside the [target] table; put "
                           "every field inside it (or drop the table header)")
@@ -217,6 +218,8 @@ def load_toml(path: str | Path, cores: int | None = None) -> Target:
         raise TargetError(f"{where}: target must be a table ([target]), got "
                           f"{describe(table)}")
     table = dict(table)  # popped below; leave the parsed document alone
+    if "target" not in doc:
+        table.pop("mesh", None)
     base_name = table.pop("preset", None)
     if base_name is not None and not (isinstance(base_name, str) and base_name in PRESETS):
         raise TargetError(f"{where}: preset must be one of {', '.join(PRESETS)}, "

@@ -216,7 +216,7 @@ def test_an_unsupported_format_is_refused():
 UNKNOWN: list[tuple[str, Callable[[Doc], None], str]] = [
     ("top", _set(("tilling",), []),
      r"^program: unknown field 'tilling' \(did you mean 'tiling'\?\); valid: format, name, "
-     r"tensors, inputs, outputs, ops, tiling, work_division, split_k, symbols$"),
+     r"tensors, inputs, outputs, ops, tiling, work_division, split_k, symbols, shardings$"),
     ("top-input", _set(("input",), ["x"]), r"program: unknown field 'input' .*'inputs'"),
     ("tensor", _set(("tensors", "x", "shpe"), [8, 16]),
      r"^tensor 'x': unknown field 'shpe' \(did you mean 'shape'\?\); valid: shape, dtype$"),
@@ -256,7 +256,7 @@ def test_every_op_field_listed_in_op_fields_is_known(field):
 
 def test_field_lists_are_the_documented_ones():
     assert PROGRAM_FIELDS == ("format", "name", "tensors", "inputs", "outputs", "ops", "tiling",
-                              "work_division", "split_k", "symbols")
+                              "work_division", "split_k", "symbols", "shardings")
     assert TENSOR_FIELDS == ("shape", "dtype")
     assert GROUP_FIELDS == ("ops", "loops", "count", "dims", "depths")
     assert LOOP_FIELDS == ("count", "dims", "min", "max")

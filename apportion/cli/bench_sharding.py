@@ -1,0 +1,192 @@
+"""`apportion bench sharding`: the strategy search on transformer blocks and a whole forward.
+
+Two tables, each from ``sharding.search`` on Spyre devices (32 cores each, 128 GB of memory):
+
+* **blocks**: the attention block (norm, q/k/v projections, scores, softmax, attention times V,
+  output projection, residual) and the MLP block (norm, gate and up, activation, down,
+  residual) of each model of ``frontend/data/models.json`` at 2048 prefill tokens
+  (``frontend/models.forward_program``, one decoder block cut in two), searched on meshes of
+  2, 4 and 8 cards in one machine (``tp``, PCIe links) and of 2 machines of 2 and 4 cards
+  (``dp`` across machines over the network, ``tp`` inside). Per row: the matmuls' chosen
+  strategies, the predicted time per device against one device's, the bytes each device
+  receives, the collectives, and the solve time (wall-clock seconds of the search: cost
+  evaluations, the integer program and the plan).
+* **forward**: the 32-layer llama3-8b forward pass at 2048 tokens on 8 devices, both meshes:
+  ops, search classes (identical layers share one solution), predicted time and solve time,
+  with the verdict against ``FORWARD_LIMIT_S``.
+
+``--models`` names another models file, ``--limit N`` keeps its first N models, ``--json``
+writes every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from apportion.errors import ApportionError
+from apportion.frontend.models import forward_program, load_models
+from apportion.ir.program import Program
+from apportion.sharding.mesh import Mesh, cards, cluster, parse
+from apportion.sharding.search import search
+
+TOKENS = 2048
+FORWARD_LIMIT_S = 10.0
+FORWARD_MODEL = "llama3-8b"
+FORWARD_LAYERS = 32
+
+
+def meshes() -> list[Mesh]:
+    return [cards(2), cards(4), cards(8), cluster(2, 2), cluster(2, 4)]
+
+
+def block(program: Program, first: str, last: str, name: str) -> Program:
+    """The ops from ``first`` to ``last`` as a program: what they read and nobody among them
+    makes becomes an input, ``last``'s result the output."""
+    names = [o.name for o in program.ops]
+    ops = program.ops[names.index(first):names.index(last) + 1]
+    made = {o.out.tensor for o in ops}
+    inputs = tuple(dict.fromkeys(a.tensor for o in ops for a in o.ins if a.tensor not in made))
+    used = set(inputs) | made
+    return Program(name, tuple(t for t in program.tensors if t.name in used), inputs,
+                   (ops[-1].out.tensor,), tuple(ops))
+
+
+def blocks(model: str, models: dict[str, Any]) -> list[tuple[str, Program]]:
+    p = forward_program(model, 1, TOKENS, models=models)
+    return [("attention", block(p, "l0_attn_sq", "l0_res1", f"{model}-attention")),
+            ("mlp", block(p, "l0_mlp_sq", "l0_res2", f"{model}-mlp"))]
+
+
+@dataclass(frozen=True)
+class BlockRow:
+    model: str
+    block: str
+    mesh: str
+    devices: int
+    strategies: str
+    predicted_us: float
+    one_device_us: float
+    comm_bytes: int
+    collectives: str
+    solve_s: float
+
+    @property
+    def speedup(self) -> float:
+        return self.one_device_us / self.predicted_us if self.predicted_us else 0.0
+
+
+@dataclass(frozen=True)
+class ForwardRow:
+    model: str
+    layers: int
+    mesh: str
+    ops: int
+    classes: int
+    predicted_us: float
+    comm_bytes: int
+    collectives: str
+    solve_s: float
+
+
+def _matmuls(plan: Any) -> str:
+    out = []
+    for o in plan.ops:
+        op = plan.program.op(o.op)
+        if op.kind.name == "matmul":
+            out.append(f"{o.op.removeprefix('l0_')} {o.strategy.label}")
+    return ", ".join(out)
+
+
+def run(models_path: str | None = None, limit: int | None = None,
+        console: Console | None = None, forward: bool = True) -> tuple[list[BlockRow],
+                                                                     list[ForwardRow]]:
+    console = console or Console()
+    doc = load_models(models_path)
+    names = list(doc["models"])[:limit]
+    rows: list[BlockRow] = []
+    table = Table(title=f"sharding search: blocks at {TOKENS} tokens on Spyre cards")
+    for col in ("model", "block", "mesh", "matmul strategies", "us/device", "1 device us",
+                "speedup", "MiB recv", "collectives", "solve s"):
+        table.add_column(col, justify="right" if col in ("us/device", "1 device us", "speedup",
+                                                          "MiB recv", "solve s") else "left")
+    for model in names:
+        for what, prog in blocks(model, doc):
+            one = search(prog, parse("tp=1")).predicted_us
+            for mesh in meshes():
+                start = time.perf_counter()
+                plan = search(prog, mesh)
+                took = time.perf_counter() - start
+                row = BlockRow(model, what, mesh.spec(), mesh.devices, _matmuls(plan),
+                               plan.predicted_us, one, plan.comm_bytes,
+                               plan.collectives_text(), took)
+                rows.append(row)
+                table.add_row(model, what, row.mesh, row.strategies, f"{row.predicted_us:.0f}",
+                              f"{one:.0f}", f"{row.speedup:.2f}",
+                              f"{row.comm_bytes / 2**20:.1f}", row.collectives,
+                              f"{row.solve_s:.2f}")
+    console.print(table)
+    fwd: list[ForwardRow] = []
+    if forward and FORWARD_MODEL in doc["models"]:
+        fwd = _forward(doc, console)
+    return rows, fwd
+
+
+def _forward(doc: dict[str, Any], console: Console) -> list[ForwardRow]:
+    p = forward_program(FORWARD_MODEL, FORWARD_LAYERS, TOKENS, models=doc)
+    rows = []
+    table = Table(title=f"sharding search: {FORWARD_MODEL} forward, {FORWARD_LAYERS} layers, "
+                        f"{TOKENS} tokens, 8 devices")
+    for col in ("mesh", "ops", "classes", "predicted ms", "MiB recv", "collectives", "solve s"):
+        table.add_column(col, justify="left" if col in ("mesh", "collectives") else "right")
+    for mesh in (cards(8), cluster(2, 4)):
+        start = time.perf_counter()
+        plan = search(p, mesh)
+        took = time.perf_counter() - start
+        stats = dict(plan.stats)
+        row = ForwardRow(FORWARD_MODEL, FORWARD_LAYERS, mesh.spec(), len(p.ops),
+                         int(stats["classes"]), plan.predicted_us, plan.comm_bytes,
+                         plan.collectives_text(), took)
+        rows.append(row)
+        table.add_row(row.mesh, str(row.ops), str(row.classes), f"{row.predicted_us / 1e3:.1f}",
+                      f"{row.comm_bytes / 2**20:.0f}", row.collectives, f"{took:.2f}")
+    console.print(table)
+    worst = max(r.solve_s for r in rows)
+    verdict = "within" if worst < FORWARD_LIMIT_S else "OVER"
+    console.print(f"slowest forward solve {worst:.2f} s: {verdict} the {FORWARD_LIMIT_S:g} s "
+                  "limit", highlight=False)
+    return rows
+
+
+def command(args: argparse.Namespace, console: Console,
+            output_path: Callable[[str, str], Path]) -> int:
+    """``apportion bench sharding``; ``output_path`` checks ``--json`` (``cli/main.py``'s)."""
+    for flag, value in (("--cores", args.cores), ("--measurements", args.measurements),
+                        ("--target", args.target), ("--threads", getattr(args, "threads", None)),
+                        ("--repeat", getattr(args, "repeat", None))):
+        if value is not None:
+            raise ApportionError(f"{flag} is not an option of the sharding suite")
+    out = output_path("--json", args.json) if args.json is not None else None
+    try:
+        rows, fwd = run(args.models, args.limit, console)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ApportionError(f"--models {args.models!r} is not a models file like the packaged "
+                             f"models.json: {e}") from None
+    if out is not None:
+        doc = {"blocks": [dataclasses.asdict(r) for r in rows],
+               "forward": [dataclasses.asdict(r) for r in fwd]}
+        try:
+            out.write_text(json.dumps(doc, indent=1))
+        except OSError as e:
+            raise ApportionError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") \
+                from None
+    return 0 if all(r.solve_s < FORWARD_LIMIT_S for r in fwd) else 1

@@ -1,0 +1,243 @@
+"""The command line's sharding: ``apportion shard``, ``run --mesh`` and ``emit --mesh``.
+
+* ``apportion shard PROG --mesh SPEC``: the sharding plan's report: per op its strategy, the
+  largest device's part of its iteration space, its compute time and the resharding before
+  it; then the outputs' resharding, a summary line and the per-device programs. ``--method
+  propagate`` completes the program file's ``"shardings"`` annotations without search;
+  ``--format json`` prints the plan (format ``apportion.sharding/1``).
+* ``apportion run PROG --mesh SPEC [--backend reference|dtensor] [--check]``: the per-device
+  programs run with the reference executor (each device's segments planned for its cores and
+  run core slice by core slice) and numpy collectives, or on ``torch.distributed`` with one
+  process per device (``dtensor``), and compared with the unsharded program.
+* ``apportion emit PROG --mesh SPEC --forall``: the per-device programs as parallel IR;
+  ``--shard`` asks for the shard dialect, which the MLIR bindings lack (the error says so).
+
+``--mesh`` takes a spec (``dp=2,tp=4``, ``tp=4@chiplet:peered``), a preset name or a TOML
+file; without it a ``--target`` TOML file with a ``[mesh]`` table gives the mesh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from apportion.errors import ApportionError, TargetError
+from apportion.target.presets import resolve
+from apportion.target.target import Target
+
+if TYPE_CHECKING:
+    from apportion.ir.program import Program
+    from apportion.sharding.mesh import Mesh
+    from apportion.sharding.plan import ShardingPlan
+    from apportion.sharding.spec import Sharding
+
+METHODS = ("search", "propagate")
+
+
+class ShardUsageError(ApportionError):
+    """A bad sharding option on the command line."""
+
+
+def add_mesh_options(p: argparse.ArgumentParser) -> None:
+    """``--mesh``, ``--method``, ``--outputs`` of the commands that shard."""
+    p.add_argument("--mesh", default=None, metavar="SPEC",
+                   help="shard over a device mesh: dp=2,tp=4 (an axis may add @node, "
+                        "@device or @chiplet and :peered), a preset (spyre-x8, ...) or a "
+                        "TOML file")
+    p.add_argument("--method", choices=METHODS, default="search",
+                   help="with --mesh: search every op's strategy (integer program) or "
+                        "propagate the program's annotations")
+    p.add_argument("--outputs", choices=("any", "replicated"), default="any",
+                   help="with --mesh --method search: outputs in any sharding, or replicated")
+
+
+def add_parser(sub: Any, common: Any) -> None:
+    """The ``shard`` subcommand."""
+    s = sub.add_parser("shard", help="shard a program over a device mesh and print the plan")
+    common(s)
+    add_mesh_options(s)
+    s.add_argument("--format", choices=("table", "json"), default="table")
+    s.set_defaults(func=cmd_shard)
+
+
+def _load(spec: str) -> tuple[Program, dict[str, Sharding]]:
+    from apportion.frontend.models import default_program
+    from apportion.sharding.spec import load
+
+    if spec == "default":
+        return default_program(), {}
+    return load(spec)
+
+
+def _mesh(args: argparse.Namespace) -> Mesh:
+    import tomllib
+
+    from apportion.sharding.mesh import load_toml
+    from apportion.sharding.mesh import resolve as resolve_mesh
+
+    if args.mesh is not None:
+        return resolve_mesh(args.mesh)
+    if isinstance(args.target, str) and args.target.endswith(".toml"):
+        try:
+            with open(args.target, "rb") as f:
+                carries = "mesh" in tomllib.load(f)
+        except (OSError, ValueError) as e:
+            raise TargetError(f"cannot read target file {args.target!r}: {e}") from None
+        if not carries:
+            raise ShardUsageError(f"no --mesh given and target file {args.target!r} has no "
+                                  "[mesh] table")
+        return load_toml(args.target)
+    raise ShardUsageError("give a device mesh with --mesh (like --mesh dp=2), or a --target "
+                          "TOML file with a [mesh] table")
+
+
+def _target(args: argparse.Namespace, mesh: Mesh) -> Target:
+    if mesh.target is not None and args.target == "spyre":
+        if args.cores is None:
+            return mesh.target
+        from dataclasses import replace
+
+        return replace(mesh.target, cores=args.cores)
+    return resolve(args.target, args.cores)
+
+
+def sharding_plan(args: argparse.Namespace) -> ShardingPlan:
+    """The plan the options ask for."""
+    from apportion.sharding.propagate import propagate
+    from apportion.sharding.search import search
+
+    if getattr(args, "torch", None) is not None:
+        raise ShardUsageError("--mesh shards program files; a --torch model is not sharded")
+    if getattr(args, "auto_tile", False) or getattr(args, "strategy", "balanced") != "balanced":
+        raise ShardUsageError("--strategy and --auto-tile do not apply with --mesh: each "
+                              "device's programs are planned with the balanced strategy")
+    program, ann = _load(args.program)
+    mesh = _mesh(args)
+    target = _target(args, mesh)
+    if args.method == "propagate":
+        if args.outputs != "any":
+            raise ShardUsageError("--outputs applies to --method search")
+        return propagate(program, mesh, target, ann)
+    return search(program, mesh, target, ann, outputs=args.outputs)
+
+
+def cmd_shard(args: argparse.Namespace, console: Console) -> int:
+    plan = sharding_plan(args)
+    if args.format == "json":
+        print(json.dumps(plan.to_dict(), indent=1))
+        return 0
+    print_plan(plan, console)
+    return 0
+
+
+def print_plan(plan: ShardingPlan, console: Console) -> None:
+    """The plan's table, summary and per-device programs."""
+    from apportion.sharding.unroll import unroll
+
+    p = plan.program
+    table = Table(title=escape(f"{p.name} over {plan.mesh} ({plan.method}; "
+                               f"{plan.target.name}, {plan.target.cores} cores per device)"))
+    for col in ("op", "kind", "strategy", "output", "largest device's part", "compute us",
+                "resharded before it", "comm us"):
+        table.add_column(col, justify="right" if col.endswith("us") else "left")
+    before: dict[int, list[Any]] = {}
+    for t in plan.transfers:
+        before.setdefault(t.at, []).append(t)
+    for i, o in enumerate(plan.ops):
+        op = p.op(o.op)
+        moves = before.get(i, [])
+        table.add_row(escape(o.op), op.kind.name, o.strategy.label, escape(str(o.strategy.out)),
+                      " ".join(f"{d}={n}" for d, n in o.local_sizes), f"{o.compute_us:.2f}",
+                      escape("; ".join(f"{t.tensor}: {', '.join(str(s) for s in t.steps)}"
+                                       for t in moves)) or "-",
+                      f"{sum(t.time_us for t in moves):.2f}" if moves else "-")
+    console.print(table)
+    for t in before.get(len(p.ops), []):
+        console.print(f"output {t.tensor} handed back as {t.dst}: "
+                      f"{', '.join(str(s) for s in t.steps)} ({t.time_us:.2f} us)",
+                      highlight=False, markup=False)
+    placed = ", ".join(f"{n} {s}" for n, s in plan.inputs)
+    console.print(f"inputs placed: {placed}", highlight=False, soft_wrap=True, markup=False)
+    console.print(plan.summary(), highlight=False, soft_wrap=True, markup=False)
+    if plan.method == "search":
+        stats = dict(plan.stats)
+        console.print(f"search: {stats.get('nodes')} nodes in {stats.get('classes')} classes, "
+                      f"{stats.get('columns')} variables, {stats.get('rows')} constraints, "
+                      f"{stats.get('cost_evaluations')} cost evaluations; solved in "
+                      f"{plan.solve_s:.3f} s (integer program {stats.get('ilp_s')} s, "
+                      f"{stats.get('status')})", highlight=False, soft_wrap=True)
+    u = unroll(plan)
+    stages = u.devices[0].stages
+    segs = len(u.devices[0].segments)
+    console.print(f"per-device programs: {len(u.devices)} devices, {len(stages)} stages each "
+                  f"({segs} compute segments, {len(stages) - segs} collectives), "
+                  f"{u.distinct_segments} distinct segment programs", highlight=False)
+
+
+def cmd_run_sharded(args: argparse.Namespace, console: Console,
+                    print_checks: Callable[..., int]) -> int:
+    """``run --mesh``: the per-device programs run and (``--check``) compared;
+    ``print_checks`` prints the comparison (``cli/main.py``'s)."""
+    if args.param:
+        raise ShardUsageError("--param does not apply with --mesh: sharding needs static sizes")
+    if args.backend not in ("reference", "dtensor"):
+        raise ShardUsageError(f"--backend {args.backend} does not run sharded programs; with "
+                              "--mesh: reference or dtensor")
+    plan = sharding_plan(args)
+    label = f"{plan.program.name} over {plan.mesh} ({plan.method}, {args.backend})"
+    if args.backend == "dtensor":
+        if args.threads is not None:
+            raise ShardUsageError("--threads applies to the reference backend")
+        from apportion.runtime.reference import random_inputs
+        from apportion.sharding.dtensor import check_dtensor, run_dtensor
+
+        if args.check:
+            checks, run = check_dtensor(plan, seed=args.seed, timeout_s=args.timeout)
+        else:
+            run = run_dtensor(plan, random_inputs(plan.program, args.seed), args.seed,
+                              args.timeout)
+            checks = None
+        console.print(f"{plan.mesh.devices} processes (gloo), {run.placement_checks} placement "
+                      f"checks per rank, torch ran {len(run.native_ops)} of "
+                      f"{len(plan.ops)} ops on DTensors ({', '.join(run.native_ops) or 'none'}), "
+                      f"{run.wall_s:.1f} s", highlight=False, soft_wrap=True)
+        if checks is None:
+            console.print(f"ran {label}", highlight=False)
+            return 0
+        return print_checks(checks, f"distributed run of {label}", console)
+    from apportion.sharding.unroll import unroll
+
+    u = unroll(plan)
+    if not args.check:
+        u.run(planned=True, seed=args.seed)
+        console.print(f"ran {label}: {len(u.devices)} devices, each segment planned for "
+                      f"{plan.target.cores} cores", highlight=False)
+        return 0
+    checks = u.check(seed=args.seed, planned=True)
+    return print_checks(checks, f"per-device programs of {label}, run core slice by core "
+                        "slice,", console)
+
+
+def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
+    """``emit --mesh``: the per-device programs (``--forall``); ``--shard`` is refused."""
+    from apportion.sharding.mlir import per_device_mlir, sharded_mlir
+    from apportion.sharding.unroll import unroll
+
+    if args.param:
+        raise ShardUsageError("--param does not apply with --mesh: sharding needs static sizes")
+    plan = sharding_plan(args)
+    u = unroll(plan)
+    if args.shard:
+        print(sharded_mlir(u), end="")
+        return 0
+    if not args.forall:
+        raise ShardUsageError("with --mesh, emit --forall (the per-device programs as parallel "
+                              "IR) or --shard")
+    print(per_device_mlir(u, plan.target), end="")
+    return 0

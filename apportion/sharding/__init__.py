@@ -1,0 +1,53 @@
+"""Sharding over a device mesh: annotations, propagation, strategy search, per-device
+programs, and execution on ``torch.distributed``.
+
+Work division (``ap.plan``) splits one device's work over its cores; sharding splits a program
+over several devices. A ``ShardingPlan`` says for every tensor how it is laid out over the mesh
+(``Sharding``), for every op what each device computes (``Strategy``) and where data moves
+(``Transfer``: resharding steps, collectives priced by the mesh's links). ``propagate``
+completes the user's annotations along the ops' indexing maps; ``search`` chooses every op's
+strategy as an integer program (HiGHS) for the least predicted time within each device's
+memory. ``unroll`` turns a plan into one ordinary program per device with collective steps
+between, runnable with the reference executor and numpy collectives; ``run_dtensor`` runs it
+with one process per device on ``torch.distributed``; ``per_device_mlir`` emits it.
+
+Modules: ``mesh`` (meshes, presets, TOML), ``spec`` (shardings, annotations, ``ap.shard``),
+``collectives`` (resharding steps, their cost, numpy collectives), ``rules`` (per-op
+strategies), ``plan`` (the plan value, costs, memory), ``propagate``, ``search``, ``unroll``
+(per-device programs and the wrappers), ``dtensor`` (torch.distributed), ``mlir``.
+"""
+
+from apportion.sharding.collectives import Step as Step
+from apportion.sharding.dtensor import check_dtensor as check_dtensor
+from apportion.sharding.dtensor import run_dtensor as run_dtensor
+from apportion.sharding.mesh import PRESETS as PRESETS
+from apportion.sharding.mesh import Axis as Axis
+from apportion.sharding.mesh import Link as Link
+from apportion.sharding.mesh import Mesh as Mesh
+from apportion.sharding.mesh import load_toml as load_toml
+from apportion.sharding.mesh import parse as parse_mesh
+from apportion.sharding.mesh import resolve as resolve_mesh
+from apportion.sharding.mlir import per_device_mlir as per_device_mlir
+from apportion.sharding.mlir import sharded_mlir as sharded_mlir
+from apportion.sharding.plan import ShardingPlan as ShardingPlan
+from apportion.sharding.plan import Transfer as Transfer
+from apportion.sharding.propagate import propagate as propagate
+from apportion.sharding.rules import Strategy as Strategy
+from apportion.sharding.rules import make_strategy as make_strategy
+from apportion.sharding.rules import op_strategies as op_strategies
+from apportion.sharding.search import search as search
+from apportion.sharding.spec import Sharding as Sharding
+from apportion.sharding.spec import annotations_of as annotations_of
+from apportion.sharding.spec import load as load
+from apportion.sharding.spec import loads as loads
+from apportion.sharding.spec import shard as shard
+from apportion.sharding.unroll import Collective as Collective
+from apportion.sharding.unroll import DeviceProgram as DeviceProgram
+from apportion.sharding.unroll import Unrolled as Unrolled
+from apportion.sharding.unroll import unroll as unroll
+
+__all__ = ["PRESETS", "Axis", "Collective", "DeviceProgram", "Link", "Mesh", "Sharding",
+           "ShardingPlan", "Step", "Strategy", "Transfer", "Unrolled", "annotations_of",
+           "check_dtensor", "load", "load_toml", "loads", "make_strategy", "op_strategies",
+           "parse_mesh", "per_device_mlir", "propagate", "resolve_mesh", "run_dtensor", "search",
+           "shard", "sharded_mlir", "unroll"]

@@ -1,0 +1,250 @@
+"""Resharding: the collective steps that turn one sharding of a tensor into another, what each
+costs, and each step run on per-device numpy arrays (the simulated collectives).
+
+``steps(shape, dtype, src, dst, mesh)`` decomposes a resharding into steps along one mesh axis
+each, in this order:
+
+1. ``all_reduce`` of each partial axis that ends on no dim (while the data is smallest);
+2. per dim, the axes ``src`` splits it by beyond what it shares with ``dst`` are gathered,
+   innermost first: ``all_gather``, or ``all_to_all`` when the axis moves straight on to the dim
+   ``dst`` splits by it next (PyTorch's ``Shard(i) -> Shard(j)``);
+3. each remaining partial axis: ``reduce_scatter`` onto the dim ``dst`` splits by it next, else
+   ``all_reduce``;
+4. ``slice``: a dim ``dst`` splits further than the data is is cut locally (no communication).
+
+A step's time is that of a ring collective over the axis's devices, ``n - 1`` messages (twice
+for an all-reduce) plus the bytes each device receives over the axis's link bandwidth: an
+all-gather receives the ``(n - 1) / n`` of the result it lacks, a reduce-scatter and an
+all-to-all ``(n - 1) / n`` of what it holds, an all-reduce ``2 (n - 1) / n``. Along an axis with
+peered memory the same bytes are read remotely with one latency (two for an all-reduce: a
+reduce-scatter by reads, then an all-gather by reads). Sizes are those of the largest shard.
+
+>>> from apportion.sharding.mesh import parse
+>>> from apportion.sharding.spec import Sharding
+>>> m = parse("tp=4")
+>>> [str(s) for s in steps((8, 8), "float32", Sharding(((), ("tp",))), Sharding((("tp",), ())),
+...                        m)]
+['all_to_all(tp) dim 1 -> dim 0']
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from apportion.errors import PlanningError
+from apportion.ir.kinds import REDUCERS
+from apportion.runtime import kernels
+from apportion.sharding.mesh import Mesh
+from apportion.sharding.spec import Sharding, chunk
+
+KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One resharding step along mesh axis ``axis``.
+
+    ``dim`` is the tensor dim gathered, scattered or cut (an all-to-all's source dim),
+    ``to_dim`` an all-to-all's destination dim, ``reducer`` a reduction's combine. ``remote``:
+    the axis has peered memory, the step is remote reads. ``bytes``: what one device receives;
+    ``time_us``: the predicted time.
+    """
+
+    kind: str
+    axis: str
+    src: Sharding
+    dst: Sharding
+    dim: int | None = None
+    to_dim: int | None = None
+    reducer: str | None = None
+    remote: bool = False
+    bytes: int = 0
+    time_us: float = 0.0
+
+    @property
+    def communicates(self) -> bool:
+        return self.kind != "slice"
+
+    def __str__(self) -> str:
+        what = f"{self.reducer}, {self.axis}" if self.reducer else self.axis
+        text = f"{self.kind}({what})"
+        if self.kind == "all_to_all":
+            text += f" dim {self.dim} -> dim {self.to_dim}"
+        elif self.dim is not None:
+            text += f" dim {self.dim}"
+        return text + (" by remote reads" if self.remote and self.communicates else "")
+
+
+def _prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
+def _next_on(cur: Sharding, dst: Sharding, j: int) -> str | None:
+    """The axis ``dst`` splits dim ``j`` by next, when ``cur``'s axes of dim ``j`` are a prefix
+    of ``dst``'s."""
+    have, want = cur.dims[j], dst.dims[j]
+    if len(have) < len(want) and want[:len(have)] == have:
+        return want[len(have)]
+    return None
+
+
+def _with(cur: Sharding, dims: list[tuple[str, ...]] | None = None,
+          partial: tuple[str, ...] | None = None) -> Sharding:
+    p = cur.partial if partial is None else partial
+    return Sharding(tuple(dims) if dims is not None else cur.dims, p,
+                    cur.reducer if p else None)
+
+
+def steps(shape: Sequence[int], dtype: str, src: Sharding, dst: Sharding, mesh: Mesh
+          ) -> tuple[Step, ...]:
+    """The steps from ``src`` to ``dst`` (see the module docstring), each priced."""
+    extra = [a for a in dst.partial if a not in src.partial]
+    if extra:
+        raise PlanningError(f"cannot reshard {src} to {dst}: a value cannot become partial "
+                            f"over axis {extra[0]!r}")
+    if dst.partial and src.reducer != dst.reducer:
+        raise PlanningError(f"cannot reshard {src} to {dst}: the pending reductions differ")
+    out: list[tuple[str, str, Sharding, Sharding, int | None, int | None]] = []
+    cur = src
+
+    def step(kind: str, axis: str, new: Sharding, dim: int | None = None,
+             to_dim: int | None = None) -> None:
+        nonlocal cur
+        out.append((kind, axis, cur, new, dim, to_dim))
+        cur = new
+
+    reducer = src.reducer
+    # 1. partial axes that end on no dim: reduce now, while the data is smallest
+    for a in src.partial:
+        if a not in dst.partial and dst.dim_of(a) is None:
+            step("all_reduce", a, _with(cur, partial=tuple(p for p in cur.partial if p != a)))
+    # 2. gathers (or all-to-alls straight onto the dim that takes the axis next)
+    for i in range(len(shape)):
+        keep = _prefix(cur.dims[i], dst.dims[i])
+        for a in reversed(cur.dims[i][len(keep):]):
+            dims = list(cur.dims)
+            dims[i] = dims[i][:-1]
+            j = dst.dim_of(a)
+            if j is not None and j != i and _next_on(cur, dst, j) == a:
+                dims[j] = dims[j] + (a,)
+                step("all_to_all", a, _with(cur, dims), i, j)
+            else:
+                step("all_gather", a, _with(cur, dims), i)
+    # 3. the other partial axes: reduce-scatter onto their dim, else all-reduce
+    for a in cur.partial:
+        if a in dst.partial:
+            continue
+        j = dst.dim_of(a)
+        rest = tuple(p for p in cur.partial if p != a)
+        if j is not None and _next_on(cur, dst, j) == a:
+            dims = list(cur.dims)
+            dims[j] = dims[j] + (a,)
+            step("reduce_scatter", a, _with(cur, dims, rest), j)
+        else:
+            step("all_reduce", a, _with(cur, partial=rest))
+    # 4. local cuts
+    for j in range(len(shape)):
+        while cur.dims[j] != dst.dims[j]:
+            a = _next_on(cur, dst, j)
+            if a is None:  # unreachable: step 2 left every dim a prefix of dst's
+                raise PlanningError(f"cannot reshard {src} to {dst} at dim {j}")
+            dims = list(cur.dims)
+            dims[j] = dims[j] + (a,)
+            step("slice", a, _with(cur, dims), j)
+    if cur != dst:
+        raise PlanningError(f"cannot reshard {src} to {dst}: reached {cur}")
+    return tuple(_priced(kind, a, s, d, i, j, reducer, shape, dtype, mesh)
+                 for kind, a, s, d, i, j in out)
+
+
+def _priced(kind: str, axis: str, src: Sharding, dst: Sharding, dim: int | None,
+            to_dim: int | None, reducer: str | None, shape: Sequence[int], dtype: str,
+            mesh: Mesh) -> Step:
+    sizes = {a.name: a.size for a in mesh.axes}
+    before = src.local_bytes(shape, dtype, sizes)
+    after = dst.local_bytes(shape, dtype, sizes)
+    n = mesh.size(axis)
+    link = mesh.link(axis)
+    remote = mesh.axis(axis).peered
+    messages = 1 if remote else n - 1
+    if kind == "all_gather":
+        received = after - before
+    elif kind in ("reduce_scatter", "all_to_all"):
+        received = before * (n - 1) // n
+    elif kind == "all_reduce":
+        received = 2 * before * (n - 1) // n
+        messages *= 2
+    else:
+        received, messages = 0, 0
+    time = messages * link.latency_us + received / link.bandwidth * 1e6
+    red = reducer if kind in ("all_reduce", "reduce_scatter") else None
+    return Step(kind, axis, src, dst, dim, to_dim, red, remote, int(received), time)
+
+
+@functools.lru_cache(maxsize=65536)
+def cached_steps(shape: tuple[int, ...], dtype: str, src: Sharding, dst: Sharding,
+                 mesh: Mesh) -> tuple[Step, ...]:
+    return steps(shape, dtype, src, dst, mesh)
+
+
+def reshard_time(shape: tuple[int, ...], dtype: str, src: Sharding, dst: Sharding,
+                 mesh: Mesh) -> float:
+    """Predicted time of resharding ``src`` to ``dst`` (0 when they are equal)."""
+    if src == dst:
+        return 0.0
+    return sum(s.time_us for s in cached_steps(shape, dtype, src, dst, mesh))
+
+
+# --- simulated collectives (numpy) -----------------------------------------------------------
+
+def _cut(a: np.ndarray, dim: int, parts: int, index: int) -> np.ndarray:
+    lo, hi = chunk(a.shape[dim], parts)[index]
+    sl = [slice(None)] * a.ndim
+    sl[dim] = slice(lo, hi)
+    return a[tuple(sl)]  # a view: no copy
+
+
+def _reduce(step: Step, parts: list[np.ndarray], dtype: str) -> np.ndarray:
+    assert step.reducer is not None
+    r = REDUCERS[step.reducer]
+    total = functools.reduce(lambda p, q: r.combine(kernels.XP, p, q), parts)
+    return kernels.to_storage(np.asarray(total), dtype)
+
+
+def apply(step: Step, arrays: Sequence[np.ndarray], mesh: Mesh, dtype: str
+          ) -> list[np.ndarray]:
+    """``step`` run on every device's local array (``arrays[d]`` for device ``d``), as the
+    devices would run it; returns each device's result."""
+    n = mesh.size(step.axis)
+    out: list[np.ndarray] = []
+    done: dict[tuple[int, ...], np.ndarray] = {}
+    for d in range(mesh.devices):
+        group = mesh.group(d, step.axis)
+        me = mesh.coords(d)[step.axis]
+        if step.kind == "slice":
+            assert step.dim is not None
+            out.append(_cut(arrays[d], step.dim, n, me))
+            continue
+        if group not in done:
+            parts = [arrays[g] for g in group]
+            if step.kind in ("all_gather", "all_to_all"):
+                done[group] = np.concatenate(parts, axis=step.dim)
+            else:
+                done[group] = _reduce(step, parts, dtype)
+        whole = done[group]
+        if step.kind == "all_to_all":
+            assert step.to_dim is not None
+            out.append(_cut(whole, step.to_dim, n, me))
+        elif step.kind == "reduce_scatter":
+            assert step.dim is not None
+            out.append(_cut(whole, step.dim, n, me))
+        else:
+            out.append(whole)
+    return out

@@ -1,0 +1,419 @@
+"""A sharding plan executed on ``torch.distributed``: one process per device, DTensors placed
+and redistributed as the plan says, checked against the reference executor.
+
+``run_dtensor(plan)`` starts one process per mesh device (``spawn``; the ``gloo`` backend on
+the CPU over loopback), each builds a ``DeviceMesh`` of the plan's mesh (same axis names and
+shape; device ``d`` is rank ``d``, row-major), and then, on every rank:
+
+* places each input with ``distribute_tensor`` in its planned placements (``Shard(dim)`` where
+  an axis splits a dim, ``Replicate()`` elsewhere) and checks the local shard is the one the
+  plan's wrapper cuts (``Sharding.block``: the same cuts as PyTorch's);
+* runs the schedule of ``unroll``: each resharding step as ``DTensor.redistribute`` to the
+  step's placements (``Partial(reduce_op)`` for pending reductions: ``sum``, ``max``, ``min``,
+  ``product``; an ``any`` waits as ``max`` over 0/1 bytes), and each op either as the torch op
+  on the DTensors themselves (2-D and batched matmuls, elementwise ops whose operands are read
+  alike), whose own sharding propagation must then give the planned placement, or on the
+  local shards with the rank's per-device op (the numpy reference) wrapped back with
+  ``DTensor.from_local``;
+* asserts after every step and op that the DTensor's placements, global shape and local shape
+  are the planned ones;
+* gathers every output (``full_tensor``); rank 0 hands them back to the parent, which compares
+  them with the reference executor's run of the unsharded program.
+
+A failure on one rank (an exception, a killed process) ends the whole run: the parent polls its
+ranks, and on the first that fails it kills the others and raises an ``ExecutionError`` naming
+the rank, the op it was at and the error. A run that outlives ``timeout_s`` is killed the same
+way; the process group's own timeout is as long, so a rank blocked in a collective never waits
+for ever. ``fault`` injects a failure on one rank at one op (``raise`` or ``kill``), for tests.
+
+Needs the ``torch`` extra. A dim split over several axes must list them in mesh order (PyTorch
+nests the cuts of several mesh dims on one tensor dim in mesh order). Peered axes run the same
+collectives (gloo has no remote reads).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import socket
+import tempfile
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from apportion.errors import ExecutionError
+from apportion.frontend.json_format import dumps, loads
+from apportion.ir.op import Op
+from apportion.ir.program import Program
+from apportion.runtime import kernels
+from apportion.runtime.reference import (
+    OutputCheck,
+    compare,
+    evaluate_op,
+    random_inputs,
+    run_unplanned,
+)
+from apportion.sharding.collectives import Step
+from apportion.sharding.plan import ShardingPlan
+from apportion.sharding.rules import local_op
+from apportion.sharding.spec import Sharding
+from apportion.sharding.unroll import _schedule, _step_names
+
+#: torch functions for elementwise kinds run on DTensors directly
+_POINTWISE = ("add", "sub", "mul", "div", "max", "min", "exp", "neg", "tanh", "sigmoid",
+              "relu", "silu", "gelu", "sqrt", "rsqrt", "abs", "log", "square")
+_TORCH_REDUCE = {"sum": "sum", "max": "max", "min": "min", "prod": "product", "any": "max"}
+
+
+@dataclass(frozen=True)
+class DistRun:
+    """What a distributed run gave: the outputs gathered on rank 0, the placement checks one
+    rank made (inputs, steps and ops), the ops torch ran on DTensors (its propagation checked
+    against the plan) and the wall time."""
+
+    outputs: dict[str, np.ndarray]
+    placement_checks: int
+    native_ops: tuple[str, ...]
+    wall_s: float
+
+
+def check_plan(plan: ShardingPlan) -> None:
+    """Refuse what PyTorch's DTensor cannot express: a dim split over axes out of mesh order."""
+    order = {a: i for i, a in enumerate(plan.mesh.names)}
+    shardings: list[tuple[str, Sharding]] = list(plan.inputs)
+    shardings += [(o.op, s) for o in plan.ops for s in (*o.strategy.ins, o.strategy.out)]
+    shardings += [(t.tensor, s.dst) for t in plan.transfers for s in t.steps]
+    for what, s in shardings:
+        for i, axes in enumerate(s.dims):
+            if list(axes) != sorted(axes, key=order.__getitem__):
+                raise ExecutionError(f"{what}: dim {i} is split over {'*'.join(axes)}, not in "
+                                     f"mesh order ({', '.join(plan.mesh.names)}); DTensor nests "
+                                     "the cuts of one dim in mesh order")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_dtensor(plan: ShardingPlan, inputs: Mapping[str, Any] | None = None, seed: int = 0,
+                timeout_s: float = 120.0, fault: Mapping[str, Any] | None = None) -> DistRun:
+    """Run ``plan`` on ``torch.distributed`` (see the module docstring); returns the outputs."""
+    return run_dtensor_many([plan], [inputs], seed, timeout_s, fault)[0]
+
+
+def run_dtensor_many(plans: Sequence[ShardingPlan],
+                     inputs: Sequence[Mapping[str, Any] | None] | None = None, seed: int = 0,
+                     timeout_s: float = 120.0, fault: Mapping[str, Any] | None = None
+                     ) -> list[DistRun]:
+    """Several plans over meshes of one device count, one after another in one launch of the
+    processes (PyTorch is imported once per rank)."""
+    try:
+        import torch.multiprocessing as mp
+    except ImportError:
+        raise ExecutionError("the dtensor backend needs PyTorch: install the torch extra "
+                             "(pip install -e '.[torch]')") from None
+    if not plans:
+        return []
+    world = plans[0].mesh.devices
+    jobs = []
+    for k, plan in enumerate(plans):
+        check_plan(plan)
+        if plan.mesh.devices != world:
+            raise ExecutionError(f"plans of one launch need one device count: "
+                                 f"{plan.mesh.devices} != {world}")
+        given = None if inputs is None else inputs[k]
+        xs = random_inputs(plan.program, seed) if given is None else given
+        jobs.append({"program": dumps(plan.program), "plan": plan.to_dict(), "mesh": plan.mesh,
+                     "target": plan.target,
+                     "inputs": {n: np.asarray(v) for n, v in xs.items()}})
+    tmp = Path(tempfile.mkdtemp(prefix="apportion-dtensor-"))
+    payload = tmp / "payload.pkl"
+    with payload.open("wb") as f:
+        pickle.dump({"jobs": jobs, "fault": dict(fault) if fault else None}, f)
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, str(payload), str(tmp),
+                                               timeout_s), daemon=True)
+             for r in range(world)]
+    start = time.monotonic()
+    names = ", ".join(repr(p.program.name) for p in plans)
+    try:
+        for p in procs:
+            p.start()
+        _watch(procs, tmp, start + timeout_s, timeout_s, names)
+        with (tmp / "result.pkl").open("rb") as f:
+            results = pickle.load(f)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(timeout=5)
+        shutil.rmtree(tmp, ignore_errors=True)
+    wall = time.monotonic() - start
+    return [DistRun(r["outputs"], r["checks"], tuple(r["native"]), wall) for r in results]
+
+
+def _watch(procs: list[Any], tmp: Path, deadline: float, timeout_s: float, name: str) -> None:
+    """Wait for every rank; on the first failure (or the deadline) kill the rest and raise."""
+    while True:
+        codes = [p.exitcode for p in procs]
+        bad = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+        if bad is not None:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+            raise ExecutionError(f"dtensor run of {name}: rank {bad} of {len(procs)} "
+                                 f"{_why(tmp, bad, codes[bad])}; the other ranks were stopped")
+        if all(c == 0 for c in codes):
+            return
+        if time.monotonic() > deadline:
+            alive = [r for r, c in enumerate(codes) if c is None]
+            for p in procs:
+                p.kill()
+            raise ExecutionError(f"dtensor run of {name} timed out after {timeout_s:g} s; "
+                                 f"ranks {alive} were still running and were stopped")
+        time.sleep(0.02)
+
+
+def _why(tmp: Path, rank: int, code: int) -> str:
+    err = tmp / f"rank{rank}.err"
+    if err.exists():
+        text = err.read_text().strip().splitlines()
+        at = text[0] if text else ""
+        last = text[-1] if len(text) > 1 else "an error"
+        return f"failed {at}: {last}"
+    where = tmp / f"rank{rank}.at"
+    at = f" {where.read_text().strip()}" if where.exists() else ""
+    if code < 0:
+        try:
+            sig = signal.Signals(-code).name
+        except ValueError:
+            sig = str(-code)
+        return f"was killed by signal {sig}{at}"
+    return f"exited with status {code}{at}"
+
+
+# --- one rank -------------------------------------------------------------------------------
+
+def _placements(s: Sharding, mesh_names: tuple[str, ...]) -> list[Any]:
+    from torch.distributed.tensor import Partial, Replicate, Shard
+
+    out: list[Any] = []
+    for a in mesh_names:
+        if a in s.partial:
+            assert s.reducer is not None
+            out.append(Partial(_TORCH_REDUCE[s.reducer]))
+        elif s.dim_of(a) is not None:
+            out.append(Shard(s.dim_of(a)))  # type: ignore[arg-type]
+        else:
+            out.append(Replicate())
+    return out
+
+
+def _torch_dtype(dtype: str) -> Any:
+    import torch
+
+    return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+            "int8": torch.int8, "int32": torch.int32, "int64": torch.int64,
+            "bool": torch.uint8}[dtype]
+
+
+def _to_torch(a: np.ndarray, dtype: str) -> Any:
+    import torch
+
+    if dtype == "bool":
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.uint8))
+    return torch.from_numpy(np.ascontiguousarray(a)).to(_torch_dtype(dtype))
+
+
+def _to_numpy(t: Any, dtype: str) -> np.ndarray:
+    if dtype == "bool":
+        return t.numpy().astype(bool)
+    if dtype == "bfloat16":
+        return t.float().numpy()
+    return t.numpy()
+
+
+def _native(op: Op, program: Program, ins: list[Any]) -> Any | None:
+    """The torch op run on the DTensors themselves, when ``op`` is one torch has (its own
+    sharding propagation places the result); None otherwise."""
+    import torch
+    import torch.nn.functional as F  # noqa: N812
+
+    if any(e.single_dim is None for a in op.operands for e in a.index):
+        return None
+    if any(program.tensor(a.tensor).dtype not in ("float16", "bfloat16", "float32")
+           for a in op.operands):
+        return None
+    dims = [tuple(e.single_dim for e in a.index) for a in op.operands]
+    fn = op.kind.name
+    if op.kind.category.value == "matmul" and fn == "matmul":
+        (x, w), out = dims[:2], dims[2]
+        if len(x) == 2 and len(w) == 2 and x[1] == w[0] and out == (x[0], w[1]):
+            return torch.matmul(ins[0], ins[1])
+        if len(x) == 3 and len(w) == 3 and x[0] == w[0] and x[2] == w[1] and \
+                out == (x[0], x[1], w[2]):
+            return torch.matmul(ins[0], ins[1])
+        return None
+    if op.kind.category.value != "pointwise" or fn not in _POINTWISE or op.attrs or \
+            any(d != dims[-1] for d in dims):
+        return None
+    table = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
+             "max": torch.maximum, "min": torch.minimum, "exp": torch.exp, "neg": torch.neg,
+             "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "silu": F.silu,
+             "gelu": lambda a: F.gelu(a, approximate="tanh"), "sqrt": torch.sqrt,
+             "rsqrt": torch.rsqrt, "abs": torch.abs, "log": torch.log, "square": torch.square}
+    return table[fn](*ins)
+
+
+def _worker(rank: int, world: int, port: int, payload: str, outdir: str,
+            timeout_s: float) -> None:
+    where = "before the first op"
+
+    def at(w: str) -> None:
+        nonlocal where
+        where = w
+        Path(outdir, f"rank{rank}.at").write_text(w)  # read by the parent if this rank dies
+
+    try:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=timeout_s))
+        with open(payload, "rb") as f:
+            data = pickle.load(f)
+        results = []
+        for job in data["jobs"]:
+            program = loads(job["program"])
+            plan = ShardingPlan.from_dict(job["plan"], program, job["mesh"], job["target"])
+            results.append(_run_rank(rank, plan, job["inputs"], data["fault"], at))
+        if rank == 0:
+            tmp = Path(outdir) / "result.tmp"
+            with tmp.open("wb") as f:
+                pickle.dump(results, f)
+            tmp.rename(Path(outdir) / "result.pkl")
+        dist.barrier()
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - every failure is reported to the parent
+        text = "".join(traceback.format_exception(e))
+        last = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        Path(outdir, f"rank{rank}.err").write_text(f"{where}\n{text}\n{last}\n")
+        os._exit(1)
+
+
+def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
+              fault: Mapping[str, Any] | None, at: Any) -> dict[str, Any]:
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    program, mesh = plan.program, plan.mesh
+    names = mesh.names
+    dmesh = init_device_mesh("cpu", mesh.shape, mesh_dim_names=names)
+    coords = mesh.coords(rank)
+    sizes = {a.name: a.size for a in mesh.axes}
+    env: dict[str, Any] = {}
+    checks = 0
+
+    def expect(dt: Any, s: Sharding, tensor: str, what: str) -> None:
+        nonlocal checks
+        t = program.tensor(tensor)
+        want = tuple(_placements(s, names))
+        local = s.local_shape(t.shape, coords, sizes)
+        if tuple(dt.placements) != want or tuple(dt.shape) != t.shape or \
+                tuple(dt.to_local().shape) != local:
+            raise ExecutionError(f"rank {rank}: {what}: tensor {tensor!r} is "
+                                 f"{tuple(dt.placements)} of shape {tuple(dt.shape)} (local "
+                                 f"{tuple(dt.to_local().shape)}); the plan says {want} "
+                                 f"({s}), local {local}")
+        checks += 1
+
+    for name, s in plan.inputs:
+        t = program.tensor(name)
+        at(f"placing input {name!r}")
+        arr = kernels.to_storage(np.asarray(host[name]), t.dtype)
+        dt = distribute_tensor(_to_torch(arr, t.dtype), dmesh, _placements(s, names))
+        expect(dt, s, name, "placed input")
+        block = s.block(t.shape, coords, sizes)
+        mine = arr[tuple(slice(lo, hi) for lo, hi in block)]
+        if not np.array_equal(_to_numpy(dt.to_local(), t.dtype), mine, equal_nan=True) \
+                if mine.dtype.kind == "f" else \
+                not np.array_equal(_to_numpy(dt.to_local(), t.dtype), mine):
+            raise ExecutionError(f"rank {rank}: input {name!r}: distribute_tensor's shard is "
+                                 f"not the block {block} the plan cuts")
+        env[name] = dt
+    native: list[str] = []
+    for what, item in _schedule(plan):
+        if what == "step":
+            tr, k = item
+            step: Step = tr.steps[k]
+            src, dst = _step_names(tr, k)
+            at(f"at {step} of tensor {tr.tensor!r}")
+            env[dst] = env[src].redistribute(dmesh, _placements(step.dst, names))
+            expect(env[dst], step.dst, tr.tensor, str(step))
+            continue
+        op = program.ops[item]
+        shard = plan.ops[item]
+        at(f"at op {op.name!r}")
+        if fault and fault.get("rank") == rank and fault.get("op") == op.name:
+            if fault.get("how") == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected fault at op {op.name!r}")
+        ins = [env[r] for r in shard.reads]
+        out = None
+        try:
+            out = _native(op, program, ins)
+        except NotImplementedError:  # DTensor has no sharding rule for it: local shards
+            out = None
+        if out is not None:
+            native.append(op.name)
+        else:
+            lop, types = local_op(op, program, mesh, shard.strategy, coords, shard.reads)
+            lprog = Program("local", tuple(types.values()),
+                            tuple(dict.fromkeys(a.tensor for a in lop.ins)), (lop.out.tensor,),
+                            (lop,))
+            local_env = {r: _to_numpy(env[r].to_local(), types[r].dtype)
+                         for r in dict.fromkeys(shard.reads)}
+            res = np.asarray(evaluate_op(lop, lprog, local_env))
+            dtype = program.tensor(op.out.tensor).dtype
+            full = program.tensor(op.out.tensor).shape
+            stride = tuple(int(np.prod(full[i + 1:])) for i in range(len(full)))
+            out = DTensor.from_local(_to_torch(res, dtype), dmesh,
+                                     _placements(shard.strategy.out, names), run_check=False,
+                                     shape=torch.Size(full), stride=stride)
+        expect(out, shard.strategy.out, op.out.tensor, f"op {op.name!r}")
+        env[op.out.tensor] = out
+    outputs = {}
+    for name, _, local in plan.outputs:
+        at(f"gathering output {name!r}")
+        outputs[name] = _to_numpy(env[local].full_tensor(), program.tensor(name).dtype)
+    return {"outputs": outputs, "checks": checks, "native": native}
+
+
+def check_dtensor(plan: ShardingPlan, seed: int = 0, timeout_s: float = 120.0,
+                  fault: Mapping[str, Any] | None = None
+                  ) -> tuple[list[OutputCheck], DistRun]:
+    """Run ``plan`` on ``torch.distributed`` with random inputs and compare every output with
+    the reference executor's run of the unsharded program."""
+    return check_dtensor_many([plan], seed, timeout_s, fault)[0]
+
+
+def check_dtensor_many(plans: Sequence[ShardingPlan], seed: int = 0, timeout_s: float = 120.0,
+                       fault: Mapping[str, Any] | None = None
+                       ) -> list[tuple[list[OutputCheck], DistRun]]:
+    """``check_dtensor`` of several plans in one launch."""
+    inputs = [random_inputs(p.program, seed) for p in plans]
+    runs = run_dtensor_many(plans, inputs, seed, timeout_s, fault)
+    return [(compare(run_unplanned(p.program, xs), run.outputs, p.program), run)
+            for p, xs, run in zip(plans, inputs, runs, strict=True)]

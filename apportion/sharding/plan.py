@@ -1,0 +1,411 @@
+"""The sharding plan: every op's strategy, every tensor's layout over the mesh, every move of
+data, with predicted times and each device's memory.
+
+``build_plan`` completes a choice of strategies (from ``propagate`` or ``search``) into a
+``ShardingPlan``. Walking the ops in order, each input an op reads in another sharding than
+the tensor has gets a ``Transfer``: a copy in the needed sharding made by the resharding steps
+of ``collectives.steps``, shared by every later reader that needs the same sharding. An
+annotated tensor is resharded to its annotation as soon as it is made; each program output is
+handed back in its chosen sharding.
+
+Times: each op's compute is apportion's cost model on the largest device's part of the op
+(``CostModel``: the op over that device's shard of the iteration space, split over the
+device's cores as the ``balanced`` work division splits it); each transfer's time is the sum of
+its steps'. The plan's predicted time is their sum: ops and transfers one after another, no
+overlap of communication with compute.
+
+Memory: each device holds its shard of every input for the whole program, of every other
+tensor from the op that makes it to its last reader, of each copy from its transfer to its
+last reader (program outputs to the end); ``peak_bytes`` is the largest such sum over the
+program's points, on the largest device. A mesh with ``memory_bytes`` refuses a plan above it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
+
+from apportion.errors import PlanningError
+from apportion.ir.op import Op
+from apportion.ir.program import Program, TensorType
+from apportion.passes.geometry import OpContext
+from apportion.passes.layouts import op_layout, tensor_layouts
+from apportion.passes.work_distribution import distribute, greedy
+from apportion.sharding.collectives import Step, cached_steps
+from apportion.sharding.mesh import Mesh
+from apportion.sharding.rules import Strategy, local_op, make_strategy
+from apportion.sharding.spec import Sharding
+from apportion.target.presets import spyre
+from apportion.target.target import Target
+
+FORMAT = "apportion.sharding/1"
+
+
+def default_target(mesh: Mesh, target: Target | None) -> Target:
+    """``target``, else the mesh's device target, else the Spyre preset."""
+    if target is not None:
+        return target
+    return mesh.target if mesh.target is not None else spyre()
+
+
+class CostModel:
+    """Predicted compute time of an op's strategy on the largest device: the device's part of
+    the op planned over its cores by the ``balanced`` work division (the greedy one where no
+    split keeps every operand within the span limit), priced by ``apportion.cost``; kept by the
+    local op's shape, so identical parts are priced once."""
+
+    def __init__(self, program: Program, mesh: Mesh, target: Target) -> None:
+        self.program, self.mesh, self.target = program, mesh, target
+        self._memo: dict[tuple, float] = {}
+        self.evaluated = 0
+
+    def local(self, op: Op, strategy: Strategy) -> tuple[Op, dict[str, TensorType]]:
+        """The largest device's op, inputs renamed by position (``i0``, ``i1``, ...; one name
+        for one tensor read in one sharding) and the output ``o``."""
+        names, seen = [], {}
+        for k, (acc, s) in enumerate(zip(op.ins, strategy.ins, strict=True)):
+            names.append(seen.setdefault((acc.tensor, s), f"i{k}"))
+        zero = dict.fromkeys(self.mesh.names, 0)
+        return local_op(op, self.program, self.mesh, strategy, zero, names, "o")
+
+    def compute_us(self, op: Op, strategy: Strategy) -> float:
+        lop, types = self.local(op, strategy)
+        key = (lop.fn, tuple(str(a) for a in lop.operands), lop.dims, lop.attrs,
+               tuple(sorted((n, t.shape, t.dtype) for n, t in types.items())))
+        if key not in self._memo:
+            self._memo[key] = self._time(lop, types)
+        return self._memo[key]
+
+    def _time(self, lop: Op, types: dict[str, TensorType]) -> float:
+        self.evaluated += 1
+        ins = tuple(dict.fromkeys(a.tensor for a in lop.ins))
+        prog = Program("local", tuple(types.values()), ins, (lop.out.tensor,), (lop,))
+        t = self.target
+        ctx = OpContext(lop, prog, t, op_layout(lop, prog, t), tensor_layouts(prog, t),
+                        dict(lop.sizes))
+        ones = dict.fromkeys(lop.sizes, 1)
+        try:
+            splits = distribute(ctx, ones, "balanced")
+        except PlanningError:  # nothing fits the span limit: the planner would loop over it
+            splits = greedy(ctx, ones)
+        return ctx.time_us(splits)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A copy of ``tensor`` in sharding ``dst``, made from its sharding ``src`` by ``steps``
+    before op number ``at`` (the op count: after the last op); readers read it as ``name``.
+    ``reader``: the first op that reads it (None: the program output handed back, or the
+    annotation it is resharded to)."""
+
+    tensor: str
+    name: str
+    at: int
+    reader: str | None
+    src: Sharding
+    dst: Sharding
+    steps: tuple[Step, ...]
+    why: str = "read"
+    #: the local name of what it copies (the tensor, or its annotated copy)
+    source: str = ""
+
+    @property
+    def bytes(self) -> int:
+        return sum(s.bytes for s in self.steps)
+
+    @property
+    def time_us(self) -> float:
+        return sum(s.time_us for s in self.steps)
+
+    @property
+    def collectives(self) -> tuple[Step, ...]:
+        return tuple(s for s in self.steps if s.communicates)
+
+    def __str__(self) -> str:
+        return (f"{self.tensor} {self.src} -> {self.dst}: "
+                f"{', '.join(str(s) for s in self.steps)}")
+
+
+@dataclass(frozen=True)
+class OpShard:
+    """One op's strategy, the local tensors its inputs read, its compute time on the largest
+    device and that device's part of its iteration space."""
+
+    op: str
+    strategy: Strategy
+    reads: tuple[str, ...]
+    compute_us: float
+    local_sizes: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """A program divided over a mesh: what every device computes and where data moves."""
+
+    program: Program
+    mesh: Mesh
+    target: Target
+    ops: tuple[OpShard, ...]
+    inputs: tuple[tuple[str, Sharding], ...]
+    outputs: tuple[tuple[str, Sharding, str], ...]
+    transfers: tuple[Transfer, ...]
+    annotations: tuple[tuple[str, Sharding], ...] = ()
+    method: str = "given"
+    solve_s: float = 0.0
+    #: the search's objective (it counts one resharding per reader)
+    objective_us: float | None = None
+    peak_bytes: int = 0
+    peak_at: str = ""
+    stats: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
+
+    @cached_property
+    def op_map(self) -> dict[str, OpShard]:
+        return {o.op: o for o in self.ops}
+
+    def op(self, name: str) -> OpShard:
+        try:
+            return self.op_map[name]
+        except KeyError:
+            raise PlanningError(f"sharding plan has no op {name!r}") from None
+
+    def strategy(self, name: str) -> Strategy:
+        return self.op(name).strategy
+
+    @cached_property
+    def tensor_shardings(self) -> dict[str, Sharding]:
+        """Every tensor as it is made (inputs as placed; an annotated tensor as annotated)."""
+        out = dict(self.inputs)
+        for o in self.ops:
+            out[self.program.op(o.op).out.tensor] = o.strategy.out
+        out.update(dict(self.annotations))
+        return out
+
+    def sharding(self, tensor: str) -> Sharding:
+        return self.tensor_shardings[tensor]
+
+    @property
+    def compute_us(self) -> float:
+        return sum(o.compute_us for o in self.ops)
+
+    @property
+    def comm_us(self) -> float:
+        return sum(t.time_us for t in self.transfers)
+
+    @property
+    def predicted_us(self) -> float:
+        return self.compute_us + self.comm_us
+
+    @property
+    def comm_bytes(self) -> int:
+        """Bytes one device receives in all the plan's collectives."""
+        return sum(t.bytes for t in self.transfers)
+
+    @property
+    def collectives(self) -> Counter[str]:
+        return Counter(s.kind + ("(remote)" if s.remote else "")
+                       for t in self.transfers for s in t.collectives)
+
+    def collectives_text(self) -> str:
+        c = self.collectives
+        return ", ".join(f"{n} {k}" for k, n in sorted(c.items())) or "none"
+
+    def summary(self) -> str:
+        return (f"{self.program.name} on {self.mesh} ({self.method}): predicted "
+                f"{self.predicted_us:.1f} us ({self.compute_us:.1f} compute, {self.comm_us:.1f} "
+                f"communication), {self.comm_bytes / 2**20:.2f} MiB received per device, "
+                f"collectives: {self.collectives_text()}; peak memory per device "
+                f"{self.peak_bytes / 2**20:.1f} MiB" + (f" at {self.peak_at}" if self.peak_at
+                                                         else ""))
+
+    # -- plan format ------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "program": self.program.name, "method": self.method,
+            "mesh": self.mesh.to_dict(),
+            "target": {"name": self.target.name, "cores": self.target.cores},
+            "solve_s": round(self.solve_s, 6),
+            "predicted_us": round(self.predicted_us, 4),
+            "compute_us": round(self.compute_us, 4), "comm_us": round(self.comm_us, 4),
+            "comm_bytes": self.comm_bytes, "peak_bytes": self.peak_bytes,
+            "annotations": {n: s.to_json() for n, s in self.annotations},
+            "inputs": {n: s.to_json() for n, s in self.inputs},
+            "outputs": {n: s.to_json() for n, s, _ in self.outputs},
+            "ops": [{"name": o.op, "splits": {d: list(a) for d, a in o.strategy.splits},
+                     "out": o.strategy.out.to_json(), "compute_us": round(o.compute_us, 4)}
+                    for o in self.ops],
+            "transfers": [{"tensor": t.tensor, "copy": t.name, "before": t.reader,
+                           "from": t.src.to_json(), "to": t.dst.to_json(),
+                           "steps": [str(s) for s in t.steps], "bytes": t.bytes,
+                           "time_us": round(t.time_us, 4)} for t in self.transfers],
+        }
+
+    @staticmethod
+    def from_dict(doc: Mapping[str, Any], program: Program, mesh: Mesh,
+                  target: Target | None = None) -> ShardingPlan:
+        """A plan of format ``apportion.sharding/1`` read back for ``program`` on ``mesh``;
+        compute times are taken from the document."""
+        if doc.get("format") != FORMAT or doc.get("program") != program.name:
+            raise PlanningError(f"not a sharding plan of program {program.name!r} (format "
+                                f"{FORMAT})")
+        strategies = {o["name"]: make_strategy(program.op(o["name"]), program, mesh,
+                                               o["splits"]) for o in doc["ops"]}
+        times = {o["name"]: float(o["compute_us"]) for o in doc["ops"]}
+        parse = Sharding.from_json
+        return build_plan(program, mesh, default_target(mesh, target), strategies,
+                          {n: parse(s) for n, s in doc["inputs"].items()},
+                          {n: parse(s) for n, s in doc["outputs"].items()},
+                          {n: parse(s) for n, s in doc["annotations"].items()},
+                          method=doc.get("method", "given"), solve_s=doc.get("solve_s", 0.0),
+                          compute=times)
+
+
+def build_plan(program: Program, mesh: Mesh, target: Target,
+               strategies: Mapping[str, Strategy], inputs: Mapping[str, Sharding],
+               outputs: Mapping[str, Sharding], annotations: Mapping[str, Sharding],
+               method: str = "given", solve_s: float = 0.0, cost: CostModel | None = None,
+               compute: Mapping[str, float] | None = None, objective_us: float | None = None,
+               stats: Mapping[str, Any] | None = None) -> ShardingPlan:
+    """The plan of ``strategies`` (one per op), ``inputs`` placed and ``outputs`` handed back
+    as given, ``annotations`` holding (see the module docstring)."""
+    cost = cost or CostModel(program, mesh, target)
+    current: dict[str, tuple[str, Sharding]] = {}
+    placed: dict[str, Sharding] = {}
+    for name in program.inputs:
+        s = annotations.get(name, inputs.get(name))
+        if s is None:
+            raise PlanningError(f"input {name!r} has no placement")
+        current[name] = (name, s)
+        placed[name] = s
+    # a copy is shared by the readers of consecutive ops (the search counts one per reader,
+    # so sharing only among neighbours never holds more than it counted)
+    copies: dict[tuple[str, Sharding], tuple[str, int]] = {}
+    transfers: list[Transfer] = []
+    used_names = set(program.tensor_map)
+
+    def ensure(tensor: str, need: Sharding, at: int, reader: str | None, why: str) -> str:
+        base, have = current[tensor]
+        if have == need:
+            return base
+        key = (tensor, need)
+        if key in copies and copies[key][1] >= at - 1:  # read by this op or the one before
+            copies[key] = (copies[key][0], at)
+            return copies[key][0]
+        t = program.tensor(tensor)
+        k = 1
+        while f"{tensor}@{k}" in used_names:
+            k += 1
+        name = f"{tensor}@{k}"
+        used_names.add(name)
+        transfers.append(Transfer(tensor, name, at, reader, have, need,
+                                  cached_steps(t.shape, t.dtype, have, need, mesh), why, base))
+        copies[key] = (name, at)
+        return name
+
+    shards = []
+    zero = dict.fromkeys(mesh.names, 0)
+    for i, op in enumerate(program.ops):
+        st = strategies.get(op.name)
+        if st is None:
+            raise PlanningError(f"op {op.name!r} has no strategy")
+        reads = tuple(ensure(acc.tensor, st.ins[k], i, op.name, "read")
+                      for k, acc in enumerate(op.ins))
+        time = compute[op.name] if compute is not None and op.name in compute else \
+            cost.compute_us(op, st)
+        lop, _ = local_op(op, program, mesh, st, zero)
+        shards.append(OpShard(op.name, st, reads, time, lop.dims))
+        out = op.out.tensor
+        current[out] = (out, st.out)
+        if out in annotations and annotations[out] != st.out:
+            name = ensure(out, annotations[out], i + 1, None, "annotation")
+            current[out] = (name, annotations[out])
+            for key in [key for key in copies if key[0] == out]:
+                del copies[key]
+    outs = []
+    for name in program.outputs:
+        want = annotations.get(name, outputs.get(name))
+        if want is None:
+            want = current[name][1].without_partial()
+        if want.partial:
+            raise PlanningError(f"output {name!r} cannot be handed back partial ({want})")
+        outs.append((name, want, ensure(name, want, len(program.ops), None, "output")))
+    plan = ShardingPlan(program, mesh, target, tuple(shards), tuple(placed.items()),
+                        tuple(outs), tuple(transfers), tuple(annotations.items()), method,
+                        solve_s, objective_us, stats=tuple((stats or {}).items()))
+    peak, at = peak_memory(plan)
+    plan = _with_peak(plan, peak, at)
+    check_memory(plan)
+    return plan
+
+
+def _with_peak(plan: ShardingPlan, peak: int, at: str) -> ShardingPlan:
+    return replace(plan, peak_bytes=peak, peak_at=at)
+
+
+def lifetimes(plan: ShardingPlan) -> list[tuple[int, int, str, str, Sharding]]:
+    """What a device holds: ``(first point, last point, local name, tensor, sharding)`` per
+    local tensor; the points are the ops in order, then the end."""
+    p = plan.program
+    n = len(p.ops)
+    born: dict[str, tuple[int, str, Sharding]] = {}
+    last: dict[str, int] = {}
+    for name, s in plan.inputs:
+        born[name] = (0, name, s)
+        last[name] = n
+    for i, o in enumerate(plan.ops):
+        out = p.op(o.op).out.tensor
+        born[out] = (i, out, o.strategy.out)
+        last.setdefault(out, i)
+        for r in o.reads:
+            last[r] = max(last.get(r, i), i)
+    for t in plan.transfers:
+        born[t.name] = (min(t.at, n), t.tensor, t.dst)
+        last.setdefault(t.name, min(t.at, n))
+        last[t.source] = max(last.get(t.source, 0), min(t.at, n))
+    for name, _, local in plan.outputs:
+        last[local] = last[name] = n
+    return [(b, last.get(local, b), local, tensor, s) for local, (b, tensor, s) in born.items()]
+
+
+def memory_profile(plan: ShardingPlan) -> list[int]:
+    """Bytes the largest device holds at each program point (the ops, then the end)."""
+    sizes = {a.name: a.size for a in plan.mesh.axes}
+    delta = [0] * (len(plan.program.ops) + 2)
+    for b, e, _, tensor, s in lifetimes(plan):
+        t = plan.program.tensor(tensor)
+        nbytes = s.local_bytes(t.shape, t.dtype, sizes)
+        delta[b] += nbytes
+        delta[e + 1] -= nbytes
+    out, total = [], 0
+    for d in delta[:-1]:
+        total += d
+        out.append(total)
+    return out
+
+
+def peak_memory(plan: ShardingPlan) -> tuple[int, str]:
+    """The most bytes the largest device holds at one point, and where."""
+    prof = memory_profile(plan)
+    i = max(range(len(prof)), key=prof.__getitem__)
+    where = f"op {plan.program.ops[i].name!r}" if i < len(plan.program.ops) else "the end"
+    return prof[i], where
+
+
+def check_memory(plan: ShardingPlan) -> None:
+    """Refuse a plan that needs more memory on one device than the mesh gives it."""
+    cap = plan.mesh.memory_bytes
+    if cap is None or plan.peak_bytes <= cap:
+        return
+    sizes = {a.name: a.size for a in plan.mesh.axes}
+    prof = memory_profile(plan)
+    at = max(range(len(prof)), key=prof.__getitem__)
+    live = [(plan.program.tensor(t), s) for b, e, _, t, s in lifetimes(plan) if b <= at <= e]
+    big = sorted(((s.local_bytes(t.shape, t.dtype, sizes), t.name, s) for t, s in live),
+                 key=lambda x: -x[0])[:3]
+    parts = ", ".join(f"tensor {t!r} {s} {b / 2**20:.1f} MiB" for b, t, s in big)
+    raise PlanningError(f"program {plan.program.name!r} does not fit mesh {plan.mesh.name!r}: "
+                        f"a device needs {plan.peak_bytes / 2**20:.1f} MiB at {plan.peak_at} "
+                        f"but has {cap / 2**20:.1f} MiB (largest: {parts})")

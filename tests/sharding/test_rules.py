@@ -1,0 +1,139 @@
+"""Per-op rules: what each category may split, the shardings that follow from the indexing
+maps, and the op each device runs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from apportion.errors import ProgramError
+from apportion.frontend.json_format import from_dict, load
+from apportion.frontend.models import forward_program
+from apportion.ir.program import Program
+from apportion.runtime.reference import evaluate_op, random_inputs, run_unplanned
+from apportion.sharding.mesh import parse
+from apportion.sharding.rules import local_op, local_ranges, make_strategy, op_strategies
+from apportion.sharding.spec import Sharding
+
+S = Sharding
+
+
+def one_op(op: dict, tensors: dict) -> Program:
+    made = op["out"].split("[")[0]
+    return from_dict({"name": "p", "tensors": {n: {"shape": s, "dtype": "float32"}
+                                               for n, s in tensors.items()},
+                      "inputs": [n for n in tensors if n != made], "outputs": [made],
+                      "ops": [op]})
+
+
+def test_a_matmul_splits_rows_columns_or_its_reduction_which_leaves_the_output_partial():
+    p = load("examples/mlp.json")
+    mesh = parse("tp=4")
+    by_label = {s.label: s for s in op_strategies(p.op("down"), p, mesh)}
+    assert list(by_label) == ["replicated", "m:tp", "n:tp", "k:tp"]
+    assert [str(x) for x in by_label["m:tp"].ins] == ["[tp, -]", "[-, -]"]
+    assert [str(x) for x in by_label["n:tp"].ins] == ["[-, -]", "[-, tp]"]
+    assert str(by_label["k:tp"].out) == "[-, -] partial sum over tp"
+
+
+def test_two_axes_may_split_one_dim_in_mesh_order_or_two_dims():
+    p = load("examples/mlp.json")
+    labels = [s.label for s in op_strategies(p.op("act"), p, parse("dp=2,tp=2"))]
+    assert labels == ["replicated", "m:tp", "n:tp", "m:dp", "m:dp*tp", "m:dp n:tp", "n:dp",
+                      "m:tp n:dp", "n:dp*tp"]
+
+
+def test_a_reduction_splits_its_reduced_dim_only_when_partials_combine_across_devices():
+    tensors = {"x": [8, 16], "r": [8, 1]}
+    mesh = parse("tp=2")
+    for fn, ok in (("sum", True), ("max", True), ("min", True), ("mean", False),
+                   ("argmax", False)):
+        p = one_op({"name": "r", "op": fn, "out": "r[i,0]", "ins": ["x[i,k]"]},
+                   {**tensors, "r": [8, 1]})
+        labels = [s.label for s in op_strategies(p.ops[0], p, mesh)]
+        assert ("k:tp" in labels) == ok, fn
+    p = one_op({"name": "r", "op": "max", "out": "r[i,0]", "ins": ["x[i,k]"]}, tensors)
+    assert make_strategy(p.ops[0], p, mesh, {"k": "tp"}).out == S(((), ()), ("tp",), "max")
+    p = one_op({"name": "r", "op": "mean", "out": "r[i,0]", "ins": ["x[i,k]"]}, tensors)
+    with pytest.raises(ProgramError, match=r"op 'r': dim 'k' cannot split over the mesh: its "
+                                           "mean reduction does not combine across devices"):
+        make_strategy(p.ops[0], p, mesh, {"k": "tp"})
+
+
+def test_a_fallback_runs_whole_on_replicated_inputs():
+    p = one_op({"name": "c", "op": "cumsum", "out": "y[i,j]", "ins": ["x[i,j]"]},
+               {"x": [8, 8], "y": [8, 8]})
+    assert [s.label for s in op_strategies(p.ops[0], p, parse("a=2,b=2"))] == ["replicated"]
+    with pytest.raises(ProgramError, match="a fallback runs whole"):
+        make_strategy(p.ops[0], p, parse("a=2"), {"i": "a"})
+
+
+def test_heads_read_through_a_sum_split_like_the_head_dim_and_inner_splits_need_replicas():
+    p = forward_program("llama2-7b", 1, 16)
+    mesh = parse("tp=4")
+    scores = p.op("l0_scores")  # s[h,t,c] = q[t,128*h+d] . k[c,128*h+d]
+    by_heads = make_strategy(scores, p, mesh, {"h": "tp"})
+    assert [str(s) for s in by_heads.ins] == ["[-, tp]", "[-, tp]"]
+    assert str(by_heads.out) == "[tp, -, -]"
+    inner = make_strategy(scores, p, mesh, {"d": "tp"})
+    assert [str(s) for s in inner.ins] == ["[-, -]", "[-, -]"]
+    assert inner.out.partial == ("tp",)
+    o_proj = make_strategy(p.op("l0_o_proj"), p, mesh, {"h": "tp"})  # wo[128*h+d, n]
+    assert [str(s) for s in o_proj.ins] == ["[tp, -, -]", "[tp, -]"]
+    gqa = forward_program("llama3-8b", 1, 16)  # q[t, 512*a+128*r+d], k[c, 128*a+d]
+    s = make_strategy(gqa.op("l0_scores"), gqa, parse("tp=8"), {"a": "tp"})
+    assert [str(x) for x in s.ins] == ["[-, tp]", "[-, tp]"]
+
+
+def test_uneven_heads_whose_shards_do_not_line_up_read_replicas():
+    p = one_op({"name": "c", "op": "copy", "out": "y[h,i,d]", "ins": ["x[i,4*h+d]"],
+                "dims": {"h": 5, "d": 4}}, {"x": [3, 20], "y": [5, 3, 4]})
+    # 5 heads over 2: 3 + 2 heads, 12 + 8 columns; torch.chunk cuts 20 columns 10 + 10
+    s = make_strategy(p.ops[0], p, parse("tp=2"), {"h": "tp"})
+    assert [str(x) for x in s.ins] == ["[-, -]"]
+    lop, types = local_op(p.ops[0], p, parse("tp=2"), s, {"tp": 1})
+    assert str(lop.ins[0]) == "x[i, 4*h+d+12]" and types["x"].shape == (3, 20)
+
+
+@pytest.mark.parametrize(("splits", "match"), [
+    ({"q": "tp"}, r"no dim 'q' to split; dims: m, n, k"),
+    ({"m": "tp", "n": "tp"}, r"mesh axis 'tp' splits both dim 'm' and dim 'n'"),
+    ({"m": "dq"}, r"mesh 'tp=4' has no axis 'dq'"),
+])
+def test_bad_strategies_name_the_op_dim_and_axis(splits, match):
+    p = load("examples/mlp.json")
+    with pytest.raises(Exception, match=match):
+        make_strategy(p.op("down"), p, parse("tp=4"), splits)
+
+
+def test_an_empty_shard_is_refused():
+    p = one_op({"name": "e", "op": "exp", "out": "y[i,j]", "ins": ["x[i,j]"]},
+               {"x": [3, 8], "y": [3, 8]})
+    with pytest.raises(ProgramError, match="dim 'i' of size 3 split over tp leaves a device "
+                                           "nothing"):
+        make_strategy(p.ops[0], p, parse("tp=4"), {"i": "tp"})
+
+
+def test_each_devices_op_computes_its_box_of_the_global_op():
+    p = forward_program("gpt2-small", 1, 6)
+    mesh = parse("dp=2,tp=3")
+    xs = random_inputs(p)
+    env = run_unplanned(p, xs)
+    sizes = {a.name: a.size for a in mesh.axes}
+    for name, splits in (("l0_scores", {"h": "tp", "t": "dp"}), ("l0_o_proj", {"h": "tp"}),
+                         ("l0_up", {"t": "dp", "f": "tp"}), ("l0_mlp_mu", {"t": ("dp", "tp")})):
+        op = p.op(name)
+        s = make_strategy(op, p, mesh, splits)
+        for d in range(mesh.devices):
+            c = mesh.coords(d)
+            lop, types = local_op(op, p, mesh, s, c)
+            local_env = {}
+            for acc, need in zip(op.ins, s.ins, strict=True):
+                block = need.block(p.tensor(acc.tensor).shape, c, sizes)
+                local_env[acc.tensor] = env[acc.tensor][tuple(slice(*b) for b in block)]
+            lp = Program("l", tuple(types.values()), tuple(dict.fromkeys(
+                a.tensor for a in lop.ins)), (lop.out.tensor,), (lop,))
+            got = evaluate_op(lop, lp, local_env)
+            want = evaluate_op(op, p, env, local_ranges(op, s, mesh, c))
+            np.testing.assert_allclose(np.asarray(got, np.float64),
+                                       np.asarray(want, np.float64), rtol=2e-3, atol=2e-3)
