@@ -473,11 +473,16 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         results = bench_tiling.run(cores, console=console, blocks=blocks)
     if out is not None:
         text = json.dumps([dataclasses.asdict(r) for r in results], indent=1)
-        try:
-            out.write_text(text)
-        except OSError as e:
-            raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
+        _write_json(out, text)
     return 0
+
+
+def _write_json(out: Path, text: str) -> None:
+    """Write a benchmark's ``--json`` file, or one usage error line naming why not."""
+    try:
+        out.write_text(text)
+    except OSError as e:
+        raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
 
 
 def _bench_splitk(args: argparse.Namespace, console: Console) -> int:
@@ -495,10 +500,7 @@ def _bench_splitk(args: argparse.Namespace, console: Console) -> int:
         load_models(args.models)))[:args.limit]
     _, records = bench_splitk.run(shapes, console)
     if out is not None:
-        try:
-            out.write_text(json.dumps(bench_splitk.to_doc(records), indent=1))
-        except OSError as e:
-            raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
+        _write_json(out, json.dumps(bench_splitk.to_doc(records), indent=1))
     return 0 if all(r.check_ok for r in records) else 1
 
 
@@ -519,10 +521,7 @@ def _bench_e2e(args: argparse.Namespace, console: Console) -> int:
     results = bench_e2e.run(cores, threads=args.threads, repeat=args.repeat or 5,
                             limit=args.limit, console=console)
     if out is not None:
-        try:
-            out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
-        except OSError as e:
-            raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
+        _write_json(out, json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     return 0
 
 
@@ -538,10 +537,7 @@ def _bench_costmodel(args: argparse.Namespace, console: Console) -> int:
     results = bench_costmodel.run(target, args.measurements, args.cores, args.limit, console,
                                   label=args.target)
     if out is not None:
-        try:
-            out.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
-        except OSError as e:
-            raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
+        _write_json(out, json.dumps([dataclasses.asdict(r) for r in results], indent=1))
     return 0
 
 
