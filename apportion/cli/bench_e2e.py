@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -143,11 +144,13 @@ def run(cores: list[int], threads: int | None = None, repeat: int = 5,
     for n in cores:
         spyre(cores=n)  # every core count checked before the first model runs
     results: list[E2EResult] = []
-    for i, (name, about, factory) in enumerate(MODELS[:limit]):
-        model, xs = getattr(torch_demo, factory)()
-        if i == 0:  # imports and torch.export's first-call costs are not the model's
-            torch.export.export(model, xs)
-        results += bench_model(name, about, model, xs, cores, threads, repeat)
+    with warnings.catch_warnings():  # torch.export's own deprecation notices, not the user's
+        warnings.simplefilter("ignore", FutureWarning)
+        for i, (name, about, factory) in enumerate(MODELS[:limit]):
+            model, xs = getattr(torch_demo, factory)()
+            if i == 0:  # imports and torch.export's first-call costs are not the model's
+                torch.export.export(model, xs)
+            results += bench_model(name, about, model, xs, cores, threads, repeat)
     console.print(table(results))
     on = f"{threads} thread{'s' if threads > 1 else ''}"
     console.print(f"export: torch.export.export; lower: core-ATen decompositions and the "
