@@ -88,27 +88,26 @@ def load_model(spec: str) -> TorchModel:
     return TorchModel(spec, model, inputs, lowered)
 
 
-def labels(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, str]:
-    """Op name -> where it comes from in the model (split-K's partial and combine ops take
-    their op's origin)."""
+def _origins(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, Any]:
+    """Op name -> its ``Origin`` (split-K's partial and combine ops take their op's)."""
     out = {}
     for name in ops:
         base = name.removesuffix(".partial").removesuffix(".combine")
         origin = lowered.origins.get(name) or lowered.origins.get(base)
         if origin is not None:
-            out[name] = str(origin)
+            out[name] = origin
     return out
+
+
+def labels(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, str]:
+    """Op name -> where it comes from in the model."""
+    return {name: str(o) for name, o in _origins(lowered, ops).items()}
 
 
 def origins_doc(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Op name -> its origin as plan JSON carries it (``"origins"``)."""
-    out = {}
-    for name in ops:
-        base = name.removesuffix(".partial").removesuffix(".combine")
-        origin = lowered.origins.get(name) or lowered.origins.get(base)
-        if origin is not None:
-            out[name] = {k: v for k, v in dataclasses.asdict(origin).items() if v is not None}
-    return out
+    return {name: {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
+            for name, o in _origins(lowered, ops).items()}
 
 
 def lowered_line(lowered: TorchProgram) -> str:

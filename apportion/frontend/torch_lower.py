@@ -245,15 +245,7 @@ def view(v: Value, shape: Sequence[int]) -> Value | None:
     numel = math.prod(v.shape)
     shape = resolve_shape(shape, numel)
     flat = [dg for ds in v.digits for dg in ds]
-    points = {1, numel}
-    p = 1
-    for _, s in reversed(flat):
-        p *= s
-        points.add(p)
-    p = 1
-    for n in reversed(shape):
-        p *= n
-        points.add(p)
+    points = {1, numel, *_inner_products([s for _, s in flat]), *_inner_products(shape)}
     pts = sorted(points)
     if any(b % a for a, b in itertools.pairwise(pts)):
         return None
@@ -313,10 +305,7 @@ def refine(size: int, parts: Sequence[Sequence[int]]) -> tuple[int, ...] | None:
     """
     points = {1, size}
     for sizes in parts:
-        p = 1
-        for s in reversed(sizes):
-            p *= s
-            points.add(p)
+        points.update(_inner_products(sizes))
     pts = sorted(points)
     if any(b % a for a, b in itertools.pairwise(pts)):
         return None
@@ -612,3 +601,11 @@ assert set(_NUMPY) == set(DTYPE_BYTES)
 def is_fallback(op: Op) -> bool:
     return op.kind.category is Category.FALLBACK
 
+
+def _inner_products(sizes: Sequence[int]) -> list[int]:
+    """The products of the innermost 1, 2, ... sizes (row-major strides times their size)."""
+    out, p = [], 1
+    for n in reversed(sizes):
+        p *= n
+        out.append(p)
+    return out
