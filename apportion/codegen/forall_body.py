@@ -39,10 +39,12 @@ def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
             zero = blk.const(0, src)
             blk.emit(f"{name} = arith.cmpi ne, {value}, {zero} : {src}")
         return name
+    if dst == "bf16" and src != "f32":  # f16, f64 and integers: through f32
+        return _convert(blk, _convert(blk, value, src, "f32"), "f32", dst)
+    if src == "f32" and dst == "bf16":
+        return _f32_to_bf16(blk, value)
     if src in _FLOAT_TYPES and dst in _FLOAT_TYPES:
         op = "extf" if _FLOAT_BITS[dst] > _FLOAT_BITS[src] else "truncf"
-        if _FLOAT_BITS[dst] == _FLOAT_BITS[src]:  # f16 <-> bf16: through f32
-            return _convert(blk, _convert(blk, value, src, "f32"), "f32", dst)
     elif src in _FLOAT_TYPES:
         op = "fptosi"
     elif dst in _FLOAT_TYPES:
@@ -52,6 +54,28 @@ def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
     else:
         op = "extsi" if _INT_BITS[dst] > _INT_BITS[src] else "trunci"
     blk.emit(f"{name} = arith.{op} {value} : {src} to {dst}")
+    return name
+
+
+def _f32_to_bf16(blk: _Block, f32: str) -> str:
+    """``f32`` rounded to bf16 (nearest even; NaN stays NaN) with integer ops. The compiler
+    folds ``truncf(sitofp x)`` into one convert, which CPUs without bf16 instructions leave to
+    a runtime library the module is not linked with; integer ops cannot be folded so."""
+    sixteen, one = blk.const(16, "i32"), blk.const(1, "i32")
+    bias, nan = blk.const(0x7FFF, "i32"), blk.fresh("cst")
+    blk.emit(f"{nan} = arith.constant 0x7FC0 : bf16")
+    bits, shifted, lsb, biased, rounded, top, half, value, isnan, name = (
+        blk.fresh("v") for _ in range(10))
+    blk.emit(f"{bits} = arith.bitcast {f32} : f32 to i32")
+    blk.emit(f"{shifted} = arith.shrui {bits}, {sixteen} : i32")
+    blk.emit(f"{lsb} = arith.andi {shifted}, {one} : i32")
+    blk.emit(f"{biased} = arith.addi {bits}, {bias} : i32")
+    blk.emit(f"{rounded} = arith.addi {biased}, {lsb} : i32")
+    blk.emit(f"{top} = arith.shrui {rounded}, {sixteen} : i32")
+    blk.emit(f"{half} = arith.trunci {top} : i32 to i16")
+    blk.emit(f"{value} = arith.bitcast {half} : i16 to bf16")
+    blk.emit(f"{isnan} = arith.cmpf uno, {f32}, {f32} : f32")
+    blk.emit(f"{name} = arith.select {isnan}, {nan}, {value} : bf16")
     return name
 
 
