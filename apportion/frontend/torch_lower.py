@@ -383,12 +383,15 @@ class Lowering:
 
     def op(self, fn: str, sizes: Sequence[int], out: Sequence[int | None],
            ins: Sequence[tuple[Value, Sequence[int | None]]],
-           attrs: Mapping[str, str] | None = None, part: str | None = None) -> Value:
+           attrs: Mapping[str, str] | None = None, part: str | None = None,
+           merge: bool = False) -> Value:
         """One op of kind ``fn`` over torch-level axes of ``sizes``.
 
         ``out`` lists the output's dims as axes (None: a size-1 dim, as keepdim reductions
         write); the axes it leaves out are reduced. Each input maps each of its dims to an axis
-        (None, or a size-1 dim against a larger axis: broadcast).
+        (None, or a size-1 dim against a larger axis: broadcast). ``merge`` writes each output
+        dim as one tensor axis through the merge of its digits (a plain result) rather than one
+        axis per digit.
         """
         sizes = [int(n) for n in sizes]
         ins = list(ins)
@@ -423,6 +426,16 @@ class Lowering:
                 out_shape.append(1)
                 digits.append(())
                 index.append(Lin())
+                continue
+            if merge:
+                strides = _inner_products([t for _, t in letters[a]])
+                terms = [(lt, stride // t) for (lt, t), stride
+                         in zip(letters[a], reversed(strides), strict=True)]
+                i = fresh()
+                out_index.append(AffineExpr(tuple(terms)))
+                out_shape.append(sizes[a])
+                digits.append(((i, sizes[a]),))
+                index.append(Lin(((i, 1),)))
                 continue
             ds = []
             for lt, t in letters[a]:
@@ -540,12 +553,12 @@ class Lowering:
         return self.op("copy", v.shape, axes, [(v, axes)], part="copy")
 
     def plain(self, v: Value) -> Value:
-        """``v`` in a tensor of exactly its torch shape (a copy, and a ``reshape`` fallback
-        where merged digits have no other way back)."""
-        c = self.contiguous(v)
-        if self.is_plain(c):
-            return c
-        return self.whole("reshape", [c], v.shape, part="reshape")
+        """``v`` in a tensor of exactly its torch shape: as it is when it already is, else one
+        copy that writes each torch dim through the merge of its digits (``y[t, 64*h+d]``)."""
+        if self.is_plain(v):
+            return v
+        axes = list(range(v.rank))
+        return self.op("copy", v.shape, axes, [(v, axes)], part="copy", merge=True)
 
     def cast(self, v: Value, dtype: str) -> Value:
         if v.dtype == dtype:

@@ -78,6 +78,28 @@ class AffineExpr:
             return self.terms[0][0]
         return None
 
+    def radix_digits(self, sizes: dict[str, int]) -> tuple[str, ...] | None:
+        """The dims outermost first when the expression is a mixed radix over ``sizes``
+        (``64*h + d`` with ``d < 64``): every value in ``0 .. prod(sizes)-1`` is reached by
+        exactly one point. None otherwise. Size-1 dims take any coefficient.
+
+        >>> AffineExpr.parse("64*h+d").radix_digits({"h": 4, "d": 64})
+        ('h', 'd')
+        >>> AffineExpr.parse("64*h+d").radix_digits({"h": 4, "d": 65}) is None
+        True
+        """
+        if self.const:
+            return None
+        ordered = sorted(self.terms, key=lambda t: (sizes[t[0]] > 1, t[1]))
+        stride = 1
+        for d, c in ordered:
+            if sizes[d] == 1:
+                continue
+            if c != stride:
+                return None
+            stride *= sizes[d]
+        return tuple(d for d, _ in reversed(ordered))
+
     def coeff(self, dim: str) -> int:
         return dict(self.terms).get(dim, 0)
 

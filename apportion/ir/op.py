@@ -93,13 +93,17 @@ class Op:
                     raise ProgramError(
                         f"{where}: tensor {acc.tensor!r} uses dim {d!r} of unknown size")
         for e in self.out.index:
-            if e.single_dim is None and not (not e.terms and e.const == 0):
+            if e.single_dim is None and (e.const or e.terms) and e.radix_digits(sizes) is None:
                 raise ProgramError(
-                    f"{where}: output {self.out.tensor!r} index {e.to_source()!r} must be one dim "
-                    "or 0; writes through sums are not supported")
-        out_dims = [e.single_dim for e in self.out.index if e.single_dim]
+                    f"{where}: output {self.out.tensor!r} index {e.to_source()!r} must be one dim, "
+                    "0, or a merge of dims that writes each index once (64*h+d with d of size 64)")
+        out_dims = [d for e in self.out.index for d in e.dims]
         if len(set(out_dims)) != len(out_dims):
             raise ProgramError(f"{where}: output {self.out.tensor!r} repeats a dim in {self.out}")
+        if not self.kind.divisible and any(e.single_dim is None and e.terms
+                                           for e in self.out.index):
+            raise ProgramError(f"{where}: fallback {self.kind.name} writes {self.out} through a "
+                               "merge of dims; a fallback writes one dim (or literal 0) per axis")
         kind = self.kind
         if len(self.ins) != kind.arity:
             raise ProgramError(f"{where}: {kind.name} takes {kind.arity} input"
@@ -160,6 +164,43 @@ class Op:
     @cached_property
     def sizes(self) -> dict[str, int]:
         return dict(self.dims)
+
+    @cached_property
+    def out_digits(self) -> tuple[tuple[str, ...], ...]:
+        """Per output axis, the dims that write it, outermost first (``()`` for a literal 0).
+
+        An axis written through a merge (``y[t, 64*h+d]``) has several: the output is then
+        the row-major view of the tensor with that axis split into them (``split_out``).
+        """
+        return tuple(e.radix_digits(self.sizes) or () if e.terms else () for e in self.out.index)
+
+    @property
+    def merges_output(self) -> bool:
+        """True when an output axis is written through a merge of dims (``64*h+d``)."""
+        return any(len(ds) > 1 for ds in self.out_digits)
+
+    @cached_property
+    def split_out(self) -> Access:
+        """The output as written: one dim (or literal 0) per axis of the split view.
+
+        >>> op = Op.build("m", "copy", Access.parse("y[t,4*h+d]"), (Access.parse("x[t,h,d]"),),
+        ...               {"t": 2, "h": 3, "d": 4})
+        >>> str(op.split_out), op.split_shape((2, 12))
+        ('y[t, h, d]', (2, 3, 4))
+        """
+        if not self.merges_output:
+            return self.out
+        index: list[AffineExpr] = []
+        for e, ds in zip(self.out.index, self.out_digits, strict=True):
+            index.extend((AffineExpr.dim(d) for d in ds) if len(ds) > 1 else (e,))
+        return Access(self.out.tensor, tuple(index))
+
+    def split_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The output tensor's ``shape`` with every merged axis split into its dims' sizes."""
+        out: list[int] = []
+        for n, ds in zip(shape, self.out_digits, strict=True):
+            out.extend(self.sizes[d] for d in ds) if len(ds) > 1 else out.append(n)
+        return tuple(out)
 
     @property
     def dim_names(self) -> tuple[str, ...]:

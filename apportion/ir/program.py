@@ -444,6 +444,11 @@ def _check_access(op: Op, tensor: str, index: tuple, t: TensorType, read: bool =
             if e.const >= size:
                 raise ProgramError(f"op {op.name!r}: index {e.const} out of range for dim {i} of "
                                    f"tensor {tensor!r} (size {size})")
+        elif not read and e.max_value(op.sizes) + 1 != size:
+            raise ProgramError(
+                f"op {op.name!r}: output {tensor!r} dim {i} (size {size}) is written through "
+                f"{e.to_source()}, which covers 0..{e.max_value(op.sizes)}; a merged write "
+                "must cover its axis whole")
         elif e.max_value(op.sizes) >= size:
             raise ProgramError(
                 f"op {op.name!r}: index {e.to_source()} of tensor {tensor!r} dim {i} reaches "

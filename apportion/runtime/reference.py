@@ -130,20 +130,33 @@ def _einsum(op: Op, operands: Sequence[np.ndarray], box: Box) -> np.ndarray:
 
 
 def _to_out_layout(op: Op, res: np.ndarray) -> np.ndarray:
-    """From the op's parallel dims in op order to the output tensor's axes (literal 0: size 1)."""
+    """From the op's parallel dims in op order to the axes of the output as written (literal
+    0: size 1; a merged axis: one axis per dim, see ``Op.split_out``)."""
     par = list(op.parallel_dims)
-    out_dims = [e.single_dim for e in op.out.index]
+    out_dims = [e.single_dim for e in op.split_out.index]
     res = res.transpose([par.index(d) for d in out_dims if d is not None])
     return res[tuple(slice(None) if d else None for d in out_dims)]
 
 
 def _out_slice(op: Op, box: Box) -> tuple[slice, ...]:
+    """The box's slice of the output as written (``split_view``)."""
     return tuple(slice(*box[e.single_dim]) if e.single_dim else slice(0, 1)
-                 for e in op.out.index)
+                 for e in op.split_out.index)
+
+
+def split_view(op: Op, out: np.ndarray) -> np.ndarray:
+    """The output array viewed as ``op`` writes it, each merged axis split into its dims (a
+    reshape of a row-major array: a view, so writes through it land in ``out``)."""
+    if not op.merges_output:
+        return out
+    view = out.reshape(op.split_shape(out.shape))
+    assert np.shares_memory(view, out) or view.size == 0, "output must be contiguous"
+    return view
 
 
 def partial_result(op: Op, program: Program, env: Mapping[str, np.ndarray], box: Box) -> Partial:
-    """The raw result of ``op`` over ``box`` in the output's layout, before any combine.
+    """The raw result of ``op`` over ``box`` in the output's layout as written (a merged axis
+    split, see ``Op.split_out``), before any combine.
 
     Reductions give the plain partial (mean: the partial sum; argmax: values and global flat
     indices); all of it in the compute dtype, not yet cast to the output dtype.
@@ -233,7 +246,10 @@ def evaluate_op(op: Op, program: Program, env: Mapping[str, np.ndarray],
     part = partial_result(op, program, env, box)
     if any(box[d] != (0, op.sizes[d]) for d in op.reduction_dims):
         return part
-    return _finish(op, program, part)
+    done = _finish(op, program, part)
+    if op.merges_output and box == _full_box(op):  # the whole tensor: in its own shape
+        return done.reshape(program.tensor(op.out.tensor).shape)
+    return done
 
 
 # --- one op over a decomposition of its iteration space ------------------------------------
@@ -296,9 +312,11 @@ def run_op_boxes(op: Op, program: Program, env: Mapping[str, np.ndarray],
         raise ExecutionError(f"op {op.name!r}: a fallback op runs whole, not box by box")
     check_cover(op, boxes)
     out_t = program.tensor(op.out.tensor)
-    out = np.full(out_t.shape, _sentinel(out_t.dtype), dtype=kernels.storage_dtype(out_t.dtype))
+    whole = np.full(out_t.shape, _sentinel(out_t.dtype),
+                    dtype=kernels.storage_dtype(out_t.dtype))
+    out = split_view(op, whole)
     # Reduction points each output element received; must end as the full reduction volume.
-    counts = np.zeros(out_t.shape, dtype=np.int64)
+    counts = np.zeros(out.shape, dtype=np.int64)
     par = op.parallel_dims
     groups: dict[tuple[tuple[int, int], ...], int] = {}
     for b in boxes:
@@ -323,13 +341,14 @@ def run_op_boxes(op: Op, program: Program, env: Mapping[str, np.ndarray],
         if len(parts) == groups[key]:
             out[sl] = _finish(op, program, _combine(op, parts))
             del pending[key]
+    counts = counts.reshape(out_t.shape)
     bad = np.argwhere(counts != _reduction_count(op))
     if bad.size:
         at = tuple(int(i) for i in bad[0])
         raise ExecutionError(f"op {op.name!r}: output {out_t.name!r}{list(at)} received "
                              f"{int(counts[at])} of {_reduction_count(op)} reduction points "
                              f"({len(bad)} elements wrong)")
-    return out
+    return whole
 
 
 def _combine(op: Op, parts: list[Partial]) -> Partial:

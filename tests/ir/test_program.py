@@ -43,7 +43,7 @@ def test_argmax_output_is_int64():
       {"name": "b", "op": "exp", "out": "z[i]", "ins": ["x[i]"]}], "neither an input"),
     ([{"name": "a", "op": "exp", "out": "y[i]", "ins": ["x[i]"]},
       {"name": "a", "op": "neg", "out": "z[i]", "ins": ["y[i]"]}], "used twice"),
-    ([{"name": "a", "op": "exp", "out": "y[i+1]", "ins": ["x[i]"]}], "writes through sums"),
+    ([{"name": "a", "op": "exp", "out": "y[i+1]", "ins": ["x[i]"]}], "writes each index once"),
     ([{"name": "a", "op": "exp", "out": "y[i]", "ins": ["x[i+9]"], "dims": {"i": 8}}],
      "beyond its size"),
     ([{"name": "a", "op": "copy", "out": "y[i]", "ins": ["x[j]"], "dims": {"i": 4}}],
