@@ -84,14 +84,16 @@ def largest_slice(sizes: Mapping[str, int], unit_elems: Mapping[str, int],
 
 
 def slice_bytes(access: Access, program: Program, target: Target,
-                largest: Mapping[str, int]) -> int:
-    """Device-memory bytes of one core's slice of an operand, its innermost dim in whole sticks."""
+                largest: Mapping[str, int], shape: tuple[int, ...] | None = None) -> int:
+    """Device-memory bytes of one core's slice of an operand, its innermost dim in whole sticks
+    (``shape``: the tensor's shape as ``access`` indexes it, e.g. an output's split view)."""
     t = program.tensor(access.tensor)
     eps = target.elems_per_stick(t.dtype)
+    shape = t.shape if shape is None else shape
     n = 1
-    for axis, (e, size) in enumerate(zip(access.index, t.shape, strict=True)):
+    for axis, (e, size) in enumerate(zip(access.index, shape, strict=True)):
         ext = min(e.extent(largest), size)
-        if axis == t.rank - 1:
+        if axis == len(shape) - 1:
             ext = -(-ext // eps) * eps
         n *= ext
     return n * dtype_bytes(t.dtype)
@@ -159,7 +161,11 @@ def _memory_us(op: Op, program: Program, target: Target, largest: Mapping[str, i
         if acc.tensor in seen:
             continue
         seen.add(acc.tensor)
-        nbytes = slice_bytes(acc, program, target, largest)
+        if acc is op.out and op.merges_output:  # the points it writes, runs of its inner dim
+            nbytes = slice_bytes(op.split_out, program, target, largest,
+                                 op.split_shape(program.tensor(acc.tensor).shape))
+        else:
+            nbytes = slice_bytes(acc, program, target, largest)
         per_core += nbytes
         if acc is op.out:
             fetched += nbytes * (cores // red_split)

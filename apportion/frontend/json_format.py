@@ -295,8 +295,12 @@ def _parse_op(od: Any, i: int, tensors: dict[str, TensorType]) -> Op:
     shape = []
     for e in out.index:
         d = e.single_dim
-        if d is None:
-            shape.append(1)
+        unknown = [x for x in e.dims if x not in sizes]
+        if d is None and unknown:
+            raise ProgramError(f"{where}: size of output dim {unknown[0]!r} is unknown; declare "
+                               "it in \"dims\" or index an input with it")
+        if d is None:  # a literal 0: one element; a merge 64*h+d: every index it reaches
+            shape.append(e.max_value(sizes) + 1)
         elif d not in sizes:
             raise ProgramError(f"{where}: size of output dim {d!r} is unknown; declare it in "
                                "\"dims\" or index an input with it")

@@ -135,7 +135,14 @@ def coarse_tile(program: Program, op_layouts: Mapping[str, OpLayout] | None = No
     groups = []
     for gi, group in enumerate(program.tiling):
         for name in group.ops:
-            program.op(name)  # unknown ops raise, naming the valid ones
+            op = program.op(name)  # unknown ops raise, naming the valid ones
+            if op.merges_output:
+                # a tile of a merged axis is contiguous only when its inner dims are whole;
+                # loop nests hold tiles as boxes of tensor axes, so such ops stay outside
+                raise ProgramError(
+                    f"op {name!r} in tiling group {list(group.ops)} writes {op.out} through a "
+                    "merge of dims; ops of a loop nest write one dim per axis (leave it out of "
+                    "the group)")
             if name in seen:
                 why = "twice" if seen[name] == gi else f"in groups {seen[name]} and {gi}"
                 raise ProgramError(f"op {name!r} is in tiling group {list(group.ops)} {why}; "

@@ -107,7 +107,7 @@ def place(requests: list[Request], capacity: int | None) -> dict[str, int]:
 def tile_shape(op: Op, program: Program, sizes: dict[str, int]) -> tuple[int, ...]:
     """Elements of ``op``'s output one iteration writes (whole axes where not indexed by a dim)."""
     shape = program.tensor(op.out.tensor).shape
-    return tuple(sizes[e.single_dim] if e.single_dim else n
+    return tuple(e.extent(sizes) if e.terms else n
                  for e, n in zip(op.out.index, shape, strict=True))
 
 

@@ -119,8 +119,8 @@ def span_tiling(program: Program, target: Target, lay: Layouts, strategy: str,
     added: dict[str, SpanTile] = {}
     groups = list(program.tiling)
     for op in program.ops:
-        if op.name in grouped or not op.kind.divisible:
-            continue
+        if op.name in grouped or not op.kind.divisible or op.merges_output:
+            continue  # merged writes stay outside loop nests (see coarse_tile)
         ctx = OpContext(op, program, target, lay.ops[op.name], lay.tensors, dict(op.sizes))
         if fits(ctx, strategy):
             continue

@@ -381,3 +381,17 @@ def test_a_graph_computing_with_a_dynamic_size_is_refused_naming_the_op():
     batch = torch.export.Dim("batch", max=64)
     with pytest.raises(ap.ProgramError, match="dynamic size.*op '"):
         ap.from_torch(Positions(), (torch.randn(8, 4),), dynamic_shapes=({0: batch},))
+
+
+def test_operands_whose_merged_dims_do_not_line_up_are_copied_by_merged_writes():
+    class Mix(torch.nn.Module):
+        def forward(self, x, y):  # dim 1 of 12 as digits (4, 3) against digits (3, 4)
+            return x.transpose(1, 2).reshape(2, 12) + y.reshape(2, 12)
+
+    x, y = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    tp = from_torch(Mix(), (x, y))
+    merged = [op for op in tp.program.ops if op.merges_output]
+    assert merged and all(op.fn == "copy" and op.kind.divisible for op in merged)
+    assert "reshape" not in {op.fn for op in tp.program.ops}
+    assert not [n for n in tp.nodes if n.status == "fallback"]
+    check_everywhere(tp, (x, y), eager(Mix(), x, y))

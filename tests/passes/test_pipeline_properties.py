@@ -45,9 +45,26 @@ def programs(draw):
     ops: list[dict] = []
     cur, shape = "x", [m, n]
     for i in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul", "broadcast"]))
+        kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul", "broadcast",
+                                     "merge"]))
         out = f"t{i}"
-        if kind == "unary":
+        factors = [a for a in range(2, shape[1]) if shape[1] % a == 0]
+        if kind == "merge" and factors:
+            # columns as digits (p, q) written back merged with the digits swapped: a real
+            # permutation written through 64*h+d-style sums (or a matmul writing merged)
+            a = draw(st.sampled_from(factors))
+            b = shape[1] // a
+            if draw(st.booleans()):
+                ops.append({"name": f"op{i}", "op": draw(st.sampled_from(UNARY)),
+                            "out": f"{out}[i,{a}*q+p]", "ins": [f"{cur}[i,{b}*p+q]"],
+                            "dims": {"p": a, "q": b}})
+            else:
+                w = f"w{i}"
+                k2 = shape[1]
+                tensors[w] = ([k2, a, b], dtype)
+                ops.append({"name": f"op{i}", "op": "matmul", "out": f"{out}[i,{b}*p+q]",
+                            "ins": [f"{cur}[i,k]", f"{w}[k,p,q]"]})
+        elif kind == "unary" or kind == "merge":
             ops.append({"name": f"op{i}", "op": draw(st.sampled_from(UNARY)),
                         "out": f"{out}[i,j]", "ins": [f"{cur}[i,j]"]})
         elif kind == "binary":
@@ -91,6 +108,7 @@ def test_every_plan_covers_each_point_once_and_matches_unplanned(prog, target, s
             with pytest.raises(PlanningError):
                 plan(prog, target, "greedy")
         return
+    event(f"merged writes: {any(o.merges_output for o in prog.ops)}")
     event(f"span splits: {any(n > 1 for o in result.ops for _, n in o.span_splits)}")
     event(f"uneven: {any(not o.is_even(d) for o in result.ops for d, _ in o.splits)}")
     inputs = random_inputs(prog, seed=1)
