@@ -14,8 +14,9 @@ This module joins an emitter and an executor, which the import contracts keep ap
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -28,6 +29,7 @@ from apportion.codegen.forall import (
     verify_mlir,
 )
 from apportion.errors import ExecutionError, ProgramError
+from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.passes.bind import bind_plan, infer_sizes
 from apportion.plans.plan import Plan
@@ -37,6 +39,7 @@ from apportion.runtime.reference import (
     OutputCheck,
     bind_inputs,
     compare,
+    evaluate_op,
     random_inputs,
     run_unplanned,
 )
@@ -73,6 +76,62 @@ def check_counts(program: Program, plan: Plan, params: Mapping[str, int] | None)
             core_boxes(opl, tile)
 
 
+def host_ops(program: Program) -> tuple[str, ...]:
+    """The ops the IREE backend runs on the host: whole-tensor fallbacks (gathers, constants,
+    random numbers, regrouping views), which run whole on one core in any plan and have no
+    parallel IR."""
+    return tuple(op.name for op in program.ops if op.kind.whole)
+
+
+def segments(program: Program, plan: Plan) -> list[tuple[Program, Plan] | Op]:
+    """``program`` cut at its host ops: each maximal run of the others as a program of its own
+    (its inputs: what the run reads from before it; its outputs: what later ops or the program
+    need) with the plan of its ops, and each host op alone.
+
+    >>> import apportion as ap
+    >>> p = ap.load("examples/mlp.json")
+    >>> [type(s).__name__ for s in segments(p, ap.plan(p, ap.targets.spyre(cores=8)).plan)]
+    ['tuple']
+    """
+    host = set(host_ops(program))
+    if host and (program.tiling or plan.groups):
+        raise ExecutionError(f"IREE backend: program {program.name!r} has whole-tensor fallback "
+                             f"ops ({', '.join(sorted(host))}) and loop nests; running those "
+                             "fallbacks on the host between IREE modules needs a program "
+                             "without loop nests")
+    runs: list[list[Op] | Op] = []
+    for op in program.ops:
+        if op.name in host:
+            runs.append(op)
+        elif runs and isinstance(runs[-1], list):
+            runs[-1].append(op)
+        else:
+            runs.append([op])
+    if len(runs) == 1 and isinstance(runs[0], list):
+        return [(program, plan)]
+    out: list[tuple[Program, Plan] | Op] = []
+    for i, run in enumerate(runs):
+        if not isinstance(run, list):
+            out.append(run)
+            continue
+        made = {op.out.tensor for op in run}
+        later = {a.tensor for op in program.ops[program.ops.index(run[-1]) + 1:]
+                 for a in op.ins} | set(program.outputs)
+        ins = list(dict.fromkeys(a.tensor for op in run for a in op.ins
+                                 if a.tensor not in made))
+        outs = [op.out.tensor for op in run if op.out.tensor in later]
+        used = set(ins) | made
+        part = replace(program, name=f"{program.name}_part{i}",
+                       tensors=tuple(t for t in program.tensors if t.name in used),
+                       inputs=tuple(ins), outputs=tuple(outs), ops=tuple(run),
+                       work_division=(), split_k=())
+        names = {op.name for op in run}
+        part_plan = replace(plan, program=part.name,
+                            ops=tuple(o for o in plan.ops if o.name in names), rewritten=None)
+        out.append((part, part_plan))
+    return out
+
+
 def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, np.ndarray],
              params: Mapping[str, int] | None = None,
              cache_dir: str | os.PathLike[str] | None = None,
@@ -81,12 +140,22 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
     """Emit ``plan`` as parallel IR, verify it, compile it (or take it from the cache) and run
     it on ``inputs``; ``params`` gives the symbolic loop counts.
 
+    Whole-tensor fallback ops (``host_ops``: what a PyTorch model's embeddings, constants and
+    random numbers lower to) run on the host with the reference executor's kernels, between
+    IREE modules for the runs of other ops (``segments``).
+
     ``symbolic`` is the program as given where it has run-time sizes (``program`` and ``plan``
     are then at its planning sizes, as ``PlannedProgram`` holds them): the module covers every
     size, so one compile serves them all; a run takes its sizes from the inputs' shapes (and
     ``sizes``, or sizes named in ``params``), checks them as the reference executor would
     (bounds, split-K cuts into whole planning units) and gets the outputs at those sizes.
     """
+    if host_ops(program):
+        if symbolic is not None and symbolic.symbols or sizes:
+            raise ExecutionError(f"IREE backend: program {program.name!r} has run-time sizes "
+                                 f"and whole-tensor fallback ops ({', '.join(host_ops(program))})"
+                                 "; run it with the reference backend")
+        return _run_segments(program, plan, target, inputs, params, cache_dir)
     loop_params = dict(params or {})
     bound_program, bound_plan = program, plan
     size_args: list[int] = []
@@ -119,6 +188,28 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
     for name, a in zip(program.outputs, run.outputs, strict=True):
         tensors[name] = a.reshape(bound_program.tensor(name).shape)
     return IreeRun(tensors, compiled.compile_s, compiled.cached, run.run_s)
+
+
+def _run_segments(program: Program, plan: Plan, target: Target,
+                  inputs: Mapping[str, np.ndarray], params: Mapping[str, int] | None,
+                  cache_dir: str | os.PathLike[str] | None) -> IreeRun:
+    env = bind_inputs(program, inputs)
+    compile_s, run_s, cached = 0.0, 0.0, True
+    for seg in segments(program, plan):
+        if isinstance(seg, Op):
+            start = time.perf_counter()
+            env[seg.out.tensor] = np.asarray(evaluate_op(seg, program, env))
+            run_s += time.perf_counter() - start
+            continue
+        part, part_plan = seg
+        done = iree_run(part, part_plan, target, {n: env[n] for n in part.inputs}, params,
+                        cache_dir)
+        env.update({n: done.tensors[n] for n in part.outputs})
+        compile_s += done.compile_s
+        run_s += done.run_s
+        cached = cached and done.cached
+    return IreeRun({n: env[n] for n in (*program.inputs, *program.outputs)}, compile_s, cached,
+                   run_s)
 
 
 def iree_check(program: Program, plan: Plan, target: Target, seed: int = 0,
