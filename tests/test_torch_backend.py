@@ -103,6 +103,64 @@ def test_new_shapes_recompile_static_plans_or_run_eagerly_when_symbolic(caplog):
             assert "SymInt" in (b.graphs[1].reason or "")
 
 
+# --- outputs written through a merge of dims ---------------------------------------------------
+
+class HeadMerge(torch.nn.Module):
+    """Attention over heads, the heads merged back side by side (``.transpose(0, 1).reshape(t,
+    h*d)``) and a slice of the merged features that cuts through a head: the lowering writes
+    the merge once, as a copy through a merge of dims (``y[t, 16*h+d]``), before the slice."""
+
+    def __init__(self, heads: int = 4, dim: int = 16) -> None:
+        super().__init__()
+        self.heads, self.dim = heads, dim
+        self.qkv = torch.nn.Linear(heads * dim, 3 * heads * dim)
+        self.out = torch.nn.Linear(40, 32)
+
+    def forward(self, x):
+        t = x.shape[0]
+        q, k, v = self.qkv(x).view(t, 3, self.heads, self.dim).permute(1, 2, 0, 3)
+        att = torch.softmax(q @ k.transpose(1, 2) / self.dim ** 0.5, dim=-1)
+        o = (att @ v).transpose(0, 1).reshape(t, self.heads * self.dim)
+        return self.out(o[:, 8:48]), o
+
+
+class Regroup(torch.nn.Module):
+    """``(t, 12)`` read as 3 x 4, transposed to 4 x 3, merged and split again as 3 x 4: the
+    radices do not nest, so the result is written once through a merge of dims."""
+
+    def forward(self, x):
+        t = x.shape[0]
+        y = torch.exp(x.view(t, 3, 4).transpose(1, 2).reshape(t, 12))
+        return y.view(t, 3, 4) * 2
+
+
+@pytest.mark.parametrize("cores", [1, 8, 32])
+@pytest.mark.parametrize("make", [lambda: (HeadMerge(), torch.randn(SEQ, 64)),
+                                  lambda: (Regroup(), torch.randn(SEQ, 12))],
+                         ids=["head-merge", "regroup"])
+def test_graphs_with_merged_writes(make, cores):
+    from apportion.frontend.torch_export import from_torch
+
+    torch.manual_seed(0)
+    model, x = make()
+    model.eval()
+    b = ap.backend(target="spyre", cores=cores, threads=2)
+    lowered = []
+
+    def spy(gm, example_inputs):  # the program each graph lowers to, then the backend
+        lowered.append(from_torch(gm, list(example_inputs)).program)
+        return b(gm, example_inputs)
+
+    fast = torch.compile(model, backend=spy)
+    with torch.no_grad():
+        want = model(x)
+        for _ in range(2):
+            torch.testing.assert_close(fast(x), want, atol=TOL.atol, rtol=TOL.rtol)
+    assert lowered and any(op.merges_output for p in lowered for op in p.ops), lowered
+    assert b.graphs and all(g.planned is not None for g in b.graphs), b.graphs
+    assert any(op.merges_output for g in b.graphs for op in g.planned.program.ops)
+
+
 # --- eager fallbacks ---------------------------------------------------------------------------
 
 class Conv(torch.nn.Module):

@@ -176,8 +176,9 @@ class Op:
 
     @property
     def merges_output(self) -> bool:
-        """True when an output axis is written through a merge of dims (``64*h+d``)."""
-        return any(len(ds) > 1 for ds in self.out_digits)
+        """True when an output axis is written through a merge of dims (``64*h+d``; also a
+        lone dim of size 1 with a coefficient, ``3*u``)."""
+        return any(e.terms and e.single_dim is None for e in self.out.index)
 
     @cached_property
     def split_out(self) -> Access:
@@ -192,14 +193,16 @@ class Op:
             return self.out
         index: list[AffineExpr] = []
         for e, ds in zip(self.out.index, self.out_digits, strict=True):
-            index.extend((AffineExpr.dim(d) for d in ds) if len(ds) > 1 else (e,))
+            merged = e.terms and e.single_dim is None
+            index.extend((AffineExpr.dim(d) for d in ds) if merged else (e,))
         return Access(self.out.tensor, tuple(index))
 
     def split_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The output tensor's ``shape`` with every merged axis split into its dims' sizes."""
         out: list[int] = []
-        for n, ds in zip(shape, self.out_digits, strict=True):
-            out.extend(self.sizes[d] for d in ds) if len(ds) > 1 else out.append(n)
+        for n, e, ds in zip(shape, self.out.index, self.out_digits, strict=True):
+            merged = e.terms and e.single_dim is None
+            out.extend(self.sizes[d] for d in ds) if merged else out.append(n)
         return tuple(out)
 
     @property

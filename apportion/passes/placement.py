@@ -325,18 +325,24 @@ def untiled_lx_bytes(producer: Op, readers: list[Op], plans: Mapping[str, OpPlan
         return None
     out = producer.out
     mine = [region(out, b) for b in core_slices(pp)]
+    # readers read ``out`` through the producer's own index, so containment is checked in the
+    # split view (``Op.split_out``), where a core's part is a box; in the tensor's axes a part
+    # of a merged axis with an inner dim split has gaps, and its bounding box (what the
+    # scratchpad holds) may hold another core's elements
+    seen = producer.split_out
+    owned = [region(seen, b) for b in core_slices(pp)]
     for r in readers:
         if any(a.index != out.index for a in r.ins if a.tensor == out.tensor):
             return None
         rp = plans[r.name]
         group = tiling.group_of(r.name)
         if group is None:
-            views: Iterator[list | None] = iter([[region(out, b) for b in core_slices(rp)]])
+            views: Iterator[list | None] = iter([[region(seen, b) for b in core_slices(rp)]])
         else:
-            views = _reader_regions(r, rp, out, group, 0)
+            views = _reader_regions(r, rp, seen, group, 0)
         for theirs in views:
-            if theirs is None or len(theirs) > len(mine) or not all(
-                    t is None or inside(t, m) for t, m in zip(theirs, mine, strict=False)):
+            if theirs is None or len(theirs) > len(owned) or not all(
+                    t is None or inside(t, m) for t, m in zip(theirs, owned, strict=False)):
                 return None
     t = program.tensor(out.tensor)
     eps = target.elems_per_stick(t.dtype)

@@ -16,6 +16,13 @@ works on), split reductions are combined across cores, and the result is finishe
 buffer (a tile buffer holds the tile of the loops it lives in: a producer deeper than it writes
 its part) or combined into its accumulator; copies follow their op, and finish steps
 (accumulator to result) the whole nest.
+
+An op outside loops may write its output through a merge of dims (``y[t, 64*h+d]``): it writes
+through the output's split view (``reference.split_view``), and a core's part kept in its
+scratchpad is stored in the part's bounding region of the tensor (``region``), each element
+where the merge puts it. Ops in a loop nest write one dim per axis (tiles, accumulators and
+tile buffers are boxes of tensor axes): a merged write found in a loop nest is refused with an
+``ExecutionError``.
 """
 
 from __future__ import annotations
@@ -49,12 +56,14 @@ from apportion.runtime import kernels
 from apportion.runtime.reference import (
     _combine,
     _operand,
+    _out_slice,
     _to_out_layout,
     bind_inputs,
     check_cover,
     evaluate_op,
     partial_result,
     run_op_boxes,
+    split_view,
 )
 
 #: tensor dtype -> numpy dtype of its bytes in simulated memory (bfloat16: the high 16 bits)
@@ -262,15 +271,18 @@ class _Run:
         for group in by_key.values():
             part = parts[group[0]] if not op.kind.divisible else _combine(
                 op, [parts[c] for c in group])  # type: ignore[arg-type]
+            # in the layout of the output as written: a merged axis split (``Op.split_out``)
             value = encode(part if not op.kind.divisible else _finish_value(op, part), dtype)
-            reg = region(op.out, boxes[group[0]])
+            box = boxes[group[0]]
             if out_buf is None:
-                self.full(t)[_slices(reg)] = value
+                split_view(op, self.full(t))[_out_slice(op, box)] = value
                 continue
             if len(group) > 1:
                 raise ExecutionError(f"op {op.name!r}: cores {group} combine partials of "
                                      f"{t!r}, which the plan keeps in their scratchpads")
-            self.mem.view(out_buf, _extent(reg), dtype, group[0])[...] = value
+            reg = region(op.out, box)
+            part_view = self.mem.view(out_buf, _extent(reg), dtype, group[0])
+            _written_part(op, part_view, box)[...] = value
             self.written[(t, group[0])] = reg
 
     # --- loop groups -----------------------------------------------------------------------
@@ -288,6 +300,10 @@ class _Run:
             if loop is None or loop.group[:1] != group.path[:1]:
                 raise ExecutionError(f"op {op.name!r}: plan's loop {loop} is not in group "
                                      f"{list(group.path)}")
+            if op.merges_output:  # tiles, accumulators and buffers are boxes of the output
+                raise ExecutionError(f"op {op.name!r} writes {op.out} through a merge of dims, "
+                                     f"but the plan runs it in loop group {list(group.path)}; "
+                                     "an op writing through a merge runs outside loop nests")
             loops[op.name] = loop
         self.levels = {i.op: i.level for i in group.inits}
         self._run_items(group, loop_tree(group.ops, loops), (), self.written)
@@ -459,6 +475,44 @@ class _Run:
                 for c in boxes:
                     reg = written[(t, c)]
                     full[_slices(reg)] = self.mem.view(tile_buf, _extent(reg), dtype, c)
+
+
+def _written_part(op: Op, held: np.ndarray, box: Box) -> np.ndarray:
+    """The elements ``op`` writes over ``box`` within ``held``, a packed array of the box's
+    bounding region of the output (``region(op.out, box)``), in the layout of the output as
+    written (``Op.split_out``): ``held`` itself, but for a merged write a strided view (a
+    merged axis is a stride per dim, ``64*h+d``: 64 rows and 1; where an inner dim is split,
+    the part leaves gaps in its bounding region, which hold other cores' elements).
+
+    >>> from apportion.ir.op import Access
+    >>> op = Op.build("m", "copy", Access.parse("y[t,4*h+d]"), (Access.parse("x[t,h,d]"),),
+    ...               {"t": 2, "h": 3, "d": 4})
+    >>> held = np.arange(2 * 7).reshape(2, 7)  # y[0:2, 1:8]: h in 0..1, d in 1..3
+    >>> _written_part(op, held, {"t": (0, 2), "h": (0, 2), "d": (1, 4)})[1].tolist()
+    [[7, 8, 9], [11, 12, 13]]
+    """
+    if not op.merges_output:
+        return held
+    assert held.flags.c_contiguous, "a scratchpad part is packed"
+    shape, strides = [], []
+    for e, ds, step in zip(op.out.index, op.out_digits, _row_strides(held), strict=True):
+        if not ds:  # a literal 0: one element
+            shape.append(1)
+            strides.append(0)
+        for d in ds:
+            shape.append(box[d][1] - box[d][0])
+            strides.append(e.coeff(d) * step)
+    return np.lib.stride_tricks.as_strided(held, tuple(shape), tuple(strides))
+
+
+def _row_strides(a: np.ndarray) -> list[int]:
+    """Row-major strides in bytes of a packed array's shape (numpy's own may differ on size-1
+    axes)."""
+    out, step = [], a.itemsize
+    for n in reversed(a.shape):
+        out.append(step)
+        step *= n
+    return out[::-1]
 
 
 def _fallback_tile(op: Op, program: Program, env: Mapping[str, np.ndarray], box: Box

@@ -15,7 +15,11 @@ How an op runs:
   ``x[2*i, j]``, ``x[o+k, c]``), so its elements over a box are ``Tensor.as_strided`` of the
   stored tensor, with one stride per op dim (0 for dims the access does not read). A core
   writes its piece of the output through the same kind of view, in place: the cores of an op
-  write disjoint elements.
+  write disjoint elements. An output written through a merge of dims (``y[t, 64*h+d]``) is
+  written through its split view (``Op.split_out``: ``y[t, h, d]`` of the output viewed as
+  ``Op.split_shape``, a view of the contiguous output, as the reference's ``split_view``), so
+  a core's piece, its partials and their combination are in that layout, whatever the box
+  cuts of the merged axis.
 - Matmul and convolution: ``torch.matmul`` where the op is ``(batch, m, k) @ (batch, k, n)``
   (each operand read in that dim order, each group of dims merged), else ``torch.einsum``
   over the views; BLAS either way. Pointwise and layout kinds: their registry semantics
@@ -472,6 +476,9 @@ def _step(op: Op, program: Program, plan: Plan, params: Mapping[str, int] | None
     kind = op.kind
     out_t = program.tensor(op.out.tensor)
     in_types = [program.tensor(a.tensor) for a in op.ins]
+    # the output as written: a merged axis split into one axis per dim (a view of the
+    # contiguous output; the same strides as the merge's terms)
+    written, written_shape = op.split_out, op.split_shape(out_t.shape)
     compute = _compute_dtype([t.dtype for t in in_types], kind.category is Category.MATMUL)
     common = {"op": op, "reads": tuple(a.tensor for a in op.ins), "out": op.out.tensor,
               "out_dtype": out_t.dtype, "out_shape": out_t.shape, "compute": compute,
@@ -506,12 +513,13 @@ def _step(op: Op, program: Program, plan: Plan, params: Mapping[str, int] | None
                      box_reads=tuple((_view(op.ins[0], in_types[0].shape, order_a, b, True),
                                       _view(op.ins[1], in_types[1].shape, order_b, b, True))
                                      for b in boxes),
-                     box_writes=tuple(_view(op.out, out_t.shape, order_out, b) for b in boxes),
+                     box_writes=tuple(_view(written, written_shape, order_out, b)
+                                      for b in boxes),
                      box_scales=tuple(math.prod(b[d][1] - b[d][0] for d in red if d not in read)
                                       for b in boxes), **common)
     box_reads = tuple(tuple(_view(a, t.shape, dims, b, squeeze=matmul)
                             for a, t in zip(op.ins, in_types, strict=True)) for b in boxes)
-    box_writes = tuple(_view(op.out, out_t.shape, par, b) for b in boxes)
+    box_writes = tuple(_view(written, written_shape, par, b) for b in boxes)
     common |= {"box_reads": box_reads, "box_writes": box_writes}
     if kind.name in ("copy", "relayout"):  # elements moved, maybe cast: one copy_
         return _Step(mode="copy", **common)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from apportion.errors import ExecutionError
-from apportion.frontend.json_format import load
+from apportion.frontend.json_format import from_dict, load
 from apportion.passes.pipeline import plan
 from apportion.plans.serialize import from_json, to_json
 from apportion.runtime import compare, random_inputs, run_unplanned
@@ -210,3 +210,75 @@ def test_bfloat16_is_stored_in_16_bits_exactly():
     x = round_bf16(np.array([1.0, -3.5, 1e-3, np.inf], dtype=np.float32))
     raw = encode(x, "bfloat16")
     assert raw.dtype == np.uint16 and np.array_equal(decode(raw, "bfloat16"), x)
+
+
+# --- outputs written through a merge of dims ---------------------------------------------------
+
+def declared(tensors, inputs, ops, outputs, **extra):
+    """A program with every tensor declared, a merged write's output too."""
+    return from_dict({"format": "apportion.program/1", "name": "merged",
+                      "tensors": {n: {"shape": s, "dtype": d} for n, (s, d) in tensors.items()},
+                      "inputs": inputs, "outputs": outputs, "ops": ops, **extra})
+
+
+def merged_after_a_nest(**extra):
+    """Two ops tiled by rows, then ``g[256*i+j]`` (the rows flattened) and a reader of ``g``
+    through the same merge (so ``g`` may stay on chip)."""
+    return declared({"x": ([8, 256], "float16"), "g": ([2048], "float16")}, ["x"],
+                    [{"name": "u0", "op": "exp", "out": "t0[i,j]", "ins": ["x[i,j]"]},
+                     {"name": "u1", "op": "neg", "out": "t1[i,j]", "ins": ["t0[i,j]"]},
+                     {"name": "mg", "op": "exp", "out": "g[256*i+j]", "ins": ["t1[i,j]"]},
+                     {"name": "z", "op": "neg", "out": "z[i,j]", "ins": ["g[256*i+j]"],
+                      "dims": {"i": 8, "j": 256}}],
+                    ["t1", "z"], tiling=[{"ops": ["u0", "u1"], "loops": [{"count": 2,
+                                                                            "dims": ["i"]}]}],
+                    **extra)
+
+
+@pytest.mark.parametrize(("cores", "splits"), [
+    (1, None), (8, None), (32, None), (8, {"i": 2, "j": 2}), (32, {"i": 1, "j": 4})],
+    ids=["1", "8", "32", "8-both-digits", "32-inner-digit"])
+def test_merged_writes_outside_a_nest_run_in_device_memory_and_scratchpads(cores, splits):
+    """The merged write and its reader run outside the nest through ``run_tiled``: into the
+    full buffer, or each core's part in its scratchpad, also where the cores split the merge's
+    inner digit and a part is no box of ``g`` (it has gaps that other cores fill)."""
+    pins = {} if splits is None else {"work_division": {"mg": splits, "z": splits}}
+    p = merged_after_a_nest(**pins)
+    assert p.op("mg").merges_output and p.op("z").ins[0] == p.op("mg").out
+    spaces = set()
+    for scratch in (None, 128):  # 128 bytes: g in device memory
+        target = spyre(cores=cores)
+        if scratch is not None:
+            target = dataclasses.replace(target, scratchpad_bytes=scratch)
+        pl = plan(p, target)
+        assert pl.op("mg").loop is None and pl.groups[0].ops == ("u0", "u1")
+        spaces.add(pl.buffer("g").space)
+        for threads in (None, 4):
+            check(p, pl, threads)
+    assert spaces == {"lx", "hbm"}, spaces
+
+
+def test_a_merged_write_in_a_loop_nest_is_refused():
+    """The planner keeps merged writes out of loop nests; a plan that has one anyway (here: of
+    the same program with ``y`` written one axis per dim) is refused, naming the op."""
+    tensors = {"x": ([8, 4, 64], "float16")}
+    ops = [{"name": "m", "op": "exp", "out": "y[t,h,d]", "ins": ["x[t,h,d]"]},
+           {"name": "e", "op": "neg", "out": "z[t,h,d]", "ins": ["y[t,h,d]"]}]
+    tiling = [{"ops": ["m", "e"], "loops": [{"count": 2, "dims": ["t"]}]}]
+    pl = plan(program(tensors, ops, ["z"], tiling=tiling), spyre(cores=8))
+    merged = declared({**tensors, "y": ([8, 256], "float16"), "z": ([8, 4, 64], "float16")},
+                      ["x"], [{**ops[0], "out": "y[t,64*h+d]"}, {**ops[1], "ins": ["y[t,64*h+d]"]}],
+                      ["z"])
+    assert merged.op("m").merges_output
+    with pytest.raises(ExecutionError, match=r"op 'm' writes y\[t, 64\*h\+d\] through a merge "
+                                             r"of dims, but the plan runs it in loop group"):
+        run_tiled(merged, pl, random_inputs(merged))
+
+
+def test_a_merged_output_read_by_other_cores_than_wrote_it_stays_in_device_memory():
+    """The producer splits the merge's inner digit, the reader its outer one: a reader core's
+    box lies inside the bounding box of a producer core's part but holds the other's elements."""
+    p = merged_after_a_nest(work_division={"mg": {"i": 1, "j": 2}, "z": {"i": 2, "j": 1}})
+    pl = plan(p, spyre(cores=2))
+    assert pl.buffer("g").space == "hbm"
+    check(p, pl, None)

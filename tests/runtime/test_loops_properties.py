@@ -8,6 +8,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.frontend.json_format import from_dict
 from apportion.passes.geometry import divisors
 from apportion.passes.pipeline import plan
 from apportion.runtime import compare, random_inputs, run_unplanned
@@ -23,7 +24,8 @@ REDUCE = ["sum", "max", "min", "mean"]
 
 @st.composite
 def tiled_programs(draw):
-    """A chain over [m, n] with a random contiguous group and 1-2 loop levels."""
+    """A chain over [m, n] with a random contiguous group and 1-2 loop levels; sometimes
+    followed, outside the nest, by a write through a merge of dims and a read of it."""
     dtype = draw(st.sampled_from(sorted(DTYPES)))
     eps = DTYPES[dtype]
     m = draw(st.sampled_from([1, 2, 4, 6, 8, 16, 32]))
@@ -74,7 +76,22 @@ def tiled_programs(draw):
     if symbolic:
         loops[0] = {**loops[0], "count": "T"}
     tiling = [{"ops": [o["name"] for o in group], "loops": loops}]
-    return program(tensors, ops, [cur], tiling=tiling), params
+    merge = draw(st.sampled_from([None, "rows", "columns"]))
+    if merge is None:
+        return program(tensors, ops, [cur], tiling=tiling), params
+    # after the nest (merged writes stay outside loop nests): the result flattened through a
+    # merge of dims, rows or columns outermost, and read back through the same merge (so g
+    # may stay in the cores' scratchpads)
+    flat = f"{n}*i+j" if merge == "rows" else f"{m}*j+i"
+    ops += [{"name": "mg", "op": draw(st.sampled_from(UNARY)), "out": f"g[{flat}]",
+             "ins": [f"{cur}[i,j]"]},
+            {"name": "rd", "op": "neg", "out": "r[i,j]", "ins": [f"g[{flat}]"],
+             "dims": {"i": m, "j": n}}]
+    declared = {name: {"shape": s, "dtype": d} for name, (s, d) in tensors.items()}
+    return from_dict({"format": "apportion.program/1", "name": "t",
+                      "tensors": {**declared, "g": {"shape": [m * n], "dtype": dtype}},
+                      "inputs": list(tensors), "outputs": [cur, "r"], "ops": ops,
+                      "tiling": tiling}), params
 
 
 @settings(max_examples=30, deadline=None,

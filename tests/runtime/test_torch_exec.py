@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 from pathlib import Path
 
@@ -19,6 +20,7 @@ torch = pytest.importorskip("torch")
 
 import apportion as ap  # noqa: E402
 from apportion.errors import ExecutionError, PlanningError, ProgramError  # noqa: E402
+from apportion.frontend.json_format import from_dict  # noqa: E402
 from apportion.planned import PlannedProgram  # noqa: E402
 from apportion.runtime import torch_exec  # noqa: E402
 from apportion.runtime.execute import run_planned  # noqa: E402
@@ -198,6 +200,169 @@ def test_fill_conv_pooling_topk_and_relayout():
     planned = ap.plan(relayout, ap.targets.spyre(cores=8))
     assert [o.name for o in planned.program.ops] == ["y.relayout0", "a"]
     check(planned, threads=4)
+
+
+# --- outputs written through a merge of dims ---------------------------------------------------
+
+def declared(tensors: dict, inputs: list[str], ops: list[dict], outputs: list[str],
+             **extra) -> ap.Program:
+    """A program with every tensor declared, a merged write's output too."""
+    return from_dict({"format": "apportion.program/1", "name": extra.pop("name", "merged"),
+                      "tensors": {n: {"shape": s, "dtype": d} for n, (s, d) in tensors.items()},
+                      "inputs": inputs, "outputs": outputs, "ops": ops, **extra})
+
+
+def merged_program(case: str, cores: int) -> ap.Program:
+    """One kind of op writing its output through a merge of dims, then a reader of it."""
+    f32 = "float32"
+    if case == "pointwise":  # heads side by side: a reshape of x, exp'd
+        return declared({"x": ([8, 4, 64], f32), "y": ([8, 256], f32), "z": ([8, 256], f32)},
+                        ["x"], [{"name": "m", "op": "exp", "out": "y[t,64*h+d]",
+                                 "ins": ["x[t,h,d]"]},
+                                {"name": "e", "op": "neg", "out": "z[t,j]", "ins": ["y[t,j]"]}],
+                        ["z"])
+    if case in ("matmul", "einsum", "split-k"):  # per head q @ w, the heads merged
+        q = ([8, 4, 256, 2], f32) if case == "einsum" else ([8, 4, 256], f32)
+        qa = "q[t,h,k,e]" if case == "einsum" else "q[t,h,k]"  # e: only q reads it
+        extra = {"split_k": {"mm": 4}} if case == "split-k" and cores >= 4 else {}
+        return declared({"q": q, "w": ([4, 256, 64], f32), "o": ([8, 256], f32)}, ["q", "w"],
+                        [{"name": "mm", "op": "matmul", "out": "o[t,64*h+d]",
+                          "ins": [qa, "w[h,k,d]"]},
+                         {"name": "e", "op": "relu", "out": "r[t,j]", "ins": ["o[t,j]"]}],
+                        ["o", "r"], **extra)
+    if case == "reductions":  # each merged: a split reduction combines per output slice
+        x = {"x": ([8, 4, 64, 96], f32)}
+        outs = {f"{fn}": ([8, 256], "int64" if fn == "argmax" else f32)
+                for fn in ("sum", "mean", "max", "argmax")}
+        return declared({**x, **outs}, ["x"],
+                        [{"name": fn, "op": fn, "out": f"{fn}[t,64*h+d]", "ins": ["x[t,h,d,k]"]}
+                         for fn in outs], list(outs))
+    if case == "several-axes":  # y[16*c+d, 8*a+b]: both axes merged, the digits permuted
+        return declared({"x": ([4, 8, 2, 16], f32), "y": ([32, 32], f32),
+                         "z": ([32, 32], f32)}, ["x"],
+                        [{"name": "m", "op": "sigmoid", "out": "y[16*c+d,8*a+b]",
+                          "ins": ["x[a,b,c,d]"]},
+                         {"name": "e", "op": "neg", "out": "z[i,j]", "ins": ["y[j,i]"]}], ["z"])
+    assert case == "size-one-digits"  # u of size 1 in a merge, any coefficient; a literal 0
+    return declared({"x": ([8, 1, 4, 64], f32), "y": ([1, 8, 256], f32)}, ["x"],
+                    [{"name": "m", "op": "copy", "out": "y[0,t,7*u+64*h+d]",
+                      "ins": ["x[t,u,h,d]"]},
+                     {"name": "s", "op": "sum", "out": "s[t,0]", "ins": ["y[0,t,j]"]}],
+                    ["y", "s"])
+
+
+MERGED = ("pointwise", "matmul", "einsum", "split-k", "reductions", "several-axes",
+          "size-one-digits")
+
+
+@pytest.mark.parametrize("threads", THREADS)
+@pytest.mark.parametrize("cores", CORES)
+@pytest.mark.parametrize("case", MERGED)
+def test_merged_writes_match_the_reference_executor(case, cores, threads):
+    planned = ap.plan(merged_program(case, cores), ap.targets.spyre(cores=cores))
+    merged = [op for op in planned.program.ops if op.merges_output]
+    assert merged, planned.program.ops
+    if case == "split-k" and cores >= 4:  # the partials and their sum both write merged
+        assert {op.name for op in merged} == {"mm.partial", "mm.combine"}
+    modes = {s.op.name: s.mode for s in TorchExecutor(planned.program, planned.plan).schedule()}
+    want = {"matmul": "mm", "einsum": "matmul", "reductions": "reduce", "pointwise":
+            "elementwise", "several-axes": "elementwise", "size-one-digits": "copy"}
+    for op in merged:  # torch kernels, never numpy
+        assert modes[op.name] == want.get(case, modes[op.name]) != "numpy", modes
+    check(planned, threads)
+
+
+@pytest.mark.parametrize("case", ["pointwise", "matmul", "reductions", "several-axes",
+                                  "size-one-digits"])
+def test_merged_writes_over_uneven_splits_of_their_digits(case):
+    """Every split dim of the merged op redrawn: uneven (4 heads over 3 cores: 2, 1, 1), the
+    inner digit split (a core's piece of the merged axis is no range of it), the reduction
+    split (partials combined per output slice)."""
+    planned = ap.plan(merged_program(case, 8), ap.targets.spyre(cores=32))
+    splits: dict[str, dict[str, int]] = {}
+    for o in planned.plan.ops:
+        if planned.program.op(o.name).merges_output:
+            used = 1
+            for d, u in o.unit_map.items():  # up to 3 slices a dim, within the 32 cores
+                splits.setdefault(o.name, {})[d] = n = min(u, 3, 32 // used)
+                used *= n
+    planned = resplit(planned, splits)
+    assert all(o.cores > 1 for o in planned.plan.ops if o.name in splits)
+    for threads in THREADS:
+        check(planned, threads)
+
+
+@st.composite
+def merged_programs(draw) -> ap.Program:
+    """One op writing through merges of dims (digits of random sizes, size 1 among them, in any
+    order, grouped into merged axes, maybe a literal 0 axis): pointwise, a reduction or a
+    matmul; then an op reading its output plainly. Its splits are pinned at random half the
+    time (uneven, inner digits, the reduction)."""
+    dt = draw(st.sampled_from(["float16", "bfloat16", "float32"]))
+    kind = draw(st.sampled_from(["pointwise", "reduction", "matmul"]))
+    names = "abcd"[:draw(st.integers(2, 4))]
+    sizes = {d: draw(st.sampled_from([1, 2, 3, 4, 8, 64])) for d in names}
+    dims = dict(sizes)
+    par = list(names)
+    fn = draw(st.sampled_from({"pointwise": ["exp", "neg", "relu", "copy", "silu"],
+                               "reduction": ["sum", "mean", "max", "argmax"],
+                               "matmul": ["matmul"]}[kind]))
+    x = [f"x[{','.join(names)}]"]
+    tensors = {"x": ([sizes[d] for d in names], dt)}
+    if kind == "reduction":
+        par.remove(draw(st.sampled_from(names)))
+        assume(par)
+    elif kind == "matmul":
+        dims["k"], dims["n"] = draw(st.sampled_from([16, 64])), draw(st.sampled_from([1, 8, 64]))
+        tensors = {"x": ([*tensors["x"][0], dims["k"]], dt), "w": ([dims["k"], dims["n"]], dt)}
+        x = [f"x[{','.join(names)},k]", "w[k,n]"]
+        par.append("n")
+    assume(len(par) >= 2 and math.prod(dims.values()) <= 1 << 16)
+    order = draw(st.permutations(par))
+    groups = [[order[0]]]
+    for d in order[1:]:  # each digit merged into the axis before it, or a new axis
+        if draw(st.booleans()):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    assume(any(len(g) > 1 for g in groups))
+    index, shape = [], []
+    for g in groups:
+        terms = [(d, math.prod(dims[e] for e in g[i + 1:])) for i, d in enumerate(g)]
+        index.append("+".join(d if c == 1 else f"{c}*{d}" for d, c in terms))
+        shape.append(math.prod(dims[d] for d in g))
+    if draw(st.booleans()):  # a literal 0 axis
+        at = draw(st.integers(0, len(index)))
+        index.insert(at, "0")
+        shape.insert(at, 1)
+    out_dt = "int64" if fn == "argmax" else dt
+    plain = [f"p{i}" for i in range(len(shape))]
+    p = declared({**tensors, "y": (shape, out_dt)}, list(tensors),
+                 [{"name": "m", "op": fn, "out": f"y[{','.join(index)}]", "ins": x},
+                  {"name": "e", "op": "neg", "out": f"z[{','.join(plain)}]",
+                   "ins": [f"y[{','.join(plain)}]"]}], ["y", "z"])
+    assert p.op("m").merges_output
+    return p
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(merged_programs(), st.sampled_from(CORES), st.sampled_from(THREADS), st.booleans(),
+       st.data())
+def test_random_merged_writes(p, cores, threads, redraw, data):
+    try:
+        planned = ap.plan(p, ap.targets.spyre(cores=cores))
+    except (PlanningError, ProgramError):
+        assume(False)
+        return
+    if redraw:  # the merged op's splits redrawn within its units and the cores
+        m = planned.plan.op("m")
+        splits, used = {}, 1
+        for d, u in m.unit_map.items():
+            splits[d] = data.draw(st.integers(1, max(1, min(u, 4, cores // used))))
+            used *= splits[d]
+        planned = resplit(planned, {"m": splits})
+    check(planned, threads, seed=1)
 
 
 # --- generated programs ------------------------------------------------------------------------
