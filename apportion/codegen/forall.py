@@ -46,6 +46,12 @@ slices cut from the run-time sizes as ``dim_slices`` cuts them (a thread past th
 gets an empty slice), and a forall whose shared output has a run-time size one linear thread id
 (IREE cannot size a dynamic tensor that nested loops carry).
 
+An op writing its output through a merge of dims (``y[t, 64*h+d]``) writes the split view of
+its destination: a ``tensor.expand_shape`` into ``Op.split_shape`` (the row-major reshape), the op
+then as one writing ``y[t, h, d]``, and a ``tensor.collapse_shape`` back
+(``codegen.forall_merge``); its split reductions, accumulators and loop tiles are those of the
+split view.
+
 A kind the registry gives no MLIR body raises ``EmitError`` naming the op and the kind.
 
 >>> import apportion as ap
@@ -69,6 +75,7 @@ from apportion.codegen.forall_fallback import _CONSTRUCTIONS, _Fallbacks
 from apportion.codegen.forall_index import Ix as Ix
 from apportion.codegen.forall_index import IxLike as IxLike
 from apportion.codegen.forall_index import Key as Key
+from apportion.codegen.forall_merge import _MergedWrites, merges, written
 from apportion.codegen.forall_sizes import Sizes
 from apportion.codegen.forall_split_reduction import _SplitReductions
 from apportion.codegen.forall_tensors import Box as Box
@@ -139,7 +146,7 @@ def thread_slices(n: int, per: int, split: int, dynamic: bool = False) -> list[t
             for s in range(split)]
 
 
-class _Function(_SplitReductions, _Fallbacks):
+class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
     """The whole function: ops outside loops, each op over a tile (one forall over its
     split dims), and loop groups."""
 
@@ -244,6 +251,10 @@ class _Function(_SplitReductions, _Fallbacks):
            carried: _Carried | None) -> TensorVal:
         """Emit ``op`` over ``tile`` writing into ``dest`` (the accumulator when ``carried``
         accumulates); returns the new value of ``dest``."""
+        if merges(op):  # the op writing the split view of dest (codegen.forall_merge)
+            view = self.split_view(blk, op, dest)
+            new = self.op(blk, written(op), opl, tile, view, env, carried)
+            return self.merge_view(blk, op, new, dest)
         kind = op.kind
         if kind.category is Category.FALLBACK:
             return self.fallback(blk, op, dest, env)
@@ -377,12 +388,15 @@ class _Function(_SplitReductions, _Fallbacks):
                 loop = plans[c.op.name].loop
                 assert loop is not None
                 box = self.tile(inner, c.op, loop, ivs, counts)
-                region = self.out_region(c.op, box)
+                split = written(c.op)  # a merged write resets its split view
+                view = self.split_view(inner, c.op, c.val)
+                region = self.out_region(split, box)
                 shape = [ext for _, ext, lit in region if not lit]
                 assert c.op.kind.reducer is not None
                 f = self.filled(inner, f"{c.tensor}_reset", shape, c.val.elt,
                                 c.op.kind.reducer.identity)
-                c.val = self.insert(inner, f, c.val, region, parallel=False)
+                view = self.insert(inner, f, view, region, parallel=False)
+                c.val = self.merge_view(inner, c.op, view, c.val)
         if level + 1 < len(counts):
             vals = self.loop(inner, group, ops, plans, counts, ivs, current, env)
         else:
@@ -413,14 +427,18 @@ class _Function(_SplitReductions, _Fallbacks):
                 if not c.accumulates:
                     local.vals[c.tensor] = c.val
                 continue
-            region = self.out_region(op, tile)
+            # a merged write makes its tile split (codegen.forall_merge)
+            split = written(op)
+            region = self.out_region(split, tile)
             out_t = self.program.tensor(op.out.tensor)
             # static: a run-time tile size is bounded by the whole dim (see split_reduction)
             shape = [ext if ext.is_const else Ix(n)
-                     for (_, ext, _), n in zip(region, out_t.shape, strict=True)]
+                     for (_, ext, _), n in zip(region, op.split_shape(out_t.shape),
+                                               strict=True)]
             dest = self.empty(blk, f"{op.out.tensor}_tile", shape, mlir_type(out_t.dtype),
                               [lo for lo, _, _ in region])
-            local.vals[op.out.tensor] = self.op(blk, op, opl, tile, dest, local, None)
+            piece = self.op(blk, split, opl, tile, dest, local, None)
+            local.vals[op.out.tensor] = self.merged_tile(blk, op, piece)
         return [c.val for c in carried]
 
 

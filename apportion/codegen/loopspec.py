@@ -18,6 +18,11 @@ steps the loops need:
 
 Accumulators carry their own dtype (``TensorArg.dtype`` float32) and device layout.
 
+An output written through a merge of dims (``y[t, 64*h+d]``) is addressed through the merge as
+an input's sum index is: device coordinates ``(h * 64 + d) floordiv 64`` and ``... mod 64``,
+a tile stride of 64 elements per step of ``h``. One core's part of a scratchpad tile along a
+merged axis split over cores has no layout: a launch that moves within it raises ``EmitError``.
+
 Within a loop, a tensor's per-tile buffer of that group wins; otherwise the launch addresses the
 whole tensor and its tile's address moves with the loops (``TensorArg.tile_strides``). A tile
 buffer living in fewer loops than the launch (an outer op's tile read in an inner loop, an inner
@@ -258,6 +263,12 @@ def _per_core(plan: Plan, program: Program, tensor: str, shape: tuple[int, ...]
     out = []
     for e, n in zip(producer.out.index, shape, strict=True):
         d = e.single_dim
+        if d is None and any(splits.get(x, 1) > 1 for x in e.dims):
+            raise EmitError(
+                f"op {producer.name!r} writes tensor {tensor!r} through the merge "
+                f"{e.to_source()} split over cores, and its scratchpad tile is read in loops "
+                "deeper than the tile: one core's part of a merged axis has no scratchpad layout "
+                "(ops that write through a merge run outside loop nests)")
         if d is None or splits.get(d, 1) == 1:
             out.append(n)
         else:

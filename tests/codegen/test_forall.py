@@ -1,6 +1,7 @@
 """The parallel IR (scf.forall on tensors): golden text, every example verified, the threads'
-slice geometry against plans.views, structure, kinds it refuses, and sequential schedules of a
-forall (any order of cores gives the same numbers)."""
+slice geometry against plans.views, structure, writes through a merge of dims (split views and
+the tiles it refuses), kinds it refuses, and sequential schedules of a forall (any order of
+cores gives the same numbers)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,17 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.cli.main import main
-from apportion.codegen.forall import Ix, forall_mlir, supported, thread_slices, verify_mlir
+from apportion.codegen.forall import (
+    Ix,
+    TensorVal,
+    _Function,
+    forall_mlir,
+    supported,
+    thread_slices,
+    verify_mlir,
+)
+from apportion.codegen.forall_block import _Block
+from apportion.codegen.forall_merge import reassociation, written
 from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict, to_dict
 from apportion.ir.kinds import KINDS
@@ -27,6 +38,13 @@ from apportion.runtime.reference import (
     random_inputs,
     run_op_boxes,
     run_sliced,
+)
+from tests.codegen.merged import (
+    EXAMPLE,
+    looped_program,
+    merged_program,
+    plan_in_loops,
+    split_k_program,
 )
 from tests.helpers import program
 
@@ -137,9 +155,13 @@ ELEMS = {"float16": 64, "bfloat16": 64, "float32": 32, "int8": 128, "int32": 32,
 
 
 @st.composite
-def small_programs(draw):
+def small_programs(draw, merge: bool | None = None):
     """One matmul, reduction or broadcasting pointwise op over small random shapes and dtypes,
-    with the reduction dim's split pinned (a split reduction) half the time."""
+    with the reduction dim's split pinned (a split reduction) half the time. Half the time
+    (always with ``merge``, never with ``merge=False``) the op writes its output through a
+    merge of dims: a matmul or pointwise op ``y[i, n*h+j]`` (or ``y[m*h+i, j]``) over operands
+    with one more axis h, a reduction ``y[g*i+h]``; h (of size 1 to 3) split over cores
+    sometimes."""
     kind = draw(st.sampled_from(["matmul", "reduction", "pointwise"]))
     dtypes = {"matmul": ["float16", "bfloat16", "float32", "int32", "int64"],
               "reduction": ["float16", "bfloat16", "float32", "int8", "int32", "bool"],
@@ -149,33 +171,46 @@ def small_programs(draw):
     split = draw(st.sampled_from([1, 2, 3, 4]))
     pad = draw(st.sampled_from([0, 1, ELEMS[dt] - 1]))  # a padded last stick
     length = max(1, ELEMS[dt] * split * draw(st.integers(1, 2)) - pad)
+    merged = draw(st.booleans()) if merge is None else merge
+    g = draw(st.integers(1, 3)) if merged else 1
+    h, gh = (["h"], [g]) if merged else ([], [])  # the merged digit's index and size
     if kind == "matmul":
         n = draw(st.integers(1, 3 * ELEMS[dt]))
-        p = program({"x": ([m, length], dt), "w": ([length, n], dt)},
-                    [{"name": "op", "op": "matmul", "out": "y[i,j]",
-                      "ins": ["x[i,r]", "w[r,j]"]}], ["y"])
+        out = f"y[i,{n}*h+j]" if merged else "y[i,j]"
+        p = program({"x": ([m, *gh, length], dt), "w": ([*gh, length, n], dt)},
+                    [{"name": "op", "op": "matmul", "out": out,
+                      "ins": [f"x[{','.join(['i', *h, 'r'])}]",
+                              f"w[{','.join([*h, 'r', 'j'])}]"]}], ["y"])
         red: str | None = "r"
     elif kind == "reduction":
         floats = dt in ("float16", "bfloat16", "float32")  # integer products overflow
         fn = draw(st.sampled_from(["sum", "mean", "max", "min", "any", "argmax"]
                                   + (["prod"] if floats else [])))
-        out = "y[i]" if fn == "argmax" else "y[i,0]"
-        p = program({"x": ([m, length], dt)},
-                    [{"name": "op", "op": fn, "out": out, "ins": ["x[i,j]"]}], ["y"])
+        row = f"{g}*i+h" if merged else "i"
+        out = f"y[{row}]" if fn == "argmax" else f"y[{row},0]"
+        p = program({"x": ([m, *gh, length], dt)},
+                    [{"name": "op", "op": fn, "out": out,
+                      "ins": [f"x[{','.join(['i', *h, 'j'])}]"]}], ["y"])
         red = "j"
     else:
         fn = draw(st.sampled_from(["add", "mul", "max", "sub", "eq", "lt", "where"]))
         n = draw(st.integers(1, 3 * ELEMS[dt]))
-        tensors = {"x": ([m, n], dt), "z": ([1, n], dt)}
-        ins = ["x[i,j]", "z[0,j]"]
+        at = ",".join(["i", *h, "j"])
+        tensors = {"x": ([m, *gh, n], dt), "z": ([1, *gh, n], dt)}
+        ins = [f"x[{at}]", f"z[{','.join(['0', *h, 'j'])}]"]
         if fn == "where":
-            tensors["c"] = ([m, n], "bool")
-            ins = ["c[i,j]", *ins]
-        p = program(tensors, [{"name": "op", "op": fn, "out": "y[i,j]", "ins": ins}], ["y"])
+            tensors["c"] = ([m, *gh, n], "bool")
+            ins = [f"c[{at}]", *ins]
+        out = "y[i,j]"
+        if merged:
+            out = f"y[{m}*h+i,j]" if draw(st.booleans()) else f"y[i,{n}*h+j]"
+        p = program(tensors, [{"name": "op", "op": fn, "out": out, "ins": ins}], ["y"])
         red = None
     pins = {red: split} if red is not None and split > 1 else {}
     if draw(st.booleans()):
         pins["i"] = draw(st.integers(1, 3))
+    if merged and draw(st.booleans()):
+        pins["h"] = draw(st.sampled_from([k for k in range(1, g + 1) if g % k == 0]))
     if pins:
         d = to_dict(p)
         d["work_division"] = {"op": pins}
@@ -326,6 +361,88 @@ def test_cli_emit_forall(capsys):
     text = capsys.readouterr().out
     verify_mlir(text)
     assert "scf.for %i0" in text and "scf.forall" in text
+
+
+# --- outputs written through a merge of dims ---------------------------------------------------
+
+def test_a_merged_write_expands_its_destination_and_collapses_it_back():
+    planned = ap.plan(from_dict(EXAMPLE), ap.targets.spyre(cores=8))
+    text = planned.forall_mlir()  # verifies
+    assert ("%y_split = tensor.expand_shape %y_init [[0], [1, 2]] output_shape [8, 4, 64] : "
+            "tensor<8x256xf32> into tensor<8x4x64xf32>") in text
+    # the forall writes the split view with the split index, one thread per t
+    assert re.search(r"scf\.forall \(%m_t\) in \(8\) shared_outs\(%y_shared = %y_split\) -> "
+                     r"\(tensor<8x4x64xf32>\)", text)
+    assert "tensor.parallel_insert_slice %y_1 into %y_shared[%m_t, 0, 0][1, 4, 64]" in text
+    assert "tensor.collapse_shape %y [[0], [1, 2]] : tensor<8x4x64xf32> into tensor<8x256xf32>" \
+        in text
+    # the consumer reads y as a plain [8, 256] tensor
+    assert re.search(r"tensor\.extract_slice %y_\d+\[%\w+, 0\]\[1, 256\]", text)
+
+
+@pytest.mark.parametrize("cores", [1, 8, 32])
+def test_every_merged_write_emits_verified_ir(cores):
+    planned = ap.plan(merged_program(), ap.targets.spyre(cores=cores))
+    text = planned.forall_mlir()  # verifies
+    merging = [op for op in planned.program.ops if op.merges_output]
+    assert text.count("tensor.expand_shape") == text.count("tensor.collapse_shape") == \
+        len(merging)
+    # several merged axes in one output; size-1 digits stay axes of the split view
+    assert "tensor<6x256xbf16> into tensor<2x3x4x64xbf16>" in text
+    assert "[[0], [1, 2, 3]] output_shape [8, 4, 64, 1]" in text
+    assert "[[0], [1, 2]] output_shape [8, 32, 1]" in text
+
+
+def test_split_k_partials_written_through_a_merge_emit_verified_ir():
+    planned = ap.plan(split_k_program(), ap.targets.spyre(cores=32))
+    assert planned.op("mm.partial").split_k is not None
+    text = planned.forall_mlir()
+    assert "tensor<4x4x128xf32> into tensor<4x4x2x64xf32>" in text  # the partials, split
+    assert "tensor<4x128xf16> into tensor<4x2x64xf16>" in text  # the combine's output
+
+
+def test_a_size_one_dim_with_a_coefficient_is_written_as_its_dim():
+    # y[t, 3*u] with u of size 1 writes through no merge but needs the split view's index
+    p = program({"x": ([8, 1], "float32")},
+                [{"name": "m", "op": "exp", "out": "y[t,3*u]", "ins": ["x[t,u]"]}], ["y"])
+    planned = ap.plan(p, ap.targets.spyre(cores=2))
+    op = written(p.ops[0])
+    assert str(op.out) == "y[t, u]" and reassociation(p.ops[0]) == [[0], [1]]
+    text = planned.forall_mlir()  # verifies
+    assert "expand_shape" not in text and "affine_map<(d0, d1) -> (d0, d1)>" in text
+
+
+def test_merged_writes_in_loop_nests_emit_verified_ir():
+    planned = plan_in_loops(looped_program(), ap.targets.spyre(cores=8))
+    assert len(planned.groups) == 4
+    text = planned.forall_mlir()
+    # one iteration's tile of t: made split, collapsed to a [32, 256] tile of y
+    assert "tensor.collapse_shape %y [[0], [1, 2]] : tensor<32x4x64xf16> into " \
+        "tensor<32x256xf16>" in text
+    # the accumulator's reset inside the outer loop fills the split view's tile
+    assert re.search(r"%s_reset\w* = linalg\.fill .* -> tensor<8x4x64xf32>", text)
+
+
+def test_a_loop_tile_that_cuts_an_inner_digit_of_a_merge_is_refused():
+    planned = ap.plan(from_dict(EXAMPLE), ap.targets.spyre(cores=8))
+    fn = _Function(planned.program, planned.plan)
+    blk = _Block(fn, 1)
+    op = planned.program.op("m")
+    # a tile of 2 values of h but half of d: no contiguous part of y's axis 1
+    view = TensorVal("%v", (Ix(8), Ix(2), Ix(32)), "f32", (Ix(0), Ix(2), Ix(32)))
+    with pytest.raises(EmitError, match=r"op 'm' writes tensor 'y' through a merge of dims on "
+                                        r"axis 1 \(64\*h\+d\), but its loop tile takes 2 values "
+                                        r"of dim 'h' and only part of dim 'd'"):
+        fn.merged_tile(blk, op, view)
+    # a tile of one h and part of d is contiguous: origin 64*2 + 32
+    one = fn.merged_tile(blk, op, TensorVal("%v", (Ix(8), Ix(1), Ix(32)), "f32",
+                                            (Ix(0), Ix(2), Ix(32))))
+    assert one.shape == (Ix(8), Ix(32)) and one.origin == (Ix(0), Ix(160))
+    part = TensorVal("%p", (Ix(8), Ix(128)), "f32", (Ix(0), Ix(128)))
+    with pytest.raises(EmitError, match=r"op 'm' writes tensor 'y' through a merge of dims on "
+                                        r"axis 1 \(64\*h\+d\), but its destination holds only a "
+                                        r"part of that axis"):
+        fn.split_view(blk, op, part)
 
 
 # --- index geometry --------------------------------------------------------------------------

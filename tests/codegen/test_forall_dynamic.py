@@ -1,7 +1,8 @@
 """The parallel IR of programs with run-time sizes: one function for every size (``?`` dims read
 with ``tensor.dim``, split-K slices from an ``arith.select`` chain, slices cut from the run-time
 sizes), compiled once by IREE and run at sizes that take different branches of the chain,
-against the given program run unplanned at those sizes.
+against the given program run unplanned at those sizes; ops writing through a merge of dims
+among them.
 
 Each compiled module costs about half a second, so these are a handful of small programs, each
 compiled once (a module cache per test) and run at two or three sizes.
@@ -69,6 +70,20 @@ PARALLEL = {
     "ops": [{"name": "mm", "op": "matmul", "out": "y[m,n]", "ins": ["x[m,k]", "w[k,n]"]},
             {"name": "r", "op": "relu", "out": "z[m,n]", "ins": ["y[m,n]"]}]}
 
+
+#: writes through a merge of dims beside run-time sizes: a matmul whose K is split at run time
+#: (on gpu a select chain) writing its partials and result through 64*h+d, and an exp writing
+#: through 64*h+d over a run-time M (a merged write itself never has a run-time size)
+MERGED = {
+    "name": "dmerge", "symbols": {"K": {"max": 65536}, "M": {"max": 64}},
+    "tensors": {"a": {"shape": ["M", 2, "K"], "dtype": "float32"},
+                "b": {"shape": [2, "K", 64], "dtype": "float32"},
+                "x": {"shape": ["M", 4, 64], "dtype": "float32"},
+                "o": {"shape": ["M", 128], "dtype": "float32"},
+                "y": {"shape": ["M", 256], "dtype": "float32"}},
+    "inputs": ["a", "b", "x"], "outputs": ["o", "y"],
+    "ops": [{"name": "mm", "op": "matmul", "out": "o[t,64*h+d]", "ins": ["a[t,h,k]", "b[h,k,d]"]},
+            {"name": "m", "op": "exp", "out": "y[t,64*h+d]", "ins": ["x[t,h,d]"]}]}
 
 def planned(doc: dict, target: str = "gpu", cores: int | None = None) -> PlannedProgram:
     return ap.plan(from_dict(doc), ap.targets.resolve(target, cores))
@@ -200,6 +215,17 @@ def test_a_run_time_parallel_dim(tmp_path):
                                       "tensor<64x32xf32>) -> tensor<?x32xf32> {")
     run_at(p, [{"M": 512}, {"M": 37}, {"M": 1}], tmp_path)
 
+
+@pytest.mark.parametrize("target", ["gpu", "spyre"])
+def test_merged_writes_beside_run_time_sizes(target, tmp_path):
+    p = planned(MERGED, target)
+    text = p.forall_mlir()  # verifies
+    assert "tensor.expand_shape %y_init [[0], [1, 2]] output_shape [%M, 4, 64] : " \
+        "tensor<?x256xf32> into tensor<?x4x64xf32>" in text
+    if target == "gpu":  # the partials of a run-time slice count, split
+        assert p.plan.op("mm.partial").split_k.select is not None
+        assert "tensor<?x?x128xf32> into tensor<?x?x2x64xf32>" in text
+    run_at(p, [{"K": 40960, "M": 5}, {"K": 1000, "M": 64}, {"K": 3, "M": 1}], tmp_path)
 
 # --- the entry points ---------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""LoopSpec programs: structure, tensors, addresses, and source / JSON round trips."""
+"""LoopSpec programs: structure, tensors, addresses, source / JSON round trips, and writes
+through a merge of dims run by a simulator of the specs (``tests.codegen.spec_sim``)."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +12,7 @@ from apportion.codegen.loopspec import (
     LoopSpec,
     OpSpec,
     TensorArg,
+    _per_core,
     from_json,
     from_source,
     loopspec,
@@ -19,8 +21,21 @@ from apportion.codegen.loopspec import (
 )
 from apportion.codegen.specs import walk
 from apportion.errors import EmitError
+from apportion.frontend.json_format import from_dict
+from apportion.planned import PlannedProgram
 from apportion.plans.plan import Plan
 from apportion.plans.tiles import iterations, tile_box
+from apportion.runtime import kernels
+from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from tests.codegen.merged import (
+    EXAMPLE,
+    SIMULATED,
+    looped_program,
+    merged_program,
+    plan_in_loops,
+    split_k_program,
+)
+from tests.codegen.spec_sim import simulate
 from tests.helpers import program
 
 ROOT = Path(__file__).parents[2]
@@ -196,9 +211,12 @@ def check_origins(prog: ap.Program, plan: Plan, specs) -> None:
             continue
         op = prog.op(spec.name)
         counts = tuple(int(c) for c in loop.count)
+        # an accumulating op reads its accumulator after its inputs
+        accesses = (*op.ins, op.out, op.out) if len(spec.args) == len(op.ins) + 2 else (
+            *op.ins, op.out)
         for index in iterations(counts):
             box = tile_box(full_sizes(prog, op.name), loop, index, counts, op.name)
-            for arg, acc in zip(spec.args, (*op.ins, op.out), strict=True):
+            for arg, acc in zip(spec.args, accesses, strict=True):
                 if arg.per_tile_fixed:
                     continue
                 t = prog.tensor(acc.tensor)
@@ -274,3 +292,108 @@ def test_consumer_after_the_nest_reads_the_finished_result_not_the_accumulator()
     act = ops_of(planned.loopspec())[-1]
     assert act.name == "act" and (act.args[0].address, act.args[0].dtype) == (full.offset,
                                                                               "float16")
+
+
+# --- writes through a merge of dims, run by the spec simulator ---------------------------------
+
+def simulated(planned: PlannedProgram, specs=None, seed: int = 0) -> list:
+    """The checks of every output of ``specs`` (the plan's LoopSpec program) run by the
+    simulator against the program run unplanned on the same inputs."""
+    p = planned.program
+    inputs = random_inputs(p, seed)
+    out = simulate(p, planned.plan, planned.target,
+                   planned.loopspec() if specs is None else specs, inputs)
+    got = {**inputs, **{n: kernels.to_storage(v, p.tensor(n).dtype) for n, v in out.items()}}
+    return compare(run_unplanned(p, inputs), got, p)
+
+
+def test_the_simulator_runs_loop_nests_tiles_and_accumulators():
+    # the simulator itself, on programs without merges: tiles in the scratchpad, a tile copied
+    # out, an accumulator reset, combined and finished
+    small = {t: ([64, 256], "float16") for t in "abc"}
+    progs = [program(small, FUSED_OPS, ["z", "y"], tiling=[
+        {"ops": ["add", "mul"], "loops": [{"count": 2, "dims": ["m"]},
+                                          {"count": 2, "dims": ["n"]}]}]),
+             program(small, FUSED_OPS, ["z", "y"], tiling=[
+                 {"ops": ["add", "mul"], "loops": [{"count": 4, "dims": ["m"]}]}]),
+             program({"x": ([64, 256], "float16"), "w": ([256, 128], "float16")},
+                     [{"name": "mm", "op": "matmul", "out": "h[m,n]",
+                       "ins": ["x[m,k]", "w[k,n]"]}], ["h"],
+                     tiling=[{"ops": ["mm"], "loops": [{"count": 2, "dims": ["m"]},
+                                                       {"count": 4, "dims": ["k"]}]}])]
+    for prog in progs:
+        checks = simulated(ap.plan(prog, target=ap.targets.spyre(cores=8)))
+        assert checks and all(c.ok for c in checks), checks
+
+
+@pytest.mark.parametrize("cores", [1, 8, 32])
+def test_merged_writes_simulated_from_their_loopspec_match_the_reference(cores):
+    planned = ap.plan(merged_program(SIMULATED), target=ap.targets.spyre(cores=cores))
+    checks = simulated(planned, seed=cores)
+    assert checks and all(c.ok for c in checks), checks
+    assert from_json(to_json(planned.loopspec())) == planned.loopspec()
+
+
+@pytest.mark.parametrize("cores", [8, 32])
+def test_split_k_partials_through_a_merge_simulate_to_the_reference(cores):
+    planned = ap.plan(split_k_program(), target=ap.targets.spyre(cores=cores))
+    assert [s.name for s in ops_of(planned.loopspec())] == ["mm.partial", "mm.combine"]
+    checks = simulated(planned)
+    assert checks and all(c.ok for c in checks), checks
+
+
+def test_a_merged_write_is_addressed_through_the_merge_in_the_device_layout():
+    planned = ap.plan(from_dict(EXAMPLE), target=ap.targets.spyre(cores=8))
+    m, e = ops_of(planned.loopspec())
+    y = m.args[1]
+    assert (y.tensor, y.is_input) == ("y", False)
+    # y[8, 256] float32: sticks of 32 of its last axis, rows, elements of a stick
+    assert y.device_size == (8, 8, 32)
+    assert y.device_coordinates == ("(h * 64 + d) floordiv 32", "t", "(h * 64 + d) mod 32")
+    assert e.args[0].device_coordinates == ("j floordiv 32", "t", "j mod 32")
+    assert e.args[0].allocation == y.allocation
+
+
+def test_the_simulator_fails_a_wrong_merged_address():
+    planned = ap.plan(from_dict(EXAMPLE), target=ap.targets.spyre(cores=8))
+    specs = planned.loopspec()
+
+    def with_output_coordinates(coords):
+        m, e = specs
+        y = replace(m.args[1], device_coordinates=coords)
+        return (replace(m, args=(m.args[0], y)), e)
+
+    # the digits swapped: every element written once, but to the wrong place
+    swapped = with_output_coordinates(("(d * 4 + h) floordiv 32", "t", "(d * 4 + h) mod 32"))
+    assert not all(c.ok for c in simulated(planned, swapped))
+    with pytest.raises(AssertionError, match="outside"):  # a stride past the axis
+        simulated(planned, with_output_coordinates(("(h * 65 + d) floordiv 32", "t",
+                                                     "(h * 65 + d) mod 32")))
+    with pytest.raises(AssertionError, match="written twice"):  # h dropped
+        simulated(planned, with_output_coordinates(("d floordiv 32", "t", "d mod 32")))
+
+
+@pytest.mark.parametrize("cores", [1, 8])
+def test_merged_writes_in_loop_nests_reach_each_tile_origin(cores):
+    # plans the planner refuses (an op writing through a merge stays outside loop nests)
+    prog = looped_program(symbolic=False)
+    planned = plan_in_loops(prog, ap.targets.spyre(cores=cores))
+    assert len(planned.groups) == 4
+    specs = planned.loopspec()
+    check_origins(prog, planned.plan, specs)
+    checks = simulated(planned, specs)
+    assert checks and all(c.ok for c in checks), checks
+
+
+def test_one_cores_part_of_a_merged_scratchpad_tile_is_refused():
+    # on 32 cores r splits h; its scratchpad accumulator, read in the loop deeper than it,
+    # moves within one core's part of it, which a merged axis does not define
+    planned = plan_in_loops(looped_program(symbolic=False), ap.targets.spyre(cores=32))
+    assert planned.op("r").split_map["h"] > 1
+    assert planned.plan.buffer("s", "accumulator").space == "lx"
+    with pytest.raises(EmitError, match=r"op 'r' writes tensor 's' through the merge 64\*h\+d "
+                                        r"split over cores, and its scratchpad tile is read in "
+                                        r"loops deeper than the tile"):
+        planned.loopspec()
+    eight = ap.plan(from_dict(EXAMPLE), target=ap.targets.spyre(cores=8))  # only t split
+    assert _per_core(eight.plan, eight.program, "y", (8, 256)) == (1, 256)

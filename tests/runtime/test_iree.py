@@ -2,12 +2,14 @@
 
 Each compiled module costs 0.5 to 2 s, so the default suite compiles about a dozen (every
 example but the 400 MB lm_head, an uneven split, split reductions, a coarse-tiled program with
-an accumulator and a symbolic count, every dtype, a few random programs); the sweeps over every
-kind and many random programs are ``slow``. Modules are cached in a folder of the session.
+an accumulator and a symbolic count, every dtype, writes through a merge of dims on 1, 8 and 32
+cores, a few random programs); the sweeps over every kind and many random programs are
+``slow``. Modules are cached in a folder of the session.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,13 @@ from apportion.ir.kinds import FLOATS, KINDS, Category
 from apportion.planned import PlannedProgram
 from apportion.runtime import iree
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from tests.codegen.merged import (
+    EXAMPLE,
+    looped_program,
+    merged_program,
+    plan_in_loops,
+    split_k_program,
+)
 from tests.codegen.test_forall import (
     golden,
     plan_small,
@@ -257,6 +266,61 @@ def test_every_kind(dtype, cache):
     outs.append("mm")
     check(ap.plan(program(tensors, ops, outs, name=f"kinds_{dtype}"),
                   ap.targets.spyre(cores=4)), cache)
+
+
+# --- outputs written through a merge of dims ----------------------------------------------------
+
+@pytest.mark.parametrize("cores", [1, 8, 32])
+def test_merged_writes_match_the_reference(cores, cache):
+    """Pointwise, matmul, reductions (sum, max beside a literal 0, argmax) writing through a
+    merge, several merged axes in one output, size-1 digits, and a consumer of a merged tensor;
+    split over cores (the reductions' k on 8 and 32) as the planner picks."""
+    planned = ap.plan(merged_program(), ap.targets.spyre(cores=cores))
+    if cores > 1:
+        assert planned.op("mm").cores > 1 and planned.op("am").split_map["k"] > 1
+    check(planned, cache, seed=cores)
+
+
+@pytest.mark.parametrize("cores", [8, 32])
+def test_split_k_partials_written_through_a_merge(cores, cache):
+    planned = ap.plan(split_k_program(), ap.targets.spyre(cores=cores))
+    assert planned.op("mm.partial").split_k.factor == 4
+    check(planned, cache)
+
+
+def test_merged_writes_in_loop_nests(cache):
+    """A fresh tile per iteration, a carried tile of the merge's outer dim, an accumulator reset
+    inside the outer loop and one over a symbolic count, all through merges (plans the planner
+    refuses, emitted as given)."""
+    planned = plan_in_loops(looped_program(), ap.targets.spyre(cores=8))
+    check(planned, cache, {"T": 2})
+
+
+@settings(max_examples=3, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
+                                 HealthCheck.function_scoped_fixture])
+@given(small_programs(merge=True), st.integers(1, 32), st.integers(0, 3))
+def test_random_merged_writes(cache, p, cores, seed):
+    check(plan_small(p, cores), cache, seed=seed)
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
+                                 HealthCheck.function_scoped_fixture])
+@given(small_programs(merge=True), st.integers(1, 32), st.integers(0, 3))
+def test_many_random_merged_writes(cache, p, cores, seed):
+    check(plan_small(p, cores), cache, seed=seed)
+
+
+def test_cli_emits_and_runs_a_merged_write(cache, tmp_path, capsys):
+    path = tmp_path / "merge.json"
+    path.write_text(json.dumps(EXAMPLE))
+    assert main(["emit", str(path), "--cores", "8", "--forall"]) == 0
+    assert "tensor.expand_shape" in capsys.readouterr().out
+    for cores in ("1", "8", "32"):
+        assert main(["run", str(path), "--cores", cores, "--backend", "iree", "--check"]) == 0
+        assert "matches the unplanned program" in capsys.readouterr().out
 
 
 # --- the upstream crash this backend works around ------------------------------------------------
