@@ -638,7 +638,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seed", type=_int_at_least(0), default=0,
                    help="seed of the random inputs (default 0)")
     r.add_argument("--param", action="append", metavar="NAME=COUNT",
-                   help="value of a symbolic loop count, e.g. --param T=4 (repeatable)")
+                   help="value of a symbolic loop count, e.g. --param T=4 (repeatable); with "
+                        "--mesh, a symbolic mesh axis size (dp=N~4) or run-time size to bind")
     r.add_argument("--backend", choices=("reference", "iree", "dtensor"), default="reference",
                    help="reference: numpy, core slice by core slice; iree: the parallel IR "
                         "(emit --forall) compiled and run by IREE on the CPU; dtensor (with "
@@ -664,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     shard_cli.add_mesh_options(e)
     e.add_argument("--param", action="append", metavar="NAME=SIZE",
                    help="a run-time size to emit the loop bundle or LoopSpec at, e.g. "
-                        "--param K=4096 (repeatable)")
+                        "--param K=4096 (repeatable); with --mesh, a symbolic mesh axis size")
     e.set_defaults(func=cmd_emit)
     shard_cli.add_parser(sub, _common)
     b = sub.add_parser("bench", help="benchmarks: workdiv, tiling, costmodel, scale, splitk, "

@@ -13,7 +13,10 @@
   ``--shard`` asks for the shard dialect, which the MLIR bindings lack (the error says so).
 
 ``--mesh`` takes a spec (``dp=2,tp=4``, ``tp=4@chiplet:peered``), a preset name or a TOML
-file; without it a ``--target`` TOML file with a ``[mesh]`` table gives the mesh.
+file; without it a ``--target`` TOML file with a ``[mesh]`` table gives the mesh. An axis size
+may be symbolic (``dp=N~4``: planned at 4): the plan is made at the planning size, and
+``--param N=2`` binds it for the per-device programs (``run``, ``emit``; ``shard`` then
+counts them at that size). ``--param`` also binds a program's run-time sizes before sharding.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ def add_mesh_options(p: argparse.ArgumentParser) -> None:
     """``--mesh``, ``--method``, ``--outputs`` of the commands that shard."""
     p.add_argument("--mesh", default=None, metavar="SPEC",
                    help="shard over a device mesh: dp=2,tp=4 (an axis may add @node, "
-                        "@device or @chiplet and :peered), a preset (spyre-x8, ...) or a "
+                        "@device or @chiplet and :peered; a symbolic size dp=N~4 is planned "
+                        "at 4 and bound by --param N=SIZE), a preset (spyre-x8, ...) or a "
                         "TOML file")
     p.add_argument("--method", choices=METHODS, default="search",
                    help="with --mesh: search every op's strategy (integer program) or "
@@ -63,6 +67,9 @@ def add_parser(sub: Any, common: Any) -> None:
     common(s)
     add_mesh_options(s)
     s.add_argument("--format", choices=("table", "json"), default="table")
+    s.add_argument("--param", action="append", metavar="NAME=SIZE",
+                   help="a symbolic mesh axis size (dp=N~4) to unroll the per-device programs "
+                        "at, or a run-time size of the program, e.g. --param N=2 (repeatable)")
     s.set_defaults(func=cmd_shard)
 
 
@@ -107,8 +114,59 @@ def _target(args: argparse.Namespace, mesh: Mesh) -> Target:
     return resolve(args.target, args.cores)
 
 
+def _params(args: argparse.Namespace) -> dict[str, int]:
+    """``--param NAME=SIZE`` values; the syntax only."""
+    out: dict[str, int] = {}
+    for text in getattr(args, "param", None) or []:
+        name, eq, value = text.partition("=")
+        name = name.strip()
+        if not eq or not name.isidentifier():
+            raise ShardUsageError(f"--param {text!r}: expected NAME=SIZE, such as --param N=2")
+        try:
+            size = int(value)
+        except ValueError:
+            raise ShardUsageError(f"--param {text!r}: size {value!r} is not an integer"
+                                  ) from None
+        if name in out:
+            raise ShardUsageError(f"--param {name} given twice ({name}={out[name]}, "
+                                  f"{name}={size})")
+        out[name] = size
+    return out
+
+
+def _bind_program(program: Program, params: dict[str, int], mesh: Mesh) -> Program:
+    """``program`` with its run-time sizes bound by ``params``; a name neither it nor the mesh
+    has is refused, as is a run-time size left unbound."""
+    from apportion.errors import ProgramError
+
+    syms = program.symbol_map
+    for name in params:
+        if name not in syms and name not in mesh.symbols:
+            mesh_syms = ", ".join(mesh.symbols) or "none"
+            raise ShardUsageError(f"--param {name}: not a symbolic size of mesh {mesh.name!r} "
+                                  f"(its symbolic sizes: {mesh_syms}) nor a run-time size of "
+                                  f"program {program.name!r} (its: "
+                                  f"{', '.join(syms) or 'none'})")
+    if not syms:
+        return program
+    missing = [n for n in syms if n not in params]
+    if missing:
+        flags = " ".join(f"--param {n}=SIZE" for n in missing)
+        raise ShardUsageError(f"program {program.name!r} has run-time sizes "
+                              f"{', '.join(missing)}; sharding needs static sizes: pass {flags}")
+    try:
+        return program.bind({n: v for n, v in params.items() if n in syms})
+    except ProgramError as e:
+        raise ShardUsageError(f"--param: {e}") from None
+
+
+def mesh_sizes(plan: ShardingPlan, args: argparse.Namespace) -> dict[str, int]:
+    """The ``--param`` values that size the plan's mesh axes."""
+    return {n: v for n, v in _params(args).items() if n in plan.mesh.symbols}
+
+
 def sharding_plan(args: argparse.Namespace) -> ShardingPlan:
-    """The plan the options ask for."""
+    """The plan the options ask for (at the planning size of a symbolic mesh)."""
     from apportion.sharding.propagate import propagate
     from apportion.sharding.search import search
 
@@ -119,6 +177,7 @@ def sharding_plan(args: argparse.Namespace) -> ShardingPlan:
                               "device's programs are planned with the balanced strategy")
     program, ann = _load(args.program)
     mesh = _mesh(args)
+    program = _bind_program(program, _params(args), mesh)
     target = _target(args, mesh)
     if args.method == "propagate":
         if args.outputs != "any":
@@ -129,15 +188,19 @@ def sharding_plan(args: argparse.Namespace) -> ShardingPlan:
 
 def cmd_shard(args: argparse.Namespace, console: Console) -> int:
     plan = sharding_plan(args)
+    sizes = mesh_sizes(plan, args)
     if args.format == "json":
+        plan.bind(sizes)  # a bad --param is refused here too
         print(json.dumps(plan.to_dict(), indent=1))
         return 0
-    print_plan(plan, console)
+    print_plan(plan, console, sizes)
     return 0
 
 
-def print_plan(plan: ShardingPlan, console: Console) -> None:
-    """The plan's table, summary and per-device programs."""
+def print_plan(plan: ShardingPlan, console: Console, sizes: dict[str, int] | None = None
+               ) -> None:
+    """The plan's table, summary and per-device programs (a symbolic mesh's at ``sizes``)."""
+    from apportion.sharding.rules import Finish
     from apportion.sharding.unroll import unroll
 
     p = plan.program
@@ -172,24 +235,35 @@ def print_plan(plan: ShardingPlan, console: Console) -> None:
                       f"{stats.get('cost_evaluations')} cost evaluations; solved in "
                       f"{plan.solve_s:.3f} s (integer program {stats.get('ilp_s')} s, "
                       f"{stats.get('status')})", highlight=False, soft_wrap=True)
-    u = unroll(plan)
+    if plan.mesh.symbolic and not sizes:
+        flags = " ".join(f"--param {s}=SIZE" for s in plan.mesh.symbols)
+        console.print(f"per-device programs: once the mesh's sizes are bound ({flags})",
+                      highlight=False)
+        return
+    u = unroll(plan, sizes)
     stages = u.devices[0].stages
     segs = len(u.devices[0].segments)
-    console.print(f"per-device programs: {len(u.devices)} devices, {len(stages)} stages each "
-                  f"({segs} compute segments, {len(stages) - segs} collectives), "
-                  f"{u.distinct_segments} distinct segment programs", highlight=False)
+    fins = sum(isinstance(s, Finish) for s in stages)
+    at = f" at {', '.join(f'{k}={v}' for k, v in (sizes or {}).items())}" if sizes else ""
+    console.print(f"per-device programs{at}: {len(u.devices)} devices, {len(stages)} stages "
+                  f"each ({segs} compute segments, {len(stages) - segs - fins} collectives"
+                  + (f", {fins} finishes" if fins else "") +
+                  f"), {u.distinct_segments} distinct segment programs", highlight=False)
 
 
 def cmd_run_sharded(args: argparse.Namespace, console: Console,
                     print_checks: Callable[..., int]) -> int:
     """``run --mesh``: the per-device programs run and (``--check``) compared;
     ``print_checks`` prints the comparison (``cli/main.py``'s)."""
-    if args.param:
-        raise ShardUsageError("--param does not apply with --mesh: sharding needs static sizes")
     if args.backend not in ("reference", "dtensor"):
         raise ShardUsageError(f"--backend {args.backend} does not run sharded programs; with "
                               "--mesh: reference or dtensor")
-    plan = sharding_plan(args)
+    planned = sharding_plan(args)
+    sizes = mesh_sizes(planned, args)
+    plan = planned.bind(sizes)
+    if planned.mesh.symbolic:
+        console.print(f"mesh sizes: {', '.join(f'{k}={v}' for k, v in sizes.items())} "
+                      f"(planned at {planned.mesh.planning_text()})", highlight=False)
     label = f"{plan.program.name} over {plan.mesh} ({plan.method}, {args.backend})"
     if args.backend == "dtensor":
         if args.threads is not None:
@@ -229,10 +303,8 @@ def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
     from apportion.sharding.mlir import per_device_mlir, sharded_mlir
     from apportion.sharding.unroll import unroll
 
-    if args.param:
-        raise ShardUsageError("--param does not apply with --mesh: sharding needs static sizes")
     plan = sharding_plan(args)
-    u = unroll(plan)
+    u = unroll(plan, mesh_sizes(plan, args))
     if args.shard:
         print(sharded_mlir(u), end="")
         return 0

@@ -9,7 +9,9 @@ completes the user's annotations along the ops' indexing maps; ``search`` choose
 strategy as an integer program (HiGHS) for the least predicted time within each device's
 memory. ``unroll`` turns a plan into one ordinary program per device with collective steps
 between, runnable with the reference executor and numpy collectives; ``run_dtensor`` runs it
-with one process per device on ``torch.distributed``; ``per_device_mlir`` emits it.
+with one process per device on ``torch.distributed``; ``per_device_mlir`` emits it. A mesh axis
+size may be symbolic (``dp=N~4``): plans are made at its planning size, and ``unroll`` and
+``run_dtensor`` bind it (``sizes={"N": 2}``, ``ShardingPlan.bind``).
 
 Modules: ``mesh`` (meshes, presets, TOML), ``spec`` (shardings, annotations, ``ap.shard``),
 ``collectives`` (resharding steps, their cost, numpy collectives), ``rules`` (per-op
@@ -32,6 +34,7 @@ from apportion.sharding.mlir import sharded_mlir as sharded_mlir
 from apportion.sharding.plan import ShardingPlan as ShardingPlan
 from apportion.sharding.plan import Transfer as Transfer
 from apportion.sharding.propagate import propagate as propagate
+from apportion.sharding.rules import Finish as Finish
 from apportion.sharding.rules import Strategy as Strategy
 from apportion.sharding.rules import make_strategy as make_strategy
 from apportion.sharding.rules import op_strategies as op_strategies
@@ -46,7 +49,7 @@ from apportion.sharding.unroll import DeviceProgram as DeviceProgram
 from apportion.sharding.unroll import Unrolled as Unrolled
 from apportion.sharding.unroll import unroll as unroll
 
-__all__ = ["PRESETS", "Axis", "Collective", "DeviceProgram", "Link", "Mesh", "Sharding",
+__all__ = ["PRESETS", "Axis", "Collective", "DeviceProgram", "Finish", "Link", "Mesh", "Sharding",
            "ShardingPlan", "Step", "Strategy", "Transfer", "Unrolled", "annotations_of",
            "check_dtensor", "load", "load_toml", "loads", "make_strategy", "op_strategies",
            "parse_mesh", "per_device_mlir", "propagate", "resolve_mesh", "run_dtensor", "search",

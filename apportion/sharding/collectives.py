@@ -12,6 +12,11 @@ each, in this order:
    ``all_reduce``;
 4. ``slice``: a dim ``dst`` splits further than the data is is cut locally (no communication).
 
+A partial ``argmax`` waits as int64 keys, each packing a (value, global flat index) pair so that
+the larger key is the larger value, then the lower index (``argmax_keys``): its reductions are
+reductions by max of 8-byte elements, priced as such, and the step that reduces its last
+partial axis unpacks the index (``argmax_index``).
+
 A step's time is that of a ring collective over the axis's devices, ``n - 1`` messages (twice
 for an all-reduce) plus the bytes each device receives over the axis's link bandwidth: an
 all-gather receives the ``(n - 1) / n`` of the result it lacks, a reduce-scatter and an
@@ -42,6 +47,38 @@ from apportion.sharding.mesh import Mesh
 from apportion.sharding.spec import Sharding, chunk
 
 KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice")
+
+#: value dtypes whose argmax pairs pack into one int64 key (their values fit 32 bits in order)
+KEYED_DTYPES = frozenset({"float16", "bfloat16", "float32", "int8", "int32"})
+#: the largest flat reduction index a key holds
+MAX_KEYED_INDEX = (1 << 32) - 1
+_LOW = np.int64(MAX_KEYED_INDEX)
+
+
+def argmax_keys(values: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """(value, flat index) pairs as int64 keys: the high 32 bits order the values (floats by
+    their float32 bits made monotonic, NaN above everything and every NaN alike, -0 as +0;
+    ints as they are), the low 32 bits hold ``MAX_KEYED_INDEX - index``. So the largest key is
+    the largest value and, among equal values, the lowest index: numpy's first maximum.
+
+    >>> k = argmax_keys(np.array([1.0, 3.0, 3.0, np.nan], np.float32), np.array([0, 5, 2, 9]))
+    >>> [argmax_index(k[i:i + 1]).item() for i in range(4)], int(np.argmax(k[:3]))
+    ([0, 5, 2, 9], 2)
+    """
+    values = np.asarray(values)
+    if values.dtype.kind == "f":
+        v = values.astype(np.float32)
+        v = np.where(np.isnan(v), np.float32(np.nan), v + np.float32(0.0))  # one NaN; -0 -> +0
+        bits = v.view(np.int32).astype(np.int64)
+        high = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    else:
+        high = values.astype(np.int64)
+    return (high << 32) | (_LOW - np.asarray(index, dtype=np.int64))
+
+
+def argmax_index(keys: np.ndarray) -> np.ndarray:
+    """The flat indices packed in ``argmax_keys``' keys."""
+    return _LOW - (np.asarray(keys, dtype=np.int64) & _LOW)
 
 
 @dataclass(frozen=True)
@@ -213,6 +250,9 @@ def _cut(a: np.ndarray, dim: int, parts: int, index: int) -> np.ndarray:
 
 def _reduce(step: Step, parts: list[np.ndarray], dtype: str) -> np.ndarray:
     assert step.reducer is not None
+    if step.reducer == "argmax":  # packed keys: the larger wins; unpacked once fully reduced
+        keys = functools.reduce(np.maximum, parts)
+        return keys if step.dst.partial else argmax_index(keys)
     r = REDUCERS[step.reducer]
     total = functools.reduce(lambda p, q: r.combine(kernels.XP, p, q), parts)
     return kernels.to_storage(np.asarray(total), dtype)

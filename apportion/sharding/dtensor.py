@@ -10,11 +10,13 @@ shape; device ``d`` is rank ``d``, row-major), and then, on every rank:
   plan's wrapper cuts (``Sharding.block``: the same cuts as PyTorch's);
 * runs the schedule of ``unroll``: each resharding step as ``DTensor.redistribute`` to the
   step's placements (``Partial(reduce_op)`` for pending reductions: ``sum``, ``max``, ``min``,
-  ``product``; an ``any`` waits as ``max`` over 0/1 bytes), and each op either as the torch op
-  on the DTensors themselves (2-D and batched matmuls, elementwise ops whose operands are read
-  alike), whose own sharding propagation must then give the planned placement, or on the
-  local shards with the rank's per-device op (the numpy reference) wrapped back with
-  ``DTensor.from_local``;
+  ``product``; an ``any`` waits as ``max`` over 0/1 bytes, an ``argmax`` as ``max`` over its
+  packed int64 keys, unpacked to indices on each rank by the step that reduces its last
+  partial axis), and each op either as the torch op on the DTensors themselves (2-D and
+  batched matmuls, elementwise ops whose operands are read alike), whose own sharding
+  propagation must then give the planned placement, or on the local shards with the rank's
+  per-device ops and finish (``rules.local_ops``: the numpy reference; a mean or argmax split
+  over devices ends with its ``Finish``) wrapped back with ``DTensor.from_local``;
 * asserts after every step and op that the DTensor's placements, global shape and local shape
   are the planned ones;
 * gathers every output (``full_tensor``); rank 0 hands them back to the parent, which compares
@@ -25,6 +27,9 @@ ranks, and on the first that fails it kills the others and raises an ``Execution
 the rank, the op it was at and the error. A run that outlives ``timeout_s`` is killed the same
 way; the process group's own timeout is as long, so a rank blocked in a collective never waits
 for ever. ``fault`` injects a failure on one rank at one op (``raise`` or ``kill``), for tests.
+
+A plan on a mesh with symbolic axis sizes runs once they are bound (``sizes``, as ``unroll``
+takes them); an unbound one is refused before any process starts.
 
 Needs the ``torch`` extra. A dim split over several axes must list them in mesh order (PyTorch
 nests the cuts of several mesh dims on one tensor dim in mesh order). Peered axes run the same
@@ -49,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from apportion.errors import ExecutionError
+from apportion.errors import ExecutionError, TargetError
 from apportion.frontend.json_format import dumps, loads
 from apportion.ir.op import Op
 from apportion.ir.program import Program
@@ -61,16 +66,17 @@ from apportion.runtime.reference import (
     random_inputs,
     run_unplanned,
 )
-from apportion.sharding.collectives import Step
+from apportion.sharding.collectives import Step, argmax_index
 from apportion.sharding.plan import ShardingPlan
-from apportion.sharding.rules import local_op
+from apportion.sharding.rules import local_ops
 from apportion.sharding.spec import Sharding
 from apportion.sharding.unroll import _schedule, _step_names
 
 #: torch functions for elementwise kinds run on DTensors directly
 _POINTWISE = ("add", "sub", "mul", "div", "max", "min", "exp", "neg", "tanh", "sigmoid",
               "relu", "silu", "gelu", "sqrt", "rsqrt", "abs", "log", "square")
-_TORCH_REDUCE = {"sum": "sum", "max": "max", "min": "min", "prod": "product", "any": "max"}
+_TORCH_REDUCE = {"sum": "sum", "max": "max", "min": "min", "prod": "product", "any": "max",
+                 "argmax": "max"}
 
 
 @dataclass(frozen=True)
@@ -106,17 +112,26 @@ def _free_port() -> int:
 
 
 def run_dtensor(plan: ShardingPlan, inputs: Mapping[str, Any] | None = None, seed: int = 0,
-                timeout_s: float = 120.0, fault: Mapping[str, Any] | None = None) -> DistRun:
-    """Run ``plan`` on ``torch.distributed`` (see the module docstring); returns the outputs."""
-    return run_dtensor_many([plan], [inputs], seed, timeout_s, fault)[0]
+                timeout_s: float = 120.0, fault: Mapping[str, Any] | None = None,
+                sizes: Mapping[str, int] | None = None) -> DistRun:
+    """Run ``plan`` on ``torch.distributed`` (see the module docstring); returns the outputs.
+    ``sizes`` binds the symbolic axis sizes of its mesh."""
+    return run_dtensor_many([plan], [inputs], seed, timeout_s, fault, sizes)[0]
 
 
 def run_dtensor_many(plans: Sequence[ShardingPlan],
                      inputs: Sequence[Mapping[str, Any] | None] | None = None, seed: int = 0,
-                     timeout_s: float = 120.0, fault: Mapping[str, Any] | None = None
-                     ) -> list[DistRun]:
+                     timeout_s: float = 120.0, fault: Mapping[str, Any] | None = None,
+                     sizes: Mapping[str, int] | None = None) -> list[DistRun]:
     """Several plans over meshes of one device count, one after another in one launch of the
-    processes (PyTorch is imported once per rank)."""
+    processes (PyTorch is imported once per rank); ``sizes`` binds each one's mesh (the sizes
+    it names)."""
+    given = dict(sizes or {})
+    known = {s for p in plans for s in p.mesh.symbols}
+    if set(given) - known:
+        name = sorted(set(given) - known)[0]
+        raise TargetError(f"no mesh of the plans has a symbolic size {name!r}")
+    plans = [p.bind({k: v for k, v in given.items() if k in p.mesh.symbols}) for p in plans]
     try:
         import torch.multiprocessing as mp
     except ImportError:
@@ -361,6 +376,11 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
             src, dst = _step_names(tr, k)
             at(f"at {step} of tensor {tr.tensor!r}")
             env[dst] = env[src].redistribute(dmesh, _placements(step.dst, names))
+            if step.reducer == "argmax" and not step.dst.partial:  # the keys fully reduced
+                keys = env[dst]
+                env[dst] = DTensor.from_local(
+                    torch.from_numpy(argmax_index(keys.to_local().numpy())), dmesh,
+                    keys.placements, run_check=False, shape=keys.shape, stride=keys.stride())
             expect(env[dst], step.dst, tr.tensor, str(step))
             continue
         op = program.ops[item]
@@ -379,13 +399,16 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
         if out is not None:
             native.append(op.name)
         else:
-            lop, types = local_op(op, program, mesh, shard.strategy, coords, shard.reads)
-            lprog = Program("local", tuple(types.values()),
-                            tuple(dict.fromkeys(a.tensor for a in lop.ins)), (lop.out.tensor,),
-                            (lop,))
+            lops, types, finish = local_ops(op, program, mesh, shard.strategy, coords,
+                                            shard.reads)
             local_env = {r: _to_numpy(env[r].to_local(), types[r].dtype)
                          for r in dict.fromkeys(shard.reads)}
-            res = np.asarray(evaluate_op(lop, lprog, local_env))
+            for lop in lops:
+                ins = tuple(dict.fromkeys(a.tensor for a in lop.ins))
+                lprog = Program("local", tuple(types[n] for n in (*ins, lop.out.tensor)), ins,
+                                (lop.out.tensor,), (lop,))
+                local_env[lop.out.tensor] = np.asarray(evaluate_op(lop, lprog, local_env))
+            res = finish.run(local_env) if finish is not None else local_env[op.out.tensor]
             dtype = program.tensor(op.out.tensor).dtype
             full = program.tensor(op.out.tensor).shape
             stride = tuple(int(np.prod(full[i + 1:])) for i in range(len(full)))
@@ -402,18 +425,19 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
 
 
 def check_dtensor(plan: ShardingPlan, seed: int = 0, timeout_s: float = 120.0,
-                  fault: Mapping[str, Any] | None = None
+                  fault: Mapping[str, Any] | None = None, sizes: Mapping[str, int] | None = None
                   ) -> tuple[list[OutputCheck], DistRun]:
     """Run ``plan`` on ``torch.distributed`` with random inputs and compare every output with
-    the reference executor's run of the unsharded program."""
-    return check_dtensor_many([plan], seed, timeout_s, fault)[0]
+    the reference executor's run of the unsharded program (``sizes``: as ``run_dtensor``)."""
+    return check_dtensor_many([plan], seed, timeout_s, fault, sizes)[0]
 
 
 def check_dtensor_many(plans: Sequence[ShardingPlan], seed: int = 0, timeout_s: float = 120.0,
-                       fault: Mapping[str, Any] | None = None
+                       fault: Mapping[str, Any] | None = None,
+                       sizes: Mapping[str, int] | None = None
                        ) -> list[tuple[list[OutputCheck], DistRun]]:
     """``check_dtensor`` of several plans in one launch."""
     inputs = [random_inputs(p.program, seed) for p in plans]
-    runs = run_dtensor_many(plans, inputs, seed, timeout_s, fault)
+    runs = run_dtensor_many(plans, inputs, seed, timeout_s, fault, sizes)
     return [(compare(run_unplanned(p.program, xs), run.outputs, p.program), run)
             for p, xs, run in zip(plans, inputs, runs, strict=True)]

@@ -11,8 +11,13 @@ An axis may have *peered* memory (``peered=True``): its devices read one another
 directly, so a resharding along it is a remote read of the bytes a device needs (one latency),
 not a ring collective of ``n - 1`` steps.
 
-Every axis has a static size: a symbolic axis size is not supported (the per-device programs,
-the shard offsets and the strategy search all need the device count).
+An axis size may be *symbolic*: a name bound later, with a planning size and optional bounds
+(``dp=N~4``: ``N`` devices along ``dp``, planned at 4; ``dp=N~2..8``: ``N`` in 2..8, planned at
+its max, as a program's run-time size is; ``dp=N~4~2..8``: both). Shardings, propagation, the
+strategy search and the plan's report work at the planning size and show the symbol; the
+per-device programs and the distributed run need the device count, so they bind it first
+(``Mesh.bind({"N": 2})``; ``--param N=2`` on the command line) and refuse a mesh left unbound,
+naming the axis. Axes may share a symbol (with one planning size and bounds).
 
 A mesh may carry the ``Target`` of its devices (the cost model's per-device figures) and each
 device's memory capacity (``memory_bytes``), which the strategy search must respect.
@@ -80,25 +85,91 @@ DEFAULT_LINKS = (Link("node", 25 * GB, 5.0), Link("device", 63 * GB, 2.0),
 @dataclass(frozen=True)
 class Axis:
     """A named mesh axis: ``size`` devices along it, whose links cross topology ``level``;
-    ``peered``: they read one another's memory directly."""
+    ``peered``: they read one another's memory directly.
+
+    A symbolic axis names its size ``symbol``, bounded by ``min`` and ``max`` (None:
+    unbounded); ``size`` is then its planning size, within the bounds.
+
+    >>> Axis("dp", 4, symbol="N", max=8).size_text
+    'N~4~1..8'
+    """
 
     name: str
     size: int
     level: str = "device"
     peered: bool = False
+    symbol: str | None = None
+    min: int = 1
+    max: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
             raise TargetError(f"mesh axis name {self.name!r} must be an identifier")
         if not is_int(self.size) or self.size < 1:
-            raise TargetError(f"mesh axis {self.name!r}: size must be an int >= 1, got "
-                              f"{describe(self.size)} (symbolic axis sizes are not supported)")
+            what = "planning size" if self.symbol is not None else "size"
+            raise TargetError(f"mesh axis {self.name!r}: {what} must be an int >= 1, got "
+                              f"{describe(self.size)}")
+        if self.symbol is None:
+            if self.min != 1 or self.max is not None:
+                raise TargetError(f"mesh axis {self.name!r}: bounds (min, max) belong to a "
+                                  "symbolic size")
+        else:
+            if not isinstance(self.symbol, str) or not self.symbol.isidentifier():
+                raise TargetError(f"mesh axis {self.name!r}: symbolic size "
+                                  f"{describe(self.symbol)} must be an identifier")
+            for what, v in (("min", self.min), ("max", self.max)):
+                if v is not None and (not is_int(v) or v < 1):
+                    raise TargetError(f"mesh axis {self.name!r}: {what} of {self.symbol} must "
+                                      f"be an int >= 1, got {describe(v)}")
+            if self.max is not None and self.max < self.min:
+                raise TargetError(f"mesh axis {self.name!r}: max {self.max} of {self.symbol} "
+                                  f"is below its min {self.min}")
+            if not self.min <= self.size <= (self.max or self.size):
+                raise TargetError(f"mesh axis {self.name!r}: planning size {self.size} of "
+                                  f"{self.symbol} is outside its bounds {self.bounds}")
         if self.level not in LEVELS:
             raise TargetError(f"mesh axis {self.name!r}: level must be one of "
                               f"{', '.join(LEVELS)}, got {describe(self.level)}")
         if not isinstance(self.peered, bool):
             raise TargetError(f"mesh axis {self.name!r}: peered must be true or false, got "
                               f"{describe(self.peered)}")
+
+    @property
+    def symbolic(self) -> bool:
+        return self.symbol is not None
+
+    @property
+    def bounds(self) -> str:
+        """``2..8``, or ``>= 2`` when unbounded above."""
+        return f"{self.min}..{self.max}" if self.max is not None else f">= {self.min}"
+
+    @property
+    def size_text(self) -> str:
+        """The size as a spec writes it: ``4``, or ``N~4`` with its bounds when it has any."""
+        if self.symbol is None:
+            return str(self.size)
+        text = f"{self.symbol}~{self.size}"
+        if self.min != 1 or self.max is not None:
+            text += f"~{self.min}..{self.max if self.max is not None else ''}"
+        return text
+
+    @property
+    def spec_tail(self) -> str:
+        """``@level`` and ``:peered`` as a spec writes them ('' for a plain device axis)."""
+        text = f"@{self.level}" if self.level != "device" or self.peered else ""
+        return text + (":peered" if self.peered else "")
+
+    def bind(self, value: object) -> Axis:
+        """This axis at ``value`` devices (a static axis), within the symbol's bounds."""
+        if self.symbol is None:
+            return self
+        if not is_int(value):
+            raise TargetError(f"mesh axis {self.name!r}: its size {self.symbol} needs an int, "
+                              f"got {describe(value, typed=True)}")
+        if value < self.min or (self.max is not None and value > self.max):  # type: ignore
+            raise TargetError(f"mesh axis {self.name!r}: {self.symbol}={value} is outside its "
+                              f"bounds {self.bounds}")
+        return Axis(self.name, value, self.level, self.peered)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -137,6 +208,81 @@ class Mesh:
         if self.target is not None and not isinstance(self.target, Target):
             raise TargetError(f"{where}: target must be a Target, got "
                               f"{describe(self.target, typed=True)}")
+        first: dict[str, Axis] = {}
+        for a in self.axes:
+            if a.symbol is None:
+                continue
+            if a.symbol in names:
+                raise TargetError(f"{where}: axis {a.name!r} names its size {a.symbol!r}, "
+                                  "which is an axis name; name the size apart (dp=N~4)")
+            b = first.setdefault(a.symbol, a)
+            if (b.size, b.min, b.max) != (a.size, a.min, a.max):
+                raise TargetError(f"{where}: axes {b.name!r} and {a.name!r} share size "
+                                  f"{a.symbol} with different planning sizes or bounds "
+                                  f"({b.size_text} and {a.size_text})")
+
+    # -- symbolic sizes -----------------------------------------------------------------------
+
+    @property
+    def symbolic(self) -> bool:
+        """True when an axis size is a symbol (the mesh is then planned at planning sizes)."""
+        return any(a.symbolic for a in self.axes)
+
+    @property
+    def symbols(self) -> dict[str, Axis]:
+        """Symbol -> the first axis it sizes (its planning size and bounds)."""
+        out: dict[str, Axis] = {}
+        for a in self.axes:
+            if a.symbol is not None:
+                out.setdefault(a.symbol, a)
+        return out
+
+    def planning_text(self) -> str:
+        """``N=4`` per symbol: the sizes the mesh is planned at ('' for a static mesh)."""
+        return ", ".join(f"{s}={a.size}" for s, a in self.symbols.items())
+
+    def bind(self, sizes: Mapping[str, object] | None = None) -> Mesh:
+        """This mesh with every symbolic axis size bound by ``sizes`` (symbol -> devices): a
+        static mesh. An unbound symbol, a value outside its bounds or not an int, and a name
+        the mesh lacks are ``TargetError``s naming the axis.
+
+        >>> m = parse("dp=N~4,tp=2").bind({"N": 3})
+        >>> m.shape, m.name, m.symbolic
+        ((3, 2), 'dp=3,tp=2', False)
+        """
+        given = dict(sizes or {})
+        syms = self.symbols
+        unknown = sorted(set(given) - set(syms))
+        if unknown:
+            have = (f"its symbolic sizes: {', '.join(syms)}" if syms else
+                    "it has no symbolic size")
+            raise TargetError(f"mesh {self.name!r} has no size {unknown[0]!r}; {have}")
+        if not syms:
+            return self
+        missing = [a for a in self.axes if a.symbol is not None and a.symbol not in given]
+        if missing:
+            a = missing[0]
+            raise TargetError(f"mesh {self.name!r}: axis {a.name!r} has symbolic size "
+                              f"{a.symbol} (planned at {a.size}); the per-device programs need "
+                              f"its device count: bind it (--param {a.symbol}=SIZE, or "
+                              f"sizes={{{a.symbol!r}: SIZE}})")
+        try:
+            axes = tuple(a.bind(given[a.symbol]) if a.symbol is not None else a
+                         for a in self.axes)
+        except TargetError as e:
+            raise TargetError(f"mesh {self.name!r}: {str(e).removeprefix('mesh ')}") from None
+        name = self.name
+        if self._named_by_spec():  # a mesh named by its spec is named by the bound one
+            name = ",".join(a.name + "=" + a.size_text + a.spec_tail for a in axes)
+        return replace(self, axes=axes, name=name)
+
+    def _named_by_spec(self) -> bool:
+        if self.name == self.spec():
+            return True
+        try:
+            return parse(self.name).axes == self.axes
+        except TargetError:
+            return False
 
     # -- shape and coordinates ----------------------------------------------------------------
 
@@ -198,23 +344,18 @@ class Mesh:
 
     def spec(self) -> str:
         """The spec string that makes this mesh's axes (``parse`` reads it back)."""
-        parts = []
-        for a in self.axes:
-            text = f"{a.name}={a.size}"
-            if a.level != "device" or a.peered:
-                text += f"@{a.level}"
-            if a.peered:
-                text += ":peered"
-            parts.append(text)
-        return ",".join(parts)
+        return ",".join(f"{a.name}={a.size_text}{a.spec_tail}" for a in self.axes)
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.spec()}, {self.devices} devices)"
+        at = f" at {self.planning_text()}" if self.symbolic else ""
+        return f"{self.name} ({self.spec()}, {self.devices} devices{at})"
 
     def to_dict(self) -> dict[str, Any]:
         doc: dict[str, Any] = {
             "name": self.name,
-            "axes": [{"name": a.name, "size": a.size, "level": a.level, "peered": a.peered}
+            "axes": [{"name": a.name, "size": a.size, "level": a.level, "peered": a.peered,
+                      **({"symbol": a.symbol, "min": a.min, "max": a.max} if a.symbolic
+                         else {})}
                      for a in self.axes],
             "links": {lk.level: {"bandwidth_gbs": lk.bandwidth / GB, "latency_us": lk.latency_us}
                       for lk in self.links},
@@ -262,12 +403,64 @@ PRESETS = {"spyre-x2": lambda: cards(2), "spyre-x4": lambda: cards(4),
 
 # --- spec strings and TOML -------------------------------------------------------------------
 
+def size_fields(text: str, where: str) -> dict[str, Any]:
+    """An axis size as a spec writes it: ``4``, or a symbol with a planning size and bounds,
+    ``N~4``, ``N~2..8`` (planned at the max), ``N~4~2..8`` (``~``-separated, in any order);
+    the ``Axis`` fields it gives.
+
+    >>> size_fields("N~2..8", "axis"), size_fields("6", "axis")
+    ({'size': 8, 'symbol': 'N', 'min': 2, 'max': 8}, {'size': 6})
+    """
+    head, *parts = text.split("~")
+    if not head.isidentifier():
+        try:
+            value = int(head)
+        except ValueError:
+            raise TargetError(f"{where}: size {text!r} is neither an integer nor a symbol "
+                              "(like 4, or N~4: N devices, planned at 4)") from None
+        if parts:
+            raise TargetError(f"{where}: size {text!r}: only a symbolic size takes a planning "
+                              "size and bounds (N~4~2..8)")
+        return {"size": value}
+    plan: int | None = None
+    lo, hi = 1, None
+    ranged = False
+
+    def number(s: str) -> int:
+        try:
+            return int(s)
+        except ValueError:
+            raise TargetError(f"{where}: size {text!r}: {s!r} is not an integer; write "
+                              f"{head}~PLAN and/or {head}~MIN..MAX") from None
+
+    for part in parts:
+        if ".." in part:
+            if ranged:
+                raise TargetError(f"{where}: size {text!r} gives bounds twice")
+            a, _, b = part.partition("..")
+            lo = number(a) if a else 1
+            hi = number(b) if b else None
+            ranged = True
+        else:
+            if plan is not None:
+                raise TargetError(f"{where}: size {text!r} gives a planning size twice")
+            plan = number(part)
+    if plan is None:
+        if hi is None:
+            raise TargetError(f"{where}: symbolic size {head} needs a planning size or a "
+                              f"max: {head}~4 (planned at 4 devices) or {head}~2..8 (planned "
+                              "at its max, 8)")
+        plan = hi
+    return {"size": plan, "symbol": head, "min": lo, "max": hi}
+
+
 def parse(spec: str, base: Mesh | None = None) -> Mesh:
     """A mesh from ``"dp=2,tp=4"``; an axis may name its level and peering,
-    ``"tp=4@chiplet:peered"``. ``base`` lends links, memory and target.
+    ``"tp=4@chiplet:peered"``, and its size may be symbolic, ``"dp=N~4"`` (``size_fields``).
+    ``base`` lends links, memory and target.
 
-    >>> parse("tp=4@chiplet:peered").axes[0]
-    Axis(name='tp', size=4, level='chiplet', peered=True)
+    >>> parse("tp=4@chiplet:peered").axes[0].size_text, parse("dp=N~4").axes[0].size_text
+    ('4', 'N~4')
     """
     if not isinstance(spec, str) or not spec.strip():
         raise TargetError(f"mesh spec must be a non-empty string like dp=2,tp=4, got "
@@ -292,12 +485,8 @@ def parse(spec: str, base: Mesh | None = None) -> Mesh:
                 raise TargetError(f"mesh spec {spec!r}: axis {name.strip()!r}: unknown flag "
                                   f"{flag!r}; the one flag is 'peered'")
             peered = True
-        try:
-            size = int(size_text)
-        except ValueError:
-            raise TargetError(f"mesh spec {spec!r}: axis {name.strip()!r} size {size_text!r} is "
-                              "not an integer (symbolic axis sizes are not supported)") from None
-        axes.append(Axis(name.strip(), size, level.strip(), peered))
+        size = size_fields(size_text.strip(), f"mesh spec {spec!r}: axis {name.strip()!r}")
+        axes.append(Axis(name.strip(), level=level.strip(), peered=peered, **size))
     if base is None:
         return Mesh(tuple(axes), name=spec)
     return replace(base, axes=tuple(axes), name=spec)
@@ -324,7 +513,8 @@ def _number(where: str, key: str, value: object, positive: bool = True) -> float
 def from_dict(doc: Mapping[str, Any], where: str = "mesh", target: Target | None = None
               ) -> Mesh:
     """A mesh from its table: ``name``, ``axes`` (a table of sizes, or a list of tables with
-    ``name``, ``size``, ``level``, ``peered``), ``links`` (per level ``bandwidth_gbs``,
+    ``name``, ``size``, ``level``, ``peered``; a size may be symbolic, ``"N~4"``, or ``"N"``
+    with ``plan``, ``min``, ``max``), ``links`` (per level ``bandwidth_gbs``,
     ``latency_us``), ``memory_gib`` or ``memory_bytes``, ``target`` (a preset name)."""
     known = {"name", "axes", "links", "memory_gib", "memory_bytes", "target", "preset"}
     unknown = sorted(set(doc) - known)
@@ -346,15 +536,17 @@ def from_dict(doc: Mapping[str, Any], where: str = "mesh", target: Target | None
         axes = list(base.axes)
     elif isinstance(raw_axes, dict):
         for n, s in raw_axes.items():
-            axes.append(Axis(n, s))
+            size = size_fields(s, f"{where}: axis {n!r}") if isinstance(s, str) else {"size": s}
+            axes.append(Axis(n, **size))
     elif isinstance(raw_axes, list):
+        fields = {"name", "size", "level", "peered", "plan", "min", "max"}
         for i, a in enumerate(raw_axes):
-            if not isinstance(a, dict) or set(a) - {"name", "size", "level", "peered"} or \
-                    "name" not in a or "size" not in a:
+            if not isinstance(a, dict) or set(a) - fields or "name" not in a or "size" not in a:
                 raise TargetError(f"{where}: axes[{i}] must be a table with name, size and "
-                                  f"optionally level, peered; got {describe(a)}")
-            axes.append(Axis(a["name"], a["size"], a.get("level", "device"),
-                             a.get("peered", False)))
+                                  f"optionally level, peered (a symbolic size: plan, min, max); "
+                                  f"got {describe(a)}")
+            axes.append(Axis(a["name"], level=a.get("level", "device"),
+                             peered=a.get("peered", False), **_toml_size(a, where)))
     else:
         raise TargetError(f"{where}: axes must be a table of sizes or a list of tables, got "
                           f"{describe(raw_axes)}")
@@ -389,6 +581,29 @@ def from_dict(doc: Mapping[str, Any], where: str = "mesh", target: Target | None
     name = doc.get("name", base.name if base else "mesh")
     return Mesh(tuple(axes), tuple(links[lv] for lv in LEVELS if lv in links), memory,
                 name, target if target is not None else (base.target if base else None))
+
+
+def _toml_size(a: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """The size fields of one axis table: ``size = 4``, or ``size = "N"`` with ``plan``,
+    ``min``, ``max`` (or all in one string, ``size = "N~4~2..8"``)."""
+    s = a["size"]
+    bounds = {k: a[k] for k in ("plan", "min", "max") if k in a}
+    if not isinstance(s, str):
+        if bounds:
+            raise TargetError(f"{where}: axis {a['name']!r}: plan, min and max belong to a "
+                              f"symbolic size (size = \"N\"); its size is {describe(s)}")
+        return {"size": s}
+    if "~" in s and bounds:
+        raise TargetError(f"{where}: axis {a['name']!r}: size {s!r} carries its planning size "
+                          "and bounds; drop plan, min and max")
+    if "~" in s or not s.isidentifier():
+        return size_fields(s, f"{where}: axis {a['name']!r}")
+    hi = bounds.get("max")
+    plan = bounds.get("plan", hi)
+    if plan is None:
+        raise TargetError(f"{where}: axis {a['name']!r}: symbolic size {s} needs plan (the "
+                          "planning size) or max")
+    return {"size": plan, "symbol": s, "min": bounds.get("min", 1), "max": hi}
 
 
 def load_toml(path: str | Path) -> Mesh:

@@ -8,7 +8,8 @@ apportion verifies every MLIR text it emits with those bindings. So no shard-dia
 emitted; ``sharded_mlir`` says why, and ``per_device_mlir`` emits the per-device programs: for
 each device, each compute segment as ``ap.plan`` plans it for the device's cores, in the
 parallel IR of ``PlannedProgram.forall_mlir`` (each module parsed and verified), with the
-collective steps between them as comments naming the step, the tensors and the devices.
+collective steps between them as comments naming the step, the tensors and the devices (and
+the finish of a mean or argmax split over devices, ``rules.Finish``, as a comment too).
 Modules are separated by ``// -----`` lines (``mlir-opt --split-input-file`` reads them so).
 """
 
@@ -18,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 from apportion.errors import EmitError
+from apportion.sharding.rules import Finish
 from apportion.sharding.unroll import Collective, Unrolled
 from apportion.target.target import Target
 
@@ -64,6 +66,10 @@ def per_device_mlir(unrolled: Unrolled, target: Target | None = None) -> str:
             if isinstance(stage, Collective):
                 group = mesh.group(dev.device, stage.step.axis)
                 pending.append(f"// collective: {stage} over devices {list(group)}")
+                continue
+            if isinstance(stage, Finish):  # elementwise on the device, by its host runner
+                pending.append(f"// finish of op {stage.op} (elementwise, on the device): "
+                               f"{stage}")
                 continue
             text = _named(plans[seg], stage.name).forall_mlir()
             seg += 1

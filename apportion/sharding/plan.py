@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from apportion.errors import PlanningError
+from apportion.errors import PlanningError, ProgramError
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TensorType
 from apportion.passes.geometry import OpContext
@@ -219,6 +219,39 @@ class ShardingPlan:
                 f"collectives: {self.collectives_text()}; peak memory per device "
                 f"{self.peak_bytes / 2**20:.1f} MiB" + (f" at {self.peak_at}" if self.peak_at
                                                          else ""))
+
+    def bind(self, sizes: Mapping[str, object] | None = None) -> ShardingPlan:
+        """This plan on its mesh with the symbolic axis sizes bound (``Mesh.bind``): every op
+        keeps its splits, every input, output and annotation its sharding, and the transfers,
+        times and memory are those of the bound mesh (uneven shards cut there, exactly). A
+        plan on a static mesh is returned as it is. A split the bound mesh cannot take (an
+        empty shard, heads that no longer line up) is a ``PlanningError`` naming the op or
+        tensor; so is a device memory the bound plan outgrows.
+
+        >>> from apportion.frontend.json_format import load
+        >>> from apportion.sharding.mesh import parse
+        >>> from apportion.sharding.search import search
+        >>> plan = search(load("examples/mlp.json"), parse("tp=N~4"))
+        >>> str(plan.mesh), str(plan.bind({"N": 2}).mesh)
+        ('tp=N~4 (tp=N~4, 4 devices at N=4)', 'tp=2 (tp=2, 2 devices)')
+        """
+        mesh = self.mesh.bind(sizes)
+        if mesh is self.mesh:
+            return self
+        p = self.program
+        at = ", ".join(f"{k}={v}" for k, v in (sizes or {}).items())
+        try:
+            strategies = {o.op: make_strategy(p.op(o.op), p, mesh, dict(o.strategy.splits))
+                          for o in self.ops}
+            for name, s in (*self.inputs, *self.annotations,
+                            *((n, s) for n, s, _ in self.outputs)):
+                s.check(mesh, p.tensor(name).shape, name)
+        except ProgramError as e:
+            raise PlanningError(f"the plan of {p.name!r} made on mesh {self.mesh.name!r} at "
+                                f"{self.mesh.planning_text()} cannot run at {at}: {e}") from None
+        return build_plan(p, mesh, self.target, strategies, dict(self.inputs),
+                          {n: s for n, s, _ in self.outputs}, dict(self.annotations),
+                          self.method, self.solve_s, stats=dict(self.stats))
 
     # -- plan format ------------------------------------------------------------------------
 

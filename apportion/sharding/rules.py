@@ -6,10 +6,16 @@ else follows from the op's indexing maps, the same for every kind, and the regis
 category says which dims may split:
 
 * ``pointwise``, ``layout``: any dim (they have no reduction dims);
-* ``reduction``, ``matmul``: any parallel dim, and a reduction dim when the kind's reducer
-  combines partials with nothing left to do (``sum``, ``max``, ``min``, ``prod``, ``any``, a
-  matmul's sum): the output is then *partial* over those axes. A ``mean`` (its finish divides
-  by the count) and an ``argmax`` (value-index pairs) keep their reduction dims whole;
+* ``reduction``, ``matmul``: any parallel dim, and a reduction dim: the output is then
+  *partial* over the axes splitting it. Partials of ``sum``, ``max``, ``min``, ``prod``, ``any``
+  and a matmul's sum combine by their reducer with nothing left to do. A ``mean`` (of floats)
+  splits as a sum: each device's part is its shard's sum over the *whole* op's count (its local
+  mean times its share of the count, ``Finish`` ``scale``), so the output waits as a partial
+  ``sum``. An ``argmax`` (of floats, int8 or int32 values) waits as a partial ``argmax``: each
+  device packs its shard's (value, global flat index) pair into one int64 key ordered by value
+  then lowest index (``Finish`` ``pack``, ``collectives.argmax_keys``), the keys combine by
+  max, and the index is unpacked once the last partial axis is reduced. Other dtypes keep the
+  reduction dims whole;
 * ``fallback``: none; a fallback runs whole, so its inputs must be replicated.
 
 What each input must look like (``Strategy.ins``) follows from its access. A tensor dim read by
@@ -19,6 +25,12 @@ the rest exactly (``128 = size of d``) and the shards line up (``h``'s shards ti
 column shards): the heads of attention. Any other read of a split dim (an inner term, a
 leading slice, an offset) needs that tensor dim replicated, and each device reads its part of
 it through offsets in its access. The output is split like its dims; literal-0 axes stay whole.
+An output axis written through a merge of dims, ``o[t, 64*h+d]`` (``Op.out_digits``), is split
+like its outermost digit of size above 1 when that digit alone is split and its shards, times
+its stride, are the axis's own cuts (always so for even splits; uneven ones are checked device
+by device): each device then writes one contiguous block of the axis. A strategy splitting an
+inner digit (its columns would be strided) or cutting the lead digit out of line with the
+axis's cuts is not offered, and ``make_strategy`` refuses it.
 
 >>> from apportion.frontend.json_format import load
 >>> from apportion.sharding.mesh import parse
@@ -31,15 +43,21 @@ it through offsets in its access. The output is split like its dims; literal-0 a
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
+
+import numpy as np
 
 from apportion.errors import ProgramError
 from apportion.ir.affine import AffineExpr
-from apportion.ir.kinds import Category, OpKind
+from apportion.ir.dtypes import FLOAT_DTYPES
+from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program, TensorType
+from apportion.runtime import kernels
+from apportion.sharding.collectives import KEYED_DTYPES, MAX_KEYED_INDEX, argmax_keys
 from apportion.sharding.mesh import Mesh, combos
 from apportion.sharding.spec import PARTIAL_REDUCERS, Sharding, dim_block, shard_sizes
 
@@ -47,28 +65,53 @@ from apportion.sharding.spec import PARTIAL_REDUCERS, Sharding, dim_block, shard
 RULES: dict[Category, str] = {
     Category.POINTWISE: "any dim; inputs and output split alike",
     Category.LAYOUT: "any dim; inputs and output split alike",
-    Category.REDUCTION: "parallel dims; a reduction dim when its reducer has no finish "
-                        "(output partial)",
+    Category.REDUCTION: "parallel dims; reduction dims (output partial; a mean of floats as "
+                        "a sum over the whole count, an argmax as packed value-index keys)",
     Category.MATMUL: "parallel dims; reduction dims (output partial, summed later)",
     Category.FALLBACK: "none: runs whole on replicated inputs",
 }
 
 
-def device_reduction(kind: OpKind) -> bool:
-    """True when partial results of ``kind`` on different devices combine by its reducer with
-    nothing left to do, so its reduction dims may split over a mesh."""
-    r = kind.reducer
-    return r is not None and r.name in PARTIAL_REDUCERS
+def device_split_refusal(op: Op, program: Program) -> str | None:
+    """None when ``op``'s reduction dims may split over devices (its partials combine across
+    devices, see the module docstring), else why not."""
+    r = op.kind.reducer
+    if r is None:
+        return "it has no reducer"
+    if r.name == "mean":
+        dtype = program.tensor(op.out.tensor).dtype
+        if dtype not in FLOAT_DTYPES:
+            return f"a mean of {dtype} splits over devices only with a float result"
+        return None
+    if r.name == "argmax":
+        dtype = program.tensor(op.ins[0].tensor).dtype
+        if dtype not in KEYED_DTYPES:
+            return (f"an argmax of {dtype} values cannot pack its (value, index) pairs into "
+                    f"one key (values: {', '.join(sorted(KEYED_DTYPES))})")
+        if math.prod(op.sizes[d] for d in op.reduction_dims) > MAX_KEYED_INDEX:
+            return "its flat reduction index does not fit a key's 32 bits"
+        return None
+    if r.name not in PARTIAL_REDUCERS:
+        return f"its {r.name} reduction does not combine across devices"
+    return None
 
 
-def splittable(op: Op) -> tuple[str, ...]:
+def splittable(op: Op, program: Program) -> tuple[str, ...]:
     """The dims of ``op`` a strategy may split (see the module docstring)."""
     kind = op.kind
     if not kind.divisible:
         return ()
-    if op.reduction_dims and not device_reduction(kind):
+    if op.reduction_dims and device_split_refusal(op, program) is not None:
         return op.parallel_dims
     return op.dim_names
+
+
+def device_reducer(op: Op) -> str | None:
+    """The reducer a partial output of ``op`` waits on: its kind's, a mean's ``sum``."""
+    r = op.kind.reducer
+    if r is None:
+        return None
+    return "sum" if r.name == "mean" else r.name
 
 
 @dataclass(frozen=True)
@@ -96,6 +139,17 @@ class Strategy:
 
     def __str__(self) -> str:
         return f"{self.op} {self.label}"
+
+
+def finish_kind(op: Op, strategy: Strategy) -> str | None:
+    """``scale`` for a mean, ``pack`` for an argmax whose reduction dims the strategy splits
+    over devices (each device's part then ends with a ``Finish``); None otherwise."""
+    r = op.kind.reducer
+    if r is None or r.name not in ("mean", "argmax"):
+        return None
+    if not any(d in strategy.split_map for d in op.reduction_dims):
+        return None
+    return "scale" if r.name == "mean" else "pack"
 
 
 def _sizes(mesh: Mesh) -> dict[str, int]:
@@ -143,14 +197,47 @@ def access_sharding(op: Op, acc: Access, shape: Sequence[int],
     return Sharding(tuple(dims))
 
 
+def out_axes(op: Op, j: int, n: int, splits: Mapping[str, tuple[str, ...]], mesh: Mesh
+             ) -> tuple[str, ...] | str:
+    """The axes splitting output axis ``j`` (of size ``n``) under ``splits``; for an axis
+    written through a merge of dims, a string saying why the split cannot be written (see the
+    module docstring)."""
+    digits = op.out_digits[j]
+    if len(digits) <= 1:
+        return splits.get(digits[0], ()) if digits else ()
+    split = [d for d in digits if splits.get(d)]
+    if not split:
+        return ()
+    e = op.out.index[j]
+    lead = next((d for d in digits if op.sizes[d] > 1), None)
+    if split != [lead]:
+        inner = next(d for d in split if d != lead)
+        return (f"it writes {op.out.tensor!r} axis {j} through {e.to_source()}, and a split of "
+                f"its inner digit {inner!r} would leave each device strided columns; only the "
+                f"outermost digit {lead!r} may split")
+    axes = splits[lead]
+    c = e.coeff(lead)
+    msizes = _sizes(mesh)
+    for coords in combos(mesh, axes):
+        lo, hi = dim_block(op.sizes[lead], axes, coords, msizes)
+        if c * op.sizes[lead] != n or dim_block(n, axes, coords, msizes) != (c * lo, c * hi):
+            ways = " x ".join(f"{a}={msizes[a]}" for a in axes)
+            return (f"it writes {op.out.tensor!r} axis {j} through {e.to_source()}, and "
+                    f"{lead!r} ({op.sizes[lead]}) split over {ways} gives device {coords} "
+                    f"columns {c * lo}..{c * hi}, not the axis's own cut "
+                    f"{dim_block(n, axes, coords, msizes)} (uneven heads)")
+    return axes
+
+
 def make_strategy(op: Op, program: Program, mesh: Mesh,
                   splits: Mapping[str, Sequence[str] | str]) -> Strategy:
     """The strategy of ``op`` splitting ``splits`` (dim -> axes, outer first); refuses a dim the
-    op lacks or may not split, an axis the mesh lacks or used twice, and an empty shard."""
+    op lacks or may not split, an axis the mesh lacks or used twice, an empty shard, and a
+    merged output axis whose split it cannot write."""
     where = f"op {op.name!r}"
     norm: dict[str, tuple[str, ...]] = {}
     seen: dict[str, str] = {}
-    allowed = splittable(op)
+    allowed = splittable(op, program)
     for d, axes in splits.items():
         axes = (axes,) if isinstance(axes, str) else tuple(axes)
         if d not in op.sizes:
@@ -160,8 +247,7 @@ def make_strategy(op: Op, program: Program, mesh: Mesh,
             continue
         if d not in allowed:
             why = ("a fallback runs whole" if not op.kind.divisible else
-                   f"its {op.kind.reducer.name if op.kind.reducer else ''} reduction does not "
-                   "combine across devices")
+                   device_split_refusal(op, program))
             raise ProgramError(f"{where}: dim {d!r} cannot split over the mesh: {why}")
         for a in axes:
             mesh.axis(a)
@@ -176,18 +262,27 @@ def make_strategy(op: Op, program: Program, mesh: Mesh,
     ordered = tuple((d, norm[d]) for d in op.dim_names if d in norm)
     ins = tuple(access_sharding(op, acc, program.tensor(acc.tensor).shape, norm, mesh)
                 for acc in op.ins)
-    out_dims = tuple(norm.get(e.single_dim, ()) if e.single_dim else () for e in op.out.index)
+    shape = program.tensor(op.out.tensor).shape
+    out_dims = []
+    for j, n in enumerate(shape):
+        axes = out_axes(op, j, n, norm, mesh)
+        if isinstance(axes, str):
+            raise ProgramError(f"{where}: cannot split {', '.join(sorted(norm))} over the mesh: "
+                               f"{axes}")
+        out_dims.append(axes)
     partial = tuple(a for a in mesh.names
                     if any(a in norm.get(d, ()) for d in op.reduction_dims))
-    reducer = op.kind.reducer.name if partial and op.kind.reducer else None
-    return Strategy(op.name, ordered, ins, Sharding(out_dims, partial, reducer))
+    reducer = device_reducer(op) if partial else None
+    return Strategy(op.name, ordered, ins, Sharding(tuple(out_dims), partial, reducer))
 
 
 def op_strategies(op: Op, program: Program, mesh: Mesh) -> tuple[Strategy, ...]:
     """Every strategy of ``op``: each mesh axis on one splittable dim or none, the axes of one
-    dim in mesh order, no empty shard. The replicated strategy comes first."""
-    allowed = splittable(op)
+    dim in mesh order, no empty shard, every merged output axis writable (see the module
+    docstring). The replicated strategy comes first."""
+    allowed = splittable(op, program)
     sizes = _sizes(mesh)
+    shape = program.tensor(op.out.tensor).shape
     out = []
     for choice in itertools.product(*([None, *allowed] for _ in mesh.axes)):
         splits: dict[str, tuple[str, ...]] = {}
@@ -195,6 +290,9 @@ def op_strategies(op: Op, program: Program, mesh: Mesh) -> tuple[Strategy, ...]:
             if d is not None:
                 splits[d] = splits.get(d, ()) + (a,)
         if any(min(shard_sizes(op.sizes[d], axes, sizes)) == 0 for d, axes in splits.items()):
+            continue
+        if op.merges_output and any(isinstance(out_axes(op, j, n, splits, mesh), str)
+                                    for j, n in enumerate(shape)):
             continue
         out.append(make_strategy(op, program, mesh, splits))
     return tuple(out)
@@ -245,3 +343,77 @@ def local_op(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
     out = local(op.out, strategy.out, out_name or op.out.tensor)
     dims = tuple((d, hi - lo) for d, (lo, hi) in ranges.items())
     return Op(op.name, op.fn, out, ins, dims, op.attrs), types
+
+
+@dataclass(frozen=True)
+class Finish:
+    """What a device does last for a mean or argmax whose reduction dims are split over
+    devices, so that its part combines across devices (see the module docstring): ``scale``
+    multiplies its local mean (``sources[0]``) by ``factor``, its share of the op's whole
+    count; ``pack`` turns its local max (``sources[0]``) and local flat index (``sources[1]``,
+    over the device's reduction sizes ``local``) into int64 keys of the value and the global
+    flat index (the device's reduction ``starts`` added, over the op's reduction ``sizes``).
+    Elementwise over the device's output; it writes ``result``, of ``dtype``."""
+
+    op: str
+    kind: str
+    sources: tuple[str, ...]
+    result: str
+    dtype: str
+    factor: float = 1.0
+    local: tuple[int, ...] = ()
+    starts: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
+
+    def run(self, env: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The result from the device's local arrays ``env``."""
+        if self.kind == "scale":
+            x = np.asarray(env[self.sources[0]], dtype=np.float64)
+            return kernels.to_storage(x * self.factor, self.dtype)
+        values = np.asarray(env[self.sources[0]])
+        index = np.asarray(env[self.sources[1]], dtype=np.int64)
+        coords = np.unravel_index(index, self.local)
+        flat = np.ravel_multi_index(tuple(c + s for c, s in zip(coords, self.starts,
+                                                                strict=True)), self.sizes)
+        return argmax_keys(values, np.asarray(flat, dtype=np.int64))
+
+    def __str__(self) -> str:
+        what = (f"x {self.factor:.6g}" if self.kind == "scale" else
+                f"reduction {'x'.join(map(str, self.local))} at "
+                f"{', '.join(map(str, self.starts))} of {'x'.join(map(str, self.sizes))}")
+        return f"{self.result} = {self.kind}({', '.join(self.sources)}; {what})"
+
+
+def local_ops(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
+              coords: Mapping[str, int], names: Sequence[str] | None = None,
+              out_name: str | None = None
+              ) -> tuple[tuple[Op, ...], dict[str, TensorType], Finish | None]:
+    """Everything the device at ``coords`` runs for ``op``: its ops and the local types of
+    their operands, and the ``Finish`` after them (None: ``local_op`` alone writes the
+    device's part). A mean split over devices computes its local mean into ``OUT~mean``, an
+    argmax its local max and local index into ``OUT~value`` and ``OUT~index``; the finish
+    writes the output."""
+    lop, types = local_op(op, program, mesh, strategy, coords, names, out_name)
+    kind = finish_kind(op, strategy)
+    if kind is None:
+        return (lop,), types, None
+    out = lop.out.tensor
+    shape = types[out].shape
+    if kind == "scale":
+        tmp = f"{out}~mean"
+        types[tmp] = TensorType(tmp, shape, types[out].dtype)
+        share = math.prod(lop.sizes[d] for d in op.reduction_dims) / \
+            math.prod(op.sizes[d] for d in op.reduction_dims)
+        return ((replace(lop, out=Access(tmp, lop.out.index)),), types,
+                Finish(op.name, kind, (tmp,), out, types[out].dtype, factor=share))
+    value, index = f"{out}~value", f"{out}~index"
+    types[value] = TensorType(value, shape, program.tensor(op.ins[0].tensor).dtype)
+    types[index] = TensorType(index, shape, types[out].dtype)
+    vop = Op(f"{op.name}.value", "max", Access(value, lop.out.index), lop.ins, lop.dims)
+    ranges = local_ranges(op, strategy, mesh, coords)
+    red = op.reduction_dims
+    return ((vop, replace(lop, out=Access(index, lop.out.index))), types,
+            Finish(op.name, kind, (value, index), out, types[out].dtype,
+                   local=tuple(lop.sizes[d] for d in red),
+                   starts=tuple(ranges[d][0] for d in red),
+                   sizes=tuple(op.sizes[d] for d in red)))

@@ -2,8 +2,9 @@
 
 A ``Sharding`` lists, for each tensor dim, the mesh axes that split it, outer first (none:
 replicated along that dim), plus the *partial* axes: along them every device holds a partial
-value of the tensor still to be reduced (by ``reducer``: ``sum`` for a matmul whose reduction
-dim was split, ``max`` for an ``amax``...). A mesh axis splits at most one dim and is never
+value of the tensor still to be reduced (by ``reducer``: ``sum`` for a matmul or a mean whose
+reduction dim was split, ``max`` for an ``amax``, ``argmax`` for an argmax's packed
+value-index keys...). A mesh axis splits at most one dim and is never
 both splitting and partial; an axis the sharding does not name holds replicas.
 
 Shards may be uneven and are exact. A dim of ``n`` elements split over axes ``(a, b)`` is cut
@@ -40,8 +41,11 @@ from apportion.ir.kinds import REDUCERS
 from apportion.ir.program import Program
 from apportion.sharding.mesh import Mesh
 
-#: reducers a partial tensor may wait on: those whose partials combine with no finishing step
-PARTIAL_REDUCERS = tuple(n for n, r in REDUCERS.items() if r.finish is None and not r.pairs)
+#: reducers a partial tensor may wait on: those whose partials combine with no finishing step,
+#: and ``argmax``, whose partials wait as int64 keys packing (value, index) pairs
+#: (``collectives.argmax_keys``: they combine by max, the index is unpacked once reduced)
+PARTIAL_REDUCERS = (*(n for n, r in REDUCERS.items() if r.finish is None and not r.pairs),
+                    "argmax")
 
 
 def chunk(n: int, parts: int) -> tuple[tuple[int, int], ...]:

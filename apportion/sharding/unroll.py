@@ -7,8 +7,15 @@ and ``Collective`` steps that every device takes part in. A device's segment hol
 each op (``rules.local_op``: its shard of the iteration space, its operands' shards, accesses
 shifted by where its shards start) and the local cuts of resharding (a ``slice`` step is a
 ``copy`` op reading the part of its block the device keeps); the other steps of a transfer
-(all-gather, all-reduce, reduce-scatter, all-to-all) are collectives. Devices may differ in
-their shapes (uneven shards) and offsets, so each device has its own programs.
+(all-gather, all-reduce, reduce-scatter, all-to-all) are collectives. A mean or argmax whose
+reduction is split over devices ends its part with a ``rules.Finish`` stage (elementwise on
+the device: the local mean scaled to its share of the whole count, or the argmax's value and
+global index packed into keys), between segments. Devices may differ in their shapes (uneven
+shards) and offsets, so each device has its own programs.
+
+A plan on a mesh with symbolic axis sizes unrolls once they are bound: ``unroll(plan,
+sizes={"N": 4})`` binds them (``ShardingPlan.bind``) and refuses a mesh left unbound, naming
+the axis.
 
 ``Unrolled.shard_inputs`` cuts each host input into the devices' shards (numpy views of the
 host array, no copy per device); ``unshard_outputs`` assembles each output from the devices'
@@ -50,7 +57,7 @@ from apportion.runtime.reference import (
 )
 from apportion.sharding.collectives import Step, apply
 from apportion.sharding.plan import ShardingPlan, Transfer
-from apportion.sharding.rules import local_op
+from apportion.sharding.rules import Finish, local_ops
 from apportion.target.target import Target
 
 
@@ -69,14 +76,14 @@ class Collective:
         return f"{self.result} = {self.step}({self.source})"
 
 
-Stage = Program | Collective
+Stage = Program | Collective | Finish
 
 
 @dataclass(frozen=True)
 class DeviceProgram:
-    """What device ``device`` runs: its stages, and where its shards of the program's inputs
-    and outputs come from and go (``(tensor, local name, block)``, the block as ``(start,
-    stop)`` per dim)."""
+    """What device ``device`` runs: its stages (compute segments, collectives, finishes), and
+    where its shards of the program's inputs and outputs come from and go (``(tensor, local
+    name, block)``, the block as ``(start, stop)`` per dim)."""
 
     device: int
     coords: tuple[tuple[str, int], ...]
@@ -136,14 +143,16 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
         t = p.tensor(name)
         types[name] = TensorType(name, s.local_shape(t.shape, coords, sizes), t.dtype)
         ins.append((name, name, s.block(t.shape, coords, sizes)))
-    entries: list[Op | Collective] = []
+    entries: list[Op | Collective | Finish] = []
     for what, item in schedule:
         if what == "op":
             op = p.ops[item]
             shard = plan.ops[item]
-            lop, lt = local_op(op, p, mesh, shard.strategy, coords, shard.reads)
+            lops, lt, finish = local_ops(op, p, mesh, shard.strategy, coords, shard.reads)
             types.update(lt)
-            entries.append(lop)
+            entries.extend(lops)
+            if finish is not None:
+                entries.append(finish)
             continue
         t, k = item
         step = t.steps[k]
@@ -165,7 +174,8 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
     for i in range(len(entries) - 1, -1, -1):
         reads_after[i + 1] = set(later)
         e = entries[i]
-        later |= {a.tensor for a in e.ins} if isinstance(e, Op) else {e.source}
+        later |= {a.tensor for a in e.ins} if isinstance(e, Op) else \
+            set(e.sources) if isinstance(e, Finish) else {e.source}
     stages: list[Stage] = []
     run: list[int] = []
 
@@ -186,11 +196,11 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
         run.clear()
 
     for i, e in enumerate(entries):
-        if isinstance(e, Collective):
+        if isinstance(e, Op):
+            run.append(i)
+        else:
             close()
             stages.append(e)
-        else:
-            run.append(i)
     close()
     return DeviceProgram(device, tuple(coords.items()), tuple(stages), tuple(ins), tuple(outs))
 
@@ -252,6 +262,12 @@ class Unrolled:
         plans = self._segment_plans(target) if planned else {}
         for k in range(len(self.devices[0].stages)):
             first = self.devices[0].stages[k]
+            if isinstance(first, Finish):
+                for dev, env in zip(self.devices, envs, strict=True):
+                    fin = dev.stages[k]
+                    assert isinstance(fin, Finish)
+                    env[fin.result] = fin.run(env)
+                continue
             if isinstance(first, Collective):
                 arrays = [env[first.source] for env in envs]
                 dtype = self.program.tensor(first.tensor).dtype
@@ -310,7 +326,9 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 
 
-def unroll(plan: ShardingPlan) -> Unrolled:
-    """The per-device programs of ``plan``."""
+def unroll(plan: ShardingPlan, sizes: Mapping[str, int] | None = None) -> Unrolled:
+    """The per-device programs of ``plan``; ``sizes`` binds the symbolic axis sizes of its
+    mesh (``ShardingPlan.bind``), which must all be bound."""
+    plan = plan.bind(sizes)
     schedule = _schedule(plan)
     return Unrolled(plan, tuple(_device(plan, d, schedule) for d in range(plan.mesh.devices)))

@@ -92,3 +92,57 @@ def test_a_mesh_whose_memory_cannot_hold_the_program_is_a_one_line_error(capsys,
 def test_bad_sharding_options_are_one_line_errors(capsys, argv, match):
     status, _, err = run(capsys, *argv)
     one_line_error(status, err, match)
+
+
+def test_a_symbolic_mesh_is_planned_at_its_planning_size_and_run_once_bound(capsys):
+    status, out, _ = run(capsys, "shard", "examples/mlp.json", "--mesh", "dp=N~4")
+    assert status == 0 and "mlp on dp=N~4 (dp=N~4, 4 devices at N=4) (search)" in out
+    assert "per-device programs: once the mesh's sizes are bound (--param N=SIZE)" in out
+    status, out, _ = run(capsys, "shard", "examples/mlp.json", "--mesh", "dp=N~4",
+                         "--param", "N=3")
+    assert status == 0 and "per-device programs at N=3: 3 devices" in out
+    status, out, _ = run(capsys, "run", "examples/mlp.json", "--mesh", "dp=N~4", "--param",
+                         "N=3", "--check")
+    assert status == 0 and "mesh sizes: N=3 (planned at N=4)" in out
+    assert "over dp=3 (dp=3, 3 devices)" in out and "matches the unplanned program" in out
+    status, out, _ = run(capsys, "emit", "examples/megatron.json", "--mesh", "tp=N~4",
+                         "--forall", "--param", "N=2")
+    assert status == 0 and out.count("// -----") == 1 and "scf.forall" in out
+
+
+def test_a_program_with_run_time_sizes_is_bound_by_param_before_sharding(capsys):
+    status, out, _ = run(capsys, "run", "examples/dynamic_k.json", "--mesh", "tp=2",
+                         "--param", "K=96", "--check")
+    assert status == 0 and "matches the unplanned program" in out
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["run", "examples/mlp.json", "--mesh", "dp=N~4", "--check"],
+     "mesh 'dp=N~4': axis 'dp' has symbolic size N (planned at 4); the per-device programs "
+     "need its device count: bind it (--param N=SIZE"),
+    (["run", "examples/mlp.json", "--mesh", "dp=N~2..4", "--param", "N=8"],
+     "axis 'dp': N=8 is outside its bounds 2..4"),
+    (["run", "examples/mlp.json", "--mesh", "dp=N~4", "--param", "N=two"],
+     "--param 'N=two': size 'two' is not an integer"),
+    (["run", "examples/mlp.json", "--mesh", "dp=N~4", "--param", "K=2"],
+     "--param K: not a symbolic size of mesh 'dp=N~4' (its symbolic sizes: N) nor a run-time "
+     "size of program 'mlp'"),
+    (["emit", "examples/mlp.json", "--mesh", "dp=N~4", "--forall"],
+     "axis 'dp' has symbolic size N"),
+    (["shard", "examples/mlp.json", "--mesh", "dp=N"],
+     "symbolic size N needs a planning size or a max"),
+    (["run", "examples/dynamic_k.json", "--mesh", "tp=2"],
+     "program 'dynamic_k' has run-time sizes K; sharding needs static sizes: pass --param "
+     "K=SIZE"),
+])
+def test_bad_symbolic_sizes_are_one_line_errors(capsys, argv, match):
+    status, _, err = run(capsys, *argv)
+    one_line_error(status, err, match)
+
+
+@pytest.mark.distributed
+def test_a_symbolic_mesh_runs_on_torch_distributed_once_bound(capsys):
+    pytest.importorskip("torch")
+    status, out, _ = run(capsys, "run", "examples/megatron.json", "--mesh", "tp=N~4",
+                         "--param", "N=2", "--backend", "dtensor", "--check")
+    assert status == 0 and "2 processes (gloo)" in out and "matches the unplanned program" in out

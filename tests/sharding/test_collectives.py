@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from apportion.errors import PlanningError
-from apportion.sharding.collectives import apply, steps
+from apportion.sharding.collectives import apply, argmax_index, argmax_keys, steps
 from apportion.sharding.mesh import parse
 from apportion.sharding.spec import Sharding, candidates
 
@@ -110,3 +110,21 @@ def test_numpy_collectives_land_every_device_its_block(spec, n0, n1, data):
     for d, arr in enumerate(arrays):
         block = tuple(slice(lo, hi) for lo, hi in dst.block(shape, mesh.coords(d), sizes))
         np.testing.assert_allclose(arr, x[block].astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+def test_argmax_partials_wait_as_keys_combined_by_max_and_unpacked_when_reduced():
+    values = np.array([[1.0, np.nan, -0.0, 3.0], [2.0, np.nan, 0.0, 3.0]], np.float32)
+    index = np.array([[7, 9, 1, 4], [3, 2, 0, 4]])
+    keys = argmax_keys(values, index)
+    # per column: the larger value, NaN above all, equal values (and -0, +0) the lower index
+    assert argmax_index(keys.max(axis=0)).tolist() == [3, 2, 0, 4]
+    ints = argmax_keys(np.array([-5, 7, 7], np.int32), np.array([0, 3, 1]))
+    assert argmax_index(ints.max(keepdims=True)).tolist() == [1]
+    m = parse("tp=2")
+    src = Sharding(((),), ("tp",), "argmax")
+    (step,) = steps((4,), "int64", src, Sharding(((),)), m)
+    assert str(step) == "all_reduce(argmax, tp)" and step.bytes == 4 * 8  # 8-byte keys
+    out = apply(step, [keys[0], keys[1]], m, "int64")
+    assert [o.tolist() for o in out] == [[3, 2, 0, 4]] * 2
+    (rs,) = steps((4,), "int64", src, Sharding((("tp",),)), m)
+    assert [o.tolist() for o in apply(rs, [keys[0], keys[1]], m, "int64")] == [[3, 2], [0, 4]]

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 
-from apportion.errors import ExecutionError
+from apportion.errors import ExecutionError, TargetError
 from apportion.frontend.json_format import from_dict
+from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.sharding.mesh import parse
 from apportion.sharding.propagate import propagate
 from apportion.sharding.spec import Sharding
+from tests.sharding.programs import attention, hard_inputs, reduction
 
 pytest.importorskip("torch")
 dtensor = pytest.importorskip("apportion.sharding.dtensor")
@@ -44,6 +47,7 @@ def matmul():
         "ops": [{"name": "mm", "op": "matmul", "out": "y[m,n]", "ins": ["x[m,k]", "w[k,n]"]}]})
 
 
+COLS = S(((), ("tp",)))
 PLANS = {
     "megatron": lambda: propagate(mlp(), TP, annotations={
         "x": REP, "w1": S(((), ("tp",))), "w2": S((("tp",), ())), "y": REP}),
@@ -52,18 +56,40 @@ PLANS = {
         "x": S(((), ("tp",))), "w": S((("tp",), ())), "y": REP}),
     "k-split reduce-scatter": lambda: propagate(matmul(), TP, annotations={
         "x": S(((), ("tp",))), "w": S((("tp",), ())), "y": S((("tp",), ()))}),
+    # a mean and an argmax with the reduced dim split: 9 elements, 5 + 4
+    "mean split": lambda: propagate(reduction("mean", (6, 9)), TP, annotations={"x": COLS}),
+    "argmax all-reduce": lambda: propagate(reduction("argmax", (6, 9)), TP,
+                                           annotations={"x": COLS}),
+    "argmax reduce-scatter": lambda: propagate(reduction("argmax", (6, 9), "float16"), TP,
+                                               annotations={"x": COLS, "r": S((("tp",),))}),
+    # heads split over the devices and written back merged, o[t, 64*h+e]
+    "merged heads": lambda: propagate(attention(), TP, annotations={
+        "wq": COLS, "wk": COLS, "wv": COLS, "wo": S((("tp",), ())), "x": REP, "y": REP}),
+    # planned at N=4, run at N=2 (run_dtensor_many's sizes bind it)
+    "symbolic mesh": lambda: propagate(mlp(), parse("tp=N~4"), annotations={
+        "x": REP, "w1": S(((), ("tp",))), "w2": S((("tp",), ())), "y": REP}),
 }
 COLLECTIVES = {"megatron": "1 all_reduce", "data-parallel": "none",
                "k-split all-reduce": "1 all_reduce",
-               "k-split reduce-scatter": "1 reduce_scatter"}
+               "k-split reduce-scatter": "1 reduce_scatter", "mean split": "1 all_reduce",
+               "argmax all-reduce": "1 all_reduce", "argmax reduce-scatter": "1 reduce_scatter",
+               "merged heads": "1 all_reduce", "symbolic mesh": "1 all_reduce"}
+#: inputs with ties, NaNs and signed zeros where an argmax's pick is at stake
+INPUTS = {"argmax all-reduce": hard_inputs, "argmax reduce-scatter": hard_inputs}
 
 
 @pytest.fixture(scope="module")
 def runs():
-    """Every plan in one launch of two processes (torch imported once per rank)."""
+    """Every plan in one launch of two processes (torch imported once per rank), each output
+    compared with the reference executor's run of the unsharded program."""
     plans = {name: make() for name, make in PLANS.items()}
-    results = dtensor.check_dtensor_many(list(plans.values()), timeout_s=180)
-    return {name: (plans[name], *res) for name, res in zip(plans, results, strict=True)}
+    inputs = [INPUTS.get(name, lambda p: random_inputs(p, 0))(p.program)
+              for name, p in plans.items()]
+    results = dtensor.run_dtensor_many(list(plans.values()), inputs, timeout_s=180,
+                                       sizes={"N": 2})
+    return {name: (plan, compare(run_unplanned(plan.program, xs), run.outputs, plan.program),
+                   run)
+            for (name, plan), xs, run in zip(plans.items(), inputs, results, strict=True)}
 
 
 @pytest.mark.parametrize("name", list(PLANS))
@@ -72,10 +98,30 @@ def test_two_gloo_processes_match_the_single_device_result(runs, name):
     assert plan.collectives_text() == COLLECTIVES[name]
     assert all(c.ok for c in checks), checks
     # every op and step checked its placement; torch's own propagation placed the matmuls as
-    # the plan did (a split K gives Partial(sum))
+    # the plan did (a split K gives Partial(sum)); those that read or write heads through a sum
+    # of dims ran on the local shards
     assert run.placement_checks >= len(plan.ops) + len(plan.program.inputs)
-    assert {o.op for o in plan.ops if plan.program.op(o.op).kind.name == "matmul"} <= \
-        set(run.native_ops)
+    plain = {o.name for o in plan.program.ops if o.kind.name == "matmul" and
+             all(e.single_dim for a in o.operands for e in a.index)}
+    assert plain <= set(run.native_ops)
+
+
+def test_a_split_mean_waits_as_a_sum_and_a_split_argmax_as_keys_then_gathers_exactly(runs):
+    assert runs["mean split"][0].strategy("r").out == S(((),), ("tp",), "sum")
+    for name in ("argmax all-reduce", "argmax reduce-scatter"):
+        plan, checks, run = runs[name]
+        assert plan.strategy("r").out == S(((),), ("tp",), "argmax")
+        want = run_unplanned(plan.program, hard_inputs(plan.program))["r"]
+        assert np.array_equal(run.outputs["r"], want)  # ties and NaNs picked as numpy picks
+    plan = runs["merged heads"][0]
+    assert str(plan.strategy("pv").out) == "[-, tp]"
+
+
+def test_an_unbound_symbolic_mesh_is_refused_before_launch():
+    with pytest.raises(TargetError, match=r"axis 'tp' has symbolic size N \(planned at 4\)"):
+        dtensor.run_dtensor(PLANS["symbolic mesh"]())
+    with pytest.raises(TargetError, match=r"no mesh of the plans has a symbolic size 'K'"):
+        dtensor.run_dtensor(PLANS["symbolic mesh"](), sizes={"K": 2})
 
 
 def test_the_k_split_is_partial_then_all_reduced_or_reduce_scattered(runs):

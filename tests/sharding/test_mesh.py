@@ -37,7 +37,15 @@ def test_a_spec_names_each_axis_level_and_peering_and_prints_back():
 
 @pytest.mark.parametrize(("spec", "match"), [
     ("dp", r"'dp' is not AXIS=SIZE"),
-    ("dp=two", r"size 'two' is not an integer \(symbolic axis sizes are not supported\)"),
+    ("dp=two", r"axis 'dp': symbolic size two needs a planning size or a max: two~4"),
+    ("dp=2x", r"axis 'dp': size '2x' is neither an integer nor a symbol"),
+    ("dp=4~2", r"axis 'dp': size '4~2': only a symbolic size takes a planning size"),
+    ("dp=N~x", r"axis 'dp': size 'N~x': 'x' is not an integer"),
+    ("dp=N~4~5", r"axis 'dp': size 'N~4~5' gives a planning size twice"),
+    ("dp=N~9~2..8", r"mesh axis 'dp': planning size 9 of N is outside its bounds 2..8"),
+    ("dp=N~8..2", r"mesh axis 'dp': max 2 of N is below its min 8"),
+    ("dp=N~2,tp=N~4", r"axes 'dp' and 'tp' share size N with different planning sizes"),
+    ("dp=tp~2,tp=2", r"axis 'dp' names its size 'tp', which is an axis name"),
     ("dp=0", r"mesh axis 'dp': size must be an int >= 1"),
     ("dp=2,dp=2", r"axis 'dp' is named twice"),
     ("dp=2@rack", r"level must be one of node, device, chiplet"),
@@ -101,3 +109,58 @@ def test_a_mesh_checks_its_fields():
         Mesh((Axis("a", 2),), memory_bytes=0)
     with pytest.raises(TargetError, match="no axis 'x'; axes: a"):
         parse("a=2").axis("x")
+
+
+def test_a_symbolic_axis_size_has_a_planning_size_and_bounds_and_prints_back():
+    m = parse("dp=N~4,tp=2@chiplet:peered")
+    assert m.symbolic and m.shape == (4, 2) and m.devices == 8
+    assert m.axis("dp") == Axis("dp", 4, symbol="N")
+    assert str(m) == "dp=N~4,tp=2@chiplet:peered (dp=N~4,tp=2@chiplet:peered, 8 devices at N=4)"
+    bounded = parse("dp=N~2..8")  # planned at its max, as a program's run-time size is
+    assert bounded.axis("dp") == Axis("dp", 8, symbol="N", min=2, max=8)
+    both = parse("dp=N~4~2..")
+    assert (both.axis("dp").size, both.axis("dp").min, both.axis("dp").max) == (4, 2, None)
+    for mesh in (m, bounded, both, parse("a=M~3,b=M~3")):
+        assert parse(mesh.spec()).axes == mesh.axes
+    assert bounded.to_dict()["axes"][0] == {"name": "dp", "size": 8, "level": "device",
+                                            "peered": False, "symbol": "N", "min": 2, "max": 8}
+
+
+def test_binding_a_symbolic_mesh_gives_a_static_one_and_refuses_bad_values():
+    m = parse("dp=N~4~2..8,tp=2")
+    b = m.bind({"N": 3})
+    assert not b.symbolic and b.shape == (3, 2) and b.name == "dp=3,tp=2"
+    assert b == parse("dp=3,tp=2") and m.bind({"N": 4}) == parse("dp=4,tp=2")
+    shared = parse("a=M~2,b=M~2").bind({"M": 3})
+    assert shared.shape == (3, 3)
+    assert parse("tp=2").bind() == parse("tp=2") and parse("tp=2").bind({}) == parse("tp=2")
+    for sizes, match in [
+        (None, r"mesh 'dp=N~4~2..8,tp=2': axis 'dp' has symbolic size N \(planned at 4\); the "
+               r"per-device programs need its device count: bind it \(--param N=SIZE"),
+        ({"N": 9}, r"axis 'dp': N=9 is outside its bounds 2..8"),
+        ({"N": 1}, r"axis 'dp': N=1 is outside its bounds 2..8"),
+        ({"N": 2.5}, r"axis 'dp': its size N needs an int, got 2.5 \(float\)"),
+        ({"N": "4"}, r"axis 'dp': its size N needs an int, got '4' \(str\)"),
+        ({"N": True}, r"axis 'dp': its size N needs an int, got True \(bool\)"),
+        ({"N": 4, "K": 2}, r"has no size 'K'; its symbolic sizes: N"),
+    ]:
+        with pytest.raises(TargetError, match=match):
+            m.bind(sizes)
+    with pytest.raises(TargetError, match="has no size 'N'; it has no symbolic size"):
+        parse("tp=2").bind({"N": 2})
+
+
+def test_a_mesh_toml_file_may_give_a_symbolic_axis_size(tmp_path):
+    f = tmp_path / "m.toml"
+    f.write_text('axes = [{name = "dp", size = "N", plan = 4, max = 8, level = "node"}, '
+                 '{name = "tp", size = 2}]\n')
+    m = load_toml(f)
+    assert m.axis("dp") == Axis("dp", 4, "node", symbol="N", max=8) and m.shape == (4, 2)
+    f.write_text('axes = {dp = "N~2..8", tp = 2}\n')
+    assert load_toml(f).axis("dp") == Axis("dp", 8, symbol="N", min=2, max=8)
+    f.write_text('axes = [{name = "dp", size = "N"}]\n')
+    with pytest.raises(TargetError, match=r"m.toml.*axis 'dp': symbolic size N needs plan"):
+        load_toml(f)
+    f.write_text('axes = [{name = "dp", size = 2, plan = 4}]\n')
+    with pytest.raises(TargetError, match=r"plan, min and max belong to a symbolic size"):
+        load_toml(f)

@@ -12,7 +12,13 @@ from apportion.frontend.models import forward_program
 from apportion.ir.program import Program
 from apportion.runtime.reference import evaluate_op, random_inputs, run_unplanned
 from apportion.sharding.mesh import parse
-from apportion.sharding.rules import local_op, local_ranges, make_strategy, op_strategies
+from apportion.sharding.rules import (
+    local_op,
+    local_ops,
+    local_ranges,
+    make_strategy,
+    op_strategies,
+)
 from apportion.sharding.spec import Sharding
 
 S = Sharding
@@ -43,21 +49,97 @@ def test_two_axes_may_split_one_dim_in_mesh_order_or_two_dims():
                       "m:tp n:dp", "n:dp*tp"]
 
 
-def test_a_reduction_splits_its_reduced_dim_only_when_partials_combine_across_devices():
-    tensors = {"x": [8, 16], "r": [8, 1]}
+def reduce_op(fn: str, x: str = "float32", r: str | None = None, k: int = 16) -> Program:
+    r = r or ("int64" if fn == "argmax" else x)
+    return from_dict({"name": "p", "tensors": {"x": {"shape": [8, k], "dtype": x},
+                                               "r": {"shape": [8, 1], "dtype": r}},
+                      "inputs": ["x"], "outputs": ["r"],
+                      "ops": [{"name": "r", "op": fn, "out": "r[i,0]", "ins": ["x[i,k]"]}]})
+
+
+def test_every_reduction_splits_its_reduced_dim_and_waits_partial_in_its_own_way():
     mesh = parse("tp=2")
-    for fn, ok in (("sum", True), ("max", True), ("min", True), ("mean", False),
-                   ("argmax", False)):
-        p = one_op({"name": "r", "op": fn, "out": "r[i,0]", "ins": ["x[i,k]"]},
-                   {**tensors, "r": [8, 1]})
+    for fn, reducer in (("sum", "sum"), ("max", "max"), ("min", "min"), ("prod", "prod"),
+                        ("mean", "sum"), ("argmax", "argmax")):
+        p = reduce_op(fn)
         labels = [s.label for s in op_strategies(p.ops[0], p, mesh)]
-        assert ("k:tp" in labels) == ok, fn
-    p = one_op({"name": "r", "op": "max", "out": "r[i,0]", "ins": ["x[i,k]"]}, tensors)
-    assert make_strategy(p.ops[0], p, mesh, {"k": "tp"}).out == S(((), ()), ("tp",), "max")
-    p = one_op({"name": "r", "op": "mean", "out": "r[i,0]", "ins": ["x[i,k]"]}, tensors)
-    with pytest.raises(ProgramError, match=r"op 'r': dim 'k' cannot split over the mesh: its "
-                                           "mean reduction does not combine across devices"):
-        make_strategy(p.ops[0], p, mesh, {"k": "tp"})
+        assert labels == ["replicated", "i:tp", "k:tp"], fn
+        # a mean waits as a partial sum (each device's sum over the whole count), an argmax as
+        # partial argmax keys
+        assert make_strategy(p.ops[0], p, mesh, {"k": "tp"}).out == \
+            S(((), ()), ("tp",), reducer), fn
+
+
+def test_each_device_finishes_a_split_mean_or_argmax_so_that_parts_combine():
+    mesh = parse("tp=4")
+    p = reduce_op("mean", k=10)  # 10 over 4: 3, 3, 3, 1
+    s = make_strategy(p.ops[0], p, mesh, {"k": "tp"})
+    ops, types, fin = local_ops(p.ops[0], p, mesh, s, {"tp": 3})
+    assert [str(o) for o in ops] == ["r: r~mean[i, 0] = mean(x[i, k])"]
+    assert fin.kind == "scale" and fin.factor == pytest.approx(1 / 10)  # its 1 of 10 points
+    assert fin.sources == ("r~mean",) and fin.result == "r" and types["r~mean"].shape == (8, 1)
+    p = reduce_op("argmax", k=10)
+    s = make_strategy(p.ops[0], p, mesh, {"k": "tp"})
+    ops, types, fin = local_ops(p.ops[0], p, mesh, s, {"tp": 1})
+    assert [str(o) for o in ops] == ["r.value: r~value[i, 0] = max(x[i, k])",
+                                     "r: r~index[i, 0] = argmax(x[i, k])"]
+    assert (fin.kind, fin.local, fin.starts, fin.sizes) == ("pack", (3,), (3,), (10,))
+    assert types["r~value"].dtype == "float32" and types["r~index"].dtype == "int64"
+    assert local_ops(p.ops[0], p, mesh, make_strategy(p.ops[0], p, mesh, {"i": "tp"}),
+                     {"tp": 1})[2] is None  # a parallel split needs no finish
+
+
+@pytest.mark.parametrize(("fn", "x", "r", "why"), [
+    ("mean", "int32", "int32", "a mean of int32 splits over devices only with a float result"),
+    ("argmax", "int64", "int64", "an argmax of int64 values cannot pack its"),
+])
+def test_reductions_whose_partials_cannot_cross_devices_keep_the_reduced_dim_whole(fn, x, r,
+                                                                                  why):
+    p = reduce_op(fn, x, r)
+    assert [s.label for s in op_strategies(p.ops[0], p, parse("tp=2"))] == ["replicated",
+                                                                           "i:tp"]
+    with pytest.raises(ProgramError, match=f"op 'r': dim 'k' cannot split over the mesh: {why}"):
+        make_strategy(p.ops[0], p, parse("tp=2"), {"k": "tp"})
+
+
+def merged(h: int, d: int, t: int = 8) -> Program:
+    """Heads merged back into columns: o[t, d*h+e] = exp(x[t, h, e])."""
+    return from_dict({"name": "merge", "inputs": ["x"], "outputs": ["o"],
+                      "tensors": {"x": {"shape": [t, h, d], "dtype": "float32"},
+                                  "o": {"shape": [t, h * d], "dtype": "float32"}},
+                      "ops": [{"name": "m", "op": "exp", "out": f"o[t, {d}*h+e]",
+                               "ins": ["x[t,h,e]"]}]})
+
+
+def test_a_merged_output_axis_is_split_like_its_outer_digit_and_never_by_an_inner_one():
+    p = merged(4, 64)
+    for spec in ("tp=2", "tp=4"):
+        by_label = {s.label: s for s in op_strategies(p.ops[0], p, parse(spec))}
+        assert list(by_label) == ["replicated", "t:tp", "h:tp"]  # no e:tp: strided columns
+        assert str(by_label["h:tp"].out) == "[-, tp]" and str(by_label["h:tp"].ins[0]) == \
+            "[-, tp, -]"
+    with pytest.raises(ProgramError, match=r"op 'm': cannot split e over the mesh: it writes "
+                                           r"'o' axis 1 through 64\*h\+e, and a split of its "
+                                           r"inner digit 'e' would leave each device strided"):
+        make_strategy(p.ops[0], p, parse("tp=2"), {"e": "tp"})
+    lop, types = local_op(p.ops[0], p, parse("tp=4"), make_strategy(
+        p.ops[0], p, parse("tp=4"), {"h": "tp"}), {"tp": 2})
+    assert str(lop) == "m: o[t, 64*h+e] = exp(x[t, h, e])" and types["o"].shape == (8, 64)
+    assert lop.sizes == {"t": 8, "h": 1, "e": 64}
+
+
+def test_uneven_head_splits_are_offered_only_where_they_are_the_axis_own_cuts():
+    # 7 heads of 2 over 4: heads 2, 2, 2, 1 are columns 4, 4, 4, 2: torch.chunk's cuts of 14
+    assert "h:tp" in [s.label for s in op_strategies(merged(7, 2).ops[0], merged(7, 2),
+                                                     parse("tp=4"))]
+    # 5 heads of 4 over 2: heads 3 + 2 are 12 + 8 columns, torch.chunk cuts 20 as 10 + 10
+    p = merged(5, 4)
+    assert [s.label for s in op_strategies(p.ops[0], p, parse("tp=2"))] == ["replicated",
+                                                                          "t:tp"]
+    with pytest.raises(ProgramError, match=r"'h' \(5\) split over tp=2 gives device "
+                                           r"\{'tp': 0\} columns 0..12, not the axis's own cut "
+                                           r"\(0, 10\)"):
+        make_strategy(p.ops[0], p, parse("tp=2"), {"h": "tp"})
 
 
 def test_a_fallback_runs_whole_on_replicated_inputs():

@@ -106,3 +106,17 @@ def test_identical_layers_share_one_solution_and_a_32_layer_llama_solves_in_10_s
 def test_outputs_must_be_any_or_replicated():
     with pytest.raises(PlanningError, match="outputs must be one of any, replicated"):
         search(mlp(8, 8, 8), parse("tp=2"), outputs="sharded")
+
+
+def test_a_symbolic_mesh_is_searched_at_its_planning_size_and_shows_its_symbol():
+    p = mlp(128, 4096, 16384)
+    plan = search(p, parse("tp=N~2..8"), annotations={"x": REP, "y": REP})
+    static = search(p, parse("tp=8"), annotations={"x": REP, "y": REP})
+    assert [o.strategy for o in plan.ops] == [o.strategy for o in static.ops]
+    assert plan.predicted_us == pytest.approx(static.predicted_us)
+    assert plan.summary().startswith("mlp on tp=N~2..8 (tp=N~8~2..8, 8 devices at N=8)")
+    doc = plan.to_dict()["mesh"]["axes"][0]
+    assert (doc["symbol"], doc["size"], doc["min"], doc["max"]) == ("N", 8, 2, 8)
+    bound = plan.bind({"N": 2})  # the same strategies at 2 devices: shards twice as large
+    assert [o.strategy.label for o in bound.ops] == [o.strategy.label for o in plan.ops]
+    assert bound.peak_bytes > plan.peak_bytes and not bound.mesh.symbolic
