@@ -13,11 +13,12 @@ import math
 import os
 import reprlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from apportion.errors import ProgramError
+from apportion.ir.kinds import KINDS
 from apportion.ir.op import Access, Op
 from apportion.ir.program import LoopLevel, Program, Symbol, TensorType, TilingGroup
 
@@ -282,7 +283,7 @@ def _parse_op(od: Any, i: int, tensors: dict[str, TensorType]) -> Op:
         if acc.tensor not in tensors:
             raise ProgramError(f"{where}: tensor {acc.tensor!r} is neither an input nor produced "
                                "by an earlier op")
-        _sizes_from(acc, tensors[acc.tensor], sizes, where)
+        _sizes_from(acc, tensors[acc.tensor], sizes, where, declared)
     declared_out = tensors.get(out.tensor)
     if declared_out is not None:
         _sizes_from(out, declared_out, sizes, where)
@@ -321,9 +322,9 @@ def _parse_op(od: Any, i: int, tensors: dict[str, TensorType]) -> Op:
 #: op fields that are attributes: names (``fn``, ``dtype``) and numbers (``min``, ``max``,
 #: ``value``)
 NAME_ATTRS = ("fn", "dtype")
-NUMBER_ATTRS = ("min", "max", "value")
-#: every field an op may have: the structure, then the attributes; extend by adding names here
-#: (or to NAME_ATTRS / NUMBER_ATTRS, which ``_attrs`` reads)
+#: every numeric attribute some op kind of the registry takes (each kind checks its own)
+NUMBER_ATTRS = tuple(sorted({a for k in KINDS for a in k.attrs}))
+#: every field an op may have: the structure, then the attributes
 OP_FIELDS = ("name", "op", "out", "ins", "dims", *NAME_ATTRS, *NUMBER_ATTRS)
 
 
@@ -338,9 +339,12 @@ def _attrs(od: dict[str, Any], where: str) -> dict[str, str]:
     for k in NUMBER_ATTRS:
         if k in od:
             v = od[k]
-            if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v):
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ProgramError(f"{where}: field {k!r} must be a number, got {_show(v)}")
+            if isinstance(v, int) and not _finite(v):  # an int too large for a float
                 raise ProgramError(f"{where}: field {k!r} must be a finite number, got "
                                    f"{_show(v)}")
+            # whether a kind takes infinities (a mask's -inf fill) is the kind's to say
             attrs[k] = number_attr(v)
     return attrs
 
@@ -363,13 +367,18 @@ def inferred_dtype(op: Op, tensors: dict[str, TensorType]) -> str:
                              f"op {op.name!r}")
 
 
-def _sizes_from(acc: Access, t: TensorType, sizes: dict[str, int], where: str) -> None:
+def _sizes_from(acc: Access, t: TensorType, sizes: dict[str, int], where: str,
+                declared: Mapping[str, int] | None = None) -> None:
+    """Sizes of the dims ``acc`` indexes alone, from ``t``'s shape; a dim ``declared`` smaller
+    than an input's axis reads its leading part (``x[:, :n]``), which validation checks."""
     if len(acc.index) != t.rank:
         raise ProgramError(f"{where}: tensor {acc.tensor!r} has rank {t.rank} but is indexed with "
                            f"{len(acc.index)} indices")
     for axis, (e, size) in enumerate(zip(acc.index, t.shape, strict=True)):
         d = e.single_dim
         if d is None:
+            continue
+        if declared and declared.get(d, size) < size:
             continue
         if d in sizes and sizes[d] != size:
             raise ProgramError(f"{where}: dim {d!r} has size {sizes[d]} but indexes dim {axis} of "
@@ -450,7 +459,10 @@ def to_dict(p: Program) -> dict[str, Any]:
                for t in p.tensors if t.name not in implied}
     ops = []
     for o in p.ops:
-        alone = {e.single_dim for a in o.ins for e in a.index if e.single_dim}
+        # dims an input's axis sizes whole; a leading slice (x[:, :n]) needs its size written
+        alone = {e.single_dim for a in o.ins
+                 for e, n in zip(a.index, p.tensor(a.tensor).shape, strict=True)
+                 if e.single_dim and o.sizes[e.single_dim] == n}
         od: dict[str, Any] = {"name": o.name, "op": o.fn, "out": str(o.out),
                               "ins": [str(a) for a in o.ins]}
         extra = {d: n for d, n in o.dims if d not in alone}

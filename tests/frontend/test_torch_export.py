@@ -395,3 +395,17 @@ def test_operands_whose_merged_dims_do_not_line_up_are_copied_by_merged_writes()
     assert "reshape" not in {op.fn for op in tp.program.ops}
     assert not [n for n in tp.nodes if n.status == "fallback"]
     check_everywhere(tp, (x, y), eager(Mix(), x, y))
+
+
+@pytest.mark.parametrize("which", ["llama", "gpt2"])
+def test_a_lowered_model_round_trips_through_the_program_format(which, request):
+    from apportion.frontend.json_format import dumps, loads
+
+    model, ids, tp = request.getfixturevalue(which)
+    back = loads(dumps(tp.program))
+    assert back.ops == tp.program.ops and back.tensor_map == tp.program.tensor_map
+    assert (back.inputs, back.outputs) == (tp.program.inputs, tp.program.outputs)
+    assert dumps(back) == dumps(tp.program)
+    planned = ap.plan(back, ap.targets.spyre(cores=8))
+    got, = tp.torch_outputs(planned.run(tp.inputs(ids)))
+    np.testing.assert_allclose(got, eager(model, ids)[0], rtol=1e-4, atol=1e-5)

@@ -279,9 +279,9 @@ def test_where_takes_the_dtype_of_its_values_not_its_condition():
 
 @pytest.mark.parametrize(("attrs", "match"), [
     ({}, "clamp needs at least one of the attributes min, max"),
-    ({"min": float("nan")}, "field 'min' must be a finite number"),
-    ({"min": "low"}, "field 'min' must be a finite number"),
-    ({"min": 0, "max": True}, "field 'max' must be a finite number"),
+    ({"min": float("nan")}, "attribute 'min' of clamp must be a finite number"),
+    ({"min": "low"}, "field 'min' must be a number"),
+    ({"min": 0, "max": True}, "field 'max' must be a number"),
 ])
 def test_clamp_attributes_are_checked(attrs, match):
     with pytest.raises(ProgramError, match=match):
