@@ -409,3 +409,10 @@ def test_a_lowered_model_round_trips_through_the_program_format(which, request):
     planned = ap.plan(back, ap.targets.spyre(cores=8))
     got, = tp.torch_outputs(planned.run(tp.inputs(ids)))
     np.testing.assert_allclose(got, eager(model, ids)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_a_dynamic_sequence_that_reaches_a_gather_is_refused_naming_node_and_size(llama):
+    model, ids, _ = llama
+    seq = torch.export.Dim("seq", min=2, max=64)
+    with pytest.raises(ap.ProgramError, match=r"node 'embedding' .* dynamic size \(1, seq, 256\)"):
+        from_torch(model, (ids,), dynamic_shapes=({1: seq},))
