@@ -647,6 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
     shard_cli.add_mesh_options(r)
     r.add_argument("--timeout", type=float, default=300.0,
                    help="--backend dtensor: seconds before every rank is stopped (default 300)")
+    r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="--backend dtensor: cpu (gloo), cuda (nccl, one GPU per device of the "
+                        "mesh) or auto (cuda where there is a GPU per device; default)")
     r.set_defaults(func=cmd_run)
     e = sub.add_parser("emit", help="print the plan as a loop bundle (MLIR) or LoopSpec program")
     _common(e)

@@ -272,12 +272,14 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
         from apportion.sharding.dtensor import check_dtensor, run_dtensor
 
         if args.check:
-            checks, run = check_dtensor(plan, seed=args.seed, timeout_s=args.timeout)
+            checks, run = check_dtensor(plan, seed=args.seed, timeout_s=args.timeout,
+                                        device=args.device)
         else:
             run = run_dtensor(plan, random_inputs(plan.program, args.seed), args.seed,
-                              args.timeout)
+                              args.timeout, device=args.device)
             checks = None
-        console.print(f"{plan.mesh.devices} processes (gloo), {run.placement_checks} placement "
+        console.print(f"{plan.mesh.devices} processes ({run.backend}), {run.placement_checks} "
+                      "placement "
                       f"checks per rank, torch ran {len(run.native_ops)} of "
                       f"{len(plan.ops)} ops on DTensors ({', '.join(run.native_ops) or 'none'}), "
                       f"{run.wall_s:.1f} s", highlight=False, soft_wrap=True)

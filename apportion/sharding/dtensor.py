@@ -2,8 +2,10 @@
 and redistributed as the plan says, checked against the reference executor.
 
 ``run_dtensor(plan)`` starts one process per mesh device (``spawn``; the ``gloo`` backend on
-the CPU over loopback), each builds a ``DeviceMesh`` of the plan's mesh (same axis names and
-shape; device ``d`` is rank ``d``, row-major), and then, on every rank:
+the CPU over loopback, or ``nccl`` with one GPU per rank where the machine has a GPU per device:
+``device="auto"``, or ``cpu`` / ``cuda`` to choose), each builds a ``DeviceMesh`` of the
+plan's mesh (same axis names and shape; device ``d`` is rank ``d``, row-major), and then, on
+every rank:
 
 * places each input with ``distribute_tensor`` in its planned placements (``Shard(dim)`` where
   an axis splits a dim, ``Replicate()`` elsewhere) and checks the local shard is the one the
@@ -89,6 +91,8 @@ class DistRun:
     placement_checks: int
     native_ops: tuple[str, ...]
     wall_s: float
+    #: the process group's backend: ``gloo`` (CPU) or ``nccl`` (one GPU per rank)
+    backend: str = "gloo"
 
 
 def check_plan(plan: ShardingPlan) -> None:
@@ -113,16 +117,34 @@ def _free_port() -> int:
 
 def run_dtensor(plan: ShardingPlan, inputs: Mapping[str, Any] | None = None, seed: int = 0,
                 timeout_s: float = 120.0, fault: Mapping[str, Any] | None = None,
-                sizes: Mapping[str, int] | None = None) -> DistRun:
+                sizes: Mapping[str, int] | None = None, device: str = "auto") -> DistRun:
     """Run ``plan`` on ``torch.distributed`` (see the module docstring); returns the outputs.
-    ``sizes`` binds the symbolic axis sizes of its mesh."""
-    return run_dtensor_many([plan], [inputs], seed, timeout_s, fault, sizes)[0]
+    ``sizes`` binds the symbolic axis sizes of its mesh; ``device`` is ``cpu`` (gloo),
+    ``cuda`` (nccl, one GPU per rank) or ``auto`` (cuda where there is a GPU per rank)."""
+    return run_dtensor_many([plan], [inputs], seed, timeout_s, fault, sizes, device)[0]
+
+
+def resolve_device(device: str, world: int) -> str:
+    """``cpu`` or ``cuda`` for ``world`` ranks: ``auto`` takes cuda when there is a GPU per
+    rank; an explicit ``cuda`` without enough GPUs is an error naming the counts."""
+    if device not in ("auto", "cpu", "cuda"):
+        raise ExecutionError(f"device {device!r}: expected auto, cpu or cuda")
+    if device == "cpu":
+        return device
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cuda" and gpus < world:
+        raise ExecutionError(f"device cuda: the mesh has {world} devices, one process each, "
+                             f"but this machine has {gpus} GPU{'s' if gpus != 1 else ''}")
+    return "cuda" if gpus >= world else "cpu"
 
 
 def run_dtensor_many(plans: Sequence[ShardingPlan],
                      inputs: Sequence[Mapping[str, Any] | None] | None = None, seed: int = 0,
                      timeout_s: float = 120.0, fault: Mapping[str, Any] | None = None,
-                     sizes: Mapping[str, int] | None = None) -> list[DistRun]:
+                     sizes: Mapping[str, int] | None = None, device: str = "auto"
+                     ) -> list[DistRun]:
     """Several plans over meshes of one device count, one after another in one launch of the
     processes (PyTorch is imported once per rank); ``sizes`` binds each one's mesh (the sizes
     it names)."""
@@ -140,6 +162,7 @@ def run_dtensor_many(plans: Sequence[ShardingPlan],
     if not plans:
         return []
     world = plans[0].mesh.devices
+    device = resolve_device(device, world)
     jobs = []
     for k, plan in enumerate(plans):
         check_plan(plan)
@@ -158,7 +181,7 @@ def run_dtensor_many(plans: Sequence[ShardingPlan],
     ctx = mp.get_context("spawn")
     port = _free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, str(payload), str(tmp),
-                                               timeout_s), daemon=True)
+                                               timeout_s, device), daemon=True)
              for r in range(world)]
     start = time.monotonic()
     names = ", ".join(repr(p.program.name) for p in plans)
@@ -176,7 +199,9 @@ def run_dtensor_many(plans: Sequence[ShardingPlan],
             p.join(timeout=5)
         shutil.rmtree(tmp, ignore_errors=True)
     wall = time.monotonic() - start
-    return [DistRun(r["outputs"], r["checks"], tuple(r["native"]), wall) for r in results]
+    backend = "nccl" if device == "cuda" else "gloo"
+    return [DistRun(r["outputs"], r["checks"], tuple(r["native"]), wall, backend)
+            for r in results]
 
 
 def _watch(procs: list[Any], tmp: Path, deadline: float, timeout_s: float, name: str) -> None:
@@ -253,6 +278,7 @@ def _to_torch(a: np.ndarray, dtype: str) -> Any:
 
 
 def _to_numpy(t: Any, dtype: str) -> np.ndarray:
+    t = t.cpu()  # a GPU rank's tensors (nccl) come to the host to be compared
     if dtype == "bool":
         return t.numpy().astype(bool)
     if dtype == "bfloat16":
@@ -293,7 +319,7 @@ def _native(op: Op, program: Program, ins: list[Any]) -> Any | None:
 
 
 def _worker(rank: int, world: int, port: int, payload: str, outdir: str,
-            timeout_s: float) -> None:
+            timeout_s: float, device: str = "cpu") -> None:
     where = "before the first op"
 
     def at(w: str) -> None:
@@ -302,9 +328,13 @@ def _worker(rank: int, world: int, port: int, payload: str, outdir: str,
         Path(outdir, f"rank{rank}.at").write_text(w)  # read by the parent if this rank dies
 
     try:
+        import torch
         import torch.distributed as dist
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        if device == "cuda":
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout_s))
         with open(payload, "rb") as f:
             data = pickle.load(f)
@@ -312,7 +342,7 @@ def _worker(rank: int, world: int, port: int, payload: str, outdir: str,
         for job in data["jobs"]:
             program = loads(job["program"])
             plan = ShardingPlan.from_dict(job["plan"], program, job["mesh"], job["target"])
-            results.append(_run_rank(rank, plan, job["inputs"], data["fault"], at))
+            results.append(_run_rank(rank, plan, job["inputs"], data["fault"], at, device))
         if rank == 0:
             tmp = Path(outdir) / "result.tmp"
             with tmp.open("wb") as f:
@@ -328,14 +358,14 @@ def _worker(rank: int, world: int, port: int, payload: str, outdir: str,
 
 
 def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
-              fault: Mapping[str, Any] | None, at: Any) -> dict[str, Any]:
+              fault: Mapping[str, Any] | None, at: Any, device: str = "cpu") -> dict[str, Any]:
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     program, mesh = plan.program, plan.mesh
     names = mesh.names
-    dmesh = init_device_mesh("cpu", mesh.shape, mesh_dim_names=names)
+    dmesh = init_device_mesh(device, mesh.shape, mesh_dim_names=names)
     coords = mesh.coords(rank)
     sizes = {a.name: a.size for a in mesh.axes}
     env: dict[str, Any] = {}
@@ -358,7 +388,8 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
         t = program.tensor(name)
         at(f"placing input {name!r}")
         arr = kernels.to_storage(np.asarray(host[name]), t.dtype)
-        dt = distribute_tensor(_to_torch(arr, t.dtype), dmesh, _placements(s, names))
+        dt = distribute_tensor(_to_torch(arr, t.dtype).to(device), dmesh,
+                               _placements(s, names))
         expect(dt, s, name, "placed input")
         block = s.block(t.shape, coords, sizes)
         mine = arr[tuple(slice(lo, hi) for lo, hi in block)]
@@ -379,7 +410,8 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
             if step.reducer == "argmax" and not step.dst.partial:  # the keys fully reduced
                 keys = env[dst]
                 env[dst] = DTensor.from_local(
-                    torch.from_numpy(argmax_index(keys.to_local().numpy())), dmesh,
+                    torch.from_numpy(argmax_index(keys.to_local().cpu().numpy())).to(device),
+                    dmesh,
                     keys.placements, run_check=False, shape=keys.shape, stride=keys.stride())
             expect(env[dst], step.dst, tr.tensor, str(step))
             continue
@@ -412,7 +444,7 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
             dtype = program.tensor(op.out.tensor).dtype
             full = program.tensor(op.out.tensor).shape
             stride = tuple(int(np.prod(full[i + 1:])) for i in range(len(full)))
-            out = DTensor.from_local(_to_torch(res, dtype), dmesh,
+            out = DTensor.from_local(_to_torch(res, dtype).to(device), dmesh,
                                      _placements(shard.strategy.out, names), run_check=False,
                                      shape=torch.Size(full), stride=stride)
         expect(out, shard.strategy.out, op.out.tensor, f"op {op.name!r}")
@@ -425,19 +457,19 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
 
 
 def check_dtensor(plan: ShardingPlan, seed: int = 0, timeout_s: float = 120.0,
-                  fault: Mapping[str, Any] | None = None, sizes: Mapping[str, int] | None = None
-                  ) -> tuple[list[OutputCheck], DistRun]:
+                  fault: Mapping[str, Any] | None = None, sizes: Mapping[str, int] | None = None,
+                  device: str = "auto") -> tuple[list[OutputCheck], DistRun]:
     """Run ``plan`` on ``torch.distributed`` with random inputs and compare every output with
     the reference executor's run of the unsharded program (``sizes``: as ``run_dtensor``)."""
-    return check_dtensor_many([plan], seed, timeout_s, fault, sizes)[0]
+    return check_dtensor_many([plan], seed, timeout_s, fault, sizes, device)[0]
 
 
 def check_dtensor_many(plans: Sequence[ShardingPlan], seed: int = 0, timeout_s: float = 120.0,
                        fault: Mapping[str, Any] | None = None,
-                       sizes: Mapping[str, int] | None = None
+                       sizes: Mapping[str, int] | None = None, device: str = "auto"
                        ) -> list[tuple[list[OutputCheck], DistRun]]:
     """``check_dtensor`` of several plans in one launch."""
     inputs = [random_inputs(p.program, seed) for p in plans]
-    runs = run_dtensor_many(plans, inputs, seed, timeout_s, fault, sizes)
+    runs = run_dtensor_many(plans, inputs, seed, timeout_s, fault, sizes, device)
     return [(compare(run_unplanned(p.program, xs), run.outputs, p.program), run)
             for p, xs, run in zip(plans, inputs, runs, strict=True)]

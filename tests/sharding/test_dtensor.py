@@ -151,3 +151,26 @@ def test_a_dim_split_out_of_mesh_order_is_refused_before_launch():
     plan = propagate(matmul(), parse("a=1,b=2"), annotations={"x": S((("b", "a"), ()))})
     with pytest.raises(ExecutionError, match=r"dim 0 is split over b\*a, not in mesh order"):
         dtensor.run_dtensor(plan)
+
+
+def test_the_device_is_cpu_with_gloo_unless_there_is_a_gpu_per_rank():
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert dtensor.resolve_device("cpu", 2) == "cpu"
+    assert dtensor.resolve_device("auto", 2) == ("cuda" if gpus >= 2 else "cpu")
+    if gpus < 64:
+        with pytest.raises(ExecutionError, match="the mesh has 64 devices, one process each"):
+            dtensor.resolve_device("cuda", 64)
+    with pytest.raises(ExecutionError, match="expected auto, cpu or cuda"):
+        dtensor.resolve_device("tpu", 2)
+
+
+@pytest.mark.gpu
+def test_megatron_on_nccl_with_one_gpu_per_rank_matches_the_single_device_result():
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs")
+    checks, run = dtensor.check_dtensor(PLANS["megatron"](), timeout_s=120, device="cuda")
+    assert run.backend == "nccl" and all(c.ok for c in checks), checks
