@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from rich.console import Console
 
+from apportion.cli.params import parse_params
 from apportion.errors import ApportionError, ProgramError
 from apportion.ir.program import Program
 from apportion.passes.work_distribution import STRATEGIES
@@ -123,21 +124,8 @@ def _planned(args: argparse.Namespace) -> PlannedProgram:
 
 
 def _params(pairs: list[str] | None) -> dict[str, int]:
-    """``--param T=4`` values (symbolic loop counts) as a dict; the syntax only."""
-    out: dict[str, int] = {}
-    for text in pairs or []:
-        name, eq, value = text.partition("=")
-        name = name.strip()
-        if not eq or not name.isidentifier():
-            raise UsageError(f"--param {text!r}: expected NAME=COUNT, such as --param T=4")
-        try:
-            count = int(value)
-        except ValueError:
-            raise UsageError(f"--param {text!r}: count {value!r} is not an integer") from None
-        if name in out:
-            raise UsageError(f"--param {name} given twice ({name}={out[name]}, {name}={count})")
-        out[name] = count
-    return out
+    """``--param T=4`` values (symbolic loop counts, run-time sizes) as a dict."""
+    return parse_params(pairs, UsageError)
 
 
 def _symbols(program: Program) -> tuple[str, ...]:

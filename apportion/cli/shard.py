@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from apportion.cli.params import parse_params
 from apportion.errors import ApportionError, TargetError
 from apportion.target.presets import resolve
 from apportion.target.target import Target
@@ -116,22 +117,7 @@ def _target(args: argparse.Namespace, mesh: Mesh) -> Target:
 
 def _params(args: argparse.Namespace) -> dict[str, int]:
     """``--param NAME=SIZE`` values; the syntax only."""
-    out: dict[str, int] = {}
-    for text in getattr(args, "param", None) or []:
-        name, eq, value = text.partition("=")
-        name = name.strip()
-        if not eq or not name.isidentifier():
-            raise ShardUsageError(f"--param {text!r}: expected NAME=SIZE, such as --param N=2")
-        try:
-            size = int(value)
-        except ValueError:
-            raise ShardUsageError(f"--param {text!r}: size {value!r} is not an integer"
-                                  ) from None
-        if name in out:
-            raise ShardUsageError(f"--param {name} given twice ({name}={out[name]}, "
-                                  f"{name}={size})")
-        out[name] = size
-    return out
+    return parse_params(getattr(args, "param", None), ShardUsageError)
 
 
 def _bind_program(program: Program, params: dict[str, int], mesh: Mesh) -> Program:

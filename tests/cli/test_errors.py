@@ -294,9 +294,9 @@ def test_param_runs_a_symbolic_loop_count(tmp_path, capsys):
 @pytest.mark.parametrize(("argv", "parts"), [
     ([], ["symbolic loop count T", "--param T=N", "1..65535"]),
     (["--check"], ["--param T=N"]),
-    (["--param", "T"], ["--param 'T'", "NAME=COUNT"]),
+    (["--param", "T"], ["--param 'T'", "NAME=VALUE"]),
     (["--param", "T=x"], ["--param 'T=x'", "not an integer"]),
-    (["--param", "=4"], ["--param '=4'", "NAME=COUNT"]),
+    (["--param", "=4"], ["--param '=4'", "NAME=VALUE"]),
     (["--param", "U=4"], ["--param U=4", "'U' is not a symbolic loop count", "counts: T"]),
     (["--param", "T=65536"], ["--param T=65536", "1..65535", "max_loop_count"]),
     (["--param", "T=0"], ["--param T=0", "1..65535"]),

@@ -123,7 +123,7 @@ def test_a_program_with_run_time_sizes_is_bound_by_param_before_sharding(capsys)
     (["run", "examples/mlp.json", "--mesh", "dp=N~2..4", "--param", "N=8"],
      "axis 'dp': N=8 is outside its bounds 2..4"),
     (["run", "examples/mlp.json", "--mesh", "dp=N~4", "--param", "N=two"],
-     "--param 'N=two': size 'two' is not an integer"),
+     "--param 'N=two': value 'two' is not an integer"),
     (["run", "examples/mlp.json", "--mesh", "dp=N~4", "--param", "K=2"],
      "--param K: not a symbolic size of mesh 'dp=N~4' (its symbolic sizes: N) nor a run-time "
      "size of program 'mlp'"),
