@@ -119,10 +119,12 @@ def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = 
 
     Shapes are the example inputs', or, with ``dynamic_shapes`` (as ``torch.export`` takes
     them, ``torch.export.Dim("batch", max=64)``), symbols named after the ``Dim``s with their
-    bounds: the program is lowered at each symbol's planning size (its max, else its min) and
-    every axis a symbolic size reaches through plain indexing gets the symbol; a graph that
-    computes with a symbolic size (``arange`` over it, a view that merges it with another dim)
-    is refused naming the op. Hugging Face models want ``use_cache=False`` in their config.
+    bounds: the program is lowered at each symbol's planning size (its max, else its min), and
+    once more per symbol at another size; every tensor axis whose size moved with the symbol
+    gets it (also the outputs of an ``arange`` over it, a gather of that many ids, a mask built
+    from it). A graph whose ops change with the size, or an axis that moves otherwise (``seq +
+    1``, a merge with another dim) is refused naming the torch node. Hugging Face models want
+    ``use_cache=False`` in their config.
     """
     import torch
 
@@ -183,27 +185,33 @@ def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shape
         axes.append(found)
     if not symbols:
         raise ProgramError("from_torch: dynamic_shapes made no input size symbolic")
-    # a static export at the planning sizes: the sizes the program is planned at
-    static_inputs = []
     leaves = _tensor_leaves(tuple(example_inputs))
     if len(leaves) != len(user):
         raise ProgramError(f"from_torch: {len(user)} tensor inputs, {len(leaves)} given")
-    for x, found in zip(leaves, axes, strict=True):
-        shape = [symbols[found[i]].planning_size if i in found else n
-                 for i, n in enumerate(x.shape)]
-        static_inputs.append(torch.zeros(shape, dtype=x.dtype))
-    tp = from_torch(model, tuple(static_inputs), kwargs=kwargs, name=name)
-    seeds = {tensor: found for tensor, found in zip(tp.user_inputs, axes, strict=True) if found}
-    for tensor in seeds:
-        if len(tp.program.tensor(tensor).shape) != len(shapes[user[tp.user_inputs.index(
-                tensor)]]):
-            raise ProgramError(f"from_torch: input {tensor!r} is stored with another rank than "
-                               "torch's; its symbolic sizes cannot be placed")
+
+    def lowered(at: Mapping[str, int]) -> TorchProgram:
+        """A static export with each symbol at its size in ``at``."""
+        static = [torch.zeros([at[found[i]] if i in found else n for i, n in enumerate(x.shape)],
+                              dtype=x.dtype) for x, found in zip(leaves, axes, strict=True)]
+        return from_torch(model, tuple(static), kwargs=kwargs, name=name)
+
+    # the static export at the planning sizes is the program; one more per symbol, at another
+    # size of it, tells which axes and dims that symbol sizes (those whose size moved with it)
+    planning = {n: sym.planning_size for n, sym in symbols.items()}
+    tp = lowered(planning)
+    moved: dict[str, dict[int, str]] = {}
+    for sym in symbols.values():
+        other = sym.planning_size - 1 if sym.planning_size - 1 >= max(sym.min, 2) else \
+            sym.planning_size + 1
+        if sym.max is not None and other > sym.max or other < 2:
+            continue  # a symbol of one usable size (min == max): nothing moves
+        variant = lowered({**planning, sym.name: other})
+        _moved_axes(tp, variant, sym, other, moved)
     try:
-        program = with_symbols(tp.program, seeds, tuple(symbols.values()))
+        program = with_symbols(tp.program, moved, tuple(symbols.values()))
     except ProgramError as e:
         raise ProgramError(f"from_torch: the graph computes with a dynamic size, which apportion "
-                           f"plans only as a plain index: {e}") from None
+                           f"plans only as a plain size of a tensor axis: {e}") from None
     _check_dynamic_reach(ep, tp, program, named)
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     flat = torch.utils._pytree.tree_leaves(out_node.args[0])
@@ -216,6 +224,33 @@ def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shape
     if len(dynamic) != len(tp.outputs):
         dynamic = ()
     return dataclasses.replace(tp, program=program, output_dynamic=dynamic)
+
+
+def _moved_axes(tp: TorchProgram, variant: TorchProgram, sym: Symbol, other: int,
+                moved: dict[str, dict[int, str]]) -> None:
+    """Record in ``moved`` (tensor -> axis -> symbol) the axes of ``tp``'s tensors whose size is
+    ``sym``'s planning size there and ``other`` in ``variant``, the same model lowered with
+    ``sym`` at ``other``; refuse a graph whose ops differ between the two, or an axis that
+    moved by another amount (a size like ``seq + 1``, ``2 * seq``)."""
+    a, b = tp.program, variant.program
+    if [(o.name, o.fn, o.out, o.ins, o.attrs) for o in a.ops] != \
+            [(o.name, o.fn, o.out, o.ins, o.attrs) for o in b.ops]:
+        raise ProgramError(f"from_torch: the graph's ops change with the dynamic size "
+                           f"{sym.name!r} ({sym.planning_size} against {other}); apportion "
+                           "plans one graph for every size")
+    for t in a.tensors:
+        for axis, (n, m) in enumerate(zip(t.shape, b.tensor(t.name).shape, strict=True)):
+            if n == m:
+                continue
+            if (n, m) != (sym.planning_size, other) or axis in moved.get(t.name, {}):
+                op = a.producer(t.name)
+                where = tp.origins[op.name] if op is not None else f"input {t.name!r}"
+                raise ProgramError(
+                    f"from_torch: {where} makes tensor {t.name!r} whose dim {axis} is {n} "
+                    f"when {sym.name} is {sym.planning_size} and {m} when it is {other}; "
+                    f"apportion plans a dynamic size only as the whole size of an axis "
+                    f"({sym.name}, not {sym.name} + 1 or a product)")
+            moved.setdefault(t.name, {})[axis] = sym.name
 
 
 def _check_dynamic_reach(ep: Any, tp: TorchProgram, program: Program,

@@ -373,14 +373,44 @@ def test_a_dynamic_size_merged_into_an_output_dim_comes_back_in_torch_shape():
     np.testing.assert_allclose(got, (x * 2).reshape(-1).numpy())
 
 
-def test_a_graph_computing_with_a_dynamic_size_is_refused_naming_the_op():
+def test_an_arange_over_a_dynamic_size_takes_the_symbol_and_runs_at_other_sizes():
     class Positions(torch.nn.Module):
         def forward(self, x):
             return x + torch.arange(x.shape[0])[:, None]
 
     batch = torch.export.Dim("batch", max=64)
-    with pytest.raises(ap.ProgramError, match="dynamic size.*op '"):
-        ap.from_torch(Positions(), (torch.randn(8, 4),), dynamic_shapes=({0: batch},))
+    tp = ap.from_torch(Positions(), (torch.randn(8, 4),), dynamic_shapes=({0: batch},))
+    arange = next(op for op in tp.program.ops if op.fn == "arange")
+    assert tp.program.tensor(arange.out.tensor).symbols == {0: "batch"}
+    planned = ap.plan(tp.program, ap.targets.spyre(cores=4))
+    x = torch.randn(5, 4)
+    got, = tp.torch_outputs(planned.run(tp.inputs(x)))
+    np.testing.assert_allclose(got, (x + torch.arange(5)[:, None]).numpy())
+
+
+def test_a_size_that_is_a_dynamic_size_plus_one_is_refused_naming_the_node():
+    class Prepend(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([x[:1], x]).exp()
+
+    batch = torch.export.Dim("batch", min=2, max=64)
+    with pytest.raises(ap.ProgramError, match=r"torch node 'cat' .* dim 0 is 65 when batch is "
+                                              r"64 and 64 when it is 63"):
+        ap.from_torch(Prepend(), (torch.randn(8, 4),), dynamic_shapes=({0: batch},))
+
+
+def test_causal_self_attention_runs_at_any_dynamic_sequence_length():
+    torch.manual_seed(3)
+    model = SelfAttention().eval()
+    seq = torch.export.Dim("seq", min=2, max=32)
+    tp = ap.from_torch(model, (torch.randn(2, 16, 128),), dynamic_shapes=({1: seq},))
+    assert tp.program.symbol_map["seq"].planning_size == 32
+    for cores in (1, 8):
+        planned = ap.plan(tp.program, ap.targets.spyre(cores=cores))
+        for t in (3, 17, 32):
+            x = torch.randn(2, t, 128)
+            got, = tp.torch_outputs(planned.run(tp.inputs(x)))
+            np.testing.assert_allclose(got, eager(model, x)[0], rtol=1e-4, atol=1e-5)
 
 
 def test_operands_whose_merged_dims_do_not_line_up_are_copied_by_merged_writes():
@@ -411,8 +441,9 @@ def test_a_lowered_model_round_trips_through_the_program_format(which, request):
     np.testing.assert_allclose(got, eager(model, ids)[0], rtol=1e-4, atol=1e-5)
 
 
-def test_a_dynamic_sequence_that_reaches_a_gather_is_refused_naming_node_and_size(llama):
+def test_a_dynamic_sequence_in_a_hugging_face_model_is_refused_naming_node_and_size(llama):
+    # the position ids' packed-sequence check concatenates one element before the sequence
     model, ids, _ = llama
     seq = torch.export.Dim("seq", min=2, max=64)
-    with pytest.raises(ap.ProgramError, match=r"node 'embedding' .* dynamic size \(1, seq, 256\)"):
+    with pytest.raises(ap.ProgramError, match=r"torch node 'cat' .* 65 when seq is 64"):
         from_torch(model, (ids,), dynamic_shapes=({1: seq},))
