@@ -11,11 +11,14 @@ bounding box over the thread's box (``plans.tiles.region``; literal indices drop
 the op runs on the slices as a ``linalg.generic`` whose indexing maps are the accesses relative
 to the slice (``x[t, 128*h+d]`` reads a wider slice through ``d1, d0 * 128 + d3``; a dim that no
 access names alone gets a shape-only ``tensor.empty`` operand so that the generic knows its
-range). The body is the registry's (``ir.kinds.MlirBody``): value inputs convert to the compute
-type (``f32`` for float16, bfloat16 and bool operands, as the reference executor computes;
-``f32`` for float32 too, where the reference uses float64; ``i64`` for integers; ``f64`` where
-integers meet floats or a kind has no integer body), the result converts once to the output
-type. Each thread writes its piece with ``tensor.parallel_insert_slice``.
+range). A read through a sum that IREE 3.13 crashes on (three dims or more, ``64*a+32*c+d``:
+``forall_tensors.iree_safe_map``) is a gather instead, a ``tensor.extract`` at the sum into a
+tensor of one axis per dim that the generic reads through a projection. The body is the
+registry's (``ir.kinds.MlirBody``): value inputs convert to the compute type (``f32`` for
+float16, bfloat16 and bool operands, as the reference executor computes; ``f32`` for float32
+too, where the reference uses float64; ``i64`` for integers; ``f64`` where integers meet floats
+or a kind has no integer body), the result converts once to the output type. Each thread
+writes its piece with ``tensor.parallel_insert_slice``.
 
 Reductions and matmul accumulate into a ``linalg.fill`` of the reducer's identity (``f32`` for
 float16/bfloat16, ``i64`` for integers, ``i1`` for ``any``); a reduction dim split over cores

@@ -5,6 +5,8 @@ pieces written back with ``tensor.insert_slice`` or ``tensor.parallel_insert_sli
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -74,6 +76,38 @@ def _region(access: Access, box: Box) -> list[tuple[Ix, Ix, bool]]:
             ext = ext + (box[d][1] - 1) * c
         out.append((lo, ext, False))
     return out
+
+
+#: a term of an indexing map result as ``_Tensors.read`` writes it: ``d3`` or ``d3 * 64``
+_TERM = re.compile(r"d(\d+)(?: \* -?\d+)?")
+_DIM = re.compile(r"d(\d+)")
+
+
+def iree_safe_map(results: Sequence[str]) -> bool:
+    """Whether IREE 3.13 can take an input indexing map with these results wherever its
+    fusions put it.
+
+    iree-compile 3.13 crashes (a segfault in dispatch annotation: ``AnnotateDispatchesPass``
+    summarizes a dispatch with ``linalg::inferConvolutionDims``) on a ``linalg.generic`` with
+    two inputs and one output whose first input's map has a result that is a sum where only
+    one side of the outermost ``+`` is a dim or a dim times a constant: a sum of three or more
+    terms (``d0 * 64 + d2 * 32 + d3`` is ``(d0 * 64 + d2 * 32) + d3``), or of two terms one of
+    whose dims the map uses again. The convolution matcher then takes that dim for a convolved
+    dim without its pair and reads a null stride for it. Elementwise fusion can move any
+    operand's map into that place (a one-input op reading such a sum fused into a two-input
+    consumer), so the emitter writes no such map at all (``_Tensors.generic``). Safe: every
+    result one term, or two terms over dims the map uses nowhere else.
+    """
+    used: Counter[str] = Counter()
+    sums = []
+    for r in results:
+        terms = [_TERM.fullmatch(t) for t in r.split(" + ")]
+        if not all(terms):
+            return False  # not a form read writes: assume the worst
+        dims = [t.group(1) for t in terms if t is not None]
+        used.update(dims)
+        sums.append(dims)
+    return all(len(t) == 1 or (len(t) == 2 and all(used[d] == 1 for d in t)) for t in sums)
 
 
 @dataclass
@@ -258,10 +292,13 @@ class _Tensors(_Emitter):
         """A ``linalg.generic`` over ``dims``; ``body(block, in_args, out_args)`` returns the
         yielded values. Dims no operand indexes alone get a shape-only operand."""
         n = len(dims)
+        # IREE 3.13 crashes on some sums in indexing maps (see iree_safe_map): such an operand
+        # is read through a gather into a tensor with one axis per dim, with a plain map
+        ins = [s if iree_safe_map(s.results) else self.gathered(blk, dims, sizes, s)
+               for s in ins]
         maps = [s.results for s in ins] + [out_results for _ in outs]
         pure = {r for m in maps for r in m}
         n_ins = len(ins)
-        ins = list(ins)
         for i, d in enumerate(dims):
             if f"d{i}" not in pure:
                 shape = self.empty(blk, f"range_{d}", [sizes[d]], "i8")
@@ -290,3 +327,41 @@ class _Tensors(_Emitter):
         blk.emit(f"}} -> {out_types if len(outs) == 1 else f'({out_types})'}")
         names = [res] if len(outs) == 1 else [f"{res}#{i}" for i in range(len(outs))]
         return [o.renamed(nm) for o, nm in zip(outs, names, strict=True)]
+
+    def gathered(self, blk: _Block, dims: Sequence[str], sizes: Mapping[str, Ix], s: _Slice
+                 ) -> _Slice:
+        """Operand ``s`` of a generic over ``dims`` copied into a tensor with one axis per dim
+        its map uses (in the order of ``dims``) by a ``tensor.extract`` at the map's index, and
+        read back through a projection. The copy has no input map, so IREE's fusions cannot
+        give the consumer the sum back (an elementwise copy reading through the sum fuses into
+        the consumer and crashes it again)."""
+        used = sorted({int(i) for r in s.results for i in _DIM.findall(r)})
+        local = {i: k for k, i in enumerate(used)}
+        exprs = [_DIM.sub(lambda m: f"d{local[int(m.group(1))]}", r) for r in s.results]
+        names = [dims[i] for i in used]
+        stem = f"{s.ssa[1:]}_g"
+        init = self.empty(blk, stem, [sizes[d] for d in names], s.elt)
+
+        def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
+            idx = []
+            for k in range(len(used)):
+                i = b.fresh(f"i{k}")
+                b.emit(f"{i} = linalg.index {k} : index")
+                idx.append(i)
+            at = []
+            for e in exprs:
+                plain = _DIM.fullmatch(e)
+                if plain is not None:
+                    at.append(idx[int(plain.group(1))])
+                    continue
+                a = b.fresh("at")
+                b.emit(f"{a} = affine.apply {_map(len(used), [e])}({', '.join(idx)})")
+                at.append(a)
+            x = b.fresh("x")
+            b.emit(f"{x} = tensor.extract {s.ssa}[{', '.join(at)}] : {s.type}")
+            return [x]
+
+        out = [f"d{k}" for k in range(len(used))]
+        copy = self.generic(blk, names, {d: sizes[d] for d in names}, [], [], [init], out, body,
+                            stem)[0]
+        return _Slice(copy.ssa, copy.type, copy.elt, [f"d{i}" for i in used])

@@ -29,6 +29,7 @@ from apportion.frontend.json_format import from_dict
 from apportion.planned import PlannedProgram
 from apportion.runtime import iree
 from apportion.target.split_k import Case, SelectChain
+from tests.codegen.sums import DYNAMIC as SUMS
 
 ROOT = Path(__file__).parents[2]
 
@@ -226,6 +227,13 @@ def test_merged_writes_beside_run_time_sizes(target, tmp_path):
         assert p.plan.op("mm.partial").split_k.select is not None
         assert "tensor<?x?x128xf32> into tensor<?x?x2x64xf32>" in text
     run_at(p, [{"K": 40960, "M": 5}, {"K": 1000, "M": 64}, {"K": 3, "M": 1}], tmp_path)
+
+@pytest.mark.parametrize("target", ["gpu", "spyre"])
+def test_reads_through_a_sum_of_three_dims_beside_a_run_time_size(target, tmp_path):
+    # x[t, 64*a+32*c+d] over a run-time M: gathered into tensors of a run-time size
+    p = planned(SUMS, target)
+    assert "tensor.extract %x" in p.forall_mlir()
+    run_at(p, [{"M": 64}, {"M": 37}, {"M": 1}], tmp_path)
 
 # --- the entry points ---------------------------------------------------------------------------
 

@@ -2,9 +2,10 @@
 
 Each compiled module costs 0.5 to 2 s, so the default suite compiles about a dozen (every
 example but the 400 MB lm_head, an uneven split, split reductions, a coarse-tiled program with
-an accumulator and a symbolic count, every dtype, writes through a merge of dims on 1, 8 and 32
-cores, a few random programs); the sweeps over every kind and many random programs are
-``slow``. Modules are cached in a folder of the session.
+an accumulator and a symbolic count, every dtype, writes through a merge of dims and reads
+through sums of three dims on 1, 8 and 32 cores, a few random programs, a Llama from
+transformers); the sweeps over every kind and many random programs are ``slow``. Modules are
+cached in a folder of the session.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from apportion.backends import IreeRun, check_counts, iree_check, iree_run
 from apportion.cli.main import main
 from apportion.codegen.forall import forall_mlir
 from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.frontend.json_format import from_dict
 from apportion.ir.kinds import FLOATS, KINDS, Category
 from apportion.planned import PlannedProgram
 from apportion.runtime import iree
@@ -33,6 +35,7 @@ from tests.codegen.merged import (
     plan_in_loops,
     split_k_program,
 )
+from tests.codegen.sums import SUM3, sums_program, tiled_sums_program
 from tests.codegen.test_forall import (
     golden,
     plan_small,
@@ -321,6 +324,50 @@ def test_cli_emits_and_runs_a_merged_write(cache, tmp_path, capsys):
     for cores in ("1", "8", "32"):
         assert main(["run", str(path), "--cores", cores, "--backend", "iree", "--check"]) == 0
         assert "matches the unplanned program" in capsys.readouterr().out
+
+
+# --- reads through sums of three or more dims -------------------------------------------------
+# IREE 3.13 crashes on a generic with two inputs whose first reads through such a sum
+# (codegen.forall_tensors.iree_safe_map); the emitter reads those operands through a gather.
+
+@pytest.mark.parametrize("cores", [1, 8, 32])
+def test_a_pointwise_read_through_a_sum_of_three_dims(cores, cache):
+    planned = ap.plan(from_dict(SUM3), ap.targets.spyre(cores=cores))
+    assert "tensor.extract %x" in planned.forall_mlir()
+    check(planned, cache)
+
+
+@pytest.mark.parametrize("cores", [1, 8, 32])
+def test_matmuls_and_reductions_read_through_sums_of_three_dims(cores, cache):
+    planned = ap.plan(sums_program(split=cores > 1), ap.targets.spyre(cores=cores))
+    if cores > 1:
+        assert planned.op("sk.partial").split_k.factor == 4
+        assert planned.op("mk").split_map["k"] == 4
+    check(planned, cache, seed=cores)
+
+
+@pytest.mark.parametrize("cores", [1, 8])
+def test_loop_tiles_read_through_sums_of_three_dims(cores, cache):
+    planned = ap.plan(tiled_sums_program(), ap.targets.spyre(cores=cores))
+    assert len(planned.groups) == 2
+    check(planned, cache, {"T": 2})
+
+
+def test_llama_from_transformers_runs_in_iree_and_matches_eager(tmp_path):
+    """Its rotary embeddings read the query and key projections through 64*a+32*c+d."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from apportion.frontend.torch_demo import tiny_llama
+
+    model, xs = tiny_llama()
+    tp = ap.from_torch(model, xs)
+    planned = ap.plan(tp.program, ap.targets.spyre(cores=32))
+    run = iree_run(planned.program, planned.plan, planned.target, tp.inputs(*xs),
+                   cache_dir=tmp_path)
+    got, = tp.torch_outputs(run.tensors)
+    with torch.no_grad():
+        want = model(*xs).logits.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 # --- the upstream crash this backend works around ------------------------------------------------
