@@ -20,3 +20,24 @@ def one_op(fn: str, out: str, ins: list[str], tensors: dict[str, tuple[list[int]
            **extra: Any) -> Program:
     return program(tensors, [{"name": fn, "op": fn, "out": out, "ins": ins}],
                    [out.split("[")[0]], **extra)
+
+
+def edge_accesses_program() -> Program:
+    """Rank-0 tensors, literal indices, a diagonal, strided and offset reads, a window of sums
+    (64*h+d), a transposed write, a reduction dim no input reads, an input returned as is."""
+    return program({"s": ([], "float16"), "x": ([8, 256], "float16"), "q": ([8, 8], "float32"),
+                 "w": ([256, 16], "float16")},
+                [{"name": "bcast", "op": "mul", "out": "b[i,j]", "ins": ["x[i,j]", "s[]"]},
+                 {"name": "total", "op": "sum", "out": "t[]", "ins": ["x[i,j]"]},
+                 {"name": "corner", "op": "copy", "out": "c[0,0]", "ins": ["x[0,0]"]},
+                 {"name": "diag", "op": "exp", "out": "g[i]", "ins": ["q[i,i]"]},
+                 {"name": "stride", "op": "neg", "out": "st[i,j]", "ins": ["x[2*i,j]"],
+                  "dims": {"i": 4}},
+                 {"name": "offset", "op": "neg", "out": "of[i,f]", "ins": ["x[i,72+f]"],
+                  "dims": {"f": 128}},
+                 {"name": "window", "op": "sum", "out": "wn[i,h]", "ins": ["x[i,64*h+d]"],
+                  "dims": {"h": 3, "d": 128}},
+                 {"name": "trans", "op": "relu", "out": "tr[j,i]", "ins": ["x[i,j]"]},
+                 {"name": "unread", "op": "matmul", "out": "mm[i,j]",
+                  "ins": ["b[i,k]", "w[k,j]"], "dims": {"r": 3}}],
+                ["b", "t", "c", "g", "st", "of", "wn", "tr", "mm", "q"], name="edges")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,7 +44,7 @@ from tests.codegen.test_forall import (
     resplit_programs,
     small_programs,
 )
-from tests.helpers import program
+from tests.helpers import edge_accesses_program, program
 from tests.runtime.test_loops_properties import tiled_programs
 
 ROOT = Path(__file__).parents[2]
@@ -62,6 +63,14 @@ def cache(home, monkeypatch) -> Path:
     path = home / ".cache" / "apportion" / "iree"
     assert iree.default_cache_dir() == path
     return path
+
+
+def examples(n: int) -> Any:
+    """Hypothesis settings of these tests: ``n`` examples, no deadline (a compile takes
+    seconds), the module cache fixture shared between examples."""
+    return settings(max_examples=n, deadline=None,
+                    suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
+                                           HealthCheck.function_scoped_fixture])
 
 
 def check(planned: PlannedProgram, cache: Path, params: dict[str, int] | None = None,
@@ -156,63 +165,38 @@ def test_every_dtype_and_cast(cache):
 def test_edge_accesses(cache):
     """Rank-0 tensors, literal indices, a diagonal, strided and offset reads, a window of sums
     (64*h+d), a transposed write, a reduction dim no input reads, an input returned as is."""
-    p = program({"s": ([], "float16"), "x": ([8, 256], "float16"), "q": ([8, 8], "float32"),
-                 "w": ([256, 16], "float16")},
-                [{"name": "bcast", "op": "mul", "out": "b[i,j]", "ins": ["x[i,j]", "s[]"]},
-                 {"name": "total", "op": "sum", "out": "t[]", "ins": ["x[i,j]"]},
-                 {"name": "corner", "op": "copy", "out": "c[0,0]", "ins": ["x[0,0]"]},
-                 {"name": "diag", "op": "exp", "out": "g[i]", "ins": ["q[i,i]"]},
-                 {"name": "stride", "op": "neg", "out": "st[i,j]", "ins": ["x[2*i,j]"],
-                  "dims": {"i": 4}},
-                 {"name": "offset", "op": "neg", "out": "of[i,f]", "ins": ["x[i,72+f]"],
-                  "dims": {"f": 128}},
-                 {"name": "window", "op": "sum", "out": "wn[i,h]", "ins": ["x[i,64*h+d]"],
-                  "dims": {"h": 3, "d": 128}},
-                 {"name": "trans", "op": "relu", "out": "tr[j,i]", "ins": ["x[i,j]"]},
-                 {"name": "unread", "op": "matmul", "out": "mm[i,j]",
-                  "ins": ["b[i,k]", "w[k,j]"], "dims": {"r": 3}}],
-                ["b", "t", "c", "g", "st", "of", "wn", "tr", "mm", "q"], name="edges")
+    p = edge_accesses_program()
     check(ap.plan(p, ap.targets.spyre(cores=8)), cache)
 
 
-@settings(max_examples=3, deadline=None,
-          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
-                                 HealthCheck.function_scoped_fixture])
+@examples(3)
 @given(small_programs(), st.integers(1, 8), st.integers(0, 3))
 def test_random_small_programs(cache, p, cores, seed):
     check(plan_small(p, cores), cache, seed=seed)
 
 
-@settings(max_examples=2, deadline=None,
-          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
-                                 HealthCheck.function_scoped_fixture])
+@examples(2)
 @given(resplit_programs(), st.integers(0, 3))
 def test_random_splits(cache, planned, seed):
     check(planned, cache, seed=seed)
 
 
 @pytest.mark.slow
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
-                                 HealthCheck.function_scoped_fixture])
+@examples(40)
 @given(resplit_programs(), st.integers(0, 3))
 def test_many_random_splits(cache, planned, seed):
     check(planned, cache, seed=seed)
 
 
 @pytest.mark.slow
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
-                                 HealthCheck.function_scoped_fixture])
+@examples(60)
 @given(small_programs(), st.integers(1, 16), st.integers(0, 3))
 def test_many_random_small_programs(cache, p, cores, seed):
     check(plan_small(p, cores), cache, seed=seed)
 
 
 @pytest.mark.slow
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
-                                 HealthCheck.function_scoped_fixture])
+@examples(40)
 @given(tiled_programs(), st.integers(1, 32), st.integers(0, 3))
 def test_random_tiled_programs(cache, case, cores, seed):
     p, params = case
@@ -299,18 +283,14 @@ def test_merged_writes_in_loop_nests(cache):
     check(planned, cache, {"T": 2})
 
 
-@settings(max_examples=3, deadline=None,
-          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
-                                 HealthCheck.function_scoped_fixture])
+@examples(3)
 @given(small_programs(merge=True), st.integers(1, 32), st.integers(0, 3))
 def test_random_merged_writes(cache, p, cores, seed):
     check(plan_small(p, cores), cache, seed=seed)
 
 
 @pytest.mark.slow
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow,
-                                 HealthCheck.function_scoped_fixture])
+@examples(40)
 @given(small_programs(merge=True), st.integers(1, 32), st.integers(0, 3))
 def test_many_random_merged_writes(cache, p, cores, seed):
     check(plan_small(p, cores), cache, seed=seed)
@@ -351,23 +331,6 @@ def test_loop_tiles_read_through_sums_of_three_dims(cores, cache):
     planned = ap.plan(tiled_sums_program(), ap.targets.spyre(cores=cores))
     assert len(planned.groups) == 2
     check(planned, cache, {"T": 2})
-
-
-def test_llama_from_transformers_runs_in_iree_and_matches_eager(tmp_path):
-    """Its rotary embeddings read the query and key projections through 64*a+32*c+d."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from apportion.frontend.torch_demo import tiny_llama
-
-    model, xs = tiny_llama()
-    tp = ap.from_torch(model, xs)
-    planned = ap.plan(tp.program, ap.targets.spyre(cores=32))
-    run = iree_run(planned.program, planned.plan, planned.target, tp.inputs(*xs),
-                   cache_dir=tmp_path)
-    got, = tp.torch_outputs(run.tensors)
-    with torch.no_grad():
-        want = model(*xs).logits.numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 # --- the upstream crash this backend works around ------------------------------------------------

@@ -40,7 +40,7 @@ from tests.codegen.test_forall import (  # noqa: E402
     resplit_programs,
     small_programs,
 )
-from tests.helpers import program  # noqa: E402
+from tests.helpers import edge_accesses_program, program  # noqa: E402
 from tests.passes.test_kinds_properties import kind_programs  # noqa: E402
 from tests.runtime.test_loops_properties import tiled_programs  # noqa: E402
 
@@ -114,22 +114,7 @@ def test_uneven_splits_and_split_reductions():
 def test_edge_accesses():
     """Rank-0 tensors, literal indices, a diagonal, strided and offset reads, a window of sums
     (64*h+d), a transposed write, a reduction dim no input reads, an input returned as is."""
-    p = program({"s": ([], "float16"), "x": ([8, 256], "float16"), "q": ([8, 8], "float32"),
-                 "w": ([256, 16], "float16")},
-                [{"name": "bcast", "op": "mul", "out": "b[i,j]", "ins": ["x[i,j]", "s[]"]},
-                 {"name": "total", "op": "sum", "out": "t[]", "ins": ["x[i,j]"]},
-                 {"name": "corner", "op": "copy", "out": "c[0,0]", "ins": ["x[0,0]"]},
-                 {"name": "diag", "op": "exp", "out": "g[i]", "ins": ["q[i,i]"]},
-                 {"name": "stride", "op": "neg", "out": "st[i,j]", "ins": ["x[2*i,j]"],
-                  "dims": {"i": 4}},
-                 {"name": "offset", "op": "neg", "out": "of[i,f]", "ins": ["x[i,72+f]"],
-                  "dims": {"f": 128}},
-                 {"name": "window", "op": "sum", "out": "wn[i,h]", "ins": ["x[i,64*h+d]"],
-                  "dims": {"h": 3, "d": 128}},
-                 {"name": "trans", "op": "relu", "out": "tr[j,i]", "ins": ["x[i,j]"]},
-                 {"name": "unread", "op": "matmul", "out": "mm[i,j]",
-                  "ins": ["b[i,k]", "w[k,j]"], "dims": {"r": 3}}],
-                ["b", "t", "c", "g", "st", "of", "wn", "tr", "mm", "q"], name="edges")
+    p = edge_accesses_program()
     for cores in CORES:
         for threads in THREADS:
             check(ap.plan(p, ap.targets.spyre(cores=cores)), threads)
