@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar, Token
@@ -37,7 +38,7 @@ from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
 
 __all__ = [
     "BinaryOp", "Dim", "Hint", "ProgramBuilder", "Reduction", "Tensor", "UnaryOp",
-    "avg_pool", "cast", "conv", "dim", "fill", "gather", "hint", "matmul", "max_pool",
+    "avg_pool", "cast", "conv", "dim", "fill", "gather", "hint", "matmul", "max_pool", "merge",
     "program", "topk",
     *(k.builder for k in builder_kinds() if k.builder),
 ]
@@ -631,6 +632,50 @@ def cast(x: Tensor, dtype: str, *, name: str | None = None) -> Tensor:
     return _unary("copy", "cast", x, name, {"dtype": check_dtype(dtype, "ap.cast")})
 
 
+def merge(x: Tensor, dims: Sequence[Dim], into: Dim | None = None, *,
+          name: str | None = None) -> Tensor:
+    """A copy of ``x`` with the consecutive ``dims`` merged into one (``into``, or an anonymous
+    dim of their product), the first outermost: heads side by side, ``ap.merge(o, (H, D))``
+    writes ``y[t, 64*h+d] = o[t, h, d]``, an output written through a merge of dims.
+
+    >>> T, H, D = dim("T", 4), dim("H", 2), dim("D", 64)
+    >>> with program("m") as p:
+    ...     y = merge(p.input("o", [T, H, D], "float16"), (H, D))
+    ...     p.output(y)
+    >>> str(p.program.ops[0])
+    'merge0: merge0_out[T, 64*H+D] = copy(o[T, H, D])'
+    """
+    b, op_name = _start("merge", name, x)
+    where = f"op {op_name!r}"
+    dims = tuple(dims)
+    names = [d.name for d in x.dims]
+    if len(dims) < 2 or any(not isinstance(d, Dim) for d in dims):
+        raise ProgramError(f"{where}: merge needs two or more dims of {x.name!r} "
+                           f"{_dims_text(x.dims)}, got {dims!r}")
+    first = next((i for i, d in enumerate(x.dims) if d == dims[0]), None)
+    if first is None or tuple(x.dims[first:first + len(dims)]) != dims:
+        raise ProgramError(f"{where}: dims {_dims_text(dims)} are not consecutive dims of "
+                           f"{x.name!r} {_dims_text(x.dims)} ({', '.join(names)})")
+    size = math.prod(d.size for d in dims)
+    merged = into if into is not None else _anonymous(size)
+    if merged.size != size:
+        raise ProgramError(f"{where}: merging {_dims_text(dims)} gives {size} elements, but "
+                           f"dim {merged} has {merged.size}")
+    letters = b._slot_letters([d if d.size > 1 else None for d in x.dims])
+    sizes = {lt: d.size for lt, d in zip(letters, x.dims, strict=True) if lt}
+    stride, terms = 1, []
+    for lt, d in reversed(list(zip(letters[first:first + len(dims)], dims, strict=True))):
+        if lt is not None:
+            terms.append((lt, stride))
+        stride *= d.size
+    out_index = [_ix(lt) for lt in letters[:first]]
+    out_index.append(AffineExpr(tuple(reversed(terms))) if terms else _ZERO)
+    out_index += [_ix(lt) for lt in letters[first + len(dims):]]
+    out_dims = (*x.dims[:first], merged, *x.dims[first + len(dims):])
+    return b._add(op_name, "copy", out_dims, out_index,
+                  [(x, [_ix(lt) for lt in letters])], sizes)
+
+
 def matmul(x: Tensor, w: Tensor, *, name: str | None = None) -> Tensor:
     """Contract the last dim of ``x`` with the first of ``w``: ``ap.matmul(x, w)`` or ``x @ w``.
 
@@ -818,4 +863,4 @@ def gather(table: Tensor, ids: Tensor, *, name: str | None = None) -> Tensor:
 
 #: builder functions whose structure is their accesses, exported with the registry's ones
 OP_FUNCTIONS.update({"fill": fill, "conv": conv, "max_pool": max_pool, "avg_pool": avg_pool,
-                     "topk": topk, "gather": gather})
+                     "topk": topk, "gather": gather, "merge": merge})

@@ -326,3 +326,40 @@ def test_names_that_emitted_text_cannot_hold_are_refused_at_input(bad: str) -> N
                 [{"name": bad, "op": "exp", "out": "y[i]", "ins": ["x[i]"]}], ["y"])
     with pytest.raises(ProgramError, match="name"), ap.program(bad):
         pass
+
+
+def test_merge_writes_consecutive_dims_through_one_axis_and_runs_like_a_reshape():
+    import numpy as np
+
+    from apportion.runtime import random_inputs, run_unplanned
+
+    T, H, D, N = ap.dim("T", 16), ap.dim("H", 4), ap.dim("D", 32), ap.dim("N", 64)
+    HD = ap.dim("HD", 128)
+    with ap.program("heads") as p:
+        o = p.input("o", [T, H, D], "float32")
+        w = p.input("w", [HD, N], "float32")
+        y = ap.merge(o, (H, D), HD) @ w
+        p.output(y)
+    merge_op = p.program.ops[0]
+    assert str(merge_op.out) == "merge0_out[T, 32*H+D]" and merge_op.merges_output
+    xs = random_inputs(p.program, seed=0)
+    want = xs["o"].reshape(16, 128) @ xs["w"]
+    np.testing.assert_allclose(run_unplanned(p.program, xs)[y.name], want, rtol=1e-5)
+    import apportion
+
+    planned = apportion.plan(p.program, apportion.targets.spyre(cores=8))
+    assert all(c.ok for c in planned.check())
+
+
+@pytest.mark.parametrize(("dims", "into", "match"), [
+    ("HT", None, "not consecutive dims"),
+    ("H", None, "two or more dims"),
+    ("HD", 100, "gives 128 elements, but dim"),
+])
+def test_merge_refuses_dims_that_are_not_a_consecutive_run_or_a_wrong_size(dims, into, match):
+    T, H, D = ap.dim("T", 16), ap.dim("H", 4), ap.dim("D", 32)
+    pick = {"T": T, "H": H, "D": D}
+    with ap.program("bad") as p:
+        o = p.input("o", [T, H, D], "float32")
+        with pytest.raises(ProgramError, match=match):
+            ap.merge(o, [pick[c] for c in dims], None if into is None else ap.dim("X", into))
