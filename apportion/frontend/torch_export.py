@@ -165,7 +165,7 @@ def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shape
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ProgramError(f"from_torch: torch.export.export with dynamic_shapes failed: "
                            f"{type(e).__name__}: {first}") from e
-    names = _dim_names(model, dynamic_shapes, len(example_inputs))
+    names = _dim_names(model, dynamic_shapes, len(example_inputs), list(kwargs or {}))
     user = [sp.arg.name for sp in ep.graph_signature.input_specs
             if sp.kind == torch.export.graph_signature.InputKind.USER_INPUT]
     shapes = {n.name: n.meta["val"].shape for n in ep.graph.nodes if n.op == "placeholder"}
@@ -185,15 +185,20 @@ def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shape
         axes.append(found)
     if not symbols:
         raise ProgramError("from_torch: dynamic_shapes made no input size symbolic")
-    leaves = _tensor_leaves(tuple(example_inputs))
+    given = (tuple(example_inputs), dict(kwargs or {}))  # torch.export's order: args, kwargs
+    leaves = _tensor_leaves(given)
     if len(leaves) != len(user):
         raise ProgramError(f"from_torch: {len(user)} tensor inputs, {len(leaves)} given")
 
     def lowered(at: Mapping[str, int]) -> TorchProgram:
-        """A static export with each symbol at its size in ``at``."""
-        static = [torch.zeros([at[found[i]] if i in found else n for i, n in enumerate(x.shape)],
-                              dtype=x.dtype) for x, found in zip(leaves, axes, strict=True)]
-        return from_torch(model, tuple(static), kwargs=kwargs, name=name)
+        """A static export with each symbol at its size in ``at`` (zeros: shapes are all a
+        static export reads of the inputs)."""
+        static = iter([torch.zeros([at[found[i]] if i in found else n
+                                    for i, n in enumerate(x.shape)], dtype=x.dtype)
+                       for x, found in zip(leaves, axes, strict=True)])
+        args, kw = torch.utils._pytree.tree_map(
+            lambda v: next(static) if isinstance(v, torch.Tensor | np.ndarray) else v, given)
+        return from_torch(model, args, kwargs=kw, name=name)
 
     # the static export at the planning sizes is the program; one more per symbol, at another
     # size of it, tells which axes and dims that symbol sizes (those whose size moved with it)
@@ -282,9 +287,11 @@ def _check_dynamic_reach(ep: Any, tp: TorchProgram, program: Program,
             "it); export with static shapes or mark fewer sizes dynamic")
 
 
-def _dim_names(model: Any, dynamic_shapes: Any, count: int) -> dict[tuple[int, int], str]:
-    """(positional input, axis) -> the name of the ``Dim`` the user gave there, for specs given
-    per positional input (a tuple or list) or by ``forward``'s parameter names (a dict)."""
+def _dim_names(model: Any, dynamic_shapes: Any, count: int,
+               keywords: Sequence[str] = ()) -> dict[tuple[int, int], str]:
+    """(input, axis) -> the name of the ``Dim`` the user gave there, inputs numbered as
+    torch.export flattens them (the ``count`` positional ones, then the ``keywords``), for specs
+    given per input (a tuple or list) or by ``forward``'s parameter names (a dict)."""
     import inspect
 
     if isinstance(dynamic_shapes, dict):
@@ -292,9 +299,9 @@ def _dim_names(model: Any, dynamic_shapes: Any, count: int) -> dict[tuple[int, i
             params = list(inspect.signature(model.forward).parameters)
         except (TypeError, ValueError):
             return {}
-        per_input = [dynamic_shapes.get(p) for p in params[:count]]
+        per_input = [dynamic_shapes.get(p) for p in (*params[:count], *keywords)]
     elif isinstance(dynamic_shapes, tuple | list):
-        per_input = list(dynamic_shapes)[:count]
+        per_input = list(dynamic_shapes)[:count + len(keywords)]
     else:
         return {}
     out = {}

@@ -447,3 +447,22 @@ def test_a_dynamic_sequence_in_a_hugging_face_model_is_refused_naming_node_and_s
     seq = torch.export.Dim("seq", min=2, max=64)
     with pytest.raises(ap.ProgramError, match=r"torch node 'cat' .* 65 when seq is 64"):
         from_torch(model, (ids,), dynamic_shapes=({1: seq},))
+
+
+@pytest.mark.parametrize("which", ["llama", "gpt2"])
+def test_hugging_face_models_given_an_attention_mask_run_at_any_sequence_length(which, request):
+    # with a mask the models skip the packed-sequence check and its seq + 1 concatenation;
+    # Llama takes it as its second positional input, GPT-2 by keyword
+    model, ids, _ = request.getfixturevalue(which)
+    seq = torch.export.Dim("seq", min=2, max=64)
+    mask = torch.ones_like(ids)
+    tp = from_torch(model, (ids,), kwargs={"attention_mask": mask},
+                    dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    assert [s.name for s in tp.program.symbols] == ["seq"]
+    planned = ap.plan(tp.program, ap.targets.spyre(cores=8))
+    for t in (3, 40):
+        x = torch.randint(0, 500, (1, t))
+        got, = tp.torch_outputs(planned.run(tp.inputs(x, attention_mask=torch.ones_like(x))))
+        with torch.no_grad():
+            want = model(x, attention_mask=torch.ones_like(x)).logits.numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
