@@ -36,7 +36,7 @@ from apportion.passes.layouts import op_layout, tensor_layouts
 from apportion.passes.work_distribution import distribute, greedy
 from apportion.sharding.collectives import Step, cached_steps
 from apportion.sharding.mesh import Mesh
-from apportion.sharding.rules import Strategy, local_op, make_strategy
+from apportion.sharding.rules import Strategy, finish_kind, local_op, local_ops, make_strategy
 from apportion.sharding.spec import Sharding
 from apportion.target.presets import spyre
 from apportion.target.target import Target
@@ -65,14 +65,29 @@ class CostModel:
     def local(self, op: Op, strategy: Strategy) -> tuple[Op, dict[str, TensorType]]:
         """The largest device's op, inputs renamed by position (``i0``, ``i1``, ...; one name
         for one tensor read in one sharding) and the output ``o``."""
-        names, seen = [], {}
-        for k, (acc, s) in enumerate(zip(op.ins, strategy.ins, strict=True)):
-            names.append(seen.setdefault((acc.tensor, s), f"i{k}"))
         zero = dict.fromkeys(self.mesh.names, 0)
-        return local_op(op, self.program, self.mesh, strategy, zero, names, "o")
+        return local_op(op, self.program, self.mesh, strategy, zero, _input_names(op, strategy),
+                        "o")
 
     def compute_us(self, op: Op, strategy: Strategy) -> float:
-        lop, types = self.local(op, strategy)
+        if finish_kind(op, strategy) is None:
+            return self._priced(*self.local(op, strategy))
+        # a mean or argmax split over devices: the device's ops (an argmax also takes its local
+        # max), then its finish, elementwise over its output: priced as one copy of it
+        zero = dict.fromkeys(self.mesh.names, 0)
+        lops, types, finish = local_ops(op, self.program, self.mesh, strategy, zero,
+                                        _input_names(op, strategy), "o")
+        assert finish is not None
+        total = sum(self._priced(lop, {a.tensor: types[a.tensor] for a in lop.operands})
+                    for lop in lops)
+        last = lops[-1]
+        src = finish.sources[-1]
+        copy = Op("finish", "copy", replace(last.out, tensor=finish.result),
+                  (replace(last.out, tensor=src),),
+                  tuple((d, n) for d, n in last.dims if d in set(last.out.dims)))
+        return total + self._priced(copy, {src: types[src], finish.result: types[finish.result]})
+
+    def _priced(self, lop: Op, types: dict[str, TensorType]) -> float:
         key = (lop.fn, tuple(str(a) for a in lop.operands), lop.dims, lop.attrs,
                tuple(sorted((n, t.shape, t.dtype) for n, t in types.items())))
         if key not in self._memo:
@@ -92,6 +107,16 @@ class CostModel:
         except PlanningError:  # nothing fits the span limit: the planner would loop over it
             splits = greedy(ctx, ones)
         return ctx.time_us(splits)
+
+
+def _input_names(op: Op, strategy: Strategy) -> list[str]:
+    """The local op's inputs by position (``i0``, ``i1``, ...; one name for one tensor read in
+    one sharding)."""
+    names: list[str] = []
+    seen: dict[tuple[str, Sharding], str] = {}
+    for k, (acc, s) in enumerate(zip(op.ins, strategy.ins, strict=True)):
+        names.append(seen.setdefault((acc.tensor, s), f"i{k}"))
+    return names
 
 
 @dataclass(frozen=True)

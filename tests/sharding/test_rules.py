@@ -219,3 +219,16 @@ def test_each_devices_op_computes_its_box_of_the_global_op():
             want = evaluate_op(op, p, env, local_ranges(op, s, mesh, c))
             np.testing.assert_allclose(np.asarray(got, np.float64),
                                        np.asarray(want, np.float64), rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("fn", ["mean", "argmax"])
+def test_a_split_mean_or_argmax_is_priced_with_its_finish_and_local_ops(fn):
+    from apportion.sharding.plan import CostModel, default_target
+    from tests.sharding.programs import reduction
+
+    p = reduction(fn, (64, 4096))
+    mesh = parse("tp=2")
+    split = make_strategy(p.ops[0], p, mesh, {"k": "tp"})
+    cost = CostModel(p, mesh, default_target(mesh, None))
+    local_alone = cost._priced(*cost.local(p.ops[0], split))
+    assert cost.compute_us(p.ops[0], split) > local_alone
