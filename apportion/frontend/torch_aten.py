@@ -15,7 +15,8 @@ them, or a Python number. ``DROPPED`` are no-op asserts. What each op lowers to:
 - layout: views, permutes, expands, slices, splits, ``repeat_interleave``: index maps only;
   ``cat``: ``where`` ops over a chunk dim, each reading one chunk (a ``concat`` fallback past
   ``CAT_CHUNKS`` chunks);
-- fallbacks: ``embedding``, ``index``, ``index_select`` (``gather``), ``cumsum``, ``flip``,
+- fallbacks: ``embedding``, ``index``, ``index_select``, ``gather`` (``gather``), ``cumsum``,
+  ``flip``,
   constants (``full``, ``arange``) and random numbers (``uniform``, ``normal``).
 
 This module imports torch only inside the functions that need it.
@@ -783,6 +784,34 @@ def _index_select(cx: Ctx, x: Value, dim: int, index: Value) -> Value:
                       (*index.shape, *(x.shape[i] for i in others)))
     return permute(out, [*range(1, d + 1), 0, *range(d + 1, out.rank)]) if index.rank == 1 \
         else out
+
+
+@aten("gather.default")
+def _gather_along(cx: Ctx, x: Value, dim: int, index: Value, *args: Any) -> Value:
+    """``out[.., j, ..] = x[.., index[.., j, ..], ..]`` along ``dim``: the flat row-major index
+    into ``x`` (``index`` times the dim's stride plus each other dim's position times its
+    stride, positions from ``arange``) picks single elements with a ``gather``."""
+    d = dim_index(dim, x.rank)
+    if index.rank != x.rank or any(index.shape[e] > x.shape[e]
+                                   for e in range(x.rank) if e != d):
+        raise ProgramError(f"gather along dim {d}: index of shape {list(index.shape)} does not "
+                           f"fit input of shape {list(x.shape)}")
+    lw = cx.lw
+    strides = [math.prod(x.shape[e + 1:]) for e in range(x.rank)]
+    flat = lw.cast(index, "int64")
+    if strides[d] != 1:
+        flat = lw.elementwise("mul", [flat, lw.scalar(strides[d], "int64")], part="stride")
+    for e in range(x.rank):
+        n = index.shape[e]
+        if e == d or n == 1:
+            continue
+        pos = lw.whole("arange", [], (n,), "int64", {"start": 0.0, "step": 1.0}, part="pos")
+        pos = view(pos, [n if k == e else 1 for k in range(x.rank)])
+        assert pos is not None, "adding size-1 dims is always a view"
+        if strides[e] != 1:
+            pos = lw.elementwise("mul", [pos, lw.scalar(strides[e], "int64")], part="offset")
+        flat = lw.elementwise("add", [flat, pos], part="flat")
+    return lw.whole("gather", [x, flat], index.shape)
 
 
 # --- constants and random numbers ------------------------------------------------------------

@@ -466,3 +466,30 @@ def test_hugging_face_models_given_an_attention_mask_run_at_any_sequence_length(
         with torch.no_grad():
             want = model(x, attention_mask=torch.ones_like(x)).logits.numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_torch_gather_along_a_dim_picks_the_elements_torch_does():
+    class Gather(nn.Module):
+        def forward(self, x, i, j):  # an index smaller than the input in the other dims
+            return torch.gather(x, 1, i) * 2, torch.gather(x, 0, j)
+
+    torch.manual_seed(4)
+    x, i, j = torch.randn(4, 6), torch.randint(0, 6, (3, 5)), torch.randint(0, 4, (2, 6))
+    tp = from_torch(Gather(), (x, i, j))
+    assert {n.target for n in tp.nodes if n.status == "fallback"} >= {"aten.gather.default"}
+    check_everywhere(tp, (x, i, j), eager(Gather(), x, i, j))
+
+
+def test_bert_from_transformers_matches_eager_pytorch():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(6)
+    cfg = transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=128, vocab_size=200)
+    model = transformers.BertModel(cfg).eval()
+    ids = torch.randint(0, 200, (1, 12))
+    tp = from_torch(model, (ids,))
+    planned = ap.plan(tp.program, ap.targets.spyre(cores=8))
+    got = tp.torch_outputs(planned.run(tp.inputs(ids)))[0]
+    with torch.no_grad():
+        want = model(ids).last_hidden_state.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
