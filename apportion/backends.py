@@ -150,10 +150,11 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
     ``sizes``, or sizes named in ``params``), checks them as the reference executor would
     (bounds, split-K cuts into whole planning units) and gets the outputs at those sizes.
     """
-    if host_ops(program):
+    host = host_ops(program)
+    if host:
         if symbolic is not None and symbolic.symbols or sizes:
             raise ExecutionError(f"IREE backend: program {program.name!r} has run-time sizes "
-                                 f"and whole-tensor fallback ops ({', '.join(host_ops(program))})"
+                                 f"and whole-tensor fallback ops ({', '.join(host)})"
                                  "; run it with the reference backend")
         return _run_segments(program, plan, target, inputs, params, cache_dir)
     loop_params = dict(params or {})

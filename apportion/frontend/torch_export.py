@@ -170,7 +170,6 @@ def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shape
             if sp.kind == torch.export.graph_signature.InputKind.USER_INPUT]
     shapes = {n.name: n.meta["val"].shape for n in ep.graph.nodes if n.op == "placeholder"}
     symbols: dict[str, Symbol] = {}
-    named: dict[str, str] = {}  # torch's symbol -> ours
     axes: list[dict[int, str]] = []
     for k, arg in enumerate(user):
         found = {}
@@ -181,7 +180,6 @@ def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shape
                 if sym not in symbols:
                     symbols[sym] = _bounded(sym, ep.range_constraints.get(expr))
                 found[i] = sym
-                named[str(expr)] = sym
         axes.append(found)
     if not symbols:
         raise ProgramError("from_torch: dynamic_shapes made no input size symbolic")
@@ -217,7 +215,6 @@ def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shape
     except ProgramError as e:
         raise ProgramError(f"from_torch: the graph computes with a dynamic size, which apportion "
                            f"plans only as a plain size of a tensor axis: {e}") from None
-    _check_dynamic_reach(ep, tp, program, named)
     out_node = next(n for n in ep.graph.nodes if n.op == "output")
     flat = torch.utils._pytree.tree_leaves(out_node.args[0])
     kinds = [sp.kind for sp in ep.graph_signature.output_specs]
@@ -256,35 +253,6 @@ def _moved_axes(tp: TorchProgram, variant: TorchProgram, sym: Symbol, other: int
                     f"apportion plans a dynamic size only as the whole size of an axis "
                     f"({sym.name}, not {sym.name} + 1 or a product)")
             moved.setdefault(t.name, {})[axis] = sym.name
-
-
-def _check_dynamic_reach(ep: Any, tp: TorchProgram, program: Program,
-                         named: Mapping[str, str]) -> None:
-    """Refuse a graph where a node's size depends on a dynamic size but the tensor it lowered to
-    is static: the symbol reached it other than through plain indexing (an ``arange`` over the
-    size, a gather by ids of that size, a concat along it), so a bound program would run it at
-    the planning size. Nodes are matched by name between the dynamic and the static export."""
-    import torch
-
-    symbolic = {}
-    for n in ep.graph.nodes:
-        val = n.meta.get("val") if n.op == "call_function" else None
-        if isinstance(val, torch.Tensor) and any(isinstance(s, torch.SymInt) for s in val.shape):
-            symbolic[n.name] = n
-    for rec in tp.nodes:
-        node = symbolic.get(rec.node)
-        if node is None or not rec.ops:
-            continue
-        made = program.tensor(program.op(rec.ops[-1]).out.tensor)
-        if made.dynamic:
-            continue
-        sizes = ", ".join(named.get(str(s), str(s)) for s in node.meta["val"].shape)
-        where = tp.origins[rec.ops[-1]]
-        raise ProgramError(
-            f"from_torch: {where} has a dynamic size ({sizes}) that reaches it other than "
-            f"through plain indexing ({rec.target}); apportion plans a dynamic size only as a "
-            "plain index (not an arange over it, a gather of that many ids or a concat along "
-            "it); export with static shapes or mark fewer sizes dynamic")
 
 
 def _dim_names(model: Any, dynamic_shapes: Any, count: int,

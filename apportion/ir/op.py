@@ -174,11 +174,16 @@ class Op:
         """
         return tuple(e.radix_digits(self.sizes) or () if e.terms else () for e in self.out.index)
 
+    @cached_property
+    def merged_axes(self) -> tuple[bool, ...]:
+        """Per output axis, whether it is written through a merge of dims (``64*h+d``; also a
+        lone dim of size 1 with a coefficient, ``3*u``)."""
+        return tuple(bool(e.terms) and e.single_dim is None for e in self.out.index)
+
     @property
     def merges_output(self) -> bool:
-        """True when an output axis is written through a merge of dims (``64*h+d``; also a
-        lone dim of size 1 with a coefficient, ``3*u``)."""
-        return any(e.terms and e.single_dim is None for e in self.out.index)
+        """True when an output axis is written through a merge of dims (``merged_axes``)."""
+        return any(self.merged_axes)
 
     @cached_property
     def split_out(self) -> Access:
@@ -192,16 +197,15 @@ class Op:
         if not self.merges_output:
             return self.out
         index: list[AffineExpr] = []
-        for e, ds in zip(self.out.index, self.out_digits, strict=True):
-            merged = e.terms and e.single_dim is None
+        for e, ds, merged in zip(self.out.index, self.out_digits, self.merged_axes,
+                                 strict=True):
             index.extend((AffineExpr.dim(d) for d in ds) if merged else (e,))
         return Access(self.out.tensor, tuple(index))
 
     def split_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         """The output tensor's ``shape`` with every merged axis split into its dims' sizes."""
         out: list[int] = []
-        for n, e, ds in zip(shape, self.out.index, self.out_digits, strict=True):
-            merged = e.terms and e.single_dim is None
+        for n, ds, merged in zip(shape, self.out_digits, self.merged_axes, strict=True):
             out.extend(self.sizes[d] for d in ds) if merged else out.append(n)
         return tuple(out)
 

@@ -218,9 +218,10 @@ def out_axes(op: Op, j: int, n: int, splits: Mapping[str, tuple[str, ...]], mesh
     axes = splits[lead]
     c = e.coeff(lead)
     msizes = _sizes(mesh)
+    whole = c * op.sizes[lead] == n  # the lead digit spans the axis (size-1 digits beside)
     for coords in combos(mesh, axes):
         lo, hi = dim_block(op.sizes[lead], axes, coords, msizes)
-        if c * op.sizes[lead] != n or dim_block(n, axes, coords, msizes) != (c * lo, c * hi):
+        if not whole or dim_block(n, axes, coords, msizes) != (c * lo, c * hi):
             ways = " x ".join(f"{a}={msizes[a]}" for a in axes)
             return (f"it writes {op.out.tensor!r} axis {j} through {e.to_source()}, and "
                     f"{lead!r} ({op.sizes[lead]}) split over {ways} gives device {coords} "
