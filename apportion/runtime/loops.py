@@ -74,14 +74,17 @@ def encode(a: np.ndarray, dtype: str) -> np.ndarray:
     """A computed array as the bytes ``dtype`` stores: cast, bfloat16 cut to 16 bits (exact)."""
     s = kernels.to_storage(np.asarray(a), dtype)
     if dtype == "bfloat16":
-        return (np.ascontiguousarray(s, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        # ascontiguousarray makes a 0-d array 1-d: give the bits the value's shape back
+        bits = np.ascontiguousarray(s, dtype=np.float32).view(np.uint32) >> 16
+        return bits.astype(np.uint16).reshape(np.shape(s))
     return s
 
 
 def decode(raw: np.ndarray, dtype: str) -> np.ndarray:
     """Stored bytes back as the storage array (``kernels.STORAGE``) of ``dtype``."""
     if dtype == "bfloat16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        # asarray: a shift of a 0-d array gives a scalar, and callers index the result
+        return np.asarray(raw.astype(np.uint32) << 16).view(np.float32)
     return raw
 
 

@@ -212,6 +212,20 @@ def test_bfloat16_is_stored_in_16_bits_exactly():
     assert raw.dtype == np.uint16 and np.array_equal(decode(raw, "bfloat16"), x)
 
 
+def test_bfloat16_rank0_intermediate_kept_on_chip_matches_unplanned():
+    """A bfloat16 scalar between two ops outside loops lives in the scratchpad; its 16-bit
+    encoding keeps rank 0 (numpy's ascontiguousarray would make it rank 1)."""
+    p = program({"x": ([64, 64], "bfloat16")},
+                [{"name": "s", "op": "sum", "out": "s[]", "ins": ["x[i,j]"]},
+                 {"name": "e", "op": "exp", "out": "e[]", "ins": ["s[]"]},
+                 {"name": "y", "op": "add", "out": "y[]", "ins": ["e[]", "e[]"]}], ["y"])
+    pl = plan(p, spyre(cores=32))
+    assert pl.buffer("e").space == "lx"
+    check(p, pl)
+    assert encode(np.float32(1.5), "bfloat16").shape == ()
+    assert decode(np.zeros((), np.uint16), "bfloat16").shape == ()
+
+
 # --- outputs written through a merge of dims ---------------------------------------------------
 
 def declared(tensors, inputs, ops, outputs, **extra):
