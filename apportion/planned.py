@@ -91,6 +91,9 @@ class PlannedProgram:
         names is used with its core count (a plan for a TOML target needs the target given)."""
         from apportion.plans.serialize import from_json
 
+        if not isinstance(text, str | bytes | bytearray):
+            raise PlanningError(f"PlannedProgram.from_json: text must be plan JSON (a str), got "
+                                f"{_describe(text)}")
         plan = from_json(text)
         if target is None:
             if plan.target not in PRESETS:
@@ -109,6 +112,7 @@ class PlannedProgram:
     def at(self, sizes: Mapping[str, int]) -> PlannedProgram:
         """This plan at run-time ``sizes`` of its symbols: a PlannedProgram with static shapes
         (what the LoopSpec and loop bundle emitters need: they launch concrete slices)."""
+        sizes = _mapping(sizes, "at: sizes", ExecutionError)
         program, plan = self.bound(sizes)
         return PlannedProgram(program, self.target, plan, self.given.bind(sizes))
 
@@ -166,6 +170,10 @@ class PlannedProgram:
         and runs it on the CPU instead; it returns the inputs and outputs."""
         from apportion.runtime import random_inputs, run_planned
 
+        _check_threads(threads)
+        if inputs is not None and not isinstance(inputs, Mapping):
+            raise ExecutionError(f"run: inputs must be a mapping of input name to array, got "
+                                 f"{_describe(inputs)}")
         sizes, params = self._split_params(params)
         _check_backend(backend)
         if backend == "iree":
@@ -218,6 +226,9 @@ class PlannedProgram:
         every output."""
         from apportion.runtime import compare, random_inputs, run_unplanned
 
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ExecutionError(f"check: seed must be an int >= 0, got {_describe(seed)}")
+        _check_threads(threads)
         sizes, _ = self._split_params(params)
         given = self.given.bind(sizes) if self.symbols else self.given
         inputs = random_inputs(given, seed)
@@ -232,7 +243,7 @@ class PlannedProgram:
     def _split_params(self, params: Mapping[str, int] | None
                       ) -> tuple[dict[str, int], dict[str, int] | None]:
         """``params`` as symbol sizes and symbolic loop counts, each checked."""
-        given = dict(params or {})
+        given = _mapping(params, "params", ExecutionError)
         sizes = {k: given.pop(k) for k in list(given) if k in self.symbols}
         self._check_params(given)
         return sizes, given or None
@@ -250,6 +261,28 @@ class PlannedProgram:
                 raise ExecutionError(f"symbolic loop count {name!r} = {value!r}: must be an "
                                      f"int in 1..{self.target.max_loop_count} (the target's "
                                      "max_loop_count)")
+
+
+def _describe(value: object) -> str:
+    """``value`` for an error message: its repr, cut short, and its type."""
+    text = repr(value)
+    return f"{text[:57] + '...' if len(text) > 60 else text} ({type(value).__name__})"
+
+
+def _mapping(value: Any, what: str, error: type[Exception]) -> dict[str, Any]:
+    """``value`` (a mapping of names, or None) as a dict, or ``error`` naming ``what``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise error(f"{what} must be a mapping of names to ints (like {{'T': 4}}), got "
+                    f"{_describe(value)}")
+    return dict(value)
+
+
+def _check_threads(threads: Any) -> None:
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                or threads < 1):
+        raise ExecutionError(f"threads must be None or an int >= 1, got {_describe(threads)}")
 
 
 def _check_backend(backend: Any) -> None:
@@ -299,6 +332,9 @@ def plan(program: Any, target: Target | None = None, strategy: str = "balanced",
         raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if not isinstance(auto_tile, bool):
         raise PlanningError(f"auto_tile must be True or False, got {auto_tile!r}")
+    if debug is not None and not callable(debug):
+        raise PlanningError(f"debug must be None or a callable (stage name, value), got "
+                            f"{_describe(debug)}")
     if split_k is not None and not callable(split_k):
         raise PlanningError(f"split_k must be a callable (a ReductionShape in, slices or None "
                             f"out), got {type(split_k).__name__}")

@@ -29,6 +29,7 @@ from apportion.codegen.specs import (
     call_text,
 )
 from apportion.errors import EmitError
+from apportion.ir import jsondoc
 
 FORMAT = "apportion.loopspec/1"
 _CLASSES: dict[str, tuple[type, tuple[str, ...]]] = {
@@ -149,7 +150,7 @@ def to_json(specs: Spec | Iterable[Spec], indent: int | None = 2) -> str:
 def from_json(text: str) -> SpecProgram:
     """Parse what ``to_json`` printed."""
     try:
-        doc = json.loads(text)
+        doc = jsondoc.loads(text, EmitError, "loopspec")
     except json.JSONDecodeError as e:
         raise EmitError(f"loopspec is not valid JSON: {e.msg} at line {e.lineno}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:

@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from apportion.errors import ApportionError, CalibrationError, TargetError
+from apportion.ir import jsondoc
 from apportion.ir.program import Program
 from apportion.target.target import (
     COST_FIELDS,
@@ -168,7 +169,7 @@ def loads_measurements(text: str, read_program: Callable[[Any], Program],
                        source: str = "measurements") -> tuple[Measurement, ...]:
     """The records of a measurements JSON text."""
     try:
-        doc = json.loads(text)
+        doc = jsondoc.loads(text, CalibrationError, source)
     except json.JSONDecodeError as e:
         raise CalibrationError(f"{source} is not valid JSON: {e.msg} at line {e.lineno} "
                                f"column {e.colno}") from None

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.errors import ProgramError
+from apportion.ir import jsondoc
 from apportion.ir.kinds import KINDS
 from apportion.ir.op import Access, Op
 from apportion.ir.program import LoopLevel, Program, Symbol, TensorType, TilingGroup
@@ -39,6 +40,9 @@ _ACCESS_LIKE = 'an access string like "x[m,k]"'
 
 def load(path: str | Path) -> Program:
     """Read a program file (UTF-8 JSON)."""
+    if not isinstance(path, str | os.PathLike):
+        raise ProgramError(f"ap.load: path must be a str or a path (a program file), got "
+                           f"{type(path).__name__} {reprlib.repr(path)}")
     where = f"cannot read program file {str(path)!r}"
     try:
         p = Path(path)
@@ -60,7 +64,7 @@ def load(path: str | Path) -> Program:
 def loads(text: str | bytes, source: str = "<string>") -> Program:
     """Parse program format v1 from a JSON string."""
     try:
-        doc = json.loads(text)
+        doc = jsondoc.loads(text, ProgramError, source)
     except json.JSONDecodeError as e:
         raise ProgramError(f"{source}: not valid JSON: {e.msg} at line {e.lineno}") from None
     except UnicodeDecodeError:  # bytes given, and not UTF-8
@@ -490,4 +494,10 @@ def to_dict(p: Program) -> dict[str, Any]:
 
 def dumps(p: Program, indent: int | None = 2) -> str:
     """Print ``p`` as program format v1."""
+    if not isinstance(p, Program):
+        built = getattr(p, "program", None)  # a builder (``with ap.program(...) as p``)
+        if not isinstance(built, Program):
+            raise ProgramError(f"ap.dumps needs a Program or a builder's program, got "
+                               f"{type(p).__name__} {reprlib.repr(p)}")
+        p = built
     return json.dumps(to_dict(p), indent=indent)

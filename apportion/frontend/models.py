@@ -14,6 +14,7 @@ from typing import Any
 
 from apportion.errors import ProgramError
 from apportion.frontend.json_format import from_dict
+from apportion.ir import jsondoc
 from apportion.ir.program import LoopLevel, Program, TilingGroup
 
 
@@ -28,7 +29,7 @@ def load_models(path: str | Path | None = None) -> dict[str, Any]:
             why = getattr(e, "strerror", None) or e
             raise ProgramError(f"cannot read models file {str(path)!r}: {why}") from None
     try:
-        doc = json.loads(text)
+        doc = jsondoc.loads(text, ProgramError, f"models file {str(path)!r}")
     except json.JSONDecodeError as e:
         raise ProgramError(f"models file {str(path)!r} is not valid JSON: {e.msg} at line "
                            f"{e.lineno}") from None

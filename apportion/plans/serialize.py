@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from apportion.errors import ApportionError, PlanningError
+from apportion.ir import jsondoc
 from apportion.plans.memory import Buffer, CombineOp, CopyOp, FinishOp, GroupPlan, InitOp
 from apportion.plans.plan import LoopInfo, OpPlan, Plan, ReuseCounts, SplitK
 from apportion.target.split_k import Case, SelectChain
@@ -211,7 +212,7 @@ def to_json(p: Plan, indent: int | None = 2) -> str:
 def from_json(text: str) -> Plan:
     """Parse plan format v1; ``from_json(to_json(p)) == p``."""
     try:
-        doc = json.loads(text)
+        doc = jsondoc.loads(text, PlanningError, "plan")
     except json.JSONDecodeError as e:
         raise PlanningError(f"plan is not valid JSON: {e.msg} at line {e.lineno}") from None
     return from_dict(doc)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -492,6 +493,16 @@ def parse(spec: str, base: Mesh | None = None) -> Mesh:
     return replace(base, axes=tuple(axes), name=spec)
 
 
+def mesh_of(mesh: object, where: str) -> Mesh:
+    """``mesh`` if it is a Mesh, else a TargetError naming ``where`` and how to make one."""
+    if isinstance(mesh, Mesh):
+        return mesh
+    hint = (f": make one with ap.sharding.resolve_mesh({mesh!r})" if isinstance(mesh, str)
+            else "")
+    raise TargetError(f"{where}: mesh must be a Mesh (ap.sharding.parse_mesh('dp=2,tp=4'), a "
+                      f"preset, load_toml(path)), got {describe(mesh, typed=True)}{hint}")
+
+
 def resolve(spec: str | Mesh) -> Mesh:
     """A mesh from a preset name, a ``.toml`` file or a spec string (``dp=2,tp=4``)."""
     if isinstance(spec, Mesh):
@@ -609,6 +620,9 @@ def _toml_size(a: Mapping[str, Any], where: str) -> dict[str, Any]:
 def load_toml(path: str | Path) -> Mesh:
     """A mesh from a TOML file: its ``[mesh]`` table (a target file carries one beside its
     target fields, and the mesh then carries that target), or the whole file."""
+    if not isinstance(path, str | os.PathLike):
+        raise TargetError(f"load_toml: path must be a str or a path (a mesh .toml file), got "
+                          f"{describe(path, typed=True)}")
     where = f"mesh file {str(path)!r}"
     try:
         doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
-from apportion.errors import PlanningError, ProgramError
+from apportion.errors import PlanningError, ProgramError, TargetError
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TensorType
 from apportion.passes.geometry import OpContext
@@ -47,6 +47,9 @@ FORMAT = "apportion.sharding/1"
 def default_target(mesh: Mesh, target: Target | None) -> Target:
     """``target``, else the mesh's device target, else the Spyre preset."""
     if target is not None:
+        if not isinstance(target, Target):
+            raise TargetError(f"target must be a Target (ap.targets.spyre(cores=8)), got "
+                              f"{type(target).__name__} {target!r}"[:200])
         return target
     return mesh.target if mesh.target is not None else spyre()
 

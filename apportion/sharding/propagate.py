@@ -34,7 +34,7 @@ from typing import Any
 from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.sharding.collectives import reshard_time
-from apportion.sharding.mesh import Mesh
+from apportion.sharding.mesh import Mesh, mesh_of
 from apportion.sharding.plan import CostModel, ShardingPlan, build_plan, default_target
 from apportion.sharding.rules import Strategy, op_strategies
 from apportion.sharding.spec import Sharding, annotations_of, check_annotations, program_of
@@ -77,6 +77,7 @@ def propagate(program: Any, mesh: Mesh, target: Target | None = None,
     start = time.perf_counter()
     given = {**annotations_of(program), **(annotations or {})}
     prog = program_of(program, "propagate")
+    mesh = mesh_of(mesh, "propagate")
     ann = check_annotations(prog, given, mesh)
     tgt = default_target(mesh, target)
     cost = CostModel(prog, mesh, tgt)

@@ -54,7 +54,7 @@ import numpy as np
 from apportion.errors import PlanningError
 from apportion.ir.program import Program
 from apportion.sharding.collectives import reshard_time
-from apportion.sharding.mesh import Mesh
+from apportion.sharding.mesh import Mesh, mesh_of
 from apportion.sharding.plan import CostModel, ShardingPlan, build_plan, default_target
 from apportion.sharding.rules import Strategy, op_strategies
 from apportion.sharding.spec import (
@@ -246,6 +246,7 @@ def search(program: Any, mesh: Mesh, target: Target | None = None,
         raise PlanningError(f"outputs must be one of {', '.join(OUTPUTS)}, got {outputs!r}")
     given = {**annotations_of(program), **(annotations or {})}
     prog = program_of(program, "search")
+    mesh = mesh_of(mesh, "search")
     ann = check_annotations(prog, given, mesh)
     tgt = default_target(mesh, target)
     cost = CostModel(prog, mesh, tgt)

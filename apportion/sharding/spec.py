@@ -36,6 +36,7 @@ from typing import Any
 from apportion.errors import ProgramError, TargetError
 from apportion.frontend.builder import ProgramBuilder, Tensor
 from apportion.frontend.json_format import from_dict, to_dict
+from apportion.ir import jsondoc
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.kinds import REDUCERS
 from apportion.ir.program import Program
@@ -321,7 +322,7 @@ def parse_shardings(doc: Any, where: str = "shardings") -> dict[str, Sharding]:
 def loads(text: str) -> tuple[Program, dict[str, Sharding]]:
     """A program document and its ``"shardings"`` field (tensor -> per dim a list of axes)."""
     try:
-        doc = json.loads(text)
+        doc = jsondoc.loads(text, ProgramError, "program")
     except json.JSONDecodeError as e:
         raise ProgramError(f"program is not valid JSON: {e.msg} at line {e.lineno}") from None
     if not isinstance(doc, dict):

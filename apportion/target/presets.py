@@ -195,6 +195,9 @@ def load_toml(path: str | Path, cores: int | None = None) -> Target:
     ``_mib`` suffixed names instead (``span_limit_mib = 256``). Any bad field raises TargetError
     naming the file and the field.
     """
+    if not isinstance(path, str | os.PathLike):
+        raise TargetError(f"load_toml: path must be a str or a path (a target .toml file), got "
+                          f"{describe(path, typed=True)}")
     where = f"target file {str(path)!r}"
     try:
         raw = Path(path).read_bytes()
