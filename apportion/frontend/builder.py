@@ -123,6 +123,22 @@ class Tensor:
     def __neg__(self) -> Tensor:
         return _unary("neg", "neg", self, None)
 
+    # A number on the left (``1 + x``) reaches these; the builder names it, as for ``x + 1``.
+    def __radd__(self, other: object) -> Tensor:
+        return _binary("add", "add", other, self, None)
+
+    def __rsub__(self, other: object) -> Tensor:
+        return _binary("sub", "sub", other, self, None)
+
+    def __rmul__(self, other: object) -> Tensor:
+        return _binary("mul", "mul", other, self, None)
+
+    def __rtruediv__(self, other: object) -> Tensor:
+        return _binary("div", "div", other, self, None)
+
+    def __rmatmul__(self, other: object) -> Tensor:
+        return matmul(other, self)  # type: ignore[arg-type]  # refused there, by name
+
 
 class Hint:
     """A scope whose ops get one loop level (``slices``) and/or pinned splits (``work_division``).
@@ -133,6 +149,11 @@ class Hint:
     def __init__(self, slices: Mapping[Dim, int | str] | None = None,
                  work_division: Mapping[Dim, int] | None = None,
                  min: int | None = None, max: int | None = None) -> None:
+        for arg, value in (("slices", slices), ("work_division", work_division)):
+            if value is not None and not isinstance(value, Mapping):
+                raise ProgramError(f"hint {arg} must be a dict of dims made with ap.dim to "
+                                   f"{'counts' if arg == 'slices' else 'splits'} (like {{A: 2}}), "
+                                   f"got {type(value).__name__} {value!r}"[:200])
         self.slices = dict(slices or {})
         self.work_division = dict(work_division or {})
         if not self.slices and not self.work_division:
@@ -252,6 +273,7 @@ class ProgramBuilder:
                                "brackets or commas")
         if name in self._types:
             raise ProgramError(f"{where}: name already used in program {self.name!r}")
+        dims = _sequence(dims, f"{where}: dims", "a list of Dims or positive ints")
         for axis, d in enumerate(dims):
             if not isinstance(d, Dim) and (isinstance(d, bool) or not isinstance(d, int) or d <= 0):
                 raise ProgramError(f"{where}: axis {axis} must be a Dim or a positive int, "
@@ -524,6 +546,9 @@ def _reduce(fn: str, base: str, x: Tensor, over: Dim | int, keepdim: bool,
             name: str | None) -> Tensor:
     b, op_name = _start(base, name, x)
     where, x_rank = f"op {op_name!r}", len(x.dims)
+    if not isinstance(keepdim, bool):
+        raise ProgramError(f"{where}: keepdim must be True or False, got "
+                           f"{type(keepdim).__name__} {keepdim!r}"[:200])
     if isinstance(over, Dim):
         b._register(over, where)
         axes = [j for j, d in enumerate(x.dims) if d == over]
@@ -647,7 +672,10 @@ def merge(x: Tensor, dims: Sequence[Dim], into: Dim | None = None, *,
     """
     b, op_name = _start("merge", name, x)
     where = f"op {op_name!r}"
-    dims = tuple(dims)
+    dims = _sequence(dims, f"{where}: dims", "a tuple of dims to merge")
+    if into is not None and not isinstance(into, Dim):
+        raise ProgramError(f"{where}: into must be a Dim made with ap.dim, or None; got "
+                           f"{type(into).__name__} {into!r}"[:200])
     names = [d.name for d in x.dims]
     if len(dims) < 2 or any(not isinstance(d, Dim) for d in dims):
         raise ProgramError(f"{where}: merge needs two or more dims of {x.name!r} "
@@ -705,6 +733,14 @@ def matmul(x: Tensor, w: Tensor, *, name: str | None = None) -> Tensor:
 
 # -- constants, convolution, pooling, top-k, gather (their structure is in their accesses) ----
 
+def _sequence(value: object, what: str, expected: str) -> tuple[Any, ...]:
+    """``value`` (a list or tuple) as a tuple, else a ProgramError naming ``what``."""
+    if not isinstance(value, list | tuple):
+        raise ProgramError(f"{what} must be {expected}, got {type(value).__name__} "
+                           f"{value!r}"[:200])
+    return tuple(value)
+
+
 def _active(what: str) -> ProgramBuilder:
     b = _PROGRAM.get()
     if b is None:
@@ -715,7 +751,7 @@ def _active(what: str) -> ProgramBuilder:
 def _window(x: Tensor, axes: Sequence[Dim | int], what: str) -> list[int]:
     """Axis indices of ``x`` named by dims or indices."""
     out = []
-    for a in axes:
+    for a in _sequence(axes, f"{what}: axes", "a list of dims or axis indices"):
         if isinstance(a, Dim):
             hits = [j for j, d in enumerate(x.dims) if d == a]
             if len(hits) != 1:
@@ -743,6 +779,7 @@ def fill(dims: Sequence[Dim | int], value: float, dtype: str = "float32", *,
     op_name = b._op_name("fill", name)
     b._check_open(f"op {op_name!r}")
     where = f"op {op_name!r}"
+    dims = _sequence(dims, f"{where}: dims", "a list of Dims or positive ints")
     for axis, d in enumerate(dims):
         if not isinstance(d, Dim) and (isinstance(d, bool) or not isinstance(d, int) or d <= 0):
             raise ProgramError(f"{where}: axis {axis} must be a Dim or a positive int, got {d!r}")

@@ -399,6 +399,11 @@ def _check_symbols(p: Program, tmap: Mapping[str, TensorType]) -> None:
             if t.shape[i] != declared[sym].planning_size:
                 raise ProgramError(f"tensor {t.name!r} dim {i}: symbol {sym!r} is planned at "
                                    f"{declared[sym].planning_size}, the shape says {t.shape[i]}")
+    used = {sym for t in p.tensors for _, sym in t.dynamic}
+    unused = [n for n in declared if n not in used]
+    if unused:  # a --param for it would bind nothing: a misspelt shape, most likely
+        raise ProgramError(f"program {p.name!r} declares symbol {unused[0]!r} but no tensor's "
+                           "shape uses it; size a tensor dim with it or drop it")
     if not declared:
         return
     for op in p.ops:
