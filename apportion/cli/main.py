@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import errno
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from rich.console import Console
 
-from apportion.cli.params import parse_params
+from apportion.cli.params import is_decimal, parse_params
 from apportion.errors import ApportionError, ProgramError
 from apportion.ir.program import Program
 from apportion.passes.work_distribution import STRATEGIES
@@ -54,19 +55,41 @@ class _Console(Console):
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
 
 
+class _Given(argparse.Action):
+    """``store``, and a note that the option was given (``args.<dest>_given``): an explicit
+    ``--target`` wins over a mesh's device target, the default does not."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
 def _int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= ``low`` (argparse names the option)."""
+    """An argparse ``type``: an integer >= ``low`` in plain ASCII digits (``int`` alone would
+    take ``1_6`` as 16 and other scripts' digits; argparse names the option)."""
     def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
+        if not is_decimal(text):
             raise argparse.ArgumentTypeError(
-                f"expected an integer >= {low}, got {text!r}") from None
+                f"expected an integer >= {low}, got {text!r}")
+        value = int(text)
         if value < low:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
         return value
 
     return parse
+
+
+def _positive_seconds(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}"
+                                         ) from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
 
 
 def _output_path(option: str, text: str) -> Path:
@@ -99,7 +122,9 @@ def _load_program(spec: str) -> Program:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("program", nargs="?", default=DEFAULT,
                    help="program file (format v1), or 'default' for the built-in MLP block")
-    p.add_argument("--target", default="spyre", help="spyre, cpu, or a target .toml file")
+    p.add_argument("--target", default="spyre", action=_Given,
+                   help="spyre, cpu, or a target .toml file (with --mesh: the devices' target, "
+                        "over the mesh's own)")
     p.add_argument("--cores", type=_int_at_least(1), default=None,
                    help="cores to use (spyre: 1..32; default SENCORES or 32)")
     p.add_argument("--strategy", choices=STRATEGIES, default="balanced")
@@ -633,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(emit --forall) compiled and run by IREE on the CPU; dtensor (with "
                         "--mesh): one process per device on torch.distributed")
     shard_cli.add_mesh_options(r)
-    r.add_argument("--timeout", type=float, default=300.0,
+    r.add_argument("--timeout", type=_positive_seconds, default=300.0,
                    help="--backend dtensor: seconds before every rank is stopped (default 300)")
     r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="--backend dtensor: cpu (gloo), cuda (nccl, one GPU per device of the "
@@ -676,6 +701,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--repeat", type=_int_at_least(1), default=None,
                    help="e2e: timed runs per side, the median reported (default 5)")
     b.add_argument("--json", default=None, help="write every case's result here (JSON)")
+    b.add_argument("--check", action="store_true",
+                   help="exit status 1 when a goal the suite states is missed (one line each "
+                        "on stderr, saying by how much)")
     b.add_argument("--measurements", default=None, metavar="FILE.json",
                    help="costmodel: measured kernels (default: the packaged Spyre ones)")
     b.add_argument("--target", default=None,
