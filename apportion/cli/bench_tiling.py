@@ -6,7 +6,12 @@ intermediate goes through device memory) and as one coarse-tiling group over the
 loop count auto-tiling picks (the smallest whose per-iteration working set fits the scratchpad).
 Traffic counts, for every op execution, the bytes of each operand region that lives in device
 memory (sticks padded); operands held in the scratchpad cost none, operands not indexed by the
-tiled dim (weights) are read again every iteration.
+tiled dim (weights) are read again every iteration. Each plan's predicted time is its whole
+run (``cli/report.predicted_total_us``: loop bodies times their iterations).
+
+Goals (``goals``, checked by ``--check``): auto-tiling finds a count for every block; each tiled
+plan's working set and scratchpad buffers fit the target's scratchpad (less its reserve); and
+no tiled plan moves more device memory or is predicted slower than its untiled plan.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from apportion.cli import goals as bench_goals
+from apportion.cli.report import predicted_total_us
 from apportion.errors import PlanningError
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import load_models
@@ -233,18 +240,25 @@ class TilingResult:
     tiled_bytes: int | None
     note: str = ""
     scratchpad: int = 0  # bytes per core the tiled plan's scratchpad buffers reach
+    untiled_us: float = 0.0  # predicted time of the whole untiled plan
+    tiled_us: float | None = None  # and of the tiled one
+    capacity: int = 0  # the target's usable scratchpad bytes per core
 
 
 def run_case(name: str, program: Program, target: Target) -> TilingResult:
     base = plan(program, target)
     untiled = traffic_bytes(program, base, target)
+    untiled_us = predicted_total_us(base)[0]
     try:
         tp = plan(tiled(program), target, auto_tile=True)
     except PlanningError as e:
-        return TilingResult(name, None, 0, untiled, None, str(e).split(";")[-1].strip())
+        return TilingResult(name, None, 0, untiled, None, str(e).split(";")[-1].strip(),
+                            untiled_us=untiled_us, capacity=target.scratchpad_capacity)
     count = tp.groups[0].counts[0]
     return TilingResult(name, int(count), tp.groups[0].working_set_bytes, untiled,
-                        traffic_bytes(program, tp, target), scratchpad=scratchpad_used(tp))
+                        traffic_bytes(program, tp, target), scratchpad=scratchpad_used(tp),
+                        untiled_us=untiled_us, tiled_us=predicted_total_us(tp)[0],
+                        capacity=target.scratchpad_capacity)
 
 
 def cases(dtype: str = "float16", models_path: str | None = None,
@@ -280,30 +294,54 @@ def run(cores: list[int], dtype: str = "float16", models_path: str | None = None
                 results.append(run_case(f"{name}@{n}", program, target))
                 progress.advance(task)
     console.print(table(results))
+    bench_goals.show(goals(results), console)
     if extras:
         console.print(span_table(span_cases()))
         console.print(accumulator_table(accumulator_cases(models_path)))
     return results
 
 
+def goals(results: list[TilingResult]) -> list[bench_goals.Goal]:
+    """The suite's goals over ``results`` (see the module's docstring)."""
+    done = [r for r in results if r.tiled_bytes is not None and r.tiled_us is not None]
+    n = len(results)
+    return [
+        bench_goals.count("auto-tiling finds a loop count for every block",
+                          [r.case for r in results if r.tiled_bytes is None], n),
+        bench_goals.count("every tiled plan's working set and scratchpad use fit the "
+                          "scratchpad", [r.case for r in done
+                                         if max(r.working_set, r.scratchpad) > r.capacity],
+                          len(done)),
+        bench_goals.count("no tiled plan moves more device memory than untiled",
+                          [f"{r.case} {r.tiled_bytes / r.untiled_bytes:.3f}x" for r in done
+                           if r.tiled_bytes is not None and r.tiled_bytes > r.untiled_bytes],
+                          len(done)),
+        bench_goals.count("no tiled plan is predicted slower than untiled",
+                          [f"{r.case} {r.tiled_us / r.untiled_us:.3f}x" for r in done
+                           if r.tiled_us is not None and r.tiled_us > r.untiled_us * (1 + 1e-9)],
+                          len(done)),
+    ]
+
+
 def table(results: list[TilingResult]) -> Table:
     t = Table(title="device-memory traffic per block: untiled vs auto-tiled over tokens",
               title_justify="left")
     for col in ("block", "count", "working set / iter / core", "scratchpad used / core",
-                "untiled MiB", "tiled MiB", "tiled / untiled"):
+                "untiled MiB", "tiled MiB", "tiled / untiled", "untiled us", "tiled us"):
         t.add_column(col, justify="right" if col != "block" else "left")
     ratios = []
     for r in results:
         if r.tiled_bytes is None:
             t.add_row(r.case, "-", "-", "-", f"{r.untiled_bytes / 2**20:.1f}", "-",
-                      f"no fit: {r.note}"[:60])
+                      f"no fit: {r.note}"[:60], f"{r.untiled_us:.1f}", "-")
             continue
         ratio = r.tiled_bytes / r.untiled_bytes
         ratios.append(ratio)
         t.add_row(r.case, str(r.count), f"{r.working_set / 1024:.1f} KiB",
                   f"{r.scratchpad / 1024:.1f} KiB",
                   f"{r.untiled_bytes / 2**20:.1f}", f"{r.tiled_bytes / 2**20:.1f}",
-                  f"{ratio:.3f}x")
+                  f"{ratio:.3f}x", f"{r.untiled_us:.1f}",
+                  "-" if r.tiled_us is None else f"{r.tiled_us:.1f}")
     if ratios:
         t.caption = (f"{len(ratios)} of {len(results)} blocks tiled; geometric mean traffic "
                      f"ratio {statistics.geometric_mean(ratios):.3f}x")

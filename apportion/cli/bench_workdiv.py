@@ -10,10 +10,19 @@ balanced's, and planning time per op.
 (a split reduction whose combine costs more than it saves, re-reads of a weight that fewer
 cores avoid) it leaves cores idle on purpose, and the last-but-one column shows the price the
 bound would pay.
+
+Predicted times are whole ops: an op the planner loops over (greedy on the probe, a tensor past
+the span limit) counts every iteration.
+
+Goals (``goals``, checked by ``--check``): at every core count, balanced's predicted time is
+never above greedy's on any shape (a greedy failure counts as met) and its geometric mean over
+greedy's is at most ``MEAN_RATIO_GOAL``; and on every shape the assignment reaching the
+utilization bound is predicted no faster than balanced's by more than ``BOUND_SLACK``.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -23,14 +32,24 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from apportion.cli import goals as bench_goals
 from apportion.errors import PlanningError
 from apportion.frontend.models import OpCase, bench_cases, linear, load_models
 from apportion.passes.geometry import OpContext
 from apportion.passes.layouts import layouts, tensor_layouts
 from apportion.passes.pipeline import plan
 from apportion.passes.work_distribution import best_utilization
+from apportion.plans.plan import OpPlan
 from apportion.target.presets import spyre
 from apportion.target.target import Target
+
+#: balanced over greedy, geometric mean of predicted times at a core count: at most this (the
+#: point of the cost-model search is a real gain, not a tie)
+MEAN_RATIO_GOAL = 0.9
+#: balanced is a search: the bound's assignment may be predicted faster by at most this fraction
+BOUND_SLACK = 0.01
+#: float noise allowed where balanced and greedy pick the same assignment
+_EPS = 1e-9
 
 
 @dataclass(frozen=True)
@@ -53,13 +72,19 @@ def prime_probe(dtype: str) -> OpCase:
                   linear("lm_head", 2048, 4096, 49216, dtype))
 
 
+def whole_us(op: OpPlan) -> float:
+    """The op's predicted time over every iteration of a loop the planner put it in."""
+    runs = 1 if op.loop is None else math.prod(c for c in op.loop.count if isinstance(c, int))
+    return runs * op.predicted_time_us
+
+
 def run_case(case: OpCase, target: Target) -> CaseResult:
     p = case.program
     op = p.ops[0]
     t0 = time.perf_counter()
     try:
         g = plan(p, target, "greedy").ops[0]
-        g_util, g_us = g.utilization, g.predicted_time_us
+        g_util, g_us = g.utilization, whole_us(g)
     except PlanningError:
         g_util = g_us = None
     t1 = time.perf_counter()
@@ -71,7 +96,7 @@ def run_case(case: OpCase, target: Target) -> CaseResult:
     name = f"{case.model}/{case.phase}/{case.tokens}/{case.what}"
     return CaseResult(name, target.cores, g_util, b.utilization, bound,
                       ctx.time_us(bound_splits), g_us,
-                      b.predicted_time_us, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+                      whole_us(b), (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
 
 def cases(dtype: str = "float16", models_path: str | None = None,
@@ -98,7 +123,34 @@ def run(cores: list[int], dtype: str = "float16", models_path: str | None = None
                 results.append(run_case(case, target))
                 progress.advance(task)
     console.print(table(results, cores, len(todo)))
+    bench_goals.show(goals(results), console)
     return results
+
+
+def goals(results: list[CaseResult]) -> list[bench_goals.Goal]:
+    """The suite's goals over ``results`` (see the module's docstring)."""
+    out = []
+    for n in dict.fromkeys(r.cores for r in results):
+        rs = [r for r in results if r.cores == n]
+        timed = [r for r in rs if r.greedy_us]
+        worst = max(timed, key=lambda r: r.balanced_us / r.greedy_us, default=None)
+        if worst is not None and worst.greedy_us:
+            out.append(bench_goals.at_most(
+                f"{n} cores: balanced's predicted time <= greedy's on every shape (worst "
+                f"balanced/greedy)", worst.balanced_us / worst.greedy_us, 1.0 + _EPS,
+                "{:.3f}x", worst.case))
+        mean = summarize(rs)["time_ratio"]
+        if not math.isnan(mean):
+            out.append(bench_goals.at_most(
+                f"{n} cores: geometric mean of balanced/greedy predicted time <= "
+                f"{MEAN_RATIO_GOAL:g}x", mean, MEAN_RATIO_GOAL, "{:.3f}x"))
+    if results:
+        worst_b = min(results, key=lambda r: r.bound_us / r.balanced_us)
+        out.append(bench_goals.at_least(
+            f"the bound's assignment never predicted more than {BOUND_SLACK:.0%} faster than "
+            f"balanced's (lowest bound/balanced time)", worst_b.bound_us / worst_b.balanced_us,
+            1 - BOUND_SLACK, "{:.4f}x", f"{worst_b.case} @{worst_b.cores}"))
+    return out
 
 
 def summarize(results: list[CaseResult]) -> dict[str, Any]:

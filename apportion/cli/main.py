@@ -29,6 +29,7 @@ from apportion.target.presets import resolve
 from apportion.target.target import Target
 
 if TYPE_CHECKING:
+    from apportion.cli.goals import Goal
     from apportion.planned import PlannedProgram
     from apportion.runtime.reference import OutputCheck
 
@@ -448,6 +449,7 @@ def _from_models(path: str | None, build: Callable[[], T]) -> T:
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli import bench_tiling, bench_workdiv
+    from apportion.cli import goals as bench_goals
     from apportion.target.presets import spyre
 
     if args.suite == "costmodel":
@@ -470,10 +472,12 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         spyre(cores=n)
     out = _output_path("--json", args.json) if args.json is not None else None
     results: list[Any]
+    stated: list[Goal] = []  # the suite's goals, met or missed: the exit status under --check
     if args.suite == "workdiv":
         op_cases = _from_models(args.models, lambda: bench_workdiv.cases(
             models_path=args.models, limit=args.limit))
         results = bench_workdiv.run(cores, console=console, op_cases=op_cases)
+        stated = bench_workdiv.goals(results)
     elif args.suite == "scale":
         from apportion.cli import bench_scale
 
@@ -484,10 +488,11 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
         blocks = _from_models(args.models, lambda: bench_tiling.cases(
             models_path=args.models, limit=args.limit))
         results = bench_tiling.run(cores, console=console, blocks=blocks)
+        stated = bench_tiling.goals(results)
     if out is not None:
         text = json.dumps([dataclasses.asdict(r) for r in results], indent=1)
         _write_json(out, text)
-    return 0
+    return bench_goals.status(args.suite, stated, args.check)
 
 
 def _write_json(out: Path, text: str) -> None:
