@@ -20,7 +20,12 @@ Two tables over ``split_k_shapes_MNK`` of the models file (each ``[M, N, K]``, o
   already in the runtime's device buffers, one runtime context per factor; the factors of a
   shape timed in interleaved rounds, so that the machine's drift falls on all of them). Per
   shape: the fastest factor, the ``cpu`` resolver's pick for the measured shape and the fastest
-  time over the pick's (the goal: at least ``GOAL``).
+  time over the pick's.
+
+Goals (``goals``, checked by ``--check``): on every measured shape the ``cpu`` pick runs within
+``GOAL`` of the fastest factor (fastest / pick at least ``GOAL``), and IREE's output matches the
+unplanned program for every factor (a mismatch exits 1 even without ``--check``: it is a wrong
+result, not a slow one).
 
 The measurements behind the ``cpu`` preset's split table (``target/presets.CPU_SPLIT_K``) are
 ``frontend/data/cpu_splitk_measurements.json``, written by this command's ``--json``.
@@ -29,7 +34,6 @@ The measurements behind the ``cpu`` preset's split table (``target/presets.CPU_S
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import platform
 import statistics
@@ -44,6 +48,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from apportion.cli import goals as bench_goals
 from apportion.codegen.forall import forall_mlir, mlir_type, symbol_name
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict
@@ -342,7 +347,7 @@ def run(shapes: Sequence[tuple[int, int, int]], console: Console | None = None,
             prepared.clear()
     if records:
         console.print(measured_table(records))
-        console.print(verdict_line(verdicts(records)), highlight=False)
+        bench_goals.show(goals(records), console)
     bad = [r for r in records if not r.check_ok]
     for r in bad:
         console.print(f"[red]{r.m}x{r.n}x{r.k} split {r.factor}: IREE output differs from the "
@@ -394,11 +399,25 @@ def measured_table(records: Sequence[Measurement]) -> Table:
     return t
 
 
-def verdict_line(vs: Sequence[Verdict]) -> str:
-    ratios = [v.ratio for v in vs]
-    worst = min((r for r in ratios if r is not None), default=math.nan)
-    ok = all(r is not None and r >= GOAL for r in ratios)
-    word = "met" if ok else "NOT met"
-    return (f"goal {word}: the cpu pick runs within {GOAL:.0%} of the fastest factor on "
-            f"{sum(r is not None and r >= GOAL for r in ratios)} of {len(vs)} shapes (worst "
-            f"fastest / pick {worst:.2f})")
+def goals(records: Sequence[Measurement],
+          pick_of: Callable[[int, int, int], int] = cpu_pick) -> list[bench_goals.Goal]:
+    """The suite's goals over the measured ``records`` (see the module's docstring)."""
+    vs = verdicts(records, pick_of)
+    out = []
+    what = f"the cpu pick runs within {GOAL:.0%} of the fastest factor (worst fastest / pick)"
+    unmeasured = [f"{v.m}x{v.n}x{v.k} (pick {v.pick})" for v in vs if v.ratio is None]
+    if unmeasured:
+        out.append(bench_goals.count(f"{what}: the pick measured", unmeasured, len(vs)))
+    timed = [v for v in vs if v.ratio is not None]
+    if timed:
+        worst = min(timed, key=lambda v: v.ratio or 0.0)
+        ratio = worst.ratio or 0.0
+        out.append(bench_goals.at_least(
+            what, ratio, GOAL, "{:.2f}",
+            f"{worst.m}x{worst.n}x{worst.k}: pick {worst.pick}, fastest {worst.fastest}; "
+            f"{sum((v.ratio or 0.0) >= GOAL for v in timed)} of {len(timed)} shapes within"))
+    out.append(bench_goals.count(
+        "IREE's output matches the unplanned program for every factor",
+        [f"{r.m}x{r.n}x{r.k} split {r.factor} (max abs err {r.max_abs_err:.3g})"
+         for r in records if not r.check_ok], len(records)))
+    return out

@@ -507,6 +507,7 @@ def _bench_splitk(args: argparse.Namespace, console: Console) -> int:
     """``apportion bench splitk``: each resolver's split-K pick, then the skinny shapes'
     factors timed on this machine in IREE (``cli/bench_splitk.py``)."""
     from apportion.cli import bench_splitk
+    from apportion.cli import goals as bench_goals
     from apportion.frontend.models import load_models
 
     for flag, value in (("--cores", args.cores), ("--measurements", args.measurements),
@@ -519,7 +520,9 @@ def _bench_splitk(args: argparse.Namespace, console: Console) -> int:
     _, records = bench_splitk.run(shapes, console)
     if out is not None:
         _write_json(out, json.dumps(bench_splitk.to_doc(records), indent=1))
-    return 0 if all(r.check_ok for r in records) else 1
+    if not all(r.check_ok for r in records):  # a wrong result fails with or without --check
+        return 1
+    return bench_goals.status("splitk", bench_splitk.goals(records), args.check)
 
 
 def _bench_e2e(args: argparse.Namespace, console: Console) -> int:
