@@ -3,9 +3,18 @@ mesh axis sizes share one syntax."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from apportion.errors import ApportionError
+
+_DECIMAL = re.compile(r"\s*-?[0-9]+\s*")
+
+
+def is_decimal(text: str) -> bool:
+    """``text`` is an integer in plain ASCII digits (an optional minus sign, blanks around):
+    ``int`` alone also takes ``4_0`` as 40 and other scripts' digits (``'٤'``) as 4."""
+    return _DECIMAL.fullmatch(text) is not None
 
 
 def parse_params(pairs: Sequence[str] | None, error: type[ApportionError]) -> dict[str, int]:
@@ -20,10 +29,10 @@ def parse_params(pairs: Sequence[str] | None, error: type[ApportionError]) -> di
         name = name.strip()
         if not eq or not name.isidentifier():
             raise error(f"--param {text!r}: expected NAME=VALUE, such as --param T=4")
-        try:
-            number = int(value)
-        except ValueError:
-            raise error(f"--param {text!r}: value {value!r} is not an integer") from None
+        if not is_decimal(value):
+            raise error(f"--param {text!r}: value {value!r} is not an integer in decimal "
+                        "digits 0-9")
+        number = int(value)
         if name in out:
             raise error(f"--param {name} given twice ({name}={out[name]}, {name}={number})")
         out[name] = number

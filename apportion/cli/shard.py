@@ -106,13 +106,19 @@ def _mesh(args: argparse.Namespace) -> Mesh:
 
 
 def _target(args: argparse.Namespace, mesh: Mesh) -> Target:
-    if mesh.target is not None and args.target == "spyre":
-        if args.cores is None:
-            return mesh.target
-        from dataclasses import replace
+    """The devices' target: an explicit ``--target`` wins over the mesh's own (a ``--mesh``
+    file's ``target``); a mesh read from the ``--target`` file carries that file's target, or
+    the preset its ``[mesh] target`` names; else the default, spyre. ``--cores`` applies to
+    each."""
+    from_target_file = args.mesh is None  # _mesh read the mesh from the --target file
+    explicit = getattr(args, "target_given", False) and not from_target_file
+    if mesh.target is None or explicit:
+        return resolve(args.target, args.cores)
+    if args.cores is None:
+        return mesh.target
+    from dataclasses import replace
 
-        return replace(mesh.target, cores=args.cores)
-    return resolve(args.target, args.cores)
+    return replace(mesh.target, cores=args.cores)
 
 
 def _params(args: argparse.Namespace) -> dict[str, int]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -415,7 +416,7 @@ def size_fields(text: str, where: str) -> dict[str, Any]:
     head, *parts = text.split("~")
     if not head.isidentifier():
         try:
-            value = int(head)
+            value = _decimal(head)
         except ValueError:
             raise TargetError(f"{where}: size {text!r} is neither an integer nor a symbol "
                               "(like 4, or N~4: N devices, planned at 4)") from None
@@ -429,7 +430,7 @@ def size_fields(text: str, where: str) -> dict[str, Any]:
 
     def number(s: str) -> int:
         try:
-            return int(s)
+            return _decimal(s)
         except ValueError:
             raise TargetError(f"{where}: size {text!r}: {s!r} is not an integer; write "
                               f"{head}~PLAN and/or {head}~MIN..MAX") from None
@@ -491,6 +492,13 @@ def parse(spec: str, base: Mesh | None = None) -> Mesh:
     if base is None:
         return Mesh(tuple(axes), name=spec)
     return replace(base, axes=tuple(axes), name=spec)
+
+
+def _decimal(text: str) -> int:
+    """``int(text)`` for plain ASCII digits only (``int`` also takes ``4_0`` and ``'٤'``)."""
+    if not re.fullmatch(r"\s*-?[0-9]+\s*", text):
+        raise ValueError(text)
+    return int(text)
 
 
 def mesh_of(mesh: object, where: str) -> Mesh:
@@ -635,6 +643,10 @@ def load_toml(path: str | Path) -> Mesh:
             raise TargetError(f"{where}: mesh must be a table ([mesh])")
         rest = set(doc) - {"mesh"}
         target = None
+        if rest and "target" in table:  # two device targets: which one is meant is unclear
+            raise TargetError(f"{where}: [mesh] target = {table['target']!r} conflicts with "
+                              "the target this file describes (its other fields); drop "
+                              "[mesh] target: a target file's mesh runs on the file's target")
         if rest:  # a target file carrying a mesh
             try:
                 target = load_target_toml(path)

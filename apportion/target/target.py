@@ -15,7 +15,8 @@ LAYOUTS = ("stick", "row_major")
 # Whole-number fields: counts and byte sizes, all > 0.
 INT_FIELDS = ("max_cores", "cores", "span_limit", "stick_bytes", "scratchpad_bytes", "alignment",
               "max_loop_count", "pt_rows")
-# Real-valued figures: (field, lowest allowed, whether the lowest is allowed, upper bound or None).
+# Real-valued figures: (field, lowest allowed, whether the lowest is allowed, upper bound or None);
+# the upper bound is excluded but for the fields in HIGH_INCLUSIVE.
 FLOAT_FIELDS: tuple[tuple[str, float, bool, float | None], ...] = (
     ("scratchpad_reserve", 0.0, True, 1.0),
     ("mac_rate", 0.0, False, None),
@@ -27,11 +28,13 @@ FLOAT_FIELDS: tuple[tuple[str, float, bool, float | None], ...] = (
     ("mem_bandwidth", 0.0, False, None),
     ("broadcast_cohort", 1.0, True, None),
     ("broadcast_exponent", 0.0, True, None),
-    ("overlap", 0.0, True, 1.0 + 1e-12),
+    ("overlap", 0.0, True, 1.0),
     ("ring_us_per_element", 0.0, True, None),
     ("batch_split_factor", 1.0, True, None),
     ("stick_split_us_per_byte", 0.0, True, None),
 )
+#: fields whose upper bound is allowed: overlap 1 is no overlap at all (the cpu preset's)
+HIGH_INCLUSIVE = frozenset({"overlap"})
 #: the cost model's coefficients (``apportion/cost/model.py`` names the term each one sets)
 COST_FIELDS = tuple(f for f, *_ in FLOAT_FIELDS if f != "scratchpad_reserve") + ("pt_rows",)
 
@@ -119,10 +122,11 @@ class Target:
             raise TargetError(f"{where}: cores must be in 1..{self.max_cores}, got {self.cores}")
         for f, low, low_ok, high in FLOAT_FIELDS:
             v = getattr(self, f)
+            shut = f in HIGH_INCLUSIVE
             rng = (f">= {low:g}" if low_ok else f"> {low:g}") if high is None \
-                else f"in [{low:g}, {high:g})"
+                else f"in [{low:g}, {high:g}{']' if shut else ')'}"
             if not is_real(v) or not finite(v) or v < low or (v == low and not low_ok) \
-                    or (high is not None and v >= high):
+                    or (high is not None and (v > high if shut else v >= high)):
                 raise TargetError(f"{where}: {f} must be a finite number {rng}, got {describe(v)}")
         if not isinstance(self.split_padded_reduction, bool):
             raise TargetError(f"{where}: split_padded_reduction must be true or false, got "
