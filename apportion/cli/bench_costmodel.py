@@ -9,6 +9,12 @@ For the ``cpu`` target: a set of matmul, norm (mean then mul) and MLP programs p
 machine, run one thread per core, and timed in the same run with the same timing function as
 ``apportion calibrate --measure``; each program's predicted time (the sum of its ops') against
 the measured one. Both print the geometric mean of predicted over measured time.
+
+Goals (``goals``, checked by ``--check``): for measured kernels, the measured-best split ranks
+first among the candidates by predicted time on every shape (``balanced`` would pick it), and
+its predicted time is within ``SHAPE_ERROR_GOAL`` of the measured one (the bound
+``tests/passes/test_measured_shapes.py`` holds Spyre to); for the programs timed here, every
+predicted time is within a factor ``PROGRAM_FACTOR_GOAL`` of the measured one either way.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from apportion.cli import goals as bench_goals
 from apportion.cli.calibrate import (
     best_records,
     geometric_mean,
@@ -37,6 +44,12 @@ from apportion.cost.calibrate import split_text
 from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
 from apportion.target.target import Target
+
+#: a measured kernel's predicted time within this fraction of its measured time
+SHAPE_ERROR_GOAL = 0.30
+#: a program timed on this machine: predicted within this factor of measured, either way (the
+#: cpu model is a coarse roofline fitted on a 2-core machine; it plans, it does not forecast)
+PROGRAM_FACTOR_GOAL = 1.5
 
 
 @dataclass(frozen=True)
@@ -172,6 +185,7 @@ def run(target: Target, measurements: str | None = None, cores: Sequence[int] | 
                       f"{geometric_mean([r.predicted_us / r.measured_us for r in rows]):.3f}; "
                       f"measured-best split ranked first on {sum(r.rank == 1 for r in rows)} of "
                       f"{len(rows)} shapes", highlight=False)
+        bench_goals.show(shape_goals(rows), console)
         results += rows
     if cpu:
         counts = list(cores or [os.cpu_count() or 1])
@@ -180,5 +194,44 @@ def run(target: Target, measurements: str | None = None, cores: Sequence[int] | 
         console.print(f"geometric mean of predicted/measured: "
                       f"{geometric_mean([r.predicted_us / r.measured_us for r in rows_p]):.3f}",
                       highlight=False)
+        bench_goals.show(program_goals(rows_p), console)
         results += rows_p
     return results
+
+
+def shape_goals(rows: Sequence[ShapeRow]) -> list[bench_goals.Goal]:
+    """The goals of the measured-kernels table (see the module's docstring)."""
+    if not rows:
+        return []
+    worst = max(rows, key=lambda r: abs(r.predicted_us / r.measured_us - 1))
+    return [
+        bench_goals.count("the measured-best split ranks first by predicted time",
+                          [f"{r.shape}@{r.cores} ranks {r.rank} of {r.candidates}"
+                           for r in rows if r.rank != 1], len(rows)),
+        bench_goals.at_most(f"predicted time of the measured-best split within "
+                            f"{SHAPE_ERROR_GOAL:.0%} of measured (worst |error|)",
+                            abs(worst.predicted_us / worst.measured_us - 1), SHAPE_ERROR_GOAL,
+                            "{:.1%}", f"{worst.shape}@{worst.cores}"),
+    ]
+
+
+def program_goals(rows: Sequence[ProgramRow]) -> list[bench_goals.Goal]:
+    """The goal of the programs timed on this machine (see the module's docstring)."""
+    if not rows:
+        return []
+
+    def off(r: ProgramRow) -> float:  # the factor between predicted and measured, either way
+        return max(r.predicted_us / r.measured_us, r.measured_us / r.predicted_us)
+
+    worst = max(rows, key=off)
+    return [bench_goals.at_most(
+        f"predicted time within a factor {PROGRAM_FACTOR_GOAL:g} of measured on every "
+        f"program (worst factor)", off(worst), PROGRAM_FACTOR_GOAL, "{:.2f}x",
+        f"{worst.program}@{worst.cores}: predicted/measured "
+        f"{worst.predicted_us / worst.measured_us:.2f}")]
+
+
+def goals(rows: Sequence[Any]) -> list[bench_goals.Goal]:
+    """Every goal over ``run``'s rows (measured kernels and programs timed here)."""
+    return (shape_goals([r for r in rows if isinstance(r, ShapeRow)])
+            + program_goals([r for r in rows if isinstance(r, ProgramRow)]))

@@ -550,6 +550,7 @@ def _bench_costmodel(args: argparse.Namespace, console: Console) -> int:
     """``apportion bench costmodel``: the model against measured kernels (a device target)
     or against planned runs timed on this machine (``--target cpu``)."""
     from apportion.cli import bench_costmodel
+    from apportion.cli import goals as bench_goals
 
     if args.models is not None:
         raise UsageError("--models is an option of the workdiv and tiling suites")
@@ -559,7 +560,7 @@ def _bench_costmodel(args: argparse.Namespace, console: Console) -> int:
                                   label=args.target)
     if out is not None:
         _write_json(out, json.dumps([dataclasses.asdict(r) for r in results], indent=1))
-    return 0
+    return bench_goals.status("costmodel", bench_costmodel.goals(results), args.check)
 
 
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
