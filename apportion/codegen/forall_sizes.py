@@ -140,8 +140,16 @@ class Sizes:
                 continue
             stem, _, role = op.name.rpartition(".")
             if role not in ("partial", "combine") or stem not in given.op_map:
-                raise EmitError(f"op {op.name!r} is neither an op of program {given.name!r} "
-                                "nor a split-K partial or combine op of one")
+                # a copy the relayout pass added reads a tensor of the given program whole,
+                # one dim per axis: its dims are that tensor's (run-time) sizes
+                read = self._read_alone(op)
+                if read is None:
+                    raise EmitError(f"op {op.name!r} is neither an op of program "
+                                    f"{given.name!r}, a split-K partial or combine op of one, "
+                                    "nor an op reading each of its dims alone from a tensor "
+                                    "of it")
+                self.dims[op.name] = read
+                continue
             c = self.cuts.get(f"{stem}.partial") or self.cuts.get(f"{stem}.combine")
             if c is None:
                 c = self._cut(blk, plan, stem, base_sizes(stem))
@@ -154,6 +162,21 @@ class Sizes:
                 self.shapes[t] = tuple(
                     self.dims[op.name][e.single_dim] if e.single_dim else Ix(n)
                     for e, n in zip(op.out.index, program.tensor(t).shape, strict=True))
+
+    def _read_alone(self, op: Op) -> dict[str, Ix] | None:
+        """``op``'s dims sized by the inputs of the given program it reads, each dim from an
+        axis it indexes alone (None: a dim no such axis sizes)."""
+        assert self.given is not None
+        found: dict[str, Ix] = {}
+        for acc in op.ins:
+            if acc.tensor not in self.given.tensor_map:
+                continue
+            for e, n in zip(acc.index, self.shapes[acc.tensor], strict=True):
+                if e.single_dim is not None:
+                    found.setdefault(e.single_dim, n)
+        if any(d not in found for d in op.dim_names):
+            return None
+        return {d: found[d] for d in op.dim_names}
 
     def _cut(self, blk: _Block, plan: Plan, stem: str, base: Mapping[str, Ix]) -> Cut:
         partial = self.program.op(f"{stem}.partial")

@@ -70,7 +70,16 @@ def bind_plan(source: Program, plan: Plan, target: Target, sizes: Mapping[str, i
     names = [o.name for o in rewritten.ops]
     if names != [o.name for o in plan.ops]:
         missing = sorted({o.name for o in plan.ops} - set(names))
-        base = missing[0].removesuffix(".partial").removesuffix(".combine") if missing else "?"
+        cut = [n for n in missing if n.endswith((".partial", ".combine"))]
+        if not cut:
+            # not a reduction the bound size cannot cut: the plan is not this program's
+            extra = sorted(set(names) - {o.name for o in plan.ops})
+            raise ExecutionError(
+                f"program {source.name!r} at sizes {dict(sizes)} has ops "
+                f"{', '.join(extra) or 'none'} the plan lacks, and the plan has ops "
+                f"{', '.join(missing) or 'none'} the program lacks: the plan was made for "
+                "another program")
+        base = cut[0].removesuffix(".partial").removesuffix(".combine")
         s = split.get(f"{base}.partial")
         why = "" if s is None else f" into {s.factor} slices ({s.by})"
         raise ExecutionError(

@@ -71,8 +71,9 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
                             "with run-time sizes is planned without loop groups")
     program = program.bind()
     # 0. relayout: an explicit re-layout op before each op that reads a tensor transposed
-    #    (another stick dim); the planned program is then the rewritten one
-    program, copies = (program, ()) if planned_at else relayout(program, target)
+    #    (another stick dim); the planned program is then the rewritten one. Binding run-time
+    #    sizes (passes/bind.py) rewrites the bound program alike: the same copies at any size
+    program, copies = relayout(program, target)
     if copies:
         dump("relayout", copies)
     # 1. layouts: device layout of every tensor; stick dims and planning units of every op

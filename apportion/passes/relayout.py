@@ -16,7 +16,9 @@ strided gather), and reported with the other ops. Inputs with a literal or a sum
 indices, ops and tensors in loop groups (a group keeps reading its tensors as they are) and
 targets with a row-major layout get none. The rewritten program is the planned one
 (``Plan.rewritten``), as for split-K's partial and combine ops; ``relayout`` on the given program
-rewrites it the same way when a plan is read back.
+rewrites it the same way when a plan is read back or bound to run-time sizes (the same copies
+at any size: which axis is innermost does not depend on sizes; a copy of a tensor with a
+symbolic axis is symbolic on that axis too).
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def relayout(program: Program, target: Target) -> tuple[Program, tuple[Relayout,
     y.relayout0: y.relayout0[r1, r0] = relayout(y[r0, r1])
     a: z[m, n] = add(x[m, n], y.relayout0[m, n])
     """
-    if target.layout == "row_major" or program.symbols:
+    if target.layout == "row_major":
         return program, ()
     grouped = {n for g in program.tiling for n in g.ops}
     made_in_group = {program.op(n).out.tensor for n in grouped}
@@ -102,8 +104,10 @@ def relayout(program: Program, target: Target) -> tuple[Program, tuple[Relayout,
                                                        for a in order)),
                                     (Access(src.name, tuple(AffineExpr.dim(x)
                                                             for x in letters)),), sizes))
+                # a run-time size moves with its axis, so the copy binds as its source does
+                moved = {a: src.symbols[b] for a, b in enumerate(order) if b in src.symbols}
                 tensors.append(TensorType(copy, tuple(src.shape[a] for a in order),
-                                          src.dtype))
+                                          src.dtype, dynamic=tuple(moved.items())))
             copy = copies[key]
             readers.setdefault(copy, []).append(op.name)
             order = [*(a for a in range(len(acc.index)) if a != axis), axis]

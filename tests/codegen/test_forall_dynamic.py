@@ -268,3 +268,19 @@ def test_planned_run_and_check_and_the_cli_on_the_iree_backend(home, capsys):
     assert "K=4096 (given)" in out and "matches the unplanned program" in out
     assert "taken from the cache" in out  # the module check() compiled
     assert main([*args, "--param", "K=100"]) == 0
+
+
+#: a run-time T read transposed: the relayout copy the planner adds has a run-time axis too
+TRANSPOSED = {
+    "name": "dtr", "symbols": {"T": {"max": 512}},
+    "tensors": {"x": {"shape": ["T", 64], "dtype": "float16"},
+                "w": {"shape": [64, "T"], "dtype": "float16"}},
+    "inputs": ["x", "w"], "outputs": ["y"],
+    "ops": [{"name": "e", "op": "exp", "out": "e[t,j]", "ins": ["x[t,j]"]},
+            {"name": "tr", "op": "add", "out": "y[j,t]", "ins": ["e[t,j]", "w[j,t]"]}]}
+
+
+def test_a_relayout_copy_of_a_run_time_size_is_sized_at_run_time(tmp_path):
+    p = planned(TRANSPOSED, "spyre")
+    assert "e.relayout0" in [o.name for o in p.ops]
+    run_at(p, [{"T": 512}, {"T": 37}, {"T": 1}], tmp_path)

@@ -126,6 +126,29 @@ def test_spyre_leaves_a_symbolic_reduction_to_work_division_and_cuts_it_at_run_t
         assert all(c.ok for c in planned.check(params={"T": t}))
 
 
+def transposed_doc() -> dict[str, Any]:
+    """A run-time T read transposed by a pointwise op: the copy the relayout pass adds is
+    symbolic on the axis it moves innermost."""
+    return {"name": "dyntr", "symbols": {"T": {"max": 4096}},
+            "tensors": {"x": {"shape": ["T", 64], "dtype": "float16"}},
+            "inputs": ["x"], "outputs": ["y"],
+            "ops": [{"name": "tr", "op": "relu", "out": "y[j,t]", "ins": ["x[t,j]"]}]}
+
+
+def test_a_transposed_read_of_a_run_time_size_plans_a_relayout_and_runs_at_any_size():
+    program = from_dict(transposed_doc())
+    planned = ap.plan(program, ap.targets.spyre(cores=32))
+    assert [o.name for o in planned.ops] == ["x.relayout0", "tr"]
+    assert planned.program.tensor("x.relayout0").shape == (64, 4096)
+    for t in (1, 1000, 4096):
+        bound, plan = planned.bound({"T": t})
+        assert bound.tensor("x.relayout0").shape == (64, t)
+        assert [o.name for o in plan.ops] == ["x.relayout0", "tr"]
+        assert all(c.ok for c in planned.check(params={"T": t}))
+    back = ap.PlannedProgram.from_json(planned.to_json(), program, planned.target)
+    assert all(c.ok for c in back.check(params={"T": 77}))
+
+
 def test_a_plan_with_a_select_chain_round_trips_through_json():
     program = from_dict(matmul_doc())
     planned = ap.plan(program, ap.targets.resolve("gpu"))
