@@ -5,10 +5,10 @@ import pytest
 
 from apportion.cli.main import main
 from apportion.plans.serialize import from_json
+from tests.helpers import runnable_examples
 
 ROOT = Path(__file__).parents[2]
-EXAMPLES = sorted(p for p in ROOT.joinpath("examples").glob("*.json")
-                  if p.name != "lm_head_prime_vocab.json")
+EXAMPLES = runnable_examples(ROOT, "lm_head_prime_vocab.json")
 
 
 def test_plan_prints_a_table_and_a_summary(capsys):

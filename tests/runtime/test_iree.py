@@ -44,11 +44,11 @@ from tests.codegen.test_forall import (
     resplit_programs,
     small_programs,
 )
-from tests.helpers import edge_accesses_program, program
+from tests.helpers import edge_accesses_program, program, runnable_examples
 from tests.runtime.test_loops_properties import tiled_programs
 
 ROOT = Path(__file__).parents[2]
-EXAMPLES = sorted(ROOT.joinpath("examples").glob("*.json"))
+EXAMPLES = runnable_examples(ROOT)
 
 
 @pytest.fixture(scope="session")

@@ -40,12 +40,12 @@ from tests.codegen.test_forall import (  # noqa: E402
     resplit_programs,
     small_programs,
 )
-from tests.helpers import edge_accesses_program, program  # noqa: E402
+from tests.helpers import edge_accesses_program, program, runnable_examples  # noqa: E402
 from tests.passes.test_kinds_properties import kind_programs  # noqa: E402
 from tests.runtime.test_loops_properties import tiled_programs  # noqa: E402
 
 ROOT = Path(__file__).parents[2]
-EXAMPLES = sorted(ROOT.joinpath("examples").glob("*.json"))
+EXAMPLES = runnable_examples(ROOT)
 CORES = (1, 8, 32)
 THREADS = (1, 4)
 
