@@ -223,11 +223,33 @@ class Program:
             valid = ", ".join(self.op_map)
             raise ProgramError(f"program {self.name!r} has no op {name!r}; ops: {valid}") from None
 
+    @cached_property
+    def producer_map(self) -> dict[str, Op]:
+        """Tensor -> the op writing it (inputs have none). Built once: passes ask per tensor,
+        and a scan of every op per question made planning quadratic in the program's size.
+        Read-only by convention, like ``tensor_map`` (a plain dict, so a Program pickles)."""
+        return {o.out.tensor: o for o in self.ops}
+
+    @cached_property
+    def consumer_map(self) -> dict[str, tuple[Op, ...]]:
+        """Tensor -> the ops reading it, in program order, each once however many operands
+        read it (tensors nobody reads are absent). Built once, as ``producer_map``."""
+        readers: dict[str, list[Op]] = {}
+        for o in self.ops:
+            for t in dict.fromkeys(a.tensor for a in o.ins):
+                readers.setdefault(t, []).append(o)
+        return {t: tuple(ops) for t, ops in readers.items()}
+
+    @cached_property
+    def output_set(self) -> frozenset[str]:
+        """``outputs`` as a set, for membership tests per tensor."""
+        return frozenset(self.outputs)
+
     def producer(self, tensor: str) -> Op | None:
-        return next((o for o in self.ops if o.out.tensor == tensor), None)
+        return self.producer_map.get(tensor)
 
     def consumers(self, tensor: str) -> tuple[Op, ...]:
-        return tuple(o for o in self.ops if any(a.tensor == tensor for a in o.ins))
+        return self.consumer_map.get(tensor, ())
 
     @cached_property
     def pins(self) -> dict[str, dict[str, int]]:
@@ -334,7 +356,7 @@ def validate(p: Program) -> None:
     for op_name, splits in p.work_division:
         if op_name not in names:
             raise ProgramError(f"work_division pins unknown op {op_name!r}")
-        op = next(o for o in p.ops if o.name == op_name)
+        op = p.op_map[op_name]
         for d, _ in splits:
             if d not in op.sizes:
                 raise ProgramError(f"work_division for op {op_name!r}: unknown dim {d!r}; "

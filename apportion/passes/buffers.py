@@ -74,7 +74,7 @@ def buffer_roles(program: Program, tiling: Tiling) -> dict[str, TensorRole]:
         readers = [o.name for o in program.consumers(t)]
         inside = tuple(r for r in readers if r in group.ops)
         outside = tuple(r for r in readers if r not in group.ops)
-        if t in program.outputs:
+        if t in program.output_set:
             outside += ("<output>",)
         loop = group.tile(op.name).loop
         depth = min((common_depth(loop, group.tile(r).loop) for r in inside),

@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from apportion.errors import PlanningError, ProgramError
 from apportion.ir.kinds import KINDS
@@ -96,8 +97,49 @@ class GroupTiling:
     #: per symbolic count: (name, min, max, the value its tiles were planned at)
     symbolic: tuple[tuple[str, int, int | None, int], ...] = ()
 
+    # The indexes below are built once per group: passes ask for a tile, a position or a
+    # loop's extent per op and per reader, and a scan of the group each time made planning a
+    # long group quadratic in its length.
+
+    @cached_property
+    def tile_map(self) -> dict[str, OpTile]:
+        """Op -> its tile (the first, as ``tile`` always answered)."""
+        out: dict[str, OpTile] = {}
+        for t in self.tiles:
+            out.setdefault(t.op, t)
+        return out
+
     def tile(self, op: str) -> OpTile:
-        return next(t for t in self.tiles if t.op == op)
+        return self.tile_map[op]
+
+    @cached_property
+    def positions(self) -> dict[str, int]:
+        """Op -> its index in ``ops`` (its place in the loop body)."""
+        return {n: i for i, n in enumerate(self.ops)}
+
+    @cached_property
+    def _loop_extents(self) -> tuple[dict[tuple[int, ...], tuple[int, int]],
+                                     dict[tuple[int, ...], tuple[int, int]]]:
+        """(every prefix of an op's loop path -> first and last position of the ops under it,
+        every whole path -> first and last position of the ops with exactly that path)."""
+        under: dict[tuple[int, ...], tuple[int, int]] = {}
+        exact: dict[tuple[int, ...], tuple[int, int]] = {}
+        for i, n in enumerate(self.ops):
+            path = self.tile(n).loop.group
+            for k in range(len(path) + 1):
+                lo, _ = under.get(path[:k], (i, i))
+                under[path[:k]] = (lo, i)
+            lo, _ = exact.get(path, (i, i))
+            exact[path] = (lo, i)
+        return under, exact
+
+    def extent(self, path: tuple[int, ...], length: int) -> tuple[int, int]:
+        """First and last position of the ops whose loop path agrees with ``path`` in its
+        first ``length`` entries (``q[:length] == path[:length]``)."""
+        under, exact = self._loop_extents
+        key = path[:length]
+        # a key shorter than ``length`` matches only a path equal to it, not one it prefixes
+        return under[key] if len(key) == length else exact[key]
 
 
 @dataclass(frozen=True)
@@ -106,8 +148,17 @@ class Tiling:
 
     groups: tuple[GroupTiling, ...]
 
+    @cached_property
+    def group_map(self) -> dict[str, GroupTiling]:
+        """Op -> the first group holding it, built once (asked per op and per reader)."""
+        out: dict[str, GroupTiling] = {}
+        for g in self.groups:
+            for n in g.ops:
+                out.setdefault(n, g)
+        return out
+
     def group_of(self, op: str) -> GroupTiling | None:
-        return next((g for g in self.groups if op in g.ops), None)
+        return self.group_map.get(op)
 
     def tile(self, op: str) -> OpTile | None:
         g = self.group_of(op)

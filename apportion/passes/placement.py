@@ -30,6 +30,8 @@ group is the scratchpad that placing all of them would need (alignment and reuse
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import itertools
 import math
 from collections.abc import Iterator, Mapping
@@ -42,7 +44,7 @@ from apportion.passes.buffers import Steps, TensorRole, accumulator_dtype, needs
 from apportion.passes.coarse_tile import GroupTiling, Tiling
 from apportion.plans.memory import GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan
-from apportion.plans.tiles import core_boxes, inside, region, tile_box
+from apportion.plans.tiles import Region, core_boxes, inside, region, tile_box
 from apportion.plans.views import core_slices
 from apportion.target.layout import device_layout
 from apportion.target.target import Target
@@ -140,20 +142,18 @@ def lifetime(group: GroupTiling, roles: Mapping[str, TensorRole], tensor: str
     last read. A buffer lives through whole loops: written in a loop deeper than it, it is live
     from that loop's first op; read in one, to its last op (every iteration reads it)."""
     role = roles[tensor]
-    pos = {n: i for i, n in enumerate(group.ops)}
-    paths = [group.tile(n).loop.group for n in group.ops]
+    pos = group.positions
     c = role.depth
 
     def loop_span(path: tuple[int, ...], at: int) -> tuple[int, int]:
         if len(path) == c:
             return at, at
-        inner = [i for i, q in enumerate(paths) if q[:c + 1] == path[:c + 1]]
-        return min(inner), max(inner)
+        return group.extent(path, c + 1)
 
     p = pos[role.producer or ""]
-    start, end = loop_span(paths[p], p)
+    start, end = loop_span(group.tile(role.producer or "").loop.group, p)
     for r in role.inside:
-        end = max(end, loop_span(paths[pos[r]], pos[r])[1])
+        end = max(end, loop_span(group.tile(r).loop.group, pos[r])[1])
     return start, end
 
 
@@ -315,44 +315,90 @@ def plan_group(program: Program, target: Target, group: GroupTiling,
     return gp, placed
 
 
+class CoreRegions:
+    """Per-core regions of accesses under op plans, memoized by value for one placement.
+
+    A region list depends only on the access's index and the plan's iteration space, units and
+    splits, never on names; identical ops planned alike (a chain of pointwise ops, a model's
+    repeated layers) then share one computation instead of cutting 32 boxes per tensor each.
+    """
+
+    def __init__(self) -> None:
+        self._regions: dict[tuple[object, ...], list[Region]] = {}
+        self._contained: dict[tuple[object, ...], bool] = {}
+        self._bytes: dict[tuple[object, ...], int] = {}
+
+    @staticmethod
+    def _key(access: Access, plan: OpPlan) -> tuple[object, ...]:
+        return access.index, plan.iteration_space, plan.unit_elems, plan.splits
+
+    def regions(self, access: Access, plan: OpPlan) -> list[Region]:
+        """``region(access, b)`` of every core's box ``b`` of ``plan`` (``core_slices``)."""
+        key = self._key(access, plan)
+        found = self._regions.get(key)
+        if found is None:
+            found = self._regions[key] = [region(access, b) for b in core_slices(plan)]
+        return found
+
+    def contained(self, access: Access, reader: OpPlan, owner: OpPlan) -> bool:
+        """True when every core of ``reader`` reads through ``access`` only within what the
+        same core of ``owner`` covers through it."""
+        key = (self._key(access, reader), self._key(access, owner)[1:])
+        found = self._contained.get(key)
+        if found is None:
+            theirs, owned = self.regions(access, reader), self.regions(access, owner)
+            found = self._contained[key] = len(theirs) <= len(owned) and all(
+                inside(t, m) for t, m in zip(theirs, owned, strict=False))
+        return found
+
+    def lx_bytes(self, access: Access, plan: OpPlan, dtype: str, target: Target) -> int:
+        """Bytes per core of ``plan``'s output written through ``access`` kept in the
+        scratchpad: the largest core's region in whole sticks, aligned."""
+        key = (self._key(access, plan), dtype, target.elems_per_stick(dtype), target.alignment)
+        found = self._bytes.get(key)
+        if found is None:
+            eps = target.elems_per_stick(dtype)
+            per_core = 0
+            for reg in self.regions(access, plan):
+                ext = [hi - lo for lo, hi in reg]
+                if ext:
+                    ext[-1] = -(-ext[-1] // eps) * eps  # whole sticks
+                per_core = max(per_core, math.prod(ext) * dtype_bytes(dtype))
+            found = self._bytes[key] = align(per_core, target.alignment)
+        return found
+
+
 def untiled_lx_bytes(producer: Op, readers: list[Op], plans: Mapping[str, OpPlan],
-                     program: Program, target: Target, tiling: Tiling) -> int | None:
+                     program: Program, target: Target, tiling: Tiling,
+                     memo: CoreRegions | None = None) -> int | None:
     """Bytes per core of an untiled op's output in the scratchpad, or None when it cannot be:
     every core of every reader (outside loops, or in a loop group at every iteration) reads only
-    what the same core of the producer wrote."""
+    what the same core of the producer wrote. ``memo`` shares region lists across calls."""
+    memo = memo or CoreRegions()
     pp = plans[producer.name]
     if not producer.kind.divisible or any(pp.split_map[d] > 1 for d in producer.reduction_dims):
         return None
     out = producer.out
-    mine = [region(out, b) for b in core_slices(pp)]
     # readers read ``out`` through the producer's own index, so containment is checked in the
     # split view (``Op.split_out``), where a core's part is a box; in the tensor's axes a part
     # of a merged axis with an inner dim split has gaps, and its bounding box (what the
     # scratchpad holds) may hold another core's elements
     seen = producer.split_out
-    owned = [region(seen, b) for b in core_slices(pp)]
     for r in readers:
         if any(a.index != out.index for a in r.ins if a.tensor == out.tensor):
             return None
         rp = plans[r.name]
         group = tiling.group_of(r.name)
         if group is None:
-            views: Iterator[list | None] = iter([[region(seen, b) for b in core_slices(rp)]])
-        else:
-            views = _reader_regions(r, rp, seen, group, 0)
-        for theirs in views:
+            if not memo.contained(seen, rp, pp):
+                return None
+            continue
+        owned = memo.regions(seen, pp)
+        for theirs in _reader_regions(r, rp, seen, group, 0):
             if theirs is None or len(theirs) > len(owned) or not all(
                     t is None or inside(t, m) for t, m in zip(theirs, owned, strict=False)):
                 return None
-    t = program.tensor(out.tensor)
-    eps = target.elems_per_stick(t.dtype)
-    per_core = 0
-    for reg in mine:
-        ext = [hi - lo for lo, hi in reg]
-        if ext:
-            ext[-1] = -(-ext[-1] // eps) * eps  # whole sticks
-        per_core = max(per_core, math.prod(ext) * dtype_bytes(t.dtype))
-    return align(per_core, target.alignment)
+    return memo.lx_bytes(out, pp, program.tensor(out.tensor).dtype, target)
 
 
 def plan_program(program: Program, target: Target, tiling: Tiling,
@@ -380,14 +426,15 @@ def plan_program(program: Program, target: Target, tiling: Tiling,
             placed.append(Request(t, s0 + start, s0 + end, n))
             offsets[t] = off
     requests, sizes = [], {}
+    memo = CoreRegions()
     for op in program.ops:
         t = op.out.tensor
-        if tiling.group_of(op.name) is not None or t in program.outputs:
+        if tiling.group_of(op.name) is not None or t in program.output_set:
             continue
         readers = list(program.consumers(t))
         if not readers:
             continue
-        nbytes = untiled_lx_bytes(op, readers, plans, program, target, tiling)
+        nbytes = untiled_lx_bytes(op, readers, plans, program, target, tiling, memo)
         if nbytes is None:
             continue
         end = 0
@@ -402,10 +449,7 @@ def plan_program(program: Program, target: Target, tiling: Tiling,
 
 def loop_span(group: GroupTiling, op: str, depth: int) -> tuple[int, int]:
     """Body positions of the loop at ``depth`` holding ``op`` (depth 0: the whole nest)."""
-    path = group.tile(op).loop.group
-    inside = [i for i, n in enumerate(group.ops)
-              if group.tile(n).loop.group[:depth + 1] == path[:depth + 1]]
-    return min(inside), max(inside)
+    return group.extent(group.tile(op).loop.group, depth + 1)
 
 
 def acc_lx_bytes(op: Op, plan: OpPlan, program: Program, group: GroupTiling, level: int,
@@ -444,11 +488,31 @@ def place_around(placed: list[Request], offsets: Mapping[str, int], requests: li
     >>> place_around([a], {"a": 0}, [Request("x", 1, 2, 128), Request("y", 4, 5, 128)], 512)
     {'x': 256, 'y': 0}
     """
-    live = [(r.start, r.end, offsets[r.tensor], r.nbytes) for r in placed
-            if r.tensor in offsets]
+    # Requests come in order of start, so a buffer that ended before one request's start is
+    # free for every later one: ``live`` holds the started buffers (dropped by end, from a
+    # heap) and ``ahead`` the placed ones not yet started, sorted by start. Each request then
+    # looks only at the buffers overlapping it, never at everything placed so far, which
+    # made a long program's placement quadratic.
+    ahead = sorted((r.start, r.end, offsets[r.tensor], r.nbytes) for r in placed
+                   if r.tensor in offsets)
+    starts = [s for s, _, _, _ in ahead]
+    live: dict[int, tuple[int, int]] = {}  # key -> (offset, bytes)
+    ends: list[tuple[int, int]] = []  # heap of (end, key) over ``live``
+    key = 0
+    nxt = 0  # the first entry of ``ahead`` not yet started
     out: dict[str, int] = {}
     for r in sorted(requests, key=lambda q: q.start):
-        busy = sorted((off, n) for s, e, off, n in live if not (e < r.start or s > r.end))
+        while nxt < len(ahead) and ahead[nxt][0] <= r.start:
+            _, e, off, n = ahead[nxt]
+            nxt += 1
+            live[key] = (off, n)
+            heapq.heappush(ends, (e, key))
+            key += 1
+        while ends and ends[0][0] < r.start:
+            del live[heapq.heappop(ends)[1]]
+        later = (ahead[i] for i in range(nxt, bisect.bisect_right(starts, r.end, lo=nxt)))
+        busy = sorted([*live.values(),
+                       *((off, n) for _, e, off, n in later if e >= r.start)])
         gaps, at = [], 0
         for off, n in busy:
             if off > at:
@@ -461,7 +525,9 @@ def place_around(placed: list[Request], offsets: Mapping[str, int], requests: li
             out[r.tensor] = at
         else:
             continue
-        live.append((r.start, r.end, out[r.tensor], r.nbytes))
+        live[key] = (out[r.tensor], r.nbytes)
+        heapq.heappush(ends, (r.end, key))
+        key += 1
     return out
 
 
