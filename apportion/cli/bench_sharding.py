@@ -17,6 +17,10 @@ Two tables, each from ``sharding.search`` on Spyre devices (32 cores each, 128 G
 
 ``--models`` names another models file, ``--limit N`` keeps its first N models, ``--json``
 writes every row.
+
+Goals (``goals``, checked by ``--check``): every block's plan on every mesh is predicted at
+least ``EFFICIENCY_GOAL`` of perfect scaling (speedup over one device at least that fraction
+of the mesh's devices), and the slowest forward solve takes under ``FORWARD_LIMIT_S``.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
+from apportion.cli import goals as bench_goals
 from apportion.errors import ApportionError
 from apportion.frontend.models import forward_program, load_models
 from apportion.ir.program import Program
@@ -43,6 +49,9 @@ TOKENS = 2048
 FORWARD_LIMIT_S = 10.0
 FORWARD_MODEL = "llama3-8b"
 FORWARD_LAYERS = 32
+#: a block's speedup over one device, as a fraction of the mesh's devices: at least this (a
+#: sharding that buys less than half of each added device is not worth its devices)
+EFFICIENCY_GOAL = 0.5
 
 
 def meshes() -> list[Mesh]:
@@ -119,26 +128,61 @@ def run(models_path: str | None = None, limit: int | None = None,
                 "speedup", "MiB recv", "collectives", "solve s"):
         table.add_column(col, justify="right" if col in ("us/device", "1 device us", "speedup",
                                                           "MiB recv", "solve s") else "left")
-    for model in names:
-        for what, prog in blocks(model, doc):
-            one = search(prog, parse("tp=1")).predicted_us
-            for mesh in meshes():
-                start = time.perf_counter()
-                plan = search(prog, mesh)
-                took = time.perf_counter() - start
-                row = BlockRow(model, what, mesh.spec(), mesh.devices, _matmuls(plan),
-                               plan.predicted_us, one, plan.comm_bytes,
-                               plan.collectives_text(), took)
-                rows.append(row)
-                table.add_row(model, what, row.mesh, row.strategies, f"{row.predicted_us:.0f}",
-                              f"{one:.0f}", f"{row.speedup:.2f}",
-                              f"{row.comm_bytes / 2**20:.1f}", row.collectives,
-                              f"{row.solve_s:.2f}")
+    todo = meshes()
+    # redrawn between searches only: a refresh thread would share the cores solve s times
+    with Progress(console=console, transient=True, auto_refresh=False) as progress:
+        task = progress.add_task("searching", total=len(names) * 2 * len(todo))
+        for model in names:
+            for what, prog in blocks(model, doc):
+                one = search(prog, parse("tp=1")).predicted_us
+                for mesh in todo:
+                    progress.update(task, description=f"{model} {what} on {mesh.spec()}")
+                    progress.refresh()
+                    start = time.perf_counter()
+                    plan = search(prog, mesh)
+                    took = time.perf_counter() - start
+                    row = BlockRow(model, what, mesh.spec(), mesh.devices, _matmuls(plan),
+                                   plan.predicted_us, one, plan.comm_bytes,
+                                   plan.collectives_text(), took)
+                    rows.append(row)
+                    table.add_row(model, what, row.mesh, row.strategies,
+                                  f"{row.predicted_us:.0f}", f"{one:.0f}", f"{row.speedup:.2f}",
+                                  f"{row.comm_bytes / 2**20:.1f}", row.collectives,
+                                  f"{row.solve_s:.2f}")
+                    progress.advance(task)
     console.print(table)
+    bench_goals.show(block_goals(rows), console)
     fwd: list[ForwardRow] = []
     if forward and FORWARD_MODEL in doc["models"]:
         fwd = _forward(doc, console)
     return rows, fwd
+
+
+def block_goals(rows: list[BlockRow]) -> list[bench_goals.Goal]:
+    """The blocks table's goal (see the module's docstring)."""
+    if not rows:
+        return []
+    worst = min(rows, key=lambda r: r.speedup / r.devices)
+    return [bench_goals.at_least(
+        f"every block on every mesh at least {EFFICIENCY_GOAL:.0%} of perfect scaling "
+        f"(worst speedup / devices)", worst.speedup / worst.devices, EFFICIENCY_GOAL,
+        "{:.0%}", f"{worst.model} {worst.block} on {worst.mesh}: {worst.speedup:.2f}x on "
+        f"{worst.devices}")]
+
+
+def forward_goals(rows: list[ForwardRow]) -> list[bench_goals.Goal]:
+    """The forward table's goal: the slowest solve under ``FORWARD_LIMIT_S``."""
+    if not rows:
+        return []
+    worst = max(rows, key=lambda r: r.solve_s)
+    return [bench_goals.at_most(
+        f"the {FORWARD_MODEL} forward's search solves in under {FORWARD_LIMIT_S:g} s on every "
+        f"mesh (slowest)", worst.solve_s, FORWARD_LIMIT_S, "{:.2f} s", worst.mesh)]
+
+
+def goals(rows: list[BlockRow], fwd: list[ForwardRow]) -> list[bench_goals.Goal]:
+    """Every goal of the suite over ``run``'s rows."""
+    return block_goals(rows) + forward_goals(fwd)
 
 
 def _forward(doc: dict[str, Any], console: Console) -> list[ForwardRow]:
@@ -160,10 +204,7 @@ def _forward(doc: dict[str, Any], console: Console) -> list[ForwardRow]:
         table.add_row(row.mesh, str(row.ops), str(row.classes), f"{row.predicted_us / 1e3:.1f}",
                       f"{row.comm_bytes / 2**20:.0f}", row.collectives, f"{took:.2f}")
     console.print(table)
-    worst = max(r.solve_s for r in rows)
-    verdict = "within" if worst < FORWARD_LIMIT_S else "OVER"
-    console.print(f"slowest forward solve {worst:.2f} s: {verdict} the {FORWARD_LIMIT_S:g} s "
-                  "limit", highlight=False)
+    bench_goals.show(forward_goals(rows), console)
     return rows
 
 
@@ -189,4 +230,4 @@ def command(args: argparse.Namespace, console: Console,
         except OSError as e:
             raise ApportionError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") \
                 from None
-    return 0 if all(r.solve_s < FORWARD_LIMIT_S for r in fwd) else 1
+    return bench_goals.status("sharding", goals(rows, fwd), args.check)

@@ -25,7 +25,7 @@ from apportion.cli.params import is_decimal, parse_params
 from apportion.errors import ApportionError, ProgramError
 from apportion.ir.program import Program
 from apportion.passes.work_distribution import STRATEGIES
-from apportion.target.presets import resolve
+from apportion.target.presets import PRESETS, resolve
 from apportion.target.target import Target
 
 if TYPE_CHECKING:
@@ -93,8 +93,9 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _output_path(option: str, text: str) -> Path:
-    """``text`` as a file the command can write, checked before any work is done."""
+def _output_path(option: str, text: str, make_folders: bool = False) -> Path:
+    """``text`` as a file the command can write, checked before any work is done
+    (``make_folders``: its missing folders are made)."""
     if not text:
         raise UsageError(f"{option}: the path is empty")
     path = Path(text)
@@ -102,6 +103,8 @@ def _output_path(option: str, text: str) -> Path:
         if path.is_dir():
             raise UsageError(f"{option} {text!r} is a folder; give a file path in it")
         folder = path.parent
+        if make_folders:
+            _make_folder(option, text, folder)
         if not folder.is_dir():
             what = "is not a folder" if folder.exists() else "does not exist"
             raise UsageError(f"{option} {text!r}: folder {str(folder)!r} {what}")
@@ -111,6 +114,29 @@ def _output_path(option: str, text: str) -> Path:
     except OSError as e:  # a name too long, a folder that cannot be searched
         raise UsageError(f"{option} {text!r}: {e.strerror or e}") from None
     return path
+
+
+def _make_folder(option: str, text: str, folder: Path) -> None:
+    """Make ``folder`` and its missing parents; a file in the way is one usage error."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file where a folder goes
+        blocking = next(p for p in (folder, *folder.parents) if p.exists() and not p.is_dir())
+        raise UsageError(f"{option} {text!r}: {str(blocking)!r} is not a folder") from None
+    except OSError as e:
+        raise UsageError(f"{option} {text!r}: cannot make folder {str(folder)!r}: "
+                         f"{e.strerror or e}") from None
+
+
+def _plot_folder(text: str) -> Path:
+    """``--plot DIR``: the folder, made with its missing parents, and writable."""
+    if not text:
+        raise UsageError("--plot: the path is empty")
+    folder = Path(text)
+    _make_folder("--plot", text, folder)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--plot {text!r}: not writable")
+    return folder
 
 
 def _load_program(spec: str) -> Program:
@@ -124,8 +150,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("program", nargs="?", default=DEFAULT,
                    help="program file (format v1), or 'default' for the built-in MLP block")
     p.add_argument("--target", default="spyre", action=_Given,
-                   help="spyre, cpu, or a target .toml file (with --mesh: the devices' target, "
-                        "over the mesh's own)")
+                   help=f"a preset ({', '.join(PRESETS)}) or a target .toml file (default "
+                        "spyre; with --mesh: the devices' target, over the mesh's own)")
     p.add_argument("--cores", type=_int_at_least(1), default=None,
                    help="cores to use (spyre: 1..32; default SENCORES or 32)")
     p.add_argument("--strategy", choices=STRATEGIES, default="balanced")
@@ -249,11 +275,8 @@ def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
     if args.format == "coeffs" or args.op is not None:
         raise UsageError("with --torch: --format table or json, and --plot DIR (no --op)")
     plot_dir = None
-    if args.plot is not None:
-        plot_dir = Path(args.plot)
-        if not plot_dir.is_dir():
-            raise UsageError(f"--plot {args.plot!r}: with --torch, --plot names an existing "
-                             "folder for utilization.png and largest_op.png")
+    if args.plot is not None:  # a folder for utilization.png and largest_op.png, made if missing
+        plot_dir = _plot_folder(args.plot)
     tm = _torch_model(args)
     planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)
     print_plan(tm, planned, args.format, plot_dir, console)
@@ -287,14 +310,18 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         return cmd_plan_torch(args, console)
 
     plot: Path | None = None
+    plot_dir: Path | None = None
     if args.plot is not None:  # the path first: a bad one is refused before any loading
-        from apportion.cli.plot import check_plot_path
+        from apportion.cli.plot import check_plot_path, is_plot_file
 
-        plot = check_plot_path(_output_path("--plot", args.plot))
+        if is_plot_file(args.plot):
+            plot = check_plot_path(_output_path("--plot", args.plot, make_folders=True))
+        else:
+            plot_dir = _plot_folder(args.plot)
     elif args.op is not None:
-        raise UsageError(f"--op {args.op!r} picks the op to draw: it needs --plot FILE")
+        raise UsageError(f"--op {args.op!r} picks the op to draw: it needs --plot FILE or DIR")
     program = _load_program(args.program)
-    drawable = _drawable(args, program) if plot is not None else ()
+    drawable = _drawable(args, program) if args.plot is not None else ()
     planned = _plan(program, resolve(args.target, args.cores), args)
     if args.format == "json":
         print(planned.to_json())
@@ -310,6 +337,16 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
                               key=lambda o: o.predicted_time_us).name
         path = plot_op(planned.op(name), planned.program.op(name).out.dims, plot)
         console.print(f"wrote {path} (op {name})", highlight=False)
+    elif plot_dir is not None:  # one picture per op (the ops of a split-K rewrite included)
+        from apportion.cli.plot import plot_file_name, plot_op
+
+        names = [args.op] if args.op else [o.name for o in planned.program.ops if o.out.dims]
+        for name in names:
+            plot_op(planned.op(name), planned.program.op(name).out.dims,
+                    plot_dir / plot_file_name(name))
+        console.print(f"wrote {len(names)} picture{'s' if len(names) != 1 else ''} to "
+                      f"{plot_dir}{os.sep} (one per op: {plot_file_name(names[0])}"
+                      f"{', ...' if len(names) > 1 else ''})", highlight=False)
     return 0
 
 
@@ -529,6 +566,7 @@ def _bench_e2e(args: argparse.Namespace, console: Console) -> int:
     """``apportion bench e2e``: PyTorch models exported, lowered, planned for Spyre and run by
     the threaded torch executor against eager PyTorch (``cli/bench_e2e.py``)."""
     from apportion.cli import bench_e2e
+    from apportion.cli import goals as bench_goals
     from apportion.target.presets import spyre
 
     for flag, value in (("--models", args.models), ("--measurements", args.measurements),
@@ -543,7 +581,7 @@ def _bench_e2e(args: argparse.Namespace, console: Console) -> int:
                             limit=args.limit, console=console)
     if out is not None:
         _write_json(out, json.dumps([dataclasses.asdict(r) for r in results], indent=1))
-    return 0
+    return bench_goals.status("e2e", bench_e2e.goals(results), args.check)
 
 
 def _bench_costmodel(args: argparse.Namespace, console: Console) -> int:
@@ -647,9 +685,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="plan a program and print the report or plan JSON")
     _common(p)
     p.add_argument("--format", choices=("table", "json", "coeffs"), default="table")
-    p.add_argument("--plot", metavar="FILE.png",
-                   help="draw which core computes which block (the format follows the "
-                        "extension: .png, .pdf, .svg, ...)")
+    p.add_argument("--plot", metavar="FILE.png|DIR",
+                   help="draw which core computes which block: to FILE (the format follows "
+                        "the extension: .png, .pdf, .svg, ...) the slowest op or --op; to a "
+                        "folder DIR (a path without a picture extension) one OP.png per op; "
+                        "with --torch, DIR/utilization.png and DIR/largest_op.png. Missing "
+                        "folders are made")
     p.add_argument("--op", help="with --plot: the op to draw (default: the slowest)")
     p.set_defaults(func=cmd_plan)
     r = sub.add_parser("run", help="execute the plan slice by slice")
@@ -705,10 +746,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only the first N op shapes (workdiv), blocks (tiling), rows (scale) "
                         "or models (e2e: mlp, llama, gpt2)")
     b.add_argument("--threads", type=_int_at_least(1), default=None,
-                   help="e2e: threads of the torch executor and of eager PyTorch "
-                        "(default: torch.get_num_threads())")
+                   help="e2e: threads of the torch executor and of eager PyTorch (default 1)")
     b.add_argument("--repeat", type=_int_at_least(1), default=None,
-                   help="e2e: timed runs per side, the median reported (default 5)")
+                   help="e2e: timed runs per side, the fastest and median reported (default 5)")
     b.add_argument("--json", default=None, help="write every case's result here (JSON)")
     b.add_argument("--check", action="store_true",
                    help="exit status 1 when a goal the suite states is missed (one line each "
