@@ -62,20 +62,22 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     cache = PlanCache(reuse)
     # sizes known only at run time are planned at their planning sizes (the bound, if any);
     # split-K still sees which reductions are symbolic and may decide by a select chain
-    symbols = {op: {d: program.symbol_map[sym] for d, sym in dims.items()}
-               for op, dims in program.dim_symbols.items()}
     planned_at = tuple(program.planning_sizes().items())
     if program.symbols and program.tiling:
         raise PlanningError(f"program {program.name!r} has symbolic sizes "
                             f"({', '.join(program.symbol_map)}) and tiling groups; a program "
                             "with run-time sizes is planned without loop groups")
-    program = program.bind()
     # 0. relayout: an explicit re-layout op before each op that reads a tensor transposed
-    #    (another stick dim); the planned program is then the rewritten one. Binding run-time
-    #    sizes (passes/bind.py) rewrites the bound program alike: the same copies at any size
+    #    (another stick dim); the planned program is then the rewritten one. It runs before
+    #    binding so that a copy of a run-time axis is symbolic too; binding sizes
+    #    (passes/bind.py) rewrites the bound program alike: the same copies at any size
     program, copies = relayout(program, target)
     if copies:
         dump("relayout", copies)
+    symbols = {op: {d: program.symbol_map[sym] for d, sym in dims.items()}
+               for op, dims in program.dim_symbols.items()}
+    sized = program if planned_at else None
+    program = program.bind()
     # 1. layouts: device layout of every tensor; stick dims and planning units of every op
     lay = layouts(program, target)
     dump("layouts", lay)
@@ -86,7 +88,7 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
         dump("auto_tile", program.tiling)
     # 2b. span_tiling: a loop of last resort around each op that no split of the strategy keeps
     #     within the span limit (a new one-op tiling group; the plan's group says ``added``)
-    spanned = span_tiling(program, target, lay, strategy, cache)
+    spanned = span_tiling(program, target, lay, strategy, cache, symbolic=sized)
     if spanned.added:
         dump("span_tiling", spanned)
         program = spanned.program

@@ -18,8 +18,12 @@ of the whole loop (count times one tile's time under the strategy's split), then
 output indexes (a tiled reduction dim accumulates), then to outer dims. A reduction dim is a
 candidate only when its kind accumulates across loop iterations (``Reducer.tileable``).
 
-Fallback ops (one core, whole), ops with run-time sizes and ops already in a tiling group are
-left alone, and an op no single-dim loop fits keeps the strategy's error. The added groups are
+Fallback ops (one core, whole) and ops already in a tiling group are left alone, and an op no
+single-dim loop fits keeps the strategy's error. A program with run-time sizes (``symbolic``) is
+planned without loop groups: its plan keeps each op's slices at every bound size, and a loop
+sized at the planning size would run past a smaller bound tensor. There an op that needs a loop
+is refused, naming the op, the tensor, the run-time size and the limit, and where a smaller
+bound of the size fits, the largest such bound. The added groups are
 appended to the program's ``tiling`` (paths after the program's own groups) and named in the
 result, so that the plan's ``GroupPlan.added`` says why each exists (plan format ``added``; the
 report's loop-group line).
@@ -36,7 +40,7 @@ from apportion.errors import PlanningError
 from apportion.ir.op import Op
 from apportion.ir.program import LoopLevel, Program, TilingGroup
 from apportion.passes.geometry import OpContext, PlanCache, check_spans, divisors
-from apportion.passes.layouts import Layouts
+from apportion.passes.layouts import Layouts, layouts
 from apportion.passes.span_reduction import SpanSplits, minimum_splits, op_minimum
 from apportion.passes.work_distribution import op_splits, ranked
 from apportion.plans.plan import LoopInfo
@@ -98,8 +102,10 @@ def fits(ctx: OpContext, strategy: str) -> bool:
 
 
 def span_tiling(program: Program, target: Target, lay: Layouts, strategy: str,
-                cache: PlanCache | None = None) -> SpanTiling:
-    """The span tiling pass (see the module docstring).
+                cache: PlanCache | None = None, symbolic: Program | None = None
+                ) -> SpanTiling:
+    """The span tiling pass (see the module docstring). ``symbolic``: the program with its
+    run-time sizes, when ``program`` is it bound at its planning sizes.
 
     >>> from apportion.frontend.json_format import loads
     >>> from apportion.passes.layouts import layouts
@@ -114,7 +120,8 @@ def span_tiling(program: Program, target: Target, lay: Layouts, strategy: str,
     mappingproxy({})
     """
     if program.symbols:
-        return SpanTiling(program, {})
+        raise PlanningError(f"program {program.name!r}: span tiling plans a program at its "
+                            "planning sizes; bind it first and pass it as symbolic")
     grouped = {n for g in program.tiling for n in g.ops}
     added: dict[str, SpanTile] = {}
     groups = list(program.tiling)
@@ -124,6 +131,8 @@ def span_tiling(program: Program, target: Target, lay: Layouts, strategy: str,
         ctx = OpContext(op, program, target, lay.ops[op.name], lay.tensors, dict(op.sizes))
         if fits(ctx, strategy):
             continue
+        if symbolic is not None:
+            raise PlanningError(_run_time_refusal(ctx, strategy, symbolic, target))
         choice = choose_loop(ctx, strategy, target.max_loop_count, cache)
         if choice is None:
             continue  # no single-dim loop fits: the strategy's own error stands
@@ -199,3 +208,55 @@ def _time(ctx: OpContext, strategy: str, cache: PlanCache | None) -> float:
         return ctx.time_us(op_splits(ctx, spans, strategy, cache))
     except PlanningError:
         return math.inf
+
+
+def _run_time_refusal(ctx: OpContext, strategy: str, symbolic: Program, target: Target) -> str:
+    """Why op ``ctx.op`` of a program with run-time sizes cannot be planned: it fits the span
+    limit only in a loop (the strategy's own refusal), with the largest bound of each of its
+    run-time sizes at which it fits without one."""
+    op = ctx.op
+    try:
+        minimum_splits(ctx, allow_uneven=strategy == "balanced")
+        detail = (f"no split over {target.cores} cores keeps its spans within "
+                  f"{target.span_limit} bytes")
+    except PlanningError as e:
+        detail = str(e).removeprefix(f"op {op.name!r}: ")
+    dims = symbolic.dim_symbols.get(op.name, {})
+    names = ", ".join(dict.fromkeys(symbolic.symbol_map))
+    if not dims:
+        return (f"op {op.name!r} fits the span limit only in a loop (its sizes are static), and "
+                f"program {symbolic.name!r} has run-time sizes ({names}), which are planned "
+                f"without loop groups: {detail}")
+    hints = []
+    for sym in dict.fromkeys(dims.values()):
+        s = symbolic.symbol_map[sym]
+        top = _largest_fitting(ctx, strategy, symbolic, sym, target)
+        used = ", ".join(f"dim {d!r}" for d, n in dims.items() if n == sym)
+        hints.append(f"run-time size {sym!r} ({used}) is planned at {s.planning_size}; "
+                     + (f"no size from its min {s.min} fits" if top is None else
+                        f"bound it with a max of at most {top}"))
+    return (f"op {op.name!r}: {detail}; a program with run-time sizes is planned without "
+            f"loop groups, so no loop may cut it: {'; '.join(hints)}")
+
+
+def _largest_fitting(ctx: OpContext, strategy: str, symbolic: Program, sym: str,
+                     target: Target) -> int | None:
+    """The largest size of symbol ``sym`` (the others at their planning sizes) at which op
+    ``ctx.op`` fits the span limit without a loop, by bisection (spans grow with the size);
+    None when its min does not fit."""
+
+    def fits_at(size: int) -> bool:
+        bound = symbolic.bind({sym: size})
+        lay = layouts(bound, target)
+        op = bound.op(ctx.op.name)
+        return fits(OpContext(op, bound, target, lay.ops[op.name], lay.tensors,
+                              dict(op.sizes)), strategy)
+
+    s = symbolic.symbol_map[sym]
+    lo, hi = s.min, s.planning_size  # the planning size does not fit
+    if not fits_at(lo):
+        return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits_at(mid) else (lo, mid)
+    return lo

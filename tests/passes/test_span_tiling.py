@@ -189,3 +189,32 @@ def test_plans_with_added_loops_respect_the_limit_and_run_exactly(case, strategy
     p.loopspec()
     checks = p.check()
     assert all(c.ok for c in checks), checks
+
+
+def test_a_run_time_size_too_large_for_the_span_limit_is_refused_with_the_bound_that_fits():
+    """No loop is cut over a program with run-time sizes (it would be sized at the planning
+    size and run past a smaller bound tensor): the op is refused, naming the tensor, the limit,
+    the run-time size and the largest max bound at which it fits."""
+    doc = {"name": "dynbig", "symbols": {"T": {"max": 8388608}},
+           "tensors": {"x": {"shape": ["T", 4096], "dtype": "float16"}},
+           "inputs": ["x"], "outputs": ["y"],
+           "ops": [{"name": "e", "op": "exp", "out": "y[t,j]", "ins": ["x[t,j]"]}]}
+    for strategy in ("balanced", "greedy"):
+        with pytest.raises(PlanningError, match=(
+                r"op 'e': tensor 'x' .*> limit 268435456.*planned without loop groups.*"
+                r"run-time size 'T' \(dim 't'\) is planned at 8388608; bound it with a max of "
+                r"at most 1048576")):
+            ap.plan(loads(json.dumps(doc)), spyre(cores=32), strategy=strategy)
+    doc["symbols"]["T"]["max"] = 1048576  # 256 MiB per core: fits without a loop
+    p = ap.plan(loads(json.dumps(doc)), spyre(cores=32))
+    assert not p.groups and all(c.ok for c in p.check(params={"T": 100}))
+    # a static op that needs a loop, in a program with run-time sizes
+    doc["symbols"]["T"]["max"] = 64
+    doc["tensors"]["z"] = {"shape": [1, 8195, 256, 64], "dtype": "float16"}
+    doc["inputs"].append("z")
+    doc["outputs"].append("w")
+    doc["ops"].append({"name": "big", "op": "exp", "out": "w[a,b,c,d]", "ins": ["z[a,b,c,d]"]})
+    with pytest.raises(PlanningError, match=r"op 'big' fits the span limit only in a loop \(its "
+                                            r"sizes are static\), and program 'dynbig' has "
+                                            r"run-time sizes \(T\)"):
+        ap.plan(loads(json.dumps(doc)), spyre(cores=4), strategy="greedy")
