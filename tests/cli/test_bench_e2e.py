@@ -10,34 +10,68 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from apportion.cli.bench_e2e import MODELS, E2EResult, table  # noqa: E402
+from apportion.cli.bench_e2e import (  # noqa: E402
+    MODELS,
+    SLOWDOWN_GOAL,
+    E2EResult,
+    goals,
+    load_warning,
+    table,
+)
 from apportion.cli.main import main  # noqa: E402
 
 
-def test_bench_e2e_prints_the_table_and_writes_every_row(tmp_path, capsys):
+def test_bench_e2e_prints_the_table_and_writes_every_row_on_one_thread(tmp_path, capsys):
     out = tmp_path / "e2e.json"
-    assert main(["bench", "e2e", "--limit", "1", "--repeat", "1", "--cores", "8", "32",
-                 "--threads", "1", "--json", str(out)]) == 0
+    # no --check: whether the executor keeps within its slowdown goal is a timing
+    assert main(["bench", "e2e", "--limit", "1", "--repeat", "2", "--cores", "8", "32",
+                 "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "PyTorch models end to end" in text and "executor ms" in text and "x eager" in text
-    assert "gated MLP" in text and "torch.set_num_threads(1)" in text
+    assert "PyTorch models end to end" in text and "executor ms min/med" in text
+    assert "gated MLP" in text and "torch.set_num_threads(1)" in text and "x eager" in text
+    assert "goal met: the executor's output equals eager's" in text
+    assert "the executor at most" in text
     rows = json.loads(out.read_text())
     assert [(r["model"], r["cores"], r["threads"], r["repeat"]) for r in rows] == [
-        ("mlp", 8, 1, 1), ("mlp", 32, 1, 1)]
+        ("mlp", 8, 1, 2), ("mlp", 32, 1, 2)]
     for r in rows:
         assert r["ops"] > 0 and r["max_abs_err"] < 1e-4
         assert all(r[k] > 0 for k in ("export_s", "lower_s", "plan_s", "executor_ms",
-                                      "eager_ms"))
+                                      "executor_min_ms", "eager_ms", "eager_min_ms"))
+        assert r["executor_min_ms"] <= r["executor_ms"] and r["eager_min_ms"] <= r["eager_ms"]
 
 
 def test_the_models_are_the_mlp_llama_and_gpt2_cheapest_first():
     assert [m[0] for m in MODELS] == ["mlp", "llama", "gpt2"]
 
 
-def test_the_table_shows_the_ratio_of_executor_to_eager():
-    row = E2EResult("m", "about", 3, 8, 2, 5, 0.1, 0.2, 0.01, 6.0, 2.0, 1e-7)
-    assert row.ratio == 3.0
+def _row(executor_min: float = 6.0, eager_min: float = 2.0, eager_med: float = 2.2,
+         err: float = 1e-7) -> E2EResult:
+    return E2EResult("m", "about", 3, 8, 1, 5, 0.1, 0.2, 0.01, executor_min * 1.1, executor_min,
+                     eager_med, eager_min, err)
+
+
+def test_the_ratio_is_the_executors_fastest_run_over_eagers():
+    row = _row()
+    assert row.ratio == 3.0 and row.eager_spread == 1.1
     assert table([row]).row_count == 1
+
+
+def test_e2e_goals_are_met_by_a_matching_executor_within_its_slowdown():
+    assert [g.met for g in goals([_row()])] == [True, True]
+
+
+def test_e2e_misses_an_output_off_from_eager_and_a_slowdown_over_its_goal():
+    err, slow = goals([_row(err=1e-3), _row(executor_min=2.0 * (SLOWDOWN_GOAL + 1))])
+    assert not err.met and err.figure.startswith("1.0e-03 (m at 8 cores), over the goal by")
+    assert not slow.met and slow.figure.startswith(f"{SLOWDOWN_GOAL + 1:.1f}x (m at 8 cores)")
+
+
+def test_a_loaded_machine_is_warned_of_in_one_line_from_eagers_spread():
+    assert load_warning([_row(eager_med=2.9)]) is None
+    warning = load_warning([_row(eager_med=2.9), _row(eager_med=6.0)])
+    assert warning is not None and "\n" not in warning
+    assert "eager's median is 3.0x its fastest run" in warning and "1 of 2 rows" in warning
 
 
 @pytest.mark.parametrize(("argv", "match"), [
