@@ -300,10 +300,20 @@ class Reducer:
     def accumulator_dtype(self, result_dtype: str) -> str:
         """The dtype an accumulator of a ``result_dtype`` result holds.
 
+        Float results widen to float32; an integer mean accumulates in int64, because it
+        divides the whole sum (an int8 accumulator would wrap before the division; a sum or
+        product wraps the same either way, so it keeps the result's dtype).
+
         >>> kind("sum").reducer.accumulator_dtype("float16")
         'float32'
+        >>> [kind(k).reducer.accumulator_dtype("int8") for k in ("mean", "sum")]
+        ['int64', 'int8']
         """
-        return "float32" if self.widen and result_dtype in FLOATS else result_dtype
+        if self.widen and result_dtype in FLOATS:
+            return "float32"
+        if self.finish is not None and not self.pairs and result_dtype in INTEGERS:
+            return "int64"
+        return result_dtype
 
 
 @dataclass(frozen=True)

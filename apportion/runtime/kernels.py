@@ -7,6 +7,21 @@ run an entry's semantics on arrays already converted to the compute dtype (``com
 
 numpy has no bfloat16, so bfloat16 tensors are stored as float32 arrays whose values are
 exactly representable in bfloat16 (``round_bf16``).
+
+Integers are exact. An op whose value operands are all integers (or bools with at least one
+integer) computes in int64 with numpy's integer arithmetic when its kind defines integer
+semantics (``integer_semantics``: its MLIR body and its reducer's combine have integer
+templates, which is also when the parallel IR computes in ``i64``). int64 arithmetic wraps on
+overflow (two's complement, as numpy and IREE do), and the one cast to a narrower output dtype
+wraps again, which is the same as computing in that dtype for ``+ - *`` and sums. What the
+integer kinds mean: ``floor_div`` and ``remainder`` are numpy's (Python's ``//`` and ``%``);
+``max``/``min``/comparisons, ``abs``, ``neg``, ``sign``, ``relu``, ``square``, copies,
+``where``, matmul and convolution, ``sum``/``prod``/``amax``/``amin``/``argmax`` and the
+``sort``/``cumsum``/``flip`` fallbacks are exact. Kinds with no integer semantics
+(``div``, ``pow``, ``exp``, ``sqrt``, ``clamp``, ...) compute integers in float64, so they are
+exact only below 2**53, and the result truncates toward zero: ``div`` of integers is true
+division truncated (C's ``/``), as the parallel IR does (``sitofp``, ``divf``, ``fptosi``).
+``mean`` sums exactly in int64 and divides that sum in float64.
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ import numpy as np
 import scipy.special
 
 from apportion.errors import ExecutionError
-from apportion.ir.kinds import OpKind, Partial, Reducer
+from apportion.ir.kinds import INTEGERS, OpKind, Partial, Reducer
 
 #: tensor dtype -> numpy dtype of the array that holds it (bfloat16 lives in float32)
 STORAGE: dict[str, type[np.generic]] = {
@@ -31,8 +46,8 @@ STORAGE: dict[str, type[np.generic]] = {
     "bool": np.bool_,
 }
 
-# Operands of these dtypes are computed in float32; anything else (float32, ints) in float64,
-# so float32 results stay accurate and integer sums and products stay exact below 2**53.
+# Operands of these dtypes are computed in float32; floats with anything else in float64, so
+# float32 results stay accurate (integers: see ``compute_dtype``).
 _NARROW = frozenset({"float16", "bfloat16", "bool"})
 
 
@@ -90,13 +105,45 @@ def to_storage(a: np.ndarray, dtype: str) -> np.ndarray:
         return a.astype(target, copy=False)
 
 
-def compute_dtype(dtypes: Iterable[str]) -> type[np.floating]:
-    """The float type an op with operands of ``dtypes`` computes in.
+def integer_semantics(kind: OpKind) -> bool:
+    """True when ``kind`` defines its result on integers exactly: its MLIR body and its
+    reducer's combine both have an integer template (the registry's statement that the kind
+    computes integers in ``i64``; without one it computes them through ``f64``).
 
-    >>> compute_dtype(["float16", "bfloat16"]).__name__, compute_dtype(["float32"]).__name__
-    ('float32', 'float64')
+    >>> from apportion.ir.kinds import kind
+    >>> [integer_semantics(kind(k)) for k in ("add", "sum", "matmul", "div", "exp")]
+    [True, True, True, False, False]
     """
-    return np.float32 if all(d in _NARROW for d in dtypes) else np.float64
+    bodies = [b for b in (kind.mlir_body, kind.reducer and kind.reducer.mlir_combine)
+              if b is not None]
+    return bool(bodies) and all(b.int is not None for b in bodies)
+
+
+def compute_dtype(dtypes: Iterable[str], kind: OpKind) -> type[np.number]:
+    """The numpy type an op of ``kind`` computes in, from its *value* operands' ``dtypes``
+    (condition operands are read as bools, whatever their dtype).
+
+    float16, bfloat16 and bool operands alone compute in float32; integers (with bools) in
+    int64 where the kind has integer semantics (``integer_semantics``); anything else in
+    float64. The same choice as the parallel IR's compute type, but float32 operands, which
+    compute in float64 here.
+
+    >>> from apportion.ir.kinds import kind
+    >>> compute_dtype(["float16", "bfloat16"], kind("add")).__name__
+    'float32'
+    >>> compute_dtype(["float32"], kind("add")).__name__
+    'float64'
+    >>> compute_dtype(["int64", "int8"], kind("add")).__name__
+    'int64'
+    >>> compute_dtype(["int64"], kind("div")).__name__
+    'float64'
+    """
+    values = list(dtypes)
+    if all(d in _NARROW for d in values):
+        return np.float32
+    if all(d in INTEGERS or d == "bool" for d in values) and integer_semantics(kind):
+        return np.int64
+    return np.float64
 
 
 class _Numpy:

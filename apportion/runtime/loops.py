@@ -525,7 +525,7 @@ def _fallback_tile(op: Op, program: Program, env: Mapping[str, np.ndarray], box:
     if op.kind.whole:
         return evaluate_op(op, program, env)
     src = op.ins[0]
-    dtype = kernels.compute_dtype([program.tensor(src.tensor).dtype])
+    dtype = kernels.compute_dtype([program.tensor(src.tensor).dtype], op.kind)
     res = kernels.fallback(op.kind, env[src.tensor].astype(dtype))
     by_dim = _operand(op, src, res, box, dtype)
     shape = [box[d][1] - box[d][0] for d in op.dim_names]

@@ -154,6 +154,16 @@ def split_view(op: Op, out: np.ndarray) -> np.ndarray:
     return view
 
 
+def operand_dtypes(op: Op, program: Program) -> list[type[np.generic]]:
+    """The numpy type each input of ``op`` is read as: value inputs the op's compute dtype
+    (``kernels.compute_dtype``), condition inputs bools (non-zero is true), so that a float
+    condition such as 0.5 stays true when the values compute in int64."""
+    kind = op.kind
+    values = kind.value_inputs(len(op.ins))
+    dt = kernels.compute_dtype([program.tensor(op.ins[i].tensor).dtype for i in values], kind)
+    return [dt if i in values else np.bool_ for i in range(len(op.ins))]
+
+
 def partial_result(op: Op, program: Program, env: Mapping[str, np.ndarray], box: Box) -> Partial:
     """The raw result of ``op`` over ``box`` in the output's layout as written (a merged axis
     split, see ``Op.split_out``), before any combine.
@@ -161,8 +171,8 @@ def partial_result(op: Op, program: Program, env: Mapping[str, np.ndarray], box:
     Reductions give the plain partial (mean: the partial sum; argmax: values and global flat
     indices); all of it in the compute dtype, not yet cast to the output dtype.
     """
-    dt = kernels.compute_dtype(program.tensor(a.tensor).dtype for a in op.ins)
-    xs = [_operand(op, a, env[a.tensor], box, dt) for a in op.ins]
+    xs = [_operand(op, a, env[a.tensor], box, dt)
+          for a, dt in zip(op.ins, operand_dtypes(op, program), strict=True)]
     dims = op.dim_names
     shape = tuple(box[d][1] - box[d][0] for d in dims)
     red_axes = tuple(i for i, d in enumerate(dims) if d in op.reduction_dims)
@@ -215,7 +225,7 @@ def _run_fallback(op: Op, program: Program, env: Mapping[str, np.ndarray]) -> np
     # model); the result is then read through the input's index map and written through the
     # output's, so y[n,m] = sort(x[m,n]) comes out transposed.
     src = op.ins[0]
-    dtype = kernels.compute_dtype([program.tensor(src.tensor).dtype])
+    dtype = kernels.compute_dtype([program.tensor(src.tensor).dtype], op.kind)
     res = kernels.fallback(op.kind, env[src.tensor].astype(dtype))
     by_dim = _operand(op, src, res, _full_box(op), dtype)
     out = _to_out_layout(op, by_dim.reshape([n for _, n in op.dims]))
@@ -500,6 +510,10 @@ def compare(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray]
             if np.shape(run[name]) != t.shape:
                 raise ExecutionError(f"output {name!r} of the {which} run has shape "
                                      f"{np.shape(run[name])}, expected {t.shape}")
+        if t.dtype not in FLOAT_DTYPES:
+            checks.append(_compare_exact(name, t.dtype, np.asarray(expected[name]),
+                                         np.asarray(actual[name])))
+            continue
         e = np.asarray(expected[name]).astype(np.float64)
         a = np.asarray(actual[name]).astype(np.float64)
         same = (a == e) | (np.isnan(a) & np.isnan(e))
@@ -516,3 +530,23 @@ def compare(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray]
         checks.append(OutputCheck(name, t.dtype, float(diff.max(initial=0.0)),
                                   float(np.nan_to_num(rel, nan=np.inf).max(initial=0.0)), tol, ok))
     return checks
+
+
+def _compare_exact(name: str, dtype: str, expected: np.ndarray, actual: np.ndarray
+                   ) -> OutputCheck:
+    """Integers and bools: equal or wrong, compared as integers (through float64,
+    9007199254740993 would equal 9007199254740992). The errors reported are the exact
+    differences (Python ints: int64 differences overflow), as floats."""
+    e, a = expected.reshape(-1), actual.reshape(-1)
+    if e.dtype.kind == "f" or a.dtype.kind == "f":
+        # a run that handed back floats for an integer tensor: NaN or a fraction is wrong
+        e, a = e.astype(np.float64), a.astype(np.float64)
+    wrong = np.flatnonzero(e != a)
+    diff = rel = 0.0
+    if wrong.size:
+        pairs = zip(e[wrong].tolist(), a[wrong].tolist(), strict=True)
+        errs = [(abs(int(x) - int(y)), abs(int(x))) if math.isfinite(x) and math.isfinite(y)
+                else (math.inf, 1) for x, y in pairs]
+        diff = float(max(d for d, _ in errs))
+        rel = max(d / max(m, 1) for d, m in errs)
+    return OutputCheck(name, dtype, diff, rel, TOLERANCES[dtype], not wrong.size)

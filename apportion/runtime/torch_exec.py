@@ -31,8 +31,10 @@ How an op runs:
   box order with the kind's reducer (``combine`` and ``finish`` run on ``XP``).
 - Compute dtypes: float16, bfloat16 and bool operands compute in float32, float32 ones in
   float64 as the reference does (but in matmuls, which compute in float32 as eager PyTorch
-  does, within the float32 tolerance); any integer operand computes in float64, so integer
-  results stay exact below 2**53. Results are cast once, to the output's dtype (bfloat16 is
+  does, within the float32 tolerance); integer (and bool) value operands compute in int64,
+  exactly and wrapping on overflow, where the kind has integer semantics
+  (``kernels.integer_semantics``), else in float64, as the reference executor does; condition
+  operands are read as bools. Results are cast once, to the output's dtype (bfloat16 is
   stored as torch's bfloat16).
 - Whole-tensor fallbacks ``gather`` (embeddings), ``reshape``, ``concat``, ``full`` and
   ``arange`` run in torch on one core; the other fallbacks (``sort``, ``cumsum``, ``flip``,
@@ -87,12 +89,13 @@ from typing import Any, Protocol
 import numpy as np
 
 from apportion.errors import ApportionError, ExecutionError
-from apportion.ir.kinds import INTEGERS, Category, Partial, Reducer
+from apportion.ir.kinds import INTEGERS, Category, OpKind, Partial, Reducer
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
 from apportion.plans.plan import Plan
 from apportion.plans.tiles import core_boxes, iterations, resolve_counts, tile_box
 from apportion.plans.views import core_slices
+from apportion.runtime import kernels
 from apportion.runtime.reference import Box, check_cover, evaluate_op, run_op_boxes
 
 try:
@@ -327,7 +330,7 @@ class _Step:
     solo: tuple[bool, ...]  # the box is alone in its output slice
     iters: tuple[int, ...]  # the loop iteration of each box (0 outside loops)
     reads: tuple[str, ...]
-    casts: tuple[bool, ...]  # the input is converted to the compute dtype
+    casts: tuple[Any, ...]  # the torch dtype each input converts to (None: as stored)
     box_reads: tuple[tuple[View, ...], ...]
     box_writes: tuple[View, ...]
     out: str
@@ -351,7 +354,7 @@ class _Step:
         if self.mode == "copy":  # a copy or cast: one copy_
             self.write(out, i, xs[0])
             return None
-        xs = [x.to(self.compute) if c else x for x, c in zip(xs, self.casts, strict=True)]
+        xs = [x if c is None else x.to(c) for x, c in zip(xs, self.casts, strict=True)]
         if self.mode == "elementwise":
             assert self.fn is not None
             part = self.fn(*xs)
@@ -382,6 +385,10 @@ class _Step:
         reducer = self.op.kind.reducer
         if reducer is None:
             return part
+        if reducer.finish is not None and not reducer.pairs and not part.is_floating_point():
+            # an integer mean: the exact sum divided in float64, as the reference (torch's
+            # integer / int would give its default float32)
+            part = part.to(torch.float64)
         return reducer.value(XP, part, math.prod(self.red_sizes))
 
     def write(self, out: Any, i: int, value: Any) -> None:
@@ -394,9 +401,15 @@ class _Step:
         _strided(out, self.box_writes[i]).copy_(value)
 
 
-def _compute_dtype(dtypes: Sequence[str], matmul: bool = False) -> Any:
-    """float64 for integer operands and, outside matmuls, float32 ones (as the reference: chains
-    of exp and sin computed in float32 drift past the float32 tolerance); float32 otherwise."""
+def _compute_dtype(dtypes: Sequence[str], kind: OpKind) -> Any:
+    """The torch dtype an op of ``kind`` computes in, from its value operands' ``dtypes``:
+    int64 for integers (and bools) where the kind has integer semantics, as the reference
+    (``kernels.compute_dtype``); float64 for other integer operands and, outside matmuls,
+    float32 ones (as the reference: chains of exp and sin computed in float32 drift past the
+    float32 tolerance); float32 otherwise."""
+    if kernels.compute_dtype(dtypes, kind) == np.int64:
+        return torch.int64
+    matmul = kind.category is Category.MATMUL
     wide = any(d in INTEGERS or (d == "float32" and not matmul) for d in dtypes)
     return torch.float64 if wide else torch.float32
 
@@ -479,10 +492,14 @@ def _step(op: Op, program: Program, plan: Plan, params: Mapping[str, int] | None
     # the output as written: a merged axis split into one axis per dim (a view of the
     # contiguous output; the same strides as the merge's terms)
     written, written_shape = op.split_out, op.split_shape(out_t.shape)
-    compute = _compute_dtype([t.dtype for t in in_types], kind.category is Category.MATMUL)
+    values = kind.value_inputs(len(in_types))
+    compute = _compute_dtype([in_types[i].dtype for i in values], kind)
+    # conditions are read as bools (a float condition of 0.5 is true in an int64 op too)
+    wants = [compute if i in values else torch.bool for i in range(len(in_types))]
     common = {"op": op, "reads": tuple(a.tensor for a in op.ins), "out": op.out.tensor,
               "out_dtype": out_t.dtype, "out_shape": out_t.shape, "compute": compute,
-              "casts": tuple(_dtype(t.dtype) != compute for t in in_types)}
+              "casts": tuple(None if _dtype(t.dtype) == want else want
+                             for t, want in zip(in_types, wants, strict=True))}
     if not kind.divisible:
         if op_plan.cores != 1:
             raise ExecutionError(f"op {op.name!r}: fallback ops run on one core, plan gives "
