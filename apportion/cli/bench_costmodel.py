@@ -138,12 +138,14 @@ def cpu_programs(dtype: str = "float32") -> list[Program]:
 def program_rows(target: Target, cores: Sequence[int], programs: Sequence[Program],
                  console: Console, repeats: int = 5) -> list[ProgramRow]:
     rows = []
-    with Progress(console=console, transient=True) as progress:
+    # redrawn between programs only: a refresh thread would share the cores being timed
+    with Progress(console=console, transient=True, auto_refresh=False) as progress:
         task = progress.add_task("timing programs", total=len(programs) * len(cores))
         for n in cores:
             t = with_cores(target, n)
             for p in programs:
                 progress.update(task, description=f"timing {p.name} on {n} cores")
+                progress.refresh()
                 timed = time_program(p, t, repeats)
                 rows.append(ProgramRow(p.name, n, predicted_total_us(timed.planned.plan)[0],
                                        timed.time_us))

@@ -192,10 +192,17 @@ def _forward(doc: dict[str, Any], console: Console) -> list[ForwardRow]:
                         f"{TOKENS} tokens, 8 devices")
     for col in ("mesh", "ops", "classes", "predicted ms", "MiB recv", "collectives", "solve s"):
         table.add_column(col, justify="left" if col in ("mesh", "collectives") else "right")
-    for mesh in (cards(8), cluster(2, 4)):
-        start = time.perf_counter()
-        plan = search(p, mesh)
-        took = time.perf_counter() - start
+    todo = (cards(8), cluster(2, 4))
+    with Progress(console=console, transient=True, auto_refresh=False) as progress:
+        task = progress.add_task("searching", total=len(todo))
+        plans = []
+        for mesh in todo:
+            progress.update(task, description=f"{FORWARD_MODEL} forward on {mesh.spec()}")
+            progress.refresh()
+            start = time.perf_counter()
+            plans.append((mesh, search(p, mesh), time.perf_counter() - start))
+            progress.advance(task)
+    for mesh, plan, took in plans:
         stats = dict(plan.stats)
         row = ForwardRow(FORWARD_MODEL, FORWARD_LAYERS, mesh.spec(), len(p.ops),
                          int(stats["classes"]), plan.predicted_us, plan.comm_bytes,

@@ -333,16 +333,19 @@ def run(shapes: Sequence[tuple[int, int, int]], console: Console | None = None,
         else:
             todo.append((m, n, kk, k))
     records: list[Measurement] = []
-    with Progress(console=console, transient=True) as progress:
+    # redrawn between steps only: a refresh thread would share the cores being timed
+    with Progress(console=console, transient=True, auto_refresh=False) as progress:
         task = progress.add_task("measuring", total=len(todo) * len(factors))
         for m, n, kk, k in todo:
             prepared: list[_Prepared] = []
             for f in factors:
                 progress.update(task, description=f"{m}x{n}x{kk}: K split {f}, compile, check")
+                progress.refresh()
                 if f == 1 or (kk % f == 0 and kk // f >= 16):
                     prepared.append(prepare(m, n, kk, k, f))
                 progress.advance(task)
             progress.update(task, description=f"{m}x{n}x{kk}: timing {len(prepared)} factors")
+            progress.refresh()
             records += time_interleaved(prepared, warmup, repeats)
             prepared.clear()
     if records:
