@@ -120,7 +120,7 @@ def _make_folder(option: str, text: str, folder: Path) -> None:
     """Make ``folder`` and its missing parents; a file in the way is one usage error."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:  # a file where a folder goes
+    except (FileExistsError, NotADirectoryError):  # a file where a folder goes
         blocking = next(p for p in (folder, *folder.parents) if p.exists() and not p.is_dir())
         raise UsageError(f"{option} {text!r}: {str(blocking)!r} is not a folder") from None
     except OSError as e:
@@ -284,20 +284,27 @@ def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_run_torch(args: argparse.Namespace, console: Console) -> int:
+    from apportion.cli.progress import progress
     from apportion.cli.torch_models import check_model, plan_model
 
     if args.param:
         raise UsageError("--param applies to program files; a --torch model has static sizes")
-    tm = _torch_model(args)
-    planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)
+    with progress(console, f"exporting {args.torch} with torch.export and lowering it"):
+        tm = _torch_model(args)
+    with progress(console, f"planning {len(tm.lowered.program.ops)} ops"):
+        planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)
+    running = ("compiling the plan with IREE and running it" if args.backend == "iree" else
+               f"running the plan ({args.backend})")
     label = (f"{planned.program.name} from --torch {args.torch} ({args.strategy}, "
              f"{planned.plan.cores} cores, {args.backend})")
     if not args.check:
-        planned.run(tm.lowered.inputs(*tm.example_inputs), threads=args.threads,
-                    backend=args.backend)
+        with progress(console, running):
+            planned.run(tm.lowered.inputs(*tm.example_inputs), threads=args.threads,
+                        backend=args.backend)
         console.print(f"ran {len(planned.ops)} ops of {label}", highlight=False)
         return 0
-    checks = check_model(tm, planned, args.backend, args.threads)
+    with progress(console, f"{running}, then the model eagerly in PyTorch"):
+        checks = check_model(tm, planned, args.backend, args.threads)
     return print_checks(checks, f"planned run of {label}", console,
                         "the model run eagerly in PyTorch")
 
@@ -315,7 +322,8 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
         from apportion.cli.plot import check_plot_path, is_plot_file
 
         if is_plot_file(args.plot):
-            plot = check_plot_path(_output_path("--plot", args.plot, make_folders=True))
+            check_plot_path(Path(args.plot))  # the extension before any folder is made
+            plot = _output_path("--plot", args.plot, make_folders=True)
         else:
             plot_dir = _plot_folder(args.plot)
     elif args.op is not None:

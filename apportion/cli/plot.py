@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,33 @@ def plot_formats() -> dict[str, str]:
     from matplotlib.figure import Figure
 
     return dict(sorted(Figure().canvas.get_supported_filetypes().items()))
+
+
+def is_plot_file(text: str) -> bool:
+    """Whether ``--plot TEXT`` names a picture file rather than a folder: a path with an
+    extension that is not an existing folder nor ends in a separator (``plots/``)."""
+    path = Path(text)
+    return bool(path.suffix) and not path.is_dir() and not text.endswith(("/", os.sep))
+
+
+def plot_file_name(op: str) -> str:
+    """The picture of op ``op`` in a ``--plot DIR`` folder: ``OP.png`` (a separator in the
+    name becomes ``_``)."""
+    return op.replace("/", "_").replace(os.sep, "_") + ".png"
+
+
+#: tab20's ten dark hues, then its ten light ones: neighbours in this order never share a hue
+_TAB20_ORDER = (*range(0, 20, 2), *range(1, 20, 2))
+
+
+def core_colour(core: int) -> tuple[float, float, float, float]:
+    """The fill colour of ``core``'s blocks: 20 colours in turn, so that adjacent cores (ring
+    neighbours, the blocks of one split reduction) never share one."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    r, g, b, a = cmap(_TAB20_ORDER[core % len(_TAB20_ORDER)])
+    return float(r), float(g), float(b), float(a)
 
 
 def check_plot_path(path: Path, option: str = "--plot") -> Path:
@@ -72,14 +100,13 @@ def plot_op(op_plan: OpPlan, out_dims: tuple[str, ...], path: str | Path) -> Pat
     panels = sorted({k[: len(outer)] for k in blocks})[:8]
     sizes = op_plan.sizes
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
-    cmap = plt.get_cmap("tab20", max(op_plan.cores, 1))
     for ax, panel in zip(axes[0], panels, strict=False):
         for key, cores in blocks.items():
             if key[: len(outer)] != panel:
                 continue
             (c0, c1) = key[-1]
             (r0, r1) = key[-2] if rows_d else (0, 1)
-            ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=cmap(cores[0]),
+            ax.add_patch(Rectangle((c0, r0), c1 - c0, r1 - r0, facecolor=core_colour(cores[0]),
                                    edgecolor="black", linewidth=0.5))
             # cores sharing a block combine partial sums as ring neighbours (consecutive ids)
             label = (",".join(map(str, cores)) if len(cores) <= 4 else

@@ -17,6 +17,19 @@ def _mib(n: int) -> str:
     return f"{n / (1 << 20):.1f}"
 
 
+#: span limits from here up mean "no limit" (the cpu and gpu presets' 2**62 bytes)
+UNBOUNDED = 1 << 62
+
+
+def span_limit_text(limit: int) -> str:
+    """A per-core span limit in MiB, or ``unbounded`` for a target without one.
+
+    >>> span_limit_text(256 << 20), span_limit_text(1 << 62)
+    ('256.0', 'unbounded')
+    """
+    return "unbounded" if limit >= UNBOUNDED else _mib(limit)
+
+
 def plan_table(plan: Plan, target: Target) -> Table:
     """A rich table of the plan, one row per op."""
     table = Table(title=f"{plan.program} on {target.name} ({plan.cores} cores, {plan.strategy})",
@@ -36,7 +49,8 @@ def plan_table(plan: Plan, target: Target) -> Table:
         kind = o.kind + ("" if o.kind == o.op else f" ({o.op})")
         loop = "-" if o.loop is None else " x ".join(str(c) for c in o.loop.count)
         table.add_row(o.name, kind, space, ",".join(o.stick_dims) or "-", splits, str(o.cores),
-                      f"{o.utilization:.1%}", f"{_mib(worst)} / {_mib(target.span_limit)}",
+                      f"{o.utilization:.1%}",
+                      f"{_mib(worst)} / {span_limit_text(target.span_limit)}",
                       f"{o.predicted_time_us:.2f}", loop)
     return table
 
@@ -174,13 +188,30 @@ def family_table(plan: Plan, program: Program | None = None) -> Table:
 def lowest_utilization(plan: Plan, labels: Mapping[str, str] | None = None, count: int = 5
                        ) -> list[str]:
     """The ``count`` ops with the lowest utilization (fallbacks, which run on one core by
-    nature, after the others), each with its label (a PyTorch node name and source line)."""
+    nature, after the others), each with its label (a PyTorch node name and source line).
+
+    One op per source: the ops one node lowers to (the chunks of a ``cat``) share a label, and
+    only the least utilized of them is listed, with the count of the others."""
+    labels = labels or {}
     ranked = sorted(plan.ops, key=lambda o: (o.fallback, o.utilization, -o.predicted_time_us))
-    out = []
-    for o in ranked[:count]:
-        label = (labels or {}).get(o.name)
+    per_source: dict[str, int] = {}
+    for o in plan.ops:
+        source = labels.get(o.name, o.name)
+        per_source[source] = per_source.get(source, 0) + 1
+    out: list[str] = []
+    shown: set[str] = set()
+    for o in ranked:
+        source = labels.get(o.name, o.name)
+        if source in shown:
+            continue
+        shown.add(source)
+        label = labels.get(o.name)
+        more = per_source[source] - 1
+        others = f"; {more} more op{'s' if more > 1 else ''} of this node" if more else ""
         out.append(f"{o.name}{f' ({label})' if label else ''}: {o.kind}, {o.cores} cores, "
-                   f"utilization {o.utilization:.1%}, {o.predicted_time_us:.2f} us")
+                   f"utilization {o.utilization:.1%}, {o.predicted_time_us:.2f} us{others}")
+        if len(out) == count:
+            break
     return out
 
 

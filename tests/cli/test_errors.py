@@ -75,11 +75,9 @@ def symbolic_program(tmp_path: Path) -> str:
 
 # -- 1. --plot ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("name", "parts"), [
-    ("missing/gate.png", ["--plot", "missing/gate.png", "does not exist"]),
+@pytest.mark.parametrize(("name", "parts"), [  # a missing folder is made; no extension: a folder
     ("gate.xyz", ["--plot", "gate.xyz", "'.xyz'", ".png", ".pdf", ".svg"]),
-    ("gate", ["--plot", "no file extension", ".png"]),
-    (".", ["--plot", "is a folder"]),
+    ("sub/gate.bmpx", ["--plot", "gate.bmpx", "'.bmpx'", ".png"]),
 ])
 def test_plot_path_is_refused_before_planning(name, parts, tmp_path, capsys, no_work):
     refused(["plan", MLP, "--plot", str(tmp_path / name)], capsys, *parts)
