@@ -285,7 +285,7 @@ def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_run_torch(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli.progress import progress
-    from apportion.cli.torch_models import check_model, plan_model
+    from apportion.cli.torch_models import check_model, failures, plan_model
 
     if args.param:
         raise UsageError("--param applies to program files; a --torch model has static sizes")
@@ -298,7 +298,7 @@ def cmd_run_torch(args: argparse.Namespace, console: Console) -> int:
     label = (f"{planned.program.name} from --torch {args.torch} ({args.strategy}, "
              f"{planned.plan.cores} cores, {args.backend})")
     if not args.check:
-        with progress(console, running):
+        with failures(tm, "the planned run"), progress(console, running):
             planned.run(tm.lowered.inputs(*tm.example_inputs), threads=args.threads,
                         backend=args.backend)
         console.print(f"ran {len(planned.ops)} ops of {label}", highlight=False)
@@ -811,21 +811,28 @@ def _stdout_to_devnull() -> None:
         pass
 
 
+#: errors of a write to a full, closed or failing stdout (``> /dev/full``): one line, status 2
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EBADF})
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status.
 
-    0: done; 1: ``run --check`` found a mismatch; 2: bad input, with one line on stderr
-    (``apportion: error: ...``) and never a traceback (argparse errors too, which exit with
-    SystemExit(2)). Output into a reader that closes early (``apportion plan ... | head -1``)
-    ends quietly with status 0, like many command-line tools: what the reader did not take is
-    dropped, stdout is pointed at /dev/null (the Python documentation's recipe for SIGPIPE) and
-    no BrokenPipeError is printed. Ctrl-C ends with status 130 and one line.
+    0: done; 1: ``run --check`` found a mismatch, or ``bench --check`` a missed goal; 2: bad input,
+    with one line on stderr (``apportion: error: ...``) and never a traceback (argparse errors too,
+    which exit with SystemExit(2)). Output into a reader that closes early (``apportion plan ... |
+    head -1``) ends quietly with status 0, like many command-line tools: what the reader did not
+    take is dropped, stdout is pointed at /dev/null (the Python documentation's recipe for SIGPIPE)
+    and no BrokenPipeError is printed. A closed stdout (``>&-``) or one that fails a write (``>
+    /dev/full``) ends with status 2 and one line. Ctrl-C ends with status 130 and one line.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     nul = next((a for a in argv if "\0" in a), None)
     if nul is not None:  # no path or value holds one; the file loaders would choke on it
         return _fail(f"argument {nul!r} contains a NUL character")
     args = build_parser().parse_args(argv)
+    if sys.stdout is None:  # started with file descriptor 1 closed (``apportion ... >&-``)
+        return _fail("standard output is closed; give the command somewhere to write")
     # Reports are wide tables: do not squeeze them to 80 columns when piped.
     probe = _Console()
     console = probe if probe.is_terminal else _Console(width=160)
@@ -836,6 +843,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _stdout_to_devnull()
         return 0
+    except OSError as e:
+        if e.errno not in _WRITE_ERRNOS:
+            raise
+        _stdout_to_devnull()  # what is buffered would fail again at exit
+        where = repr(e.filename) if e.filename else "standard output"
+        return _fail(f"cannot write to {where}: {e.strerror or e}")
     except ApportionError as e:
         return _fail(str(e))
     except MemoryError as e:  # numpy: "Unable to allocate 8.00 GiB for an array with ..."

@@ -8,12 +8,13 @@ ops); ``run --torch --check`` runs the plan and compares it with the model run e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,10 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
         raise FactoryError(f"--torch {spec!r}: expected MODULE:FACTORY, such as "
                            "--torch mymodels:tiny_llama (a callable returning (model, "
                            "example_inputs))")
+    if not all(part.isidentifier() for part in module_name.split(".")):
+        raise FactoryError(f"--torch {spec!r}: {module_name!r} is not a module name; give a "
+                           "dotted Python module name (mymodels, pkg.models) importable from the "
+                           "current directory or PYTHONPATH, not a file path")
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)
@@ -58,15 +63,20 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
     except ImportError as e:
         raise FactoryError(f"--torch {spec!r}: cannot import module {module_name!r} from the "
                            f"current directory or PYTHONPATH: {e}") from None
+    except SyntaxError as e:  # the module's own text, named by file and line
+        raise FactoryError(f"--torch {spec!r}: module {module_name!r} has a syntax error: "
+                           f"{e.msg} ({e.filename}, line {e.lineno})") from None
+    except (Exception, SystemExit) as e:  # the module's top-level code failed or exited
+        raise FactoryError(f"--torch {spec!r}: importing module {module_name!r} raised "
+                           f"{_raised(e)}") from None
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise FactoryError(f"--torch {spec!r}: module {module_name!r} has no callable "
                            f"{attr!r}")
     try:
         made = factory()
-    except Exception as e:  # the user's code: name it, no traceback
-        raise FactoryError(f"--torch {spec!r}: {attr}() raised {type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''}") from None
+    except (Exception, SystemExit) as e:  # the user's code: name it, no traceback, no exit
+        raise FactoryError(f"--torch {spec!r}: {attr}() raised {_raised(e)}") from None
     if not (isinstance(made, tuple | list) and len(made) == 2):
         raise FactoryError(f"--torch {spec!r}: {attr}() must return (model, example_inputs), "
                            f"got {type(made).__name__}")
@@ -74,6 +84,14 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
     if not isinstance(inputs, tuple | list):
         inputs = (inputs,)
     return model, tuple(inputs)
+
+
+def _raised(e: BaseException) -> str:
+    """``TypeError: first line`` of an exception; ``SystemExit(3)`` for an exit."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r})"
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def load_model(spec: str) -> TorchModel:
@@ -86,6 +104,36 @@ def load_model(spec: str) -> TorchModel:
         warnings.simplefilter("ignore", FutureWarning)
         lowered = from_torch(model, inputs, name=name)
     return TorchModel(spec, model, inputs, lowered)
+
+
+@contextlib.contextmanager
+def failures(tm: TorchModel, what: str) -> Iterator[None]:
+    """Any exception but apportion's (and out-of-memory, which ``main`` names) raised while
+    ``what`` runs as a FactoryError naming it and the model's tensors of a dtype the run does
+    not support yet: ``run --torch`` never ends in a traceback or exit status 1 on a crash."""
+    try:
+        yield
+    except (ApportionError, MemoryError):
+        raise
+    except Exception as e:
+        raise FactoryError(f"--torch {tm.spec!r}: {what} failed: {_raised(e)}"
+                           f"{_dtype_note(tm.lowered)}") from None
+
+
+#: dtypes a --torch model's run and --check do not support yet (numpy has no bfloat16)
+UNRUN_DTYPES = ("bfloat16",)
+
+
+def _dtype_note(lowered: TorchProgram) -> str:
+    """``; tensors of dtype bfloat16: input 'x', ...`` for the dtypes in ``UNRUN_DTYPES``."""
+    p = lowered.program
+    names = [n for n in (*p.inputs, *p.outputs) if p.tensor(n).dtype in UNRUN_DTYPES]
+    if not names:
+        return ""
+    dtypes = sorted({p.tensor(n).dtype for n in names})
+    shown = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+    return (f" (the model has {'/'.join(dtypes)} tensors: {shown}; run --torch does not "
+            "support them yet, plan --torch does)")
 
 
 def _origins(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, Any]:
@@ -174,9 +222,12 @@ def check_model(tm: TorchModel, planned: PlannedProgram, backend: str = "referen
     """Run the plan on the example inputs and compare each output with the eager model's."""
     from apportion.runtime.reference import compare
 
-    run = planned.run(tm.lowered.inputs(*tm.example_inputs), threads=threads, backend=backend)
-    got = tm.lowered.torch_outputs(run)
-    eager = eager_outputs(tm)
+    with failures(tm, "the planned run"):
+        run = planned.run(tm.lowered.inputs(*tm.example_inputs), threads=threads,
+                          backend=backend)
+        got = tm.lowered.torch_outputs(run)
+    with failures(tm, "the eager run in PyTorch"):
+        eager = eager_outputs(tm)
     if len(eager) != len(got):
         raise FactoryError(f"--torch {tm.spec!r}: the model returned {len(eager)} tensors, the "
                            f"lowered program {len(got)}")

@@ -349,19 +349,23 @@ def _placeholder(ep: Any, lw: Lowering, node: Any, spec: Any, env: dict[Any, Any
         env[node] = val
         return
     where = f"input {node.name!r}"
+    if kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR") and not node.users:
+        return  # unused (a buffer the forward pass never reads): its shape and dtype do not matter
     try:
         shape = static_shape(val.shape)
     except ProgramError as e:
         raise ProgramError(f"{where}: {e}") from None
     if any(n == 0 for n in shape):
-        raise ProgramError(f"{where} has shape {list(shape)}; empty tensors are not supported")
+        what = (f"the example input {node.name!r}" if kind == "USER_INPUT" else
+                f"{kind.lower().replace('_', ' ')} {getattr(spec, 'target', node.name)!r}")
+        fix = ("give example inputs with every dim >= 1: the plan is made for the examples' "
+               "shapes" if kind == "USER_INPUT" else "apportion plans tensors with every dim >= 1")
+        raise ProgramError(f"{what} has shape {list(shape)}, an empty tensor: {fix}")
     dtype = torch_dtype(val.dtype, f"{where}: dtype")
     if kind == "USER_INPUT":
         env[node] = lw.input(node.name, dtype, shape)
         user_inputs.append(node.name)
     elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
-        if not node.users:  # unused (a buffer the forward pass never reads)
-            return
         target = spec.target
         value = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
         env[node] = lw.input(node.name, dtype, shape, _numpy(value))
