@@ -15,7 +15,8 @@ core count, one row:
 * **eager ms min/med**: one call of the model in eager PyTorch under ``torch.no_grad()`` with
   ``torch.set_num_threads(threads)``, fastest and median of ``repeat`` calls;
 * **x eager**: the executor's fastest run over eager's, both measured in this run, interleaved
-  repeat by repeat so that both see the same load; **max |err|**: the executor's largest
+  repeat by repeat so that both see the same load (``interleaved``: each side first every
+  other round); **max |err|**: the executor's largest
   difference from eager.
 
 ``threads`` is 1 unless given: on a small shared machine eager PyTorch's own threads stall
@@ -108,6 +109,18 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def interleaved(first: Callable[[], Any], second: Callable[[], Any], repeat: int
+                ) -> tuple[list[float], list[float]]:
+    """Seconds of ``repeat`` calls of each, in rounds that call both (so that both see the same
+    load), ``second`` going first every other round (so that neither always finds the caches
+    as the other left them)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(repeat):
+        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
+            times[side].append(_timed(first if side == 0 else second)[0])
+    return times
+
+
 def _first_tensor(out: Any) -> Any:
     """The model's first output tensor (a Hugging Face output's logits)."""
     import torch
@@ -135,6 +148,12 @@ def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: l
     lower_s, lowered = _timed(lambda: from_torch(ep, xs, name=name))
     saved = torch.get_num_threads()
     rows = []
+
+    def eager_once() -> Any:
+        torch.set_num_threads(threads)  # the executor's pool may have changed it
+        with torch.no_grad():
+            return model(*xs)
+
     try:
         with torch.no_grad():
             torch.set_num_threads(threads)
@@ -147,12 +166,8 @@ def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: l
             inputs.update(zip(lowered.user_inputs, xs, strict=True))
             with TorchExecutor(program, planned.plan, threads) as ex:
                 got = ex.run(inputs)[lowered.outputs[0]].reshape(lowered.output_shapes[0])
-                runs, eager = [], []
-                for _ in range(repeat):  # interleaved: both sides under the same load
-                    runs.append(_timed(lambda ex=ex, xs_=inputs: ex.run(xs_))[0])
-                    torch.set_num_threads(threads)
-                    with torch.no_grad():
-                        eager.append(_timed(lambda: model(*xs))[0])
+                runs, eager = interleaved(lambda ex=ex, xs_=inputs: ex.run(xs_), eager_once,
+                                          repeat)
             err = float((got.double() - want.double()).abs().max())
             rows.append(E2EResult(name, about, len(program.ops), n, threads, repeat,
                                   export_s, lower_s, plan_s, statistics.median(runs) * 1e3,

@@ -15,6 +15,7 @@ from apportion.cli.bench_e2e import (  # noqa: E402
     SLOWDOWN_GOAL,
     E2EResult,
     goals,
+    interleaved,
     load_warning,
     table,
 )
@@ -83,3 +84,11 @@ def test_a_loaded_machine_is_warned_of_in_one_line_from_eagers_spread():
 def test_options_of_other_suites_are_usage_errors(argv, match, capsys):
     assert main(argv) == 2
     assert match in capsys.readouterr().err
+
+
+def test_each_side_goes_first_every_other_round():
+    calls: list[str] = []
+    first, second = interleaved(lambda: calls.append("executor"),
+                                lambda: calls.append("eager"), 3)
+    assert calls == ["executor", "eager", "eager", "executor", "executor", "eager"]
+    assert len(first) == len(second) == 3
