@@ -299,3 +299,68 @@ def test_an_integer_reduction_tiled_by_a_loop_accumulates_exactly(name: str) -> 
     want = REDUCE[name](x)[:, 0]
     assert np.array_equal(run_unplanned(p, {"x": x})["s"], want)
     assert np.array_equal(run_planned(p, pl, {"x": x})["s"], want)
+
+
+# --- IREE: exact already; now the reference agrees with it -----------------------------------
+
+def _int64_chain() -> tuple[Program, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """An int64 chain over values near 2**53 and near INT64_MAX, with numpy's result: a copy,
+    an overflowing add and product, a comparison feeding where, a matmul split over k and a
+    row sum split over cores."""
+    rng = np.random.default_rng(0)
+    big = (2**53 + rng.integers(-3, 4, (4, 32))).astype(np.int64)
+    top = (INT64_MAX - rng.integers(0, 5, (4, 32))).astype(np.int64)
+    w = rng.integers(-3, 4, (32, 16)).astype(np.int64)
+    p = program({"x": ([4, 32], "int64"), "z": ([4, 32], "int64"), "w": ([32, 16], "int64")},
+                [{"name": "c", "op": "copy", "out": "c[i,j]", "ins": ["x[i,j]"]},
+                 {"name": "a", "op": "add", "out": "a[i,j]", "ins": ["c[i,j]", "z[i,j]"]},
+                 {"name": "m", "op": "mul", "out": "m[i,j]", "ins": ["a[i,j]", "x[i,j]"]},
+                 {"name": "l", "op": "lt", "out": "l[i,j]", "ins": ["x[i,j]", "c[i,j]"]},
+                 {"name": "s", "op": "where", "out": "s[i,j]", "ins": ["l[i,j]", "z[i,j]",
+                                                                       "m[i,j]"]},
+                 {"name": "mm", "op": "matmul", "out": "y[i,n]", "ins": ["s[i,k]", "w[k,n]"]},
+                 {"name": "r", "op": "sum", "out": "r[i]", "ins": ["x[i,k]"]}],
+                ["c", "y", "r"], work_division={"mm": {"k": 2}, "r": {"k": 2}})
+    a = np.add(big, top)
+    s = np.where(big < big, top, np.multiply(a, big))
+    want = {"c": big, "y": np.matmul(s, w), "r": np.sum(big, axis=1, dtype=np.int64)}
+    return p, {"x": big, "z": top, "w": w}, want
+
+
+@pytest.fixture
+def iree_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    pytest.importorskip("iree.compiler")
+    monkeypatch.setenv("HOME", str(tmp_path))  # the default module cache, in the test's folder
+    return tmp_path / ".cache" / "apportion" / "iree"
+
+
+def test_iree_and_the_reference_agree_exactly_on_int64_near_2_53_and_on_overflow(iree_cache):
+    from apportion.backends import iree_run
+
+    p, xs, want = _int64_chain()
+    pl = plan(p, spyre(cores=4))
+    ref = run_unplanned(p, xs)
+    _assert_exact(ref, want, p, "unplanned")
+    got = iree_run(p, pl, spyre(cores=4), xs, cache_dir=iree_cache).tensors
+    _assert_exact(got, want, p, "iree")
+    assert all(c.ok for c in compare(ref, got, p))
+
+
+def test_cli_run_backend_iree_check_passes_an_int64_program_past_2_53(iree_cache, tmp_path,
+                                                                      capsys):
+    from apportion.cli.main import main
+    from apportion.frontend.json_format import dumps
+
+    # --check's random integers are 1, 2 or 3: six squarings take 3 to 3**64, past 2**53 and
+    # past INT64_MAX (a float64 reference saturated it and blamed IREE, which wraps)
+    squares = [{"name": f"q{i}", "op": "square", "out": f"q{i}[i,j]",
+                "ins": [f"{'x' if i == 0 else f'q{i - 1}'}[i,j]"]} for i in range(6)]
+    p = program({"x": ([4, 32], "int64"), "w": ([32, 16], "int64")},
+                [*squares, {"name": "mm", "op": "matmul", "out": "y[i,n]",
+                            "ins": ["q5[i,k]", "w[k,n]"]}],
+                ["q4", "y"], work_division={"mm": {"k": 2}})
+    path = tmp_path / "ints.json"
+    path.write_text(dumps(p))
+    assert main(["run", str(path), "--cores", "4", "--backend", "iree", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "int64" in out and "exact" in out and "matches the unplanned program" in out
