@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterator
 
 from apportion.codegen.loopspec import loopspec
-from apportion.codegen.mlir import SsaNames, symbol_name
+from apportion.codegen.mlir import SsaNames, alias_name, check_index, symbol_name
 from apportion.codegen.mlir import verify_mlir as verify_mlir
 from apportion.codegen.specs import LoopSpec, OpSpec, Spec, TensorArg, walk
 from apportion.errors import EmitError
@@ -124,13 +124,15 @@ class _Rolled:
             for c in (0, 1):
                 self.consts[c] = self.names.fresh(f"c{c}")
         for _, s in walk(specs):
+            for a in s.args if isinstance(s, OpSpec) else ():
+                _check_addresses(s, a)
             if isinstance(s, LoopSpec) and isinstance(s.count, int) and s.count not in self.consts:
                 self.consts[s.count] = self.names.fresh(f"c{s.count}")
             for a in s.args if isinstance(s, OpSpec) else ():
                 if _base_key(a) not in self.bases:
                     self.bases[_base_key(a)] = self.names.fresh(f"{a.tensor or 'arg'}_{a.memory}")
                 if _moves(a) and (a.tensor, a.tile_strides) not in self.maps:
-                    stem, taken = f"#tile_{symbol_name(a.tensor or str(a.arg_index))}", \
+                    stem, taken = f"#{alias_name('tile_' + (a.tensor or str(a.arg_index)))}", \
                         set(self.maps.values())
                     alias = next(stem if i == 0 else f"{stem}_{i}" for i in itertools.count()
                                  if (stem if i == 0 else f"{stem}_{i}") not in taken)
@@ -183,6 +185,15 @@ class _Rolled:
             yield f"{pad}{_execute(s, values)}"
 
 
+def _check_addresses(op: OpSpec, a: TensorArg) -> None:
+    """The base address and tile strides of ``a`` fit MLIR's 64-bit ``index``."""
+    where = f"op {op.name or op.op!r}: tensor {a.tensor!r}"
+    check_index(a.address, f"{where}: its {a.memory} address")
+    for s in a.tile_strides:
+        if isinstance(s, int):
+            check_index(s, f"{where}: its tile stride in bytes")
+
+
 def _base_key(a: TensorArg) -> tuple[str, int | str, int]:
     return (a.memory, a.tensor or a.arg_index, a.address)
 
@@ -231,12 +242,15 @@ def _render_unrolled(specs: tuple[Spec, ...], name: str) -> str:
     for op, indices in _iterations(specs, ()):
         values = []
         for a in op.args:
+            _check_addresses(op, a)
             address = a.address
             if _moves(a):
                 if stride_symbols(a.tile_strides):
                     raise EmitError(f"cannot unroll: tensor {a.tensor!r} of op {op.name!r} "
                                     f"moves by symbolic strides {a.tile_strides}")
                 address += sum(int(s) * i for s, i in zip(a.tile_strides, indices, strict=True))
+            check_index(address, f"op {op.name or op.op!r}: tensor {a.tensor!r}: its address at "
+                        f"iteration {list(indices)}")
             values.append(consts.setdefault(address, f"%c{address}"))
         launches.append((op, indices, values))
     lines = [f"func.func @{symbol_name(name)}() {{"]

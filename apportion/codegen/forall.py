@@ -87,6 +87,7 @@ from apportion.codegen.forall_tensors import _Carried, _Env
 from apportion.codegen.forall_types import INDEX_MAX as INDEX_MAX
 from apportion.codegen.forall_types import MLIR_TYPES as MLIR_TYPES
 from apportion.codegen.forall_types import mlir_type as mlir_type
+from apportion.codegen.mlir import check_index
 from apportion.codegen.mlir import symbol_name as symbol_name
 from apportion.codegen.mlir import verify_mlir as verify_mlir
 from apportion.errors import EmitError
@@ -116,6 +117,12 @@ def forall_mlir(program: Program, plan: Plan, target: Target | None = None,
                 symbolic.outputs != program.outputs:
             raise EmitError(f"program {program.name!r} is not program {symbolic.name!r} "
                             "planned: their names, inputs or outputs differ")
+    for t in program.tensors:
+        for i, n in enumerate(t.shape):
+            check_index(n, f"tensor {t.name!r} dim {i} (size)")
+    for op in program.ops:
+        for d, n in op.sizes.items():
+            check_index(n, f"op {op.name!r} dim {d!r} (size)")
     return _Function(program, plan, symbolic).text()
 
 

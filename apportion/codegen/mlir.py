@@ -28,6 +28,36 @@ def symbol_name(name: str) -> str:
     return out if out[0].isalpha() or out[0] == "_" else f"_{out}"
 
 
+#: the largest size, index or address MLIR holds: sizes and ``index`` values are signed 64-bit
+INT64_MAX = 2**63 - 1
+
+
+def check_index(value: int, what: str) -> int:
+    """``value``, or an EmitError naming ``what`` when MLIR cannot hold it (past ``INT64_MAX``;
+    the bindings would say only "invalid dimension").
+
+    >>> check_index(2**63, "tensor 'x' dim 0")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    apportion.errors.EmitError: tensor 'x' dim 0 is 9223372036854775808, past MLIR's limit ...
+    """
+    if value > INT64_MAX:
+        raise EmitError(f"{what} is {value}, past MLIR's limit of 2**63 - 1 = {INT64_MAX} "
+                        "(its sizes and index values are signed 64-bit)")
+    return value
+
+
+def alias_name(name: str) -> str:
+    """An MLIR attribute alias name (after ``#``) made from a tensor name: a bare identifier
+    without ``.`` (dotted alias names are reserved for dialects) or ``$``; the caller keeps
+    aliases unique.
+
+    >>> alias_name("tile_x.y"), alias_name("tile_a$b")
+    ('tile_x_y', 'tile_a_b')
+    """
+    return symbol_name(name).replace(".", "_").replace("$", "_")
+
+
 class SsaNames:
     """Hands out SSA names, unique across a function, so no region shadows another.
 
