@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any
 
 from apportion.cost.model import largest_slice, op_cost
+from apportion.errors import PlanningError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.passes.layouts import Layouts, OpLayout
@@ -69,6 +70,32 @@ def check_spans(op: Op, sizes: dict[str, int], layout: OpLayout, splits: dict[st
                 tlayouts: Mapping[str, DeviceLayout], target: Target) -> SpanCheck:
     ext = operand_extents(op, slice_sizes(sizes, dict(layout.unit_elems), splits))
     return SpanCheck({t: tlayouts[t].span_bytes(e) for t, e in ext.items()}, target.span_limit)
+
+
+def check_pins(ctx: OpContext, pins: dict[str, int]) -> dict[str, int]:
+    """Validate pinned splits of ``work_division`` and return them."""
+    op, units = ctx.op, ctx.units
+    for d, n in pins.items():
+        if n > 1 and not ctx.splittable(d):
+            raise PlanningError(
+                f"op {op.name!r}: work_division splits reduction dim {d!r} ({ctx.sizes[d]} "
+                f"elements) {n} ways, but its last stick of {ctx.per[d]} is padded and target "
+                f"{ctx.target.name!r} cannot split a padded reduction across cores")
+        if n < 1:
+            raise PlanningError(f"op {op.name!r}: work_division pins dim {d!r} to {n}; splits "
+                                "must be >= 1")
+        if units[d] % n:
+            unit = "sticks" if d in ctx.layout.stick_dims else "elements"
+            raise PlanningError(f"op {op.name!r}: work_division split {n} of dim {d!r} does not "
+                                f"divide its {units[d]} {unit}")
+    if math.prod(pins.values()) > ctx.target.cores:
+        raise PlanningError(f"op {op.name!r}: work_division {pins} uses "
+                            f"{math.prod(pins.values())} cores > {ctx.target.cores}")
+    red = [d for d in op.reduction_dims if pins.get(d, 1) > 1]
+    if len(red) > 1:
+        raise PlanningError(f"op {op.name!r}: work_division splits reduction dims {red}; at most "
+                            "one reduction dim may be split")
+    return pins
 
 
 class Signature:

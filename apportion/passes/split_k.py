@@ -33,7 +33,7 @@ from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program, Symbol, TensorType
 from apportion.passes.coarse_tile import coarse_tile
-from apportion.passes.geometry import OpContext, contexts
+from apportion.passes.geometry import OpContext, check_pins, contexts
 from apportion.passes.layouts import layouts
 from apportion.passes.relayout import relayout
 from apportion.plans.plan import SplitK
@@ -127,20 +127,31 @@ def split_k(ctxs: Mapping[str, OpContext], pins: Mapping[str, int],
     out: dict[str, SplitK | None] = {}
     for name, ctx in ctxs.items():
         shape = reduction_shape(ctx, (symbols or {}).get(name))
+        held = ctx.program.pins.get(name, {})
         if name in pins:
             out[name] = _pinned(ctx, shape, pins[name])
             continue
-        if shape is None:
+        if shape is None or any(d in held for d in ctx.op.reduction_dims):
+            # a work_division pin naming a reduction dim is the user's split of it
             out[name] = None
             continue
+        if held:
+            # the pins follow the op into its partial and combine ops: a fault names the op
+            # and dim the user pinned, not theirs
+            check_pins(ctx, held)
         slices, by = (user(shape), "user") if user is not None else (None, "cost")
         if slices is None:
             slices, by = _target_slices(ctx, shape)
         if slices is None:
             out[name] = None
             continue
-        cap = min(ctx.units[shape.dim], ctx.target.cores) if ctx.splittable(shape.dim) else 1
+        # the cores the op's pinned dims leave (work distribution keeps the pins)
+        budget = ctx.target.cores // math.prod(held.values()) if held else ctx.target.cores
+        cap = min(ctx.units[shape.dim], budget) if ctx.splittable(shape.dim) else 1
         if isinstance(slices, SelectChain):
+            if held and max(slices.factors) > budget:
+                out[name] = None  # the pins leave too few cores for the chain's slices
+                continue
             out[name] = _chosen(ctx, shape, slices, by, (symbols or {}).get(name, {}).get(
                 shape.dim))
             continue
@@ -286,6 +297,7 @@ def partials(program: Program, ctxs: Mapping[str, OpContext], decisions: SplitKD
     new_ops: list[Op] = []
     new_tensors = list(program.tensors)
     fixed: dict[str, SplitK] = {}
+    pins: dict[str, dict[str, int]] = {}  # the work_division pins of the new ops
     for op in program.ops:
         ctx, decision = ctxs[op.name], decisions.by_op.get(op.name)
         if not _rewritable(ctx, decision, op.name in grouped):
@@ -301,26 +313,40 @@ def partials(program: Program, ctxs: Mapping[str, OpContext], decisions: SplitKD
         acc_dtype = op.kind.reducer.accumulator_dtype(out_t.dtype)
         names = {t.name for t in new_tensors}
         partial_t = _fresh(f"{op.out.tensor}.partials", names)
-        partial_index = (AffineExpr.dim(s), *op.out.index)
+        # a scalar's partials get a trailing size-1 axis: the slice axis innermost would be
+        # the stick dim, and slices of whole sticks cannot hand each core one slice
+        tail = (AffineExpr.constant(0),) if not op.out.index else ()
+        partial_index = (AffineExpr.dim(s), *op.out.index, *tail)
         sizes = {**op.sizes, s: f, k: step}
         sizes.pop(d)
         partial = Op.build(partial_name(op.name), op.fn, Access(partial_t, partial_index),
                            tuple(Access(a.tensor, tuple(_split(e, d, s, k, step)
                                                         for e in a.index))
                                  for a in op.ins), sizes, dict(op.attrs))
-        new_tensors.append(TensorType(partial_t, (f, *out_t.shape), acc_dtype))
+        new_tensors.append(TensorType(partial_t, (f, *out_t.shape, *(1,) * len(tail)),
+                                      acc_dtype))
         combine_fn = "sum" if op.category is Category.MATMUL else op.fn
         combine = Op.build(combine_name(op.name), combine_fn, op.out,
                            (Access(partial_t, partial_index),),
                            {x: n for x, n in sizes.items() if x in {s, *op.out.dims}})
         new_ops += [partial, combine]
         fixed[partial.name] = SplitK((s,), f, decision.by, decision.select)
+        held = program.pins.get(op.name)
+        if held:
+            # the op's pins follow it into both ops, the split dim's onto the slices (the
+            # slice count is fixed anyway; work distribution keeps it with the pins)
+            renamed = {s if x == d else x: n for x, n in held.items()}
+            pins[partial.name] = {x: n for x, n in renamed.items() if x in partial.sizes}
+            pins[combine.name] = {x: n for x, n in held.items() if x in combine.sizes}
     if not fixed:
         return program, {}
     split_k = tuple((n, f) for n, f in program.split_k if n not in
                     {name.removesuffix(".partial") for name in fixed})
+    cut = {name.removesuffix(".partial") for name in fixed}
+    work = tuple((n, p) for n, p in program.work_division if n not in cut)
+    work += tuple((n, tuple(p.items())) for n, p in pins.items() if p)
     return replace(program, tensors=tuple(new_tensors), ops=tuple(new_ops),
-                   split_k=split_k), fixed
+                   split_k=split_k, work_division=work), fixed
 
 
 def rewrite_as_planned(program: Program, target: Target,

@@ -51,6 +51,7 @@ from apportion.passes.geometry import (
     OpContext,
     PlanCache,
     Splits,
+    check_pins,
     check_spans,
     divisors,
     operand_extents,
@@ -413,32 +414,6 @@ def best_utilization(ctx: OpContext, minimum: dict[str, int]) -> tuple[float, di
     return best_key[0], best
 
 
-def check_pins(ctx: OpContext, pins: dict[str, int]) -> dict[str, int]:
-    """Validate pinned splits of ``work_division`` and return them."""
-    op, units = ctx.op, ctx.units
-    for d, n in pins.items():
-        if n > 1 and not ctx.splittable(d):
-            raise PlanningError(
-                f"op {op.name!r}: work_division splits reduction dim {d!r} ({ctx.sizes[d]} "
-                f"elements) {n} ways, but its last stick of {ctx.per[d]} is padded and target "
-                f"{ctx.target.name!r} cannot split a padded reduction across cores")
-        if n < 1:
-            raise PlanningError(f"op {op.name!r}: work_division pins dim {d!r} to {n}; splits "
-                                "must be >= 1")
-        if units[d] % n:
-            unit = "sticks" if d in ctx.layout.stick_dims else "elements"
-            raise PlanningError(f"op {op.name!r}: work_division split {n} of dim {d!r} does not "
-                                f"divide its {units[d]} {unit}")
-    if math.prod(pins.values()) > ctx.target.cores:
-        raise PlanningError(f"op {op.name!r}: work_division {pins} uses "
-                            f"{math.prod(pins.values())} cores > {ctx.target.cores}")
-    red = [d for d in op.reduction_dims if pins.get(d, 1) > 1]
-    if len(red) > 1:
-        raise PlanningError(f"op {op.name!r}: work_division splits reduction dims {red}; at most "
-                            "one reduction dim may be split")
-    return pins
-
-
 def work_distribution(ctxs: Mapping[str, OpContext], spans: SpanSplits, strategy: str,
                       cache: PlanCache | None = None) -> Splits:
     """The work distribution pass: every op's splits under ``strategy`` (program pins win).
@@ -486,7 +461,9 @@ def distribute(ctx: OpContext, minimum: dict[str, int], strategy: str,
                             f"{pins} cannot split it")
     if not divisible or pins:
         if pins and divisible:
-            check_pins(ctx, pins)
+            # a dim the pins leave out is whole, but for a reduction split the split-K stage
+            # fixed (the pass leaves it to pins that name the reduction dim)
+            pins = check_pins(ctx, {**ctx.fixed_map, **pins})
         fixed = {d: (pins or {}).get(d, 1) if divisible else 1 for d in ctx.sizes}
         worst = check_spans(ctx.op, ctx.sizes, ctx.layout, fixed, ctx.tlayouts, ctx.target).worst
         if worst is not None:

@@ -173,3 +173,38 @@ def test_an_integer_mean_keeps_its_split_inside_the_op_and_runs_right():
     planned = ap.plan(from_dict(doc), ap.targets.resolve("gpu"))
     assert [o.name for o in planned.ops] == ["r"] and planned.op("r").split_map["k"] > 1
     assert all(c.ok for c in planned.check())
+
+
+def test_work_division_pins_follow_an_op_the_gpu_resolver_splits():
+    """The pins of ``mm`` hold in its partial and combine ops, the resolver's slices take the
+    cores the pins leave, and a pin the op cannot take is refused naming ``mm`` and its dim."""
+    given = matmul(32, 65536, 32, "float32", work_division={"mm": {"m": 2}})
+    planned = ap.plan(given, ap.targets.gpu())
+    partial, combine = planned.op("mm.partial"), planned.op("mm.combine")
+    assert partial.split_k is not None and partial.split_k.by == "gpu"
+    assert partial.split_map["m"] == 2 and partial.split_map["n"] == 1
+    assert partial.cores <= planned.target.cores and combine.split_map["m"] == 2
+    assert ap.PlannedProgram.from_json(planned.to_json(), given, planned.target) == planned
+    assert all(c.ok for c in planned.check())
+    # a pin naming the reduction dim is the user's split of it: the resolver is not asked
+    pinned_k = ap.plan(matmul(32, 65536, 32, "float32", work_division={"mm": {"k": 4}}),
+                       ap.targets.gpu())
+    assert [o.name for o in pinned_k.ops] == ["mm"] and pinned_k.op("mm").split_map["k"] == 4
+    with pytest.raises(PlanningError, match=r"op 'mm': work_division split 4 of dim 'n' does not "
+                                            r"divide its 1 sticks"):
+        ap.plan(matmul(32, 65536, 32, "float32", work_division={"mm": {"m": 32, "n": 4}}),
+                ap.targets.gpu())
+
+
+@pytest.mark.parametrize("out", ["y[]", "y[0]"])
+def test_a_reduction_of_two_dims_to_a_scalar_splits_on_gpu_one_slice_per_core(out):
+    """A scalar's partials are ``[slices, 1]``: the slice axis is no stick dim, so each core
+    takes one slice (it was ``[slices]``, whose whole-stick splits cannot hold the factor)."""
+    p = program({"x": ([256, 1024], "float32")},
+                [{"name": "red", "op": "sum", "out": out, "ins": ["x[a,b]"]}], ["y"])
+    planned = ap.plan(p, ap.targets.gpu())
+    partial = planned.op("red.partial")
+    assert partial.split_k is not None and partial.split_map["a_slice"] == 256
+    assert planned.program.tensor("y.partials").shape == (256, 1)
+    for backend in ("reference", "iree"):
+        assert all(c.ok for c in planned.check(backend=backend))
