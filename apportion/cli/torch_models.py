@@ -45,7 +45,13 @@ class TorchModel:
 
 
 def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
-    """Import ``module:factory`` (the current directory first on the path) and call it."""
+    """Import ``module:factory`` (the current directory first on the path) and call it.
+
+    The current directory is on ``sys.path`` only while the factory's module is imported and
+    the factory runs (it may import its neighbours lazily), and is taken off again whatever
+    happens: left first on the path, a local ``iree/`` or ``matplotlib.py`` would shadow the
+    real package the next time apportion imports it.
+    """
     module_name, colon, attr = spec.partition(":")
     if not colon or not module_name or not attr:
         raise FactoryError(f"--torch {spec!r}: expected MODULE:FACTORY, such as "
@@ -56,8 +62,25 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
                            "dotted Python module name (mymodels, pkg.models) importable from the "
                            "current directory or PYTHONPATH, not a file path")
     cwd = os.getcwd()
-    if cwd not in sys.path:
+    added = cwd not in sys.path
+    if added:
         sys.path.insert(0, cwd)
+    try:
+        made = _call_factory(spec, module_name, attr)
+    finally:
+        if added and cwd in sys.path:  # ours only (the first one): not a copy the module added
+            sys.path.remove(cwd)
+    if not (isinstance(made, tuple | list) and len(made) == 2):
+        raise FactoryError(f"--torch {spec!r}: {attr}() must return (model, example_inputs), "
+                           f"got {type(made).__name__}")
+    model, inputs = made
+    if not isinstance(inputs, tuple | list):
+        inputs = (inputs,)
+    return model, tuple(inputs)
+
+
+def _call_factory(spec: str, module_name: str, attr: str) -> Any:
+    """Import the factory's module and call the factory; errors name the spec."""
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
@@ -74,16 +97,9 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
         raise FactoryError(f"--torch {spec!r}: module {module_name!r} has no callable "
                            f"{attr!r}")
     try:
-        made = factory()
+        return factory()
     except (Exception, SystemExit) as e:  # the user's code: name it, no traceback, no exit
         raise FactoryError(f"--torch {spec!r}: {attr}() raised {_raised(e)}") from None
-    if not (isinstance(made, tuple | list) and len(made) == 2):
-        raise FactoryError(f"--torch {spec!r}: {attr}() must return (model, example_inputs), "
-                           f"got {type(made).__name__}")
-    model, inputs = made
-    if not isinstance(inputs, tuple | list):
-        inputs = (inputs,)
-    return model, tuple(inputs)
 
 
 def _raised(e: BaseException) -> str:
