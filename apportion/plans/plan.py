@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from apportion.errors import PlanningError
 from apportion.ir.program import Program
@@ -140,10 +141,29 @@ class Plan:
     #: symbol -> the size it was planned at, for a program with run-time sizes
     symbols: tuple[tuple[str, int], ...] = ()
 
-    def op(self, name: str) -> OpPlan:
+    # Indexes built once per plan: reports, emitters and executors ask per op and per tensor,
+    # and a scan of the whole plan each time made them quadratic in the program's size.
+
+    @cached_property
+    def op_map(self) -> dict[str, OpPlan]:
+        """Op name -> its plan (the first, as ``op`` always answered)."""
+        out: dict[str, OpPlan] = {}
         for o in self.ops:
-            if o.name == name:
-                return o
+            out.setdefault(o.name, o)
+        return out
+
+    @cached_property
+    def buffer_map(self) -> dict[str, tuple[Buffer, ...]]:
+        """Tensor -> its buffers, in plan order."""
+        out: dict[str, list[Buffer]] = {}
+        for b in self.buffers:
+            out.setdefault(b.tensor, []).append(b)
+        return {t: tuple(bs) for t, bs in out.items()}
+
+    def op(self, name: str) -> OpPlan:
+        found = self.op_map.get(name)
+        if found is not None:
+            return found
         raise PlanningError(f"plan has no op {name!r}; ops: {', '.join(o.name for o in self.ops)}")
 
     def group(self, path: tuple[int, ...]) -> GroupPlan:
@@ -160,7 +180,7 @@ class Plan:
 
     def buffers_of(self, tensor: str) -> tuple[Buffer, ...]:
         """The buffers of ``tensor`` (a tile and a full one when a loop copies it out)."""
-        return tuple(b for b in self.buffers if b.tensor == tensor)
+        return self.buffer_map.get(tensor, ())
 
     def buffer(self, tensor: str, kind: str | None = None) -> Buffer:
         """The buffer of ``tensor`` (of ``kind`` when it has two)."""
