@@ -317,6 +317,13 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         plans = {op.name: self.op_plan(op) for op in ops}
         for op in ops:
             loop = plans[op.name].loop
+            if loop is not None and len(loop.group) < len(group.path) and \
+                    loop.group == group.path[:len(loop.group)]:  # "depths": {op: d}
+                raise EmitError(f"op {op.name!r} sits in the outer {len(loop.group)} of the "
+                                f"{len(group.path)} loop levels of its tiling group "
+                                f"{list(group.ops)} (\"depths\": {{\"{op.name}\": "
+                                f"{len(loop.group)}}}); the parallel IR runs every op of a group "
+                                "in all its levels: drop the depth, or emit --bundle")
             if loop is None or loop.group != group.path or loop.count != group.counts:
                 raise EmitError(f"op {op.name!r}: plan's loop {loop} is not group "
                                 f"{list(group.path)} with counts {list(group.counts)}")

@@ -27,6 +27,11 @@ class LoopInfo:
             raise PlanningError(f"loop info levels disagree: group {self.group}, count "
                                 f"{self.count}, tiled_dims {self.tiled_dims}")
 
+    def __str__(self) -> str:
+        """As a message names it: ``group [0, 0], counts [2, 4] over dims m; n``."""
+        dims = "; ".join(", ".join(ds) for ds in self.tiled_dims)
+        return f"group {list(self.group)}, counts {list(self.count)} over dims {dims}"
+
 
 @dataclass(frozen=True)
 class SplitK:
