@@ -9,6 +9,11 @@ text, the flags, the compiler version and the host CPU in a cache folder (defaul
 ``~/.cache/apportion/iree``, outside any repository), and ``run_vmfb`` calls one function of it
 with numpy arrays; the compile time is a field of the result and an INFO log line.
 
+Each cached module ``KEY.vmfb`` has its sha256 beside it in ``KEY.vmfb.sha256``, both written
+atomically (a temporary file renamed over the name). A module is taken from the cache only when
+its bytes hash to that digest; a missing or different digest (a module copied over the key, a
+torn or foreign file) means compile again and replace both, never run the file found.
+
 Element types at the boundary (what ``iree.runtime`` accepts and gives back):
 
 * ``f16``, ``f32``, ``i8``, ``i32``, ``i64``: numpy arrays of the same type;
@@ -127,9 +132,10 @@ def compile_mlir(text: str, cache_dir: str | os.PathLike[str] | None = None,
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     key = cache_key(text, [*flags, f"lower={lower}"])
     path = folder / f"{key}.vmfb"
-    if path.is_file():
+    cached = _read_cached(path)
+    if cached is not None:
         log.info("IREE module %s from the cache", key[:12])
-        return Compiled(path.read_bytes(), 0.0, True, path)
+        return Compiled(cached, 0.0, True, path)
     try:
         import iree.compiler as compiler
     except ImportError as e:
@@ -147,14 +153,51 @@ def compile_mlir(text: str, cache_dir: str | os.PathLike[str] | None = None,
     stored: Path | None = None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(vmfb)
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old state or the whole file
+        # the module first, then its digest: a reader between the two renames sees a digest
+        # that does not match (or none) and compiles again, never a module taken on trust
+        _write_atomic(path, bytes(vmfb))
+        _write_atomic(digest_path(path), _sha256(bytes(vmfb)).encode())
         stored = path
     except OSError as e:  # an unwritable cache only costs the next compile
         log.warning("IREE module cache %s is not writable: %s", folder, e)
     return Compiled(bytes(vmfb), seconds, False, stored)
+
+
+def digest_path(path: Path) -> Path:
+    """Where the sha256 of the cached module ``path`` is kept: ``KEY.vmfb.sha256``."""
+    return path.with_name(path.name + ".sha256")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_cached(path: Path) -> bytes | None:
+    """The cached module's bytes when they hash to the digest beside them; None (compile
+    again) when either file is missing or unreadable or the digest differs."""
+    try:
+        data = path.read_bytes()
+        digest = digest_path(path).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if _sha256(data) != digest:
+        log.warning("IREE module cache: %s does not match its digest; compiling it again",
+                    path.name)
+        return None
+    return data
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """``data`` as ``path``: a temporary file in the same folder renamed over it, so that a
+    concurrent reader sees the old file or the whole new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _short(line: str) -> str:
