@@ -2,12 +2,16 @@
 
 A dim is a *stick dim* of an op when it indexes the innermost dim of some operand at a finer
 step than one stick (its coefficient there is not a multiple of the operand's elements per
-stick). Its size is counted in sticks of the largest elements-per-stick among those operands, so
-any split of it hands every core whole sticks.
+stick). Its planning unit is the fewest of its values that span whole sticks of every such
+operand: ``eps / gcd(c, eps)`` for coefficient ``c`` and ``eps`` elements per stick (the lcm over
+the operands). A dim read alone (``c = 1``) counts in sticks; the outer digit of a merge,
+``t2[d1, 8*d2+d3]`` in float16 (64 per stick), counts in 8 values of ``d2`` (its inner digit
+whole: one stick), not 64. Any split of it then hands every core whole sticks.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -47,7 +51,9 @@ def op_layout(op: Op, program: Program, target: Target) -> OpLayout:
         e_op = target.elems_per_stick(program.tensor(acc.tensor).dtype)
         for d, c in acc.index[-1].terms:
             if c % e_op:
-                eps[d] = max(eps.get(d, 1), e_op)
+                # values of d per whole number of sticks: a coefficient of 8 fills a stick of
+                # 64 with 8 values (a dim read alone, with 64)
+                eps[d] = math.lcm(eps.get(d, 1), e_op // math.gcd(c, e_op))
     sticks = tuple(d for d in op.dim_names if d in eps)
     return OpLayout(op.name, sticks, tuple((d, eps.get(d, 1)) for d in op.dim_names))
 

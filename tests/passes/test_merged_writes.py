@@ -117,3 +117,25 @@ def test_writing_merged_runs_of_an_inner_dim_costs_no_less_than_whole_heads():
     by_d = ap.plan(merge_heads(work_division={"m": {"d": 2}}), ap.targets.spyre(cores=2))
     assert by_d.op("m").predicted_time_us >= by_h.op("m").predicted_time_us
     assert all(c.ok for c in by_d.check())
+
+
+def test_the_outer_digit_of_a_merged_write_counts_in_values_that_fill_a_stick():
+    """``t2[d1, 8*d2+d3]`` in float16: 8 values of d2 (d3 whole) fill a 64-element stick, so
+    d2's planning unit is 8, not 64: a pin of 8 holds, and a span limit that needs d2 split is
+    met (both were refused when d2's 64 values made one unit)."""
+    import dataclasses
+
+    doc = {"x": ([4, 64, 8], "float16")}
+    ops = [{"name": "m", "op": "exp", "out": "t2[d1, 8*d2+d3]", "ins": ["x[d1,d2,d3]"]}]
+    pinned = ap.plan(program(doc, ops, ["t2"], work_division={"m": {"d2": 8}}),
+                     ap.targets.spyre(cores=32))
+    m = pinned.op("m")
+    assert m.unit_map["d2"] == 8 and m.split_map["d2"] == 8
+    assert all(c.ok for c in pinned.check())
+    # one row of t2: x alone spans 8 KiB (64 padded sticks), d2 must split for a 4 KiB limit
+    tight = dataclasses.replace(ap.targets.spyre(cores=4), span_limit=4096)
+    p = program({"x": ([1, 64, 8], "float16")}, ops, ["t2"])
+    planned = ap.plan(p, tight)
+    assert planned.op("m").split_map["d2"] >= 2 and not planned.groups
+    assert all(s <= 4096 for _, s in planned.op("m").span_bytes)
+    assert all(c.ok for c in planned.check())
