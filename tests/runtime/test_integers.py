@@ -364,3 +364,19 @@ def test_cli_run_backend_iree_check_passes_an_int64_program_past_2_53(iree_cache
     assert main(["run", str(path), "--cores", "4", "--backend", "iree", "--check"]) == 0
     out = capsys.readouterr().out
     assert "int64" in out and "exact" in out and "matches the unplanned program" in out
+
+
+@pytest.mark.parametrize("name", ["sum", "mean", "prod"])
+def test_iree_agrees_on_integer_reductions_tiled_by_a_loop(name: str, iree_cache) -> None:
+    from apportion.backends import iree_run
+
+    p = program({"x": ([2, 256], "int8")},
+                [{"name": "r", "op": name, "out": "s[i]", "ins": ["x[i,k]"]}], ["s"],
+                tiling=[{"ops": ["r"], "loops": [{"count": 2, "dims": ["k"]}]}])
+    x = np.full((2, 256), 100, dtype=np.int8)
+    x[:, ::3] = -7
+    want = REDUCE[name](x)[:, 0]
+    got = iree_run(p, plan(p, spyre(cores=2)), spyre(cores=2), {"x": x},
+                   cache_dir=iree_cache).tensors
+    assert np.array_equal(got["s"], want)
+    assert np.array_equal(run_unplanned(p, {"x": x})["s"], want)
