@@ -50,6 +50,9 @@ from apportion.target.target import Target, describe, finite, is_int, is_real
 
 #: the topology levels, outermost first
 LEVELS = ("node", "device", "chiplet")
+#: the most devices a mesh may have: a sharding plan is checked, unrolled and run device by
+#: device (milliseconds each), so a mesh of a million devices ran for the better part of an hour
+MAX_DEVICES = 4096
 GB = 1e9
 GiB = 1 << 30
 
@@ -210,6 +213,18 @@ class Mesh:
         if self.target is not None and not isinstance(self.target, Target):
             raise TargetError(f"{where}: target must be a Target, got "
                               f"{describe(self.target, typed=True)}")
+        count = math.prod(a.size for a in self.axes)
+        if count > MAX_DEVICES:
+            spec = ", ".join(f"{a.name}={a.size}" + (f" ({a.symbol} planned at {a.size})"
+                                                      if a.symbol else "") for a in self.axes)
+            raise TargetError(f"{where}: {spec} makes {count} devices, more than the "
+                              f"{MAX_DEVICES} a mesh may have (every device's program is built "
+                              "and checked one by one)")
+        for a in self.axes:
+            if a.max is not None and a.max > MAX_DEVICES:
+                raise TargetError(f"{where}: axis {a.name!r} may take up to {a.max} devices "
+                                  f"({a.symbol} max), more than the {MAX_DEVICES} a mesh may "
+                                  "have")
         first: dict[str, Axis] = {}
         for a in self.axes:
             if a.symbol is None:

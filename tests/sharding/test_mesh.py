@@ -164,3 +164,20 @@ def test_a_mesh_toml_file_may_give_a_symbolic_axis_size(tmp_path):
     f.write_text('axes = [{name = "dp", size = 2, plan = 4}]\n')
     with pytest.raises(TargetError, match=r"plan, min and max belong to a symbolic size"):
         load_toml(f)
+
+
+def test_a_mesh_of_more_devices_than_the_limit_is_refused_naming_axes_and_count():
+    """Plans are unrolled device by device: ``tp=1000000`` ran for most of an hour; it is a
+    TargetError at once, as is a symbolic axis that may grow past the limit or is bound past it."""
+    from apportion.sharding.mesh import MAX_DEVICES
+
+    assert parse(f"tp={MAX_DEVICES}").devices == MAX_DEVICES
+    with pytest.raises(TargetError, match=r"tp=1000000 makes 1000000 devices, more than the "
+                                          rf"{MAX_DEVICES} a mesh may have"):
+        parse("tp=1000000")
+    with pytest.raises(TargetError, match=r"dp=64, tp=128 makes 8192 devices"):
+        parse("dp=64,tp=128")
+    with pytest.raises(TargetError, match=r"axis 'dp' may take up to 100000 devices \(N max\)"):
+        parse("dp=N~4~1..100000")
+    with pytest.raises(TargetError, match=r"dp=8 \(N planned at 8\), tp=1024 makes 8192"):
+        parse("dp=N~8,tp=1024")
