@@ -393,6 +393,7 @@ def _run_iree(planned: PlannedProgram, args: argparse.Namespace, params: dict[st
     """``run --backend iree``: the plan's parallel IR compiled (or taken from the cache) and run
     by IREE on the CPU; with ``--check``, the reference backend's check lines."""
     from apportion.backends import iree_check, iree_run
+    from apportion.cli.progress import progress
     from apportion.runtime.iree import default_cache_dir
     from apportion.runtime.reference import random_inputs
 
@@ -402,21 +403,32 @@ def _run_iree(planned: PlannedProgram, args: argparse.Namespace, params: dict[st
     p = planned.program
     given = planned.given if planned.symbols else None  # one module for every run-time size
     if args.check:
-        checks, run = iree_check(p, planned.plan, planned.target, seed=args.seed, params=params,
-                                 symbolic=given)
+        with progress(console, f"compiling {p.name} with IREE, running it and the unplanned "
+                               "program"):
+            checks, run = iree_check(p, planned.plan, planned.target, seed=args.seed,
+                                     params=params, symbolic=given)
         status = print_checks(checks, f"IREE run of {p.name} ({args.strategy}, "
                               f"{planned.plan.cores} cores)", console)
     else:
         sizes = {k: v for k, v in params.items() if k in planned.symbols}
         xs = random_inputs(planned.bound(sizes)[0], args.seed)
-        run = iree_run(p, planned.plan, planned.target, xs, params, symbolic=given)
+        with progress(console, f"compiling {p.name} with IREE and running it"):
+            run = iree_run(p, planned.plan, planned.target, xs, params, symbolic=given)
         console.print(f"ran {len(planned.ops)} ops of {p.name} over {planned.plan.cores} cores "
                       "in IREE")
         status = 0
     how = "taken from the cache" if run.cached else f"compiled in {run.compile_s:.2f} s"
-    console.print(f"IREE module (llvm-cpu) {how} ({default_cache_dir()}); ran in "
+    console.print(f"IREE module (llvm-cpu) {how} ({_home_short(default_cache_dir())}); ran in "
                   f"{run.run_s:.3f} s", highlight=False)
     return status
+
+
+def _home_short(path: Path) -> str:
+    """``path`` with the home folder written ``~`` (``~/.cache/apportion/iree``)."""
+    try:
+        return str(Path("~") / path.relative_to(Path.home()))
+    except (ValueError, RuntimeError):  # outside the home folder, or no home folder
+        return str(path)
 
 
 def print_checks(checks: list[OutputCheck], what: str, console: Console,

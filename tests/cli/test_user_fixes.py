@@ -118,3 +118,23 @@ def test_progress_shows_on_a_terminal_only():
     with progress(Console(file=tty, force_terminal=True, width=160), "compiling"):
         pass
     assert "compiling" in tty.getvalue()
+
+
+def test_run_iree_shows_its_step_on_a_terminal_and_not_in_a_pipe(monkeypatch, capsys, tmp_path):
+    import apportion.cli.main as cli
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # a fresh module cache: the compile happens
+    argv = ["run", str(ROOT / "examples/fused.json"), "--backend", "iree", "--check"]
+    assert main(argv) == 0
+    piped = capsys.readouterr().out
+    assert "compiling" not in piped and "matches the unplanned program" in piped
+    tty = io.StringIO()
+
+    class Terminal(cli._Console):
+        def __init__(self, **_: object) -> None:
+            super().__init__(file=tty, force_terminal=True, width=160)
+
+    monkeypatch.setattr(cli, "_Console", Terminal)
+    assert main(argv) == 0
+    assert "compiling fused with IREE" in tty.getvalue()
+    assert "matches the unplanned program" in tty.getvalue()

@@ -1,0 +1,329 @@
+"""The README is tested: every command it shows runs, and prints what it shows.
+
+How the README is read:
+
+- A fenced block (no language, or ``console``) whose first line starts with ``$ `` is a shell
+  session: each ``$ COMMAND`` line is run by bash in the repository root with the venv's ``bin``
+  first on ``PATH`` (pipes, ``grep``, ``head`` and ``# comments`` as a reader would type them),
+  and the lines after it, up to the next ``$`` line, are its output. A command without output
+  lines is checked for exit status 0 only.
+- Output is compared line by line, trailing whitespace dropped, rich tables as printed into a
+  pipe (160 columns). In an output, ``...`` stands for text left out: a line that is only
+  ``...`` matches any number of lines (none included), and ``...`` inside a line matches any
+  text there.
+- A ``python`` block runs as a script in the repository root; a bare block right after it (blank
+  lines between at most) is its output. A block that does not import apportion continues the
+  blocks before it, and runs after them in the same script.
+- No other fenced block may hold an ``apportion`` command: every command the README shows is run.
+
+Commands in ``SLOW`` take too long for CI and are marked slow (skipped under ``CI=true``); those
+in ``TIMED`` print times, so their output is compared with every number as a wildcard (and runs
+of spaces or table rules as one), which checks the table's structure, not the numbers.
+
+``python -m tests.test_readme --update COMMAND...`` runs the named commands (as the README spells
+them) and writes their output into the README, for a change that is meant to change it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+BIN = Path(sys.executable).parent
+
+#: commands too slow for CI, with the reason (each must be a command of the README)
+SLOW: dict[str, str] = {
+    "apportion run --torch apportion.frontend.torch_demo:tiny_gpt2 --backend iree --check "
+    "--cores 8": "compiles every segment of the model with IREE: about 40 s",
+    "apportion run examples/mlp.json --mesh dp=2 --backend dtensor --check":
+        "starts two torch.distributed processes",
+    "apportion bench costmodel --target cpu": "times programs on this machine",
+    "apportion bench scale": "plans an 80-layer forward pass and 200-op loop groups",
+    "apportion bench sharding": "the sharding search on every model and mesh",
+    "apportion bench tiling": "plans every block of models.json twice",
+    "apportion bench workdiv": "plans 797 op shapes with three strategies, twice",
+}
+
+#: commands whose output holds times measured on this machine
+TIMED: set[str] = {
+    "apportion run examples/attention.json --backend iree --check",
+    "apportion run examples/merge_heads.json --cores 32 --backend iree --check",
+    "apportion run examples/mlp.json --mesh dp=2 --backend dtensor --check",
+    "apportion shard examples/mlp.json --mesh tp=4",
+    "apportion bench workdiv",
+    "apportion bench scale",
+    "apportion bench costmodel --target cpu",
+    "apportion bench sharding",
+}
+
+#: python blocks too slow for CI, by their first line
+SLOW_PYTHON: dict[str, str] = {
+    "import torch, transformers, apportion as ap":
+        "exports Llama models from transformers with torch.export",
+}
+
+
+@dataclass(frozen=True)
+class Block:
+    """A fenced block: its language, its lines, and where it starts and ends (1-based lines
+    of the fences)."""
+
+    start: int
+    end: int
+    lang: str
+    lines: tuple[str, ...]
+
+    @property
+    def is_session(self) -> bool:
+        return self.lang in ("", "console") and bool(self.lines) and \
+            self.lines[0].startswith("$ ")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A ``$ command`` of the README and the output shown after it (none: not shown)."""
+
+    line: int
+    command: str
+    expected: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """A python block, the blocks it continues, and the output block after it."""
+
+    line: int
+    code: str
+    first: str
+    expected: tuple[str, ...] | None
+
+
+def blocks(text: str) -> list[Block]:
+    """Every fenced block of a markdown text."""
+    out: list[Block] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^```(\S*)\s*$", lines[i])
+        if m is None:
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and lines[j].rstrip() != "```":
+            j += 1
+        out.append(Block(i + 1, j + 1, m.group(1), tuple(lines[i + 1:j])))
+        i = j + 1
+    return out
+
+
+def commands(bs: list[Block]) -> list[Command]:
+    """The ``$`` commands of the shell sessions, each with the output lines after it."""
+    out: list[Command] = []
+    for b in bs:
+        if not b.is_session:
+            continue
+        current: tuple[int, str] | None = None
+        shown: list[str] = []
+        for k, line in enumerate(b.lines):
+            if line.startswith("$ "):
+                if current is not None:
+                    out.append(Command(current[0], current[1], tuple(shown)))
+                current, shown = (b.start + 1 + k, line[2:].strip()), []
+            else:
+                shown.append(line)
+        assert current is not None
+        out.append(Command(current[0], current[1], tuple(shown)))
+    return out
+
+
+def snippets(text: str, bs: list[Block]) -> list[Snippet]:
+    """The python blocks, each with the code it continues and the output block after it."""
+    lines = text.splitlines()
+    out: list[Snippet] = []
+    chain = ""
+    for k, b in enumerate(bs):
+        if b.lang != "python":
+            continue
+        code = "\n".join(b.lines) + "\n"
+        chain = code if "import apportion" in code else chain + code
+        after = bs[k + 1] if k + 1 < len(bs) else None
+        expected = None
+        if after is not None and after.lang == "" and not after.is_session and \
+                all(not s.strip() for s in lines[b.end:after.start - 1]):
+            expected = after.lines
+        out.append(Snippet(b.start, chain, b.lines[0], expected))
+    return out
+
+
+TEXT = README.read_text()
+BLOCKS = blocks(TEXT)
+COMMANDS = commands(BLOCKS)
+SNIPPETS = snippets(TEXT, BLOCKS)
+
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
+_RULES = re.compile(r"([━─═ ])\1+")
+
+
+def _timed(line: str) -> str:
+    """A line with every number as ``0`` and runs of spaces or table rules as one."""
+    return _RULES.sub(r"\1", _NUMBER.sub("0", line))
+
+
+def _pattern(line: str) -> re.Pattern[str]:
+    return re.compile(".*".join(re.escape(part) for part in line.split("...")) + r"\Z")
+
+
+def matches(expected: tuple[str, ...] | list[str], actual: list[str], timed: bool = False
+            ) -> bool:
+    """Whether ``actual`` lines are what ``expected`` shows (``...`` as a wildcard)."""
+    norm = _timed if timed else (lambda s: s)
+    want = [norm(s.rstrip()) for s in expected]
+    got = [norm(s.rstrip()) for s in actual]
+    while want and not want[-1]:
+        want.pop()
+    while got and not got[-1]:
+        got.pop()
+    memo: dict[tuple[int, int], bool] = {}
+
+    def at(i: int, j: int) -> bool:
+        if (i, j) in memo:
+            return memo[i, j]
+        if i == len(want):
+            ok = j == len(got)
+        elif want[i].strip() == "...":
+            ok = at(i + 1, j) or (j < len(got) and at(i, j + 1))
+        else:
+            ok = j < len(got) and _pattern(want[i]).match(got[j]) is not None and at(i + 1, j + 1)
+        memo[i, j] = ok
+        return ok
+
+    return at(0, 0)
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["HOME"] = str(home)  # a fresh IREE module cache: every module compiles, as shown
+    env.pop("COLUMNS", None)
+    env.pop("SENCORES", None)
+    return env
+
+
+def run_command(command: str, home: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=ROOT, env=_env(home),
+                          capture_output=True, text=True, timeout=1200, check=False)
+
+
+def _diff(expected: tuple[str, ...], actual: str) -> str:
+    return "\n--- README shows:\n" + "\n".join(expected) + "\n--- the command printed:\n" + actual
+
+
+def _param(c: Command) -> object:
+    marks = [pytest.mark.slow] if c.command in SLOW else []
+    return pytest.param(c, id=f"line{c.line}:{c.command[:60]}", marks=marks)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("home")
+
+
+@pytest.mark.parametrize("command", [_param(c) for c in COMMANDS])
+def test_readme_command_prints_what_the_readme_shows(command: Command, home: Path) -> None:
+    done = run_command(command.command, home)
+    assert done.returncode == 0, f"README line {command.line}: {command.command}\n{done.stderr}"
+    if not any(s.strip() for s in command.expected):
+        return
+    got = done.stdout.splitlines()
+    assert matches(command.expected, got, command.command in TIMED), \
+        f"README line {command.line}: {command.command}" + _diff(command.expected, done.stdout)
+
+
+def _snippet_param(s: Snippet) -> object:
+    marks = [pytest.mark.slow] if s.first in SLOW_PYTHON or "import torch" in s.code else []
+    return pytest.param(s, id=f"line{s.line}:{s.first[:50]}", marks=marks)
+
+
+@pytest.mark.parametrize("snippet", [_snippet_param(s) for s in SNIPPETS])
+def test_readme_python_block_runs_and_prints_what_the_readme_shows(snippet: Snippet,
+                                                                   tmp_path: Path) -> None:
+    script = tmp_path / "snippet.py"
+    script.write_text(snippet.code)
+    done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=_env(tmp_path),
+                          capture_output=True, text=True, timeout=1200, check=False)
+    assert done.returncode == 0, f"README line {snippet.line}\n{done.stderr}"
+    if snippet.expected is not None:
+        assert matches(snippet.expected, done.stdout.splitlines()), \
+            f"README line {snippet.line}" + _diff(snippet.expected, done.stdout)
+
+
+def test_every_apportion_command_of_the_readme_is_run() -> None:
+    for b in BLOCKS:
+        if b.is_session or b.lang == "python":
+            continue
+        stray = [s for s in b.lines if re.match(r"\s*(\$\s*)?apportion\s", s)]
+        assert not stray, f"README line {b.start}: a command outside a $ session: {stray}"
+
+
+def test_slow_and_timed_commands_name_commands_of_the_readme() -> None:
+    shown = {c.command for c in COMMANDS}
+    assert set(SLOW) <= shown, set(SLOW) - shown
+    assert shown >= TIMED, TIMED - shown
+    firsts = {s.first for s in SNIPPETS}
+    assert set(SLOW_PYTHON) <= firsts, set(SLOW_PYTHON) - firsts
+
+
+def test_every_example_file_the_readme_names_ships() -> None:
+    named = set(re.findall(r"examples/[\w./-]+?\.json", TEXT))
+    assert named, "the README names no example"
+    missing = sorted(n for n in named if not (ROOT / n).is_file())
+    assert not missing, missing
+    bare = sorted(set(re.findall(r"(?<![\w/.-])[\w-]+\.json\b", TEXT)) -
+                  {"models.json", "spyre_measurements.json", "cpu_measurements.json",
+                   "m.json"})
+    assert not bare, f"program files named without examples/: {bare}"
+
+
+def test_matching_rules() -> None:
+    assert matches(["a", "...", "d"], ["a", "b", "c", "d"])
+    assert matches(["a", "...", "b"], ["a", "b"])
+    assert matches(["loop group [0] (e): 5 over b; ..."], ["loop group [0] (e): 5 over b; x y"])
+    assert not matches(["a", "b"], ["a", "c"])
+    assert not matches(["a"], ["a", "b"])
+    assert matches(["x  "], ["x", ""])
+    assert matches(["│ 32 │ 0.41 │"], ["│ 32 │ 10.5 │"], timed=True)
+    assert not matches(["│ 32 │ 0.41 │"], ["│ 32 │ 0.41 │ 7 │"], timed=True)
+    assert matches(["┏━━┳━━┓"], ["┏━━━━┳━┓"], timed=True)
+
+
+def update(names: list[str]) -> None:
+    """Write the output of each named command into the README, in place of what it shows."""
+    text = README.read_text()
+    lines = text.splitlines()
+    home = Path(tempfile.mkdtemp(prefix="readme-home-"))
+    for c in sorted(commands(blocks(text)), key=lambda c: -c.line):
+        if c.command not in names:
+            continue
+        done = run_command(c.command, home)
+        if done.returncode != 0:
+            raise SystemExit(f"{c.command}: exit {done.returncode}\n{done.stderr}")
+        new = [s.rstrip() for s in done.stdout.rstrip("\n").splitlines()]
+        start = c.line  # the $ line (1-based) is lines[c.line - 1]; output follows it
+        lines[start:start + len(c.expected)] = new
+        print(f"updated line {c.line}: {c.command} ({len(new)} lines)")
+    README.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 3 or sys.argv[1] != "--update":
+        raise SystemExit("usage: python -m tests.test_readme --update 'apportion ...' ...")
+    update(sys.argv[2:])
