@@ -23,8 +23,8 @@ core count, one row:
 behind other work (28-207 ms for models that take 0.9-6.8 ms on one thread were seen at 2
 threads), which made the executor look faster than eager. The ratio takes each side's fastest
 run for the same reason: a stall lengthens single runs, never shortens them. Where eager's
-median is over ``LOADED_SPREAD`` times its fastest run, one warning line says the machine is
-loaded.
+median is over ``LOADED_SPREAD`` times its fastest run, or the load average is over the
+machine's cores, one warning line says the machine is loaded (``load_warning``).
 
 Export, lowering and planning are timed once (the first model is exported once before, so that
 imports are not counted). Each model runs once on each side before its timed repeats.
@@ -35,6 +35,7 @@ Goals (``goals``, checked by ``--check``): the executor's output equals eager's 
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import warnings
@@ -221,23 +222,42 @@ def run(cores: list[int], threads: int | None = None, repeat: int = 5,
                   f"points per core on the calling thread); eager: the model in PyTorch with "
                   f"torch.set_num_threads({threads}); ms: fastest and median of {repeat} "
                   f"interleaved runs; x eager: fastest over fastest", highlight=False)
-    warning = load_warning(results)
+    warning = load_warning(results, _load_average(), os.cpu_count() or 1)
     if warning:
         console.print(warning, style="yellow", highlight=False, markup=False)
     bench_goals.show(goals(results), console)
     return results
 
 
-def load_warning(rows: list[E2EResult]) -> str | None:
-    """One line when eager's own spread says the machine is loaded (None: it does not)."""
+def load_warning(rows: list[E2EResult], load_average: float | None = None,
+                 cpus: int = 1) -> str | None:
+    """One line when eager's own spread, or a 1-minute load average over the machine's
+    ``cpus``, says the machine is loaded (None: neither does). The load average catches a
+    steady load, which slows every run alike and so leaves the spread near 1: the executor's
+    long runs are preempted where eager's short ones slip between other work, and its ratio
+    grows."""
     loaded = [r for r in rows if r.eager_spread > LOADED_SPREAD]
-    if not loaded:
+    busy = load_average is not None and load_average > cpus
+    if not loaded and not busy:
         return None
-    worst = max(loaded, key=lambda r: r.eager_spread)
-    return (f"warning: the machine looks loaded: eager's median is {worst.eager_spread:.1f}x "
-            f"its fastest run ({worst.model} at {worst.cores} cores; over {LOADED_SPREAD:g}x on "
-            f"{len(loaded)} of {len(rows)} rows); rerun on a quiet machine before trusting "
-            f"the ratios")
+    why = []
+    if loaded:
+        worst = max(loaded, key=lambda r: r.eager_spread)
+        why.append(f"eager's median is {worst.eager_spread:.1f}x its fastest run ({worst.model} "
+                   f"at {worst.cores} cores; over {LOADED_SPREAD:g}x on {len(loaded)} of "
+                   f"{len(rows)} rows)")
+    if busy:
+        why.append(f"the load average {load_average:.1f} is over this machine's {cpus} cores")
+    return (f"warning: the machine looks loaded: {'; '.join(why)}; rerun on a quiet machine "
+            f"before trusting the ratios")
+
+
+def _load_average() -> float | None:
+    """The 1-minute load average, or None where the system has none (Windows)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
 
 
 def goals(rows: list[E2EResult]) -> list[bench_goals.Goal]:

@@ -75,6 +75,12 @@ def test_a_loaded_machine_is_warned_of_in_one_line_from_eagers_spread():
     assert "eager's median is 3.0x its fastest run" in warning and "1 of 2 rows" in warning
 
 
+def test_a_steady_load_is_warned_of_from_the_load_average():
+    assert load_warning([_row()], load_average=1.5, cpus=2) is None
+    warning = load_warning([_row()], load_average=5.2, cpus=2)
+    assert warning is not None and "load average 5.2 is over this machine's 2 cores" in warning
+
+
 @pytest.mark.parametrize(("argv", "match"), [
     (["bench", "scale", "--threads", "2"], "--threads is an option of the e2e suite"),
     (["bench", "tiling", "--repeat", "2"], "--repeat is an option of the e2e suite"),

@@ -112,17 +112,23 @@ def test_tiling_goals_are_met_by_a_block_that_fits_and_saves():
 
 def test_tiling_misses_an_untiled_block_an_overflow_more_traffic_and_a_slower_plan():
     results = [_block(case="none", count=None, tiled_bytes=None, tiled_us=None),
-               _block(case="big", scratchpad=2000), _block(case="more", tiled_bytes=1500),
+               _block(case="big", scratchpad=2048), _block(case="more", tiled_bytes=1500),
                _block(case="slow", tiled_us=12.0)]
     goals = bench_tiling.goals(results)
     assert _met(goals) == [False] * 4
-    assert [g.figure.split(": ")[1] for g in goals] == ["none", "big", "more 1.500x",
+    assert [g.figure.split(": ")[1] for g in goals] == ["none", "big 2 KiB", "more 1.500x",
                                                          "slow 1.200x"]
+
+
+def test_tiling_misses_a_count_whose_working_set_overflows():
+    (fit, *rest) = bench_tiling.goals([_block(case="wide", working_set=2048)])
+    assert not fit.met and fit.figure == "1 of 1 miss it: wide 2 KiB > 1 KiB"
+    assert all(g.met for g in rest)
 
 
 def test_bench_tiling_check_passes_on_the_first_block(capsys):
     assert main(["bench", "tiling", "--limit", "1", "--check"]) == 0
-    assert "goal met: every tiled plan's working set" in capsys.readouterr().out
+    assert "goal met: every tiled plan's scratchpad buffers fit" in capsys.readouterr().out
 
 
 # --- costmodel --------------------------------------------------------------------------------
