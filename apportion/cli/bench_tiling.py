@@ -10,9 +10,11 @@ tiled dim (weights) are read again every iteration. Each plan's predicted time i
 run (``cli/report.predicted_total_us``: loop bodies times their iterations).
 
 Goals (``goals``, checked by ``--check``): for every block auto-tiling finds a count whose
-per-iteration working set fits the target's scratchpad (less its reserve); every tiled plan's
-scratchpad buffers fit it; and no tiled plan moves more device memory or is predicted slower
-than its untiled plan.
+per-iteration working set fits the target's scratchpad (less its reserve), or count 1 where the
+untiled group is predicted faster (``passes/auto_tile.py``: a count that fits but re-reads the
+weights every iteration loses to it; llama3-8b's MLP at 2048 tokens is one); every tiled plan's
+scratchpad buffers fit the scratchpad; and no tiled plan moves more device memory or is
+predicted slower than its untiled plan.
 """
 
 from __future__ import annotations
@@ -308,11 +310,12 @@ def goals(results: list[TilingResult]) -> list[bench_goals.Goal]:
     n = len(results)
     return [
         bench_goals.count("auto-tiling finds a count whose working set per iteration fits the "
-                          "scratchpad", [r.case if r.tiled_bytes is None else
-                                         f"{r.case} {r.working_set / 1024:.0f} KiB > "
-                                         f"{r.capacity / 1024:.0f} KiB" for r in results
-                                         if r.tiled_bytes is None or r.working_set > r.capacity],
-                          n),
+                          "scratchpad, or count 1 (untiled predicted faster)",
+                          [r.case if r.tiled_bytes is None else
+                           f"{r.case} count {r.count}: {r.working_set / 1024:.0f} KiB > "
+                           f"{r.capacity / 1024:.0f} KiB" for r in results
+                           if r.tiled_bytes is None
+                           or (r.count != 1 and r.working_set > r.capacity)], n),
         bench_goals.count("every tiled plan's scratchpad buffers fit the scratchpad",
                           [f"{r.case} {r.scratchpad / 1024:.0f} KiB" for r in done
                            if r.scratchpad > r.capacity], len(done)),
