@@ -10,6 +10,10 @@ from apportion.ir.affine import AffineExpr, IndexingMap
 from apportion.ir.dtypes import check_name
 from apportion.ir.kinds import Category, OpKind, resolve
 
+#: the most dims an op or a tensor may have: numpy's limit on an array's rank, which the
+#: executors reach (a tensor, an op's iteration space); planning also walks one level per dim
+MAX_DIMS = 64
+
 
 @dataclass(frozen=True)
 class Access:
@@ -81,6 +85,9 @@ class Op:
     def __post_init__(self) -> None:
         check_name(self.name, "op")
         where = f"op {self.name!r}"
+        if len(self.dims) > MAX_DIMS:
+            raise ProgramError(f"{where} has {len(self.dims)} dims; at most {MAX_DIMS} are "
+                               "supported (numpy's limit on an array's rank)")
         sizes = dict(self.dims)
         if len(sizes) != len(self.dims):
             raise ProgramError(f"{where}: a dim is listed twice in {self.dims}")

@@ -8,7 +8,7 @@ from functools import cached_property
 
 from apportion.errors import ProgramError
 from apportion.ir.dtypes import check_dtype, check_name, dtype_bytes
-from apportion.ir.op import Op
+from apportion.ir.op import MAX_DIMS, Op
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,10 @@ class TensorType:
     def __post_init__(self) -> None:
         check_name(self.name, "tensor")
         check_dtype(self.dtype, f"tensor {self.name!r}")
+        if len(self.shape) > MAX_DIMS:
+            raise ProgramError(f"tensor {self.name!r} has rank {len(self.shape)}; at most "
+                               f"{MAX_DIMS} dims are supported (numpy's limit on an array's "
+                               "rank)")
         for i, s in enumerate(self.shape):
             if not isinstance(s, int) or s <= 0:
                 raise ProgramError(

@@ -92,3 +92,25 @@ def test_a_dim_alone_may_read_the_leading_part_of_a_larger_axis_but_never_write_
     with pytest.raises(ProgramError, match="dim 'c' has size 128 but indexes dim 1 of tensor 'x'"):
         prog(Op.build("q", "cumsum", Access.parse("y[t,c]"), (Access.parse("x[t,c]"),), sizes),
              (4, 128))  # a fallback reads whole tensors
+
+
+def test_ranks_and_op_dims_past_numpys_limit_are_program_errors_not_recursion():
+    """A rank-1000 tensor recursed past Python's limit in work distribution (one level per dim);
+    numpy cannot hold more than 64 dims anyway, so 64 is the limit, named with the tensor or op."""
+    import apportion as ap
+    from apportion.ir.op import MAX_DIMS
+
+    def deep(n: int):
+        dims = ",".join(f"d{i}" for i in range(n))
+        return program({"x": ([1] * n, "float32")},
+                       [{"name": "e", "op": "exp", "out": f"y[{dims}]", "ins": [f"x[{dims}]"]}],
+                       ["y"])
+
+    assert all(c.ok for c in ap.plan(deep(MAX_DIMS)).check())
+    with pytest.raises(ProgramError, match=r"tensor 'x' has rank 1000; at most 64 dims"):
+        deep(1000)
+    dims = [f"d{i}" for i in range(100)]
+    with pytest.raises(ProgramError, match=r"op 'e' has 100 dims; at most 64"):
+        program({"x": ([200], "float32")},
+                [{"name": "e", "op": "sum", "out": "y[0]", "ins": [f"x[{'+'.join(dims)}]"],
+                  "dims": dict.fromkeys(dims, 2)}], ["y"])
