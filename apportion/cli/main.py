@@ -540,7 +540,9 @@ def cmd_bench(args: argparse.Namespace, console: Console) -> int:
 
         results = _from_models(args.models, lambda: bench_scale.run(
             cores, models_path=args.models, layers=bench_scale.LAYERS[:args.limit],
-            groups=bench_scale.GROUP_OPS[:args.limit], console=console))
+            groups=bench_scale.GROUP_OPS[:args.limit],
+            chains=bench_scale.CHAIN_OPS[:args.limit], console=console))
+        stated = bench_scale.goals(results)
     else:
         blocks = _from_models(args.models, lambda: bench_tiling.cases(
             models_path=args.models, limit=args.limit))

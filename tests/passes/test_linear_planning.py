@@ -1,0 +1,187 @@
+"""Planning linear in the program's size: the indexes built once per program, tiling and plan,
+and the placement that looks only at overlapping buffers, answer exactly as the scans they
+replace did. Nothing here is timed (speed: ``apportion bench scale --check``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from apportion.errors import PlanningError, ProgramError
+from apportion.ir.program import Program
+from apportion.passes.coarse_tile import GroupTiling, OpTile, coarse_tile
+from apportion.passes.pipeline import plan
+from apportion.passes.placement import Request, place_around
+from apportion.plans.plan import LoopInfo
+from apportion.target import spyre
+from tests.helpers import program
+from tests.runtime.test_loops_properties import tiled_programs
+
+SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much]
+
+
+@st.composite
+def dags(draw) -> Program:
+    """Pointwise ops over two inputs, each reading one or two earlier tensors (the same one
+    twice, sometimes), so tensors have many readers, one, or none."""
+    tensors = {"x": ([4, 8], "float16"), "y": ([4, 8], "float16")}
+    made = ["x", "y"]
+    ops = []
+    for i in range(draw(st.integers(0, 14))):
+        ins = draw(st.lists(st.sampled_from(made), min_size=1, max_size=2))
+        fn = "add" if len(ins) == 2 else draw(st.sampled_from(["exp", "neg"]))
+        ops.append({"name": f"op{i}", "op": fn, "out": f"t{i}[i,j]",
+                    "ins": [f"{t}[i,j]" for t in ins]})
+        made.append(f"t{i}")
+    outputs = draw(st.lists(st.sampled_from(made), min_size=1, unique=True))
+    return program(tensors, ops, outputs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(dags())
+def test_the_producer_and_consumer_indexes_answer_as_a_scan_of_every_op(p):
+    for t in p.tensors:
+        assert p.producer(t) == next((o for o in p.ops if o.out.tensor == t), None)
+        assert p.consumers(t) == tuple(o for o in p.ops if any(a.tensor == t for a in o.ins))
+    assert p.consumers("nowhere") == () and p.producer("nowhere") is None
+    assert p.output_set == set(p.outputs)
+
+
+@settings(max_examples=50, deadline=None)
+@given(dags())
+def test_a_program_with_its_indexes_built_equals_and_hashes_as_one_without(p):
+    fresh = dataclasses.replace(p)
+    p.consumers("x")
+    p.producer("x")
+    assert p == fresh and hash(p) == hash(fresh)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SLOW)
+@given(tiled_programs())
+def test_the_tiling_indexes_answer_as_a_scan_of_every_group_and_tile(case):
+    p, _ = case
+    try:
+        tiling = coarse_tile(p)
+    except (PlanningError, ProgramError):
+        assume(False)
+        return
+    for o in p.ops:
+        group = next((g for g in tiling.groups if o.name in g.ops), None)
+        assert tiling.group_of(o.name) is group
+        if group is not None:
+            assert group.tile(o.name) is next(t for t in group.tiles if t.op == o.name)
+            assert group.positions[o.name] == group.ops.index(o.name)
+
+
+@st.composite
+def nests(draw) -> GroupTiling:
+    """A group of ops whose loop paths are random (sibling loops at each depth, ops at
+    different depths), as the placement's extents must handle any nest."""
+    n = draw(st.integers(1, 10))
+    paths = [(0, *draw(st.lists(st.integers(0, 2), max_size=3))) for _ in range(n)]
+    ops = tuple(f"o{i}" for i in range(n))
+    tiles = tuple(OpTile(name, LoopInfo(path, (1,) * len(path), (("i",),) * len(path)),
+                         (("i", 1),)) for name, path in zip(ops, paths, strict=True))
+    return GroupTiling(0, (0,), ops, (1,), (("i",),), tiles)
+
+
+@settings(max_examples=300, deadline=None)
+@given(nests(), st.data())
+def test_a_loops_extent_is_the_first_and_last_op_whose_path_agrees(group, data):
+    paths = [group.tile(n).loop.group for n in group.ops]
+    path = data.draw(st.sampled_from(paths))
+    length = data.draw(st.integers(0, 5))
+    agree = [i for i, q in enumerate(paths) if q[:length] == path[:length]]
+    assert group.extent(path, length) == (min(agree), max(agree))
+
+
+@st.composite
+def placements(draw) -> tuple[list[Request], dict[str, int], list[Request], int | None]:
+    """Buffers already placed (with offsets) and new requests, lifetimes overlapping at
+    random, sizes in 128-byte units."""
+    def requests(prefix: str, k: int) -> list[Request]:
+        out = []
+        for i in range(k):
+            start = draw(st.integers(0, 30))
+            end = start + draw(st.integers(0, 8))
+            out.append(Request(f"{prefix}{i}", start, end, 128 * draw(st.integers(1, 6))))
+        return out
+
+    placed = requests("p", draw(st.integers(0, 12)))
+    offsets = {r.tensor: 128 * draw(st.integers(0, 12)) for r in placed
+               if draw(st.integers(0, 5))}  # now and then a placed buffer has no offset
+    capacity = draw(st.sampled_from([None, 512, 1024, 2048]))
+    return placed, offsets, requests("r", draw(st.integers(0, 16))), capacity
+
+
+def place_around_by_scan(placed: list[Request], offsets: dict[str, int],
+                         requests: list[Request], capacity: int | None) -> dict[str, int]:
+    """``place_around`` as it was: every request scans every buffer placed so far."""
+    live = [(r.start, r.end, offsets[r.tensor], r.nbytes) for r in placed
+            if r.tensor in offsets]
+    out: dict[str, int] = {}
+    for r in sorted(requests, key=lambda q: q.start):
+        busy = sorted((off, n) for s, e, off, n in live if not (e < r.start or s > r.end))
+        gaps, at = [], 0
+        for off, n in busy:
+            if off > at:
+                gaps.append((off - at, at))
+            at = max(at, off + n)
+        fitting = [(size, off) for size, off in gaps if size >= r.nbytes]
+        if fitting:
+            out[r.tensor] = min(fitting)[1]
+        elif capacity is None or capacity - at >= r.nbytes:
+            out[r.tensor] = at
+        else:
+            continue
+        live.append((r.start, r.end, out[r.tensor], r.nbytes))
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(placements())
+def test_placing_around_overlapping_buffers_only_places_as_scanning_every_buffer(case):
+    placed, offsets, requests, capacity = case
+    assert place_around(placed, offsets, requests, capacity) == \
+        place_around_by_scan(placed, offsets, requests, capacity)
+
+
+def chain(n: int) -> Program:
+    ops = [{"name": f"o{i}", "op": ("exp", "neg")[i % 2], "out": f"t{i + 1}[i,j]",
+            "ins": [f"t{i}[i,j]"]} for i in range(n)]
+    return program({"t0": ([64, 256], "float16")}, ops, [f"t{n}"])
+
+
+def test_a_long_chain_keeps_every_intermediate_on_chip_at_two_alternating_offsets():
+    # each result lives from its producer to the next op: two places suffice, whatever the
+    # length (the whole-program placement of a long chain was what went quadratic)
+    result = plan(chain(300), spyre(cores=32))
+    kept = [b for b in result.buffers if b.space == "lx"]
+    assert [b.tensor for b in kept] == [f"t{i}" for i in range(1, 300)]
+    assert {b.offset for b in kept[0::2]} != {b.offset for b in kept[1::2]}
+    assert len({b.offset for b in kept}) == 2
+
+
+def test_the_plans_op_and_buffer_indexes_answer_as_a_scan():
+    result = plan(chain(40), spyre(cores=8))
+    for o in result.ops:
+        assert result.op(o.name) is o
+    for t in {b.tensor for b in result.buffers}:
+        assert result.buffers_of(t) == tuple(b for b in result.buffers if b.tensor == t)
+    assert result.buffers_of("nowhere") == ()
+    assert math.isclose(sum(result.op(o.name).predicted_time_us for o in result.ops),
+                        sum(o.predicted_time_us for o in result.ops))
+
+
+def test_a_tiling_with_its_indexes_built_equals_and_hashes_as_one_without():
+    p = program({"t0": ([64, 256], "float16")},
+                [{"name": "a", "op": "exp", "out": "t1[i,j]", "ins": ["t0[i,j]"]},
+                 {"name": "b", "op": "neg", "out": "t2[i,j]", "ins": ["t1[i,j]"]}], ["t2"],
+                tiling=[{"ops": ["a", "b"], "loops": [{"count": 2, "dims": ["i"]}]}])
+    built, fresh = coarse_tile(p), coarse_tile(p)
+    assert built.group_of("b") is built.groups[0] and built.tile("b") is built.groups[0].tiles[1]
+    assert built.groups[0].extent(built.tile("a").loop.group, 1) == (0, 1)
+    assert built == fresh and hash(built) == hash(fresh)
