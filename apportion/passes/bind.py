@@ -57,6 +57,13 @@ def bind_plan(source: Program, plan: Plan, target: Target, sizes: Mapping[str, i
     """``source`` (the program as given, with symbols) and its ``plan`` at run-time ``sizes``:
     the concrete program as the plan divides it (split-K ops cut with their chains' choices)
     and the plan of each of its ops at those sizes."""
+    if plan.groups and source.symbols:
+        # tiles and buffers sized at the planning sizes would run past smaller bound tensors
+        # (the planner makes no loops for such a program; a plan read back might have them)
+        raise ExecutionError(f"program {source.name!r} has run-time sizes "
+                             f"({', '.join(source.symbol_map)}), but its plan has loop groups "
+                             f"(ops {', '.join(plan.groups[0].ops)}); a program with run-time "
+                             "sizes is planned without loop groups")
     concrete = source.bind(sizes)
     split = {}
     for o in plan.ops:

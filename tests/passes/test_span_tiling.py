@@ -205,6 +205,15 @@ def test_a_run_time_size_too_large_for_the_span_limit_is_refused_with_the_bound_
                 r"run-time size 'T' \(dim 't'\) is planned at 8388608; bound it with a max of "
                 r"at most 1048576")):
             ap.plan(loads(json.dumps(doc)), spyre(cores=32), strategy=strategy)
+    # a plan with such a loop (made for the program bound at its planning size) is refused
+    # at run time rather than read past the bound tensors
+    given = loads(json.dumps(doc))
+    looped = ap.plan(given.bind(), spyre(cores=32))
+    assert [g.added for g in looped.groups] == ["span"]
+    text = to_json(dataclasses.replace(looped.plan, symbols=tuple(given.planning_sizes().items())))
+    with pytest.raises(ap.ExecutionError, match=r"program 'dynbig' has run-time sizes \(T\), "
+                                                r"but its plan has loop groups"):
+        ap.PlannedProgram.from_json(text, given).run(params={"T": 100})
     doc["symbols"]["T"]["max"] = 1048576  # 256 MiB per core: fits without a loop
     p = ap.plan(loads(json.dumps(doc)), spyre(cores=32))
     assert not p.groups and all(c.ok for c in p.check(params={"T": 100}))
