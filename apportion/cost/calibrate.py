@@ -249,6 +249,11 @@ def _record(where: str, rec: Any, read_program: Callable[[Any], Program]) -> Mea
             raise CalibrationError(f"{where}: field 'splits': dim {d!r} must be split into an "
                                    f"int in 1..{op.sizes[d]} slices, got {describe(n)}")
     full = {d: splits.get(d, 1) for d in op.sizes}
+    split = [d for d, n in full.items() if n > 1]
+    if split and not op.kind.divisible:  # the planner never divides one: nothing to fit
+        raise CalibrationError(f"{where}: field 'splits' {split_text(full)} divides dim "
+                               f"{split[0]!r} of op {op.name!r}, a {op.kind.name} fallback, "
+                               "which runs whole on one core; give every dim 1 slice")
     if math.prod(full.values()) > cores:
         raise CalibrationError(f"{where}: field 'splits' {split_text(full)} uses "
                                f"{math.prod(full.values())} cores, more than 'cores' {cores}")

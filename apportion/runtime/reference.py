@@ -394,7 +394,14 @@ def bind_inputs(program: Program, inputs: Mapping[str, np.ndarray]) -> dict[str,
         t = program.tensor(name)
         if name not in inputs:
             raise ExecutionError(f"input {name!r} of program {program.name!r} is missing")
-        a = np.asarray(inputs[name])
+        try:
+            a = np.asarray(inputs[name])
+        except (TypeError, ValueError) as e:  # ragged nested lists and the like
+            raise ExecutionError(f"input {name!r} is not an array: {e}") from None
+        if a.dtype.kind not in "biuf":  # None in an object array would compute as NaN
+            raise ExecutionError(f"input {name!r} has numpy dtype {a.dtype} (kind "
+                                 f"{a.dtype.kind!r}); give an array of numbers (bool, int or "
+                                 f"float) for its dtype {t.dtype}")
         if a.shape != t.shape:
             raise ExecutionError(f"input {name!r} has shape {a.shape}, expected {t.shape}")
         env[name] = kernels.to_storage(a, t.dtype)
