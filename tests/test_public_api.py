@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import pkgutil
 
+import numpy as np
 import pytest
 
 import apportion as ap
@@ -90,3 +91,65 @@ def test_no_public_name_hides_a_subpackage_and_every_error_type_is_exported():
     for err in ("ApportionError", "ProgramError", "TargetError", "PlanningError",
                 "ExecutionError", "EmitError"):
         assert issubclass(getattr(ap, err), ApportionError)
+
+
+# -- API misuse, argument by argument: each an apportion error naming the argument ------------
+
+def _exp_program() -> ap.Program:
+    A, B = ap.dim("A", 8), ap.dim("B", 64)
+    with ap.program("e") as p:
+        p.output(ap.exp(p.input("x", [A, B], "float32")))
+    return p.program
+
+
+def _building(make):  # a builder call made inside an open program
+    def call() -> None:
+        A, B = ap.dim("A", 8), ap.dim("B", 64)
+        with ap.program("b") as p:
+            make(p, p.input("x", [A, B], "float32"), A, B)
+    return call
+
+
+_PLANNED = ap.plan(_exp_program(), ap.targets.cpu(cores=1))
+MISUSES = {
+    "load(None)": (lambda: ap.load(None), "path must be a str"),
+    "loads(5)": (lambda: ap.loads(5), "expected JSON text"),
+    "dumps(5)": (lambda: ap.dumps(5), "needs a Program"),
+    "targets.load_toml(5)": (lambda: ap.targets.load_toml(5), "path must be a str"),
+    "plan(debug=5)": (lambda: ap.plan(_exp_program(), debug=5), "debug must be None or a call"),
+    "run(threads='4')": (lambda: _PLANNED.run(threads="4"), "threads must be None or an int"),
+    "run(threads=0)": (lambda: _PLANNED.run(threads=0), "threads must be None or an int >= 1"),
+    "run(params=5)": (lambda: _PLANNED.run(params=5), "params must be a mapping"),
+    "run(inputs=5)": (lambda: _PLANNED.run(5), "inputs must be a mapping"),
+    "run(None array)": (lambda: _PLANNED.run({"x": np.full((8, 64), None)}),
+                        "numpy dtype object"),
+    "check(seed=-1)": (lambda: _PLANNED.check(seed=-1), "seed must be an int >= 0"),
+    "check(seed='a')": (lambda: _PLANNED.check(seed="a"), "seed must be an int >= 0"),
+    "check(seed=1.5)": (lambda: _PLANNED.check(seed=1.5), "seed must be an int >= 0"),
+    "at(5)": (lambda: _PLANNED.at(5), "sizes must be a mapping"),
+    "from_json(5, p)": (lambda: ap.PlannedProgram.from_json(5, _exp_program()),
+                        "text must be plan JSON"),
+    "sharding.search(p, 'tp=2')": (lambda: ap.sharding.search(_exp_program(), "tp=2"),
+                                   "mesh must be a Mesh"),
+    "sharding.propagate(p, 2)": (lambda: ap.sharding.propagate(_exp_program(), 2),
+                                 "mesh must be a Mesh"),
+    "input('y', 5)": (_building(lambda p, x, A, B: p.input("y", 5, "float32")),
+                      "dims must be a list"),
+    "1 + x": (_building(lambda p, x, A, B: 1 + x), "1 is not a tensor"),
+    "2 * x": (_building(lambda p, x, A, B: 2 * x), "2 is not a tensor"),
+    "merge(x, 5)": (_building(lambda p, x, A, B: ap.merge(x, 5)), "dims must be a tuple"),
+    "merge(x, dims, into=4)": (_building(lambda p, x, A, B: ap.merge(x, (A, B), into=4)),
+                               "into must be a Dim"),
+    "sum(keepdim='no')": (_building(lambda p, x, A, B: ap.sum(x, B, keepdim="no")),
+                          "keepdim must be True or False"),
+    "hint(slices=[A, 2])": (lambda: ap.hint(slices=[ap.dim("A", 8), 2]),
+                            "slices must be a dict"),
+    "hint(work_division=5)": (lambda: ap.hint(work_division=5), "work_division must be a dict"),
+}
+
+
+@pytest.mark.parametrize("misuse", list(MISUSES))
+def test_each_api_misuse_raises_an_apportion_error_naming_the_argument(misuse):
+    call, match = MISUSES[misuse]
+    with pytest.raises(ApportionError, match=match):
+        call()

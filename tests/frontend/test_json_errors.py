@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from apportion.errors import ProgramError
+from apportion.codegen import spec_text
+from apportion.cost import calibrate
+from apportion.errors import ApportionError, ProgramError
 from apportion.frontend.json_format import (
     GROUP_FIELDS,
     LOOP_FIELDS,
@@ -23,6 +25,8 @@ from apportion.frontend.json_format import (
 )
 from apportion.ir.op import Access
 from apportion.ir.program import Program
+from apportion.plans import serialize
+from apportion.sharding import spec as sharding_spec
 
 EXAMPLES = sorted(Path(__file__).parents[2].joinpath("examples").glob("*.json"))
 
@@ -395,3 +399,34 @@ def test_rank_zero_tensors_parse_and_round_trip():
     p = from_dict(doc)
     assert p.tensor("c").shape == () and p.tensor("s").shape == ()
     assert loads(dumps(p)) == p
+
+
+DUPLICATED = '{"name": "t", "name": "u", "tensors": {}, "inputs": [], "outputs": [], "ops": []}'
+
+
+@pytest.mark.parametrize("read", [
+    pytest.param(loads, id="program"),
+    pytest.param(sharding_spec.loads, id="sharded program"),
+    pytest.param(serialize.from_json, id="plan"),
+    pytest.param(spec_text.from_json, id="loopspec"),
+    pytest.param(lambda text: calibrate.loads_measurements(text, from_dict), id="measurements"),
+])
+def test_a_key_given_twice_in_one_json_object_is_refused_naming_it(read):
+    with pytest.raises(ApportionError, match="key 'name' appears twice"):
+        read(DUPLICATED)
+
+
+def test_a_key_given_twice_deep_inside_a_program_is_refused():
+    text = json.dumps(base()).replace('"dtype": "float16"}', '"dtype": "float16", '
+                                      '"dtype": "float32"}', 1)
+    with pytest.raises(ProgramError, match="key 'dtype' appears twice"):
+        loads(text)
+
+
+def test_a_declared_symbol_no_tensor_uses_is_refused():
+    doc = {"name": "s", "symbols": {"K": {"max": 64}, "Z": {}},
+           "tensors": {"x": {"shape": ["K", 8], "dtype": "float32"}}, "inputs": ["x"],
+           "outputs": ["y"], "ops": [{"name": "e", "op": "exp", "out": "y[k,n]",
+                                      "ins": ["x[k,n]"]}]}
+    with pytest.raises(ProgramError, match="declares symbol 'Z' but no tensor's shape uses it"):
+        from_dict(doc)
