@@ -23,12 +23,24 @@ def broken():
 
 def not_a_pair():
     return 3
+
+def exits():
+    raise SystemExit(3)
+
+def empty_tokens():
+    return torch.nn.Embedding(10, 8), (torch.zeros(0, dtype=torch.long),)
+
+def bf16():
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 8).to(torch.bfloat16), (torch.ones(2, 8, dtype=torch.bfloat16),)
 '''
 
 
 @pytest.fixture
 def factory_dir(tmp_path, monkeypatch):
     (tmp_path / "userfactories.py").write_text(FACTORY)
+    (tmp_path / "syntaxfactories.py").write_text("def make(:\n    pass\n")
+    (tmp_path / "exitingfactories.py").write_text("import sys\nsys.exit(4)\n")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -79,11 +91,22 @@ def test_emit_torch_bundle_verifies(factory_dir, capsys):
     ("userfactories:missing", "has no callable 'missing'"),
     ("userfactories:broken", "broken() raised RuntimeError: no weights here"),
     ("userfactories:not_a_pair", "must return (model, example_inputs)"),
+    ("syntaxfactories:make", "module 'syntaxfactories' has a syntax error: invalid syntax ("),
+    ("../userfactories:tiny", "'../userfactories' is not a module name"),
+    ("exitingfactories:make", "importing module 'exitingfactories' raised SystemExit(4)"),
+    ("userfactories:exits", "exits() raised SystemExit(3)"),
+    ("userfactories:empty_tokens", "the example input 'input' has shape [0], an empty tensor"),
 ])
 def test_a_bad_factory_is_one_error_line_and_exit_2(factory_dir, spec, message, capsys):
     assert main(["plan", "--torch", spec]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and err.count("\n") == 1
+
+
+def test_run_torch_check_of_a_bfloat16_model_is_exit_2_naming_the_dtype(factory_dir, capsys):
+    assert main(["run", "--torch", "userfactories:bf16", "--check", "--cores", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "the model has bfloat16 tensors" in err and err.count("\n") == 1, err
 
 
 def test_a_program_file_and_torch_together_are_refused(factory_dir, capsys):
