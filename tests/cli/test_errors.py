@@ -349,3 +349,115 @@ def test_interrupt_is_one_line_and_status_130(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_plan", interrupt)
     assert main(["plan", MLP]) == 130
     assert capsys.readouterr().err == "apportion: interrupted\n"
+
+
+# -- issue 17: values, files and outputs refused in one line ------------------------------------
+
+FUSED = str(ROOT / "examples/fused.json")
+
+
+@pytest.mark.parametrize(("argv", "parts"), [
+    (["run", MLP, "--mesh", "dp=2", "--backend", "dtensor", "--timeout", "-5"],
+     ["argument --timeout", "> 0", "'-5'"]),
+    (["run", MLP, "--mesh", "dp=2", "--backend", "dtensor", "--timeout", "nan"],
+     ["argument --timeout", "'nan'"]),
+    (["run", str(ROOT / "examples/dynamic_k.json"), "--param", "K=4_0"],
+     ["--param 'K=4_0'", "decimal digits"]),
+    (["run", str(ROOT / "examples/dynamic_k.json"), "--param", "K=\u0664"],
+     ["--param", "decimal digits"]),
+    (["plan", MLP, "--cores", "\u0664"], ["argument --cores", "expected an integer"]),
+    (["plan", MLP, "--cores", "1_6"], ["argument --cores", "'1_6'"]),
+    (["shard", MLP, "--mesh", "dp=\u0662"], ["size", "neither an integer nor a symbol"]),
+])
+def test_numbers_in_other_forms_than_plain_ascii_digits_are_refused(argv, parts, capsys,
+                                                                    no_work):
+    refused(argv, capsys, *parts)
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_an_explicit_target_wins_over_the_target_of_a_mesh_file(tmp_path, capsys):
+    mesh = _write(tmp_path / "mesh.toml", '[mesh]\ntarget = "cpu"\naxes = {tp = 2}\n')
+    assert main(["shard", MLP, "--mesh", mesh, "--target", "spyre", "--cores", "4"]) == 0
+    assert "spyre, 4 cores per device" in capsys.readouterr().out
+    assert main(["shard", MLP, "--mesh", mesh, "--cores", "1"]) == 0  # no --target: the mesh's
+    assert "cpu, 1 cores per device" in capsys.readouterr().out
+
+
+def test_a_target_files_mesh_target_is_used_and_one_beside_target_fields_refused(tmp_path,
+                                                                                capsys):
+    only_mesh = _write(tmp_path / "m.toml", '[mesh]\ntarget = "cpu"\naxes = {tp = 2}\n')
+    assert main(["shard", MLP, "--target", only_mesh, "--cores", "1"]) == 0
+    assert "cpu, 1 cores per device" in capsys.readouterr().out
+    both = _write(tmp_path / "t.toml",
+                  'preset = "spyre"\ncores = 8\n[mesh]\ntarget = "cpu"\naxes = {tp = 2}\n')
+    for flag in ("--target", "--mesh"):
+        refused(["shard", MLP, flag, both], capsys, "[mesh] target = 'cpu' conflicts")
+
+
+def test_overlap_of_one_is_accepted_and_above_one_refused_as_the_message_says(tmp_path,
+                                                                               capsys):
+    ok = _write(tmp_path / "one.toml", 'preset = "spyre"\noverlap = 1.0\n')
+    assert main(["plan", MLP, "--target", ok]) == 0
+    capsys.readouterr()
+    bad = _write(tmp_path / "over.toml", 'preset = "spyre"\noverlap = 1.0001\n')
+    refused(["plan", MLP, "--target", bad], capsys, "overlap must be a finite number in [0, 1]")
+
+
+@pytest.mark.parametrize("redirect", [">&-", "> /dev/full"])
+def test_a_closed_or_full_stdout_is_one_line_and_status_2(redirect):
+    if redirect.endswith("full") and not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    p = subprocess.run(f"{sys.executable} -m apportion.cli.main plan examples/mlp.json "
+                       f"{redirect}", shell=True, cwd=ROOT, capture_output=False,
+                       stderr=subprocess.PIPE, text=True, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("apportion: error: ") and p.stderr.count("\n") == 1, p.stderr
+
+
+def test_dotted_tensor_names_in_a_loop_group_emit_a_bundle_that_verifies(tmp_path, capsys):
+    doc = {"name": "dotted", "tensors": {n: {"shape": [64, 128], "dtype": "float16"}
+                                         for n in ("x.y", "x_y")},
+           "inputs": ["x.y", "x_y"], "outputs": ["z.w"],
+           "ops": [{"name": "e.1", "op": "exp", "out": "t.q[m,n]", "ins": ["x.y[m,n]"]},
+                   {"name": "a", "op": "add", "out": "z.w[m,n]",
+                    "ins": ["t.q[m,n]", "x_y[m,n]"]}],
+           "tiling": [{"ops": ["e.1", "a"], "count": 2}]}
+    path = _write(tmp_path / "dotted.json", json.dumps(doc))
+    assert main(["emit", path, "--bundle"]) == 0
+    out = capsys.readouterr().out
+    assert "#tile_x_y = " in out and "#tile_x_y_1 = " in out and "#tile_x.y" not in out
+
+
+def test_a_dim_past_two_to_the_63_is_named_when_emitted(tmp_path, capsys):
+    doc = {"name": "huge", "tensors": {"x": {"shape": [2 ** 63, 2], "dtype": "float16"}},
+           "inputs": ["x"], "outputs": ["y"],
+           "ops": [{"name": "e", "op": "exp", "out": "y[m,n]", "ins": ["x[m,n]"]}]}
+    path = _write(tmp_path / "huge.json", json.dumps(doc))
+    refused(["emit", path, "--forall", "--target", "cpu"], capsys, "tensor 'x' dim 0",
+            "2**63 - 1")
+    refused(["emit", path, "--bundle", "--target", "cpu"], capsys, "tensor 'x'", "2**63 - 1")
+
+
+def test_an_op_at_a_lesser_loop_depth_is_named_as_written_by_emit_forall(tmp_path, capsys):
+    doc = json.loads(Path(FUSED).read_text())
+    doc["tiling"][0]["depths"] = {"add": 1}
+    path = _write(tmp_path / "depth.json", json.dumps(doc))
+    line = refused(["emit", path, "--forall"], capsys, "op 'add' sits in the outer 1 of the 2",
+                   '"depths": {"add": 1}')
+    assert "LoopInfo" not in line
+
+
+def test_a_calibration_record_splitting_a_fallback_op_is_refused(tmp_path, capsys):
+    record = {"program": {"name": "c", "tensors": {"x": {"shape": [64, 128],
+                                                         "dtype": "float32"}},
+                          "inputs": ["x"], "outputs": ["y"],
+                          "ops": [{"name": "cs", "op": "cumsum", "out": "y[m,n]",
+                                   "ins": ["x[m,n]"]}]},
+              "cores": 4, "splits": {"m": 4}, "time_us": 10.0}
+    path = _write(tmp_path / "m.json", json.dumps([record]))
+    refused(["calibrate", path, "--target", "cpu"], capsys, "divides dim 'm' of op 'cs'",
+            "fallback")
