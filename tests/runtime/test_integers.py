@@ -70,12 +70,11 @@ def _values(rng: np.random.Generator, regime: str, dtype: str, shape: tuple[int,
 
 
 @st.composite
-def integer_programs(draw: Any) -> tuple[Program, dict[str, np.ndarray], dict[str, np.ndarray],
-                                         dict[str, int] | None]:
+def integer_programs(draw: Any) -> tuple[Program, dict[str, np.ndarray], dict[str, np.ndarray]]:
     """A chain over [m, n] of integer pointwise ops, copies (plain and cast round trips),
     comparisons feeding ``where``, divisions, row reductions broadcast back, matmuls and an
-    argmax; its inputs; numpy's own result for every output; and a loop nest around it
-    (sometimes). Returns (program, inputs, expected outputs, params)."""
+    argmax, some reductions pinned split over cores; its inputs; numpy's own result for every
+    output; and a loop nest around it (sometimes). Returns (program, inputs, expected)."""
     dtype = draw(st.sampled_from(sorted(PER_STICK)))
     m = draw(st.sampled_from([1, 1, 2, 4, 8]))
     sticks = draw(st.sampled_from([1, 2, 4]))
@@ -161,7 +160,6 @@ def integer_programs(draw: Any) -> tuple[Program, dict[str, np.ndarray], dict[st
     outputs[cur] = val
     if cur == "x":  # only argmaxes: the input itself is no op's output
         outputs.pop("x")
-    params = None
     tiling = []
     if draw(st.booleans()):  # every op in one loop nest over rows, columns or the matmul's k
         letters = sorted({d for o in ops for d in "ijk" if f"{d}]" in o["out"] + "".join(o["ins"])
@@ -174,7 +172,7 @@ def integer_programs(draw: Any) -> tuple[Program, dict[str, np.ndarray], dict[st
     if pins:
         extra["work_division"] = pins
     p = program(tensors, ops, list(outputs), **extra)
-    return p, xs, outputs, params
+    return p, xs, outputs
 
 
 def _assert_exact(got: dict[str, np.ndarray], expected: dict[str, np.ndarray], p: Program,
@@ -189,7 +187,7 @@ def _assert_exact(got: dict[str, np.ndarray], expected: dict[str, np.ndarray], p
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(integer_programs(), st.integers(1, 32))
 def test_integer_programs_planned_over_any_cores_give_numpys_exact_wrapped_result(case, cores):
-    p, xs, expected, params = case
+    p, xs, expected = case
     try:
         pl = plan(p, spyre(cores=cores))
     except (PlanningError, ProgramError) as e:
@@ -199,7 +197,7 @@ def test_integer_programs_planned_over_any_cores_give_numpys_exact_wrapped_resul
     split = any(n > 1 for o in pl.ops for d, n in o.splits if d in o.reduction_dims)
     event(f"loop nest: {bool(pl.groups)}, reduction split over cores: {split}")
     _assert_exact(run_unplanned(p, xs), expected, p, "unplanned")
-    planned = run_planned(p, pl, xs, params=params)
+    planned = run_planned(p, pl, xs)
     _assert_exact(planned, expected, p, "planned")
     assert all(c.ok for c in compare(expected, planned, p))
 
@@ -209,14 +207,13 @@ def test_integer_programs_planned_over_any_cores_give_numpys_exact_wrapped_resul
 @given(integer_programs(), st.integers(1, 32))
 def test_the_torch_executor_gives_numpys_exact_wrapped_integers_too(case, cores):
     torch_exec = pytest.importorskip("apportion.runtime.torch_exec")
-    p, xs, expected, params = case
+    p, xs, expected = case
     try:
         pl = plan(p, spyre(cores=cores))
     except (PlanningError, ProgramError):
         assume(False)
         return
-    ys = torch_exec.run_torch(SimpleNamespace(program=p, plan=pl), xs, threads=2,
-                              params=params, grain=0)
+    ys = torch_exec.run_torch(SimpleNamespace(program=p, plan=pl), xs, threads=2, grain=0)
     got = {name: torch_exec.from_torch_storage(y) for name, y in ys.items()}
     _assert_exact(got, expected, p, "torch")
 
@@ -270,6 +267,19 @@ def test_check_compares_integers_exactly_not_through_float64() -> None:
     assert not check.ok
     assert check.max_abs_err == 1.0
     assert str(check.tolerance) == "exact"
+
+
+@given(st.integers(-(2**62), 2**62), st.sampled_from([-1, 1]), st.integers(0, 31))
+def test_compare_tells_apart_integers_that_float64_cannot(value: int, step: int, at: int
+                                                           ) -> None:
+    # near 2**53 (and past it) neighbours round to one float64; compare must still see them
+    base = np.full((2, 16), (2**53 + value) if abs(value) < 2**52 else value, dtype=np.int64)
+    other = base.copy()
+    other.reshape(-1)[at] += step
+    (same,) = compare({"y": base}, {"y": base.copy()}, _copy_program())
+    (diff,) = compare({"y": base}, {"y": other}, _copy_program())
+    assert same.ok and same.max_abs_err == 0.0
+    assert not diff.ok and diff.max_abs_err == 1.0
 
 
 def test_integer_division_truncates_true_division_as_the_parallel_ir_does() -> None:
