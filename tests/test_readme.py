@@ -13,12 +13,13 @@ How the README is read:
   text there.
 - A ``python`` block runs as a script in the repository root; a bare block right after it (blank
   lines between at most) is its output. A block that does not import apportion continues the
-  blocks before it, and runs after them in the same script.
+  block before it (and that block's own chain), and runs after it in the same script.
 - No other fenced block may hold an ``apportion`` command: every command the README shows is run.
 
 Commands in ``SLOW`` take too long for CI and are marked slow (skipped under ``CI=true``); those
 in ``TIMED`` print times, so their output is compared with every number as a wildcard (and runs
-of spaces or table rules as one), which checks the table's structure, not the numbers.
+of spaces or table rules as one, and a bench goal's verdict left out), which checks the table's
+structure, not the numbers.
 
 ``python -m tests.test_readme --update COMMAND...`` runs the named commands (as the README spells
 them) and writes their output into the README, for a change that is meant to change it.
@@ -50,6 +51,7 @@ SLOW: dict[str, str] = {
     "apportion bench scale": "plans an 80-layer forward pass and 200-op loop groups",
     "apportion bench sharding": "the sharding search on every model and mesh",
     "apportion bench tiling": "plans every block of models.json twice",
+    "apportion bench e2e": "exports three PyTorch models and times them, 5 runs a side",
     "apportion bench workdiv": "plans 797 op shapes with three strategies, twice",
 }
 
@@ -63,6 +65,7 @@ TIMED: set[str] = {
     "apportion bench scale",
     "apportion bench costmodel --target cpu",
     "apportion bench sharding",
+    "apportion bench e2e",
 }
 
 #: python blocks too slow for CI, by their first line
@@ -145,6 +148,9 @@ def commands(bs: list[Block]) -> list[Command]:
     return out
 
 
+IMPORTS_APPORTION = re.compile(r"^(import .*\bapportion\b|from apportion\b)", re.M)
+
+
 def snippets(text: str, bs: list[Block]) -> list[Snippet]:
     """The python blocks, each with the code it continues and the output block after it."""
     lines = text.splitlines()
@@ -154,7 +160,7 @@ def snippets(text: str, bs: list[Block]) -> list[Snippet]:
         if b.lang != "python":
             continue
         code = "\n".join(b.lines) + "\n"
-        chain = code if "import apportion" in code else chain + code
+        chain = code if IMPORTS_APPORTION.search(code) else chain + code
         after = bs[k + 1] if k + 1 < len(bs) else None
         expected = None
         if after is not None and after.lang == "" and not after.is_session and \
@@ -171,10 +177,14 @@ SNIPPETS = snippets(TEXT, BLOCKS)
 
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 _RULES = re.compile(r"([━─═ ])\1+")
+_VERDICT = re.compile(r"^goal (?:met|MISSED):")
+_BY = re.compile(r", over the goal by .*$")
 
 
 def _timed(line: str) -> str:
-    """A line with every number as ``0`` and runs of spaces or table rules as one."""
+    """A line with every number as ``0``, runs of spaces or table rules as one, and a bench
+    goal's verdict (met or MISSED, and by how much) left out: on a timed goal it is a time."""
+    line = _BY.sub("", _VERDICT.sub("goal:", line))
     return _RULES.sub(r"\1", _NUMBER.sub("0", line))
 
 
@@ -243,9 +253,9 @@ def test_readme_command_prints_what_the_readme_shows(command: Command, home: Pat
     assert done.returncode == 0, f"README line {command.line}: {command.command}\n{done.stderr}"
     if not any(s.strip() for s in command.expected):
         return
-    got = done.stdout.splitlines()
-    assert matches(command.expected, got, command.command in TIMED), \
-        f"README line {command.line}: {command.command}" + _diff(command.expected, done.stdout)
+    if not matches(command.expected, done.stdout.splitlines(), command.command in TIMED):
+        pytest.fail(f"README line {command.line}: {command.command}"
+                    + _diff(command.expected, done.stdout), pytrace=False)
 
 
 def _snippet_param(s: Snippet) -> object:
@@ -261,9 +271,9 @@ def test_readme_python_block_runs_and_prints_what_the_readme_shows(snippet: Snip
     done = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=_env(tmp_path),
                           capture_output=True, text=True, timeout=1200, check=False)
     assert done.returncode == 0, f"README line {snippet.line}\n{done.stderr}"
-    if snippet.expected is not None:
-        assert matches(snippet.expected, done.stdout.splitlines()), \
-            f"README line {snippet.line}" + _diff(snippet.expected, done.stdout)
+    if snippet.expected is not None and not matches(snippet.expected, done.stdout.splitlines()):
+        pytest.fail(f"README line {snippet.line}" + _diff(snippet.expected, done.stdout),
+                    pytrace=False)
 
 
 def test_every_apportion_command_of_the_readme_is_run() -> None:
@@ -303,6 +313,9 @@ def test_matching_rules() -> None:
     assert matches(["│ 32 │ 0.41 │"], ["│ 32 │ 10.5 │"], timed=True)
     assert not matches(["│ 32 │ 0.41 │"], ["│ 32 │ 0.41 │ 7 │"], timed=True)
     assert matches(["┏━━┳━━┓"], ["┏━━━━┳━┓"], timed=True)
+    assert matches(["goal MISSED: at most 40x: 116.0x, over the goal by 76.0x"],
+                   ["goal met: at most 40x: 12.5x"], timed=True)
+    assert not matches(["goal met: at most 40x: 1x"], ["goal met: at least 40x: 1x"], timed=True)
 
 
 def update(names: list[str]) -> None:
