@@ -62,6 +62,8 @@ class PlannedProgram:
 
     def op(self, name: str) -> OpPlan:
         """The plan of op ``name``."""
+        if not isinstance(name, str):
+            raise PlanningError(f"op: name must be an op name (a str), got {_describe(name)}")
         return self.plan.op(name)
 
     @property

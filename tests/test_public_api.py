@@ -145,6 +145,19 @@ MISUSES = {
     "hint(slices=[A, 2])": (lambda: ap.hint(slices=[ap.dim("A", 8), 2]),
                             "slices must be a dict"),
     "hint(work_division=5)": (lambda: ap.hint(work_division=5), "work_division must be a dict"),
+    "hint(slices={A: [1]})": (lambda: ap.hint(slices={ap.dim("A", 8): [1]}),
+                              "must be an int or a symbol name"),
+    "op([1])": (lambda: _PLANNED.op([1]), "name must be an op name"),
+    "dumps(indent=1.5)": (lambda: ap.dumps(_exp_program(), 1.5), "indent must be an int"),
+    "search(annotations=5)": (lambda: ap.sharding.search(
+        _exp_program(), ap.sharding.parse_mesh("tp=2"), annotations=5),
+        "annotations must be a dict"),
+    "search(time_limit='zz')": (lambda: ap.sharding.search(
+        _exp_program(), ap.sharding.parse_mesh("tp=2"), time_limit="zz"),
+        "time_limit must be a number"),
+    "cast(x, [1])": (_building(lambda p, x, A, B: ap.cast(x, [1])), "unknown dtype"),
+    "max_pool(window=None)": (_building(lambda p, x, A, B: ap.max_pool(x, [B], None)),
+                              "window and stride must be ints"),
 }
 
 

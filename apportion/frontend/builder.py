@@ -137,7 +137,7 @@ class Tensor:
         return _binary("div", "div", other, self, None)
 
     def __rmatmul__(self, other: object) -> Tensor:
-        return matmul(other, self)  # type: ignore[arg-type]  # refused there, by name
+        return matmul(other, self)  # type: ignore[arg-type]  # matmul names a non-tensor
 
 
 class Hint:
@@ -161,6 +161,10 @@ class Hint:
         for d in (*self.slices, *self.work_division):
             if not isinstance(d, Dim):
                 raise ProgramError(f"hint keys must be dims made with ap.dim, got {d!r}")
+        for d, n in self.slices.items():
+            if not isinstance(n, int | str):
+                raise ProgramError(f"hint slices: the count of dim {getattr(d, 'name', d)!r} "
+                                   f"must be an int or a symbol name, got {n!r}"[:200])
         counts = list(dict.fromkeys(self.slices.values()))
         if len(counts) > 1:
             raise ProgramError(f"hint slices {_hint_text(self.slices)}: one hint is one loop level "
@@ -836,6 +840,10 @@ def _pool(fn: str, x: Tensor, axes: Sequence[Dim | int], window: int | Sequence[
     b, op_name = _start(fn, name, x)
     where = f"op {op_name!r}"
     pooled = _window(x, axes, where)
+    if not isinstance(window, int | list | tuple) or not isinstance(stride,
+                                                                   int | list | tuple | None):
+        raise ProgramError(f"{where}: window and stride must be ints or lists of ints, got "
+                           f"window {window!r}, stride {stride!r}"[:200])
     wins = [window] * len(pooled) if isinstance(window, int) else list(window)
     steps = wins if stride is None else ([stride] * len(pooled) if isinstance(stride, int)
                                          else list(stride))

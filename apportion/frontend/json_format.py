@@ -500,4 +500,6 @@ def dumps(p: Program, indent: int | None = 2) -> str:
             raise ProgramError(f"ap.dumps needs a Program or a builder's program, got "
                                f"{type(p).__name__} {reprlib.repr(p)}")
         p = built
+    if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int)):
+        raise ProgramError(f"ap.dumps: indent must be an int or None, got {indent!r}"[:200])
     return json.dumps(to_dict(p), indent=indent)

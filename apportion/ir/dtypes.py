@@ -30,7 +30,7 @@ def dtype_bytes(dtype: str) -> int:
 
 def check_dtype(dtype: str, where: str = "") -> str:
     """Return ``dtype`` if known, else raise a ProgramError listing the valid ones."""
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         at = f"{where}: " if where else ""
         raise ProgramError(f"{at}unknown dtype {dtype!r}; valid: {', '.join(DTYPE_BYTES)}")
     return dtype

@@ -37,7 +37,13 @@ from apportion.sharding.collectives import reshard_time
 from apportion.sharding.mesh import Mesh, mesh_of
 from apportion.sharding.plan import CostModel, ShardingPlan, build_plan, default_target
 from apportion.sharding.rules import Strategy, op_strategies
-from apportion.sharding.spec import Sharding, annotations_of, check_annotations, program_of
+from apportion.sharding.spec import (
+    Sharding,
+    annotations_given,
+    annotations_of,
+    check_annotations,
+    program_of,
+)
 from apportion.target.target import Target
 
 
@@ -75,6 +81,7 @@ def propagate(program: Any, mesh: Mesh, target: Target | None = None,
     """The plan that propagation completes from the annotations (``ap.shard`` ones of a
     builder, and ``annotations``); see the module docstring."""
     start = time.perf_counter()
+    annotations = annotations_given(annotations, "propagate")
     given = {**annotations_of(program), **(annotations or {})}
     prog = program_of(program, "propagate")
     mesh = mesh_of(mesh, "propagate")

@@ -59,6 +59,7 @@ from apportion.sharding.plan import CostModel, ShardingPlan, build_plan, default
 from apportion.sharding.rules import Strategy, op_strategies
 from apportion.sharding.spec import (
     Sharding,
+    annotations_given,
     annotations_of,
     candidates,
     check_annotations,
@@ -242,8 +243,13 @@ def search(program: Any, mesh: Mesh, target: Target | None = None,
     docstring). ``outputs``: ``any`` (each output handed back in the sharding the search
     likes best) or ``replicated``; ``annotations`` join those ``ap.shard`` recorded."""
     start = time.perf_counter()
-    if outputs not in OUTPUTS:
+    if not isinstance(outputs, str) or outputs not in OUTPUTS:
         raise PlanningError(f"outputs must be one of {', '.join(OUTPUTS)}, got {outputs!r}")
+    if isinstance(time_limit, bool) or not isinstance(time_limit, int | float) or \
+            not time_limit > 0:
+        raise PlanningError(f"search: time_limit must be a number of seconds > 0, got "
+                            f"{time_limit!r}"[:200])
+    annotations = annotations_given(annotations, "search")
     given = {**annotations_of(program), **(annotations or {})}
     prog = program_of(program, "search")
     mesh = mesh_of(mesh, "search")

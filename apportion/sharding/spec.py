@@ -296,6 +296,17 @@ def annotations_of(program: Any) -> dict[str, Sharding]:
     return {}
 
 
+def annotations_given(annotations: Any, where: str) -> Mapping[str, Sharding] | None:
+    """``annotations`` (tensor name -> Sharding, or None), or a ProgramError naming ``where``."""
+    if annotations is None:
+        return None
+    if not isinstance(annotations, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, Sharding) for k, v in annotations.items()):
+        raise ProgramError(f"{where}: annotations must be a dict of tensor names to Shardings, "
+                           f"got {type(annotations).__name__} {annotations!r}"[:200])
+    return annotations
+
+
 def program_of(program: Any, where: str) -> Program:
     """The IR program of a Program or a builder; sharding needs static shapes."""
     if isinstance(program, ProgramBuilder):
