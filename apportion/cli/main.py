@@ -839,6 +839,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     take is dropped, stdout is pointed at /dev/null (the Python documentation's recipe for SIGPIPE)
     and no BrokenPipeError is printed. A closed stdout (``>&-``) or one that fails a write (``>
     /dev/full``) ends with status 2 and one line. Ctrl-C ends with status 130 and one line.
+    Any other exception is a bug in apportion: its traceback, one line saying so, and status 70
+    (``EX_SOFTWARE``), never 1, which means only that numbers differ.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     nul = next((a for a in argv if "\0" in a), None)
@@ -859,7 +861,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except OSError as e:
         if e.errno not in _WRITE_ERRNOS:
-            raise
+            return _internal_error(e)
         _stdout_to_devnull()  # what is buffered would fail again at exit
         where = repr(e.filename) if e.filename else "standard output"
         return _fail(f"cannot write to {where}: {e.strerror or e}")
@@ -870,6 +872,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("apportion: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:
+        return _internal_error(e)
+
+
+#: the exit status of a bug (sysexits' EX_SOFTWARE): not 1 (numbers differ), not 2 (bad input)
+INTERNAL_ERROR = 70
+
+
+def _internal_error(e: Exception) -> int:
+    """A bug: the traceback for a report, then one line naming it; ``INTERNAL_ERROR``."""
+    import traceback
+
+    traceback.print_exception(e)
+    first = str(e).splitlines()[0] if str(e) else ""
+    print(f"apportion: internal error: {type(e).__name__}{': ' + first if first else ''} (a bug "
+          "in apportion; the traceback above helps a report)", file=sys.stderr)
+    return INTERNAL_ERROR
 
 
 if __name__ == "__main__":

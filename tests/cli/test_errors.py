@@ -461,3 +461,14 @@ def test_a_calibration_record_splitting_a_fallback_op_is_refused(tmp_path, capsy
     path = _write(tmp_path / "m.json", json.dumps([record]))
     refused(["calibrate", path, "--target", "cpu"], capsys, "divides dim 'm' of op 'cs'",
             "fallback")
+
+
+def test_a_bug_is_status_70_with_its_traceback_and_one_line_never_status_1(monkeypatch, capsys):
+    def bug(*args, **kwargs):
+        raise TypeError("unsupported operand")
+
+    monkeypatch.setattr(cli, "_plan", bug)
+    assert main(["plan", MLP]) == cli.INTERNAL_ERROR == 70
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.splitlines()[-1].startswith(
+        "apportion: internal error: TypeError: unsupported operand")
