@@ -14,11 +14,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from apportion.cli.main import main
+from tests.helpers import NOT_RUN, runnable_examples
 
 ROOT = Path(__file__).parents[2]
-# the prime-vocabulary lm_head takes seconds to run; the others plan and run in well under one
-EXAMPLES = {p.name: p.read_text() for p in sorted(ROOT.joinpath("examples").glob("*.json"))
-            if p.name != "lm_head_prime_vocab.json"}
+# the prime-vocabulary lm_head takes seconds to run, the span-limit tensor a minute; the others
+# plan and run in well under one
+EXAMPLES = {p.name: p.read_text()
+            for p in runnable_examples(ROOT, "lm_head_prime_vocab.json", *NOT_RUN)}
 OPS = sorted({o["name"] for text in EXAMPLES.values() for o in json.loads(text)["ops"]})
 TARGET = 'preset = "spyre"\nname = "lite"\nmax_cores = 16\nspan_limit_mib = 128\n'
 FULL_TARGET = ("name = \"mine\"\ncores = 8\nmax_cores = 8\nspan_limit = 268435456\n"
