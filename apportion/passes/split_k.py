@@ -333,16 +333,14 @@ def partials(program: Program, ctxs: Mapping[str, OpContext], decisions: SplitKD
         fixed[partial.name] = SplitK((s,), f, decision.by, decision.select)
         held = program.pins.get(op.name)
         if held:
-            # the op's pins follow it into both ops, the split dim's onto the slices (the
-            # slice count is fixed anyway; work distribution keeps it with the pins)
-            renamed = {s if x == d else x: n for x, n in held.items()}
-            pins[partial.name] = {x: n for x, n in renamed.items() if x in partial.sizes}
+            # the op's pins follow it into both ops (they never name the split dim: the pass
+            # leaves such an op to work distribution); the slices keep their fixed count
+            pins[partial.name] = {x: n for x, n in held.items() if x in partial.sizes}
             pins[combine.name] = {x: n for x, n in held.items() if x in combine.sizes}
     if not fixed:
         return program, {}
-    split_k = tuple((n, f) for n, f in program.split_k if n not in
-                    {name.removesuffix(".partial") for name in fixed})
     cut = {name.removesuffix(".partial") for name in fixed}
+    split_k = tuple((n, f) for n, f in program.split_k if n not in cut)
     work = tuple((n, p) for n, p in program.work_division if n not in cut)
     work += tuple((n, tuple(p.items())) for n, p in pins.items() if p)
     return replace(program, tensors=tuple(new_tensors), ops=tuple(new_ops),
