@@ -9,7 +9,10 @@ divide the remaining cores among the other dims; ``cost`` (Spyre's) decides noth
 leaves the reduction split to work distribution's search by predicted time.
 
 A resolver's factor is capped at what the op and target allow (the dim's planning units, the
-core count); a pinned factor that cannot be honoured is an error naming op, dim and factor.
+core count, the cores an op's ``work_division`` pins leave); a pinned factor that cannot be
+honoured is an error naming op, dim and factor. A ``work_division`` pin naming a reduction dim is
+the user's split of it: the resolvers are not asked. Other pins are checked against the op as
+written and follow it into its partial and combine ops.
 
 The pipeline then rewrites each decided split into two ops (``partials``): a partial op over
 ``[slices, ...output dims]`` reading the reduction dim as ``K/f * s + k``, its slice dim fixed
