@@ -175,7 +175,7 @@ SNIPPETS = snippets(TEXT, BLOCKS)
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 _RULES = re.compile(r"([━─═ ])\1+")
 _VERDICT = re.compile(r"^goal (?:met|MISSED):")
-_BY = re.compile(r", over the goal by .*$")
+_BY = re.compile(r", (?:over|short of) the goal by .*$")
 
 
 def _timed(line: str) -> str:

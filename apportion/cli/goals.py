@@ -65,7 +65,8 @@ def line(goal: Goal) -> str:
 def show(goals: Sequence[Goal], console: Console) -> None:
     """Print each goal's line under the table it belongs to (missed ones in red)."""
     for g in goals:
-        console.print(line(g), style=None if g.met else "red", highlight=False, markup=False)
+        console.print(line(g), style=None if g.met else "red", highlight=False, markup=False,
+                      soft_wrap=True)  # one line each, however long: for grep and diff
 
 
 def status(suite: str, goals: Sequence[Goal], check: bool, err: TextIO | None = None) -> int:
