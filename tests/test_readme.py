@@ -51,6 +51,7 @@ SLOW: dict[str, str] = {
     "apportion bench sharding": "the sharding search on every model and mesh",
     "apportion bench tiling": "plans every block of models.json twice",
     "apportion bench e2e": "exports three PyTorch models and times them, 5 runs a side",
+    "apportion bench splitk": "compiles 35 split-K plans with IREE and times them",
     "apportion bench workdiv": "plans 797 op shapes with three strategies, twice",
 }
 
@@ -65,6 +66,7 @@ TIMED: set[str] = {
     "apportion bench costmodel --target cpu",
     "apportion bench sharding",
     "apportion bench e2e",
+    "apportion bench splitk",
 }
 
 #: a python block that imports torch (or continues one that does) exports models from
