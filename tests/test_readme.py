@@ -47,7 +47,7 @@ SLOW: dict[str, str] = {
     "--cores 8": "compiles every segment of the model with IREE: about 40 s",
     "apportion run examples/mlp.json --mesh dp=2 --backend dtensor --check":
         "starts two torch.distributed processes",
-    "apportion bench scale": "plans an 80-layer forward pass and 200-op loop groups",
+    "apportion bench scale": "plans a 160-layer forward pass and a 20,000-op chain, 3 times",
     "apportion bench sharding": "the sharding search on every model and mesh",
     "apportion bench tiling": "plans every block of models.json twice",
     "apportion bench e2e": "exports three PyTorch models and times them, 5 runs a side",
