@@ -276,6 +276,11 @@ def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
         raise UsageError("with --torch: --format table or json, and --plot DIR (no --op)")
     plot_dir = None
     if args.plot is not None:  # a folder for utilization.png and largest_op.png, made if missing
+        from apportion.cli.plot import is_plot_file
+
+        if is_plot_file(args.plot):
+            raise UsageError(f"--plot {args.plot!r}: with --torch, --plot names a folder (for "
+                             "utilization.png and largest_op.png), not a picture file")
         plot_dir = _plot_folder(args.plot)
     tm = _torch_model(args)
     planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)

@@ -138,3 +138,18 @@ def test_run_iree_shows_its_step_on_a_terminal_and_not_in_a_pipe(monkeypatch, ca
     assert main(argv) == 0
     assert "compiling fused with IREE" in tty.getvalue()
     assert "matches the unplanned program" in tty.getvalue()
+
+
+def test_plan_torch_plot_names_a_folder_not_a_file(tmp_path, capsys):
+    assert main(["plan", "--torch", "apportion.frontend.torch_demo:mlp",
+                 "--plot", str(tmp_path / "u.png")]) == 2
+    err = capsys.readouterr().err
+    assert "names a folder" in err and err.count("\n") == 1
+    assert not (tmp_path / "u.png").exists()
+
+
+def test_plan_torch_plot_makes_its_folder(tmp_path, capsys):
+    out = tmp_path / "new" / "plots"
+    assert main(["plan", "--torch", "apportion.frontend.torch_demo:mlp", "--plot", str(out)]) == 0
+    for name in ("utilization.png", "largest_op.png"):
+        assert (out / name).read_bytes()[:4] == PNG
