@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -248,6 +249,22 @@ class Program:
     def output_set(self) -> frozenset[str]:
         """``outputs`` as a set, for membership tests per tensor."""
         return frozenset(self.outputs)
+
+    @cached_property
+    def op_positions(self) -> dict[str, int]:
+        """Op name -> its index in ``ops`` (program order)."""
+        return {o.name: i for i, o in enumerate(self.ops)}
+
+    def with_tiling(self, tiling: tuple[TilingGroup, ...]) -> Program:
+        """This program with other tiling groups over the same ops (other loop counts, as
+        auto-tiling tries them): equal to ``replace(self, tiling=tiling)``, without validating
+        the ops and tensors again and keeping the indexes built so far, none of which depends
+        on the tiling (a trial per candidate count must not cost the whole program)."""
+        if self.symbols or [g.ops for g in tiling] != [g.ops for g in self.tiling]:
+            return replace(self, tiling=tiling)  # validation looks at grouped ops here
+        new = copy.copy(self)  # the fields and every cached index (none depends on tiling)
+        object.__setattr__(new, "tiling", tuple(tiling))
+        return new
 
     def producer(self, tensor: str) -> Op | None:
         return self.producer_map.get(tensor)

@@ -26,12 +26,11 @@ import heapq
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import replace
 
 from apportion.errors import PlanningError
 from apportion.ir.program import LoopLevel, Program, TilingGroup
-from apportion.passes.buffers import buffer_roles
-from apportion.passes.coarse_tile import GroupTiling, coarse_tile
+from apportion.passes.buffers import group_roles
+from apportion.passes.coarse_tile import GroupTiling, TileMemo, coarse_tile
 from apportion.passes.geometry import OpContext, PlanCache, Splits, divisors
 from apportion.passes.group_distribution import align_group, group_cost
 from apportion.passes.layouts import Layouts, OpLayout
@@ -108,7 +107,7 @@ def with_counts(program: Program, index: int, counts: tuple[int | str, ...]) -> 
     loops = tuple(LoopLevel(c, lv.dims) for c, lv in zip(counts, g.loops, strict=True))
     tiling = tuple(TilingGroup(g.ops, loops) if i == index else other
                    for i, other in enumerate(program.tiling))
-    return replace(program, tiling=tiling)
+    return program.with_tiling(tiling)
 
 
 def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
@@ -125,6 +124,7 @@ def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
     1
     """
     cache = cache or PlanCache()
+    memo = TileMemo()  # every group but the one tried is the same in each trial
     capacity = target.scratchpad_capacity
     for index, group in enumerate(program.tiling):
         first_error: PlanningError | None = None
@@ -135,7 +135,8 @@ def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
             once = all(isinstance(c, str) or c == 1 for c in counts)
             trial_program = with_counts(program, index, counts)
             try:
-                trial = Trial(trial_program, target, lay, strategy, index, cache, split_k)
+                trial = Trial(trial_program, target, lay, strategy, index, cache, split_k,
+                              memo)
                 ws = trial.working_set
                 fits = ws <= capacity
                 if not fits and (smallest is None or ws < smallest[0]):
@@ -174,10 +175,10 @@ class Trial:
 
     def __init__(self, program: Program, target: Target, lay: Layouts, strategy: str,
                  index: int, cache: PlanCache | None = None,
-                 split_k: Resolver | None = None) -> None:
+                 split_k: Resolver | None = None, memo: TileMemo | None = None) -> None:
         self.strategy = strategy
         self.cache = cache = cache or PlanCache()
-        tiling = coarse_tile(program, lay.ops, target.max_loop_count)
+        tiling = coarse_tile(program, lay.ops, target.max_loop_count, memo)
         group: GroupTiling = tiling.groups[index]
         self.group = group
         loops = {t.op: t.loop for t in group.tiles}
@@ -190,7 +191,7 @@ class Trial:
         spans = span_reduction(self.ctxs, strategy)
         self.splits = Splits({n: op_splits(ctx, spans, strategy, cache)
                               for n, ctx in self.ctxs.items()})
-        self.roles = buffer_roles(program, tiling)
+        self.roles = group_roles(program, group)  # the roles of this group's tensors
         plans = {n: cache.op_plan(ctx, spans.of(n), self.splits[n], loops[n])
                  for n, ctx in self.ctxs.items()}
         #: bytes per core one iteration needs, its ops planned alone

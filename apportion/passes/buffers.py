@@ -66,27 +66,37 @@ def buffer_roles(program: Program, tiling: Tiling) -> dict[str, TensorRole]:
     """
     roles = {name: TensorRole(name, "full") for name in program.inputs}
     for op in program.ops:
-        t = op.out.tensor
         group = tiling.group_of(op.name)
-        if group is None:
-            roles[t] = TensorRole(t, "full", producer=op.name)
-            continue
-        readers = [o.name for o in program.consumers(t)]
-        inside = tuple(r for r in readers if r in group.ops)
-        outside = tuple(r for r in readers if r not in group.ops)
-        if t in program.output_set:
-            outside += ("<output>",)
-        loop = group.tile(op.name).loop
-        depth = min((common_depth(loop, group.tile(r).loop) for r in inside),
-                    default=len(loop.count))
-        if group.tile(op.name).reduction_level is not None:
-            role, copy = "accumulator", False
-        elif inside:
-            role, copy = "tile", bool(outside)
-        else:
-            role, copy = ("full", False) if outside else ("tile", False)
-        roles[t] = TensorRole(t, role, group.index, op.name, copy, inside, outside, depth)
+        roles[op.out.tensor] = TensorRole(op.out.tensor, "full", producer=op.name) \
+            if group is None else _grouped_role(program, group, op)
     return roles
+
+
+def group_roles(program: Program, group: GroupTiling) -> dict[str, TensorRole]:
+    """The roles of the tensors ``group``'s ops make, as ``buffer_roles`` gives them: what a
+    trial of one group needs, at the cost of that group alone."""
+    return {(op := program.op(n)).out.tensor: _grouped_role(program, group, op)
+            for n in group.ops}
+
+
+def _grouped_role(program: Program, group: GroupTiling, op: Op) -> TensorRole:
+    t = op.out.tensor
+    readers = [o.name for o in program.consumers(t)]
+    members = group.positions
+    inside = tuple(r for r in readers if r in members)
+    outside = tuple(r for r in readers if r not in members)
+    if t in program.output_set:
+        outside += ("<output>",)
+    loop = group.tile(op.name).loop
+    depth = min((common_depth(loop, group.tile(r).loop) for r in inside),
+                default=len(loop.count))
+    if group.tile(op.name).reduction_level is not None:
+        role, copy = "accumulator", False
+    elif inside:
+        role, copy = "tile", bool(outside)
+    else:
+        role, copy = ("full", False) if outside else ("tile", False)
+    return TensorRole(t, role, group.index, op.name, copy, inside, outside, depth)
 
 
 def accumulator_dtype(op: Op, program: Program) -> str:

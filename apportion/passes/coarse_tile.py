@@ -170,10 +170,53 @@ class Tiling:
         return dict(op.dims) if t is None else t.size_map
 
 
+class TileMemo:
+    """What ``coarse_tile`` found per group, kept across programs that differ only in loop
+    counts (auto-tiling's candidates: ``Program.with_tiling`` shares the ops and every group
+    not being tried). Each candidate then costs the group tried, not the whole program, and
+    raises exactly what a whole ``coarse_tile`` would, in the same order.
+
+    Keys are object identities (the ops tuple, a group and its op list), never values: hashing
+    every group per candidate would scan the program again. The memo holds the objects, so
+    an identity is never reused while it is in use.
+    """
+
+    def __init__(self) -> None:
+        # (ops, group ops lists) -> the first error of the per-op checks: (group index, error)
+        self._ops: dict[tuple[int, ...], tuple[object, tuple[int, Exception] | None]] = {}
+        # (ops, group index, group) -> its GroupTiling or the error tiling it raised
+        self._groups: dict[tuple[int, int, int], tuple[object, GroupTiling | Exception]] = {}
+
+    def op_error(self, program: Program) -> tuple[int, Exception] | None:
+        members = tuple(g.ops for g in program.tiling)
+        key = (id(program.ops), *(id(m) for m in members))
+        found = self._ops.get(key)
+        if found is None:
+            found = self._ops[key] = ((program.ops, members), _op_error(program))
+        return found[1]
+
+    def group(self, program: Program, gi: int, group: TilingGroup,
+              op_layouts: Mapping[str, OpLayout] | None, max_count: int | None
+              ) -> GroupTiling | Exception:
+        key = (id(program.ops), gi, id(group))
+        found = self._groups.get(key)
+        if found is None:
+            outcome: GroupTiling | Exception
+            try:
+                _check_contiguous(program, group)
+                outcome = _tile_group(program, gi, group, op_layouts, max_count)
+            except (ProgramError, PlanningError) as e:
+                outcome = e
+            found = self._groups[key] = ((program.ops, group), outcome)
+        return found[1]
+
+
 def coarse_tile(program: Program, op_layouts: Mapping[str, OpLayout] | None = None,
-                max_count: int | None = None) -> Tiling:
+                max_count: int | None = None, memo: TileMemo | None = None) -> Tiling:
     """Loop nests of the program's tiling groups; with ``op_layouts``, tiles hold whole sticks;
     with ``max_count`` (the target's ``max_loop_count``), no integer count exceeds it.
+    ``memo`` keeps each group's result for the next program differing in loop counts only
+    (its ``op_layouts`` and ``max_count`` must be the same).
 
     >>> from apportion.frontend.json_format import load
     >>> t = coarse_tile(load("examples/fused.json"))
@@ -182,30 +225,48 @@ def coarse_tile(program: Program, op_layouts: Mapping[str, OpLayout] | None = No
     >>> t.tile("add").sizes
     (('m', 512), ('n', 1024))
     """
-    seen: dict[str, int] = {}
+    memo = memo or TileMemo()
+    first = memo.op_error(program)
     groups = []
     for gi, group in enumerate(program.tiling):
-        for name in group.ops:
-            op = program.op(name)  # unknown ops raise, naming the valid ones
-            if op.merges_output:
-                # a tile of a merged axis is contiguous only when its inner dims are whole;
-                # loop nests hold tiles as boxes of tensor axes, so such ops stay outside
-                raise ProgramError(
-                    f"op {name!r} in tiling group {list(group.ops)} writes {op.out} through a "
-                    "merge of dims; ops of a loop nest write one dim per axis (leave it out of "
-                    "the group)")
-            if name in seen:
-                why = "twice" if seen[name] == gi else f"in groups {seen[name]} and {gi}"
-                raise ProgramError(f"op {name!r} is in tiling group {list(group.ops)} {why}; "
-                                   "an op belongs to at most one loop nest")
-            seen[name] = gi
-        _check_contiguous(program, group)
-        groups.append(_tile_group(program, gi, group, op_layouts, max_count))
+        # the per-op checks of a group come before its contiguity and tiling, as they ran
+        if first is not None and first[0] == gi:
+            raise first[1]
+        outcome = memo.group(program, gi, group, op_layouts, max_count)
+        if isinstance(outcome, Exception):
+            raise outcome
+        groups.append(outcome)
     return Tiling(tuple(groups))
 
 
+def _op_error(program: Program) -> tuple[int, Exception] | None:
+    """The first error of the per-op checks of the tiling groups, and its group's index: an
+    unknown op, one writing through a merge of dims, one in two groups (or twice in one)."""
+    seen: dict[str, int] = {}
+    try:
+        for gi, group in enumerate(program.tiling):
+            for name in group.ops:
+                op = program.op(name)  # unknown ops raise, naming the valid ones
+                if op.merges_output:
+                    # a tile of a merged axis is contiguous only when its inner dims are
+                    # whole; loop nests hold tiles as boxes of tensor axes, so such ops stay
+                    # outside
+                    raise ProgramError(
+                        f"op {name!r} in tiling group {list(group.ops)} writes {op.out} "
+                        "through a merge of dims; ops of a loop nest write one dim per axis "
+                        "(leave it out of the group)")
+                if name in seen:
+                    why = "twice" if seen[name] == gi else f"in groups {seen[name]} and {gi}"
+                    raise ProgramError(f"op {name!r} is in tiling group {list(group.ops)} "
+                                       f"{why}; an op belongs to at most one loop nest")
+                seen[name] = gi
+    except ProgramError as e:
+        return gi, e
+    return None
+
+
 def _check_contiguous(program: Program, group: TilingGroup) -> None:
-    index = {o.name: i for i, o in enumerate(program.ops)}
+    index = program.op_positions
     pos = [index[n] for n in group.ops]
     for a, b in zip(group.ops, group.ops[1:], strict=False):
         if index[b] < index[a]:

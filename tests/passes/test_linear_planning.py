@@ -12,7 +12,10 @@ from hypothesis import strategies as st
 
 from apportion.errors import PlanningError, ProgramError
 from apportion.ir.program import Program
-from apportion.passes.coarse_tile import GroupTiling, OpTile, coarse_tile
+from apportion.passes.auto_tile import with_counts
+from apportion.passes.buffers import buffer_roles, group_roles
+from apportion.passes.coarse_tile import GroupTiling, OpTile, TileMemo, coarse_tile
+from apportion.passes.layouts import layouts
 from apportion.passes.pipeline import plan
 from apportion.passes.placement import Request, place_around
 from apportion.plans.plan import LoopInfo
@@ -185,3 +188,57 @@ def test_a_tiling_with_its_indexes_built_equals_and_hashes_as_one_without():
     assert built.group_of("b") is built.groups[0] and built.tile("b") is built.groups[0].tiles[1]
     assert built.groups[0].extent(built.tile("a").loop.group, 1) == (0, 1)
     assert built == fresh and hash(built) == hash(fresh)
+
+
+def outcome(fn):
+    """``fn()``'s value, or its error as (type, message)."""
+    try:
+        return fn()
+    except (PlanningError, ProgramError) as e:
+        return type(e), str(e)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SLOW)
+@given(tiled_programs(), st.lists(st.lists(st.integers(1, 9), min_size=2, max_size=2),
+                                  min_size=1, max_size=6))
+def test_trials_of_other_loop_counts_tile_and_fail_as_a_fresh_coarse_tile(case, trials):
+    # auto-tiling's trials: the same ops, other counts; a memo shared across them must give
+    # every trial the tiling, or the error, that tiling it afresh gives
+    p, _ = case
+    memo = TileMemo()
+    lay = layouts(p, spyre())
+    for counts in trials:
+        g = p.tiling[0]
+        try:
+            trial = with_counts(p, 0, tuple(counts[:len(g.loops)]))
+        except ProgramError:
+            continue
+        assert trial == dataclasses.replace(p, tiling=trial.tiling)
+        assert outcome(lambda t=trial: coarse_tile(t, lay.ops, 64, memo)) == \
+            outcome(lambda t=trial: coarse_tile(dataclasses.replace(t), lay.ops, 64))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=SLOW)
+@given(tiled_programs())
+def test_a_groups_roles_are_those_buffer_roles_gives_its_tensors(case):
+    p, _ = case
+    try:
+        tiling = coarse_tile(p)
+    except (PlanningError, ProgramError):
+        assume(False)
+        return
+    everything = buffer_roles(p, tiling)
+    for group in tiling.groups:
+        mine = group_roles(p, group)
+        assert mine == {t: r for t, r in everything.items() if r.group == group.index}
+
+
+def test_a_program_with_other_counts_keeps_its_indexes_and_equals_a_validated_one():
+    p = program({"t0": ([64, 256], "float16")},
+                [{"name": "a", "op": "exp", "out": "t1[i,j]", "ins": ["t0[i,j]"]},
+                 {"name": "b", "op": "neg", "out": "t2[i,j]", "ins": ["t1[i,j]"]}], ["t2"],
+                tiling=[{"ops": ["a", "b"], "loops": [{"count": 2, "dims": ["i"]}]}])
+    p.consumers("t1")
+    q = with_counts(p, 0, (4,))
+    assert q.tiling[0].loops[0].count == 4 and q.consumer_map is p.consumer_map
+    assert q == dataclasses.replace(p, tiling=q.tiling) and q != p
