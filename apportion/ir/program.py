@@ -255,15 +255,17 @@ class Program:
         """Op name -> its index in ``ops`` (program order)."""
         return {o.name: i for i, o in enumerate(self.ops)}
 
-    def with_tiling(self, tiling: tuple[TilingGroup, ...]) -> Program:
-        """This program with other tiling groups over the same ops (other loop counts, as
-        auto-tiling tries them): equal to ``replace(self, tiling=tiling)``, without validating
-        the ops and tensors again and keeping the indexes built so far, none of which depends
-        on the tiling (a trial per candidate count must not cost the whole program)."""
-        if self.symbols or [g.ops for g in tiling] != [g.ops for g in self.tiling]:
+    def with_group(self, index: int, group: TilingGroup) -> Program:
+        """This program with tiling group ``index`` replaced by ``group`` over the same ops
+        (other loop counts, as auto-tiling tries them): equal to ``replace(self, tiling=...)``,
+        without validating the ops and tensors again and keeping the indexes built so far,
+        none of which depends on the tiling (a trial per candidate must not cost the whole
+        program)."""
+        tiling = (*self.tiling[:index], group, *self.tiling[index + 1:])
+        if self.symbols or group.ops != self.tiling[index].ops:
             return replace(self, tiling=tiling)  # validation looks at grouped ops here
         new = copy.copy(self)  # the fields and every cached index (none depends on tiling)
-        object.__setattr__(new, "tiling", tuple(tiling))
+        object.__setattr__(new, "tiling", tiling)
         return new
 
     def producer(self, tensor: str) -> Op | None:

@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from apportion.errors import PlanningError
 from apportion.ir.program import LoopLevel, Program, TilingGroup
 from apportion.passes.buffers import group_roles
-from apportion.passes.coarse_tile import GroupTiling, TileMemo, coarse_tile
+from apportion.passes.coarse_tile import GroupTiling, TileMemo, coarse_tile, tile_group
 from apportion.passes.geometry import OpContext, PlanCache, Splits, divisors
 from apportion.passes.group_distribution import align_group, group_cost
 from apportion.passes.layouts import Layouts, OpLayout
@@ -105,9 +105,7 @@ def with_counts(program: Program, index: int, counts: tuple[int | str, ...]) -> 
     """``program`` with tiling group ``index``'s loop counts replaced."""
     g = program.tiling[index]
     loops = tuple(LoopLevel(c, lv.dims) for c, lv in zip(counts, g.loops, strict=True))
-    tiling = tuple(TilingGroup(g.ops, loops) if i == index else other
-                   for i, other in enumerate(program.tiling))
-    return program.with_tiling(tiling)
+    return program.with_group(index, TilingGroup(g.ops, loops))
 
 
 def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
@@ -125,6 +123,10 @@ def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
     """
     cache = cache or PlanCache()
     memo = TileMemo()  # every group but the one tried is the same in each trial
+    # Once a trial has tiled its whole program, every group but the one tried is known to
+    # tile: a trial's program differs from it in that group alone (the best of a group is
+    # itself such a trial), so later trials tile their own group only.
+    others_tile = False
     capacity = target.scratchpad_capacity
     for index, group in enumerate(program.tiling):
         first_error: PlanningError | None = None
@@ -136,7 +138,8 @@ def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
             trial_program = with_counts(program, index, counts)
             try:
                 trial = Trial(trial_program, target, lay, strategy, index, cache, split_k,
-                              memo)
+                              memo, others_tile)
+                others_tile = True  # its program tiled whole (coarse_tile raises first)
                 ws = trial.working_set
                 fits = ws <= capacity
                 if not fits and (smallest is None or ws < smallest[0]):
@@ -175,11 +178,15 @@ class Trial:
 
     def __init__(self, program: Program, target: Target, lay: Layouts, strategy: str,
                  index: int, cache: PlanCache | None = None,
-                 split_k: Resolver | None = None, memo: TileMemo | None = None) -> None:
+                 split_k: Resolver | None = None, memo: TileMemo | None = None,
+                 others_tile: bool = False) -> None:
         self.strategy = strategy
         self.cache = cache = cache or PlanCache()
-        tiling = coarse_tile(program, lay.ops, target.max_loop_count, memo)
-        group: GroupTiling = tiling.groups[index]
+        # ``others_tile``: every group but ``index`` is known to tile (see ``auto_tile``), so
+        # only this one is tiled; otherwise the whole program, raising what it raises
+        group: GroupTiling = tile_group(program, index, lay.ops, target.max_loop_count, memo) \
+            if others_tile else \
+            coarse_tile(program, lay.ops, target.max_loop_count, memo).groups[index]
         self.group = group
         loops = {t.op: t.loop for t in group.tiles}
         sizes = {t.op: t.size_map for t in group.tiles}

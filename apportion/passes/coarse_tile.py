@@ -172,7 +172,7 @@ class Tiling:
 
 class TileMemo:
     """What ``coarse_tile`` found per group, kept across programs that differ only in loop
-    counts (auto-tiling's candidates: ``Program.with_tiling`` shares the ops and every group
+    counts (auto-tiling's candidates: ``Program.with_group`` shares the ops and every group
     not being tried). Each candidate then costs the group tried, not the whole program, and
     raises exactly what a whole ``coarse_tile`` would, in the same order.
 
@@ -237,6 +237,19 @@ def coarse_tile(program: Program, op_layouts: Mapping[str, OpLayout] | None = No
             raise outcome
         groups.append(outcome)
     return Tiling(tuple(groups))
+
+
+def tile_group(program: Program, index: int, op_layouts: Mapping[str, OpLayout] | None = None,
+               max_count: int | None = None, memo: TileMemo | None = None) -> GroupTiling:
+    """Tiling group ``index`` of ``program`` alone, as ``coarse_tile`` tiles it, for a program
+    whose groups' op lists are known to be valid and whose other groups are known to tile (a
+    whole ``coarse_tile`` of it raises only what this raises): what an auto-tiling trial of
+    that group needs, at the cost of that group."""
+    outcome = (memo or TileMemo()).group(program, index, program.tiling[index], op_layouts,
+                                         max_count)
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 def _op_error(program: Program) -> tuple[int, Exception] | None:
