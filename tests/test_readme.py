@@ -22,7 +22,8 @@ with every number as a wildcard (and runs of spaces or table rules as one, and a
 verdict and worst case left out), which checks the table's structure, not the numbers.
 
 ``python -m tests.test_readme --update COMMAND...`` runs the named commands (as the README spells
-them) and writes their output into the README, for a change that is meant to change it.
+them) and writes their output into the README, for a change that is meant to change it (an
+excerpt, an output with ``...``, is replaced whole: cut it again by hand).
 """
 
 from __future__ import annotations
