@@ -42,7 +42,7 @@ from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
 from apportion.passes.buffers import Steps, TensorRole, accumulator_dtype, needs_finish
 from apportion.passes.coarse_tile import GroupTiling, Tiling
-from apportion.plans.memory import GroupPlan
+from apportion.plans.memory import FinishOp, GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan
 from apportion.plans.tiles import Region, core_boxes, inside, region, tile_box
 from apportion.plans.views import core_slices
@@ -413,15 +413,18 @@ def plan_program(program: Program, target: Target, tiling: Tiling,
     until the group's end. Program outputs stay in device memory, and so does a tensor some
     reader core would read another core's part of.
     """
-    pos = {op.name: i for i, op in enumerate(program.ops)}
+    pos = program.op_positions
     placed: list[Request] = []
     offsets: dict[str, int] = {}
     for g in tiling.groups:
         gp, where = groups[g.index]
         s0 = pos[g.ops[0]]
+        finishes: dict[str, FinishOp] = {}
+        for f in gp.finishes:
+            finishes.setdefault(f.tensor, f)
         for t, (off, n) in where.items():
             producer = roles[t].producer or ""
-            fin = next((f for f in gp.finishes if f.tensor == t), None)
+            fin = finishes.get(t)
             start, end = loop_span(g, producer, fin.level) if fin else lifetime(g, roles, t)
             placed.append(Request(t, s0 + start, s0 + end, n))
             offsets[t] = off
@@ -536,7 +539,7 @@ def same_loop(group: GroupTiling, roles: Mapping[str, TensorRole], tensor: str, 
     """True when ``op`` and the producer of ``tensor`` run in the same loop, each writing its
     whole tile buffer there (so ``op`` may write its output over ``tensor``)."""
     producer = roles[tensor].producer
-    if producer is None or producer not in group.ops:
+    if producer is None or producer not in group.positions:
         return False
     a, b = group.tile(producer).loop, group.tile(op.name).loop
     return a.group == b.group and roles[tensor].depth == len(a.group) == \
