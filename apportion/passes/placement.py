@@ -34,7 +34,7 @@ import bisect
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from apportion.ir.dtypes import dtype_bytes
@@ -482,6 +482,27 @@ def acc_lx_bytes(op: Op, plan: OpPlan, program: Program, group: GroupTiling, lev
     return align(per_core, target.alignment)
 
 
+def best_fit(busy: Iterable[tuple[int, int]], nbytes: int, capacity: int | None) -> int | None:
+    """The offset of ``nbytes`` among the ``busy`` (offset, bytes) ranges: the smallest gap
+    that holds it (lowest offset on ties), else the end of the last range if ``capacity``
+    allows; None when it fits nowhere.
+
+    >>> best_fit([(0, 64), (128, 64)], 32, 256), best_fit([(0, 64)], 256, 256)
+    (64, None)
+    """
+    gaps, at = [], 0
+    for off, n in sorted(busy):
+        if off > at:
+            gaps.append((off - at, at))
+        at = max(at, off + n)
+    fitting = [(size, off) for size, off in gaps if size >= nbytes]
+    if fitting:
+        return min(fitting)[1]
+    if capacity is None or capacity - at >= nbytes:
+        return at
+    return None
+
+
 def place_around(placed: list[Request], offsets: Mapping[str, int], requests: list[Request],
                  capacity: int | None) -> dict[str, int]:
     """Offsets for ``requests`` around the already ``placed`` ones (at ``offsets``): each in
@@ -514,21 +535,12 @@ def place_around(placed: list[Request], offsets: Mapping[str, int], requests: li
         while ends and ends[0][0] < r.start:
             del live[heapq.heappop(ends)[1]]
         later = (ahead[i] for i in range(nxt, bisect.bisect_right(starts, r.end, lo=nxt)))
-        busy = sorted([*live.values(),
-                       *((off, n) for _, e, off, n in later if e >= r.start)])
-        gaps, at = [], 0
-        for off, n in busy:
-            if off > at:
-                gaps.append((off - at, at))
-            at = max(at, off + n)
-        fitting = [(size, off) for size, off in gaps if size >= r.nbytes]
-        if fitting:
-            out[r.tensor] = min(fitting)[1]
-        elif capacity is None or capacity - at >= r.nbytes:
-            out[r.tensor] = at
-        else:
+        busy = [*live.values(), *((off, n) for _, e, off, n in later if e >= r.start)]
+        at = best_fit(busy, r.nbytes, capacity)
+        if at is None:
             continue
-        live[key] = (out[r.tensor], r.nbytes)
+        out[r.tensor] = at
+        live[key] = (at, r.nbytes)
         heapq.heappush(ends, (r.end, key))
         key += 1
     return out

@@ -17,7 +17,7 @@ from apportion.passes.buffers import buffer_roles, group_roles
 from apportion.passes.coarse_tile import GroupTiling, OpTile, TileMemo, coarse_tile, tile_group
 from apportion.passes.layouts import layouts
 from apportion.passes.pipeline import plan
-from apportion.passes.placement import Request, place_around
+from apportion.passes.placement import Request, best_fit, place_around
 from apportion.plans.plan import LoopInfo
 from apportion.target import spyre
 from tests.helpers import program
@@ -122,24 +122,17 @@ def placements(draw) -> tuple[list[Request], dict[str, int], list[Request], int 
 
 def place_around_by_scan(placed: list[Request], offsets: dict[str, int],
                          requests: list[Request], capacity: int | None) -> dict[str, int]:
-    """``place_around`` as it was: every request scans every buffer placed so far."""
+    """``place_around`` as it was: every request scans every buffer placed so far (the same
+    choice of gap, ``best_fit``, over a different search for the overlapping buffers)."""
     live = [(r.start, r.end, offsets[r.tensor], r.nbytes) for r in placed
             if r.tensor in offsets]
     out: dict[str, int] = {}
     for r in sorted(requests, key=lambda q: q.start):
-        busy = sorted((off, n) for s, e, off, n in live if not (e < r.start or s > r.end))
-        gaps, at = [], 0
-        for off, n in busy:
-            if off > at:
-                gaps.append((off - at, at))
-            at = max(at, off + n)
-        fitting = [(size, off) for size, off in gaps if size >= r.nbytes]
-        if fitting:
-            out[r.tensor] = min(fitting)[1]
-        elif capacity is None or capacity - at >= r.nbytes:
-            out[r.tensor] = at
-        else:
+        busy = [(off, n) for s, e, off, n in live if not (e < r.start or s > r.end)]
+        at = best_fit(busy, r.nbytes, capacity)
+        if at is None:
             continue
+        out[r.tensor] = at
         live.append((r.start, r.end, out[r.tensor], r.nbytes))
     return out
 
