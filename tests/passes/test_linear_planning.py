@@ -62,15 +62,19 @@ def test_a_program_with_its_indexes_built_equals_and_hashes_as_one_without(p):
     assert p == fresh and hash(p) == hash(fresh)
 
 
+def tiling_or_reject(p: Program):
+    """``coarse_tile(p)``, or the example rejected where the random program does not tile."""
+    try:
+        return coarse_tile(p)
+    except (PlanningError, ProgramError):
+        assume(False)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=SLOW)
 @given(tiled_programs())
 def test_the_tiling_indexes_answer_as_a_scan_of_every_group_and_tile(case):
     p, _ = case
-    try:
-        tiling = coarse_tile(p)
-    except (PlanningError, ProgramError):
-        assume(False)
-        return
+    tiling = tiling_or_reject(p)
     for o in p.ops:
         group = next((g for g in tiling.groups if o.name in g.ops), None)
         assert tiling.group_of(o.name) is group
@@ -217,11 +221,7 @@ def test_trials_of_other_loop_counts_tile_and_fail_as_a_fresh_coarse_tile(case, 
 @given(tiled_programs())
 def test_a_groups_roles_are_those_buffer_roles_gives_its_tensors(case):
     p, _ = case
-    try:
-        tiling = coarse_tile(p)
-    except (PlanningError, ProgramError):
-        assume(False)
-        return
+    tiling = tiling_or_reject(p)
     everything = buffer_roles(p, tiling)
     for group in tiling.groups:
         mine = group_roles(p, group)
