@@ -16,11 +16,12 @@ Three tables, each planned with ``balanced`` on Spyre:
   differ), planned with group distribution, then auto-tiled against a 4 KiB scratchpad. Per
   row: the time of each and its ratio to the previous row's, next to the ratio of ops.
 
-Times are wall-clock seconds of ``plan`` alone: every program is built first, one small plan
-runs before the first timed one so that imports are not counted, and a forward or chain row's
-time is the fastest of ``repeat`` plans (default 3), the rows' runs interleaved, each of a fresh
-copy of the program (nothing cached on it from the run before), so that a loaded machine slows
-a row's best run only when it stays loaded throughout.
+Times are the CPU seconds of ``plan`` alone (``time.process_time``: planning runs on the calling
+thread, so this is its cost, and other work sharing the cores does not add to it the way it adds
+to wall-clock time, most to the longest rows): every program is built first, one small plan runs
+before the first timed one so that imports are not counted, and a forward or chain row's time is
+the fastest of ``repeat`` plans (default 3), the rows' runs interleaved, each of a fresh copy of
+the program (nothing cached on it from the run before).
 
 Goals (``goals``, checked by ``--check``): per core count, the forward pass's time per op at
 its largest row within ``LINEAR`` (2x) of the 8-layer row's, and the chain's at its largest row
@@ -148,9 +149,9 @@ def chain_program(n_ops: int, rows: int = 64, cols: int = 256,
 
 def _timed(program: Program, cores: int, **kwargs: Any) -> tuple[float, Any]:
     target = kwargs.pop("target", None) or spyre(cores=cores)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     result = plan(program, target, "balanced", **kwargs)
-    return time.perf_counter() - t0, result
+    return time.process_time() - t0, result
 
 
 def best_of(programs: list[Program], cores: int, repeat: int) -> list[tuple[float, Any]]:
@@ -282,9 +283,9 @@ def forward_table(rows: list[ScaleResult], repeat: int = 1) -> Table:
         goal = (f"; goal: ms/op of the last row within {LINEAR:g}x of the "
                 f"{base_row(rows).ops}-op row's")
     best = f", fastest of {repeat} runs" if repeat > 1 else ""
-    t = Table(title=f"planning time of {what} (balanced, {rows[0].cores} cores{best}{goal})",
+    t = Table(title=f"planning CPU time of {what} (balanced, {rows[0].cores} cores{best}{goal})",
               title_justify="left")
-    for col in ("program", "ops", "planned / reused", "seconds", "ops/s", "ms/op"):
+    for col in ("program", "ops", "planned / reused", "CPU seconds", "ops/s", "ms/op"):
         t.add_column(col, justify="left" if col == "program" else "right")
     for r in rows:
         t.add_row(r.case, str(r.ops), f"{r.planned} / {r.reused}", f"{r.seconds:.3f}",
@@ -296,7 +297,7 @@ def group_table(rows: list[ScaleResult]) -> Table:
     t = Table(title=f"one loop group: group distribution, then auto-tiling against a "
                     f"{SMALL_SCRATCHPAD // 1024} KiB scratchpad ({rows[0].cores} cores)",
               title_justify="left")
-    for col in ("group", "ops", "planned / reused", "seconds", "auto-tile seconds",
+    for col in ("group", "ops", "planned / reused", "CPU seconds", "auto-tile CPU seconds",
                 "x ops", "x time", "x auto-tile time"):
         t.add_column(col, justify="left" if col == "group" else "right")
     prev: ScaleResult | None = None

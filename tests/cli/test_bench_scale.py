@@ -14,13 +14,13 @@ def test_bench_scale_prints_its_tables_with_their_goals_and_writes_every_row(tmp
     # without --check the goals only report: real timings decide nothing in a unit test
     assert main(["bench", "scale", "--limit", "2", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "planning time of the forward pass" in text and "one loop group" in text
-    assert "planning time of a chain of pointwise ops" in text
+    assert "planning CPU time of the forward pass" in text and "one loop group" in text
+    assert "planning CPU time of a chain of pointwise ops" in text
     assert "llama2-7b x8 layers @128" in text and "100-op loop group" in text
     assert "2,000-op pointwise chain" in text
     # two forward rows, the second the 8-layer base: nothing to judge; two chain rows: a goal
     assert "goal met: chain (32 cores)" in text or "goal MISSED: chain (32 cores)" in text
-    assert "goal" not in text.split("planning time of a chain")[0]
+    assert "goal" not in text.split("planning CPU time of a chain")[0]
     rows = json.loads(out.read_text())
     assert [(r["suite"], r["ops"]) for r in rows] == [
         ("forward", 35), ("forward", 238), ("chain", 500), ("chain", 2000), ("group", 50),
