@@ -237,3 +237,31 @@ def test_a_program_with_other_counts_keeps_its_indexes_and_equals_a_validated_on
     q = with_counts(p, 0, (4,))
     assert q.tiling[0].loops[0].count == 4 and q.consumer_map is p.consumer_map
     assert q == dataclasses.replace(p, tiling=q.tiling) and q != p
+
+
+def test_planning_puts_back_the_callers_collector_thresholds_also_when_threads_overlap():
+    import gc
+    import threading
+
+    saved = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+    try:
+        gc.set_threshold(1234, 7, 9)
+        p = program({"x": ([64, 256], "float16")}, [
+            {"name": "a", "op": "exp", "out": "y[i,j]", "ins": ["x[i,j]"]}], ["y"])
+        plan(p, spyre(cores=8), debug=lambda *_: seen.append(gc.get_threshold()))
+        assert seen and all(t[0] > 1234 for t in seen)  # raised while planning
+        assert gc.get_threshold() == (1234, 7, 9)
+        threads = [threading.Thread(target=plan, args=(p, spyre(cores=8))) for _ in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        assert gc.get_threshold() == (1234, 7, 9)
+        gc.set_threshold(0)  # collection turned off by the caller stays off
+        seen.clear()
+        plan(p, spyre(cores=8), debug=lambda *_: seen.append(gc.get_threshold()))
+        assert seen and all(t[0] == 0 for t in seen) and gc.get_threshold()[0] == 0
+    finally:
+        gc.set_threshold(*saved)
+
