@@ -44,7 +44,7 @@ globals().update(_OP_FUNCTIONS)
 #: only when a model is lowered)
 _LAZY = {"from_torch": "apportion.frontend.torch_export",
          "TorchProgram": "apportion.frontend.torch_export",
-         "backend": "apportion.torch_backend"}
+         "backend": "apportion.torch_compile"}
 
 
 def __getattr__(name: str) -> object:

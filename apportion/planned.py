@@ -27,7 +27,7 @@ from apportion.target.split_k import Resolver
 from apportion.target.target import Target
 
 if TYPE_CHECKING:
-    from apportion.codegen.specs import SpecProgram
+    from apportion.backends.bundle.specs import SpecProgram
     from apportion.runtime.reference import OutputCheck
 
 
@@ -133,7 +133,7 @@ class PlannedProgram:
         >>> [s.count for s in planned.loopspec()]
         [2]
         """
-        from apportion.codegen.loopspec import loopspec
+        from apportion.backends.bundle.loopspec import loopspec
 
         self._static("the LoopSpec program")
         return loopspec(self.program, self.plan, self.target)
@@ -142,7 +142,7 @@ class PlannedProgram:
         """The loop bundle as MLIR text, checked to parse and verify: ``scf.for`` loops of
         ``"apportion.execute"`` launches (``unrolled``: every iteration with constant
         addresses)."""
-        from apportion.codegen.bundle import render_bundle, verify_mlir
+        from apportion.backends.bundle.bundle import render_bundle, verify_mlir
 
         self._static("the loop bundle")
         text = render_bundle(self.loopspec(), self.program.name, unrolled=unrolled)
@@ -152,9 +152,9 @@ class PlannedProgram:
     def forall_mlir(self) -> str:
         """The plan as thread-first parallel IR on tensors (MLIR text), checked to parse and
         verify: one ``scf.forall`` over each op's core grid, ``scf.for`` loops around the
-        foralls of a loop group's tile (``codegen.forall``); one function for every run-time
-        size (``codegen.forall_sizes``)."""
-        from apportion.codegen.forall import forall_mlir, verify_mlir
+        foralls of a loop group's tile (``backends.iree.forall``); one function for every run-time
+        size (``backends.iree.forall_sizes``)."""
+        from apportion.backends.iree.forall import forall_mlir, verify_mlir
 
         text = forall_mlir(self.program, self.plan, self.target,
                            symbolic=self.given if self.symbols else None)
@@ -168,9 +168,11 @@ class PlannedProgram:
             ) -> dict[str, Any]:
         """Execute the plan core by core (random inputs unless given); returns the tensors held
         whole. ``params`` gives symbolic loop counts (within the target's ``max_loop_count``).
-        ``backend="iree"`` compiles the parallel IR with IREE (cached, see ``runtime.iree``)
-        and runs it on the CPU instead; it returns the inputs and outputs."""
-        from apportion.runtime import random_inputs, run_planned
+        ``backend="iree"`` compiles the parallel IR with IREE (cached, see
+        ``backends.iree.runtime``) and runs it on the CPU instead; it returns the inputs and
+        outputs."""
+        from apportion.backends.reference import run_planned
+        from apportion.runtime import random_inputs
 
         _check_threads(threads)
         if inputs is not None and not isinstance(inputs, Mapping):
@@ -179,7 +181,7 @@ class PlannedProgram:
         sizes, params = self._split_params(params)
         _check_backend(backend)
         if backend == "iree":
-            from apportion.backends import iree_run
+            from apportion.backends.iree.run import iree_run
 
             if threads is not None:
                 raise ExecutionError("threads applies to the reference backend; IREE runs "
@@ -288,7 +290,7 @@ def _check_threads(threads: Any) -> None:
 
 
 def _check_backend(backend: Any) -> None:
-    from apportion.backends import BACKENDS
+    from apportion.backends.iree.run import BACKENDS
 
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ExecutionError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")

@@ -24,6 +24,6 @@ def test_docstring_examples_hold(name, monkeypatch):
 
 def test_the_core_modules_carry_examples():
     for name in ("apportion.ir.kinds", "apportion.passes.pipeline", "apportion.planned",
-                 "apportion.runtime.execute", "apportion.passes.span_reduction",
+                 "apportion.backends.reference.execute", "apportion.passes.span_reduction",
                  "apportion.passes.work_distribution", "apportion.passes.auto_tile"):
         assert doctest.testmod(importlib.import_module(name)).attempted > 0, name

@@ -10,7 +10,7 @@ core count, one row:
   (``from_torch`` of the exported program);
 * **plan s**: ``ap.plan`` for Spyre (``balanced``) at the core count;
 * **executor ms min/med**: one run of the plan by the threaded torch executor
-  (``runtime.torch_exec.TorchExecutor``, built once: its schedule and its pool of ``threads``
+  (``backends.torch.executor.TorchExecutor``, built once: its schedule and its pool of ``threads``
   threads), fastest and median of ``repeat`` runs;
 * **eager ms min/med**: one call of the model in eager PyTorch under ``torch.no_grad()`` with
   ``torch.set_num_threads(threads)``, fastest and median of ``repeat`` calls;
@@ -141,9 +141,9 @@ def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: l
     after each core count."""
     import torch
 
+    from apportion.backends.torch.executor import TorchExecutor, to_torch_storage
     from apportion.frontend.torch_export import from_torch
     from apportion.planned import plan
-    from apportion.runtime.torch_exec import TorchExecutor, to_torch_storage
 
     export_s, ep = _timed(lambda: torch.export.export(model, xs))
     lower_s, lowered = _timed(lambda: from_torch(ep, xs, name=name))
@@ -186,8 +186,8 @@ def run(cores: list[int], threads: int | None = None, repeat: int = 5,
     try:
         import torch
 
+        from apportion.backends.torch.executor import GRAIN
         from apportion.frontend import torch_demo
-        from apportion.runtime.torch_exec import GRAIN
     except ImportError as e:
         raise BenchError(f"bench e2e needs PyTorch and transformers: pip install "
                          f"'apportion[torch]' ({e})") from None

@@ -48,13 +48,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from apportion.backends.iree import runtime as iree
+from apportion.backends.iree.forall import forall_mlir, mlir_type, symbol_name
 from apportion.cli import goals as bench_goals
-from apportion.codegen.forall import forall_mlir, mlir_type, symbol_name
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
 from apportion.planned import PlannedProgram, plan
-from apportion.runtime import iree
 from apportion.runtime.reference import random_inputs
 from apportion.target.presets import cpu, gpu, spyre
 from apportion.target.target import Target

@@ -397,9 +397,9 @@ def _run_iree(planned: PlannedProgram, args: argparse.Namespace, params: dict[st
               console: Console) -> int:
     """``run --backend iree``: the plan's parallel IR compiled (or taken from the cache) and run
     by IREE on the CPU; with ``--check``, the reference backend's check lines."""
-    from apportion.backends import iree_check, iree_run
+    from apportion.backends.iree.run import iree_check, iree_run
+    from apportion.backends.iree.runtime import default_cache_dir
     from apportion.cli.progress import progress
-    from apportion.runtime.iree import default_cache_dir
     from apportion.runtime.reference import random_inputs
 
     if args.threads is not None:
@@ -453,7 +453,7 @@ def print_checks(checks: list[OutputCheck], what: str, console: Console,
 
 
 def cmd_emit(args: argparse.Namespace, console: Console) -> int:
-    from apportion.codegen.spec_text import to_json, to_source
+    from apportion.backends.bundle.spec_text import to_json, to_source
 
     if args.mesh is not None or args.shard:  # the per-device programs of a sharding
         from apportion.cli.shard import cmd_emit_sharded

@@ -56,7 +56,7 @@ Partial = Any  # an array, or (values, indices) for a value-index reducer
 @dataclass(frozen=True)
 class MlirBody:
     """A kind's scalar computation as MLIR text templates, formatted by the parallel-IR emitter
-    (``apportion.codegen.forall``); the IR imports no MLIR bindings.
+    (``apportion.backends.iree.forall``); the IR imports no MLIR bindings.
 
     A template is lines of MLIR whose placeholders the emitter fills with ``str.format``:
     ``{a}``, ``{b}``, ``{c}`` are the operands (value inputs converted to the compute type,

@@ -1,6 +1,6 @@
-"""Executors: the numpy reference, run unplanned or core slice by core slice as planned."""
+"""What a program means: numpy kernels, the unplanned run, random inputs and the comparison every
+backend is checked with (the reference executor itself is ``apportion.backends.reference``)."""
 
-from apportion.runtime.execute import run_planned as run_planned
 from apportion.runtime.kernels import round_bf16 as round_bf16
 from apportion.runtime.kernels import storage_dtype as storage_dtype
 from apportion.runtime.kernels import to_storage as to_storage

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from apportion.codegen import spec_text
+from apportion.backends.bundle import spec_text
 from apportion.cost import calibrate
 from apportion.errors import ApportionError, ProgramError
 from apportion.frontend.json_format import (

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 import apportion as ap
+from apportion.backends.reference import run_planned
 from apportion.errors import ProgramError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.kinds import KINDS, REDUCERS, Category, kind, names, resolve
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program, TensorType
 from apportion.passes.pipeline import plan
-from apportion.runtime import compare, random_inputs, run_planned, run_unplanned
+from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.target import spyre
 from tests.helpers import program
 

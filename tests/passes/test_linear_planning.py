@@ -20,8 +20,8 @@ from apportion.passes.pipeline import plan
 from apportion.passes.placement import Request, best_fit, place_around
 from apportion.plans.plan import LoopInfo
 from apportion.target import spyre
+from tests.backends.reference.test_loops_properties import tiled_programs
 from tests.helpers import program
-from tests.runtime.test_loops_properties import tiled_programs
 
 SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much]
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.codegen.specs import LoopSpec, OpSpec
+from apportion.backends.bundle.specs import LoopSpec, OpSpec
 from apportion.errors import PlanningError, ProgramError
 from apportion.frontend.json_format import dumps, loads
 from apportion.ir.program import LoopLevel, TilingGroup

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from apportion.backends.reference import run_planned
 from apportion.errors import PlanningError
 from apportion.passes.pipeline import plan
-from apportion.runtime import compare, random_inputs, run_planned, run_unplanned
+from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.target import cpu, spyre
 from apportion.target.target import Target
 from tests.helpers import program

@@ -28,10 +28,10 @@ from apportion.passes.span_reduction import op_minimum
 from apportion.passes.work_distribution import candidates, ranked, time_lower_bound
 from apportion.plans.serialize import to_dict
 from apportion.target import spyre
+from tests.backends.reference.test_loops_properties import tiled_programs
 from tests.frontend.test_models import TINY
 from tests.helpers import program
 from tests.passes.test_pipeline_properties import programs, targets
-from tests.runtime.test_loops_properties import tiled_programs
 
 DTYPES = ["float16", "float32", "bfloat16"]
 SLOW = [HealthCheck.too_slow, HealthCheck.filter_too_much]

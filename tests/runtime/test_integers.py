@@ -18,11 +18,12 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
+from apportion.backends.reference import run_planned
 from apportion.errors import PlanningError, ProgramError
 from apportion.ir.program import Program
 from apportion.passes.geometry import divisors
 from apportion.passes.pipeline import plan
-from apportion.runtime import compare, run_planned, run_unplanned
+from apportion.runtime import compare, run_unplanned
 from apportion.target import spyre
 from tests.helpers import one_op, program
 
@@ -206,7 +207,7 @@ def test_integer_programs_planned_over_any_cores_give_numpys_exact_wrapped_resul
           suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
 @given(integer_programs(), st.integers(1, 32))
 def test_the_torch_executor_gives_numpys_exact_wrapped_integers_too(case, cores):
-    torch_exec = pytest.importorskip("apportion.runtime.torch_exec")
+    torch_exec = pytest.importorskip("apportion.backends.torch.executor")
     p, xs, expected = case
     try:
         pl = plan(p, spyre(cores=cores))
@@ -345,7 +346,7 @@ def iree_cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_iree_and_the_reference_agree_exactly_on_int64_near_2_53_and_on_overflow(iree_cache):
-    from apportion.backends import iree_run
+    from apportion.backends.iree.run import iree_run
 
     p, xs, want = _int64_chain()
     pl = plan(p, spyre(cores=4))
@@ -378,7 +379,7 @@ def test_cli_run_backend_iree_check_passes_an_int64_program_past_2_53(iree_cache
 
 @pytest.mark.parametrize("name", ["sum", "mean", "prod"])
 def test_iree_agrees_on_integer_reductions_tiled_by_a_loop(name: str, iree_cache) -> None:
-    from apportion.backends import iree_run
+    from apportion.backends.iree.run import iree_run
 
     p = program({"x": ([2, 256], "int8")},
                 [{"name": "r", "op": name, "out": "s[i]", "ins": ["x[i,k]"]}], ["s"],

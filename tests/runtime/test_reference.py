@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from apportion.backends.reference import run_planned
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import loads
 from apportion.ir.kinds import KINDS, Category
@@ -20,7 +21,6 @@ from apportion.runtime import (
     random_inputs,
     reference,
     round_bf16,
-    run_planned,
     run_unplanned,
 )
 from apportion.runtime.kernels import to_storage

@@ -1,0 +1,16 @@
+"""The bundle backend: a plan as LoopSpec/OpSpec values and the MLIR loop bundle.
+
+The builder is ``apportion.backends.bundle.loopspec.loopspec`` (not re-exported here, where
+the name would hide its module).
+"""
+
+from apportion.backends.bundle.bundle import bundle_mlir as bundle_mlir
+from apportion.backends.bundle.bundle import render_bundle as render_bundle
+from apportion.backends.bundle.spec_text import from_json as from_json
+from apportion.backends.bundle.spec_text import from_source as from_source
+from apportion.backends.bundle.spec_text import to_json as to_json
+from apportion.backends.bundle.spec_text import to_source as to_source
+from apportion.backends.bundle.specs import LoopSpec as LoopSpec
+from apportion.backends.bundle.specs import OpSpec as OpSpec
+from apportion.backends.bundle.specs import TensorArg as TensorArg
+from apportion.backends.mlir import verify_mlir as verify_mlir

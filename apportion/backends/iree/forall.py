@@ -1,0 +1,471 @@
+"""Thread-first parallel IR on tensors: a planned program as MLIR ``scf.forall`` loops.
+
+``forall_mlir`` prints one ``func.func`` named after the program: it takes the program inputs as
+tensors (then one ``index`` argument per symbolic loop count, named after it) and returns the
+outputs. Every op is one ``scf.forall`` over its core grid, one induction variable per dim the
+plan splits (an op on one core has no forall). A thread's box of the iteration space is the
+plan's slice (``plans.views.dim_slices``: whole planning units, larger slices first): its start
+an ``affine.apply`` of the thread id, its size static where the slices are equal and an
+``affine.min`` where they are not. Each operand is read as the ``tensor.extract_slice`` of its
+bounding box over the thread's box (``plans.tiles.region``; literal indices drop their axis) and
+the op runs on the slices as a ``linalg.generic`` whose indexing maps are the accesses relative
+to the slice (``x[t, 128*h+d]`` reads a wider slice through ``d1, d0 * 128 + d3``; a dim that no
+access names alone gets a shape-only ``tensor.empty`` operand so that the generic knows its
+range). A read through a sum that IREE 3.13 crashes on (three dims or more, ``64*a+32*c+d``:
+``forall_tensors.iree_safe_map``) is a gather instead, a ``tensor.extract`` at the sum into a
+tensor of one axis per dim that the generic reads through a projection. The body is the
+registry's (``ir.kinds.MlirBody``): value inputs convert to the compute type (``f32`` for
+float16, bfloat16 and bool operands, as the reference executor computes; ``f32`` for float32
+too, where the reference uses float64; ``i64`` for integers; ``f64`` where integers meet floats
+or a kind has no integer body), the result converts once to the output type. Each thread
+writes its piece with ``tensor.parallel_insert_slice``.
+
+Reductions and matmul accumulate into a ``linalg.fill`` of the reducer's identity (``f32`` for
+float16/bfloat16, ``i64`` for integers, ``i1`` for ``any``); a reduction dim split over cores
+makes the forall write one partial per slice into a ``[slices, ...output dims]`` tensor that a
+``linalg.reduce`` then combines with the reducer's combine (``argmax`` carries value-index
+pairs: the greater value wins, equal values the lower flat index, so any order gives numpy's
+first maximum); ``mean`` divides by its count after. Fallbacks (sort, cumsum, flip) run whole
+along the last axis of their input, with upstream linalg only: cumsum a running combine over
+``j <= i``, flip a gather (``tensor.extract`` at ``n-1-i``: IREE tiles a reversed indexing map
+wrongly), sort by rank (``O(n^2)`` per row: each element's rank counts the smaller ones, ties
+by position, NaN last, then each rank picks its element).
+
+A coarse-tiling loop group is ``scf.for`` loops, outermost level first (a symbolic count is its
+function argument), around the foralls of one iteration's tile (``plans.tiles.tile_box``): its
+``iter_args`` carry the group's results read after it and its accumulators (a reduction tiled
+by the loops, reset to its identity before the level that tiles it, finished after the nest);
+a tensor only read inside the group is one iteration's tile, a fresh tensor every iteration.
+A tiled reduction computes each tile's partial from its identity and combines it into the
+accumulator elementwise, as the reference executor does. Static tile geometry is affine maps of
+the loop and thread ids; a symbolic count divides with ``arith.divui``, slices of a run-time
+tile size use ``arith`` on ``index``, and a forall's shared tensor keeps a static shape (the
+whole dim bounds a run-time tile: IREE cannot size a dynamic tensor carried through a loop).
+
+A program with run-time sizes (``symbolic``, the program as given) is one function for every
+size (``forall_sizes``): ``?`` for symbolic dims, their sizes read with ``tensor.dim``,
+each split-K op's slices an ``arith.select`` chain on its run-time reduction size, every op's
+slices cut from the run-time sizes as ``dim_slices`` cuts them (a thread past the last unit
+gets an empty slice), and a forall whose shared output has a run-time size one linear thread id
+(IREE cannot size a dynamic tensor that nested loops carry).
+
+An op writing its output through a merge of dims (``y[t, 64*h+d]``) writes the split view of
+its destination: a ``tensor.expand_shape`` into ``Op.split_shape`` (the row-major reshape), the op
+then as one writing ``y[t, h, d]``, and a ``tensor.collapse_shape`` back
+(``backends.iree.forall_merge``); its split reductions, accumulators and loop tiles are those of the
+split view.
+
+A kind the registry gives no MLIR body raises ``EmitError`` naming the op and the kind.
+
+>>> import apportion as ap
+>>> planned = ap.plan(ap.load("examples/mlp.json"), ap.targets.spyre(cores=8))
+>>> text = forall_mlir(planned.program, planned.plan, planned.target)
+>>> text.splitlines()[0]
+'func.func @mlp(%x: tensor<256x1024xf16>, %wg: tensor<1024x2816xf16>, \
+%wu: tensor<1024x2816xf16>, %wd: tensor<2816x1024xf16>) -> tensor<256x1024xf16> {'
+>>> verify_mlir(text)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from apportion.backends.iree.forall_block import INDENT as INDENT
+from apportion.backends.iree.forall_block import _Block, _Emitter
+from apportion.backends.iree.forall_block import slice_of as slice_of
+from apportion.backends.iree.forall_fallback import _CONSTRUCTIONS, _Fallbacks
+from apportion.backends.iree.forall_index import Ix as Ix
+from apportion.backends.iree.forall_index import IxLike as IxLike
+from apportion.backends.iree.forall_index import Key as Key
+from apportion.backends.iree.forall_merge import _MergedWrites, merges, written
+from apportion.backends.iree.forall_sizes import Sizes
+from apportion.backends.iree.forall_split_reduction import _SplitReductions
+from apportion.backends.iree.forall_tensors import Box as Box
+from apportion.backends.iree.forall_tensors import TensorVal as TensorVal
+from apportion.backends.iree.forall_tensors import _Carried, _Env
+from apportion.backends.iree.forall_types import INDEX_MAX as INDEX_MAX
+from apportion.backends.iree.forall_types import MLIR_TYPES as MLIR_TYPES
+from apportion.backends.iree.forall_types import mlir_type as mlir_type
+from apportion.backends.mlir import check_index
+from apportion.backends.mlir import symbol_name as symbol_name
+from apportion.backends.mlir import verify_mlir as verify_mlir
+from apportion.errors import EmitError
+from apportion.ir.kinds import Category, OpKind, Reducer
+from apportion.ir.op import Op
+from apportion.ir.program import Program
+from apportion.plans.memory import GroupPlan
+from apportion.plans.plan import LoopInfo, OpPlan, Plan
+from apportion.target.target import Target
+
+
+def forall_mlir(program: Program, plan: Plan, target: Target | None = None,
+                symbolic: Program | None = None) -> str:
+    """The planned program as thread-first parallel IR on tensors (MLIR text, not verified;
+    ``verify_mlir`` checks it). ``target`` is the plan's, for symmetry with the other emitters.
+    ``symbolic`` is the program as given when it has run-time sizes (``program`` and ``plan``
+    are then at its planning sizes, ``PlannedProgram.given``): the function covers every size
+    (``backends.iree.forall_sizes``).
+    """
+    if target is not None and (plan.target, plan.cores) != (target.name, target.cores):
+        raise EmitError(f"plan is for {plan.target!r} with {plan.cores} cores, not "
+                        f"{target.name!r} with {target.cores}")
+    if symbolic is not None:
+        if not symbolic.symbols:
+            symbolic = None
+        elif symbolic.name != program.name or symbolic.inputs != program.inputs or \
+                symbolic.outputs != program.outputs:
+            raise EmitError(f"program {program.name!r} is not program {symbolic.name!r} "
+                            "planned: their names, inputs or outputs differ")
+    for t in program.tensors:
+        for i, n in enumerate(t.shape):
+            check_index(n, f"tensor {t.name!r} dim {i} (size)")
+    for op in program.ops:
+        for d, n in op.sizes.items():
+            check_index(n, f"op {op.name!r} dim {d!r} (size)")
+    return _Function(program, plan, symbolic).text()
+
+
+def size_symbols(program: Program) -> tuple[str, ...]:
+    """The run-time sizes the emitted function of ``program`` (a program as given, with
+    symbols) takes as trailing ``index`` arguments, after the symbolic loop counts: those no
+    input has (the others it reads with ``tensor.dim``)."""
+    on_inputs = {s for n in program.inputs for _, s in program.tensor(n).dynamic}
+    return tuple(s.name for s in program.symbols if s.name not in on_inputs)
+
+
+def symbols(plan: Plan) -> tuple[str, ...]:
+    """The symbolic loop counts, in the order the emitted function takes them (after the
+    inputs)."""
+    return tuple(dict.fromkeys(c for g in plan.groups for c in g.counts if isinstance(c, str)))
+
+
+def thread_slices(n: int, per: int, split: int, dynamic: bool = False) -> list[tuple[int, int]]:
+    """(start, size) of every thread's slice as the emitted index arithmetic computes them,
+    with the size ``n`` a constant or (``dynamic``) a run-time value; equals
+    ``plans.views.dim_slices`` as (start, stop - start).
+
+    >>> thread_slices(10, 1, 4), thread_slices(10, 1, 4, dynamic=True)
+    ([(0, 3), (3, 3), (6, 2), (8, 2)], [(0, 3), (3, 3), (6, 2), (8, 2)])
+    """
+    em = _Emitter()
+    blk = _Block(em, 1)
+    size = Ix.atom("%n") if dynamic else Ix(n)
+    start, length = slice_of(blk, size, per, split, Ix.atom("%s"))
+    return [(em.evaluate(start, {"%n": n, "%s": s}), em.evaluate(length, {"%n": n, "%s": s}))
+            for s in range(split)]
+
+
+class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
+    """The whole function: ops outside loops, each op over a tile (one forall over its
+    split dims), and loop groups."""
+
+    # -- the whole function ---------------------------------------------------------------
+
+    def __init__(self, program: Program, plan: Plan, symbolic: Program | None = None) -> None:
+        super().__init__(program, plan)
+        self.symbolic = symbolic
+
+    def text(self) -> str:
+        p = self.program
+        top = _Block(self, 1)
+        env = _Env()
+        ssas = {name: self.names.fresh(name) for name in p.inputs}
+        self.symbols: dict[str, str] = {}
+        for c in symbols(self.plan):
+            self.symbols[c] = self.names.fresh(c)
+        if self.symbolic is not None:
+            self.sizes = Sizes.symbolic(p, self.symbolic, self.names)
+        args = []
+        for name in p.inputs:
+            t = p.tensor(name)
+            env.vals[name] = TensorVal(ssas[name], self.sizes.shape(name), mlir_type(t.dtype))
+            args.append(f"{ssas[name]}: {env.vals[name].type}")
+        args += [f"{self.symbols[c]}: index" for c in self.symbols]
+        if self.symbolic is not None:
+            self.sizes.read(top, env.vals)
+            self.sizes.cut(top, self.plan)
+            args += [f"{self.sizes.symbols[s]}: index" for s in self.sizes.arguments]
+        i = 0
+        while i < len(p.ops):
+            op = p.ops[i]
+            loop = self.op_plan(op).loop
+            if loop is None:
+                self.whole_op(top, op, env)
+                i += 1
+                continue
+            group = self.plan.group(loop.group)
+            names = tuple(o.name for o in p.ops[i:i + len(group.ops)])
+            if names != group.ops:
+                raise EmitError(f"loop group {list(group.path)} runs ops {list(group.ops)}, but "
+                                f"the program has {list(names)} there")
+            self.group(top, group, env)
+            i += len(group.ops)
+        outs = [env.vals[n] for n in p.outputs]
+        types = ", ".join(v.type for v in outs)
+        result = types if len(outs) == 1 else f"({types})"
+        lines = [f"func.func @{symbol_name(p.name)}({', '.join(args)}) -> {result} {{",
+                 *self.const_lines, *top.lines,
+                 f"{INDENT}return {', '.join(v.ssa for v in outs)} : {types}", "}"]
+        return "\n".join(lines) + "\n"
+
+    # -- ops outside loops ----------------------------------------------------------------
+
+    def whole_op(self, blk: _Block, op: Op, env: _Env) -> None:
+        opl = self.op_plan(op)
+        if opl.sizes != op.sizes:
+            raise EmitError(f"op {op.name!r}: plan's iteration space {opl.sizes} differs from "
+                            f"the op's {op.sizes}")
+        t = self.program.tensor(op.out.tensor)
+        dest = self.empty(blk, op.out.tensor, self.sizes.shape(op.out.tensor),
+                          mlir_type(t.dtype))
+        tile = {d: (Ix(0), n) for d, n in self.sizes.of(op).items()}
+        viewed, local = self.viewed(blk, op, env)
+        env.vals[op.out.tensor] = self.op(blk, viewed, opl, tile, dest, local, None)
+
+    def viewed(self, blk: _Block, op: Op, env: _Env) -> tuple[Op, _Env]:
+        """``op`` and the tensors it reads, with the inputs of a partial op whose slice length
+        is known only at run time read through a ``tensor.expand_shape`` of the reduction axis
+        into ``[slices, step]`` (``backends.iree.forall_sizes``)."""
+        views = self.sizes.views(op)
+        if not views:
+            return op, env
+        local = _Env(dict(env.vals))
+        ins = list(op.ins)
+        axes: dict[str, int] = {}
+        for v in views:
+            a = op.ins[v.index]
+            ins[v.index] = v.access
+            if axes.setdefault(a.tensor, v.axis) != v.axis:
+                raise EmitError(f"op {op.name!r} reads tensor {a.tensor!r} along its run-time "
+                                "split through two different axes")
+            src = env.vals[a.tensor]
+            if local.vals[a.tensor] is not src:
+                continue  # expanded for an earlier access
+            j = v.axis
+            if src.shape[j] != v.size or any(not o.is_const or o.value for o in src.origin):
+                raise EmitError(f"op {op.name!r}: tensor {a.tensor!r} axis {j} is not the "
+                                "whole reduction dim it splits at run time")
+            shape = (*src.shape[:j], v.slices, v.step, *src.shape[j + 1:])
+            groups = [[i] for i in range(j)] + [[j, j + 1]] + [
+                [i + 1] for i in range(j + 1, len(src.shape))]
+            view = TensorVal(blk.fresh(f"{a.tensor}_view"), shape, src.elt)
+            blk.emit(f"{view.ssa} = tensor.expand_shape {src.ssa} {groups} output_shape "
+                     f"[{self.list(blk, shape)}] : {src.type} into {view.type}")
+            local.vals[a.tensor] = view
+        return dataclasses.replace(op, ins=tuple(ins)), local
+
+    # -- one op over a tile ---------------------------------------------------------------
+
+    def op(self, blk: _Block, op: Op, opl: OpPlan, tile: Box, dest: TensorVal, env: _Env,
+           carried: _Carried | None) -> TensorVal:
+        """Emit ``op`` over ``tile`` writing into ``dest`` (the accumulator when ``carried``
+        accumulates); returns the new value of ``dest``."""
+        if merges(op):  # the op writing the split view of dest (forall_merge)
+            view = self.split_view(blk, op, dest)
+            new = self.op(blk, written(op), opl, tile, view, env, carried)
+            return self.merge_view(blk, op, new, dest)
+        kind = op.kind
+        if kind.category is Category.FALLBACK:
+            return self.fallback(blk, op, dest, env)
+        self.check_body(op)
+        splits = opl.split_map
+        per = dict(opl.unit_elems)
+        split_dims = [d for d in op.dim_names if splits[d] > 1]
+        red_split = [d for d in op.reduction_dims if splits[d] > 1]
+        if red_split:
+            return self.split_reduction(blk, op, opl, tile, dest, env, carried, split_dims,
+                                        red_split)
+        accumulate = carried is not None and carried.accumulates
+        if not split_dims:
+            piece = self.core(blk, op, tile, dest, env, accumulate)
+            return self.insert(blk, piece, dest, self.out_region(op, tile), parallel=False)
+        inner = blk.child()
+        ivs, grid = self.thread_ids(blk, inner, op, split_dims, splits,
+                                    not all(s.is_const for s in dest.shape))
+        shared = blk.fresh(f"{symbol_name(op.out.tensor)}_shared")
+        new = blk.fresh(op.out.tensor)
+        box = {d: self.thread_slice(inner, tile[d], per[d], splits[d], ivs.get(d))
+               for d in op.dim_names}
+        sh = dest.renamed(shared)
+        piece = self.core(inner, op, box, sh, env, accumulate)
+        blk.emit(f"{new} = scf.forall {grid} shared_outs({shared} = {dest.ssa}) -> "
+                 f"({dest.type}) {{")
+        inner2 = inner.child()
+        self.parallel_insert(inner2, piece, sh, self.out_region(op, box))
+        blk.extend(inner)  # after the insert, which may compute offsets in the thread body
+        blk.emit(f"{INDENT}scf.forall.in_parallel {{")
+        blk.extend(inner2)
+        blk.emit(f"{INDENT}}}")
+        blk.emit("}")
+        return dest.renamed(new)
+
+    def check_body(self, op: Op) -> None:
+        kind = op.kind
+        if kind.reducer is not None and kind.reducer.mlir_combine is None:
+            raise EmitError(f"op {op.name!r}: kind {kind.name!r} has no MLIR combine for its "
+                            f"reducer {kind.reducer.name!r}; it cannot be emitted as parallel IR")
+        if kind.category is not Category.REDUCTION and kind.mlir_body is None:
+            raise EmitError(f"op {op.name!r}: kind {kind.name!r} has no MLIR body; it cannot be "
+                            "emitted as parallel IR")
+
+    # -- loop groups --------------------------------------------------------------------------
+
+    def group(self, blk: _Block, group: GroupPlan, env: _Env) -> None:
+        p = self.program
+        ops = [p.op(n) for n in group.ops]
+        plans = {op.name: self.op_plan(op) for op in ops}
+        for op in ops:
+            loop = plans[op.name].loop
+            if loop is not None and len(loop.group) < len(group.path) and \
+                    loop.group == group.path[:len(loop.group)]:  # "depths": {op: d}
+                raise EmitError(f"op {op.name!r} sits in the outer {len(loop.group)} of the "
+                                f"{len(group.path)} loop levels of its tiling group "
+                                f"{list(group.ops)} (\"depths\": {{\"{op.name}\": "
+                                f"{len(loop.group)}}}); the parallel IR runs every op of a group "
+                                "in all its levels: drop the depth, or emit --bundle")
+            if loop is None or loop.group != group.path or loop.count != group.counts:
+                raise EmitError(f"op {op.name!r}: plan's loop {loop} is not group "
+                                f"{list(group.path)} with counts {list(group.counts)}")
+            if not op.kind.divisible:
+                raise EmitError(f"op {op.name!r}: a fallback op cannot sit in a loop group")
+        counts = [Ix.atom(self.symbols[c]) if isinstance(c, str) else Ix(c)
+                  for c in group.counts]
+        accumulating = {c.op for c in group.combines}
+        inits = {i.op: i.level for i in group.inits}
+        names = set(group.ops)
+        after = {a.tensor for o in p.ops if o.name not in names for a in o.ins} | set(p.outputs)
+        carried: list[_Carried] = []
+        for op in ops:
+            t = op.out.tensor
+            tt = p.tensor(t)
+            shape = self.sizes.shape(t)
+            if op.name in accumulating:
+                if op.kind.reducer is None or op.kind.reducer.pairs:
+                    raise EmitError(f"op {op.name!r}: {op.kind.name} cannot accumulate across "
+                                    "loop iterations")
+                ty = self.compute_type(op)
+                level = inits.get(op.name, 0)
+                if level == 0:
+                    val = self.filled(blk, f"{t}_acc", shape, ty, op.kind.reducer.identity)
+                else:
+                    val = self.empty(blk, f"{t}_acc", shape, ty)
+                carried.append(_Carried(t, op, True, val, level))
+            elif t in after:
+                carried.append(_Carried(t, op, False, self.empty(blk, t, shape,
+                                                                 mlir_type(tt.dtype))))
+        results = self.loop(blk, group, ops, plans, counts, [], carried, env)
+        for c, val in zip(carried, results, strict=True):
+            if not c.accumulates:
+                env.vals[c.tensor] = val
+                continue
+            elt = mlir_type(p.tensor(c.tensor).dtype)
+            piece = self.finish(blk, c.op, [val], lambda c=c, val=val, elt=elt: self.empty(
+                blk, c.tensor, val.shape, elt))
+            env.vals[c.tensor] = TensorVal(piece.ssa, val.shape, piece.elt)
+
+    def tile(self, blk: _Block, op: Op, loop: LoopInfo, ivs: Sequence[Ix], counts: Sequence[Ix]
+             ) -> Box:
+        """The box of ``op`` at loop indices ``ivs`` (levels ``len(ivs)`` and deeper whole), as
+        ``plans.tiles.tile_box`` cuts it."""
+        box = {d: (Ix(0), Ix(n)) for d, n in op.dims}
+        for level, iv in enumerate(ivs):
+            for d in loop.tiled_dims[level]:
+                lo, n = box[d]
+                step = blk.div(n, counts[level])
+                box[d] = (lo + blk.mul(iv, step), step)
+        return box
+
+    def loop(self, blk: _Block, group: GroupPlan, ops: list[Op], plans: Mapping[str, OpPlan],
+             counts: list[Ix], ivs: list[Ix], carried: list[_Carried], env: _Env
+             ) -> list[TensorVal]:
+        """Emit loop level ``len(ivs)`` (and those inside it); returns the carried values."""
+        level = len(ivs)
+        iv = blk.fresh(f"i{level}")
+        args = [c.val.renamed(blk.fresh(f"{c.tensor}_{'acc' if c.accumulates else 'it'}"))
+                for c in carried]
+        res = blk.fresh(f"loop{level}")
+        types = ", ".join(a.type for a in args)
+        head = f"{res}:{len(args)}" if len(args) > 1 else res
+        iter_text = ", ".join(f"{a.ssa} = {c.val.ssa}" for a, c in zip(args, carried,
+                                                                        strict=True))
+        bound = blk.value(counts[level])
+        if args:
+            blk.emit(f"{head} = scf.for {iv} = {blk.value(0)} to {bound} step {blk.value(1)} "
+                     f"iter_args({iter_text}) -> ({types}) {{")
+        else:
+            blk.emit(f"scf.for {iv} = {blk.value(0)} to {bound} step {blk.value(1)} {{")
+        inner = blk.child()
+        ivs = [*ivs, Ix.atom(iv)]
+        current = [c.__class__(c.tensor, c.op, c.accumulates, a, c.init_level)
+                   for c, a in zip(carried, args, strict=True)]
+        # accumulators reset before the level that tiles their reduction
+        for c in current:
+            if c.accumulates and c.init_level == level + 1:
+                loop = plans[c.op.name].loop
+                assert loop is not None
+                box = self.tile(inner, c.op, loop, ivs, counts)
+                split = written(c.op)  # a merged write resets its split view
+                view = self.split_view(inner, c.op, c.val)
+                region = self.out_region(split, box)
+                shape = [ext for _, ext, lit in region if not lit]
+                assert c.op.kind.reducer is not None
+                f = self.filled(inner, f"{c.tensor}_reset", shape, c.val.elt,
+                                c.op.kind.reducer.identity)
+                view = self.insert(inner, f, view, region, parallel=False)
+                c.val = self.merge_view(inner, c.op, view, c.val)
+        if level + 1 < len(counts):
+            vals = self.loop(inner, group, ops, plans, counts, ivs, current, env)
+        else:
+            vals = self.iteration(inner, ops, plans, counts, ivs, current, env)
+        blk.extend(inner)
+        if args:
+            blk.emit(f"{INDENT}scf.yield {', '.join(v.ssa for v in vals)} : {types}")
+        blk.emit("}")
+        names = [res] if len(args) == 1 else [f"{res}#{i}" for i in range(len(args))]
+        return [c.val.renamed(n) for c, n in zip(carried, names, strict=True)]
+
+    def iteration(self, blk: _Block, ops: list[Op], plans: Mapping[str, OpPlan],
+                  counts: list[Ix], ivs: list[Ix], carried: list[_Carried], env: _Env
+                  ) -> list[TensorVal]:
+        """One iteration's tile: every op of the group; returns the carried values after it."""
+        by_tensor = {c.tensor: c for c in carried}
+        local = _Env(dict(env.vals))
+        for c in carried:
+            if not c.accumulates:
+                local.vals[c.tensor] = c.val
+        for op in ops:
+            opl = plans[op.name]
+            assert opl.loop is not None
+            tile = self.tile(blk, op, opl.loop, ivs, counts)
+            c = by_tensor.get(op.out.tensor)
+            if c is not None:
+                c.val = self.op(blk, op, opl, tile, c.val, local, c)
+                if not c.accumulates:
+                    local.vals[c.tensor] = c.val
+                continue
+            # a merged write makes its tile split (forall_merge)
+            split = written(op)
+            region = self.out_region(split, tile)
+            out_t = self.program.tensor(op.out.tensor)
+            # static: a run-time tile size is bounded by the whole dim (see split_reduction)
+            shape = [ext if ext.is_const else Ix(n)
+                     for (_, ext, _), n in zip(region, op.split_shape(out_t.shape),
+                                               strict=True)]
+            dest = self.empty(blk, f"{op.out.tensor}_tile", shape, mlir_type(out_t.dtype),
+                              [lo for lo, _, _ in region])
+            piece = self.op(blk, split, opl, tile, dest, local, None)
+            local.vals[op.out.tensor] = self.merged_tile(blk, op, piece)
+        return [c.val for c in carried]
+
+
+def supported(kind: OpKind) -> bool:
+    """True when the emitter can emit ops of ``kind``."""
+    if kind.category is Category.REDUCTION:
+        return kind.reducer is not None and kind.reducer.mlir_combine is not None
+    if kind.category is Category.FALLBACK:
+        return kind.mlir_body is not None and kind.mlir_body.construction in _CONSTRUCTIONS
+    reducer: Reducer | None = kind.reducer
+    return kind.mlir_body is not None and (reducer is None or reducer.mlir_combine is not None)
+
+

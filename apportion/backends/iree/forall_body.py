@@ -1,0 +1,319 @@
+"""Bodies of the parallel IR (``backends.iree.forall``): scalar conversions, the registry's body
+templates, and a thread's computation of an op: an elementwise ``linalg.generic``, or a
+reduction or matmul accumulated into identities, combined and finished (argmax's indices, a
+mean divided by its count)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from apportion.backends.iree.forall_block import _Block
+from apportion.backends.iree.forall_index import Ix
+from apportion.backends.iree.forall_tensors import Box, TensorVal, _Env, _Slice, _Tensors
+from apportion.backends.iree.forall_types import (
+    _FLOAT_BITS,
+    _FLOAT_TYPES,
+    _INT_BITS,
+    _INTS,
+    _NARROW,
+    INDEX_MAX,
+    mlir_type,
+)
+from apportion.backends.mlir import symbol_name
+from apportion.ir.dtypes import FLOAT_DTYPES
+from apportion.ir.kinds import Category, MlirBody
+from apportion.ir.op import Op
+
+
+def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
+    """``value`` of scalar type ``src`` as type ``dst``: floats to ints truncate toward zero,
+    anything to ``i1`` is ``!= 0``, ``i1`` to numbers is 0 or 1."""
+    if src == dst:
+        return value
+    name = blk.fresh("v")
+    if dst == "i1":
+        if src in _FLOAT_TYPES:
+            zero = blk.const(0.0, src)
+            blk.emit(f"{name} = arith.cmpf une, {value}, {zero} : {src}")
+        else:
+            zero = blk.const(0, src)
+            blk.emit(f"{name} = arith.cmpi ne, {value}, {zero} : {src}")
+        return name
+    if dst == "bf16" and src != "f32":  # f16, f64 and integers: through f32
+        return _convert(blk, _convert(blk, value, src, "f32"), "f32", dst)
+    if src == "f32" and dst == "bf16":
+        return _f32_to_bf16(blk, value)
+    if src in _FLOAT_TYPES and dst in _FLOAT_TYPES:
+        op = "extf" if _FLOAT_BITS[dst] > _FLOAT_BITS[src] else "truncf"
+    elif src in _FLOAT_TYPES:
+        op = "fptosi"
+    elif dst in _FLOAT_TYPES:
+        op = "uitofp" if src == "i1" else "sitofp"
+    elif src == "i1":
+        op = "extui"
+    else:
+        op = "extsi" if _INT_BITS[dst] > _INT_BITS[src] else "trunci"
+    blk.emit(f"{name} = arith.{op} {value} : {src} to {dst}")
+    return name
+
+
+def _f32_to_bf16(blk: _Block, f32: str) -> str:
+    """``f32`` rounded to bf16 (nearest even; NaN stays NaN) with integer ops. The compiler
+    folds ``truncf(sitofp x)`` into one convert, which CPUs without bf16 instructions leave to
+    a runtime library the module is not linked with; integer ops cannot be folded so."""
+    sixteen, one = blk.const(16, "i32"), blk.const(1, "i32")
+    bias, nan = blk.const(0x7FFF, "i32"), blk.fresh("cst")
+    blk.emit(f"{nan} = arith.constant 0x7FC0 : bf16")
+    bits, shifted, lsb, biased, rounded, top, half, value, isnan, name = (
+        blk.fresh("v") for _ in range(10))
+    blk.emit(f"{bits} = arith.bitcast {f32} : f32 to i32")
+    blk.emit(f"{shifted} = arith.shrui {bits}, {sixteen} : i32")
+    blk.emit(f"{lsb} = arith.andi {shifted}, {one} : i32")
+    blk.emit(f"{biased} = arith.addi {bits}, {bias} : i32")
+    blk.emit(f"{rounded} = arith.addi {biased}, {lsb} : i32")
+    blk.emit(f"{top} = arith.shrui {rounded}, {sixteen} : i32")
+    blk.emit(f"{half} = arith.trunci {top} : i32 to i16")
+    blk.emit(f"{value} = arith.bitcast {half} : i16 to bf16")
+    blk.emit(f"{isnan} = arith.cmpf uno, {f32}, {f32} : f32")
+    blk.emit(f"{name} = arith.select {isnan}, {nan}, {value} : bf16")
+    return name
+
+
+def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mapping[str, str],
+           results: Sequence[str] = ("r",)) -> list[str]:
+    """Format a registry template into ``blk``; returns the SSA names of its results."""
+    text = body.text(integer)
+    if not text.strip():
+        return [operands["a"]]
+    names = {r: blk.fresh(r) for r in results}
+    # "-" never occurs in names from SsaNames.fresh, so template temporaries cannot collide
+    blk.fn.templates += 1
+    prefix = f"b{blk.fn.templates}-"
+    for line in text.splitlines():
+        blk.emit(line.format(p=prefix, t=ty, **operands, **names))
+    return [names[r] for r in results]
+
+
+class _Bodies(_Tensors):
+    """A thread's computation of an op over its box, typed as the module docstring of
+    ``backends.iree.forall`` says."""
+
+    # -- typing -----------------------------------------------------------------------------
+
+    def compute_type(self, op: Op) -> str:
+        """The scalar type ``op`` computes in (see the module docstring)."""
+        kind = op.kind
+        dtypes = [self.dtype(a.tensor) for a in op.ins]
+        values = [dtypes[i] for i in kind.value_inputs(len(dtypes))]
+        if not values:
+            return "i1"
+        bodies = [b for b in (kind.mlir_body, kind.reducer and kind.reducer.mlir_combine)
+                  if b is not None]
+        if all(d in _NARROW for d in values):
+            return "f32"
+        if all(d in _INTS | {"bool"} for d in values) and all(b.int is not None
+                                                              for b in bodies):
+            return "i64"
+        if all(d in FLOAT_DTYPES | {"bool"} for d in values):
+            return "f32"
+        return "f64"
+
+    def inputs_to(self, blk: _Block, op: Op, args: Sequence[str], ty: str) -> list[str]:
+        """Block arguments of ``op``'s inputs converted: values to ``ty``, conditions to i1."""
+        out = []
+        for i, (a, arg) in enumerate(zip(op.ins, args, strict=True)):
+            elt = mlir_type(self.dtype(a.tensor))
+            out.append(_convert(blk, arg, elt, "i1" if i in op.kind.conditions else ty))
+        return out
+
+    # -- a thread's computation ---------------------------------------------------------------
+
+    def core(self, blk: _Block, op: Op, box: Box, dest: TensorVal, env: _Env, accumulate: bool
+             ) -> TensorVal:
+        """``op`` over ``box``: the finished piece of the output (the accumulated piece of
+        the accumulator when ``accumulate``), literal axes dropped."""
+        kind = op.kind
+        dims = list(op.dim_names)
+        sizes = {d: box[d][1] for d in dims}
+        ins = [self.read(blk, env.vals[a.tensor], a, box, dims) for a in op.ins]
+        out_results = [f"d{dims.index(d)}" for d in self.out_dims(op)]
+        ty = self.compute_type(op)
+        integer = ty == "i64"
+        out_elt = dest.elt
+        if kind.elementwise:
+            o = self.extract_out(blk, dest, self.out_region(op, box), op.out.tensor)
+            result_ty = "i1" if kind.result_dtype == "bool" else ty
+            attrs = self.attr_values(op)
+            assert kind.mlir_body is not None
+
+            def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
+                xs = self.inputs_to(b, op, args, ty)
+                consts = {k: b.const(v, ty) for k, v in attrs.items()}
+                named = dict(zip("abc", xs, strict=False))
+                r = _apply(b, kind.mlir_body, integer, ty, {**named, **consts})[0]
+                return [_convert(b, r, result_ty, out_elt)]
+
+            return self.generic(blk, dims, sizes, [], ins, [o], out_results, body,
+                                symbol_name(op.out.tensor))[0]
+        acc = self.reduce_into(blk, op, box, ins, out_results, ty, dest if accumulate else None)
+        if accumulate:
+            return acc[0]
+        return self.finish(blk, op, acc, lambda: self.extract_out(
+            blk, dest, self.out_region(op, box), op.out.tensor))
+
+    def accumulators(self, op: Op, ty: str) -> list[tuple[str, float]]:
+        """(element type, identity) of each accumulator of ``op``."""
+        r = op.kind.reducer
+        assert r is not None
+        if r.pairs:
+            return [(ty, r.identity), ("i64", INDEX_MAX)]
+        return [(ty, r.identity)]
+
+    def reduce_into(self, blk: _Block, op: Op, box: Box, ins: list[_Slice],
+                    out_results: list[str], ty: str, acc: TensorVal | None) -> list[TensorVal]:
+        """The reduction or matmul of ``op`` over ``box`` accumulated into fresh identities, then
+        (with ``acc``) combined into the slice of the accumulator ``acc``, as the reference
+        combines a tile's partial. Returns the accumulators (two for argmax)."""
+        kind = op.kind
+        reducer = kind.reducer
+        assert reducer is not None and reducer.mlir_combine is not None
+        dims = list(op.dim_names)
+        sizes = {d: box[d][1] for d in dims}
+        shape = self.out_shape(op, box)
+        integer = ty == "i64"
+        outs = [self.filled(blk, symbol_name(op.out.tensor), shape, elt, ident)
+                for elt, ident in self.accumulators(op, ty)]
+        starts = {d: blk.value(box[d][0]) for d in op.reduction_dims} if reducer.pairs else {}
+        strides = self.strides(blk, op) if reducer.pairs else {}
+
+        def body(b: _Block, args: list[str], outs_: list[str]) -> list[str]:
+            xs = self.inputs_to(b, op, args, ty)
+            if kind.category is Category.MATMUL:
+                assert kind.mlir_body is not None
+                value = _apply(b, kind.mlir_body, integer, ty, {"a": xs[0], "b": xs[1]})[0]
+            else:
+                value = xs[0]
+            if not reducer.pairs:
+                return _apply(b, reducer.mlir_combine, integer, ty, {"a": outs_[0], "b": value})
+            flat = self.flat_index(b, op, dims, starts, strides)
+            return _apply(b, reducer.mlir_combine, integer, ty,
+                          {"a": outs_[0], "ai": outs_[1], "b": value, "bi": flat},
+                          results=("r", "ri"))
+
+        parts = self.generic(blk, dims, sizes, op.reduction_dims, ins, outs, out_results, body,
+                             f"{symbol_name(op.out.tensor)}_acc")
+        if acc is None:
+            return parts
+        return [self.combine_into(blk, op, self.extract_out(
+            blk, acc, self.out_region(op, box), op.out.tensor), parts[0], ty)]
+
+    def combine_into(self, blk: _Block, op: Op, acc: TensorVal, part: TensorVal, ty: str
+                     ) -> TensorVal:
+        """``acc`` combined elementwise with the partial ``part`` of the same shape (a generic
+        that reads a slice of a loop-carried accumulator as its init does not compile in IREE
+        when its sizes are dynamic; this elementwise form does)."""
+        reducer = op.kind.reducer
+        assert reducer is not None and reducer.mlir_combine is not None
+        ident = [f"d{i}" for i in range(len(acc.shape))]
+        sizes = {f"p{i}": n for i, n in enumerate(acc.shape)}
+
+        def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
+            return _apply(b, reducer.mlir_combine, ty == "i64", ty, {"a": args[0], "b": args[1]})
+
+        return self.generic(blk, list(sizes), sizes, [],
+                            [_Slice(acc.ssa, acc.type, acc.elt, ident),
+                             _Slice(part.ssa, part.type, part.elt, ident)],
+                            [acc], ident, body, f"{symbol_name(op.out.tensor)}_comb")[0]
+
+    def strides(self, blk: _Block, op: Op) -> dict[str, Ix | str]:
+        """The row-major stride of each reduction dim of ``op`` over its whole reduction dims:
+        a constant, or (a run-time size) its SSA value, made in ``blk``."""
+        out: dict[str, Ix | str] = {}
+        stride = Ix(1)
+        for d in reversed(op.reduction_dims):
+            out[d] = stride if stride.is_const else blk.value(stride, "stride")
+            stride = blk.mul(stride, self.sizes.of(op)[d])
+        return out
+
+    def flat_index(self, b: _Block, op: Op, dims: list[str], starts: Mapping[str, str],
+                   strides: Mapping[str, Ix | str]) -> str:
+        """Inside a body: the row-major flat index (i64) over the op's whole reduction dims of
+        the current point (``starts``: the box's start in each reduction dim; ``strides``:
+        each dim's stride, see ``strides``)."""
+        flat: str | None = None
+        for d in reversed(op.reduction_dims):
+            i = b.fresh(f"i_{d}")
+            b.emit(f"{i} = linalg.index {dims.index(d)} : index")
+            g = b.fresh(f"g_{d}")
+            b.emit(f"{g} = arith.addi {i}, {starts[d]} : index")
+            stride = strides[d]
+            if stride != Ix(1):
+                if isinstance(stride, Ix):
+                    sc = b.fresh("stride")
+                    b.emit(f"{sc} = arith.constant {stride.value} : index")
+                else:
+                    sc = stride
+                m = b.fresh(f"m_{d}")
+                b.emit(f"{m} = arith.muli {g}, {sc} : index")
+                g = m
+            if flat is None:
+                flat = g
+            else:
+                s = b.fresh("flat")
+                b.emit(f"{s} = arith.addi {flat}, {g} : index")
+                flat = s
+        if flat is None:
+            flat = b.fresh("flat")
+            b.emit(f"{flat} = arith.constant 0 : index")
+        out = b.fresh("idx")
+        b.emit(f"{out} = arith.index_cast {flat} : index to i64")
+        return out
+
+    def finish(self, blk: _Block, op: Op, accs: list[TensorVal],
+               out: Callable[[], TensorVal]) -> TensorVal:
+        """The output piece of finished accumulators: argmax's indices, a mean divided by its
+        count, converted to the output type; ``out()`` gives the slice it overwrites (of the
+        accumulators' shape)."""
+        reducer = op.kind.reducer
+        assert reducer is not None
+        acc = accs[-1] if reducer.pairs else accs[0]
+        is_mean = reducer.finish is not None and not reducer.pairs
+        out_elt = mlir_type(self.dtype(op.out.tensor))
+        if acc.elt == out_elt and not is_mean:
+            return acc
+        o = out()
+        rank = len(acc.shape)
+        ident = [f"d{i}" for i in range(rank)]
+        count = Ix(1)
+        for d in op.reduction_dims:
+            count = blk.mul(count, self.sizes.of(op)[d])
+        if is_mean and not count.is_const:  # a run-time count: converted before the body
+            index = blk.value(count, "count")
+            as_int = blk.fresh("count")
+            blk.emit(f"{as_int} = arith.index_cast {index} : index to i64")
+            fty = acc.elt if acc.elt in _FLOAT_TYPES else "f64"
+            run_count = blk.fresh("count")
+            blk.emit(f"{run_count} = arith.uitofp {as_int} : i64 to {fty}")
+
+        def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
+            v = args[0]
+            src = acc.elt
+            if is_mean:
+                fty = src if src in _FLOAT_TYPES else "f64"
+                v = _convert(b, v, src, fty)
+                c = b.const(float(count.value), fty) if count.is_const else run_count
+                q = b.fresh("mean")
+                b.emit(f"{q} = arith.divf {v}, {c} : {fty}")
+                v, src = q, fty
+            return [_convert(b, v, src, out_elt)]
+
+        sizes = {f"p{i}": s for i, s in enumerate(acc.shape)}
+        return self.generic(blk, list(sizes), sizes, [], [_Slice(acc.ssa, acc.type, acc.elt,
+                                                                 ident)],
+                            [o], ident, body, f"{symbol_name(op.out.tensor)}_fin")[0]
+
+    def attr_values(self, op: Op) -> dict[str, float]:
+        body = op.kind.mlir_body
+        values = dict(body.defaults) if body is not None else {}
+        values.update(op.kind.numeric_attrs(dict(op.attrs)))
+        return values

@@ -1,0 +1,367 @@
+"""Tensor values of the parallel IR (``backends.iree.forall``) and the emitter's tensor work: a
+thread's box of an op, operands read as ``tensor.extract_slice`` over their bounding box,
+pieces written back with ``tensor.insert_slice`` or ``tensor.parallel_insert_slice``, and
+``linalg.generic`` with indexing maps relative to the slices."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from apportion.backends.iree.forall_block import INDENT, _Block, _Emitter, slice_of
+from apportion.backends.iree.forall_index import Ix, IxLike, _map
+from apportion.backends.iree.forall_sizes import Sizes
+from apportion.backends.mlir import symbol_name
+from apportion.errors import ApportionError, EmitError
+from apportion.ir.op import Access, Op
+from apportion.ir.program import Program
+from apportion.plans.plan import OpPlan, Plan
+
+
+def _ttype(shape: Sequence[IxLike], elt: str) -> str:
+    """``tensor<4x?xf16>`` (``?`` where a size is not constant); rank 0: ``tensor<f16>``."""
+    dims = ["?" if not Ix.of(s).is_const else str(Ix.of(s).value) for s in shape]
+    return f"tensor<{'x'.join([*dims, elt])}>"
+
+
+@dataclass(frozen=True)
+class TensorVal:
+    """A tensor SSA value: its shape and element type, and the global index of its first
+    element per axis (zeros for a whole tensor, a tile's corner for one iteration's tile)."""
+
+    ssa: str
+    shape: tuple[Ix, ...]
+    elt: str
+    origin: tuple[Ix, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.origin:
+            object.__setattr__(self, "origin", tuple(Ix(0) for _ in self.shape))
+
+    @property
+    def type(self) -> str:
+        return _ttype(self.shape, self.elt)
+
+    def renamed(self, ssa: str) -> TensorVal:
+        return TensorVal(ssa, self.shape, self.elt, self.origin)
+
+
+#: dim -> (start, size) in elements of the whole op's iteration space
+Box = dict[str, tuple[Ix, Ix]]
+
+
+@dataclass
+class _Slice:
+    """An operand read over a box: the sliced value, its type, and its indexing map results."""
+
+    ssa: str
+    type: str
+    elt: str
+    results: list[str]
+
+
+def _region(access: Access, box: Box) -> list[tuple[Ix, Ix, bool]]:
+    """Per tensor axis: (start, extent, literal) of ``access`` over ``box``."""
+    out = []
+    for e in access.index:
+        if not e.terms:
+            out.append((Ix(e.const), Ix(1), True))
+            continue
+        lo = Ix(e.const)
+        ext = Ix(1)
+        for d, c in e.terms:
+            lo = lo + box[d][0] * c
+            ext = ext + (box[d][1] - 1) * c
+        out.append((lo, ext, False))
+    return out
+
+
+#: a term of an indexing map result as ``_Tensors.read`` writes it: ``d3`` or ``d3 * 64``
+_TERM = re.compile(r"d(\d+)(?: \* -?\d+)?")
+_DIM = re.compile(r"d(\d+)")
+
+
+def iree_safe_map(results: Sequence[str]) -> bool:
+    """Whether IREE 3.13 can take an input indexing map with these results wherever its
+    fusions put it.
+
+    iree-compile 3.13 crashes (a segfault in dispatch annotation: ``AnnotateDispatchesPass``
+    summarizes a dispatch with ``linalg::inferConvolutionDims``) on a ``linalg.generic`` with
+    two inputs and one output whose first input's map has a result that is a sum where only
+    one side of the outermost ``+`` is a dim or a dim times a constant: a sum of three or more
+    terms (``d0 * 64 + d2 * 32 + d3`` is ``(d0 * 64 + d2 * 32) + d3``), or of two terms one of
+    whose dims the map uses again. The convolution matcher then takes that dim for a convolved
+    dim without its pair and reads a null stride for it. Elementwise fusion can move any
+    operand's map into that place (a one-input op reading such a sum fused into a two-input
+    consumer), so the emitter writes no such map at all (``_Tensors.generic``). Safe: every
+    result one term, or two terms over dims the map uses nowhere else.
+    """
+    used: Counter[str] = Counter()
+    sums = []
+    for r in results:
+        terms = [_TERM.fullmatch(t) for t in r.split(" + ")]
+        if not all(terms):
+            return False  # not a form read writes: assume the worst
+        dims = [t.group(1) for t in terms if t is not None]
+        used.update(dims)
+        sums.append(dims)
+    return all(len(t) == 1 or (len(t) == 2 and all(used[d] == 1 for d in t)) for t in sums)
+
+
+@dataclass
+class _Carried:
+    """A tensor a loop group carries in ``iter_args``: a result or an accumulator."""
+
+    tensor: str
+    op: Op
+    accumulates: bool
+    val: TensorVal
+    init_level: int = 0
+
+
+@dataclass
+class _Env:
+    """Tensor name -> its current value (whole tensors, or one iteration's tile)."""
+
+    vals: dict[str, TensorVal] = field(default_factory=dict)
+
+
+class _Tensors(_Emitter):
+    """The emitter of one program's function under its plan: the tensors it reads and
+    writes over boxes."""
+
+    def __init__(self, program: Program, plan: Plan) -> None:
+        super().__init__()
+        self.program, self.plan = program, plan
+        if plan.program != program.name or [o.name for o in plan.ops] != [
+                o.name for o in program.ops]:
+            raise EmitError(f"plan of {plan.program!r} does not fit program {program.name!r}")
+        #: every op dim and tensor axis as an index expression (run-time sizes: see
+        #: ``backends.iree.forall_sizes``)
+        self.sizes = Sizes(program)
+
+    def op_plan(self, op: Op) -> OpPlan:
+        try:
+            return self.plan.op(op.name)
+        except ApportionError as e:  # the plan lacks the op
+            raise EmitError(f"op {op.name!r}: {e}") from None
+
+    def dtype(self, tensor: str) -> str:
+        return self.program.tensor(tensor).dtype
+
+    # -- tensors ----------------------------------------------------------------------------
+
+    def empty(self, blk: _Block, stem: str, shape: Sequence[Ix], elt: str,
+              origin: Sequence[Ix] = ()) -> TensorVal:
+        dyn = [blk.value(s) for s in shape if not s.is_const]
+        name = blk.fresh(f"{stem}_init")
+        blk.emit(f"{name} = tensor.empty({', '.join(dyn)}) : {_ttype(shape, elt)}")
+        return TensorVal(name, tuple(shape), elt, tuple(origin))
+
+    def filled(self, blk: _Block, stem: str, shape: Sequence[Ix], elt: str, value: float
+               ) -> TensorVal:
+        e = self.empty(blk, stem, shape, elt)
+        c = blk.const(value, elt)
+        name = blk.fresh(f"{stem}_fill")
+        blk.emit(f"{name} = linalg.fill ins({c} : {elt}) outs({e.ssa} : {e.type}) -> {e.type}")
+        return e.renamed(name)
+
+    def thread_ids(self, blk: _Block, inner: _Block, op: Op, split_dims: Sequence[str],
+                   splits: Mapping[str, int], linear: bool) -> tuple[dict[str, str], str]:
+        """Each split dim's thread id and the forall's ``(ids) in (counts)``. ``linear``
+        (shared outputs of a run-time size) makes a grid of several dims one id over all its
+        threads, each dim's id an ``affine.apply`` of it in the thread body ``inner``: IREE
+        cannot size a dynamic tensor that nested loops carry, as a forall of several dims
+        lowered to loops would."""
+        ivs = {d: blk.fresh(f"{op.name}_{d}") for d in split_dims}
+        if not linear or len(split_dims) < 2:
+            return ivs, (f"({', '.join(ivs.values())}) in "
+                         f"({', '.join(str(splits[d]) for d in split_dims)})")
+        core = blk.fresh(f"{op.name}_core")
+        stride = 1
+        for d in reversed(split_dims):
+            at = Ix.atom(core).floordiv(stride)
+            if d != split_dims[0]:
+                at = at.mod(splits[d])
+            inner.emit(f"{ivs[d]} = affine.apply {_map(1, [at.render({core: 'd0'})])}({core})")
+            self.defs[ivs[d]] = lambda env, at=at: at.evaluate(env)
+            stride *= splits[d]
+        return ivs, f"({core}) in ({stride})"
+
+    def thread_slice(self, blk: _Block, tile: tuple[Ix, Ix], per: int, split: int,
+                     iv: str | None) -> tuple[Ix, Ix]:
+        start, size = tile
+        if split == 1 or iv is None:
+            return start, size
+        lo, n = slice_of(blk, size, per, split, Ix.atom(iv), iv[1:])
+        return start + lo, n
+
+    # -- reading and writing slices ---------------------------------------------------------
+
+    def read(self, blk: _Block, val: TensorVal, access: Access, box: Box, dims: Sequence[str]
+             ) -> _Slice:
+        region = _region(access, box)
+        offsets = [lo - o for (lo, _, _), o in zip(region, val.origin, strict=True)]
+        sizes = [ext for _, ext, _ in region]
+        keep = [not lit for _, _, lit in region]
+        results = []
+        for e, k in zip(access.index, keep, strict=True):
+            if k:
+                terms = [f"d{dims.index(d)}" if c == 1 else f"d{dims.index(d)} * {c}"
+                         for d, c in e.terms]
+                results.append(" + ".join(terms))
+        whole = all(k for k in keep) and all(
+            off.is_const and off.value == 0 for off in offsets) and all(
+            s == v for s, v in zip(sizes, val.shape, strict=True))
+        if whole:
+            return _Slice(val.ssa, val.type, val.elt, results)
+        kept = [s for s, k in zip(sizes, keep, strict=True) if k]
+        ty = _ttype(kept, val.elt)
+        name = blk.fresh(f"{access.tensor}_s")
+        stem = symbol_name(access.tensor)
+        offs, lens = self.list(blk, offsets, f"{stem}_off"), self.list(blk, sizes, f"{stem}_len")
+        blk.emit(f"{name} = tensor.extract_slice {val.ssa}[{offs}][{lens}]"
+                 f"[{', '.join('1' for _ in sizes)}] : {val.type} to {ty}")
+        return _Slice(name, ty, val.elt, results)
+
+    def list(self, blk: _Block, items: Sequence[Ix], stem: str = "ix") -> str:
+        return ", ".join(blk.operand(i, stem) for i in items)
+
+    def out_region(self, op: Op, box: Box) -> list[tuple[Ix, Ix, bool]]:
+        return _region(op.out, box)
+
+    def out_shape(self, op: Op, box: Box) -> list[Ix]:
+        """The sizes of the output's non-literal axes over ``box`` (the op's parallel dims in the
+        output's order)."""
+        return [box[e.single_dim][1] for e in op.out.index if e.single_dim]
+
+    def out_dims(self, op: Op) -> list[str]:
+        return [e.single_dim for e in op.out.index if e.single_dim]
+
+    def extract_out(self, blk: _Block, dest: TensorVal, region: list[tuple[Ix, Ix, bool]],
+                    stem: str) -> TensorVal:
+        """The slice of ``dest`` a piece over ``region`` overwrites (literal axes dropped)."""
+        offsets = [lo - o for (lo, _, _), o in zip(region, dest.origin, strict=True)]
+        sizes = [ext for _, ext, _ in region]
+        kept = tuple(s for s, (_, _, lit) in zip(sizes, region, strict=True) if not lit)
+        if all(off.is_const and off.value == 0 for off in offsets) and tuple(sizes) == \
+                dest.shape and len(kept) == len(sizes):
+            return dest
+        name = blk.fresh(f"{stem}_o")
+        ty = _ttype(kept, dest.elt)
+        stem = symbol_name(stem)
+        offs, lens = self.list(blk, offsets, f"{stem}_off"), self.list(blk, sizes, f"{stem}_len")
+        blk.emit(f"{name} = tensor.extract_slice {dest.ssa}[{offs}][{lens}]"
+                 f"[{', '.join('1' for _ in sizes)}] : {dest.type} to {ty}")
+        return TensorVal(name, kept, dest.elt)
+
+    def insert(self, blk: _Block, piece: TensorVal, dest: TensorVal,
+               region: list[tuple[Ix, Ix, bool]], parallel: bool) -> TensorVal:
+        offsets = [lo - o for (lo, _, _), o in zip(region, dest.origin, strict=True)]
+        sizes = [ext for _, ext, _ in region]
+        if piece.ssa == dest.ssa:
+            return dest
+        if not parallel and all(off.is_const and off.value == 0 for off in offsets) and \
+                tuple(sizes) == dest.shape and piece.shape == dest.shape:
+            return dest.renamed(piece.ssa)
+        stem = symbol_name(dest.ssa[1:])
+        # scf.forall.in_parallel holds only the inserts: offsets go in the thread's body
+        at = blk.parent if parallel and blk.parent is not None else blk
+        offs, lens = self.list(at, offsets, f"{stem}_off"), self.list(at, sizes, f"{stem}_len")
+        text = (f"{piece.ssa} into {dest.ssa}[{offs}][{lens}]"
+                f"[{', '.join('1' for _ in sizes)}] : {piece.type} into {dest.type}")
+        if parallel:
+            blk.emit(f"tensor.parallel_insert_slice {text}")
+            return dest
+        name = blk.fresh(dest.ssa[1:].split("_init")[0])
+        blk.emit(f"{name} = tensor.insert_slice {text}")
+        return dest.renamed(name)
+
+    def parallel_insert(self, blk: _Block, piece: TensorVal, dest: TensorVal,
+                        region: list[tuple[Ix, Ix, bool]]) -> None:
+        self.insert(blk, piece, dest, region, parallel=True)
+
+    # -- linalg.generic ---------------------------------------------------------------------
+
+    def generic(self, blk: _Block, dims: Sequence[str], sizes: Mapping[str, Ix],
+                reductions: Sequence[str], ins: list[_Slice], outs: list[TensorVal],
+                out_results: list[str], body: Callable[[_Block, list[str], list[str]],
+                                                      list[str]], stem: str) -> list[TensorVal]:
+        """A ``linalg.generic`` over ``dims``; ``body(block, in_args, out_args)`` returns the
+        yielded values. Dims no operand indexes alone get a shape-only operand."""
+        n = len(dims)
+        # IREE 3.13 crashes on some sums in indexing maps (see iree_safe_map): such an operand
+        # is read through a gather into a tensor with one axis per dim, with a plain map
+        ins = [s if iree_safe_map(s.results) else self.gathered(blk, dims, sizes, s)
+               for s in ins]
+        maps = [s.results for s in ins] + [out_results for _ in outs]
+        pure = {r for m in maps for r in m}
+        n_ins = len(ins)
+        for i, d in enumerate(dims):
+            if f"d{i}" not in pure:
+                shape = self.empty(blk, f"range_{d}", [sizes[d]], "i8")
+                ins.append(_Slice(shape.ssa, shape.type, "i8", [f"d{i}"]))
+        all_maps = [s.results for s in ins] + [out_results for _ in outs]
+        iters = ", ".join('"reduction"' if d in reductions else '"parallel"' for d in dims)
+        maps_text = ", ".join(_map(n, m) for m in all_maps)
+        res = blk.fresh(stem)
+        head = f"{res}:{len(outs)}" if len(outs) > 1 else res
+        ins_text = (f" ins({', '.join(s.ssa for s in ins)} : "
+                    f"{', '.join(s.type for s in ins)})") if ins else ""
+        out_types = ", ".join(o.type for o in outs)
+        blk.emit(f"{head} = linalg.generic {{indexing_maps = [{maps_text}], iterator_types = "
+                 f"[{iters}]}}{ins_text} outs({', '.join(o.ssa for o in outs)} : {out_types}) {{")
+        inner = blk.child()
+        in_args = [inner.fresh("in") for _ in ins]
+        out_args = [inner.fresh("out") for _ in outs]
+        header = ", ".join(f"{a}: {s.elt}" for a, s in zip(in_args, ins, strict=True))
+        header += (", " if ins else "") + ", ".join(
+            f"{a}: {o.elt}" for a, o in zip(out_args, outs, strict=True))
+        blk.emit(f"^bb0({header}):")
+        yields = body(inner, in_args[:n_ins], out_args)
+        blk.extend(inner)
+        blk.emit(f"{INDENT}linalg.yield {', '.join(yields)} : "
+                 f"{', '.join(o.elt for o in outs)}")
+        blk.emit(f"}} -> {out_types if len(outs) == 1 else f'({out_types})'}")
+        names = [res] if len(outs) == 1 else [f"{res}#{i}" for i in range(len(outs))]
+        return [o.renamed(nm) for o, nm in zip(outs, names, strict=True)]
+
+    def gathered(self, blk: _Block, dims: Sequence[str], sizes: Mapping[str, Ix], s: _Slice
+                 ) -> _Slice:
+        """Operand ``s`` of a generic over ``dims`` copied into a tensor with one axis per dim
+        its map uses (in the order of ``dims``) by a ``tensor.extract`` at the map's index, and
+        read back through a projection. The copy has no input map, so IREE's fusions cannot
+        give the consumer the sum back (an elementwise copy reading through the sum fuses into
+        the consumer and crashes it again)."""
+        used = sorted({int(i) for r in s.results for i in _DIM.findall(r)})
+        local = {i: k for k, i in enumerate(used)}
+        exprs = [_DIM.sub(lambda m: f"d{local[int(m.group(1))]}", r) for r in s.results]
+        names = [dims[i] for i in used]
+        stem = f"{s.ssa[1:]}_g"
+        init = self.empty(blk, stem, [sizes[d] for d in names], s.elt)
+
+        def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
+            idx = []
+            for k in range(len(used)):
+                i = b.fresh(f"i{k}")
+                b.emit(f"{i} = linalg.index {k} : index")
+                idx.append(i)
+            at = []
+            for e in exprs:
+                plain = _DIM.fullmatch(e)
+                if plain is not None:
+                    at.append(idx[int(plain.group(1))])
+                    continue
+                a = b.fresh("at")
+                b.emit(f"{a} = affine.apply {_map(len(used), [e])}({', '.join(idx)})")
+                at.append(a)
+            x = b.fresh("x")
+            b.emit(f"{x} = tensor.extract {s.ssa}[{', '.join(at)}] : {s.type}")
+            return [x]
+
+        out = [f"d{k}" for k in range(len(used))]
+        copy = self.generic(blk, names, {d: sizes[d] for d in names}, [], [], [init], out, body,
+                            stem)[0]
+        return _Slice(copy.ssa, copy.type, copy.elt, [f"d{i}" for i in used])

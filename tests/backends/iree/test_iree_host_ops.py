@@ -1,0 +1,96 @@
+"""The IREE backend runs whole-tensor fallbacks on the host between IREE modules."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import apportion as ap
+from apportion.backends.iree.run import host_ops, iree_check, iree_run, segments
+from apportion.errors import ExecutionError
+from apportion.ir.op import Op
+from apportion.runtime import random_inputs, run_unplanned
+from tests.helpers import program
+
+torch = pytest.importorskip("torch")
+
+
+def gather_program() -> ap.Program:
+    """An embedding-style gather between two runs of divisible ops."""
+    return program(
+        {"ids": ([6], "int64"), "table": ([10, 64], "float32"), "w": ([64, 32], "float32")},
+        [{"name": "scale", "op": "mul", "out": "t2[v,d]", "ins": ["table[v,d]", "table[v,d]"]},
+         {"name": "emb", "op": "gather", "out": "e[i,d]", "ins": ["t2[v,d]", "ids[i]"]},
+         {"name": "mm", "op": "matmul", "out": "y[i,n]", "ins": ["e[i,d]", "w[d,n]"]},
+         {"name": "act", "op": "exp", "out": "z[i,n]", "ins": ["y[i,n]"]}],
+        ["z", "t2"])
+
+
+def test_segments_cut_the_program_at_host_ops_and_keep_what_later_ops_read():
+    p = gather_program()
+    planned = ap.plan(p, ap.targets.spyre(cores=8))
+    assert host_ops(planned.program) == ("emb",)
+    first, host, last = segments(planned.program, planned.plan)
+    assert isinstance(host, Op) and host.name == "emb"
+    assert [o.name for o in first[0].ops] == ["scale"] and first[0].outputs == ("t2",)
+    assert [o.name for o in last[0].ops] == ["mm", "act"]
+    assert last[0].inputs == ("e", "w") and last[0].outputs == ("z",)
+    assert [o.name for o in last[1].ops] == ["mm", "act"]
+
+
+@pytest.mark.parametrize("cores", [1, 8, 32])
+def test_a_program_with_a_gather_runs_in_iree_with_the_gather_on_the_host(cores, tmp_path):
+    p = gather_program()
+    planned = ap.plan(p, ap.targets.spyre(cores=cores))
+    inputs = random_inputs(planned.program, seed=2)
+    inputs["ids"] = np.array([3, 0, 9, 3, 1, 7])
+    run = iree_run(planned.program, planned.plan, planned.target, inputs, cache_dir=tmp_path)
+    want = run_unplanned(planned.program, inputs)
+    for name in ("z", "t2"):
+        np.testing.assert_allclose(run.tensors[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+def test_run_time_sizes_with_host_ops_are_refused_naming_the_ops(tmp_path):
+    doc = {"ids": (["B"], "int64"), "table": ([10, 64], "float32")}
+    p = program(doc, [{"name": "emb", "op": "gather", "out": "e[i,d]",
+                       "ins": ["table[v,d]", "ids[i]"]},
+                      {"name": "act", "op": "exp", "out": "z[i,d]", "ins": ["e[i,d]"]}],
+                ["z"], symbols={"B": {"max": 8}})
+    planned = ap.plan(p, ap.targets.spyre(cores=4))
+    with pytest.raises(ExecutionError, match=r"run-time sizes and whole-tensor fallback ops \(emb"):
+        iree_check(planned.program, planned.plan, planned.target, symbolic=planned.given,
+                   cache_dir=tmp_path)
+
+
+@pytest.mark.parametrize("factory", ["tiny_llama", "tiny_gpt2"])
+def test_hugging_face_models_run_in_iree_and_match_eager(factory, tmp_path):
+    """Gathers and constants on the host; Llama's rotary embeddings read the query and key
+    projections through 64*a+32*c+d, which the emitter gathers for IREE's sake."""
+    pytest.importorskip("transformers")
+    from apportion.frontend import torch_demo
+
+    model, xs = getattr(torch_demo, factory)()
+    tp = ap.from_torch(model, xs)
+    planned = ap.plan(tp.program, ap.targets.spyre(cores=32))
+    run = iree_run(planned.program, planned.plan, planned.target, tp.inputs(*xs),
+                   cache_dir=tmp_path)
+    got, = tp.torch_outputs(run.tensors)
+    with torch.no_grad():
+        want = model(*xs).logits.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_pow_of_negative_bases_and_edge_cases_matches_numpy_in_iree(tmp_path):
+    p = program({"x": ([2, 8], "float32"), "y": ([2, 8], "float32")},
+                [{"name": "p", "op": "pow", "out": "z[i,j]", "ins": ["x[i,j]", "y[i,j]"]}],
+                ["z"])
+    x = np.array([[-2, -2, -2, -0.5, 2, 0, -0.0, np.nan],
+                  [-3, -1, 4, -np.inf, -np.inf, 1, -1, 0]], dtype=np.float32)
+    y = np.array([[3, 2, 0.5, -2, 0.5, 0, 3, 2],
+                  [1.5, np.nan, -1, 3, 2, np.inf, np.inf, -1]], dtype=np.float32)
+    for cores in (1, 4):
+        planned = ap.plan(p, ap.targets.spyre(cores=cores))
+        got = iree_run(planned.program, planned.plan, planned.target, {"x": x, "y": y},
+                       cache_dir=tmp_path).tensors["z"]
+        with np.errstate(all="ignore"):
+            np.testing.assert_allclose(got, np.power(x, y), equal_nan=True)
