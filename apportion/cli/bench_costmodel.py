@@ -19,6 +19,8 @@ predicted time is within a factor ``PROGRAM_FACTOR_GOAL`` of the measured one ei
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
+from apportion.cli.bench_harness import Outcome, Suite
 from apportion.cli.calibrate import (
     best_records,
     geometric_mean,
@@ -237,3 +240,16 @@ def goals(rows: Sequence[Any]) -> list[bench_goals.Goal]:
     """Every goal over ``run``'s rows (measured kernels and programs timed here)."""
     return (shape_goals([r for r in rows if isinstance(r, ShapeRow)])
             + program_goals([r for r in rows if isinstance(r, ProgramRow)]))
+
+
+def _suite(args: argparse.Namespace, console: Console) -> Outcome:
+    from apportion.target.presets import resolve
+
+    target = resolve(args.target or "spyre")
+    results = run(target, args.measurements, args.cores, args.limit, console, label=args.target)
+    return Outcome([dataclasses.asdict(r) for r in results], goals(results))
+
+
+SUITE = Suite("costmodel", frozenset({"cores", "measurements", "target"}),
+              "the cost model against measured kernels or against planned runs on this machine",
+              _suite)

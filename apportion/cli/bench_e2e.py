@@ -15,9 +15,8 @@ core count, one row:
 * **eager ms min/med**: one call of the model in eager PyTorch under ``torch.no_grad()`` with
   ``torch.set_num_threads(threads)``, fastest and median of ``repeat`` calls;
 * **x eager**: the executor's fastest run over eager's, both measured in this run, interleaved
-  repeat by repeat so that both see the same load (``interleaved``: each side first every
-  other round); **max |err|**: the executor's largest
-  difference from eager.
+  repeat by repeat so that both see the same load (``bench_harness.interleaved``: each side
+  first every other round); **max |err|**: the executor's largest difference from eager.
 
 ``threads`` is 1 unless given: on a small shared machine eager PyTorch's own threads stall
 behind other work (28-207 ms for models that take 0.9-6.8 ms on one thread were seen at 2
@@ -35,8 +34,9 @@ Goals (``goals``, checked by ``--check``): the executor's output equals eager's 
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
-import statistics
 import time
 import warnings
 from collections.abc import Callable
@@ -48,6 +48,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
+from apportion.cli.bench_harness import Outcome, Suite, interleaved
 from apportion.errors import ApportionError
 from apportion.target.presets import spyre
 
@@ -110,18 +111,6 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def interleaved(first: Callable[[], Any], second: Callable[[], Any], repeat: int
-                ) -> tuple[list[float], list[float]]:
-    """Seconds of ``repeat`` calls of each, in rounds that call both (so that both see the same
-    load), ``second`` going first every other round (so that neither always finds the caches
-    as the other left them)."""
-    times: tuple[list[float], list[float]] = ([], [])
-    for i in range(repeat):
-        for side in ((0, 1) if i % 2 == 0 else (1, 0)):
-            times[side].append(_timed(first if side == 0 else second)[0])
-    return times
-
-
 def _first_tensor(out: Any) -> Any:
     """The model's first output tensor (a Hugging Face output's logits)."""
     import torch
@@ -167,13 +156,12 @@ def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: l
             inputs.update(zip(lowered.user_inputs, xs, strict=True))
             with TorchExecutor(program, planned.plan, threads) as ex:
                 got = ex.run(inputs)[lowered.outputs[0]].reshape(lowered.output_shapes[0])
-                runs, eager = interleaved(lambda ex=ex, xs_=inputs: ex.run(xs_), eager_once,
-                                          repeat)
+                runs, eager = interleaved(
+                    [lambda ex=ex, xs_=inputs: ex.run(xs_), eager_once], repeat, alternate=True)
             err = float((got.double() - want.double()).abs().max())
             rows.append(E2EResult(name, about, len(program.ops), n, threads, repeat,
-                                  export_s, lower_s, plan_s, statistics.median(runs) * 1e3,
-                                  min(runs) * 1e3, statistics.median(eager) * 1e3,
-                                  min(eager) * 1e3, err))
+                                  export_s, lower_s, plan_s, runs.median * 1e3, runs.min * 1e3,
+                                  eager.median * 1e3, eager.min * 1e3, err))
             done()
     finally:
         torch.set_num_threads(saved)
@@ -292,3 +280,16 @@ def table(rows: list[E2EResult]) -> Table:
                   f"{r.eager_min_ms:.2f}/{r.eager_ms:.2f}", f"{r.ratio:.1f}",
                   f"{r.max_abs_err:.1e}")
     return t
+
+
+def _suite(args: argparse.Namespace, console: Console) -> Outcome:
+    cores = list(dict.fromkeys(args.cores or [32]))
+    for n in cores:  # every core count checked before the first model runs
+        spyre(cores=n)
+    results = run(cores, threads=args.threads, repeat=args.repeat or 5, limit=args.limit,
+                  console=console)
+    return Outcome([dataclasses.asdict(r) for r in results], goals(results))
+
+
+SUITE = Suite("e2e", frozenset({"cores", "threads", "repeat"}),
+              "PyTorch models planned and run by the torch executor against eager PyTorch", _suite)

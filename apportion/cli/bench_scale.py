@@ -32,6 +32,7 @@ group).
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import gc
 import time
@@ -42,6 +43,8 @@ from rich.console import Console
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
+from apportion.cli.bench_harness import Outcome, Suite, interleaved
+from apportion.cli.usage import from_models
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import forward_program, load_models
 from apportion.ir.program import Program
@@ -147,29 +150,17 @@ def chain_program(n_ops: int, rows: int = 64, cols: int = 256,
                       "inputs": ["t0"], "outputs": [f"t{n_ops}"], "ops": ops})
 
 
-def _timed(program: Program, cores: int, **kwargs: Any) -> tuple[float, Any]:
-    target = kwargs.pop("target", None) or spyre(cores=cores)
-    t0 = time.process_time()
-    result = plan(program, target, "balanced", **kwargs)
-    return time.process_time() - t0, result
-
-
 def best_of(programs: list[Program], cores: int, repeat: int) -> list[tuple[float, Any]]:
-    """Per program, the fastest of ``repeat`` plans and that plan. The rounds are interleaved
-    (every program once, then again), so a burst of load elsewhere slows one round of each
-    rather than every round of one; each plan gets a fresh copy of its program, so none finds
-    what an earlier run cached on it, and starts after a collection, so none pays for the
-    garbage of the one before."""
-    best: list[tuple[float, Any] | None] = [None] * len(programs)
-    for _ in range(repeat):
-        for i, program in enumerate(programs):
-            fresh = dataclasses.replace(program)
-            gc.collect()
-            seconds, result = _timed(fresh, cores)
-            prev = best[i]
-            if prev is None or seconds < prev[0]:
-                best[i] = (seconds, result)
-    return [b for b in best if b is not None]
+    """Per program, the fastest of ``repeat`` plans (CPU seconds) and that plan. The rounds are
+    interleaved (``bench_harness.interleaved``), so a burst of load elsewhere slows one round of
+    each rather than every round of one; each plan gets a fresh copy of its program, so none
+    finds what an earlier run cached on it, and starts after a collection, so none pays for
+    the garbage of the one before."""
+    target = spyre(cores=cores)
+    timings = interleaved([lambda p: plan(p, target, "balanced")] * len(programs), repeat,
+                          clock=time.process_time, before=gc.collect,
+                          fresh=[lambda p=p: dataclasses.replace(p) for p in programs])
+    return [(t.min, t.result) for t in timings]
 
 
 def _rows(suite: str, cases: list[str], programs: list[Program], cores: int,
@@ -207,10 +198,12 @@ def run_groups(sizes: tuple[int, ...], cores: int) -> list[ScaleResult]:
     rows = []
     for n in sizes:
         program = group_program(n)
-        seconds, result = _timed(program, cores)
-        auto, _ = _timed(program, cores, target=small, auto_tile=True)
+        once, auto = interleaved([lambda p=program: plan(p, spyre(cores=cores), "balanced"),
+                                  lambda p=program: plan(p, small, "balanced", auto_tile=True)],
+                                 repeat=1, clock=time.process_time)
+        seconds, result = once.min, once.result
         rows.append(ScaleResult("group", f"{n}-op loop group", cores, n, result.reuse.planned,
-                                result.reuse.reused, seconds, auto))
+                                result.reuse.reused, seconds, auto.min))
     return rows
 
 
@@ -313,3 +306,17 @@ def group_table(rows: list[ScaleResult]) -> Table:
                   f"{auto:.3f}", *grow)
         prev = r
     return t
+
+
+def _suite(args: argparse.Namespace, console: Console) -> Outcome:
+    cores = list(dict.fromkeys(args.cores or [32]))
+    for n in cores:  # every core count checked before the first case runs
+        spyre(cores=n)
+    results = from_models(args.models, lambda: run(
+        cores, models_path=args.models, layers=LAYERS[:args.limit], groups=GROUP_OPS[:args.limit],
+        chains=CHAIN_OPS[:args.limit], console=console))
+    return Outcome([dataclasses.asdict(r) for r in results], goals(results))
+
+
+SUITE = Suite("scale", frozenset({"cores", "models"}),
+              "planning time as programs grow: time per op, large against small", _suite)

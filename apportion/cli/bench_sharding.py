@@ -27,11 +27,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -39,7 +36,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
-from apportion.errors import ApportionError
+from apportion.cli.bench_harness import Outcome, Suite
+from apportion.cli.usage import UsageError
 from apportion.frontend.models import forward_program, load_models
 from apportion.ir.program import Program
 from apportion.sharding.mesh import Mesh, cards, cluster, parse
@@ -215,26 +213,17 @@ def _forward(doc: dict[str, Any], console: Console) -> list[ForwardRow]:
     return rows
 
 
-def command(args: argparse.Namespace, console: Console,
-            output_path: Callable[[str, str], Path]) -> int:
-    """``apportion bench sharding``; ``output_path`` checks ``--json`` (``cli/main.py``'s)."""
-    for flag, value in (("--cores", args.cores), ("--measurements", args.measurements),
-                        ("--target", args.target), ("--threads", getattr(args, "threads", None)),
-                        ("--repeat", getattr(args, "repeat", None))):
-        if value is not None:
-            raise ApportionError(f"{flag} is not an option of the sharding suite")
-    out = output_path("--json", args.json) if args.json is not None else None
+def _suite(args: argparse.Namespace, console: Console) -> Outcome:
     try:
         rows, fwd = run(args.models, args.limit, console)
     except (KeyError, TypeError, ValueError) as e:
-        raise ApportionError(f"--models {args.models!r} is not a models file like the packaged "
-                             f"models.json: {e}") from None
-    if out is not None:
-        doc = {"blocks": [dataclasses.asdict(r) for r in rows],
-               "forward": [dataclasses.asdict(r) for r in fwd]}
-        try:
-            out.write_text(json.dumps(doc, indent=1))
-        except OSError as e:
-            raise ApportionError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") \
-                from None
-    return bench_goals.status("sharding", goals(rows, fwd), args.check)
+        raise UsageError(f"--models {args.models!r} is not a models file like the packaged "
+                         f"models.json: {e}") from None
+    doc = {"blocks": [dataclasses.asdict(r) for r in rows],
+           "forward": [dataclasses.asdict(r) for r in fwd]}
+    return Outcome(doc, goals(rows, fwd))
+
+
+SUITE = Suite("sharding", frozenset({"models"}),
+              "the sharding search on the models' blocks and a forward over device meshes",
+              _suite)

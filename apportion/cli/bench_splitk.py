@@ -33,11 +33,10 @@ The measurements behind the ``cpu`` preset's split table (``target/presets.CPU_S
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import platform
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -51,6 +50,8 @@ from rich.table import Table
 from apportion.backends.iree import runtime as iree
 from apportion.backends.iree.forall import forall_mlir, mlir_type, symbol_name
 from apportion.cli import goals as bench_goals
+from apportion.cli.bench_harness import Outcome, Suite, interleaved
+from apportion.cli.usage import from_models
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
@@ -175,9 +176,9 @@ def measured_shape(m: int, n: int, k: int, max_flop: float = MAX_FLOP) -> int | 
     return k
 
 
-def _timer(vmfb: bytes, function: str, arrays: Sequence[np.ndarray]) -> Callable[[], float]:
-    """A callable that runs ``function`` once on ``arrays`` (uploaded once) and returns the
-    seconds the call took, its result copied to the host."""
+def _timer(vmfb: bytes, function: str, arrays: Sequence[np.ndarray]) -> Callable[[], None]:
+    """A callable that runs ``function`` once on ``arrays`` (uploaded once) and copies its
+    result to the host: what one timed call is."""
     import iree.runtime as rt
 
     config = rt.Config("local-task")
@@ -186,11 +187,8 @@ def _timer(vmfb: bytes, function: str, arrays: Sequence[np.ndarray]) -> Callable
     fn = ctx.modules.module[function]
     args = [rt.asdevicearray(config.device, np.ascontiguousarray(a)) for a in arrays]
 
-    def once() -> float:
-        start = time.perf_counter()
-        out = fn(*args)
-        np.asarray(out.to_host())
-        return time.perf_counter() - start
+    def once() -> None:
+        np.asarray(fn(*args).to_host())
 
     return once
 
@@ -209,7 +207,7 @@ class _Prepared:
     cached: bool
     check_ok: bool
     max_abs_err: float
-    once: Callable[[], float]
+    once: Callable[[], None]
 
 
 def prepare(m: int, n: int, k: int, k_full: int, factor: int) -> _Prepared:
@@ -239,16 +237,10 @@ def time_interleaved(prepared: Sequence[_Prepared], warmup: int = WARMUP,
                      repeats: int = REPEATS) -> list[Measurement]:
     """Time every factor of one shape in rounds (each round calls every factor once, so a
     drift of the machine's speed falls on all of them alike); the median of each."""
-    for p in prepared:
-        for _ in range(warmup):
-            p.once()
-    times: list[list[float]] = [[] for _ in prepared]
-    for _ in range(repeats):
-        for p, ts in zip(prepared, times, strict=True):
-            ts.append(p.once())
-    return [Measurement(p.m, p.n, p.k, p.k_full, p.factor, p.splits, p.compile_s, p.cached, ts,
-                        statistics.median(ts), p.check_ok, p.max_abs_err)
-            for p, ts in zip(prepared, times, strict=True)]
+    timings = interleaved([p.once for p in prepared], repeats, warmup=warmup)
+    return [Measurement(p.m, p.n, p.k, p.k_full, p.factor, p.splits, p.compile_s, p.cached,
+                        list(t.seconds), t.median, p.check_ok, p.max_abs_err)
+            for p, t in zip(prepared, timings, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -424,3 +416,16 @@ def goals(records: Sequence[Measurement],
         [f"{r.m}x{r.n}x{r.k} split {r.factor} (max abs err {r.max_abs_err:.3g})"
          for r in records if not r.check_ok], len(records)))
     return out
+
+
+def _suite(args: argparse.Namespace, console: Console) -> Outcome:
+    from apportion.frontend.models import load_models
+
+    found = from_models(args.models, lambda: shapes_of(load_models(args.models)))[:args.limit]
+    _, records = run(found, console)
+    # a wrong result fails with or without --check
+    return Outcome(to_doc(records), goals(records), failed=not all(r.check_ok for r in records))
+
+
+SUITE = Suite("splitk", frozenset({"models"}),
+              "each resolver's split-K pick, and the skinny shapes' factors timed in IREE", _suite)

@@ -19,6 +19,8 @@ predicted slower than its untiled plan.
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, replace
@@ -29,7 +31,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
+from apportion.cli.bench_harness import Outcome, Suite
 from apportion.cli.report import predicted_total_us
+from apportion.cli.usage import from_models
 from apportion.errors import PlanningError
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import load_models
@@ -455,3 +459,16 @@ def accumulator_table(cases: list[tuple[str, Program, Target]]) -> Table:
                   f"{traffic.full_size / 2**20:.1f}", f"{traffic.tiled / 2**20:.1f}",
                   f"{traffic.saved / 2**20:.1f}")
     return t
+
+
+def _suite(args: argparse.Namespace, console: Console) -> Outcome:
+    cores = list(dict.fromkeys(args.cores or [32]))
+    for n in cores:  # every core count checked before the first case runs
+        spyre(cores=n)
+    blocks = from_models(args.models, lambda: cases(models_path=args.models, limit=args.limit))
+    results = run(cores, console=console, blocks=blocks)
+    return Outcome([dataclasses.asdict(r) for r in results], goals(results))
+
+
+SUITE = Suite("tiling", frozenset({"cores", "models"}),
+              "coarse tiling: memory traffic, scratchpad fit and time, untiled vs tiled", _suite)

@@ -22,6 +22,8 @@ utilization bound is predicted no faster than balanced's by more than ``BOUND_SL
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import math
 import statistics
 import time
@@ -33,6 +35,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
+from apportion.cli.bench_harness import Outcome, Suite
+from apportion.cli.usage import from_models
 from apportion.errors import PlanningError
 from apportion.frontend.models import OpCase, bench_cases, linear, load_models
 from apportion.passes.geometry import OpContext
@@ -190,3 +194,16 @@ def table(results: list[CaseResult], cores: list[int], n_cases: int) -> Table:
                   f"{s['time_ratio']:.3f}x", f"{s['bound_time_ratio']:.3f}x",
                   f"{s['greedy_ms']:.2f}", f"{s['balanced_ms']:.2f}")
     return t
+
+
+def _suite(args: argparse.Namespace, console: Console) -> Outcome:
+    cores = list(dict.fromkeys(args.cores or [32, 24]))
+    for n in cores:  # every core count checked before the first case runs
+        spyre(cores=n)
+    op_cases = from_models(args.models, lambda: cases(models_path=args.models, limit=args.limit))
+    results = run(cores, console=console, op_cases=op_cases)
+    return Outcome([dataclasses.asdict(r) for r in results], goals(results))
+
+
+SUITE = Suite("workdiv", frozenset({"cores", "models"}),
+              "balanced work division against the greedy rule on the models' op shapes", _suite)

@@ -9,7 +9,6 @@ program's symbolic loop counts, and the memory a run needs at least.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import errno
 import json
 import math
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from rich.console import Console
 
 from apportion.cli.params import is_decimal, parse_params
+from apportion.cli.usage import UsageError, make_folder, output_path
 from apportion.errors import ApportionError, ProgramError
 from apportion.ir.program import Program
 from apportion.passes.work_distribution import STRATEGIES
@@ -29,16 +29,11 @@ from apportion.target.presets import PRESETS, resolve
 from apportion.target.target import Target
 
 if TYPE_CHECKING:
-    from apportion.cli.goals import Goal
     from apportion.planned import PlannedProgram
     from apportion.runtime.reference import OutputCheck
 
 DEFAULT = "default"
 T = TypeVar("T")
-
-
-class UsageError(ApportionError):
-    """A bad command-line value: an option, a ``--param``, an output path."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,47 +88,12 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _output_path(option: str, text: str, make_folders: bool = False) -> Path:
-    """``text`` as a file the command can write, checked before any work is done
-    (``make_folders``: its missing folders are made)."""
-    if not text:
-        raise UsageError(f"{option}: the path is empty")
-    path = Path(text)
-    try:
-        if path.is_dir():
-            raise UsageError(f"{option} {text!r} is a folder; give a file path in it")
-        folder = path.parent
-        if make_folders:
-            _make_folder(option, text, folder)
-        if not folder.is_dir():
-            what = "is not a folder" if folder.exists() else "does not exist"
-            raise UsageError(f"{option} {text!r}: folder {str(folder)!r} {what}")
-        if not os.access(folder, os.W_OK | os.X_OK) or (
-                path.exists() and not os.access(path, os.W_OK)):
-            raise UsageError(f"{option} {text!r}: not writable")
-    except OSError as e:  # a name too long, a folder that cannot be searched
-        raise UsageError(f"{option} {text!r}: {e.strerror or e}") from None
-    return path
-
-
-def _make_folder(option: str, text: str, folder: Path) -> None:
-    """Make ``folder`` and its missing parents; a file in the way is one usage error."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):  # a file where a folder goes
-        blocking = next(p for p in (folder, *folder.parents) if p.exists() and not p.is_dir())
-        raise UsageError(f"{option} {text!r}: {str(blocking)!r} is not a folder") from None
-    except OSError as e:
-        raise UsageError(f"{option} {text!r}: cannot make folder {str(folder)!r}: "
-                         f"{e.strerror or e}") from None
-
-
 def _plot_folder(text: str) -> Path:
     """``--plot DIR``: the folder, made with its missing parents, and writable."""
     if not text:
         raise UsageError("--plot: the path is empty")
     folder = Path(text)
-    _make_folder("--plot", text, folder)
+    make_folder("--plot", text, folder)
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"--plot {text!r}: not writable")
     return folder
@@ -328,7 +288,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 
         if is_plot_file(args.plot):
             check_plot_path(Path(args.plot))  # the extension before any folder is made
-            plot = _output_path("--plot", args.plot, make_folders=True)
+            plot = output_path("--plot", args.plot, make_folders=True)
         else:
             plot_dir = _plot_folder(args.plot)
     elif args.op is not None:
@@ -497,135 +457,17 @@ def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-def _from_models(path: str | None, build: Callable[[], T]) -> T:
-    """``build()``, with a malformed ``--models`` file (JSON, keys, types) refused in one line."""
-    if path is None:  # the packaged file: a failure here is a bug, not bad input
-        return build()
-    try:
-        return build()
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        why = f"no key {e.args[0]!r}" if isinstance(e, KeyError) and e.args else str(e)
-        raise UsageError(f"--models {path!r} is not a models file like the packaged "
-                         f"models.json: {why or type(e).__name__}") from None
+#: the bench suites, by name: each module's ``SUITE`` (``cli/bench_harness.py``)
+BENCH_SUITES = ("workdiv", "tiling", "costmodel", "scale", "splitk", "e2e", "sharding")
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
-    from apportion.cli import bench_tiling, bench_workdiv
-    from apportion.cli import goals as bench_goals
-    from apportion.target.presets import spyre
+    import importlib
 
-    if args.suite == "costmodel":
-        return _bench_costmodel(args, console)
-    if args.suite == "splitk":
-        return _bench_splitk(args, console)
-    if args.suite == "e2e":
-        return _bench_e2e(args, console)
-    if args.suite == "sharding":
-        from apportion.cli.bench_sharding import command
+    from apportion.cli.bench_harness import run_suite
 
-        return command(args, console, _output_path)
-    for flag, value in (("--threads", args.threads), ("--repeat", args.repeat)):
-        if value is not None:
-            raise UsageError(f"{flag} is an option of the e2e suite")
-    if args.measurements is not None or args.target is not None:
-        raise UsageError("--measurements and --target are options of the costmodel suite")
-    cores = list(dict.fromkeys(args.cores or ([32, 24] if args.suite == "workdiv" else [32])))
-    for n in cores:  # every core count before the first case runs
-        spyre(cores=n)
-    out = _output_path("--json", args.json) if args.json is not None else None
-    results: list[Any]
-    stated: list[Goal] = []  # the suite's goals, met or missed: the exit status under --check
-    if args.suite == "workdiv":
-        op_cases = _from_models(args.models, lambda: bench_workdiv.cases(
-            models_path=args.models, limit=args.limit))
-        results = bench_workdiv.run(cores, console=console, op_cases=op_cases)
-        stated = bench_workdiv.goals(results)
-    elif args.suite == "scale":
-        from apportion.cli import bench_scale
-
-        results = _from_models(args.models, lambda: bench_scale.run(
-            cores, models_path=args.models, layers=bench_scale.LAYERS[:args.limit],
-            groups=bench_scale.GROUP_OPS[:args.limit],
-            chains=bench_scale.CHAIN_OPS[:args.limit], console=console))
-        stated = bench_scale.goals(results)
-    else:
-        blocks = _from_models(args.models, lambda: bench_tiling.cases(
-            models_path=args.models, limit=args.limit))
-        results = bench_tiling.run(cores, console=console, blocks=blocks)
-        stated = bench_tiling.goals(results)
-    if out is not None:
-        text = json.dumps([dataclasses.asdict(r) for r in results], indent=1)
-        _write_json(out, text)
-    return bench_goals.status(args.suite, stated, args.check)
-
-
-def _write_json(out: Path, text: str) -> None:
-    """Write a benchmark's ``--json`` file, or one usage error line naming why not."""
-    try:
-        out.write_text(text)
-    except OSError as e:
-        raise UsageError(f"--json {str(out)!r}: cannot write: {e.strerror or e}") from None
-
-
-def _bench_splitk(args: argparse.Namespace, console: Console) -> int:
-    """``apportion bench splitk``: each resolver's split-K pick, then the skinny shapes'
-    factors timed on this machine in IREE (``cli/bench_splitk.py``)."""
-    from apportion.cli import bench_splitk
-    from apportion.cli import goals as bench_goals
-    from apportion.frontend.models import load_models
-
-    for flag, value in (("--cores", args.cores), ("--measurements", args.measurements),
-                        ("--target", args.target)):
-        if value is not None:
-            raise UsageError(f"{flag} is not an option of the splitk suite")
-    out = _output_path("--json", args.json) if args.json is not None else None
-    shapes = _from_models(args.models, lambda: bench_splitk.shapes_of(
-        load_models(args.models)))[:args.limit]
-    _, records = bench_splitk.run(shapes, console)
-    if out is not None:
-        _write_json(out, json.dumps(bench_splitk.to_doc(records), indent=1))
-    if not all(r.check_ok for r in records):  # a wrong result fails with or without --check
-        return 1
-    return bench_goals.status("splitk", bench_splitk.goals(records), args.check)
-
-
-def _bench_e2e(args: argparse.Namespace, console: Console) -> int:
-    """``apportion bench e2e``: PyTorch models exported, lowered, planned for Spyre and run by
-    the threaded torch executor against eager PyTorch (``cli/bench_e2e.py``)."""
-    from apportion.cli import bench_e2e
-    from apportion.cli import goals as bench_goals
-    from apportion.target.presets import spyre
-
-    for flag, value in (("--models", args.models), ("--measurements", args.measurements),
-                        ("--target", args.target)):
-        if value is not None:
-            raise UsageError(f"{flag} is not an option of the e2e suite")
-    cores = list(dict.fromkeys(args.cores or [32]))
-    for n in cores:
-        spyre(cores=n)
-    out = _output_path("--json", args.json) if args.json is not None else None
-    results = bench_e2e.run(cores, threads=args.threads, repeat=args.repeat or 5,
-                            limit=args.limit, console=console)
-    if out is not None:
-        _write_json(out, json.dumps([dataclasses.asdict(r) for r in results], indent=1))
-    return bench_goals.status("e2e", bench_e2e.goals(results), args.check)
-
-
-def _bench_costmodel(args: argparse.Namespace, console: Console) -> int:
-    """``apportion bench costmodel``: the model against measured kernels (a device target)
-    or against planned runs timed on this machine (``--target cpu``)."""
-    from apportion.cli import bench_costmodel
-    from apportion.cli import goals as bench_goals
-
-    if args.models is not None:
-        raise UsageError("--models is an option of the workdiv and tiling suites")
-    out = _output_path("--json", args.json) if args.json is not None else None
-    target = resolve(args.target or "spyre")
-    results = bench_costmodel.run(target, args.measurements, args.cores, args.limit, console,
-                                  label=args.target)
-    if out is not None:
-        _write_json(out, json.dumps([dataclasses.asdict(r) for r in results], indent=1))
-    return bench_goals.status("costmodel", bench_costmodel.goals(results), args.check)
+    suite = importlib.import_module(f"apportion.cli.bench_{args.suite}").SUITE
+    return run_suite(suite, args, console)
 
 
 def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
@@ -638,8 +480,8 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
     for flag, value in (("--save", args.save), ("--cores", args.cores)):
         if value is not None and not args.measure:
             raise UsageError(f"{flag} goes with --measure")
-    out = _output_path("-o", args.output) if args.output is not None else None
-    save = _output_path("--save", args.save) if args.save is not None else None
+    out = output_path("-o", args.output) if args.output is not None else None
+    save = output_path("--save", args.save) if args.save is not None else None
     spec = args.target or ("cpu" if args.measure else "spyre")
     target = resolve(spec)
     if args.measure and target.name == "spyre":
@@ -761,10 +603,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "--param K=4096 (repeatable); with --mesh, a symbolic mesh axis size")
     e.set_defaults(func=cmd_emit)
     shard_cli.add_parser(sub, _common)
-    b = sub.add_parser("bench", help="benchmarks: workdiv, tiling, costmodel, scale, splitk, "
-                                     "e2e, sharding")
-    b.add_argument("suite", choices=("workdiv", "tiling", "costmodel", "scale", "splitk",
-                                     "e2e", "sharding"))
+    b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCH_SUITES)}")
+    b.add_argument("suite", choices=BENCH_SUITES)
     b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
                    help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling "
                         "and e2e)")

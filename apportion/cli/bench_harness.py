@@ -1,0 +1,151 @@
+"""One harness for every ``apportion bench`` suite: the options a suite takes, the timing of its
+cases, its ``--json`` document and its goals, each done once here.
+
+A suite is a ``Suite``: its name, the bench options it takes, and a function from the parsed
+arguments to an ``Outcome`` (the JSON document, the goals it states, and whether a result was
+wrong). ``run_suite`` refuses the options the suite does not take (one line naming the suite
+and the ones it does), checks the ``--json`` path before any work, writes the document once,
+and turns the goals into the exit status (``goals.status``: 1 under ``--check`` when one is
+missed; a wrong result is 1 with or without it).
+
+Timing goes through ``interleaved``: rounds that call every case once, so a burst of load
+elsewhere slows one round of each case rather than every round of one; the fastest and the
+median of each case's times are reported (a stall only lengthens a run, so the fastest is the
+steadiest figure; the median says how noisy the machine was).
+
+>>> calls = [lambda: sum(range(1000)), lambda: sum(range(10))]
+>>> [len(t.seconds) for t in interleaved(calls, repeat=3)]
+[3, 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from rich.console import Console
+
+from apportion.cli import goals as bench_goals
+from apportion.cli.usage import UsageError, output_path, write_json
+
+R = TypeVar("R")
+
+#: bench options a suite may take, as the parser stores them, with their flags
+OPTIONS: dict[str, str] = {
+    "cores": "--cores",
+    "models": "--models",
+    "threads": "--threads",
+    "repeat": "--repeat",
+    "measurements": "--measurements",
+    "target": "--target",
+}
+
+
+@dataclass(frozen=True)
+class Timing(Generic[R]):
+    """The seconds of every timed call of one case, and what its fastest call returned."""
+
+    seconds: tuple[float, ...]
+    result: R | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def min(self) -> float:
+        """The fastest call (what a stall cannot lengthen)."""
+        return min(self.seconds)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def interleaved(calls: Sequence[Callable[..., R]], repeat: int, warmup: int = 0,
+                clock: Callable[[], float] = time.perf_counter, alternate: bool = False,
+                before: Callable[[], None] | None = None,
+                fresh: Sequence[Callable[[], Any]] | None = None) -> list[Timing[R]]:
+    """Time every call ``repeat`` times in rounds (each round calls each once, in order;
+    ``alternate``: in reverse order every other round, so that no case always finds the caches
+    as the one before it left them), after ``warmup`` untimed calls of each. ``clock`` is the
+    timer (``time.process_time`` for CPU time, which other work on the cores does not
+    inflate); ``before`` runs before every timed call, untimed (a garbage collection, say);
+    ``fresh[i]()``, also untimed, makes the argument of each call of case ``i`` (a fresh copy
+    of its input, so that no call finds what an earlier one cached on it).
+
+    >>> t = interleaved([lambda: 1], repeat=2)[0]
+    >>> len(t.seconds), t.result, t.min <= t.median
+    (2, 1, True)
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be >= 1, got {repeat}")
+    if fresh is not None and len(fresh) != len(calls):
+        raise ValueError(f"fresh has {len(fresh)} makers for {len(calls)} calls")
+
+    def args(i: int) -> tuple[Any, ...]:
+        return () if fresh is None else (fresh[i](),)
+
+    for i, call in enumerate(calls):
+        for _ in range(warmup):
+            call(*args(i))
+    times: list[list[float]] = [[] for _ in calls]
+    best: list[tuple[float, Any]] = [(float("inf"), None) for _ in calls]
+    order = list(range(len(calls)))
+    for r in range(repeat):
+        for i in (order[::-1] if alternate and r % 2 else order):
+            given = args(i)
+            if before is not None:
+                before()
+            start = clock()
+            out = calls[i](*given)
+            took = clock() - start
+            times[i].append(took)
+            if took < best[i][0]:
+                best[i] = (took, out)
+    return [Timing(tuple(ts), b[1]) for ts, b in zip(times, best, strict=True)]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one suite's run gives the harness: its ``--json`` document (JSON-able), the goals
+    it states (met or missed), and ``failed`` when a result was wrong (exit status 1 whatever
+    the goals say)."""
+
+    doc: Any
+    goals: list[bench_goals.Goal]
+    failed: bool = False
+
+
+@dataclass(frozen=True)
+class Suite:
+    """One ``apportion bench`` suite: its name, the options of ``OPTIONS`` it takes, a line of
+    help, and the function that runs it."""
+
+    name: str
+    options: frozenset[str]
+    about: str
+    run: Callable[[argparse.Namespace, Console], Outcome]
+
+
+def check_options(suite: Suite, args: argparse.Namespace) -> None:
+    """Refuse, in one line, a given option the suite does not take."""
+    for option, flag in OPTIONS.items():
+        if getattr(args, option, None) is not None and option not in suite.options:
+            takes = ", ".join(OPTIONS[o] for o in OPTIONS if o in suite.options) or "none"
+            raise UsageError(f"{flag} is not an option of the {suite.name} suite (its options: "
+                             f"{takes}, --limit, --json, --check)")
+
+
+def run_suite(suite: Suite, args: argparse.Namespace, console: Console) -> int:
+    """Run ``suite`` as ``apportion bench`` does: options checked, the ``--json`` path checked
+    before any work and written once after, the exit status from the goals."""
+    check_options(suite, args)
+    out = output_path("--json", args.json) if getattr(args, "json", None) is not None else None
+    outcome = suite.run(args, console)
+    if out is not None:
+        write_json(out, json.dumps(outcome.doc, indent=1))
+    if outcome.failed:
+        return 1
+    return bench_goals.status(suite.name, outcome.goals, bool(getattr(args, "check", False)))
