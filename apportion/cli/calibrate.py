@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -193,14 +192,12 @@ def time_planned(planned: Any, inputs: Mapping[str, Any], threads: int, repeats:
     """Median wall time in microseconds of ``planned.run(inputs, threads=threads)`` over
     ``repeats`` runs after one warm-up run, numpy's BLAS on one thread. The one timing function
     of ``calibrate --measure`` and ``bench costmodel``."""
+    from apportion.cli.bench_harness import interleaved
+
     with one_blas_thread():
-        planned.run(inputs, threads=threads)
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            planned.run(inputs, threads=threads)
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples) * 1e6
+        (timing,) = interleaved([lambda: planned.run(inputs, threads=threads)], repeats,
+                                warmup=1)
+    return timing.median * 1e6
 
 
 def pointwise_document(fn: str, m: int, n: int, dtype: str) -> dict[str, Any]:
