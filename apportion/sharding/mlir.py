@@ -5,22 +5,31 @@ MLIR's ``shard`` dialect (formerly ``mesh``: ``shard.grid``, ``shard.sharding``,
 iree-base-compiler 3.13.0 ships do not register it (nor ``mesh``): parsing ``shard.grid``
 fails with "Dialect `shard' not found" (``shard_dialect_available`` probes this), and
 apportion verifies every MLIR text it emits with those bindings. So no shard-dialect form is
-emitted; ``sharded_mlir`` says why, and ``per_device_mlir`` emits the per-device programs: for
-each device, each compute segment as ``ap.plan`` plans it for the device's cores, in the
-parallel IR of ``PlannedProgram.forall_mlir`` (each module parsed and verified), with the
-collective steps between them as comments naming the step, the tensors and the devices (and
-the finish of a mean or argmax split over devices, ``rules.Finish``, as a comment too).
-Modules are separated by ``// -----`` lines (``mlir-opt --split-input-file`` reads them so).
+emitted; ``sharded_mlir`` says why, and ``per_device_mlir`` emits the per-device programs with
+IREE's own collective ops, which the bindings do register: the plan lowered to a
+``MeshSchedule`` (``sharding.lower``), then one module per device (``backends.iree.mesh``):
+each compute segment as ``ap.plan`` plans it for the device's cores, in the parallel IR of
+``PlannedProgram.forall_mlir``, and the device's function calling them with every collective
+between as a ``flow.collective.*`` op on a ``!flow.channel`` split into the groups of devices
+along its mesh axis (slices as ``tensor.extract_slice``, finishes of a mean or argmax split
+over devices as ``linalg.generic``). Each module is parsed and verified. Modules are separated
+by ``// -----`` lines (``iree-opt --split-input-file`` reads them so).
+
+>>> from apportion.frontend.json_format import load
+>>> from apportion.sharding.mesh import parse
+>>> from apportion.sharding.search import search
+>>> from apportion.sharding.unroll import unroll
+>>> text = per_device_mlir(unroll(search(load("examples/mlp.json"), parse("tp=2"))))
+>>> [line.strip()[:44] for line in text.splitlines() if "flow.collective" in line][0]
+'%exchanged = flow.collective.reduce_scatter '
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any
-
+from apportion.backends.iree.mesh import mesh_mlir
 from apportion.errors import EmitError
-from apportion.sharding.rules import Finish
-from apportion.sharding.unroll import Collective, Unrolled
+from apportion.sharding.lower import lower_mesh
+from apportion.sharding.unroll import Unrolled
 from apportion.target.target import Target
 
 PROBE = "shard.grid @probe(shape = 2)"
@@ -54,40 +63,6 @@ def sharded_mlir(unrolled: Unrolled) -> str:
 
 
 def per_device_mlir(unrolled: Unrolled, target: Target | None = None) -> str:
-    """Every device's programs as verified parallel IR, collectives as comments between."""
-    planned = unrolled.planned(target)
-    mesh = unrolled.plan.mesh
-    parts = []
-    for dev, plans in zip(unrolled.devices, planned, strict=True):
-        coords = ", ".join(f"{a}={c}" for a, c in dev.coords)
-        pending = [f"// device {dev.device} ({coords}) of mesh {mesh.spec()}"]
-        seg = 0
-        for stage in dev.stages:
-            if isinstance(stage, Collective):
-                group = mesh.group(dev.device, stage.step.axis)
-                pending.append(f"// collective: {stage} over devices {list(group)}")
-                continue
-            if isinstance(stage, Finish):  # elementwise on the device, by its host runner
-                pending.append(f"// finish of op {stage.op} (elementwise, on the device): "
-                               f"{stage}")
-                continue
-            text = _named(plans[seg], stage.name).forall_mlir()
-            seg += 1
-            parts.append("\n".join([*pending, f"// segment {stage.name}", text.rstrip("\n")]))
-            pending = []
-        if pending:
-            if seg == 0:
-                parts.append("\n".join(pending))
-            else:
-                parts[-1] += "\n" + "\n".join(pending)
-    return "\n// -----\n".join(parts) + "\n"
-
-
-def _named(planned: Any, name: str) -> Any:
-    """A planned segment under ``name`` (devices with equal shards share one plan)."""
-    if planned.program.name == name:
-        return planned
-    source = planned.source
-    return replace(planned, program=replace(planned.program, name=name),
-                   plan=replace(planned.plan, program=name),
-                   source=None if source is None else replace(source, name=name))
+    """Every device's module as verified MLIR: its segments' parallel IR and its function
+    calling them with IREE's collective ops between (see the module docstring)."""
+    return mesh_mlir(lower_mesh(unrolled, target))

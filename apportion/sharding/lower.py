@@ -1,0 +1,197 @@
+"""A sharding plan lowered to the device level of the schedule (``schedule.mesh``).
+
+``lower_mesh(unrolled)`` turns the per-device programs of ``unroll`` into a ``MeshSchedule``:
+every device's compute segments, each with the core plan ``ap.plan`` makes for the device's
+cores (equal segments planned once and shared), and every resharding step as a
+``Collective`` carrying each device's box of the tensor before and after it, as the plan's
+shardings cut them (``Sharding.block``), with the groups of devices along its mesh axis. A
+``slice`` step, which ``unroll`` runs as a local copy op inside a segment, becomes a stage of
+its own here, so that every data movement of the plan is a step a backend sees. The finish
+of a mean or argmax split over devices becomes a ``MeshFinish`` with each device's part.
+
+Backends consume the ``MeshSchedule`` and never import ``apportion.sharding``.
+
+>>> from apportion.frontend.json_format import load
+>>> from apportion.sharding.mesh import parse
+>>> from apportion.sharding.search import search
+>>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
+>>> s.summary()
+'mlp over tp=2: 2 devices, 2 stages (1 compute, 1 collectives: 1 reduce_scatter)'
+>>> s.collectives[0].dst_boxes
+(((0, 256), (0, 512)), ((0, 256), (512, 1024)))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from apportion.errors import PlanningError
+from apportion.ir.op import Op
+from apportion.ir.program import Program
+from apportion.schedule.mesh import (
+    Box,
+    Collective,
+    Compute,
+    Device,
+    DeviceLaunch,
+    FinishPart,
+    MeshFinish,
+    MeshSchedule,
+    MeshStage,
+    Placement,
+    group_order,
+)
+from apportion.sharding.collectives import Step
+from apportion.sharding.plan import ShardingPlan
+from apportion.sharding.rules import Finish
+from apportion.sharding.unroll import Collective as UnrolledCollective
+from apportion.sharding.unroll import DeviceProgram, Unrolled, unroll
+from apportion.target.target import Target
+
+# what one device does at one stage, before planning: a run of ops (and the local types it
+# names), a slice, a collective or a finish
+_Entry = tuple[str, Any]
+
+
+def lower_plan(plan: ShardingPlan, sizes: Mapping[str, int] | None = None,
+               target: Target | None = None) -> MeshSchedule:
+    """``plan`` unrolled (``sizes`` bind a symbolic mesh) and lowered; each segment planned
+    for ``target`` (default: the plan's)."""
+    return lower_mesh(unroll(plan, sizes), target)
+
+
+def lower_mesh(unrolled: Unrolled, target: Target | None = None) -> MeshSchedule:
+    """The ``MeshSchedule`` of the per-device programs ``unrolled`` (see the module
+    docstring); each segment planned for ``target`` (default: the plan's)."""
+    from apportion.planned import plan as plan_program
+
+    plan = unrolled.plan
+    tgt = target or plan.target
+    slices = _slice_steps(plan)
+    per_device = [_entries(dev, slices) for dev in unrolled.devices]
+    shapes = [[kind for kind, _ in entries] for entries in per_device]
+    if any(s != shapes[0] for s in shapes):  # unroll gives every device the same stages
+        raise PlanningError(f"sharding plan of {plan.program.name!r}: the devices' stages "
+                            "differ, so they cannot run in step")
+    programs = [_segments(plan.program.name, dev, entries)
+                for dev, entries in zip(unrolled.devices, per_device, strict=True)]
+    planned: dict[Program, Any] = {}
+    stages: list[MeshStage] = []
+    for k, (kind, _) in enumerate(per_device[0]):
+        if kind == "ops":
+            launches = []
+            for d in range(len(unrolled.devices)):
+                seg = programs[d][k]
+                key = replace(seg, name=f"{plan.program.name}.s{k}")
+                if key not in planned:
+                    planned[key] = plan_program(seg, tgt)
+                pp = planned[key]
+                launches.append(DeviceLaunch(seg.name, pp.program, pp.plan))
+            stages.append(Compute(tuple(launches)))
+        elif kind == "finish":
+            fins = [per_device[d][k][1] for d in range(len(unrolled.devices))]
+            stages.append(MeshFinish(fins[0].op, tuple(_finish_part(f) for f in fins)))
+        else:
+            stages.append(_collective(plan, [per_device[d][k][1]
+                                             for d in range(len(unrolled.devices))], kind))
+    devices = tuple(Device(dev.device, dev.coords,
+                           tuple(Placement(t, local, box) for t, local, box in dev.inputs),
+                           tuple(Placement(t, local, box) for t, local, box in dev.outputs))
+                    for dev in unrolled.devices)
+    return MeshSchedule(plan.program, plan.mesh.spec(), tgt, devices, tuple(stages))
+
+
+def _slice_steps(plan: ShardingPlan) -> dict[str, tuple[str, Step]]:
+    """The local-cut copy ops ``unroll`` makes, by op name (``reshard.TRANSFER.K``): the
+    tensor the transfer reshards and the step."""
+    return {f"reshard.{t.name}.{k}": (t.tensor, s) for t in plan.transfers
+            for k, s in enumerate(t.steps) if s.kind == "slice"}
+
+
+def _entries(dev: DeviceProgram, slices: Mapping[str, tuple[str, Step]]) -> list[_Entry]:
+    """The device's stages with each segment cut at its slice copies."""
+    out: list[_Entry] = []
+    for stage in dev.stages:
+        if isinstance(stage, UnrolledCollective):
+            out.append(("collective", stage))
+        elif isinstance(stage, Finish):
+            out.append(("finish", stage))
+        else:
+            types = {t.name: t for t in stage.tensors}
+            run: list[Op] = []
+            for op in stage.ops:
+                if op.name in slices:
+                    if run:
+                        out.append(("ops", (tuple(run), types)))
+                        run = []
+                    out.append(("slice", (op, *slices[op.name])))
+                else:
+                    run.append(op)
+            if run:
+                out.append(("ops", (tuple(run), types)))
+    return out
+
+
+def _reads(kind: str, item: Any) -> set[str]:
+    if kind == "ops":
+        return {a.tensor for op in item[0] for a in op.ins}
+    if kind == "slice":
+        return {item[0].ins[0].tensor}
+    if kind == "finish":
+        return set(item.sources)
+    return {item.source}
+
+
+def _segments(name: str, dev: DeviceProgram, entries: list[_Entry]) -> dict[int, Program]:
+    """Each run of ops as a program of its own, by stage index: its inputs what it reads from
+    before it, its outputs what later stages or the device's outputs read."""
+    later = {local for _, local, _ in dev.outputs}
+    after: list[set[str]] = [set() for _ in entries]
+    for k in range(len(entries) - 1, -1, -1):
+        after[k] = set(later)
+        later |= _reads(*entries[k])
+    out: dict[int, Program] = {}
+    for k, (kind, item) in enumerate(entries):
+        if kind != "ops":
+            continue
+        ops, types = item
+        made = [op.out.tensor for op in ops]
+        ins = list(dict.fromkeys(a.tensor for op in ops for a in op.ins if a.tensor not in made))
+        outs = [m for m in dict.fromkeys(made) if m in after[k]] or [made[-1]]
+        names = dict.fromkeys([*ins, *made])
+        out[k] = Program(f"{name}.d{dev.device}.s{k}", tuple(types[n] for n in names),
+                         tuple(ins), tuple(outs), ops)
+    return out
+
+
+def _boxes(plan: ShardingPlan, step: Step, tensor: str) -> tuple[tuple[Box, ...], ...]:
+    """Every device's box of ``tensor`` before and after ``step``, as the plan cuts it."""
+    shape = plan.program.tensor(tensor).shape
+    sizes = {a.name: a.size for a in plan.mesh.axes}
+    coords = [plan.mesh.coords(d) for d in range(plan.mesh.devices)]
+    return (tuple(step.src.block(shape, c, sizes) for c in coords),
+            tuple(step.dst.block(shape, c, sizes) for c in coords))
+
+
+def _collective(plan: ShardingPlan, items: list[Any], kind: str) -> Collective:
+    """One step, from every device's part of it (the same step on each)."""
+    mesh = plan.mesh
+    if kind == "slice":
+        op, tensor, step = items[0]
+        source, result = op.ins[0].tensor, op.out.tensor
+    else:
+        c: UnrolledCollective = items[0]
+        step, tensor, source, result = c.step, c.tensor, c.source, c.result
+    src, dst = _boxes(plan, step, tensor)
+    groups = group_order({mesh.group(d, step.axis) for d in range(mesh.devices)})
+    return Collective(step.kind, tensor, source, result, plan.program.tensor(tensor).dtype,
+                      step.axis, groups, src, dst, step.dim, step.to_dim, step.reducer,
+                      unpack=step.reducer == "argmax" and not step.dst.partial)
+
+
+def _finish_part(f: Finish) -> FinishPart:
+    return FinishPart(f.kind, f.sources, f.result, f.dtype, f.factor, f.local, f.starts,
+                      f.sizes)
+
