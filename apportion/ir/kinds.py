@@ -269,6 +269,34 @@ MLIR_BODIES: dict[str, MlirBody] = {
 }
 
 
+class SplitFinish(StrEnum):
+    """What each device does last to its part of a reduction whose reduced dims split across
+    devices, so that the parts combine by a plain elementwise reduce (``DeviceCombine``)."""
+
+    SCALE = "scale"  # its local value times its share of the whole count: a mean, as a sum
+    PACK = "pack"  # its (value, global flat index) as int64 keys ordered by value, then index
+
+
+@dataclass(frozen=True)
+class DeviceCombine:
+    """How the parts of a reduction whose reduced dims split across devices combine there.
+
+    Each device's part ends with ``finish`` (None: nothing to do), then waits as a partial
+    ``waits_as`` (a reducer's name: its own, ``sum`` for a mean's scaled parts, ``argmax`` for
+    packed keys), which a collective reduces elementwise by ``collective`` (``sum``, ``prod``,
+    ``max`` or ``min``: what an all-reduce takes; ``any`` over 0/1 bytes and argmax keys by
+    ``max``).
+
+    >>> c = kind("argmax").reducer.across_devices
+    >>> kind("mean").reducer.across_devices.waits_as, c.waits_as, c.collective, c.finish.value
+    ('sum', 'argmax', 'max', 'pack')
+    """
+
+    waits_as: str
+    collective: str
+    finish: SplitFinish | None = None
+
+
 @dataclass(frozen=True)
 class Reducer:
     """How partial results of a reduction combine when its dim is split or tiled.
@@ -280,6 +308,8 @@ class Reducer:
     ``identity`` is what a fresh accumulator holds. ``widen``: float results accumulate in
     float32, as the hardware does, so rounding happens once. ``pairs``: partials are (value,
     flat index) pairs. ``tileable``: an accumulator buffer across loop iterations can hold it.
+    ``across_devices``: how its parts combine when its reduced dims split across devices
+    (``DeviceCombine``; None: they do not, the reduced dims stay whole on each device).
     ``mlir_combine`` is ``combine`` of one element as an MLIR template (see ``MlirBody``).
     """
 
@@ -291,6 +321,7 @@ class Reducer:
     widen: bool = True
     pairs: bool = False
     tileable: bool = True
+    across_devices: DeviceCombine | None = None
     mlir_combine: MlirBody | None = None
 
     def value(self, xp: Any, partial: Partial, count: int) -> Array:
@@ -475,27 +506,34 @@ _ARGMAX_COMBINE = MlirBody(
            "{ri} = arith.select %{p}take, {bi}, {ai} : i64"))
 
 SUM = Reducer("sum", 0.0, _plain(lambda xp, a, ax: xp.sum(a, axis=ax)),
-              lambda xp, p, q: xp.add(p, q), mlir_combine=_bin("arith.addf", "arith.addi"))
+              lambda xp, p, q: xp.add(p, q), mlir_combine=_bin("arith.addf", "arith.addi"),
+              across_devices=DeviceCombine("sum", "sum"))
 MEAN = Reducer("mean", 0.0, _plain(lambda xp, a, ax: xp.sum(a, axis=ax)),
                lambda xp, p, q: xp.add(p, q), lambda xp, p, count: p / count,
-               mlir_combine=_bin("arith.addf", "arith.addi"))
+               mlir_combine=_bin("arith.addf", "arith.addi"),
+               across_devices=DeviceCombine("sum", "sum", SplitFinish.SCALE))
 MAX = Reducer("max", -math.inf, _plain(lambda xp, a, ax: xp.max(a, axis=ax)),
               lambda xp, p, q: xp.maximum(p, q),
-              mlir_combine=_bin("arith.maximumf", "arith.maxsi"))
+              mlir_combine=_bin("arith.maximumf", "arith.maxsi"),
+              across_devices=DeviceCombine("max", "max"))
 MIN = Reducer("min", math.inf, _plain(lambda xp, a, ax: xp.min(a, axis=ax)),
               lambda xp, p, q: xp.minimum(p, q),
-              mlir_combine=_bin("arith.minimumf", "arith.minsi"))
+              mlir_combine=_bin("arith.minimumf", "arith.minsi"),
+              across_devices=DeviceCombine("min", "min"))
 PROD = Reducer("prod", 1.0, _plain(lambda xp, a, ax: xp.prod(a, axis=ax)),
                lambda xp, p, q: xp.multiply(p, q),
-               mlir_combine=_bin("arith.mulf", "arith.muli"))
+               mlir_combine=_bin("arith.mulf", "arith.muli"),
+               across_devices=DeviceCombine("prod", "prod"))
 ANY = Reducer("any", 0.0, _plain(lambda xp, a, ax: xp.any(a != 0, axis=ax)),
               lambda xp, p, q: xp.logical_or(p, q), widen=False,
-              mlir_combine=MlirBody(*["{r} = arith.ori {a}, {b} : i1"] * 2))
+              mlir_combine=MlirBody(*["{r} = arith.ori {a}, {b} : i1"] * 2),
+              across_devices=DeviceCombine("any", "max"))
 # An accumulator buffer holds one array per tensor, not value-index pairs: argmax splits across
 # cores (pairs combine in registers) but does not accumulate across loop iterations.
 ARGMAX = Reducer("argmax", -math.inf, _argmax_partial, _argmax_combine,
                  lambda xp, p, count: p[1], widen=False, pairs=True, tileable=False,
-                 mlir_combine=_ARGMAX_COMBINE)
+                 mlir_combine=_ARGMAX_COMBINE,
+                 across_devices=DeviceCombine("argmax", "max", SplitFinish.PACK))
 
 #: reducer name -> reducer (plans name a loop's init, combine and finish steps by it)
 REDUCERS: dict[str, Reducer] = {r.name: r for r in (SUM, MEAN, MAX, MIN, PROD, ANY, ARGMAX)}

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from apportion.errors import PlanningError
-from apportion.ir.kinds import REDUCERS
+from apportion.ir.kinds import REDUCERS, SplitFinish
 from apportion.runtime import kernels
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.spec import Sharding, chunk
@@ -248,9 +248,20 @@ def _cut(a: np.ndarray, dim: int, parts: int, index: int) -> np.ndarray:
     return a[tuple(sl)]  # a view: no copy
 
 
+def keyed(reducer: str) -> bool:
+    """Whether partials waiting on ``reducer`` are packed (value, index) keys (an argmax's,
+    ``argmax_keys``): reduced by max, their index unpacked once the last partial axis is.
+
+    >>> keyed("argmax"), keyed("sum")
+    (True, False)
+    """
+    across = REDUCERS[reducer].across_devices
+    return across is not None and across.finish is SplitFinish.PACK
+
+
 def _reduce(step: Step, parts: list[np.ndarray], dtype: str) -> np.ndarray:
     assert step.reducer is not None
-    if step.reducer == "argmax":  # packed keys: the larger wins; unpacked once fully reduced
+    if keyed(step.reducer):  # packed keys: the larger wins; unpacked once fully reduced
         keys = functools.reduce(np.maximum, parts)
         return keys if step.dst.partial else argmax_index(keys)
     r = REDUCERS[step.reducer]

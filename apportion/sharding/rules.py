@@ -53,7 +53,7 @@ import numpy as np
 from apportion.errors import ProgramError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.dtypes import FLOAT_DTYPES
-from apportion.ir.kinds import Category
+from apportion.ir.kinds import Category, SplitFinish
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program, TensorType
 from apportion.runtime import kernels
@@ -78,21 +78,20 @@ def device_split_refusal(op: Op, program: Program) -> str | None:
     r = op.kind.reducer
     if r is None:
         return "it has no reducer"
-    if r.name == "mean":
+    across = r.across_devices
+    if across is None or across.waits_as not in PARTIAL_REDUCERS:
+        return f"its {r.name} reduction does not combine across devices"
+    if across.finish is SplitFinish.SCALE:  # a scaled integer part is not exact
         dtype = program.tensor(op.out.tensor).dtype
         if dtype not in FLOAT_DTYPES:
-            return f"a mean of {dtype} splits over devices only with a float result"
-        return None
-    if r.name == "argmax":
+            return f"a {r.name} of {dtype} splits over devices only with a float result"
+    elif across.finish is SplitFinish.PACK:  # the key holds a 32-bit value and a 32-bit index
         dtype = program.tensor(op.ins[0].tensor).dtype
         if dtype not in KEYED_DTYPES:
-            return (f"an argmax of {dtype} values cannot pack its (value, index) pairs into "
+            return (f"an {r.name} of {dtype} values cannot pack its (value, index) pairs into "
                     f"one key (values: {', '.join(sorted(KEYED_DTYPES))})")
         if math.prod(op.sizes[d] for d in op.reduction_dims) > MAX_KEYED_INDEX:
             return "its flat reduction index does not fit a key's 32 bits"
-        return None
-    if r.name not in PARTIAL_REDUCERS:
-        return f"its {r.name} reduction does not combine across devices"
     return None
 
 
@@ -107,11 +106,12 @@ def splittable(op: Op, program: Program) -> tuple[str, ...]:
 
 
 def device_reducer(op: Op) -> str | None:
-    """The reducer a partial output of ``op`` waits on: its kind's, a mean's ``sum``."""
+    """The reducer a partial output of ``op`` waits on (its kind's ``across_devices``): its
+    own, a mean's ``sum``; None where its parts do not combine across devices."""
     r = op.kind.reducer
-    if r is None:
+    if r is None or r.across_devices is None:
         return None
-    return "sum" if r.name == "mean" else r.name
+    return r.across_devices.waits_as
 
 
 @dataclass(frozen=True)
@@ -141,15 +141,16 @@ class Strategy:
         return f"{self.op} {self.label}"
 
 
-def finish_kind(op: Op, strategy: Strategy) -> str | None:
-    """``scale`` for a mean, ``pack`` for an argmax whose reduction dims the strategy splits
-    over devices (each device's part then ends with a ``Finish``); None otherwise."""
+def finish_kind(op: Op, strategy: Strategy) -> SplitFinish | None:
+    """What each device does last to its part of ``op`` when the strategy splits its reduction
+    dims over devices (its kind's ``across_devices.finish``: ``scale`` for a mean, ``pack``
+    for an argmax; then a ``Finish``); None otherwise."""
     r = op.kind.reducer
-    if r is None or r.name not in ("mean", "argmax"):
+    if r is None or r.across_devices is None or r.across_devices.finish is None:
         return None
     if not any(d in strategy.split_map for d in op.reduction_dims):
         return None
-    return "scale" if r.name == "mean" else "pack"
+    return r.across_devices.finish
 
 
 def _sizes(mesh: Mesh) -> dict[str, int]:
@@ -368,7 +369,7 @@ class Finish:
 
     def run(self, env: Mapping[str, np.ndarray]) -> np.ndarray:
         """The result from the device's local arrays ``env``."""
-        if self.kind == "scale":
+        if self.kind == SplitFinish.SCALE:
             x = np.asarray(env[self.sources[0]], dtype=np.float64)
             return kernels.to_storage(x * self.factor, self.dtype)
         values = np.asarray(env[self.sources[0]])
@@ -379,7 +380,7 @@ class Finish:
         return argmax_keys(values, np.asarray(flat, dtype=np.int64))
 
     def __str__(self) -> str:
-        what = (f"x {self.factor:.6g}" if self.kind == "scale" else
+        what = (f"x {self.factor:.6g}" if self.kind == SplitFinish.SCALE else
                 f"reduction {'x'.join(map(str, self.local))} at "
                 f"{', '.join(map(str, self.starts))} of {'x'.join(map(str, self.sizes))}")
         return f"{self.result} = {self.kind}({', '.join(self.sources)}; {what})"
@@ -400,7 +401,7 @@ def local_ops(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
         return (lop,), types, None
     out = lop.out.tensor
     shape = types[out].shape
-    if kind == "scale":
+    if kind is SplitFinish.SCALE:
         tmp = f"{out}~mean"
         types[tmp] = TensorType(tmp, shape, types[out].dtype)
         share = math.prod(lop.sizes[d] for d in op.reduction_dims) / \

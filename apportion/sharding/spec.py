@@ -8,9 +8,12 @@ value-index keys...). A mesh axis splits at most one dim and is never
 both splitting and partial; an axis the sharding does not name holds replicas.
 
 Shards may be uneven and are exact. A dim of ``n`` elements split over axes ``(a, b)`` is cut
-hierarchically, outer axis first, each cut as ``torch.chunk`` cuts (``ceil(n / k)`` elements
-per shard, the last ones what is left), so the shard offsets are PyTorch DTensor's when the
-axes are in mesh order. A cut that would leave some device an empty shard is refused.
+hierarchically, outer axis first, each cut as the cores' work is cut (``plans.views.dim_slices``
+in units of one element: ``floor`` or ``ceil(n / k)`` elements per shard, the larger first, so
+10 over 4 is 3, 3, 2, 2): one rule for cores and devices. PyTorch's ``torch.chunk`` (DTensor's
+``Shard``) cuts 10 over 4 as 3, 3, 3, 1; the two agree where ``n % k`` is 0 or ``k - 1``
+(``chunk_agrees``), and the dtensor backend places its own shards where they differ. A cut
+that would leave some device an empty shard (``n < k``) is refused.
 
 Users annotate any subset of tensors: in the builder with ``ap.shard(t, mesh, ("dp", None))``
 (in the spirit of JAX's ``PartitionSpec``: one entry per dim, an axis name, a tuple of axis
@@ -40,24 +43,54 @@ from apportion.ir import jsondoc
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.kinds import REDUCERS
 from apportion.ir.program import Program
+from apportion.plans.views import dim_slices
 from apportion.sharding.mesh import Mesh
 
-#: reducers a partial tensor may wait on: those whose partials combine with no finishing step,
-#: and ``argmax``, whose partials wait as int64 keys packing (value, index) pairs
-#: (``collectives.argmax_keys``: they combine by max, the index is unpacked once reduced)
-PARTIAL_REDUCERS = (*(n for n, r in REDUCERS.items() if r.finish is None and not r.pairs),
-                    "argmax")
+#: reducers a partial tensor may wait on: what each reducer's parts wait as across devices
+#: (``Reducer.across_devices``): its own partials, a mean's as a ``sum``, an ``argmax``'s as
+#: int64 keys packing (value, index) pairs (``collectives.argmax_keys``: they combine by max,
+#: the index is unpacked once reduced)
+PARTIAL_REDUCERS = tuple(dict.fromkeys(r.across_devices.waits_as for r in REDUCERS.values()
+                                       if r.across_devices is not None))
 
 
 def chunk(n: int, parts: int) -> tuple[tuple[int, int], ...]:
-    """``n`` elements cut in ``parts`` as ``torch.chunk`` cuts: ``ceil(n / parts)`` each,
-    the last ones what is left (possibly nothing).
+    """``n`` elements cut in ``parts`` as the cores' work is cut (``dim_slices`` in units of
+    one element): ``floor`` or ``ceil(n / parts)`` each, the larger first; empty only where
+    ``n < parts``.
 
-    >>> chunk(10, 4), chunk(5, 4)
-    (((0, 3), (3, 6), (6, 9), (9, 10)), ((0, 2), (2, 4), (4, 5), (5, 5)))
+    >>> chunk(10, 4)
+    ((0, 3), (3, 6), (6, 8), (8, 10))
+    >>> chunk(5, 4), chunk(3, 4)
+    (((0, 2), (2, 3), (3, 4), (4, 5)), ((0, 1), (1, 2), (2, 3), (3, 3)))
+    """
+    return tuple(dim_slices(n, 1, parts))
+
+
+def torch_chunk(n: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """``n`` elements cut in ``parts`` as ``torch.chunk`` (and so DTensor's ``Shard``) cuts:
+    ``ceil(n / parts)`` each, the last ones what is left (possibly nothing).
+
+    >>> torch_chunk(10, 4)
+    ((0, 3), (3, 6), (6, 9), (9, 10))
     """
     c = -(-n // parts)
     return tuple((min(i * c, n), min((i + 1) * c, n)) for i in range(parts))
+
+
+def chunk_agrees(n: int, axes: Sequence[str], sizes: Mapping[str, int]) -> bool:
+    """Whether a dim of ``n`` split over ``axes`` (outer first) is cut as ``torch.chunk``
+    nests its cuts: every device's block the same under both rules.
+
+    >>> chunk_agrees(10, ("a",), {"a": 4}), chunk_agrees(7, ("a",), {"a": 4})
+    (False, True)
+    """
+    sizes_now = {n}
+    for a in axes:
+        if any(chunk(m, sizes[a]) != torch_chunk(m, sizes[a]) for m in sizes_now):
+            return False
+        sizes_now = {hi - lo for m in sizes_now for lo, hi in chunk(m, sizes[a])}
+    return True
 
 
 def dim_block(n: int, axes: Sequence[str], coords: Mapping[str, int],

@@ -1,5 +1,5 @@
-"""Shardings: torch.chunk's cuts, nested axes, checks naming tensor/dim/axis, annotations from
-the builder and from program files."""
+"""Shardings: the cores' cuts (and torch.chunk's, for DTensor), nested axes, checks naming
+tensor/dim/axis, annotations from the builder and from program files."""
 
 from __future__ import annotations
 
@@ -19,20 +19,23 @@ from apportion.sharding.spec import (
     candidates,
     check_annotations,
     chunk,
+    chunk_agrees,
     dim_block,
     dumps,
     load,
     loads,
     shard,
+    torch_chunk,
 )
 
 
 @given(st.integers(1, 40), st.integers(1, 9))
-def test_chunks_are_torch_chunks(n, parts):
+def test_torch_chunk_is_torch_s_and_agrees_with_our_cut_exactly_where_said(n, parts):
     torch = pytest.importorskip("torch")
-    ours = [hi - lo for lo, hi in chunk(n, parts)]
+    ours = [hi - lo for lo, hi in torch_chunk(n, parts)]
     theirs = [len(c) for c in torch.arange(n).chunk(parts)]
     assert ours[:len(theirs)] == theirs and not any(ours[len(theirs):])
+    assert chunk_agrees(n, ("a",), {"a": parts}) == (chunk(n, parts) == torch_chunk(n, parts))
 
 
 @given(st.integers(1, 40), st.sampled_from([("a",), ("b",), ("a", "b"), ("b", "a")]))
@@ -51,7 +54,7 @@ def test_nested_cuts_tile_the_dim_outer_axis_first(n, axes):
 def test_shards_are_exact_and_uneven():
     s = Sharding((("dp",), ("tp",)))
     sizes = {"dp": 2, "tp": 3}
-    assert s.block((5, 7), {"dp": 1, "tp": 2}, sizes) == ((3, 5), (6, 7))
+    assert s.block((5, 7), {"dp": 1, "tp": 2}, sizes) == ((3, 5), (5, 7))  # 7 as 3, 2, 2
     assert s.largest_shape((5, 7), sizes) == (3, 3)
     assert s.local_bytes((5, 7), "float16", sizes) == 3 * 3 * 2
 
