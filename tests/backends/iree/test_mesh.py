@@ -1,0 +1,160 @@
+"""Sharded programs run in IREE: every device's segments compiled and run as IREE modules,
+the collectives and finishes between them on the host by the schedule's boxes, compared with
+the unplanned program. Meshes of 2 and 4 devices, 2x2, uneven splits; the host collectives
+equal the reference's numpy collectives. Modules are cached in a folder of the session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from apportion.backends.iree import runtime as iree
+from apportion.backends.iree.mesh import check_mesh, collective, run_mesh, unshard_outputs
+from apportion.cli.main import main
+from apportion.errors import ExecutionError
+from apportion.frontend.json_format import from_dict, load
+from apportion.runtime import kernels
+from apportion.runtime.reference import random_inputs, run_unplanned
+from apportion.schedule.mesh import MeshSchedule, box_shape
+from apportion.sharding.collectives import apply
+from apportion.sharding.lower import lower_mesh, lower_plan
+from apportion.sharding.mesh import parse
+from apportion.sharding.propagate import propagate
+from apportion.sharding.search import search
+from apportion.sharding.spec import Sharding
+from apportion.sharding.unroll import Collective as StepStage
+from apportion.sharding.unroll import unroll
+from tests.sharding.programs import annotated, hard_inputs, reduction
+
+ROWS, COLS, REP = Sharding((("tp",), ())), Sharding(((), ("tp",))), Sharding(((), ()))
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("iree-modules")
+
+
+def _ok(schedule: MeshSchedule, cache: Path, seed: int = 0):
+    checks, run = check_mesh(schedule, seed, cache)
+    assert checks and all(c.ok for c in checks), checks
+    return run
+
+
+def _exp(rows: int, cols: int):
+    return from_dict({"name": "e", "inputs": ["x"], "outputs": ["y"],
+                      "tensors": {"x": {"shape": [rows, cols], "dtype": "float32"},
+                                  "y": {"shape": [rows, cols], "dtype": "float32"}},
+                      "ops": [{"name": "e", "op": "exp", "out": "y[i,j]", "ins": ["x[i,j]"]}]})
+
+
+def test_two_devices_run_their_segment_in_iree_and_reduce_scatter_on_the_host(cache):
+    s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
+    run = _ok(s, cache)
+    assert run.modules == 1  # both devices' segments are equal: compiled once
+    assert [c.kind for c in s.collectives] == ["reduce_scatter"]
+
+
+def test_four_devices_in_a_2x2_mesh_reduce_scatter_along_each_axis(cache):
+    s = lower_plan(search(load("examples/mlp.json"), parse("dp=2,tp=2")))
+    assert [(c.kind, c.axis) for c in s.collectives] == [("reduce_scatter", "dp"),
+                                                         ("reduce_scatter", "tp")]
+    assert s.collectives[1].groups == ((0, 1), (2, 3))
+    _ok(s, cache)
+
+
+def test_an_uneven_split_over_four_devices_gathers_and_all_to_alls_exactly(cache):
+    p = _exp(10, 6)  # 10 rows over 4 devices: the plan's uneven cut
+    gather = lower_plan(propagate(p, parse("tp=4"), annotations={"x": ROWS, "y": REP}))
+    rows = [box_shape(b)[0] for b in gather.collectives[0].src_boxes]
+    assert sorted(set(rows)) == [2, 3]
+    run = _ok(gather, cache)
+    assert run.modules == 2  # shards of 3 rows and of 2 rows
+    to_all = lower_plan(propagate(p, parse("tp=4"), annotations={"x": ROWS, "y": COLS}))
+    assert [c.kind for c in to_all.collectives] == ["all_to_all"]
+    _ok(to_all, cache)
+
+
+@pytest.mark.parametrize("fn", ["mean", "argmax"])
+def test_a_mean_or_argmax_split_over_four_devices_finishes_on_each_and_matches(fn, cache):
+    p = reduction(fn)  # 10 columns over 4 devices
+    s = lower_plan(propagate(p, parse("tp=4"), annotations={"x": Sharding(((), ("tp",)))}))
+    xs = hard_inputs(p) if fn == "argmax" else random_inputs(p, 1)
+    got = run_mesh(s, xs, cache).outputs["r"]
+    want = run_unplanned(p, xs)["r"]
+    if fn == "argmax":  # ties across devices and NaNs: the first maximum, exactly
+        assert np.array_equal(got, want), (got, want)
+    else:
+        assert np.allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_local_cuts_on_three_devices_run_as_slices_between_the_segments(cache):
+    plan = propagate(load("examples/mlp.json"), parse("tp=3"),
+                     annotations={"x": REP, "h": ROWS})
+    s = lower_plan(plan)
+    assert [c.kind for c in s.collectives] == ["slice", "slice"]
+    _ok(s, cache)
+
+
+def test_a_segment_equal_on_every_device_is_one_launch_value(cache):
+    s = lower_mesh(unroll(search(load("examples/megatron.json"), parse("tp=2"),
+                                 annotations={"x": ROWS, "y": REP})))
+    firsts = s.launches(0)
+    assert all(a.program is b.program for a, b in zip(firsts, s.launches(1), strict=True))
+    assert [launch.name for launch in s.launches(1)] == ["megatron.d1.s1"]
+    _ok(s, cache)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(annotated())
+def test_host_collectives_by_the_boxes_equal_the_reference_numpy_collectives(case):
+    program, mesh, ann = case
+    plan = propagate(program, mesh, annotations=ann)
+    u = unroll(plan)
+    s = lower_mesh(u)
+    steps = [st for st in u.devices[0].stages if isinstance(st, StepStage)]
+    ours = [c for c in s.collectives if c.kind != "slice"]
+    assert [str(st.step.kind) for st in steps] == [c.kind for c in ours]
+    rng = np.random.default_rng(0)
+    for st, c in zip(steps, ours, strict=True):
+        dtype = kernels.storage_dtype(c.dtype)
+        arrays = [(rng.integers(-50, 50, box_shape(b)) if c.dtype.startswith("int") else
+                   rng.standard_normal(box_shape(b))).astype(dtype) for b in c.src_boxes]
+        want = apply(st.step, arrays, plan.mesh, c.dtype)
+        for got, w in zip(collective(c, arrays), want, strict=True):
+            assert np.array_equal(got, w), c
+
+
+def test_replicas_that_disagree_are_an_execution_error():
+    s = lower_plan(search(load("examples/mlp.json"), parse("tp=2"), outputs="replicated"))
+    local = s.devices[0].outputs[0].local
+    envs = [{local: np.zeros((256, 1024), np.float16)}, {local: np.ones((256, 1024), np.float16)}]
+    with pytest.raises(ExecutionError, match="replica of output 'y' differs"):
+        unshard_outputs(s, envs)
+
+
+def test_run_mesh_backend_iree_check_matches_and_exits_0(cache, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(cache.parent))  # the CLI takes the default module cache
+    assert main(["run", "examples/mlp.json", "--mesh", "tp=2", "--backend", "iree",
+                 "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "mlp over tp=2: 2 devices, 2 stages (1 compute, 1 collectives: 1 reduce_scatter)" \
+        in out
+    assert "per-device modules of mlp over tp=2 (tp=2, 2 devices) (search, iree) in IREE, " \
+           "collectives between them on the host, matches the unplanned program" in out
+    assert iree.default_cache_dir().is_dir()
+
+
+def test_a_wrong_collective_is_a_mismatch_and_exits_1(cache, capsys, monkeypatch):
+    from apportion.backends.iree import mesh
+
+    monkeypatch.setenv("HOME", str(cache.parent))
+    real = mesh.collective
+    monkeypatch.setattr(mesh, "collective",
+                        lambda c, arrays: [np.zeros_like(a) for a in real(c, arrays)])
+    assert main(["run", "examples/mlp.json", "--mesh", "tp=2", "--backend", "iree",
+                 "--check"]) == 1
+    assert "differs from the unplanned program on y" in capsys.readouterr().out
