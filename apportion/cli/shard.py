@@ -247,9 +247,11 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
                     print_checks: Callable[..., int]) -> int:
     """``run --mesh``: the per-device programs run and (``--check``) compared;
     ``print_checks`` prints the comparison (``cli/main.py``'s)."""
-    if args.backend not in ("reference", "dtensor"):
+    if args.backend not in ("reference", "dtensor", "iree"):
         raise ShardUsageError(f"--backend {args.backend} does not run sharded programs; with "
-                              "--mesh: reference or dtensor")
+                              "--mesh: reference, iree or dtensor")
+    if args.backend == "iree" and args.threads is not None:
+        raise ShardUsageError("--threads applies to the reference backend")
     planned = sharding_plan(args)
     sizes = mesh_sizes(planned, args)
     plan = planned.bind(sizes)
@@ -279,6 +281,8 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
             console.print(f"ran {label}", highlight=False)
             return 0
         return print_checks(checks, f"distributed run of {label}", console)
+    if args.backend == "iree":
+        return _run_iree(args, plan, label, console, print_checks)
     from apportion.sharding.unroll import unroll
 
     u = unroll(plan)
@@ -290,6 +294,40 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
     checks = u.check(seed=args.seed, planned=True)
     return print_checks(checks, f"per-device programs of {label}, run core slice by core "
                         "slice,", console)
+
+
+def _run_iree(args: argparse.Namespace, plan: ShardingPlan, label: str, console: Console,
+              print_checks: Callable[..., int]) -> int:
+    """``run PROG --mesh --backend iree``: every device's segments as IREE modules, the
+    collectives between them on the host (``backends.iree.mesh``), against the unsharded
+    program on random inputs."""
+    from apportion.backends.iree.mesh import check_mesh, run_mesh
+    from apportion.cli.progress import progress
+    from apportion.runtime.reference import random_inputs
+    from apportion.sharding.lower import lower_plan
+
+    schedule = lower_plan(plan)
+    with progress(console, f"compiling {plan.program.name}'s segments with IREE and running "
+                           f"them on {plan.mesh.devices} devices"):
+        if args.check:
+            checks, run = check_mesh(schedule, seed=args.seed)
+        else:
+            run = run_mesh(schedule, random_inputs(plan.program, args.seed))
+    _print_mesh_run(run, console, schedule.summary())
+    if not args.check:
+        console.print(f"ran {label}", highlight=False)
+        return 0
+    return print_checks(checks, f"per-device modules of {label} in IREE, collectives between "
+                        "them on the host,", console)
+
+
+def _print_mesh_run(run: Any, console: Console, summary: str | None = None) -> None:
+    """The lines saying what a run of the per-device modules in IREE did."""
+    if summary is not None:
+        console.print(summary, highlight=False, soft_wrap=True, markup=False)
+    cached = "from the cache" if run.cached else f"compiled in {run.compile_s:.1f} s"
+    console.print(f"{run.modules} distinct segment modules ({cached}), {run.run_s:.2f} s in "
+                  f"IREE, {run.host_s:.3f} s of collectives on the host", highlight=False)
 
 
 def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
