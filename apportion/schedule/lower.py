@@ -1,0 +1,287 @@
+"""Lowering a plan to its schedule: every per-core and per-iteration box made explicit once.
+
+``lower(program, plan, target, sizes, params)`` binds the run-time sizes of a program that has
+them (``passes.bind.bind_plan``: split-K select chains evaluated, every op's slices cut from the
+bound sizes) and the symbolic loop counts (``params``, each checked against what its group was
+planned for), then walks the program in order: an op outside loops becomes a ``Launch`` over its
+cores (the plan's core slices, ``plans.views.core_slices``) or a ``Host`` step (a fallback); a
+loop group becomes its nest of ``Loop``s (``plans.tiles.loop_tree``) with the ``Init`` of each
+accumulator before the loop tiling its reduction, the ``Finish`` after it, and a ``Copy`` after
+each producer whose tile is copied out. A launch in a loop gives its tile and its cores' boxes
+(``plans.tiles.tile_box`` and ``core_boxes``) at iteration 0 and their step per loop level: a
+tile is the previous level's divided by a count that divides it, so every box moves by the same
+amount each iteration. Every error of a loop count (one that does not divide a dim, an unbound
+symbol, one outside its planned range) is raised here, before anything runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from apportion.errors import ApportionError, ExecutionError, ProgramError
+from apportion.ir.op import Access, Op
+from apportion.ir.program import Program
+from apportion.passes.bind import bind_plan, infer_sizes
+from apportion.plans.memory import GroupPlan
+from apportion.plans.plan import LoopInfo, OpPlan, Plan
+from apportion.plans.tiles import Box, core_boxes, loop_tree, region, resolve_counts, tile_box
+from apportion.plans.tiles import Loop as TreeLoop
+from apportion.plans.views import core_slices
+from apportion.schedule.values import (
+    Copy,
+    Finish,
+    Host,
+    Init,
+    Launch,
+    Lifetime,
+    Loop,
+    Operand,
+    Ranges,
+    Schedule,
+    Step,
+    Steps,
+    WorkerAxis,
+)
+from apportion.target.target import Target
+
+#: ``infer_sizes`` (the run-time sizes input arrays have) belongs to binding, a lowering step:
+#: a backend asks it here, not of the planning passes
+__all__ = ["infer_sizes", "lower"]
+
+
+def lower(program: Program, plan: Plan, target: Target | str,
+          sizes: Mapping[str, int] | None = None, params: Mapping[str, int] | None = None
+          ) -> Schedule:
+    """The schedule of ``plan`` for ``program`` on ``target`` (a ``Target``, or its name where
+    nothing needs more: binding run-time sizes asks the target's split-K resolvers), at
+    run-time ``sizes`` of the program's symbols (default: the planning sizes) and symbolic
+    loop counts ``params``. Raises ExecutionError for a plan that does not fit the program, a
+    loop count that does not divide a dim or is unbound, or sizes the plan cannot take.
+
+    >>> import apportion as ap
+    >>> planned = ap.plan(ap.load("examples/mlp.json"), ap.targets.spyre(cores=8))
+    >>> s = lower(planned.program, planned.plan, planned.target)
+    >>> first = s.steps[0]
+    >>> first.op, [str(a) for a in first.axes], first.boxes_at(())[7]
+    ('gate', ['m:4', 'n:2'], {'m': (192, 256), 'n': (1408, 2816), 'k': (0, 1024)})
+    """
+    name = target if isinstance(target, str) else target.name
+    bound: tuple[tuple[str, int], ...] = ()
+    if program.symbol_map:
+        if isinstance(target, str):
+            raise ExecutionError(f"program {program.name!r} has run-time sizes "
+                                 f"({', '.join(program.symbol_map)}): binding them needs the "
+                                 f"target {name!r} itself, not its name")
+        chosen = {**program.planning_sizes(), **dict(sizes or {})}
+        try:
+            program, plan = bind_plan(program, plan, target, sizes or {})
+        except ProgramError as e:
+            raise ExecutionError(str(e)) from None
+        bound = tuple(chosen.items())
+    elif sizes:
+        raise ExecutionError(f"program {program.name!r} has no symbolic sizes; got "
+                             f"{sorted(sizes)}")
+    counts = _bind_counts(program, plan, params)
+    steps = _Lowering(program, plan, counts).steps()
+    sched = Schedule(program=program, target=name, cores=plan.cores, steps=steps,
+                     buffers=plan.buffers, sizes=bound,
+                     params=tuple(sorted((params or {}).items())))
+    return Schedule(program=program, target=name, cores=plan.cores, steps=steps,
+                    buffers=plan.buffers, lifetimes=_lifetimes(program, sched),
+                    sizes=bound, params=sched.params)
+
+
+def _bind_counts(program: Program, plan: Plan, params: Mapping[str, int] | None
+                 ) -> dict[str, int]:
+    """Every symbolic loop count at its value in ``params``: each one given, within what its
+    group was planned for; no other name."""
+    needed = {c for g in plan.groups for c in g.counts if isinstance(c, str)}
+    extra = sorted(set(params or {}) - needed)
+    if extra:
+        raise ExecutionError(f"params {extra} given, but plan of {program.name!r} has no such "
+                             "symbolic loop count")
+    out: dict[str, int] = {}
+    for g in plan.groups:
+        for count, value in zip(g.counts, resolve_counts(g.counts, params), strict=True):
+            if isinstance(count, str):
+                why = g.check_count(count, value)
+                if why is not None:
+                    raise ExecutionError(why)
+                out[count] = value
+    return out
+
+
+def _lifetimes(program: Program, sched: Schedule) -> tuple[Lifetime, ...]:
+    ops = sched.ops
+    end = len(ops)
+    first = {t: -1 for t in program.inputs}
+    last: dict[str, int] = {}
+    for i, s in enumerate(ops):
+        for t in (s.reads if isinstance(s, Host) else [o.tensor for o in s.reads]):
+            last[t] = i
+        out = s.write if isinstance(s, Host) else s.write.tensor
+        first.setdefault(out, i)
+    held = set(program.inputs) | set(program.outputs)
+    return tuple(Lifetime(t, f, end if t in held else last.get(t, f)) for t, f in first.items())
+
+
+def _axis_steps(access: Access, steps: Sequence[Mapping[str, int]]) -> Steps:
+    """How far ``access``'s region moves per loop level when its box moves by ``steps`` (per
+    level, dim -> offset): a region's bounds are affine in its box's, so it moves by the
+    access's coefficients times the box's step."""
+    return tuple(tuple(sum(c * s.get(d, 0) for d, c in e.terms) for e in access.index)
+                 for s in steps)
+
+
+class _Lowering:
+    """One lowering: the program, its plan, the symbolic counts bound."""
+
+    def __init__(self, program: Program, plan: Plan, counts: Mapping[str, int]) -> None:
+        self.program, self.plan, self.counts = program, plan, counts
+
+    def op_plan(self, op: Op) -> OpPlan:
+        try:
+            return self.plan.op(op.name)
+        except ApportionError as e:
+            raise ExecutionError(f"op {op.name!r}: {e}") from None
+
+    def loop_counts(self, loop: LoopInfo) -> tuple[int, ...]:
+        return tuple(self.counts[c] if isinstance(c, str) else c for c in loop.count)
+
+    def steps(self) -> tuple[Step, ...]:
+        group_of = {n: g for g in self.plan.groups for n in g.ops}
+        out: list[Step] = []
+        done: set[tuple[int, ...]] = set()
+        for op in self.program.ops:
+            op_plan = self.op_plan(op)
+            if op_plan.loop is None:
+                out.append(self.untiled(op, op_plan))
+                continue
+            group = group_of.get(op.name)
+            if group is None:
+                raise ExecutionError(f"op {op.name!r}: plan puts it in loop {op_plan.loop}, "
+                                     "which no loop group of the plan holds")
+            if group.path not in done:
+                done.add(group.path)
+                out += self.group(group)
+        return tuple(out)
+
+    # --- ops outside loops -------------------------------------------------------------------
+
+    def untiled(self, op: Op, op_plan: OpPlan) -> Launch | Host:
+        if op_plan.sizes != op.sizes:
+            raise ExecutionError(f"op {op.name!r}: plan's iteration space {op_plan.sizes} "
+                                 f"differs from the op's {op.sizes}")
+        if not op.kind.divisible:
+            return self.host(op, op_plan)
+        return self.launch(op, op_plan, {d: (0, n) for d, n in op.dims},
+                           list(core_slices(op_plan)), ())
+
+    def host(self, op: Op, op_plan: OpPlan) -> Host:
+        if op_plan.cores != 1:
+            raise ExecutionError(f"op {op.name!r}: fallback ops run on one core, plan gives "
+                                 f"{op_plan.cores}")
+        return Host(op.name, op.kind.name, tuple(a.tensor for a in op.ins), op.out.tensor)
+
+    def launch(self, op: Op, op_plan: OpPlan, tile: Box, boxes: Sequence[Box | None],
+               steps: tuple[dict[str, int], ...], mode: str = "write") -> Launch:
+        dims = op.dim_names
+        par = op.parallel_dims
+        by_slice: dict[tuple[tuple[int, int], ...], list[int]] = {}
+        for w, b in enumerate(boxes):
+            if b is not None:
+                by_slice.setdefault(tuple(b[d] for d in par), []).append(w)
+        dim_steps = tuple(tuple(s.get(d, 0) for d in dims) for s in steps)
+
+        def operand(access: Access) -> Operand:
+            return Operand(str(access),
+                           tuple(None if b is None else region(access, b) for b in boxes),
+                           _axis_steps(access, steps))
+
+        return Launch(
+            op=op.name, kind=op.kind.name, dims=dims,
+            axes=tuple(WorkerAxis(d, n) for d, n in op_plan.splits if n > 1),
+            tile=tuple(tile[d] for d in dims),
+            boxes=tuple(None if b is None else tuple(b[d] for d in dims) for b in boxes),
+            steps=dim_steps, reads=tuple(operand(a) for a in op.ins), write=operand(op.out),
+            combine=tuple(tuple(g) for g in by_slice.values() if len(g) > 1), mode=mode)
+
+    # --- loop groups -------------------------------------------------------------------------
+
+    def group(self, group: GroupPlan) -> list[Step]:
+        loops: dict[str, LoopInfo] = {}
+        for name in group.ops:
+            op_plan = self.op_plan(self.program.op(name))
+            loop = op_plan.loop
+            if loop is None or loop.group[:1] != group.path[:1]:
+                raise ExecutionError(f"op {name!r}: plan's loop {loop} is not in group "
+                                     f"{list(group.path)}")
+            loops[name] = loop
+        return self.items(group, loop_tree(group.ops, loops), 0)
+
+    def items(self, group: GroupPlan, items: Sequence[str | TreeLoop], depth: int
+              ) -> list[Step]:
+        out: list[Step] = []
+        for item in items:
+            if isinstance(item, str):
+                out += self.tiled(group, self.program.op(item), depth)
+                continue
+            inside = item.names()
+            out += [self.init(self.program.op(i.op), i.fn, i.identity, depth)
+                    for i in group.inits if i.level == depth and i.op in inside]
+            count = item.count
+            symbol = count if isinstance(count, str) else None
+            tiled: list[str] = []
+            for name in inside:
+                loop = self.op_plan(self.program.op(name)).loop
+                assert loop is not None
+                tiled += [d for d in loop.tiled_dims[depth] if d not in tiled]
+            out.append(Loop(self.counts[count] if symbol else int(count),
+                            tuple(self.items(group, item.items, depth + 1)), symbol,
+                            tuple(tiled)))
+            out += [self.finish(self.program.op(f.op), f.fn, f.count, depth)
+                    for f in group.finishes if f.level == depth and f.op in inside]
+        return out
+
+    def moves(self, op: Op, depth: int) -> tuple[Box, tuple[dict[str, int], ...], LoopInfo]:
+        """``op``'s tile at iteration 0 of its ``depth`` outermost loops, and its step per
+        level: the tile at a unit index of that level less the tile at 0."""
+        loop = self.op_plan(op).loop
+        assert loop is not None
+        counts = self.loop_counts(loop)
+        zero = (0,) * depth
+        tile = tile_box(op.sizes, loop, zero, counts, op.name)
+        steps = []
+        for level in range(depth):
+            unit = tuple(1 if i == level else 0 for i in range(depth))
+            at = tile_box(op.sizes, loop, unit, counts, op.name)
+            steps.append({d: at[d][0] - tile[d][0] for d in tile if at[d][0] != tile[d][0]})
+        return tile, tuple(steps), loop
+
+    def tiled(self, group: GroupPlan, op: Op, depth: int) -> list[Step]:
+        op_plan = self.op_plan(op)
+        if not op.kind.divisible:
+            return [self.host(op, op_plan)]
+        tile, steps, loop = self.moves(op, depth)
+        # every level divides: checked over the whole nest, so a bad count fails here
+        tile_box(op.sizes, loop, (0,) * len(loop.count), self.loop_counts(loop), op.name)
+        mode = "accumulate" if any(c.op == op.name for c in group.combines) else "write"
+        out: list[Step] = [self.launch(op, op_plan, tile, core_boxes(op_plan, tile), steps,
+                                       mode)]
+        for c in group.copies:
+            if c.op == op.name:
+                reg = region(op.out, tile)
+                out.append(Copy(op.name, c.tensor, reg, _axis_steps(op.out, steps)))
+        return out
+
+    def _acc(self, op: Op, level: int) -> tuple[Ranges, Steps]:
+        tile, steps, _ = self.moves(op, level)
+        return region(op.out, tile), _axis_steps(op.out, steps)
+
+    def init(self, op: Op, fn: str, identity: float, level: int) -> Init:
+        reg, steps = self._acc(op, level)
+        return Init(op.name, op.out.tensor, fn, identity, reg, steps)
+
+    def finish(self, op: Op, fn: str, count: int, level: int) -> Finish:
+        reg, steps = self._acc(op, level)
+        return Finish(op.name, op.out.tensor, fn, count, reg, steps)

@@ -1,0 +1,368 @@
+"""The lowered form of one device's plan over its cores: an explicit, frozen schedule.
+
+A ``Schedule`` is what a backend runs: every decision of the plan made concrete, so that no
+backend derives per-core or per-iteration boxes from ``Plan`` + ``Program`` itself. Its
+``steps`` are, in program order:
+
+- ``Launch``: an op run over a grid of worker axes (``WorkerAxis``, each with a ``level``:
+  ``"core"`` here; a mesh adds ``"device"`` axes outside them), with every worker's box of the
+  iteration space, the region of every operand it reads and the region of the output it
+  writes, the groups of workers whose partials combine (a split reduction), and whether it
+  writes its output or accumulates into it (a reduction tiled by a loop);
+- ``Host``: a whole-tensor fallback, run whole on the host;
+- ``Loop``: a counted loop (an int; the symbol it was bound from, if any) and its body;
+- ``Init`` / ``Finish`` / ``Copy``: an accumulator set to its identity before a loop, copied
+  out (finished) after it, a tile copied into the tensor's full buffer after its producer.
+
+Boxes and regions inside loops are not listed per iteration: each is given at iteration 0 of
+its enclosing loops plus an affine step per loop level (outermost first), so a loop of 4096
+iterations stays one small value; ``Launch.boxes_at(index)`` and ``Operand.at(index)`` give
+the concrete ranges at a loop index. A range is ``(start, stop)``; a box names the op's dims
+in ``Launch.dims`` order, a region a tensor's axes in order.
+
+>>> launch = Launch("e", "exp", ("i",), (WorkerAxis("i", 2),), ((0, 8),),
+...                 (((0, 4),), ((4, 8),)), ((8,),), (),
+...                 Operand("y[i]", (((0, 4),), ((4, 8),)), ((8,),)))
+>>> launch.boxes_at((3,))
+({'i': (24, 28)}, {'i': (28, 32)})
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Union
+
+from apportion.errors import ExecutionError
+from apportion.ir.program import Program
+from apportion.plans.memory import Buffer
+
+#: ``(start, stop)`` of one axis
+Interval = tuple[int, int]
+#: one range per axis (an op's dims, or a tensor's axes)
+Ranges = tuple[Interval, ...]
+#: per enclosing loop level (outermost first), how far each axis moves per iteration
+Steps = tuple[tuple[int, ...], ...]
+
+#: worker levels, outermost first: devices of a mesh, then the cores of one device
+LEVELS = ("device", "core")
+MODES = ("write", "accumulate")
+
+
+def moved(start: Ranges, steps: Steps, index: Sequence[int]) -> Ranges:
+    """``start`` at loop ``index`` (one entry per level of ``steps``, outermost first).
+
+    >>> moved(((0, 4), (0, 8)), ((4, 0), (0, 8)), (2, 1))
+    ((8, 12), (8, 16))
+    """
+    if len(index) != len(steps):
+        raise ExecutionError(f"loop index {tuple(index)} has {len(index)} levels; the "
+                             f"enclosing loops have {len(steps)}")
+    shift = [sum(i * s[a] for i, s in zip(index, steps, strict=True))
+             for a in range(len(start))]
+    return tuple((lo + d, hi + d) for (lo, hi), d in zip(start, shift, strict=True))
+
+
+def _ranges(r: Ranges) -> str:
+    return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in r) + "]"
+
+
+def _steps(steps: Steps, names: Sequence[str] | None = None) -> str:
+    """``+[64, 0]/L0`` for every level that moves (nothing when none does)."""
+    out = []
+    for level, s in enumerate(steps):
+        if any(s):
+            if names is None:
+                out.append(f"+[{', '.join(map(str, s))}]/L{level}")
+            else:
+                out.append("+" + ",".join(f"{n}{v}" for n, v in zip(names, s, strict=True) if v)
+                           + f"/L{level}")
+    return (" " + " ".join(out)) if out else ""
+
+
+@dataclass(frozen=True)
+class WorkerAxis:
+    """One axis of a launch's grid of workers: ``size`` workers at ``level`` (``"core"``:
+    cores of one device; ``"device"``: devices of a mesh), splitting the op dim ``name``."""
+
+    name: str
+    size: int
+    level: str = "core"
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ExecutionError(f"worker axis {self.name!r}: level {self.level!r}; valid: "
+                                 f"{', '.join(LEVELS)}")
+        if self.size < 1:
+            raise ExecutionError(f"worker axis {self.name!r}: size {self.size} must be >= 1")
+
+    def __str__(self) -> str:
+        return f"{self.name}:{self.size}"
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One operand of a launch: its access (``x[m, 128*h+d]``), the region of the tensor each
+    worker touches at iteration 0 (None: a worker with nothing to do), and the step of those
+    regions per enclosing loop level."""
+
+    access: str
+    regions: tuple[Ranges | None, ...]
+    steps: Steps = ()
+
+    @property
+    def tensor(self) -> str:
+        return self.access.partition("[")[0]
+
+    def at(self, index: Sequence[int]) -> tuple[Ranges | None, ...]:
+        """Every worker's region at loop ``index``.
+
+        >>> Operand("y[i]", (((0, 4),), None), ((8,),)).at((1,))
+        (((8, 12),), None)
+        """
+        return tuple(None if r is None else moved(r, self.steps, index) for r in self.regions)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """An op run over a grid of workers (``axes``, row-major: worker ids run over the grid with
+    the last axis fastest, as ``plans.views.core_slices`` numbers cores).
+
+    ``tile`` is the box of the op's iteration space the launch covers at iteration 0 (the whole
+    space outside loops), ``boxes`` each worker's part of it (None: nothing, when a bound loop
+    count made the tile smaller than planned), and ``steps`` how far the tile and every box
+    move per iteration of each enclosing loop (zero at a level tiling none of the op's dims:
+    the same tile every iteration). ``combine`` lists the groups of workers whose partial
+    results combine into one output region (a split reduction; ring neighbours). ``mode`` is
+    ``write`` (the result, finished, goes to the output) or ``accumulate`` (combined into the
+    output's accumulator, a reduction tiled by a loop)."""
+
+    op: str
+    kind: str
+    dims: tuple[str, ...]
+    axes: tuple[WorkerAxis, ...]
+    tile: Ranges
+    boxes: tuple[Ranges | None, ...]
+    steps: Steps
+    reads: tuple[Operand, ...]
+    write: Operand
+    combine: tuple[tuple[int, ...], ...] = ()
+    mode: str = "write"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ExecutionError(f"launch of op {self.op!r}: mode {self.mode!r}; valid: "
+                                 f"{', '.join(MODES)}")
+        if math.prod(a.size for a in self.axes) != len(self.boxes):
+            raise ExecutionError(f"launch of op {self.op!r}: a grid of "
+                                 f"{' x '.join(map(str, self.axes)) or '1'} workers holds "
+                                 f"{len(self.boxes)} boxes")
+
+    @property
+    def workers(self) -> int:
+        return len(self.boxes)
+
+    @property
+    def depth(self) -> int:
+        """How many loops enclose the launch."""
+        return len(self.steps)
+
+    @property
+    def moving(self) -> tuple[int, ...]:
+        """The enclosing loop levels that move the tile (the others repeat it)."""
+        return tuple(level for level, s in enumerate(self.steps) if any(s))
+
+    def tile_at(self, index: Sequence[int]) -> dict[str, Interval]:
+        """The tile at loop ``index``, as ``{dim: (start, stop)}``."""
+        return dict(zip(self.dims, moved(self.tile, self.steps, index), strict=True))
+
+    def boxes_at(self, index: Sequence[int]) -> tuple[dict[str, Interval] | None, ...]:
+        """Every worker's box at loop ``index`` as ``{dim: (start, stop)}`` (None: nothing)."""
+        return tuple(None if b is None else
+                     dict(zip(self.dims, moved(b, self.steps, index), strict=True))
+                     for b in self.boxes)
+
+    def __str__(self) -> str:
+        grid = " x ".join(map(str, self.axes)) or "1"
+        level = self.axes[0].level if self.axes else "core"
+        verb = "accumulates" if self.mode == "accumulate" else "writes"
+        head = (f"launch {self.op} ({self.kind}) over {grid} ({level}s), tile "
+                f"{_box(self.dims, self.tile)}{_steps(self.steps, self.dims)}")
+        lines = [head]
+        for w, b in enumerate(self.boxes):
+            if b is None:
+                lines.append(f"  {level} {w}: nothing")
+                continue
+            reads = " ".join(f"{o.tensor}{_ranges(o.regions[w] or ())}" for o in self.reads)
+            lines.append(f"  {level} {w}: {_box(self.dims, b)}"
+                         + (f"  reads {reads}" if reads else "")
+                         + f"  {verb} {self.write.tensor}{_ranges(self.write.regions[w] or ())}")
+        if self.combine:
+            lines.append("  combine " + " ".join("(" + ",".join(map(str, g)) + ")"
+                                                 for g in self.combine))
+        return "\n".join(lines)
+
+
+def _box(dims: Sequence[str], r: Ranges) -> str:
+    return " ".join(f"{d}[{lo}:{hi}]" for d, (lo, hi) in zip(dims, r, strict=True)) or "[]"
+
+
+@dataclass(frozen=True)
+class Host:
+    """A whole-tensor fallback: ``op`` run whole, on the host, reading ``reads`` and writing
+    ``write`` (every tensor whole, in a loop body too: a fallback works on whole rows, so its
+    tiles' results are the whole op's)."""
+
+    op: str
+    kind: str
+    reads: tuple[str, ...]
+    write: str
+
+    def __str__(self) -> str:
+        return f"host {self.op} ({self.kind}): {', '.join(self.reads) or '-'} -> {self.write}"
+
+
+@dataclass(frozen=True)
+class Init:
+    """Before the loop that follows it: set ``tensor``'s accumulator over ``region`` (at
+    iteration 0 of the enclosing loops; ``steps`` per level) to ``identity``, the reduction
+    ``fn``'s (today's ``plans.memory.InitOp``)."""
+
+    op: str
+    tensor: str
+    fn: str
+    identity: float
+    region: Ranges
+    steps: Steps = ()
+
+    def at(self, index: Sequence[int]) -> Ranges:
+        return moved(self.region, self.steps, index)
+
+    def __str__(self) -> str:
+        return (f"init {self.tensor}{_ranges(self.region)}{_steps(self.steps)} = "
+                f"{self.identity:g} ({self.fn} of op {self.op})")
+
+
+@dataclass(frozen=True)
+class Finish:
+    """After the loop before it: ``tensor[region] = finish(fn, accumulator)`` over ``count``
+    reduction points (a mean divides), cast to the tensor's dtype, into its full and tile
+    buffers (today's ``plans.memory.FinishOp``)."""
+
+    op: str
+    tensor: str
+    fn: str
+    count: int
+    region: Ranges
+    steps: Steps = ()
+
+    def at(self, index: Sequence[int]) -> Ranges:
+        return moved(self.region, self.steps, index)
+
+    def __str__(self) -> str:
+        return (f"finish {self.tensor}{_ranges(self.region)}{_steps(self.steps)} = "
+                f"{self.fn}(accumulator) over {self.count} points (op {self.op})")
+
+
+@dataclass(frozen=True)
+class Copy:
+    """After ``op`` in a loop body: copy ``tensor``'s tile (``region`` at iteration 0, moving
+    by ``steps``) from its tile buffer into its full buffer (today's ``plans.memory.CopyOp``)."""
+
+    op: str
+    tensor: str
+    region: Ranges
+    steps: Steps = ()
+
+    def at(self, index: Sequence[int]) -> Ranges:
+        return moved(self.region, self.steps, index)
+
+    def __str__(self) -> str:
+        return f"copy {self.tensor}{_ranges(self.region)}{_steps(self.steps)} tile -> full"
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A counted loop: ``count`` iterations (bound: ``symbol`` names the run-time count it
+    came from, if any) of ``body``, tiling the dims ``dims`` of its group."""
+
+    count: int
+    body: tuple[Step, ...]
+    symbol: str | None = None
+    dims: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ExecutionError(f"loop count {self.count} must be >= 1")
+
+    def __str__(self) -> str:
+        count = f"{self.count} ({self.symbol} = {self.count})" if self.symbol else str(self.count)
+        over = f" over {', '.join(self.dims)}" if self.dims else ""
+        lines = [f"loop {count}{over}:"]
+        for s in self.body:
+            lines += ["  " + line for line in str(s).splitlines()]
+        return "\n".join(lines)
+
+
+Step = Union[Launch, Host, Loop, Init, Finish, Copy]  # noqa: UP007 (a runtime alias)
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """When ``tensor`` holds a value, as positions in ``Schedule.ops``: made by the op at
+    ``first`` (-1: a program input), last read by the op at ``last`` (``len(ops)``: held to
+    the end, a program input or output)."""
+
+    tensor: str
+    first: int
+    last: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """One device's plan over its cores, lowered: the concrete ``program`` (run-time sizes
+    bound), the target's name and core count, the bound ``sizes`` and symbolic loop counts
+    (``params``), the plan's ``buffers`` and every tensor's ``lifetimes``, and the ``steps``
+    in program order."""
+
+    program: Program
+    target: str
+    cores: int
+    steps: tuple[Step, ...]
+    buffers: tuple[Buffer, ...] = ()
+    lifetimes: tuple[Lifetime, ...] = ()
+    sizes: tuple[tuple[str, int], ...] = ()
+    params: tuple[tuple[str, int], ...] = ()
+
+    def walk(self) -> Iterator[tuple[Step, tuple[Loop, ...]]]:
+        """Every step at any depth, in order, with the loops enclosing it (outermost first)."""
+        def go(steps: Sequence[Step], loops: tuple[Loop, ...]
+               ) -> Iterator[tuple[Step, tuple[Loop, ...]]]:
+            for s in steps:
+                yield s, loops
+                if isinstance(s, Loop):
+                    yield from go(s.body, (*loops, s))
+        return go(self.steps, ())
+
+    @property
+    def ops(self) -> tuple[Launch | Host, ...]:
+        """The launches and host steps, in order (the program's ops, each once)."""
+        return tuple(s for s, _ in self.walk() if isinstance(s, Launch | Host))
+
+    def __str__(self) -> str:
+        head = f"schedule {self.program.name} on {self.target}, {self.cores} cores"
+        bound = [f"{k}={v}" for k, v in (*self.sizes, *self.params)]
+        lines = [head + (f" ({', '.join(bound)})" if bound else "")]
+        if self.buffers:
+            lines.append("buffers:")
+            width = max(len(b.tensor) for b in self.buffers)
+            for b in self.buffers:
+                where = f" in loop {list(b.group)}" if b.group else ""
+                dtype = f" {b.dtype}" if b.dtype else ""
+                lines.append(f"  {b.tensor:<{width}} {b.kind:<11} {b.space:<3} @{b.offset:<10} "
+                             f"{b.nbytes:>10} B  {list(b.shape)}{dtype}{where}")
+        lines.append("steps:")
+        for s in self.steps:
+            lines += ["  " + line for line in str(s).splitlines()]
+        return "\n".join(lines)
