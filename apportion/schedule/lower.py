@@ -63,7 +63,7 @@ def lower(program: Program, plan: Plan, target: Target | str,
     >>> s = lower(planned.program, planned.plan, planned.target)
     >>> first = s.steps[0]
     >>> first.op, [str(a) for a in first.axes], first.boxes_at(())[7]
-    ('gate', ['m:4', 'n:2'], {'m': (192, 256), 'n': (1408, 2816), 'k': (0, 1024)})
+    ('gate', ['m:2', 'n:4'], {'m': (128, 256), 'n': (2112, 2816), 'k': (0, 1024)})
     """
     name = target if isinstance(target, str) else target.name
     bound: tuple[tuple[str, int], ...] = ()
