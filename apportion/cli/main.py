@@ -457,6 +457,27 @@ def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
+    """The plan lowered to its schedule (``schedule.lower``), as text: every launch's workers
+    and boxes, loops, accumulator steps and buffers, at the ``--param`` sizes and counts."""
+    from apportion.schedule.lower import lower
+
+    if args.torch is not None:
+        from apportion.cli.torch_models import plan_model
+
+        planned = plan_model(_torch_model(args), resolve(args.target, args.cores),
+                             args.strategy)
+    else:
+        planned = _planned(args)
+    params = _params(args.param)
+    _check_params(planned.given, planned.target, params, planned.params)
+    sizes = {k: v for k, v in params.items() if k in planned.given.symbol_map}
+    counts = {k: v for k, v in params.items() if k not in sizes}
+    program = planned.given if planned.symbols else planned.program
+    print(lower(program, planned.plan, planned.target, sizes or None, counts or None))
+    return 0
+
+
 #: the bench suites, by name: each module's ``SUITE`` (``cli/bench_harness.py``)
 BENCH_SUITES = ("workdiv", "tiling", "costmodel", "scale", "splitk", "e2e", "sharding")
 
@@ -602,6 +623,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run-time size to emit the loop bundle or LoopSpec at, e.g. "
                         "--param K=4096 (repeatable); with --mesh, a symbolic mesh axis size")
     e.set_defaults(func=cmd_emit)
+    sc = sub.add_parser("schedule", help="print the plan lowered to its schedule: every "
+                        "launch's workers, boxes and regions, loops and buffers")
+    _common(sc)
+    sc.add_argument("--param", action="append", metavar="NAME=VALUE",
+                    help="a symbolic loop count or run-time size to lower at, e.g. --param "
+                         "T=4 (repeatable)")
+    sc.set_defaults(func=cmd_schedule)
     shard_cli.add_parser(sub, _common)
     b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCH_SUITES)}")
     b.add_argument("suite", choices=BENCH_SUITES)
