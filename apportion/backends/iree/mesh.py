@@ -26,8 +26,9 @@ Every module is parsed and verified with the compiler's MLIR bindings before it 
 ``run_mesh`` runs each device's segments with ``backends.iree.run.iree_run`` (compiled once per
 distinct segment; the module cache keeps them) and performs every collective and finish on the
 host with numpy, moving data by the schedule's boxes; ``check_mesh`` compares the outputs with
-the unplanned program's. (IREE's runtime runs a module on one device: the host stands in for
-the channel between the devices' modules.)
+the unplanned program's. The host stands in for the channel because IREE's CPU driver has no
+collectives: the device modules compile for ``llvm-cpu``, but creating their channel fails
+at run time (``hal.channel.create``: "collectives not implemented" in ``local_task``).
 
 >>> from apportion.frontend.json_format import load
 >>> from apportion.sharding.lower import lower_plan
