@@ -50,8 +50,8 @@ from apportion.sharding.unroll import Collective as UnrolledCollective
 from apportion.sharding.unroll import DeviceProgram, Unrolled, unroll
 from apportion.target.target import Target
 
-# what one device does at one stage, before planning: a run of ops (and the local types it
-# names), a slice, a collective or a finish
+# what one device does at one stage, before planning: a run of ops (with the segment it is
+# part of), a slice, a collective or a finish
 _Entry = tuple[str, Any]
 
 
@@ -119,18 +119,17 @@ def _entries(dev: DeviceProgram, slices: Mapping[str, tuple[str, Step]]) -> list
         elif isinstance(stage, Finish):
             out.append(("finish", stage))
         else:
-            types = {t.name: t for t in stage.tensors}
             run: list[Op] = []
             for op in stage.ops:
                 if op.name in slices:
                     if run:
-                        out.append(("ops", (tuple(run), types)))
+                        out.append(("ops", (tuple(run), stage)))
                         run = []
                     out.append(("slice", (op, *slices[op.name])))
                 else:
                     run.append(op)
             if run:
-                out.append(("ops", (tuple(run), types)))
+                out.append(("ops", (tuple(run), stage)))
     return out
 
 
@@ -156,13 +155,23 @@ def _segments(name: str, dev: DeviceProgram, entries: list[_Entry]) -> dict[int,
     for k, (kind, item) in enumerate(entries):
         if kind != "ops":
             continue
-        ops, types = item
+        ops, seg = item
         made = [op.out.tensor for op in ops]
         ins = list(dict.fromkeys(a.tensor for op in ops for a in op.ins if a.tensor not in made))
         outs = [m for m in dict.fromkeys(made) if m in after[k]] or [made[-1]]
         names = dict.fromkeys([*ins, *made])
-        out[k] = Program(f"{name}.d{dev.device}.s{k}", tuple(types[n] for n in names),
-                         tuple(ins), tuple(outs), ops)
+        mine = {op.name for op in ops}
+        for g in seg.tiling:  # unroll ends a tiling run at a local cut, so none spans one
+            if not set(g.ops) <= mine and set(g.ops) & mine:
+                raise PlanningError(f"segment {seg.name!r} of device {dev.device}: tiling group "
+                                    f"{list(g.ops)} spans a local cut of resharding")
+        # the segment's tiling groups and core pins, restricted to this run's ops
+        out[k] = replace(seg, name=f"{name}.d{dev.device}.s{k}",
+                         tensors=tuple(seg.tensor(n) for n in names), inputs=tuple(ins),
+                         outputs=tuple(outs), ops=ops,
+                         tiling=tuple(g for g in seg.tiling if set(g.ops) <= mine),
+                         work_division=tuple(w for w in seg.work_division if w[0] in mine),
+                         split_k=tuple(p for p in seg.split_k if p[0] in mine))
     return out
 
 
