@@ -1,0 +1,141 @@
+"""A sharding plan lowered to a MeshSchedule: the same stages on every device, each segment
+with its core plan, every resharding step a Collective with the plan's boxes and the groups
+of its axis, local cuts as slice stages; run with numpy segments and the host collectives it
+gives the unsharded program's results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from apportion.backends.iree.mesh import collective, finish, shard_inputs, unshard_outputs
+from apportion.errors import ExecutionError
+from apportion.frontend.json_format import load
+from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from apportion.schedule.mesh import (
+    Collective,
+    Compute,
+    MeshFinish,
+    MeshSchedule,
+    argmax_index,
+    argmax_keys,
+)
+from apportion.sharding import collectives as reference_collectives
+from apportion.sharding.lower import lower_mesh, lower_plan
+from apportion.sharding.mesh import parse
+from apportion.sharding.propagate import propagate
+from apportion.sharding.search import search
+from apportion.sharding.spec import Sharding
+from apportion.sharding.unroll import unroll
+from tests.sharding.programs import annotated, reduction
+
+ROWS, REP = Sharding((("tp",), ())), Sharding(((), ()))
+
+
+def _numpy_run(s: MeshSchedule, inputs):
+    """The schedule run with the unplanned executor per segment and the host collectives."""
+    envs = shard_inputs(s, inputs)
+    for stage in s.stages:
+        if isinstance(stage, Compute):
+            for launch, env in zip(stage.launches, envs, strict=True):
+                prog = launch.program
+                env.update(run_unplanned(prog, {n: env[n] for n in prog.inputs}))
+        elif isinstance(stage, MeshFinish):
+            for part, env in zip(stage.parts, envs, strict=True):
+                env[part.result] = finish(part, env)
+        else:
+            for env, res in zip(envs, collective(stage, [e[stage.source] for e in envs]),
+                                strict=True):
+                env[stage.result] = res
+    return unshard_outputs(s, envs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(annotated())
+def test_lowered_schedules_run_with_host_collectives_equal_the_unsharded_program(case):
+    program, mesh, ann = case
+    s = lower_plan(propagate(program, mesh, annotations=ann))
+    xs = random_inputs(program, 1)
+    checks = compare(run_unplanned(program, xs), _numpy_run(s, xs), program)
+    assert all(c.ok for c in checks), checks
+
+
+def test_every_collective_carries_each_devices_boxes_as_the_plan_cuts_them():
+    plan = search(load("examples/mlp.json"), parse("dp=2,tp=2"))
+    s = lower_plan(plan)
+    u = unroll(plan)
+    steps = [st.step for st in u.devices[0].stages if not isinstance(st, type(u.program))]
+    sizes = {a.name: a.size for a in plan.mesh.axes}
+    for c, step in zip(s.collectives, steps, strict=True):
+        shape = plan.program.tensor(c.tensor).shape
+        for d in range(4):
+            coords = plan.mesh.coords(d)
+            assert c.src_boxes[d] == step.src.block(shape, coords, sizes)
+            assert c.dst_boxes[d] == step.dst.block(shape, coords, sizes)
+            assert c.group(d) == plan.mesh.group(d, c.axis)
+    assert [c.groups for c in s.collectives] == [((0, 2), (1, 3)), ((0, 1), (2, 3))]
+
+
+def test_each_segment_comes_with_the_core_plan_for_the_devices_cores():
+    s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
+    for d in range(2):
+        (launch,) = s.launches(d)
+        assert launch.name == f"mlp.d{d}.s0"
+        assert launch.plan.cores == s.target.cores == 32
+        assert [o.name for o in launch.plan.ops] == [o.name for o in launch.program.ops]
+
+
+def test_local_cuts_become_slice_stages_and_the_segment_is_cut_around_them():
+    plan = propagate(load("examples/mlp.json"), parse("tp=3"),
+                     annotations={"x": REP, "h": ROWS})
+    s = lower_plan(plan)
+    kinds = [st.kind if isinstance(st, Collective) else type(st).__name__ for st in s.stages]
+    assert kinds == ["Compute", "slice", "slice", "Compute"]
+    first, second = s.launches(2)
+    assert set(first.program.outputs) == {"a", "u"}
+    assert set(second.program.inputs) == {"a@1", "u@1", "wd"}
+    lows = [c.dst_boxes[2][0] for c in s.collectives]
+    assert lows == [(172, 256), (172, 256)]  # device 2's rows, as the plan cuts them
+
+
+def test_a_split_argmax_lowers_to_a_finish_per_device_and_an_unpacking_reduction():
+    p = reduction("argmax")
+    s = lower_plan(propagate(p, parse("tp=4"), annotations={"x": Sharding(((), ("tp",)))}))
+    (fin,) = [st for st in s.stages if isinstance(st, MeshFinish)]
+    assert [part.starts for part in fin.parts] == [(0,), (3,), (6,), (8,)]
+    (c,) = s.collectives
+    assert (c.kind, c.reducer, c.unpack, c.dtype) == ("all_reduce", "argmax", True, "int64")
+
+
+def test_argmax_keys_order_values_then_the_lowest_index_like_the_reference():
+    v = np.array([1.0, np.nan, -0.0, 0.0, 3.0], np.float32)
+    i = np.array([4, 1, 2, 3, 0])
+    ours = argmax_keys(v, i)
+    assert np.array_equal(ours, reference_collectives.argmax_keys(v, i))
+    assert np.array_equal(argmax_index(ours), i)
+
+
+def test_a_mesh_schedule_refuses_a_stage_for_fewer_devices_than_it_has():
+    s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
+    with pytest.raises(ExecutionError, match="stage .* has 1 devices' parts, the mesh 2"):
+        MeshSchedule(s.program, s.mesh, s.target, s.devices,
+                     (Compute(s.stages[0].launches[:1]),))
+
+
+def test_a_collective_whose_groups_miss_a_device_is_refused():
+    with pytest.raises(ExecutionError, match="do not cover the 2 devices once each"):
+        Collective("all_gather", "x", "x", "x@1", "float32", "tp", ((0,),),
+                   (((0, 1),), ((1, 2),)), (((0, 2),), ((0, 2),)), dim=0)
+    with pytest.raises(ExecutionError, match="a all_reduce needs reducer"):
+        Collective("all_reduce", "x", "x", "x@1", "float32", "tp", ((0, 1),),
+                   (((0, 2),),) * 2, (((0, 2),),) * 2)
+
+
+def test_lowering_takes_the_unrolled_programs_as_given():
+    u = unroll(search(load("examples/megatron.json"), parse("tp=2"),
+                      annotations={"x": ROWS, "y": REP}))
+    s = lower_mesh(u)
+    assert s.program is u.program and s.mesh == "tp=2"
+    assert s.summary() == ("megatron over tp=2: 2 devices, 3 stages (1 compute, 2 "
+                           "collectives: 1 all_gather, 1 all_reduce)")
