@@ -95,8 +95,9 @@ def test_local_cuts_become_slice_stages_and_the_segment_is_cut_around_them():
     first, second = s.launches(2)
     assert set(first.program.outputs) == {"a", "u"}
     assert set(second.program.inputs) == {"a@1", "u@1", "wd"}
-    lows = [c.dst_boxes[2][0] for c in s.collectives]
-    assert lows == [(172, 256), (172, 256)]  # device 2's rows, as the plan cuts them
+    rows = ROWS.block((256, 2816), plan.mesh.coords(2), {"tp": 3})[0]
+    assert [c.dst_boxes[2][0] for c in s.collectives] == [rows, rows]  # as the plan cuts them
+    assert rows[1] == 256 and rows[0] > 0
 
 
 def test_a_split_argmax_lowers_to_a_finish_per_device_and_an_unpacking_reduction():
