@@ -175,3 +175,11 @@ def test_the_device_modules_with_their_collective_ops_compile_with_iree(cache):
     assert compiled.vmfb
     to_all = lower_plan(propagate(_exp(10, 6), parse("tp=4"), annotations={"x": ROWS, "y": COLS}))
     assert iree.compile_mlir(device_mlir(to_all, 2), cache).vmfb
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(annotated())
+def test_random_sharded_programs_run_per_device_in_iree_and_match(cache, case):
+    program, mesh, ann = case
+    _ok(lower_plan(propagate(program, mesh, annotations=ann)), cache)
