@@ -19,7 +19,7 @@ from apportion.ir.program import Program
 from apportion.passes.pipeline import Stage
 from apportion.passes.pipeline import plan as run_pipeline
 from apportion.passes.split_k import rewrite_as_planned
-from apportion.passes.work_distribution import STRATEGIES
+from apportion.passes.strategy import Strategy, parse_strategy
 from apportion.plans.memory import Buffer, GroupPlan
 from apportion.plans.plan import OpPlan, Plan
 from apportion.target.presets import PRESETS, spyre
@@ -318,22 +318,27 @@ def _target(target: Any, where: str) -> Target:
                       f"{target!r}"[:200] + hint)
 
 
-def plan(program: Any, target: Target | None = None, strategy: str = "balanced",
+def plan(program: Any, target: Target | None = None, strategy: str | Strategy = "balanced",
          auto_tile: bool = False, debug: Stage | None = None,
          split_k: Resolver | None = None) -> PlannedProgram:
     """Plan ``program`` (a Program or a builder's) for ``target`` (default: spyre, 32 cores or
-    ``SENCORES``) under ``strategy`` (``balanced`` or ``greedy``); ``auto_tile`` picks each
-    tiling group's loop counts; ``debug(stage, value)`` sees every stage's result.
+    ``SENCORES``) under ``strategy``: a name (``balanced``, ``greedy``, ``greedy-multiples``) or
+    a strategy object of ``ap.strategies`` (``Balanced()``, ``Greedy(rule=...)``); the plan
+    records its name. ``auto_tile`` picks each tiling group's loop counts; ``debug(stage,
+    value)`` sees every stage's result.
 
     >>> import apportion as ap
     >>> planned = ap.plan(ap.load("examples/mlp.json"), target=ap.targets.spyre(cores=8))
     >>> planned.op("act").cores
     8
+    >>> old = ap.plan(ap.load("examples/mlp.json"), ap.targets.spyre(cores=8),
+    ...               strategy=ap.strategies.Greedy(rule="multiples"))
+    >>> old.plan.strategy, old.op("gate").split_map
+    ('greedy-multiples', {'m': 8, 'n': 1, 'k': 1})
     """
     prog = _program(program, "ap.plan")
     tgt = spyre() if target is None else _target(target, "ap.plan")
-    if not isinstance(strategy, str) or strategy not in STRATEGIES:
-        raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    chosen = parse_strategy(strategy)
     if not isinstance(auto_tile, bool):
         raise PlanningError(f"auto_tile must be True or False, got {auto_tile!r}")
     if debug is not None and not callable(debug):
@@ -342,7 +347,7 @@ def plan(program: Any, target: Target | None = None, strategy: str = "balanced",
     if split_k is not None and not callable(split_k):
         raise PlanningError(f"split_k must be a callable (a ReductionShape in, slices or None "
                             f"out), got {type(split_k).__name__}")
-    result = run_pipeline(prog, tgt, strategy, debug, auto_tile, split_k=split_k)
+    result = run_pipeline(prog, tgt, chosen, debug, auto_tile, split_k=split_k)
     if result.rewritten is not None:  # split-K ops became partial and combine ops
         return PlannedProgram(result.rewritten, tgt, result, prog)
     if prog.symbols:  # planned at its planning sizes

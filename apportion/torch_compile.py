@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from apportion.errors import ApportionError, ExecutionError, PlanningError, ProgramError
-from apportion.passes.work_distribution import STRATEGIES
+from apportion.errors import ApportionError, ExecutionError, ProgramError
+from apportion.passes.strategy import Strategy, parse_strategy
 from apportion.planned import PlannedProgram, plan
 from apportion.target.presets import resolve
 from apportion.target.target import Target
@@ -62,7 +62,7 @@ class Backend:
     """A ``torch.compile`` backend: ``backend(gm, example_inputs)`` returns the callable that
     runs the graph (see the module docstring). Made by ``ap.backend``."""
 
-    def __init__(self, target: Target, strategy: str, threads: int | None) -> None:
+    def __init__(self, target: Target, strategy: Strategy, threads: int | None) -> None:
         self.target = target
         self.strategy = strategy
         self.threads = threads
@@ -70,7 +70,7 @@ class Backend:
 
     def __repr__(self) -> str:
         return (f"ap.backend(target={self.target.name!r}, cores={self.target.cores}, "
-                f"strategy={self.strategy!r}, threads={self.threads})")
+                f"strategy={self.strategy.name!r}, threads={self.threads})")
 
     def __call__(self, gm: Any, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         try:
@@ -147,23 +147,26 @@ def _reason(e: BaseException) -> str:
 
 
 def backend(target: str | Target = "spyre", cores: int | None = None,
-            strategy: str = "balanced", threads: int | None = None) -> Backend:
+            strategy: str | Strategy = "balanced", threads: int | None = None) -> Backend:
     """A ``torch.compile`` backend planning every graph for ``target`` (a preset name, a
     ``.toml`` file or a ``Target``) on ``cores`` cores (a preset name: default 8; a ``Target``
-    keeps its own count unless ``cores`` is given) under ``strategy``, and running the plans
-    on ``threads`` threads (default: ``torch.get_num_threads()`` when a graph compiles).
+    keeps its own count unless ``cores`` is given) under ``strategy`` (a name or an
+    ``ap.strategies`` object; ``Backend.strategy`` is the object), and running the plans on
+    ``threads`` threads (default: ``torch.get_num_threads()`` when a graph compiles).
 
     >>> b = backend(target="spyre", cores=8)
     >>> b.target.cores, b.strategy
-    (8, 'balanced')
+    (8, Balanced())
+    >>> from apportion.passes.strategy import Greedy
+    >>> backend(strategy=Greedy(rule="multiples"))
+    ap.backend(target='spyre', cores=8, strategy='greedy-multiples', threads=None)
     """
     if isinstance(target, Target):
         tgt = target if cores is None else dataclasses.replace(target, cores=cores)
     else:
         tgt = resolve(target, DEFAULT_CORES if cores is None else cores)
-    if not isinstance(strategy, str) or strategy not in STRATEGIES:
-        raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    chosen = parse_strategy(strategy)
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
         raise ExecutionError(f"threads must be an int >= 1 or None, got {threads!r}")
-    return Backend(tgt, strategy, threads)
+    return Backend(tgt, chosen, threads)

@@ -24,7 +24,7 @@ from apportion.cli.params import is_decimal, parse_params
 from apportion.cli.usage import UsageError, make_folder, output_path
 from apportion.errors import ApportionError, ProgramError
 from apportion.ir.program import Program
-from apportion.passes.work_distribution import STRATEGIES
+from apportion.passes.strategy import STRATEGIES
 from apportion.target.presets import PRESETS, resolve
 from apportion.target.target import Target
 
@@ -114,7 +114,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "spyre; with --mesh: the devices' target, over the mesh's own)")
     p.add_argument("--cores", type=_int_at_least(1), default=None,
                    help="cores to use (spyre: 1..32; default SENCORES or 32)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="balanced")
+    p.add_argument("--strategy", choices=STRATEGIES, default="balanced",
+                   help="balanced (default): the exact search, uneven splits included; greedy: "
+                        "the reference design's rule; greedy-multiples: its older variant "
+                        "(a span-forced split grows only to multiples of itself)")
     p.add_argument("--torch", metavar="MODULE:FACTORY", default=None,
                    help="a PyTorch model instead of a program file: a callable returning "
                         "(model, example_inputs), imported from the current directory or "

@@ -38,6 +38,7 @@ from apportion.passes.placement import plan_group
 from apportion.passes.span_reduction import span_reduction
 from apportion.passes.split_k import split_k as split_k_pass
 from apportion.passes.split_k import with_split_k
+from apportion.passes.strategy import Strategy
 from apportion.passes.work_distribution import op_splits, time_lower_bound
 from apportion.target.split_k import Resolver
 from apportion.target.target import Target
@@ -108,7 +109,7 @@ def with_counts(program: Program, index: int, counts: tuple[int | str, ...]) -> 
     return program.with_group(index, TilingGroup(g.ops, loops))
 
 
-def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
+def auto_tile(program: Program, target: Target, lay: Layouts, strategy: Strategy,
               cache: PlanCache | None = None, split_k: Resolver | None = None) -> Program:
     """``program`` with every group's integer counts set to the fastest candidate (see the
     module docstring); ``cache`` keeps the op plans of one candidate for the identical ops of
@@ -116,9 +117,10 @@ def auto_tile(program: Program, target: Target, lay: Layouts, strategy: str,
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.passes.layouts import layouts
+    >>> from apportion.passes.strategy import Balanced
     >>> from apportion.target import spyre
     >>> p = load("examples/softmax_tiled.json")
-    >>> auto_tile(p, spyre(), layouts(p, spyre()), "balanced").tiling[0].loops[0].count
+    >>> auto_tile(p, spyre(), layouts(p, spyre()), Balanced()).tiling[0].loops[0].count
     1
     """
     cache = cache or PlanCache()
@@ -176,7 +178,7 @@ class Trial:
     """Tiling group ``index`` of ``program`` planned as auto-tiling weighs it: its ops alone,
     op by op, for the working set; as the pipeline would, for the predicted time."""
 
-    def __init__(self, program: Program, target: Target, lay: Layouts, strategy: str,
+    def __init__(self, program: Program, target: Target, lay: Layouts, strategy: Strategy,
                  index: int, cache: PlanCache | None = None,
                  split_k: Resolver | None = None, memo: TileMemo | None = None,
                  others_tile: bool = False) -> None:
@@ -222,12 +224,14 @@ class Trial:
 
     def iteration_time(self) -> float:
         """Predicted time of one iteration, the group planned as the pipeline plans it."""
-        if self.strategy == "balanced":
-            return align_group(self.group, self.ctxs, self.roles, self.splits, self.cache)[1]
+        baseline = self.strategy.group_baseline
+        if baseline is not None:  # the pipeline aligns the group's splits
+            return align_group(self.group, self.ctxs, self.roles, self.splits, self.cache,
+                               baseline=baseline)[1]
         return group_cost(self.group, self.ctxs, self.roles, self.splits.by_op, self.cache)
 
 
-def working_set(program: Program, target: Target, lay: Layouts, strategy: str,
+def working_set(program: Program, target: Target, lay: Layouts, strategy: Strategy,
                 index: int) -> int:
     """Bytes per core one iteration of tiling group ``index`` needs, its ops planned alone."""
     return Trial(program, target, lay, strategy, index).working_set

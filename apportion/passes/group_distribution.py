@@ -9,7 +9,8 @@ intermediate makes a round trip through device memory.
 Under ``balanced`` this pass revisits each group. It tries group-wide assignments seeded by the
 best few assignments of each of its ops (by dim name: a seed ``{t: 2, f: 16}`` gives every op
 of the group 2 cuts of ``t`` and 16 of ``f`` and none elsewhere); an op for which the seed is
-not valid, or is predicted slower than ``greedy`` would be on it alone, keeps its own splits,
+not valid, or is predicted slower than ``greedy`` would be on it alone (the strategy's
+``group_baseline``, ``Greedy()``), keeps its own splits,
 and so do pinned and fallback ops; then each op that follows goes back to its own splits where
 that makes the trial cheaper. Each trial is placed by the scratchpad planner; its cost is
 the sum of the ops' predicted times with the scratchpad-resident tensors costing no
@@ -32,7 +33,8 @@ within rounding of zero the sums are redone in full, in op order), so the plan i
 found faster (``align_group(..., incremental=False)`` is the whole evaluation it is tested
 against).
 
-``greedy`` reproduces the reference design, which plans ops alone; this pass leaves it as is.
+``greedy`` reproduces the reference design, which plans ops alone; this pass leaves it as is
+(its ``group_baseline`` is None: the pipeline does not run the pass).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from apportion.passes.placement import (
     same_loop,
 )
 from apportion.passes.span_reduction import SpanSplits, op_minimum
+from apportion.passes.strategy import Greedy
 from apportion.passes.work_distribution import greedy, ranked
 from apportion.plans.plan import OpPlan
 
@@ -65,15 +68,19 @@ from apportion.plans.plan import OpPlan
 SEEDS_PER_OP = 6
 #: the most distinct seeds (group-wide trials) one group tries, in the order of its ops
 SEEDS_PER_GROUP = 64
+#: the greedy rule each op of a group is measured against by default (``Balanced``'s
+#: ``group_baseline``): the reference design's
+REFERENCE = Greedy()
 
 OpSplits = dict[str, dict[str, int]]
 Key = tuple[tuple[str, int], ...]
 
 
 def group_distribution(ctxs: Mapping[str, OpContext], tiling: Tiling, bufs: Buffers,
-                       spans: SpanSplits, splits: Splits, cache: PlanCache | None = None
-                       ) -> Splits:
-    """The group distribution pass: every loop group's splits after the search above.
+                       spans: SpanSplits, splits: Splits, cache: PlanCache | None = None,
+                       baseline: Greedy = REFERENCE) -> Splits:
+    """The group distribution pass: every loop group's splits after the search above, no op
+    slower than ``baseline`` (a strategy's ``group_baseline``) would plan it alone.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.passes.pipeline import plan
@@ -86,14 +93,16 @@ def group_distribution(ctxs: Mapping[str, OpContext], tiling: Tiling, bufs: Buff
     cache = cache or PlanCache()
     changed: OpSplits = {}
     for group in tiling.groups:
-        changed.update(align_group(group, ctxs, bufs.roles, splits, cache)[0])
+        changed.update(align_group(group, ctxs, bufs.roles, splits, cache,
+                                   baseline=baseline)[0])
     return splits.replace(changed)
 
 
-def _greedy(ctx: OpContext) -> dict[str, int] | None:
-    """The op's greedy splits alone, or None where greedy finds none."""
+def _greedy(ctx: OpContext, baseline: Greedy) -> dict[str, int] | None:
+    """The op's splits alone under the greedy rule ``baseline``, or None where it finds
+    none."""
     try:
-        return greedy(ctx, op_minimum(ctx, "greedy")[0])
+        return greedy(ctx, baseline.start(op_minimum(ctx, baseline)[0]), baseline.rule)
     except PlanningError:
         return None
 
@@ -110,10 +119,12 @@ def group_cost(group: GroupTiling, ctxs: Mapping[str, OpContext],
 
 def align_group(group: GroupTiling, ctxs: Mapping[str, OpContext],
                 roles: Mapping[str, TensorRole], splits: Splits, cache: PlanCache,
-                incremental: bool = True) -> tuple[OpSplits, float]:
+                incremental: bool = True, baseline: Greedy = REFERENCE
+                ) -> tuple[OpSplits, float]:
     """One group's splits (op-by-op ones unless a group-wide trial is predicted cheaper) and
-    their predicted time per iteration. ``incremental=False`` evaluates every change whole
-    (slow; the reference the incremental evaluation is tested against)."""
+    their predicted time per iteration; no op is predicted slower than the greedy rule
+    ``baseline`` plans it alone. ``incremental=False`` evaluates every change whole (slow;
+    the reference the incremental evaluation is tested against)."""
     first = ctxs[group.ops[0]]
     program = first.program
     # pinned and fallback ops keep their splits
@@ -124,8 +135,8 @@ def align_group(group: GroupTiling, ctxs: Mapping[str, OpContext],
     limits: dict[str, float] = {}
     for n in group.ops:
         ctx = ctxs[n]
-        g = None if n in fixed else cache.get(("greedy", ctx.signature), lambda c=ctx: _tuple(
-            _greedy(c)))
+        g = None if n in fixed else cache.get(("greedy", baseline, ctx.signature),
+                                              lambda c=ctx: _tuple(_greedy(c, baseline)))
         greedy_splits[n] = None if g is None else dict(g)
         limits[n] = math.inf if g is None else cache.time_us(ctx, dict(g))
     trial = _Trial(group, ctxs, roles, cache, incremental)

@@ -1,7 +1,9 @@
 """The planning pipeline: every pass, in order, in one function.
 
 Each pass is one module with one entry point; it takes the program, the target and the values
-of earlier stages and returns a frozen value of its own, which no later stage changes.
+of earlier stages and returns a frozen value of its own, which no later stage changes. Each
+stage runs once: where split-K rewrites ops into partial and combine ops, the ops it adds get
+their layouts and contexts, and buffer roles are found after the rewrite (see ``_plan``).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import gc
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 
 from apportion.errors import PlanningError
@@ -17,17 +19,19 @@ from apportion.ir.program import Program
 from apportion.passes.auto_tile import auto_tile as auto_tile_counts
 from apportion.passes.buffers import buffers
 from apportion.passes.coarse_tile import Tiling, coarse_tile
-from apportion.passes.geometry import PlanCache, contexts, group_time, slice_sizes
+from apportion.passes.geometry import OpContext, PlanCache, contexts, group_time, slice_sizes
 from apportion.passes.group_distribution import group_distribution
-from apportion.passes.layouts import layouts
+from apportion.passes.layouts import Layouts, layouts, op_layout
 from apportion.passes.relayout import relayout
 from apportion.passes.scratchpad import scratchpad
 from apportion.passes.span_reduction import span_reduction
 from apportion.passes.span_tiling import REASON, span_tiling
 from apportion.passes.split_k import SplitKDecisions, partials, with_split_k
 from apportion.passes.split_k import split_k as split_k_pass
-from apportion.passes.work_distribution import STRATEGIES, work_distribution
+from apportion.passes.strategy import Strategy, parse_strategy
+from apportion.passes.work_distribution import work_distribution
 from apportion.plans.plan import LoopInfo, Plan, ReuseCounts, SplitK
+from apportion.target.layout import device_layout
 from apportion.target.split_k import Resolver
 from apportion.target.target import Target
 
@@ -35,10 +39,11 @@ from apportion.target.target import Target
 Stage = Callable[[str, object], None]
 
 
-def plan(program: Program, target: Target, strategy: str = "balanced",
+def plan(program: Program, target: Target, strategy: Strategy | str = "balanced",
          debug: Stage | None = None, auto_tile: bool = False, reuse: bool = True,
          split_k: Resolver | None = None) -> Plan:
-    """Plan ``program`` for ``target``.
+    """Plan ``program`` for ``target`` under ``strategy`` (a ``passes/strategy.py`` object or
+    its name; the plan records the name).
 
     ``debug``, when given, is called with each stage's name and its own value, and the plan is
     verified after the last pass. ``auto_tile`` replaces the integer loop counts of every tiling
@@ -55,11 +60,16 @@ def plan(program: Program, target: Target, strategy: str = "balanced",
     >>> p = plan(load("examples/mlp.json"), spyre(cores=32))
     >>> p.op("gate").split_map   # balanced: the lowest predicted time
     {'m': 8, 'n': 4, 'k': 1}
+    >>> from apportion.passes.strategy import Greedy
+    >>> g = plan(load("examples/mlp.json"), spyre(cores=32), Greedy())
+    >>> g.strategy, g.op("gate").split_map
+    ('greedy', {'m': 32, 'n': 1, 'k': 1})
     >>> plan(load("examples/fused.json"), spyre(cores=32)).op("add").sizes
     {'m': 512, 'n': 1024}
     """
+    chosen = parse_strategy(strategy)
     with _FEWER_COLLECTIONS:
-        return _plan(program, target, strategy, debug, auto_tile, reuse, split_k)
+        return _plan(program, target, chosen, debug, auto_tile, reuse, split_k)
 
 
 class _CollectorThresholds:
@@ -98,10 +108,8 @@ class _CollectorThresholds:
 _FEWER_COLLECTIONS = _CollectorThresholds()
 
 
-def _plan(program: Program, target: Target, strategy: str, debug: Stage | None,
+def _plan(program: Program, target: Target, strategy: Strategy, debug: Stage | None,
           auto_tile: bool, reuse: bool, split_k: Resolver | None) -> Plan:
-    if strategy not in STRATEGIES:
-        raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     dump = debug or _quiet
     cache = PlanCache(reuse)
     # sizes known only at run time are planned at their planning sizes (the bound, if any);
@@ -123,6 +131,7 @@ def _plan(program: Program, target: Target, strategy: str, debug: Stage | None,
     sized = program if planned_at else None
     program = program.bind()
     # 1. layouts: device layout of every tensor; stick dims and planning units of every op
+    #    (split-K's rewrite below adds those of the ops and tensors it makes)
     lay = layouts(program, target)
     dump("layouts", lay)
     # 2. auto_tile (when asked): each tiling group's integer loop counts, those with the lowest
@@ -139,30 +148,28 @@ def _plan(program: Program, target: Target, strategy: str, debug: Stage | None,
     # 3. coarse_tile: loop nests of the tiling groups and every op's per-iteration sizes
     tiling = coarse_tile(program, lay.ops, target.max_loop_count)
     dump("coarse_tile", tiling)
-    # 4. buffers: which buffers each tensor needs (tile, full, accumulator) and the loop steps
-    bufs = buffers(program, tiling)
-    dump("buffers", bufs)
     loops = {op.name: _loop(tiling, op.name) for op in program.ops}
     ctxs = contexts(program, target, lay, {op.name: tiling.sizes(op) for op in program.ops},
                     loops)
-    # 5. split_k: each op's reduction split as the program pins it or the target's resolver
+    # 4. split_k: each op's reduction split as the program pins it or the target's resolver
     #    decides (None: left to work distribution's search by predicted time)
     decisions = split_k_pass(ctxs, program.split_k_pins, split_k, symbols)
     dump("split_k", decisions)
-    #    an op whose reduction is split this way becomes a partial op and a combine op
+    #    an op whose reduction is split this way becomes a partial op and a combine op. Only
+    #    ops outside loop groups are rewritten, so the tiling stands as it is; the new ops get
+    #    their layouts and contexts, and every other op keeps its own (no stage runs again)
     grouped = frozenset(n for g in tiling.groups for n in g.ops)
     source, asked = program, decisions
     program, fixed = partials(program, ctxs, decisions, grouped)
     if fixed:
         dump("partials", program)
-        lay = layouts(program, target)
-        tiling = coarse_tile(program, lay.ops, target.max_loop_count)
-        bufs = buffers(program, tiling)
-        loops = {op.name: _loop(tiling, op.name) for op in program.ops}
-        ctxs = contexts(program, target, lay, {op.name: tiling.sizes(op) for op in program.ops},
-                        loops)
+        lay, ctxs = with_rewritten(program, target, lay, ctxs)
         decisions = SplitKDecisions({n: fixed.get(n, decisions.by_op.get(n)) for n in ctxs})
     ctxs = with_split_k(ctxs, decisions)
+    # 5. buffers: which buffers each tensor needs (tile, full, accumulator) and the loop steps;
+    #    after split-K, whose partial ops may be the readers of a group's tensor
+    bufs = buffers(program, tiling)
+    dump("buffers", bufs)
     # 6. span_reduction: minimum splits that keep every per-core span within the limit
     spans = span_reduction(ctxs, strategy)
     dump("span_reduction", spans)
@@ -170,12 +177,13 @@ def _plan(program: Program, target: Target, strategy: str, debug: Stage | None,
     #    a split reduction dim is split-K, chosen here with the rest
     splits = work_distribution(ctxs, spans, strategy, cache)
     dump("work_distribution", splits)
-    # 8. group_distribution (balanced): splits agreeing across a loop group where that keeps
-    #    tiles on chip and lowers the group's predicted time
-    if strategy == "balanced":
-        splits = group_distribution(ctxs, tiling, bufs, spans, splits, cache)
+    # 8. group_distribution (balanced: its greedy baseline): splits agreeing across a loop
+    #    group where that keeps tiles on chip and lowers the group's predicted time
+    baseline = strategy.group_baseline
+    if baseline is not None:
+        splits = group_distribution(ctxs, tiling, bufs, spans, splits, cache, baseline)
         dump("group_distribution", splits)
-    op_plans = {n: replace(cache.op_plan(ctx, spans.of(n), splits[n], loops[n]),
+    op_plans = {n: replace(cache.op_plan(ctx, spans.of(n), splits[n], loops.get(n)),
                            split_k=_reported(n, decisions, asked)) for n, ctx in ctxs.items()}
     # 9. scratchpad: the scratchpad plan of every loop group, every tensor's buffers
     memory = scratchpad(program, target, tiling, bufs, op_plans, untiled=not planned_at)
@@ -188,7 +196,7 @@ def _plan(program: Program, target: Target, strategy: str, debug: Stage | None,
         4),
         added=REASON if g.path[0] in added else "") for g in memory.groups)
     planned = len({ctx.signature for ctx in ctxs.values()}) if reuse else len(ctxs)
-    result = Plan(program.name, target.name, target.cores, strategy,
+    result = Plan(program.name, target.name, target.cores, strategy.name,
                   tuple(op_plans[o.name] for o in program.ops), groups=groups,
                   buffers=memory.buffers, reuse=ReuseCounts(planned, len(ctxs) - planned),
                   rewritten=None if program is source and not copies else program,
@@ -196,6 +204,30 @@ def _plan(program: Program, target: Target, strategy: str, debug: Stage | None,
     if debug:
         verify(program, target, result)
     return result
+
+
+def with_rewritten(program: Program, target: Target, lay: Layouts,
+                   ctxs: Mapping[str, OpContext]) -> tuple[Layouts, dict[str, OpContext]]:
+    """The layouts and op contexts of ``program``, split-K's rewrite of the program that
+    ``lay`` and ``ctxs`` describe: equal to ``layouts(program, target)`` and ``contexts`` over
+    it, at the cost of the ops and tensors the rewrite added.
+
+    The rewrite keeps every other op as it was (the same object) and adds tensors, so their
+    layouts stand; their contexts are bound to the rewritten program (planning reads its pins
+    and tensors through it). A new op is outside every loop group: its sizes are its own.
+    """
+    tensors = dict(lay.tensors)
+    for t in program.tensors:
+        if t.name not in tensors:
+            tensors[t.name] = device_layout(t.shape, t.dtype, target)
+    kept = {op.name for op in program.ops if op.name in ctxs and ctxs[op.name].op is op}
+    new_lay = Layouts({op.name: lay.ops[op.name] if op.name in kept else
+                       op_layout(op, program, target) for op in program.ops}, tensors)
+    out = {op.name: replace(ctxs[op.name], program=program, tlayouts=new_lay.tensors)
+           if op.name in kept else
+           OpContext(op, program, target, new_lay.ops[op.name], new_lay.tensors, dict(op.sizes))
+           for op in program.ops}
+    return new_lay, out
 
 
 def _reported(name: str, decisions: SplitKDecisions, asked: SplitKDecisions

@@ -7,6 +7,10 @@ it, within the core budget and above the counts already committed. If some fit, 
 the largest span that fits (fewest cores); otherwise take the smallest span (most progress) and go
 inward. At most one reduction dim may be split for span. The result is the minimum split per dim;
 work distribution starts from it (``greedy`` may grow a forced minimum to any legal factor).
+
+The strategy (``passes/strategy.py``) says whether a dim with no fitting even split may take an
+uneven whole-stick one (``uneven``) and whether a walk that finds no fitting split refuses the op
+(``span_refusal_final``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from types import MappingProxyType
 
 from apportion.errors import PlanningError
 from apportion.passes.geometry import OpContext, check_spans, divisors, slice_sizes
+from apportion.passes.strategy import Strategy
 from apportion.target.target import Target
 
 
@@ -43,16 +48,17 @@ class SpanSplits:
         return dict(self.minimum[op])
 
 
-def span_reduction(ctxs: Mapping[str, OpContext], strategy: str) -> SpanSplits:
+def span_reduction(ctxs: Mapping[str, OpContext], strategy: Strategy) -> SpanSplits:
     """The span reduction pass over every op (``ctxs``: each op's context).
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.passes.geometry import contexts
     >>> from apportion.passes.layouts import layouts
+    >>> from apportion.passes.strategy import Balanced
     >>> from apportion.target import spyre
     >>> p = load("examples/lm_head_prime_vocab.json")
     >>> ctxs = contexts(p, spyre(), layouts(p, spyre()), {o.name: o.sizes for o in p.ops})
-    >>> span_reduction(ctxs, "balanced").of("lm_head")
+    >>> span_reduction(ctxs, Balanced()).of("lm_head")
     {'t': 1, 'v': 2, 'k': 1}
     """
     minimum, refused = {}, {}
@@ -63,12 +69,14 @@ def span_reduction(ctxs: Mapping[str, OpContext], strategy: str) -> SpanSplits:
     return SpanSplits(minimum, refused)
 
 
-def op_minimum(ctx: OpContext, strategy: str) -> tuple[dict[str, int], PlanningError | None]:
-    """One op's minimum splits; under ``balanced`` a refusal is returned, not raised."""
+def op_minimum(ctx: OpContext, strategy: Strategy
+               ) -> tuple[dict[str, int], PlanningError | None]:
+    """One op's minimum splits; where the strategy's refusal is not final (``balanced``) a
+    refusal is returned, not raised."""
     try:
-        return minimum_splits(ctx, allow_uneven=strategy == "balanced"), None
+        return minimum_splits(ctx, allow_uneven=strategy.uneven), None
     except PlanningError as e:
-        if strategy != "balanced":  # greedy and its variants
+        if strategy.span_refusal_final:  # greedy and its variants
             raise
         return {d: 1 for d in ctx.sizes}, e
 

@@ -42,6 +42,7 @@ from apportion.ir.program import LoopLevel, Program, TilingGroup
 from apportion.passes.geometry import OpContext, PlanCache, check_spans, divisors
 from apportion.passes.layouts import Layouts, layouts
 from apportion.passes.span_reduction import SpanSplits, minimum_splits, op_minimum
+from apportion.passes.strategy import Strategy
 from apportion.passes.work_distribution import op_splits, ranked
 from apportion.plans.plan import LoopInfo
 from apportion.target.target import Target
@@ -76,7 +77,7 @@ class SpanTiling:
         return {t.group: t for t in self.added.values()}
 
 
-def fits(ctx: OpContext, strategy: str) -> bool:
+def fits(ctx: OpContext, strategy: Strategy) -> bool:
     """True when ``strategy`` finds a split of the op (at ``ctx.sizes``) within the span limit.
 
     ``greedy``: the span reduction's walk over even splits succeeds (greedy only adds cuts to
@@ -93,15 +94,15 @@ def fits(ctx: OpContext, strategy: str) -> bool:
     if ctx.feasible({d: 1 for d in ctx.sizes}):
         return True
     try:
-        minimum_splits(ctx, allow_uneven=strategy == "balanced")
+        minimum_splits(ctx, allow_uneven=strategy.uneven)
         return True
     except PlanningError:
-        if strategy != "balanced":
+        if strategy.span_refusal_final:
             return False
     return bool(ranked(ctx, {d: 1 for d in ctx.sizes}, 1))
 
 
-def span_tiling(program: Program, target: Target, lay: Layouts, strategy: str,
+def span_tiling(program: Program, target: Target, lay: Layouts, strategy: Strategy,
                 cache: PlanCache | None = None, symbolic: Program | None = None
                 ) -> SpanTiling:
     """The span tiling pass (see the module docstring). ``symbolic``: the program with its
@@ -109,14 +110,15 @@ def span_tiling(program: Program, target: Target, lay: Layouts, strategy: str,
 
     >>> from apportion.frontend.json_format import loads
     >>> from apportion.passes.layouts import layouts
+    >>> from apportion.passes.strategy import Balanced, Greedy
     >>> from apportion.target import spyre
     >>> p = loads('{"name": "big", "tensors": {"x": {"shape": [1, 8195, 256, 64], '
     ...   '"dtype": "float16"}}, "inputs": ["x"], "outputs": ["y"], "ops": [{"name": "e", '
     ...   '"op": "exp", "out": "y[a,b,c,d]", "ins": ["x[a,b,c,d]"]}]}')
     >>> t = spyre(cores=4)
-    >>> span_tiling(p, t, layouts(p, t), "greedy").added["e"]
+    >>> span_tiling(p, t, layouts(p, t), Greedy()).added["e"]
     SpanTile(op='e', dim='b', count=5, group=0)
-    >>> span_tiling(p, t, layouts(p, t), "balanced").added   # an uneven split of b fits
+    >>> span_tiling(p, t, layouts(p, t), Balanced()).added   # an uneven split of b fits
     mappingproxy({})
     """
     if program.symbols:
@@ -166,7 +168,7 @@ def loop_candidates(op: Op, per: Mapping[str, int], max_count: int) -> list[tupl
     return out
 
 
-def choose_loop(ctx: OpContext, strategy: str, max_count: int,
+def choose_loop(ctx: OpContext, strategy: Strategy, max_count: int,
                 cache: PlanCache | None = None) -> tuple[str, int] | None:
     """The dim and count of the loop around ``ctx.op`` (see the module docstring), or None."""
     op = ctx.op
@@ -200,7 +202,7 @@ def _tile_ctx(ctx: OpContext, d: str, count: int) -> OpContext:
     return replace(ctx, sizes=sizes, loop=loop)
 
 
-def _time(ctx: OpContext, strategy: str, cache: PlanCache | None) -> float:
+def _time(ctx: OpContext, strategy: Strategy, cache: PlanCache | None) -> float:
     """Predicted time of one tile under the strategy's split (infinite where none exists)."""
     try:
         minimum, err = op_minimum(ctx, strategy)
@@ -210,13 +212,14 @@ def _time(ctx: OpContext, strategy: str, cache: PlanCache | None) -> float:
         return math.inf
 
 
-def _run_time_refusal(ctx: OpContext, strategy: str, symbolic: Program, target: Target) -> str:
+def _run_time_refusal(ctx: OpContext, strategy: Strategy, symbolic: Program,
+                      target: Target) -> str:
     """Why op ``ctx.op`` of a program with run-time sizes cannot be planned: it fits the span
     limit only in a loop (the strategy's own refusal), with the largest bound of each of its
     run-time sizes at which it fits without one."""
     op = ctx.op
     try:
-        minimum_splits(ctx, allow_uneven=strategy == "balanced")
+        minimum_splits(ctx, allow_uneven=strategy.uneven)
         detail = (f"no split over {target.cores} cores keeps its spans within "
                   f"{target.span_limit} bytes")
     except PlanningError as e:
@@ -239,7 +242,7 @@ def _run_time_refusal(ctx: OpContext, strategy: str, symbolic: Program, target: 
             f"loop groups, so no loop may cut it: {'; '.join(hints)}")
 
 
-def _largest_fitting(ctx: OpContext, strategy: str, symbolic: Program, sym: str,
+def _largest_fitting(ctx: OpContext, strategy: Strategy, symbolic: Program, sym: str,
                      target: Target) -> int | None:
     """The largest size of symbol ``sym`` (the others at their planning sizes) at which op
     ``ctx.op`` fits the span limit without a loop, by bisection (spans grow with the size);

@@ -1,20 +1,22 @@
 """Pass `work_distribution`: how many cores work on each dim of each op.
 
-Two strategies:
+Two strategies (objects of ``passes/strategy.py``):
 
-* ``greedy`` reproduces the reference design: keep the span splits as minimums, rank the output
-  dims by decreasing size in planning units and give each the largest divisor that fits the core
-  budget left, then split at most one reduction dim (none if span reduction split one). It
-  follows the reference's newer rule for a dim the span limit forces to split: the forced
-  minimum may grow to any legal factor (a divisor of the dim's units, at least the minimum,
-  within the cores the other dims leave), not only to multiples of it; 6 rows on 3 cores with a
-  forced split of 2 give 3 (the older rule keeps 2: no multiple of 2 fits). A span-forced
-  reduction split grows the same way, after the output dims. ``greedy-multiples`` keeps the
-  older rule (the reference before the change), for comparison.
-* ``balanced`` (default) searches every assignment satisfying the same constraints (span limit,
-  whole sticks, at most one reduction dim, product of splits <= cores), uneven splits included,
-  and keeps the lowest predicted time; ties go to even splits, fewer cores, then outer dims.
-  The greedy assignment is among those searched, so balanced is never predicted slower.
+* ``greedy`` (``Greedy()``) reproduces the reference design: keep the span splits as minimums,
+  rank the output dims by decreasing size in planning units and give each the largest divisor
+  that fits the core budget left, then split at most one reduction dim (none if span reduction
+  split one). It follows the reference's newer rule for a dim the span limit forces to split:
+  the forced minimum may grow to any legal factor (a divisor of the dim's units, at least the
+  minimum, within the cores the other dims leave), not only to multiples of it; 6 rows on 3
+  cores with a forced split of 2 give 3 (the older rule keeps 2: no multiple of 2 fits). A
+  span-forced reduction split grows the same way, after the output dims. ``greedy-multiples``
+  (``Greedy(rule="multiples")``) keeps the older rule (the reference before the change), for
+  comparison.
+* ``balanced`` (``Balanced()``, default) searches every assignment satisfying the same
+  constraints (span limit, whole sticks, at most one reduction dim, product of splits <=
+  cores), uneven splits included, and keeps the lowest predicted time; ties go to even splits,
+  fewer cores, then outer dims. The greedy assignment is among those searched, so balanced is
+  never predicted slower.
 
 The search is a depth-first walk over the dims in order that skips every partial assignment
 whose *lower bound* cannot beat the best found so far (the ``k``-th best, for the few best that
@@ -57,15 +59,8 @@ from apportion.passes.geometry import (
     operand_extents,
 )
 from apportion.passes.span_reduction import SpanSplits
-
-STRATEGIES = ("balanced", "greedy", "greedy-multiples")
-#: greedy strategies -> how a span-forced minimum split may grow (see the module docstring)
-GREEDY_RULES = {"greedy": "any", "greedy-multiples": "multiples"}
-
-
-def is_greedy(strategy: str) -> bool:
-    """True for the strategies reproducing the reference design's greedy rule."""
-    return strategy in GREEDY_RULES
+from apportion.passes.strategy import STRATEGIES as STRATEGIES
+from apportion.passes.strategy import Balanced, Greedy, GreedyRule, Strategy
 
 
 def core_split(size: int, cores: int) -> int:
@@ -77,7 +72,8 @@ def core_split(size: int, cores: int) -> int:
     return divisors(size, cores)[-1]  # 1 divides every size: never empty for cores >= 1
 
 
-def greedy(ctx: OpContext, minimum: dict[str, int], rule: str = "any") -> dict[str, int]:
+def greedy(ctx: OpContext, minimum: dict[str, int], rule: GreedyRule = "any"
+           ) -> dict[str, int]:
     """The reference design's split assignment, starting from the span splits ``minimum``.
 
     ``rule`` is how a span-forced minimum grows: ``"any"`` legal factor (the reference's newer
@@ -414,7 +410,7 @@ def best_utilization(ctx: OpContext, minimum: dict[str, int]) -> tuple[float, di
     return best_key[0], best
 
 
-def work_distribution(ctxs: Mapping[str, OpContext], spans: SpanSplits, strategy: str,
+def work_distribution(ctxs: Mapping[str, OpContext], spans: SpanSplits, strategy: Strategy,
                       cache: PlanCache | None = None) -> Splits:
     """The work distribution pass: every op's splits under ``strategy`` (program pins win).
 
@@ -424,23 +420,24 @@ def work_distribution(ctxs: Mapping[str, OpContext], spans: SpanSplits, strategy
     >>> from apportion.passes.geometry import contexts
     >>> from apportion.passes.layouts import layouts
     >>> from apportion.passes.span_reduction import span_reduction
+    >>> from apportion.passes.strategy import Greedy
     >>> from apportion.target import spyre
     >>> p = load("examples/mlp.json")
     >>> ctxs = contexts(p, spyre(), layouts(p, spyre()), {o.name: o.sizes for o in p.ops})
-    >>> work_distribution(ctxs, span_reduction(ctxs, "greedy"), "greedy")["gate"]
+    >>> work_distribution(ctxs, span_reduction(ctxs, Greedy()), Greedy())["gate"]
     {'m': 32, 'n': 1, 'k': 1}
     """
     return Splits({name: op_splits(ctx, spans, strategy, cache) for name, ctx in ctxs.items()})
 
 
-def op_splits(ctx: OpContext, spans: SpanSplits, strategy: str,
+def op_splits(ctx: OpContext, spans: SpanSplits, strategy: Strategy,
               cache: PlanCache | None = None) -> dict[str, int]:
     """One op's splits; under ``balanced`` a span refusal stands when the search finds none."""
     if cache is not None and cache.enabled:
         key = ("splits", strategy, ctx.signature, tuple(spans.of(ctx.op.name).items()))
         return dict(cache.get(key, lambda: tuple(op_splits(ctx, spans, strategy).items())))
     minimum = spans.of(ctx.op.name)
-    start = minimum if is_greedy(strategy) else {d: 1 for d in ctx.sizes}
+    start = strategy.start(minimum)
     try:
         return distribute(ctx, start, strategy, ctx.program.pins.get(ctx.op.name))
     except PlanningError:
@@ -450,11 +447,14 @@ def op_splits(ctx: OpContext, spans: SpanSplits, strategy: str,
         raise
 
 
-def distribute(ctx: OpContext, minimum: dict[str, int], strategy: str,
+def distribute(ctx: OpContext, minimum: dict[str, int], strategy: Strategy,
                pins: dict[str, int] | None = None) -> dict[str, int]:
-    """Splits for one op under ``strategy``; pinned dims keep their pinned counts."""
-    if strategy not in STRATEGIES:
-        raise PlanningError(f"unknown strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
+    """Splits for one op under ``strategy`` (starting from ``minimum``); pinned dims keep their
+    pinned counts."""
+    if not isinstance(strategy, Balanced | Greedy):  # a name here is a caller's slip
+        raise PlanningError(f"op {ctx.op.name!r}: work distribution needs a strategy object "
+                            f"(Balanced(), Greedy()), got {type(strategy).__name__} "
+                            f"{strategy!r}; parse_strategy turns a name into one")
     divisible = ctx.op.kind.divisible
     if not divisible and any(n != 1 for n in (pins or {}).values()):
         raise PlanningError(f"op {ctx.op.name!r}: a fallback op runs on one core; work_division "
@@ -472,6 +472,6 @@ def distribute(ctx: OpContext, minimum: dict[str, int], strategy: str,
             raise PlanningError(f"op {ctx.op.name!r}: {why} tensor {worst[0]!r} spanning "
                                 f"{worst[1]} bytes > limit {ctx.target.span_limit}")
         return fixed
-    if is_greedy(strategy):
-        return greedy(ctx, minimum, GREEDY_RULES[strategy])
+    if isinstance(strategy, Greedy):
+        return greedy(ctx, minimum, strategy.rule)
     return balanced(ctx, minimum)

@@ -111,6 +111,12 @@ def from_dict(doc: dict[str, Any]) -> Plan:
                             "{\"name\": ..., \"cores\": ...} naming what it was planned for")
     if not isinstance(doc.get("ops"), list):
         raise PlanningError("plan has no field 'ops' (a list of op plans)")
+    # the strategy's name, as the planner records it (``balanced``, ``greedy``, ...); plans
+    # written before the field existed were balanced
+    strategy = doc.get("strategy", "balanced")
+    if not isinstance(strategy, str) or not strategy:
+        raise PlanningError(f"malformed 'strategy' in plan: {strategy!r}; expected the name of "
+                            "the strategy it was planned under (e.g. \"balanced\")")
     known = {"format", "program", "strategy", "target", "ops", "groups", "buffers", "reuse",
              "symbols"}
     symbols = doc.get("symbols", {})
@@ -135,7 +141,7 @@ def from_dict(doc: dict[str, Any]) -> Plan:
         reuse = ReuseCounts(*counts)
     return Plan(
         program=doc.get("program", ""), target=target["name"], cores=target["cores"],
-        strategy=doc.get("strategy", "balanced"),
+        strategy=strategy,
         ops=tuple(op_from_dict(o) for o in doc["ops"]),
         extras=tuple((k, v) for k, v in doc.items() if k not in known),
         groups=groups, buffers=buffers, reuse=reuse, symbols=tuple(symbols.items()),

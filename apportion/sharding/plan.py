@@ -33,6 +33,7 @@ from apportion.ir.op import Op
 from apportion.ir.program import Program, TensorType
 from apportion.passes.geometry import OpContext
 from apportion.passes.layouts import op_layout, tensor_layouts
+from apportion.passes.strategy import Balanced
 from apportion.passes.work_distribution import distribute, greedy
 from apportion.sharding.collectives import Step, cached_steps
 from apportion.sharding.mesh import Mesh
@@ -106,7 +107,7 @@ class CostModel:
                         dict(lop.sizes))
         ones = dict.fromkeys(lop.sizes, 1)
         try:
-            splits = distribute(ctx, ones, "balanced")
+            splits = distribute(ctx, ones, Balanced())
         except PlanningError:  # nothing fits the span limit: the planner would loop over it
             splits = greedy(ctx, ones)
         return ctx.time_us(splits)

@@ -19,6 +19,7 @@ from apportion.frontend.json_format import loads
 from apportion.passes.layouts import layouts
 from apportion.passes.pipeline import plan
 from apportion.passes.span_tiling import choose_loop, fits, span_tiling
+from apportion.passes.strategy import Greedy, parse_strategy
 from apportion.plans.serialize import from_json, to_json
 from apportion.target import spyre
 from tests.helpers import program
@@ -83,10 +84,10 @@ def test_one_core_loops_under_both_strategies(strategy):
 def test_the_smallest_count_that_fits_is_chosen():
     prog, target = big(rows=36), tiny(cores=1)
     lay = layouts(prog, target)
-    added = span_tiling(prog, target, lay, "greedy").added["e"]
+    added = span_tiling(prog, target, lay, Greedy()).added["e"]
     assert (added.dim, added.count) == ("b", 2)
     # a count of 2 fits: nothing smaller does (1 is the op as given)
-    assert not fits(_ctx(prog, target), "greedy")
+    assert not fits(_ctx(prog, target), Greedy())
 
 
 def _ctx(prog, target):
@@ -149,8 +150,8 @@ def test_choose_loop_tiles_the_dim_that_shrinks_the_span():
     # stick, so a loop over the rows m cannot help and the reduction dim k is tiled
     prog = program({"x": ([2, 300 * 512], "float16")},  # two rows of 300 KiB
                    [{"name": "s", "op": "sum", "out": "y[m,0]", "ins": ["x[m,k]"]}], ["y"])
-    assert choose_loop(_ctx(prog, tiny(cores=1)), "greedy", 65535) == ("k", 2)
-    assert choose_loop(_ctx(prog, tiny(cores=1)), "greedy", 1) is None  # count limit 1
+    assert choose_loop(_ctx(prog, tiny(cores=1)), Greedy(), 65535) == ("k", 2)
+    assert choose_loop(_ctx(prog, tiny(cores=1)), Greedy(), 1) is None  # count limit 1
 
 
 @st.composite
@@ -178,14 +179,14 @@ def test_plans_with_added_loops_respect_the_limit_and_run_exactly(case, strategy
     except PlanningError:
         # planning refuses only where no split and no single-dim loop fits
         lay = layouts(prog, target)
-        assert "o" not in span_tiling(prog, target, lay, strategy).added
+        assert "o" not in span_tiling(prog, target, lay, parse_strategy(strategy)).added
         return
     o = p.op("o")
     event(f"loop added: {o.loop is not None}")
     assert all(s <= target.span_limit for _, s in o.span_bytes)
     assert (o.loop is not None) == bool(p.groups) and all(g.added == "span" for g in p.groups)
     if o.loop is not None:  # a loop only where the strategy alone finds no split
-        assert not fits(_ctx(prog, target), strategy)
+        assert not fits(_ctx(prog, target), parse_strategy(strategy))
     p.loopspec()
     checks = p.check()
     assert all(c.ok for c in checks), checks

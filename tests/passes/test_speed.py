@@ -25,6 +25,7 @@ from apportion.passes.group_distribution import align_group, group_cost
 from apportion.passes.layouts import layouts, tensor_layouts
 from apportion.passes.pipeline import plan
 from apportion.passes.span_reduction import op_minimum
+from apportion.passes.strategy import Balanced
 from apportion.passes.work_distribution import candidates, ranked, time_lower_bound
 from apportion.plans.serialize import to_dict
 from apportion.target import spyre
@@ -84,7 +85,7 @@ def context(p, target) -> OpContext:
 @given(one_op(), targets(), st.sampled_from([1, 2, 6]), st.booleans())
 def test_the_bounded_search_returns_the_exhaustive_searchs_assignments(p, target, k, span_min):
     ctx = context(p, target)
-    minimum = op_minimum(ctx, "balanced")[0] if span_min else {d: 1 for d in ctx.sizes}
+    minimum = op_minimum(ctx, Balanced())[0] if span_min else {d: 1 for d in ctx.sizes}
     assert ranked(ctx, minimum, k) == ranked(ctx, minimum, k, exhaustive=True)
 
 
@@ -211,8 +212,8 @@ def group_setup(p, target):
     for group in tiling.groups:
         ctxs = {n: OpContext(p.op(n), p, target, lay.ops[n], lay.tensors,
                              group.tile(n).size_map, group.tile(n).loop) for n in group.ops}
-        spans = span_reduction(ctxs, "balanced")
-        splits = work_distribution(ctxs, spans, "balanced", cache)
+        spans = span_reduction(ctxs, Balanced())
+        splits = work_distribution(ctxs, spans, Balanced(), cache)
         out.append((group, ctxs, buffer_roles(p, tiling), splits, cache))
     return out
 
@@ -286,7 +287,7 @@ def totals(p, target):
     lay = layouts(p, target)
     out = []
     for counts in candidate_counts(p, p.tiling[0], lay.ops, target.max_loop_count):
-        trial = Trial(with_counts(p, 0, counts), target, lay, "balanced", 0)
+        trial = Trial(with_counts(p, 0, counts), target, lay, Balanced(), 0)
         out.append((counts, trial.working_set <= target.scratchpad_capacity,
                     trial.iterations * trial.iteration_time()))
     return out
