@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from apportion.backends.limits import cite
 from apportion.errors import ExecutionError, PlanningError, ProgramError, TargetError
 from apportion.ir.program import Program
 from apportion.passes.pipeline import Stage
@@ -123,7 +124,8 @@ class PlannedProgram:
             raise PlanningError(f"program {self.program.name!r} has run-time sizes "
                                 f"({', '.join(self.symbols)}); {what} launches concrete slices: "
                                 f"bind them first with .at({{{self.symbols[0]!r}: n}}) "
-                                "(the forall form covers every size)")
+                                "(the forall form covers every size) "
+                                f"{cite('bundle-static-sizes')}")
 
     def loopspec(self) -> SpecProgram:
         """The plan as nested LoopSpec / OpSpec values, ops outside loops bare, in program order.
@@ -166,12 +168,14 @@ class PlannedProgram:
     def run(self, inputs: Mapping[str, Any] | None = None, threads: int | None = None,
             params: Mapping[str, int] | None = None, backend: str = "reference"
             ) -> dict[str, Any]:
-        """Execute the plan core by core (random inputs unless given); returns the tensors held
-        whole. ``params`` gives symbolic loop counts (within the target's ``max_loop_count``).
-        ``backend="iree"`` compiles the parallel IR with IREE (cached, see
-        ``backends.iree.runtime``) and runs it on the CPU instead; it returns the inputs and
-        outputs."""
-        from apportion.backends.reference import run_planned
+        """Execute the plan on ``backend`` (random inputs unless given); returns the inputs and
+        outputs (the reference backend: every tensor held whole) as storage arrays. ``params``
+        gives symbolic loop counts (within the target's ``max_loop_count``) and run-time sizes.
+        ``backend`` is a name of ``apportion.backends.BACKENDS``: ``reference`` (numpy, core
+        slice by core slice; ``threads`` runs an op's cores concurrently), ``torch`` (PyTorch
+        kernels on ``threads`` threads) or ``iree`` (the parallel IR compiled by IREE, cached:
+        ``backends.iree.runtime``); ``bundle`` emits and ``dtensor`` runs sharding plans, so
+        both are refused naming their documented limit (``docs/limits.md``)."""
         from apportion.runtime import random_inputs
 
         _check_threads(threads)
@@ -179,24 +183,13 @@ class PlannedProgram:
             raise ExecutionError(f"run: inputs must be a mapping of input name to array, got "
                                  f"{_describe(inputs)}")
         sizes, params = self._split_params(params)
-        _check_backend(backend)
-        if backend == "iree":
-            from apportion.backends.iree.run import iree_run
-
-            if threads is not None:
-                raise ExecutionError("threads applies to the reference backend; IREE runs "
-                                     "with its own task pool")
-            xs = random_inputs(self.bound(sizes)[0]) if inputs is None else inputs
-            return iree_run(self.program, self.plan, self.target, xs, params,
-                            symbolic=self.given if self.symbols else None,
-                            sizes=sizes or None).tensors
-        if self.symbols and inputs is not None:
+        runner = _runner(backend, self)
+        if self.symbols and inputs is not None:  # the sizes the inputs' shapes have
             from apportion.passes.bind import infer_sizes
 
             sizes = infer_sizes(self.given, inputs, sizes)
-        program, plan = self.bound(sizes)
-        xs = random_inputs(program) if inputs is None else inputs
-        return run_planned(program, plan, xs, threads=threads, params=params)
+        xs = random_inputs(self.bound(sizes)[0]) if inputs is None else inputs
+        return runner(self, xs, params=params, sizes=sizes or None, threads=threads)
 
     @property
     def given(self) -> Program:
@@ -289,11 +282,18 @@ def _check_threads(threads: Any) -> None:
         raise ExecutionError(f"threads must be None or an int >= 1, got {_describe(threads)}")
 
 
-def _check_backend(backend: Any) -> None:
-    from apportion.backends.iree.run import BACKENDS
+def _runner(backend: Any, planned: PlannedProgram) -> Any:
+    """The ``run`` of backend ``backend`` (``apportion.backends``), or an error naming the valid
+    names, or the documented limit that stops it (``bundle`` emits; ``dtensor`` needs a mesh)."""
+    from apportion.backends import get, require
 
-    if not isinstance(backend, str) or backend not in BACKENDS:
-        raise ExecutionError(f"unknown backend {backend!r}; valid: {', '.join(BACKENDS)}")
+    found = get(backend)
+    if found.run is None:
+        raise ExecutionError(f"backend {found.name!r} emits, it does not run: use "
+                             f"planned.bundle_mlir() or planned.loopspec() (apportion emit "
+                             f"--bundle) {cite('bundle-emits-only')}")
+    require(found, planned)
+    return found.run
 
 
 def _program(program: Any, where: str) -> Program:

@@ -1,6 +1,160 @@
-"""Backends: what consumes a plan to emit or run it, one package each.
+"""Backends: what consumes a plan to emit or run it, one package each, behind one interface.
 
 ``reference`` (numpy, core by core, simulated memory), ``torch`` (PyTorch kernels on a thread
-pool), ``iree`` (parallel IR compiled and run by IREE) and ``bundle`` (LoopSpec/OpSpec values and
-the MLIR loop bundle). ``mlir`` holds the MLIR text helpers the emitters share.
+pool), ``iree`` (parallel IR compiled and run by IREE), ``bundle`` (LoopSpec/OpSpec values and
+the MLIR loop bundle; it emits, it does not run) and ``dtensor`` (a sharding plan over a mesh of
+devices on torch.distributed). ``mlir`` holds the MLIR text helpers the emitters share;
+``limits`` the documented limits every refusal cites.
+
+Each is a ``Backend``: its name, ``supports(planned)`` (the documented limits that stop it, empty
+when it takes the plan), and ``run`` or ``emit``. ``BACKENDS`` maps each name to its backend,
+imported on first use from its module path, so importing apportion imports no torch and no
+IREE, and no backend imports another (the ``backends-independent`` import contract).
+``PlannedProgram.run(backend=)``, ``check(backend=)`` and ``apportion run --backend`` take
+exactly these names.
+
+>>> from apportion.backends import BACKENDS, get
+>>> list(BACKENDS)
+['reference', 'torch', 'iree', 'bundle', 'dtensor']
+>>> get("reference").does
+'run'
 """
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from apportion.backends.limits import Limit, Unsupported
+from apportion.errors import ExecutionError
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from apportion.ir.program import Program
+    from apportion.plans.plan import Plan
+    from apportion.target.target import Target
+
+__all__ = ["BACKENDS", "Backend", "Planned", "get", "require"]
+
+
+class Planned(Protocol):
+    """What a backend reads of a planned program (``PlannedProgram`` is one): the program as
+    planned (split-K rewritten, at its planning sizes), its plan and target, the program as
+    given (with its run-time sizes), and the two bound at given sizes. The dtensor backend
+    takes a bound sharding plan instead (``sharding.plan.ShardingPlan``)."""
+
+    @property
+    def program(self) -> Program: ...
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def target(self) -> Target: ...
+
+    @property
+    def given(self) -> Program: ...
+
+    @property
+    def symbols(self) -> tuple[str, ...]: ...
+
+    def bound(self, sizes: Mapping[str, int] | None = None) -> tuple[Program, Plan]: ...
+
+
+#: ``run(planned, inputs, params=None, threads=None)``: the inputs and outputs (and, for the
+#: reference, every tensor held whole) as numpy storage arrays
+Runner = Callable[..., "dict[str, np.ndarray]"]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend: ``supports(planned)`` gives the documented limits that stop it (empty: it
+    takes the plan), and exactly one of ``run`` (inputs in, tensors out) and ``emit`` (text
+    out, checked to parse and verify).
+
+    >>> import apportion as ap
+    >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
+    >>> get("bundle").supports(planned), get("bundle").does
+    ((), 'emit')
+    """
+
+    name: str
+    summary: str
+    supports: Callable[[Any], tuple[Limit, ...]]
+    run: Runner | None = None
+    emit: Callable[[Any], str] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.run is None) == (self.emit is None):
+            raise ValueError(f"backend {self.name!r}: give run or emit, exactly one")
+
+    @property
+    def does(self) -> str:
+        """``run`` or ``emit``."""
+        return "run" if self.run is not None else "emit"
+
+
+#: name -> module whose ``BACKEND`` is that backend (imported on first use)
+_MODULES: dict[str, str] = {
+    "reference": "apportion.backends.reference.adapter",
+    "torch": "apportion.backends.torch.adapter",
+    "iree": "apportion.backends.iree.adapter",
+    "bundle": "apportion.backends.bundle.adapter",
+    # the sharding layer sits above the backends (it plans meshes); its runner stays there
+    "dtensor": "apportion.sharding.dtensor_backend",
+}
+
+
+class _Registry(Mapping[str, Backend]):
+    """The backends by name; a backend's module is imported when it is first looked up."""
+
+    def __getitem__(self, name: str) -> Backend:
+        module = _MODULES[name]
+        backend = importlib.import_module(module).BACKEND
+        if not isinstance(backend, Backend) or backend.name != name:
+            raise TypeError(f"{module}.BACKEND is not the Backend {name!r}")
+        return backend
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_MODULES)
+
+    def __len__(self) -> int:
+        return len(_MODULES)
+
+
+BACKENDS: Mapping[str, Backend] = _Registry()
+
+
+def get(name: object) -> Backend:
+    """The backend called ``name``, or an ExecutionError listing the valid names.
+
+    >>> get("numpy")
+    Traceback (most recent call last):
+    ...
+    apportion.errors.ExecutionError: unknown backend 'numpy'; valid: reference, torch, iree, \
+bundle, dtensor
+    """
+    if not isinstance(name, str) or name not in _MODULES:
+        raise ExecutionError(f"unknown backend {name!r}; valid: {', '.join(_MODULES)}")
+    return BACKENDS[name]
+
+
+def require(backend: Backend, planned: Any) -> None:
+    """Raise ``Unsupported`` naming the backend, the program and each documented limit when
+    ``backend`` does not take ``planned``: the one place a backend's refusal up front is made.
+
+    >>> import apportion as ap
+    >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
+    >>> require(get("dtensor"), planned)
+    Traceback (most recent call last):
+    ...
+    apportion.backends.limits.Unsupported: backend 'dtensor' cannot run program 'fused': the \
+dtensor backend runs sharding plans over a mesh of devices (--mesh, ap.sharding); a plan for \
+one device's cores is not one [limit dtensor-needs-mesh, docs/limits.md]
+    """
+    limits = backend.supports(planned)
+    if limits:
+        raise Unsupported(backend.name, planned.program.name, limits)

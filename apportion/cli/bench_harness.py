@@ -43,6 +43,7 @@ OPTIONS: dict[str, str] = {
     "repeat": "--repeat",
     "measurements": "--measurements",
     "target": "--target",
+    "n": "--n",
 }
 
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from rich.console import Console
 
+from apportion.backends import BACKENDS
 from apportion.cli.params import is_decimal, parse_params
 from apportion.cli.usage import UsageError, make_folder, output_path
 from apportion.errors import ApportionError, ProgramError
@@ -326,8 +327,22 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
+def _check_run_backend(args: argparse.Namespace) -> None:
+    """Refuse, naming the documented limit, a ``--backend`` that cannot run this: ``bundle``
+    emits, ``dtensor`` runs sharding plans (``--mesh``)."""
+    from apportion.backends.limits import cite
+
+    if args.backend == "bundle":
+        raise UsageError("--backend bundle emits, it does not run: apportion emit --bundle (or "
+                         f"--unrolled, --loopspec) {cite('bundle-emits-only')}")
+    if args.backend == "dtensor" and args.mesh is None:
+        raise UsageError("--backend dtensor runs a program sharded over a mesh of devices: "
+                         f"give --mesh (e.g. --mesh tp=2) {cite('dtensor-needs-mesh')}")
+
+
 def cmd_run(args: argparse.Namespace, console: Console) -> int:
-    if args.mesh is not None or args.backend == "dtensor":  # sharded over devices
+    _check_run_backend(args)
+    if args.mesh is not None:  # sharded over devices
         from apportion.cli.shard import cmd_run_sharded
 
         return cmd_run_sharded(args, console, print_checks)
@@ -346,14 +361,16 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print(f"run-time sizes: {_sizes_text(program, sizes)}", highlight=False)
     if args.backend == "iree":
         return _run_iree(planned, args, params, console)
+    with_torch = ", torch" if args.backend == "torch" else ""
     if not args.check:
-        planned.run(threads=args.threads, params=params)
+        planned.run(threads=args.threads, params=params, backend=args.backend)
         console.print(f"ran {len(planned.ops)} ops of {planned.program.name} over "
-                      f"{planned.plan.cores} cores")
+                      f"{planned.plan.cores} cores" + (" with torch" if with_torch else ""))
         return 0
-    checks = planned.check(seed=args.seed, threads=args.threads, params=params)
+    checks = planned.check(seed=args.seed, threads=args.threads, params=params,
+                           backend=args.backend)
     return print_checks(checks, f"planned run of {planned.program.name} ({args.strategy}, "
-                        f"{planned.plan.cores} cores)", console)
+                        f"{planned.plan.cores} cores{with_torch})", console)
 
 
 def _run_iree(planned: PlannedProgram, args: argparse.Namespace, params: dict[str, int],
@@ -482,7 +499,8 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
 
 
 #: the bench suites, by name: each module's ``SUITE`` (``cli/bench_harness.py``)
-BENCH_SUITES = ("workdiv", "tiling", "costmodel", "scale", "splitk", "e2e", "sharding")
+BENCH_SUITES = ("workdiv", "tiling", "costmodel", "scale", "splitk", "e2e", "sharding",
+                "conformance")
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -596,10 +614,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--param", action="append", metavar="NAME=COUNT",
                    help="value of a symbolic loop count, e.g. --param T=4 (repeatable); with "
                         "--mesh, a symbolic mesh axis size (dp=N~4) or run-time size to bind")
-    r.add_argument("--backend", choices=("reference", "iree", "dtensor"), default="reference",
-                   help="reference: numpy, core slice by core slice; iree: the parallel IR "
+    r.add_argument("--backend", choices=tuple(BACKENDS), default="reference",
+                   help="reference: numpy, core slice by core slice; torch: PyTorch kernels, "
+                        "an op's core slices on --threads threads; iree: the parallel IR "
                         "(emit --forall) compiled and run by IREE on the CPU; dtensor (with "
-                        "--mesh): one process per device on torch.distributed")
+                        "--mesh): one process per device on torch.distributed; bundle emits "
+                        "(emit --bundle) and is refused here. Limits: docs/limits.md")
     shard_cli.add_mesh_options(r)
     r.add_argument("--timeout", type=_positive_seconds, default=300.0,
                    help="--backend dtensor: seconds before every rank is stopped (default 300)")
@@ -647,6 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="e2e: threads of the torch executor and of eager PyTorch (default 1)")
     b.add_argument("--repeat", type=_int_at_least(1), default=None,
                    help="e2e: timed runs per side, the fastest and median reported (default 5)")
+    b.add_argument("--n", type=_int_at_least(1), default=None,
+                   help="conformance: random programs to run (seeds 0..N-1; default 100)")
     b.add_argument("--json", default=None, help="write every case's result here (JSON)")
     b.add_argument("--check", action="store_true",
                    help="exit status 1 when a goal the suite states is missed (one line each "

@@ -313,7 +313,7 @@ def _run_iree(args: argparse.Namespace, plan: ShardingPlan, label: str, console:
             checks, run = check_mesh(schedule, seed=args.seed)
         else:
             run = run_mesh(schedule, random_inputs(plan.program, args.seed))
-    _print_mesh_run(run, console, schedule.summary())
+    _print_mesh_run(run, schedule, console)
     if not args.check:
         console.print(f"ran {label}", highlight=False)
         return 0
@@ -321,13 +321,15 @@ def _run_iree(args: argparse.Namespace, plan: ShardingPlan, label: str, console:
                         "them on the host,", console)
 
 
-def _print_mesh_run(run: Any, console: Console, summary: str | None = None) -> None:
-    """The lines saying what a run of the per-device modules in IREE did."""
-    if summary is not None:
-        console.print(summary, highlight=False, soft_wrap=True, markup=False)
-    cached = "from the cache" if run.cached else f"compiled in {run.compile_s:.1f} s"
-    console.print(f"{run.modules} distinct segment modules ({cached}), {run.run_s:.2f} s in "
-                  f"IREE, {run.host_s:.3f} s of collectives on the host", highlight=False)
+def _print_mesh_run(run: Any, schedule: Any, console: Console) -> None:
+    """The lines saying what a run of the per-device modules in IREE did (no times: they
+    vary from run to run)."""
+    console.print(schedule.summary(), highlight=False, soft_wrap=True, markup=False)
+    launches = sum(len(schedule.launches(d)) for d in range(len(schedule.devices)))
+    n = run.modules
+    console.print(f"{launches} segment launches in IREE ({n} distinct module"
+                  f"{'s' if n != 1 else ''}), the steps between them on the host",
+                  highlight=False)
 
 
 def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:

@@ -68,6 +68,7 @@ from typing import Any
 
 import numpy as np
 
+from apportion.backends.limits import cite
 from apportion.errors import ExecutionError, TargetError
 from apportion.frontend.json_format import dumps, loads
 from apportion.ir.op import Op
@@ -118,7 +119,8 @@ def check_plan(plan: ShardingPlan) -> None:
             if list(axes) != sorted(axes, key=order.__getitem__):
                 raise ExecutionError(f"{what}: dim {i} is split over {'*'.join(axes)}, not in "
                                      f"mesh order ({', '.join(plan.mesh.names)}); DTensor nests "
-                                     "the cuts of one dim in mesh order")
+                                     "the cuts of one dim in mesh order "
+                                     f"{cite('dtensor-axes-in-mesh-order')}")
 
 
 def run_dtensor(plan: ShardingPlan, inputs: Mapping[str, Any] | None = None, seed: int = 0,
@@ -164,7 +166,7 @@ def run_dtensor_many(plans: Sequence[ShardingPlan],
         import torch.multiprocessing as mp
     except ImportError:
         raise ExecutionError("the dtensor backend needs PyTorch: install the torch extra "
-                             "(pip install -e '.[torch]')") from None
+                             f"(pip install -e '.[torch]') {cite('needs-pytorch')}") from None
     if not plans:
         return []
     world = plans[0].mesh.devices

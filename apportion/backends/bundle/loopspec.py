@@ -53,6 +53,7 @@ from apportion.backends.bundle.specs import OpSpec as OpSpec
 from apportion.backends.bundle.specs import Spec as Spec
 from apportion.backends.bundle.specs import SpecProgram as SpecProgram
 from apportion.backends.bundle.specs import TensorArg as TensorArg
+from apportion.backends.limits import cite
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
@@ -268,7 +269,8 @@ def _per_core(plan: Plan, program: Program, tensor: str, shape: tuple[int, ...]
                 f"op {producer.name!r} writes tensor {tensor!r} through the merge "
                 f"{e.to_source()} split over cores, and its scratchpad tile is read in loops "
                 "deeper than the tile: one core's part of a merged axis has no scratchpad layout "
-                "(ops that write through a merge run outside loop nests)")
+                "(ops that write through a merge run outside loop nests) "
+                f"{cite('bundle-merged-scratchpad-tile')}")
         if d is None or splits.get(d, 1) == 1:
             out.append(n)
         else:

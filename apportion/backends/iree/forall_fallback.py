@@ -12,6 +12,7 @@ from apportion.backends.iree.forall_body import _apply, _Bodies, _convert
 from apportion.backends.iree.forall_index import Ix
 from apportion.backends.iree.forall_tensors import TensorVal, _Env, _Slice
 from apportion.backends.mlir import symbol_name
+from apportion.backends.limits import cite
 from apportion.errors import EmitError
 from apportion.ir.kinds import MlirBody
 from apportion.ir.op import Op
@@ -27,7 +28,7 @@ class _Fallbacks(_Bodies):
         body = kind.mlir_body
         if body is None or body.construction not in _CONSTRUCTIONS:
             raise EmitError(f"op {op.name!r}: kind {kind.name!r} has no MLIR construction; it "
-                            "cannot be emitted as parallel IR")
+                            f"cannot be emitted as parallel IR {cite('iree-kind-without-mlir')}")
         src = env.vals[op.ins[0].tensor]
         if not src.shape:
             raise EmitError(f"op {op.name!r}: {kind.name} of a rank-0 tensor has no last axis")

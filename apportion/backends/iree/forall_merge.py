@@ -22,6 +22,7 @@ import math
 from apportion.backends.iree.forall_block import _Block
 from apportion.backends.iree.forall_index import Ix
 from apportion.backends.iree.forall_tensors import TensorVal, _Tensors
+from apportion.backends.limits import cite
 from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
@@ -88,7 +89,8 @@ class _MergedWrites(_Tensors):
                     f"op {op.name!r} writes tensor {op.out.tensor!r} through a merge of dims "
                     f"on {self._merged_axis(op, axis)}, but its destination holds only a part of "
                     f"that axis ({dest.shape[axis]} elements from {dest.origin[axis]}); the "
-                    "parallel IR splits only a whole merged axis")
+                    "parallel IR splits only a whole merged axis "
+                    f"{cite('iree-merged-write-destination')}")
             shape += [Ix(op.sizes[d]) for d in ds]
             origin += [Ix(0)] * len(ds)
         view = TensorVal(blk.fresh(f"{symbol_name(op.out.tensor)}_split"), tuple(shape),
@@ -128,14 +130,16 @@ class _MergedWrites(_Tensors):
                 if not b.is_const:
                     raise EmitError(f"op {op.name!r}: the tile of tensor {op.out.tensor!r} has a "
                                     f"run-time extent along dim {d!r} of the merge on "
-                                    f"{self._merged_axis(op, axis)}")
+                                    f"{self._merged_axis(op, axis)} "
+                                    f"{cite('iree-merged-write-destination')}")
                 if b.value > 1 and held != whole:
                     raise EmitError(
                         f"op {op.name!r} writes tensor {op.out.tensor!r} through a merge of dims "
                         f"on {self._merged_axis(op, axis)}, but its loop tile takes {b.value} "
                         f"values of dim {d!r} and only part of dim {spans[-1]!r}: that tile is "
                         "no contiguous part of the axis, as a tile in the parallel IR must be "
-                        "(tile the outer dims of the merge only)")
+                        "(tile the outer dims of the merge only) "
+                        f"{cite('iree-merged-write-destination')}")
                 start = start + view.origin[i] * whole
                 if b.value < op.sizes[d]:
                     spans.append(d)

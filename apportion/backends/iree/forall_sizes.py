@@ -23,6 +23,7 @@ from typing import Protocol
 
 from apportion.backends.iree.forall_block import _Block
 from apportion.backends.iree.forall_index import Ix
+from apportion.backends.limits import cite
 from apportion.backends.mlir import SsaNames
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
@@ -227,7 +228,8 @@ class Sizes:
                 raise EmitError(f"op {c.base!r}: its reduction dim {c.dim!r} is split at run "
                                 f"time, but input {b} reads it through "
                                 f"{b.index[axes[-1]].to_source()!r}; a run-time split reads "
-                                "only an axis that the dim indexes alone")
+                                "only an axis that the dim indexes alone "
+                                f"{cite('iree-runtime-split-read')}")
             index = (*a.index[:j], AffineExpr.dim(c.s), AffineExpr.dim(c.k), *a.index[j + 1:])
             out.append(View(i, j, c.size, c.slices, c.step, Access(a.tensor, index)))
         return out

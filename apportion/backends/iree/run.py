@@ -29,6 +29,7 @@ from apportion.backends.iree.forall import (
     symbols,
     verify_mlir,
 )
+from apportion.backends.limits import cite
 from apportion.errors import ExecutionError, ProgramError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
@@ -98,7 +99,7 @@ def segments(program: Program, plan: Plan) -> list[tuple[Program, Plan] | Op]:
         raise ExecutionError(f"IREE backend: program {program.name!r} has whole-tensor fallback "
                              f"ops ({', '.join(sorted(host))}) and loop nests; running those "
                              "fallbacks on the host between IREE modules needs a program "
-                             "without loop nests")
+                             f"without loop nests {cite('iree-host-op-in-loop-group')}")
     runs: list[list[Op] | Op] = []
     for op in program.ops:
         if op.name in host:
@@ -155,7 +156,8 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
         if symbolic is not None and symbolic.symbols or sizes:
             raise ExecutionError(f"IREE backend: program {program.name!r} has run-time sizes "
                                  f"and whole-tensor fallback ops ({', '.join(host)})"
-                                 "; run it with the reference backend")
+                                 "; run it with the reference or torch backend "
+                                 f"{cite('iree-host-ops-with-runtime-sizes')}")
         return _run_segments(program, plan, target, inputs, params, cache_dir)
     loop_params = dict(params or {})
     bound_program, bound_plan = program, plan

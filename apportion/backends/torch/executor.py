@@ -88,6 +88,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from apportion.backends.limits import cite
 from apportion.errors import ApportionError, ExecutionError
 from apportion.ir.kinds import INTEGERS, Category, OpKind, Partial, Reducer
 from apportion.ir.op import Access, Op
@@ -121,7 +122,8 @@ class PlannedLike(Protocol):
 
 def _require_torch() -> None:
     if torch is None:
-        raise ExecutionError("the torch executor needs PyTorch: pip install 'apportion[torch]'")
+        raise ExecutionError("the torch executor needs PyTorch: pip install 'apportion[torch]' "
+                             f"{cite('needs-pytorch')}")
 
 
 #: tensor dtype -> torch dtype of the tensor that holds it
@@ -156,7 +158,9 @@ def to_torch_storage(a: Any, dtype: str) -> Any:
     if not isinstance(a, torch.Tensor):
         a = np.asarray(a)
         # a copy where numpy's strides are not row-major (ascontiguousarray makes 0-d 1-d)
-        a = torch.from_numpy(a if a.flags.c_contiguous else a.copy(order="C"))
+        # torch takes no negative stride, which a C-contiguous array of size-1 axes may have
+        plain = a.flags.c_contiguous and min(a.strides, default=0) >= 0
+        a = torch.from_numpy(a if plain else a.copy(order="C"))
     return _cast(a.detach(), dtype).contiguous()
 
 

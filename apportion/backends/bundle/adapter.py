@@ -1,0 +1,46 @@
+"""The bundle backend behind the one backend interface (``apportion.backends``): the plan as
+LoopSpec/OpSpec values (``loopspec.loopspec``) and the MLIR loop bundle of their launches
+(``bundle.render_bundle``), checked to parse and verify. It emits; it does not run.
+
+>>> import apportion as ap
+>>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
+>>> BACKEND.supports(planned), BACKEND.emit(planned).startswith("#tile_a")
+((), True)
+"""
+
+from __future__ import annotations
+
+from apportion.backends import Backend, Planned
+from apportion.backends.bundle.bundle import render_bundle
+from apportion.backends.bundle.loopspec import loopspec
+from apportion.backends.limits import LIMITS_BY_ID, Limit, cited
+from apportion.backends.mlir import verify_mlir
+from apportion.errors import ApportionError
+
+
+def supports(planned: Planned) -> tuple[Limit, ...]:
+    """The documented limits that stop the bundle: run-time sizes not yet bound, and what the
+    LoopSpec builder refuses (it is built to find out; an error citing no limit propagates)."""
+    if planned.symbols:
+        return (LIMITS_BY_ID["bundle-static-sizes"],)
+    try:
+        loopspec(planned.program, planned.plan, planned.target)
+    except ApportionError as e:
+        limit = cited(str(e))
+        if limit is None:
+            raise
+        return (limit,)
+    return ()
+
+
+def emit(planned: Planned) -> str:
+    """The loop bundle of ``planned`` as MLIR text: ``scf.for`` loops of ``apportion.execute``
+    launches, checked to parse and verify."""
+    text = render_bundle(loopspec(planned.program, planned.plan, planned.target),
+                         planned.program.name)
+    verify_mlir(text)
+    return text
+
+
+BACKEND = Backend("bundle", "LoopSpec/OpSpec values and the MLIR loop bundle (emit --bundle, "
+                  "--loopspec); emits, does not run", supports, emit=emit)

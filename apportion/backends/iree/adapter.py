@@ -1,0 +1,65 @@
+"""The iree backend behind the one backend interface (``apportion.backends``): the plan's
+parallel IR (``forall``) compiled by IREE for the CPU and run (``run.iree_run``), whole-tensor
+fallbacks on the host between modules. ``supports`` emits the parallel IR without compiling it,
+so what the emitter refuses is known before a compile, by the documented limit it cites.
+
+>>> import apportion as ap
+>>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
+>>> BACKEND.supports(planned)
+()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from apportion.backends import Backend, Planned
+from apportion.backends.iree.forall import forall_mlir
+from apportion.backends.iree.run import host_ops, iree_run, segments
+from apportion.backends.limits import LIMITS_BY_ID, Limit, cited
+from apportion.errors import ApportionError, ExecutionError
+
+
+def supports(planned: Planned) -> tuple[Limit, ...]:
+    """The documented limits that stop IREE from running ``planned``: the program cut at its
+    host ops as ``iree_run`` cuts it, and each part's parallel IR emitted (not compiled). An
+    emitter error that cites no limit is a bug and propagates."""
+    program, plan = planned.program, planned.plan
+    if host_ops(program) and planned.symbols:
+        return (LIMITS_BY_ID["iree-host-ops-with-runtime-sizes"],)
+    try:
+        if host_ops(program):
+            for seg in segments(program, plan):
+                if isinstance(seg, tuple):
+                    forall_mlir(seg[0], seg[1], planned.target)
+        else:
+            forall_mlir(program, plan, planned.target,
+                        symbolic=planned.given if planned.symbols else None)
+    except ApportionError as e:
+        limit = cited(str(e))
+        if limit is None:
+            raise
+        return (limit,)
+    return ()
+
+
+def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None,
+        sizes: Mapping[str, int] | None = None, threads: int | None = None
+        ) -> dict[str, np.ndarray]:
+    """Compile (or take from the cache) and run ``planned`` in IREE on ``inputs`` (at the
+    run-time sizes their shapes and ``sizes`` give; ``params``: symbolic loop counts). Returns
+    the inputs and outputs as storage arrays. IREE runs with its own task pool: ``threads`` is
+    refused."""
+    if threads is not None:
+        raise ExecutionError("threads applies to the reference and torch backends; IREE runs "
+                             "with its own task pool")
+    return iree_run(planned.program, planned.plan, planned.target, inputs, params,
+                    symbolic=planned.given if planned.symbols else None,
+                    sizes=sizes or None).tensors
+
+
+BACKEND = Backend("iree", "the parallel IR (emit --forall) compiled and run by IREE on the CPU",
+                  supports, run=run)

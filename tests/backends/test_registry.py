@@ -1,0 +1,196 @@
+"""The one backend interface: the registry's names are what ``run(backend=)``, ``check(backend=)``
+and ``apportion run --backend`` take; each backend says what it supports as documented limits;
+an emitting or mesh-only backend is refused naming its limit; importing apportion imports no
+backend's heavy dependency."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import apportion as ap
+from apportion.backends import BACKENDS, Backend, get, require
+from apportion.backends.limits import LIMITS_BY_ID, Unsupported, cited
+from apportion.cli.main import main
+from apportion.errors import ExecutionError
+from apportion.runtime import compare, random_inputs, run_unplanned
+
+ROOT = Path(__file__).parents[2]
+
+
+def fused(cores: int = 8):
+    return ap.plan(ap.load(ROOT / "examples/fused.json"), ap.targets.spyre(cores=cores))
+
+
+def test_the_registry_names_every_backend_once_in_order():
+    assert list(BACKENDS) == ["reference", "torch", "iree", "bundle", "dtensor"]
+    assert len(BACKENDS) == 5 and "numpy" not in BACKENDS
+    for name, backend in BACKENDS.items():
+        assert isinstance(backend, Backend) and backend.name == name
+    assert [get(n).does for n in BACKENDS] == ["run", "run", "run", "emit", "run"]
+
+
+def test_an_unknown_backend_is_refused_listing_the_valid_names():
+    for bad in ("tpu", None, 3, "Reference"):
+        with pytest.raises(ExecutionError, match="unknown backend .*; valid: reference, torch, "
+                                                 "iree, bundle, dtensor"):
+            get(bad)
+    with pytest.raises(ExecutionError, match="unknown backend 'tpu'; valid: reference, torch"):
+        fused().run(backend="tpu")
+
+
+def test_a_backend_has_run_or_emit_exactly_one():
+    with pytest.raises(ValueError, match="exactly one"):
+        Backend("x", "neither", lambda p: ())
+    with pytest.raises(ValueError, match="exactly one"):
+        Backend("x", "both", lambda p: (), run=lambda *a, **k: {}, emit=lambda p: "")
+
+
+def test_importing_apportion_and_the_registry_imports_no_torch_iree_or_adapter():
+    code = ("import sys, apportion, apportion.backends as b; list(b.BACKENDS); "
+            "import apportion.cli.main; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'iree') "
+            "or m.endswith(('.adapter', '.dtensor_backend'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", ["reference", "torch", "iree"])
+def test_each_running_backend_matches_the_unplanned_program(name):
+    if name == "torch":
+        pytest.importorskip("torch")
+    planned = fused()
+    xs = random_inputs(planned.program, seed=2)
+    got = get(name).run(planned, xs)
+    assert get(name).supports(planned) == ()
+    assert set(planned.program.outputs) <= set(got)
+    assert all(c.ok for c in compare(run_unplanned(planned.program, xs), got, planned.program))
+    assert all(c.ok for c in planned.check(seed=2, backend=name))
+
+
+def test_the_torch_backend_runs_run_time_sizes_at_the_size_asked():
+    pytest.importorskip("torch")
+    planned = ap.plan(ap.load(ROOT / "examples/dynamic_k.json"), ap.targets.spyre(cores=4))
+    size = planned.symbols[0]
+    checks = planned.check(params={size: 40}, backend="torch", threads=2)
+    assert checks and all(c.ok for c in checks)
+
+
+def test_bundle_emits_and_is_refused_as_a_runner_naming_its_limit():
+    planned = fused()
+    text = get("bundle").emit(planned)
+    assert text == planned.bundle_mlir()
+    with pytest.raises(ExecutionError, match=r"emits, it does not run.*"
+                                             r"\[limit bundle-emits-only, docs/limits\.md\]"):
+        planned.run(backend="bundle")
+    with pytest.raises(ExecutionError, match=r"limit bundle-emits-only"):
+        planned.check(backend="bundle")
+
+
+def test_dtensor_refuses_a_plan_for_one_device_naming_its_limit():
+    planned = fused()
+    assert get("dtensor").supports(planned) == (LIMITS_BY_ID["dtensor-needs-mesh"],)
+    with pytest.raises(Unsupported, match=r"backend 'dtensor' cannot run program 'fused'.*"
+                                          r"\[limit dtensor-needs-mesh, docs/limits\.md\]") as e:
+        planned.run(backend="dtensor")
+    assert e.value.limits == (LIMITS_BY_ID["dtensor-needs-mesh"],)
+    assert cited(str(e.value)) is LIMITS_BY_ID["dtensor-needs-mesh"]
+
+
+def test_bundle_refuses_run_time_sizes_until_they_are_bound():
+    from apportion.frontend.json_format import from_dict
+
+    p = from_dict({"name": "dyn", "symbols": {"T": {"max": 64, "min": 8}},
+                   "tensors": {"x": {"shape": [4, "T"], "dtype": "float32"}},
+                   "inputs": ["x"], "outputs": ["z"],
+                   "ops": [{"name": "s", "op": "sum", "out": "z[r]", "ins": ["x[r,t]"]}]})
+    planned = ap.plan(p, ap.targets.spyre(cores=4))
+    assert get("bundle").supports(planned) == (LIMITS_BY_ID["bundle-static-sizes"],)
+    with pytest.raises(Unsupported, match="limit bundle-static-sizes"):
+        require(get("bundle"), planned)
+    assert get("bundle").supports(planned.at({"T": 16})) == ()
+    with pytest.raises(ap.PlanningError, match="limit bundle-static-sizes"):
+        planned.loopspec()
+
+
+def test_iree_supports_names_the_limit_that_stops_it():
+    from apportion.frontend.json_format import from_dict
+
+    # random numbers run on the host between IREE modules, which needs static sizes
+    p = from_dict({"name": "dynu", "symbols": {"T": {"max": 64, "min": 8}},
+                   "tensors": {"x": {"shape": [4, "T"], "dtype": "float32"}},
+                   "inputs": ["x"], "outputs": ["z", "u"],
+                   "ops": [{"name": "s", "op": "sum", "out": "z[r]", "ins": ["x[r,t]"]},
+                           {"name": "u", "op": "uniform", "out": "u[a,b]", "ins": [],
+                            "dims": {"a": 4, "b": 8}, "dtype": "float32", "low": 0.0,
+                            "high": 1.0, "seed": 1}]})
+    planned = ap.plan(p, ap.targets.spyre(cores=4))
+    limits = get("iree").supports(planned)
+    assert [lim.id for lim in limits] == ["iree-host-ops-with-runtime-sizes"]
+    with pytest.raises(Unsupported, match="limit iree-host-ops-with-runtime-sizes"):
+        planned.run(backend="iree", params={"T": 16})
+    assert all(c.ok for c in planned.check(params={"T": 16}))  # the reference runs it
+
+
+def test_iree_supports_turns_a_cited_emitter_error_into_its_limit(monkeypatch):
+    from apportion.backends.iree import adapter
+    from apportion.backends.limits import cite
+
+    def refuse(*args, **kwargs):
+        raise ap.EmitError(f"op 'x': no MLIR for it {cite('iree-kind-without-mlir')}")
+
+    monkeypatch.setattr(adapter, "forall_mlir", refuse)
+    assert get("iree").supports(fused()) == (LIMITS_BY_ID["iree-kind-without-mlir"],)
+
+    def crash(*args, **kwargs):  # an error citing no limit is a bug: it is not hidden
+        raise ap.EmitError("op 'x': something broke")
+
+    monkeypatch.setattr(adapter, "forall_mlir", crash)
+    with pytest.raises(ap.EmitError, match="something broke"):
+        get("iree").supports(fused())
+
+
+def test_cli_run_takes_exactly_the_registry_names(capsys):
+    path = str(ROOT / "examples/mlp.json")
+    with pytest.raises(SystemExit) as e:
+        main(["run", path, "--backend", "tpu"])
+    assert e.value.code == 2
+    assert "choose from 'reference', 'torch', 'iree', 'bundle', 'dtensor'" in \
+        capsys.readouterr().err
+
+
+def test_cli_refuses_bundle_and_dtensor_without_a_mesh_naming_the_limit(capsys):
+    path = str(ROOT / "examples/mlp.json")
+    assert main(["run", path, "--backend", "bundle"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "emit --bundle" in err and "limit bundle-emits-only" in err
+    assert main(["run", path, "--backend", "dtensor"]) == 2
+    err = capsys.readouterr().err
+    assert "give --mesh" in err and "limit dtensor-needs-mesh" in err
+
+
+def test_cli_run_backend_torch_check_on_a_program_file(capsys):
+    pytest.importorskip("torch")
+    path = str(ROOT / "examples/attention.json")
+    assert main(["run", path, "--cores", "8", "--backend", "torch", "--threads", "2",
+                 "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "planned run of attention (balanced, 8 cores, torch) matches the unplanned " \
+           "program" in out
+    assert main(["run", path, "--cores", "8", "--backend", "torch"]) == 0
+    assert "ran 7 ops of attention over 8 cores with torch" in capsys.readouterr().out
+
+
+def test_run_returns_numpy_storage_arrays_on_every_running_backend():
+    pytest.importorskip("torch")
+    planned = fused()
+    xs = random_inputs(planned.program, seed=1)
+    for name in ("reference", "torch"):
+        out = planned.run(xs, backend=name)
+        assert isinstance(out["z"], np.ndarray)
+        assert out["z"].dtype == run_unplanned(planned.program, xs)["z"].dtype
