@@ -3,7 +3,9 @@
 An entry says what category a kind is (pointwise, reduction, matmul, layout, fallback), how many
 inputs it takes, what dtypes it accepts and gives, its numeric attributes, its semantics over
 arrays, how partial results of a split or tiled reduction combine (identity, combine, accumulator
-dtype, finish), its work per iteration point for the cost model, and a slot for its MLIR body.
+dtype, finish), its work per iteration point for the cost model, and whether it computes integers
+exactly. What code a backend runs for a kind is the backend's own table (the iree backend's MLIR
+bodies: ``backends.iree.bodies``); the registry holds no backend's text.
 Passes, the builder, the executors and the cost model ask the entry; none compares kind names.
 
 Semantics are written against an *array namespace* ``xp`` that the executor passes in (numpy
@@ -11,8 +13,8 @@ plus ``erf`` for the reference executor), so the IR imports no array library. Wh
 must provide: numpy's names for the functions used below (``add``, ``where``, ``sum``,
 ``take_along_axis``, ...) and ``erf``.
 
-Adding an op kind is one ``OpKind`` in ``KINDS``, its MLIR body in ``MLIR_BODIES`` (the
-parallel-IR emitter's templates; a kind without one is refused there) and its tests.
+Adding an op kind is one ``OpKind`` in ``KINDS``, its code in each backend's table (a backend
+without it refuses the kind in one place, naming the kind and the backend) and its tests.
 
 >>> kind("exp").category, kind("exp").arity
 (<Category.POINTWISE: 'pointwise'>, 1)
@@ -53,220 +55,6 @@ Array = Any
 Partial = Any  # an array, or (values, indices) for a value-index reducer
 
 
-@dataclass(frozen=True)
-class MlirBody:
-    """A kind's scalar computation as MLIR text templates, formatted by the parallel-IR emitter
-    (``apportion.backends.iree.forall``); the IR imports no MLIR bindings.
-
-    A template is lines of MLIR whose placeholders the emitter fills with ``str.format``:
-    ``{a}``, ``{b}``, ``{c}`` are the operands (value inputs converted to the compute type,
-    condition inputs to ``i1``; for a reducer's combine ``{a}`` is the accumulated value and
-    ``{b}`` the new one, and ``{ai}``/``{bi}`` their ``i64`` indices for a value-index
-    reducer), ``{t}`` the compute type (``f32``, ``f64`` or ``i64``), ``%{p}`` a prefix that
-    makes temporaries unique (``%{p}x``), and the lines must define ``{r}``, the result (and
-    ``{ri}``, its index, for a value-index reducer). A template that defines nothing (``""``)
-    passes ``{a}`` through. Numeric attributes are SSA constants ``{min}``, ``{max}`` in the
-    compute type, ``defaults`` standing in for those an op leaves out.
-
-    ``float`` computes in a float type; ``int`` in ``i64``, or None where the kind computes
-    integers through ``f64``, as the reference executor does (kinds over truth values only write
-    ``i1`` in both). ``construction`` is None for a body applied point by point; a fallback
-    names how the emitter runs it along the last axis: ``"scan"`` (a running combine from
-    ``identity``), ``"sort"`` (the template is the order's strict less-than, ``{r}: i1``) or
-    ``"reverse"``.
-
-    >>> print(kind("add").mlir_body.float.format(r="%r", a="%x", b="%y", t="f32"))
-    %r = arith.addf %x, %y : f32
-    """
-
-    float: str
-    int: str | None = None
-    construction: str | None = None
-    identity: float = 0.0
-    defaults: tuple[tuple[str, float], ...] = ()
-
-    def text(self, integer: bool) -> str:
-        """The template for an integer (``i64``) or a float compute type."""
-        return self.int if integer and self.int is not None else self.float
-
-
-def _bin(fop: str, iop: str | None = None) -> MlirBody:
-    """A body of one binary arith op per compute type."""
-    return MlirBody("{r} = " + fop + " {a}, {b} : {t}",
-                    None if iop is None else "{r} = " + iop + " {a}, {b} : {t}")
-
-
-def _un(fop: str, iop: str | None = None) -> MlirBody:
-    return MlirBody("{r} = " + fop + " {a} : {t}",
-                    None if iop is None else "{r} = " + iop + " {a} : {t}")
-
-
-def _cmp(fpred: str, ipred: str) -> MlirBody:
-    return MlirBody("{r} = arith.cmpf " + fpred + ", {a}, {b} : {t}",
-                    "{r} = arith.cmpi " + ipred + ", {a}, {b} : {t}")
-
-
-def _lines(*lines: str) -> str:
-    return "\n".join(lines)
-
-
-_SIGMOID = ("%{p}h = arith.constant 0.5 : {t}",
-            "%{p}one = arith.constant 1.0 : {t}",
-            "%{p}hx = arith.mulf %{p}h, {a} : {t}",
-            "%{p}th = math.tanh %{p}hx : {t}",
-            "%{p}s = arith.addf %{p}one, %{p}th : {t}")
-# Python's % and //: the remainder takes the divisor's sign
-_REMAINDER = ("%{p}m = {rem} {a}, {b} : {t}",
-              "%{p}z = arith.constant {zero} : {t}",
-              "%{p}nz = {cmp} {ne}, %{p}m, %{p}z : {t}",
-              "%{p}mn = {cmp} {lt}, %{p}m, %{p}z : {t}",
-              "%{p}bn = {cmp} {lt}, {b}, %{p}z : {t}",
-              "%{p}d = arith.xori %{p}mn, %{p}bn : i1",
-              "%{p}fix = arith.andi %{p}nz, %{p}d : i1",
-              "%{p}adj = {add} %{p}m, {b} : {t}",
-              "{r} = arith.select %{p}fix, %{p}adj, %{p}m : {t}")
-
-
-def _remainder(**ops: str) -> str:
-    # fills the op names now and keeps the emitter's placeholders
-    keep = {k: "{" + k + "}" for k in ("p", "a", "b", "t", "r")}
-    return _lines(*(line.format(**ops, **keep) for line in _REMAINDER))
-
-
-MLIR_BODIES: dict[str, MlirBody] = {
-    "add": _bin("arith.addf", "arith.addi"),
-    "sub": _bin("arith.subf", "arith.subi"),
-    "mul": _bin("arith.mulf", "arith.muli"),
-    "div": _bin("arith.divf"),  # integers: through f64, truncated, as the reference does
-    "max": _bin("arith.maximumf", "arith.maxsi"),  # NaN wins, as numpy's maximum
-    "min": _bin("arith.minimumf", "arith.minsi"),
-    # math.powf is exp(b * log(a)) once lowered: NaN for every negative base. numpy's power
-    # of a negative base is |a|**b signed by b's parity where b is whole, NaN elsewhere
-    "pow": MlirBody(_lines("%{p}ab = math.absf {a} : {t}",
-                           "%{p}m = math.powf %{p}ab, {b} : {t}",
-                           "%{p}z = arith.constant 0.0 : {t}",
-                           "%{p}neg = arith.cmpf olt, {a}, %{p}z : {t}",
-                           "%{p}fb = math.floor {b} : {t}",
-                           "%{p}whole = arith.cmpf oeq, %{p}fb, {b} : {t}",
-                           "%{p}h = arith.constant 0.5 : {t}",
-                           "%{p}hb = arith.mulf {b}, %{p}h : {t}",
-                           "%{p}fh = math.floor %{p}hb : {t}",
-                           "%{p}even = arith.cmpf oeq, %{p}fh, %{p}hb : {t}",
-                           "%{p}nm = arith.negf %{p}m : {t}",
-                           "%{p}signed = arith.select %{p}even, %{p}m, %{p}nm : {t}",
-                           "%{p}nan = arith.divf %{p}z, %{p}z : {t}",
-                           "%{p}nr = arith.select %{p}whole, %{p}signed, %{p}nan : {t}",
-                           "%{p}pr = arith.select %{p}neg, %{p}nr, %{p}m : {t}",
-                           # exp(b * log(a)) is NaN at 0**0 and 1**inf, where numpy gives 1
-                           "%{p}one = arith.constant 1.0 : {t}",
-                           "%{p}bz = arith.cmpf oeq, {b}, %{p}z : {t}",
-                           "%{p}a1 = arith.cmpf oeq, {a}, %{p}one : {t}",
-                           "%{p}inf = arith.divf %{p}one, %{p}z : {t}",
-                           "%{p}abb = math.absf {b} : {t}",
-                           "%{p}binf = arith.cmpf oeq, %{p}abb, %{p}inf : {t}",
-                           "%{p}ab1 = arith.cmpf oeq, %{p}ab, %{p}one : {t}",
-                           "%{p}unit = arith.andi %{p}ab1, %{p}binf : i1",
-                           "%{p}o1 = arith.ori %{p}bz, %{p}a1 : i1",
-                           "%{p}o2 = arith.ori %{p}o1, %{p}unit : i1",
-                           "{r} = arith.select %{p}o2, %{p}one, %{p}pr : {t}")),
-    "floor_div": MlirBody(_lines("%{p}q = arith.divf {a}, {b} : {t}",
-                                 "{r} = math.floor %{p}q : {t}"),
-                          "{r} = arith.floordivsi {a}, {b} : {t}"),
-    "remainder": MlirBody(
-        _remainder(rem="arith.remf", zero="0.0", cmp="arith.cmpf", ne="one", lt="olt",
-                   add="arith.addf"),
-        _remainder(rem="arith.remsi", zero="0", cmp="arith.cmpi", ne="ne", lt="slt",
-                   add="arith.addi")),
-    "eq": _cmp("oeq", "eq"),
-    "ne": _cmp("une", "ne"),  # NaN != x is true
-    "lt": _cmp("olt", "slt"),
-    "le": _cmp("ole", "sle"),
-    "gt": _cmp("ogt", "sgt"),
-    "ge": _cmp("oge", "sge"),
-    "logical_and": MlirBody("{r} = arith.andi {a}, {b} : i1", "{r} = arith.andi {a}, {b} : i1"),
-    "logical_or": MlirBody("{r} = arith.ori {a}, {b} : i1", "{r} = arith.ori {a}, {b} : i1"),
-    "logical_not": MlirBody(*[_lines("%{p}true = arith.constant true",
-                                     "{r} = arith.xori {a}, %{p}true : i1")] * 2),
-    "where": MlirBody(*["{r} = arith.select {a}, {b}, {c} : {t}"] * 2),
-    "neg": MlirBody("{r} = arith.negf {a} : {t}",
-                    _lines("%{p}z = arith.constant 0 : {t}", "{r} = arith.subi %{p}z, {a} : {t}")),
-    "abs": _un("math.absf", "math.absi"),
-    "exp": _un("math.exp"),
-    "log": _un("math.log"),
-    "sqrt": _un("math.sqrt"),
-    "rsqrt": MlirBody(_lines("%{p}one = arith.constant 1.0 : {t}", "%{p}s = math.sqrt {a} : {t}",
-                             "{r} = arith.divf %{p}one, %{p}s : {t}")),
-    "tanh": _un("math.tanh"),
-    "sigmoid": MlirBody(_lines(*_SIGMOID, "{r} = arith.mulf %{p}h, %{p}s : {t}")),
-    "relu": MlirBody(_lines("%{p}z = arith.constant 0.0 : {t}",
-                            "{r} = arith.maximumf {a}, %{p}z : {t}"),
-                     _lines("%{p}z = arith.constant 0 : {t}",
-                            "{r} = arith.maxsi {a}, %{p}z : {t}")),
-    "silu": MlirBody(_lines(*_SIGMOID, "%{p}sg = arith.mulf %{p}h, %{p}s : {t}",
-                            "{r} = arith.mulf {a}, %{p}sg : {t}")),
-    "gelu": MlirBody(_lines("%{p}h = arith.constant 0.5 : {t}",
-                            "%{p}one = arith.constant 1.0 : {t}",
-                            f"%{{p}}c = arith.constant {math.sqrt(2.0 / math.pi)!r} : {{t}}",
-                            "%{p}k = arith.constant 0.044715 : {t}",
-                            "%{p}x1 = arith.mulf %{p}k, {a} : {t}",
-                            "%{p}x2 = arith.mulf %{p}x1, {a} : {t}",
-                            "%{p}x3 = arith.mulf %{p}x2, {a} : {t}",
-                            "%{p}in = arith.addf {a}, %{p}x3 : {t}",
-                            "%{p}arg = arith.mulf %{p}c, %{p}in : {t}",
-                            "%{p}th = math.tanh %{p}arg : {t}",
-                            "%{p}s = arith.addf %{p}one, %{p}th : {t}",
-                            "%{p}hx = arith.mulf %{p}h, {a} : {t}",
-                            "{r} = arith.mulf %{p}hx, %{p}s : {t}")),
-    "square": MlirBody("{r} = arith.mulf {a}, {a} : {t}", "{r} = arith.muli {a}, {a} : {t}"),
-    "reciprocal": MlirBody(_lines("%{p}one = arith.constant 1.0 : {t}",
-                                  "{r} = arith.divf %{p}one, {a} : {t}")),
-    "sin": _un("math.sin"),
-    "cos": _un("math.cos"),
-    "erf": _un("math.erf"),
-    "sign": MlirBody(_lines("%{p}z = arith.constant 0.0 : {t}",
-                            "%{p}one = arith.constant 1.0 : {t}",
-                            "%{p}m = arith.constant -1.0 : {t}",
-                            "%{p}gt = arith.cmpf ogt, {a}, %{p}z : {t}",
-                            "%{p}lt = arith.cmpf olt, {a}, %{p}z : {t}",
-                            "%{p}s1 = arith.select %{p}gt, %{p}one, %{p}z : {t}",
-                            "%{p}s2 = arith.select %{p}lt, %{p}m, %{p}s1 : {t}",
-                            "%{p}nan = arith.cmpf uno, {a}, {a} : {t}",
-                            "{r} = arith.select %{p}nan, {a}, %{p}s2 : {t}"),
-                     _lines("%{p}z = arith.constant 0 : {t}",
-                            "%{p}one = arith.constant 1 : {t}",
-                            "%{p}m = arith.constant -1 : {t}",
-                            "%{p}gt = arith.cmpi sgt, {a}, %{p}z : {t}",
-                            "%{p}lt = arith.cmpi slt, {a}, %{p}z : {t}",
-                            "%{p}s1 = arith.select %{p}gt, %{p}one, %{p}z : {t}",
-                            "{r} = arith.select %{p}lt, %{p}m, %{p}s1 : {t}")),
-    "softplus": MlirBody(_lines("%{p}th = arith.constant 20.0 : {t}",
-                                "%{p}m = arith.minimumf {a}, %{p}th : {t}",
-                                "%{p}e = math.exp %{p}m : {t}",
-                                "%{p}l = math.log1p %{p}e : {t}",
-                                "%{p}big = arith.cmpf ogt, {a}, %{p}th : {t}",
-                                "{r} = arith.select %{p}big, {a}, %{p}l : {t}")),
-    "clamp": MlirBody(_lines("%{p}lo = arith.maximumf {a}, {min} : {t}",
-                             "{r} = arith.minimumf %{p}lo, {max} : {t}"),
-                      defaults=(("min", -math.inf), ("max", math.inf))),
-    "copy": MlirBody("", ""),  # the cast is the emitter's conversion to the output type
-    "relayout": MlirBody("", ""),  # a copy: the new layout is the output tensor's
-    "fill": MlirBody(_lines("%{p}z = arith.constant 0.0 : {t}",
-                            "{r} = arith.addf {value}, %{p}z : {t}"),
-                     _lines("%{p}z = arith.constant 0 : {t}",
-                            "{r} = arith.addi {value}, %{p}z : {t}")),
-    "conv": _bin("arith.mulf", "arith.muli"),  # the product its reducer sums over the window
-    "matmul": _bin("arith.mulf", "arith.muli"),  # the product its reducer sums
-    # fallbacks, along the last axis of the whole input
-    "sort": MlirBody(_lines("%{p}lt = arith.cmpf olt, {a}, {b} : {t}",
-                            "%{p}an = arith.cmpf ord, {a}, {a} : {t}",
-                            "%{p}bn = arith.cmpf uno, {b}, {b} : {t}",
-                            "%{p}nan = arith.andi %{p}an, %{p}bn : i1",
-                            "{r} = arith.ori %{p}lt, %{p}nan : i1"),  # NaN sorts last
-                     "{r} = arith.cmpi slt, {a}, {b} : {t}", construction="sort"),
-    "cumsum": MlirBody("{r} = arith.addf {a}, {b} : {t}", "{r} = arith.addi {a}, {b} : {t}",
-                       construction="scan"),
-    "flip": MlirBody("", "", construction="reverse"),
-}
 
 
 class SplitFinish(StrEnum):
@@ -310,7 +98,7 @@ class Reducer:
     flat index) pairs. ``tileable``: an accumulator buffer across loop iterations can hold it.
     ``across_devices``: how its parts combine when its reduced dims split across devices
     (``DeviceCombine``; None: they do not, the reduced dims stay whole on each device).
-    ``mlir_combine`` is ``combine`` of one element as an MLIR template (see ``MlirBody``).
+    Every reducer combines integers exactly (in int64).
     """
 
     name: str
@@ -322,7 +110,6 @@ class Reducer:
     pairs: bool = False
     tileable: bool = True
     across_devices: DeviceCombine | None = None
-    mlir_combine: MlirBody | None = None
 
     def value(self, xp: Any, partial: Partial, count: int) -> Array:
         """The value of a fully combined partial over ``count`` reduction points."""
@@ -359,8 +146,10 @@ class OpKind:
     layout or matmul point (matmul: the product its reducer sums) or, for a fallback, the
     whole result along the last axis of its input. ``builder`` names the Python builder's
     function (None: no generated one). ``work_per_point`` is the cost model's operations per
-    iteration point. ``mlir_body`` is its scalar body as MLIR templates for the parallel-IR
-    emitter (``MlirBody``; reductions use their reducer's ``mlir_combine``).
+    iteration point. ``exact_integers``: integer operands compute exactly in int64 (False:
+    through float64, as true division, powers, the transcendental functions and clamp's float
+    bounds do); each backend's per-kind code follows it (the iree backend's bodies have an
+    integer template exactly where it is True).
 
     ``whole`` marks a whole-tensor fallback (gathers, reshapes, constants, random numbers: the
     PyTorch frontend's kinds): ``compute(xp, *inputs, shape=..., **attrs)`` takes every input
@@ -381,7 +170,7 @@ class OpKind:
     attrs_required: bool = False
     builder: str | None = None
     work_per_point: float = 1.0
-    mlir_body: MlirBody | None = None
+    exact_integers: bool = True
     doc: str = ""
     whole: bool = False
     nonfinite_attrs: bool = False
@@ -479,60 +268,28 @@ def _argmax_combine(xp: Any, p: Partial, q: Partial) -> Partial:
     return xp.where(take_q, qv, pv), xp.where(take_q, qi, pi)
 
 
-# The greater value wins (NaN above all), equal values the lower index: a total order, so any
-# combine order gives numpy's first maximum.
-_ARGMAX_COMBINE = MlirBody(
-    _lines("%{p}true = arith.constant true",
-           "%{p}gt = arith.cmpf ogt, {b}, {a} : {t}",
-           "%{p}bn = arith.cmpf uno, {b}, {b} : {t}",
-           "%{p}an = arith.cmpf uno, {a}, {a} : {t}",
-           "%{p}na = arith.xori %{p}an, %{p}true : i1",
-           "%{p}nanwin = arith.andi %{p}bn, %{p}na : i1",
-           "%{p}eq = arith.cmpf oeq, {b}, {a} : {t}",
-           "%{p}both = arith.andi %{p}bn, %{p}an : i1",
-           "%{p}same = arith.ori %{p}eq, %{p}both : i1",
-           "%{p}lower = arith.cmpi slt, {bi}, {ai} : i64",
-           "%{p}tie = arith.andi %{p}same, %{p}lower : i1",
-           "%{p}t1 = arith.ori %{p}gt, %{p}nanwin : i1",
-           "%{p}take = arith.ori %{p}t1, %{p}tie : i1",
-           "{r} = arith.select %{p}take, {b}, {a} : {t}",
-           "{ri} = arith.select %{p}take, {bi}, {ai} : i64"),
-    _lines("%{p}gt = arith.cmpi sgt, {b}, {a} : {t}",
-           "%{p}eq = arith.cmpi eq, {b}, {a} : {t}",
-           "%{p}lower = arith.cmpi slt, {bi}, {ai} : i64",
-           "%{p}tie = arith.andi %{p}eq, %{p}lower : i1",
-           "%{p}take = arith.ori %{p}gt, %{p}tie : i1",
-           "{r} = arith.select %{p}take, {b}, {a} : {t}",
-           "{ri} = arith.select %{p}take, {bi}, {ai} : i64"))
-
 SUM = Reducer("sum", 0.0, _plain(lambda xp, a, ax: xp.sum(a, axis=ax)),
-              lambda xp, p, q: xp.add(p, q), mlir_combine=_bin("arith.addf", "arith.addi"),
+              lambda xp, p, q: xp.add(p, q),
               across_devices=DeviceCombine("sum", "sum"))
 MEAN = Reducer("mean", 0.0, _plain(lambda xp, a, ax: xp.sum(a, axis=ax)),
                lambda xp, p, q: xp.add(p, q), lambda xp, p, count: p / count,
-               mlir_combine=_bin("arith.addf", "arith.addi"),
                across_devices=DeviceCombine("sum", "sum", SplitFinish.SCALE))
 MAX = Reducer("max", -math.inf, _plain(lambda xp, a, ax: xp.max(a, axis=ax)),
               lambda xp, p, q: xp.maximum(p, q),
-              mlir_combine=_bin("arith.maximumf", "arith.maxsi"),
               across_devices=DeviceCombine("max", "max"))
 MIN = Reducer("min", math.inf, _plain(lambda xp, a, ax: xp.min(a, axis=ax)),
               lambda xp, p, q: xp.minimum(p, q),
-              mlir_combine=_bin("arith.minimumf", "arith.minsi"),
               across_devices=DeviceCombine("min", "min"))
 PROD = Reducer("prod", 1.0, _plain(lambda xp, a, ax: xp.prod(a, axis=ax)),
                lambda xp, p, q: xp.multiply(p, q),
-               mlir_combine=_bin("arith.mulf", "arith.muli"),
                across_devices=DeviceCombine("prod", "prod"))
 ANY = Reducer("any", 0.0, _plain(lambda xp, a, ax: xp.any(a != 0, axis=ax)),
               lambda xp, p, q: xp.logical_or(p, q), widen=False,
-              mlir_combine=MlirBody(*["{r} = arith.ori {a}, {b} : i1"] * 2),
               across_devices=DeviceCombine("any", "max"))
 # An accumulator buffer holds one array per tensor, not value-index pairs: argmax splits across
 # cores (pairs combine in registers) but does not accumulate across loop iterations.
 ARGMAX = Reducer("argmax", -math.inf, _argmax_partial, _argmax_combine,
                  lambda xp, p, count: p[1], widen=False, pairs=True, tileable=False,
-                 mlir_combine=_ARGMAX_COMBINE,
                  across_devices=DeviceCombine("argmax", "max", SplitFinish.PACK))
 
 #: reducer name -> reducer (plans name a loop's init, combine and finish steps by it)
@@ -690,7 +447,7 @@ KINDS: tuple[OpKind, ...] = (
     _fallback("cumsum", lambda xp, a: xp.cumsum(a, axis=-1),
               "running sum along the last axis"),
     _fallback("flip", lambda xp, a: xp.flip(a, axis=-1), "reversed along the last axis"),
-    # whole-tensor functions of the PyTorch frontend (no builder function, no MLIR body)
+    # whole-tensor functions of the PyTorch frontend (no builder function)
     _whole("gather", 2, _gather,
            "``table[ids]``: rows of the table (row-major, a row being output elements / index "
            "elements) picked by the integer ``ids``; embeddings and index gathers"),
@@ -736,10 +493,12 @@ KINDS += (
                "inserted by the planner where an op reads a tensor transposed"),
 )
 
-# every elementwise, matmul and fallback kind gets its MLIR body; reductions have their
-# reducer's combine
-KINDS = tuple(k if k.category is Category.REDUCTION else
-              dataclasses.replace(k, mlir_body=k.mlir_body or MLIR_BODIES.get(k.name))
+# integers through float64: true division, powers, the transcendental functions, clamp's float
+# bounds; and the whole-tensor kinds, which compute on their inputs as stored
+_THROUGH_FLOAT = frozenset({"div", "pow", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu",
+                            "gelu", "reciprocal", "sin", "cos", "erf", "softplus", "clamp"})
+KINDS = tuple(dataclasses.replace(k, exact_integers=False)
+              if k.name in _THROUGH_FLOAT and k.category is Category.POINTWISE or k.whole else k
               for k in KINDS)
 
 _BY_NAME: dict[str, tuple[OpKind, ...]] = {}

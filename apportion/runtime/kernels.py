@@ -10,8 +10,8 @@ exactly representable in bfloat16 (``round_bf16``).
 
 Integers are exact. An op whose value operands are all integers (or bools with at least one
 integer) computes in int64 with numpy's integer arithmetic when its kind defines integer
-semantics (``integer_semantics``: its MLIR body and its reducer's combine have integer
-templates, which is also when the parallel IR computes in ``i64``). int64 arithmetic wraps on
+semantics (``integer_semantics``: the registry's ``OpKind.exact_integers``, which is also when
+the parallel IR computes in ``i64``). int64 arithmetic wraps on
 overflow (two's complement, as numpy and IREE do), and the one cast to a narrower output dtype
 wraps again, which is the same as computing in that dtype for ``+ - *`` and sums. What the
 integer kinds mean: ``floor_div`` and ``remainder`` are numpy's (Python's ``//`` and ``%``);
@@ -106,17 +106,14 @@ def to_storage(a: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def integer_semantics(kind: OpKind) -> bool:
-    """True when ``kind`` defines its result on integers exactly: its MLIR body and its
-    reducer's combine both have an integer template (the registry's statement that the kind
-    computes integers in ``i64``; without one it computes them through ``f64``).
+    """True when ``kind`` defines its result on integers exactly (the registry's
+    ``OpKind.exact_integers``; without it the kind computes integers through float64).
 
     >>> from apportion.ir.kinds import kind
     >>> [integer_semantics(kind(k)) for k in ("add", "sum", "matmul", "div", "exp")]
     [True, True, True, False, False]
     """
-    bodies = [b for b in (kind.mlir_body, kind.reducer and kind.reducer.mlir_combine)
-              if b is not None]
-    return bool(bodies) and all(b.int is not None for b in bodies)
+    return kind.exact_integers
 
 
 def compute_dtype(dtypes: Iterable[str], kind: OpKind) -> type[np.number]:

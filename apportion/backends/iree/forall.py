@@ -14,7 +14,7 @@ access names alone gets a shape-only ``tensor.empty`` operand so that the generi
 range). A read through a sum that IREE 3.13 crashes on (three dims or more, ``64*a+32*c+d``:
 ``forall_tensors.iree_safe_map``) is a gather instead, a ``tensor.extract`` at the sum into a
 tensor of one axis per dim that the generic reads through a projection. The body is the
-registry's (``ir.kinds.MlirBody``): value inputs convert to the compute type (``f32`` for
+backend's (``backends.iree.bodies``): value inputs convert to the compute type (``f32`` for
 float16, bfloat16 and bool operands, as the reference executor computes; ``f32`` for float32
 too, where the reference uses float64; ``i64`` for integers; ``f64`` where integers meet floats
 or a kind has no integer body), the result converts once to the output type. Each thread
@@ -55,7 +55,9 @@ then as one writing ``y[t, h, d]``, and a ``tensor.collapse_shape`` back
 (``backends.iree.forall_merge``); its split reductions, accumulators and loop tiles are those of the
 split view.
 
-A kind the registry gives no MLIR body raises ``EmitError`` naming the op and the kind.
+A kind the backend's table (``backends.iree.bodies``) lacks raises ``EmitError`` naming the op,
+the kind and the backend; whole-tensor kinds (gathers, reshapes, constants, ...) read their
+inputs by computed index (``backends.iree.forall_fallback``).
 
 >>> import apportion as ap
 >>> planned = ap.plan(ap.load("examples/mlp.json"), ap.targets.spyre(cores=8))
@@ -71,10 +73,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
+from apportion.backends.iree import bodies
+from apportion.backends.iree.bodies import body_of, combine_of
 from apportion.backends.iree.forall_block import INDENT as INDENT
 from apportion.backends.iree.forall_block import _Block, _Emitter
 from apportion.backends.iree.forall_block import slice_of as slice_of
-from apportion.backends.iree.forall_fallback import _CONSTRUCTIONS, _Fallbacks
+from apportion.backends.iree.forall_fallback import _Fallbacks
 from apportion.backends.iree.forall_index import Ix as Ix
 from apportion.backends.iree.forall_index import IxLike as IxLike
 from apportion.backends.iree.forall_index import Key as Key
@@ -87,12 +91,11 @@ from apportion.backends.iree.forall_tensors import _Carried, _Env
 from apportion.backends.iree.forall_types import INDEX_MAX as INDEX_MAX
 from apportion.backends.iree.forall_types import MLIR_TYPES as MLIR_TYPES
 from apportion.backends.iree.forall_types import mlir_type as mlir_type
-from apportion.backends.limits import cite
 from apportion.backends.mlir import check_index
 from apportion.backends.mlir import symbol_name as symbol_name
 from apportion.backends.mlir import verify_mlir as verify_mlir
 from apportion.errors import EmitError
-from apportion.ir.kinds import Category, OpKind, Reducer
+from apportion.ir.kinds import Category, OpKind
 from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.plans.memory import GroupPlan
@@ -239,16 +242,14 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
             ins[v.index] = v.access
             if axes.setdefault(a.tensor, v.axis) != v.axis:
                 raise EmitError(f"op {op.name!r} reads tensor {a.tensor!r} along its run-time "
-                                "split through two different axes "
-                                f"{cite('iree-runtime-split-read')}")
+                                "split through two different axes")
             src = env.vals[a.tensor]
             if local.vals[a.tensor] is not src:
                 continue  # expanded for an earlier access
             j = v.axis
             if src.shape[j] != v.size or any(not o.is_const or o.value for o in src.origin):
                 raise EmitError(f"op {op.name!r}: tensor {a.tensor!r} axis {j} is not the "
-                                "whole reduction dim it splits at run time "
-                                f"{cite('iree-runtime-split-read')}")
+                                "whole reduction dim it splits at run time")
             shape = (*src.shape[:j], v.slices, v.step, *src.shape[j + 1:])
             groups = [[i] for i in range(j)] + [[j, j + 1]] + [
                 [i + 1] for i in range(j + 1, len(src.shape))]
@@ -304,14 +305,12 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         return dest.renamed(new)
 
     def check_body(self, op: Op) -> None:
+        """Refuse, naming the op, its kind and the backend, a kind the backend's table lacks."""
         kind = op.kind
-        if kind.reducer is not None and kind.reducer.mlir_combine is None:
-            raise EmitError(f"op {op.name!r}: kind {kind.name!r} has no MLIR combine for its "
-                            f"reducer {kind.reducer.name!r}; it cannot be emitted as parallel IR "
-                            f"{cite('iree-kind-without-mlir')}")
-        if kind.category is not Category.REDUCTION and kind.mlir_body is None:
-            raise EmitError(f"op {op.name!r}: kind {kind.name!r} has no MLIR body; it cannot be "
-                            "emitted as parallel IR")
+        if kind.reducer is not None:
+            combine_of(kind.reducer, op.name, kind)
+        if kind.category is not Category.REDUCTION:
+            body_of(kind, op.name)
 
     # -- loop groups --------------------------------------------------------------------------
 
@@ -347,7 +346,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
             if op.name in accumulating:
                 if op.kind.reducer is None or op.kind.reducer.pairs:
                     raise EmitError(f"op {op.name!r}: {op.kind.name} cannot accumulate across "
-                                    f"loop iterations {cite('iree-accumulate-kind')}")
+                                    "loop iterations")
                 ty = self.compute_type(op)
                 level = inits.get(op.name, 0)
                 if level == 0:
@@ -464,12 +463,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
 
 
 def supported(kind: OpKind) -> bool:
-    """True when the emitter can emit ops of ``kind``."""
-    if kind.category is Category.REDUCTION:
-        return kind.reducer is not None and kind.reducer.mlir_combine is not None
-    if kind.category is Category.FALLBACK:
-        return kind.mlir_body is not None and kind.mlir_body.construction in _CONSTRUCTIONS
-    reducer: Reducer | None = kind.reducer
-    return kind.mlir_body is not None and (reducer is None or reducer.mlir_combine is not None)
+    """True when the emitter can emit ops of ``kind`` (``backends.iree.bodies`` has its code)."""
+    return bodies.supported(kind)
 
 

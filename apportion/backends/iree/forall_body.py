@@ -1,12 +1,14 @@
-"""Bodies of the parallel IR (``backends.iree.forall``): scalar conversions, the registry's body
-templates, and a thread's computation of an op: an elementwise ``linalg.generic``, or a
-reduction or matmul accumulated into identities, combined and finished (argmax's indices, a
-mean divided by its count)."""
+"""Bodies of the parallel IR (``backends.iree.forall``): scalar conversions, the backend's body
+templates (``backends.iree.bodies``), and a thread's computation of an op: an elementwise
+``linalg.generic``, or a reduction or matmul accumulated into identities, combined and finished
+(argmax's indices, a mean divided by its count)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 
+from apportion.backends.iree.bodies import MlirBody, body_of, combine_of
 from apportion.backends.iree.forall_block import _Block
 from apportion.backends.iree.forall_index import Ix
 from apportion.backends.iree.forall_tensors import Box, TensorVal, _Env, _Slice, _Tensors
@@ -17,11 +19,13 @@ from apportion.backends.iree.forall_types import (
     _INTS,
     _NARROW,
     INDEX_MAX,
+    MLIR_TYPES,
     mlir_type,
 )
 from apportion.backends.mlir import symbol_name
+from apportion.errors import EmitError
 from apportion.ir.dtypes import FLOAT_DTYPES
-from apportion.ir.kinds import Category, MlirBody
+from apportion.ir.kinds import Category
 from apportion.ir.op import Op
 
 
@@ -57,6 +61,20 @@ def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
     return name
 
 
+def check_constant(op: Op, dtype: str, values: Sequence[float]) -> None:
+    """Refuse a constant that an integer output cannot hold as numpy would convert it: a value
+    that is not finite or, truncated toward zero, outside the dtype's range (numpy's cast of
+    those is undefined, so no backend can match it)."""
+    elt = MLIR_TYPES[dtype]
+    if elt not in _INT_BITS or elt == "i1":
+        return
+    bits = _INT_BITS[elt]
+    for v in values:
+        if not math.isfinite(v) or not -(2 ** (bits - 1)) <= math.trunc(v) < 2 ** (bits - 1):
+            raise EmitError(f"op {op.name!r}: value {v!r} does not fit tensor "
+                            f"{op.out.tensor!r} of dtype {dtype}")
+
+
 def _f32_to_bf16(blk: _Block, f32: str) -> str:
     """``f32`` rounded to bf16 (nearest even; NaN stays NaN) with integer ops. The compiler
     folds ``truncf(sitofp x)`` into one convert, which CPUs without bf16 instructions leave to
@@ -81,7 +99,7 @@ def _f32_to_bf16(blk: _Block, f32: str) -> str:
 
 def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mapping[str, str],
            results: Sequence[str] = ("r",)) -> list[str]:
-    """Format a registry template into ``blk``; returns the SSA names of its results."""
+    """Format a body template into ``blk``; returns the SSA names of its results."""
     text = body.text(integer)
     if not text.strip():
         return [operands["a"]]
@@ -101,18 +119,19 @@ class _Bodies(_Tensors):
     # -- typing -----------------------------------------------------------------------------
 
     def compute_type(self, op: Op) -> str:
-        """The scalar type ``op`` computes in (see the module docstring)."""
+        """The scalar type ``op`` computes in (see the module docstring): a kind without inputs
+        (a constant) in ``f64``, as the reference executor's Python float, converted once to
+        the output type; one with only truth-value inputs in ``i1``."""
         kind = op.kind
         dtypes = [self.dtype(a.tensor) for a in op.ins]
         values = [dtypes[i] for i in kind.value_inputs(len(dtypes))]
+        if not dtypes:
+            return "f64"
         if not values:
             return "i1"
-        bodies = [b for b in (kind.mlir_body, kind.reducer and kind.reducer.mlir_combine)
-                  if b is not None]
         if all(d in _NARROW for d in values):
             return "f32"
-        if all(d in _INTS | {"bool"} for d in values) and all(b.int is not None
-                                                              for b in bodies):
+        if all(d in _INTS | {"bool"} for d in values) and kind.exact_integers:
             return "i64"
         if all(d in FLOAT_DTYPES | {"bool"} for d in values):
             return "f32"
@@ -144,13 +163,13 @@ class _Bodies(_Tensors):
             o = self.extract_out(blk, dest, self.out_region(op, box), op.out.tensor)
             result_ty = "i1" if kind.result_dtype == "bool" else ty
             attrs = self.attr_values(op)
-            assert kind.mlir_body is not None
+            template = body_of(kind, op.name)
 
             def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
                 xs = self.inputs_to(b, op, args, ty)
                 consts = {k: b.const(v, ty) for k, v in attrs.items()}
                 named = dict(zip("abc", xs, strict=False))
-                r = _apply(b, kind.mlir_body, integer, ty, {**named, **consts})[0]
+                r = _apply(b, template, integer, ty, {**named, **consts})[0]
                 return [_convert(b, r, result_ty, out_elt)]
 
             return self.generic(blk, dims, sizes, [], ins, [o], out_results, body,
@@ -176,7 +195,9 @@ class _Bodies(_Tensors):
         combines a tile's partial. Returns the accumulators (two for argmax)."""
         kind = op.kind
         reducer = kind.reducer
-        assert reducer is not None and reducer.mlir_combine is not None
+        assert reducer is not None
+        combine = combine_of(reducer, op.name, kind)
+        product = body_of(kind, op.name) if kind.category is Category.MATMUL else None
         dims = list(op.dim_names)
         sizes = {d: box[d][1] for d in dims}
         shape = self.out_shape(op, box)
@@ -188,15 +209,14 @@ class _Bodies(_Tensors):
 
         def body(b: _Block, args: list[str], outs_: list[str]) -> list[str]:
             xs = self.inputs_to(b, op, args, ty)
-            if kind.category is Category.MATMUL:
-                assert kind.mlir_body is not None
-                value = _apply(b, kind.mlir_body, integer, ty, {"a": xs[0], "b": xs[1]})[0]
+            if product is not None:
+                value = _apply(b, product, integer, ty, {"a": xs[0], "b": xs[1]})[0]
             else:
                 value = xs[0]
             if not reducer.pairs:
-                return _apply(b, reducer.mlir_combine, integer, ty, {"a": outs_[0], "b": value})
+                return _apply(b, combine, integer, ty, {"a": outs_[0], "b": value})
             flat = self.flat_index(b, op, dims, starts, strides)
-            return _apply(b, reducer.mlir_combine, integer, ty,
+            return _apply(b, combine, integer, ty,
                           {"a": outs_[0], "ai": outs_[1], "b": value, "bi": flat},
                           results=("r", "ri"))
 
@@ -213,12 +233,13 @@ class _Bodies(_Tensors):
         that reads a slice of a loop-carried accumulator as its init does not compile in IREE
         when its sizes are dynamic; this elementwise form does)."""
         reducer = op.kind.reducer
-        assert reducer is not None and reducer.mlir_combine is not None
+        assert reducer is not None
+        combine = combine_of(reducer, op.name, op.kind)
         ident = [f"d{i}" for i in range(len(acc.shape))]
         sizes = {f"p{i}": n for i, n in enumerate(acc.shape)}
 
         def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
-            return _apply(b, reducer.mlir_combine, ty == "i64", ty, {"a": args[0], "b": args[1]})
+            return _apply(b, combine, ty == "i64", ty, {"a": args[0], "b": args[1]})
 
         return self.generic(blk, list(sizes), sizes, [],
                             [_Slice(acc.ssa, acc.type, acc.elt, ident),
@@ -313,7 +334,8 @@ class _Bodies(_Tensors):
                             [o], ident, body, f"{symbol_name(op.out.tensor)}_fin")[0]
 
     def attr_values(self, op: Op) -> dict[str, float]:
-        body = op.kind.mlir_body
-        values = dict(body.defaults) if body is not None else {}
+        values = dict(body_of(op.kind, op.name).defaults)
         values.update(op.kind.numeric_attrs(dict(op.attrs)))
+        if not op.ins:  # a constant (fill): converted once to the output dtype
+            check_constant(op, self.dtype(op.out.tensor), list(values.values()))
         return values

@@ -1,20 +1,29 @@
 """Fallbacks in the parallel IR (``backends.iree.forall``): sort, cumsum and flip run whole along
 the last axis of their input, with upstream linalg only: cumsum a running combine over
 ``j <= i``, flip a gather, sort by rank (each element's rank counts the smaller ones, ties by
-position, then each rank picks its element)."""
+position, then each rank picks its element).
+
+The whole-tensor kinds (``OpKind.whole``: the PyTorch frontend's gathers and embeddings,
+reshapes, concatenations, constants, ranges and top-k) are one ``linalg.generic`` over the whole
+output that computes where each output element comes from and reads it with ``tensor.extract``
+(top-k: from the rank sort). A gather's index counts from the end once when negative, as
+numpy's ``take`` does; an index outside ``[-rows, rows)`` reads a clamped row rather than memory
+outside the table, and the iree backend's run refuses it as the reference executor does
+(``backends.iree.run``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 
+from apportion.backends.iree.bodies import BACKEND, MlirBody, body_of
 from apportion.backends.iree.forall_block import _Block
-from apportion.backends.iree.forall_body import _apply, _Bodies, _convert
+from apportion.backends.iree.forall_body import _apply, _Bodies, _convert, check_constant
 from apportion.backends.iree.forall_index import Ix
 from apportion.backends.iree.forall_tensors import TensorVal, _Env, _Slice
+from apportion.backends.iree.forall_types import _FLOAT_TYPES
 from apportion.backends.mlir import symbol_name
-from apportion.backends.limits import cite
 from apportion.errors import EmitError
-from apportion.ir.kinds import MlirBody
 from apportion.ir.op import Op
 
 
@@ -25,10 +34,12 @@ class _Fallbacks(_Bodies):
         """A fallback runs whole along the last axis of its whole input; the result is then read
         through the input's access and written through the output's (a transpose at most)."""
         kind = op.kind
-        body = kind.mlir_body
-        if body is None or body.construction not in _CONSTRUCTIONS:
-            raise EmitError(f"op {op.name!r}: kind {kind.name!r} has no MLIR construction; it "
-                            f"cannot be emitted as parallel IR {cite('iree-kind-without-mlir')}")
+        body = body_of(kind, op.name)
+        if kind.whole:
+            return self.whole(blk, op, body, dest, env)
+        if body.construction not in _CONSTRUCTIONS:
+            raise EmitError(f"op {op.name!r}: kind {kind.name!r} names construction "
+                            f"{body.construction!r}, which the {BACKEND} backend lacks")
         src = env.vals[op.ins[0].tensor]
         if not src.shape:
             raise EmitError(f"op {op.name!r}: {kind.name} of a rank-0 tensor has no last axis")
@@ -150,6 +161,227 @@ class _Fallbacks(_Bodies):
                             [_Slice(src.ssa, src.type, src.elt, at_j),
                              _Slice(ranks.ssa, ranks.type, "i64", at_j)],
                             [init], out, pick, f"{op.name}_sorted")[0]
+
+    # -- whole-tensor kinds -------------------------------------------------------------------
+
+    def whole(self, blk: _Block, op: Op, body: MlirBody, dest: TensorVal, env: _Env
+              ) -> TensorVal:
+        """A whole-tensor kind: one generic over the whole output (``dest``), each element read
+        by computed index from the inputs as stored."""
+        build = _WHOLE.get(body.construction or "")
+        if build is None:
+            raise EmitError(f"op {op.name!r}: kind {op.kind.name!r} names construction "
+                            f"{body.construction!r}, which the {BACKEND} backend lacks")
+        ins = [env.vals[a.tensor] for a in op.ins]
+        for name, val in [(op.out.tensor, dest), *zip((a.tensor for a in op.ins), ins,
+                                                      strict=True)]:
+            if not all(s.is_const for s in val.shape):
+                raise EmitError(f"op {op.name!r}: {op.kind.name} of tensor {name!r} with "
+                                f"run-time sizes has no parallel IR in the {BACKEND} backend")
+        shape = _ints(dest.shape)
+        element = build(self, blk, op, body, ins, dest)
+        dims = [f"o{k}" for k in range(len(shape))]
+        sizes = {d: Ix(n) for d, n in zip(dims, shape, strict=True)}
+
+        def run(b: _Block, args: list[str], outs: list[str]) -> list[str]:
+            at = []
+            for k in range(len(shape)):
+                i = b.fresh(f"o{k}")
+                b.emit(f"{i} = linalg.index {k} : index")
+                at.append(i)
+            return [element(b, at)]
+
+        return self.generic(blk, dims, sizes, [], [], [dest],
+                            [f"d{k}" for k in range(len(shape))], run,
+                            symbol_name(op.out.tensor))[0]
+
+    def gather(self, blk: _Block, op: Op, body: MlirBody, ins: list[TensorVal],
+               dest: TensorVal) -> _Element:
+        """``table[ids]`` as the registry defines it: output element ``f`` (row-major) is
+        element ``f % row`` of the table's row ``ids.flat[f // row]``, a row being (output
+        elements / index elements) table elements."""
+        table, ids = ins
+        out_n, table_n, ids_n = (math.prod(_ints(v.shape)) for v in (dest, table, ids))
+        row = out_n // max(ids_n, 1)
+        rows = table_n // row if row else 0
+        if ids.elt in _FLOAT_TYPES:
+            raise EmitError(f"op {op.name!r}: gather reads indices from tensor "
+                            f"{op.ins[1].tensor!r} of dtype {self.dtype(op.ins[1].tensor)}; "
+                            "indices must be integers or bools")
+        if row == 0 or rows == 0 or table_n % row or out_n != row * ids_n:
+            raise EmitError(f"op {op.name!r}: gather of {ids_n} indices into {out_n} output "
+                            f"elements cannot take rows of {row} from the {table_n} elements of "
+                            f"tensor {op.ins[0].tensor!r}")
+
+        def element(b: _Block, at: list[str]) -> str:
+            f = _flat(b, at, _ints(dest.shape))
+            i, c = _ix(b, "divui", f, b.value(row)), _ix(b, "remui", f, b.value(row))
+            raw = _extract(b, ids, _unravel(b, i, _ints(ids.shape)))
+            wide = _convert(b, raw, ids.elt, "i64")
+            idx = b.fresh("id")
+            b.emit(f"{idx} = arith.index_cast {wide} : i64 to index")
+            # numpy's take: a negative index counts from the end once; an index still outside
+            # the table is clamped here (never a read outside it) and refused by the run
+            neg, wrapped, picked, low, safe = (b.fresh(n) for n in
+                                               ("neg", "wrap", "row", "low", "row"))
+            zero, n_rows, last = b.value(0), b.value(rows), b.value(rows - 1)
+            b.emit(f"{neg} = arith.cmpi slt, {idx}, {zero} : index")
+            b.emit(f"{wrapped} = arith.addi {idx}, {n_rows} : index")
+            b.emit(f"{picked} = arith.select {neg}, {wrapped}, {idx} : index")
+            b.emit(f"{low} = arith.maxsi {picked}, {zero} : index")
+            b.emit(f"{safe} = arith.minsi {low}, {last} : index")
+            t = _ix(b, "addi", _ix(b, "muli", safe, b.value(row)), c)
+            return _convert(b, _extract(b, table, _unravel(b, t, _ints(table.shape))),
+                            table.elt, dest.elt)
+
+        return element
+
+    def reshape(self, blk: _Block, op: Op, body: MlirBody, ins: list[TensorVal],
+                dest: TensorVal) -> _Element:
+        """The input's elements in row-major order: output element ``f`` is input element
+        ``f``."""
+        src, = ins
+        if math.prod(_ints(src.shape)) != math.prod(_ints(dest.shape)):
+            raise EmitError(f"op {op.name!r}: reshape of tensor {op.ins[0].tensor!r} "
+                            f"{list(_ints(src.shape))} into {list(_ints(dest.shape))}: the "
+                            "element counts differ")
+
+        def element(b: _Block, at: list[str]) -> str:
+            f = _flat(b, at, _ints(dest.shape))
+            return _convert(b, _extract(b, src, _unravel(b, f, _ints(src.shape))), src.elt,
+                            dest.elt)
+
+        return element
+
+    def concat(self, blk: _Block, op: Op, body: MlirBody, ins: list[TensorVal],
+               dest: TensorVal) -> _Element:
+        """``a`` then ``b`` along ``axis``: each output element reads both at clamped
+        positions and selects by its coordinate along the axis."""
+        a, b_ = ins
+        shape = _ints(dest.shape)
+        rank = len(shape)
+        axis = int(self.attr_values(op)["axis"])
+        ax = axis + rank if axis < 0 else axis
+        sa, sb = _ints(a.shape), _ints(b_.shape)
+        if not 0 <= ax < rank or len(sa) != rank or len(sb) != rank or any(
+                k != ax and not sa[k] == sb[k] == shape[k] for k in range(rank)) or \
+                sa[ax] + sb[ax] != shape[ax]:
+            raise EmitError(f"op {op.name!r}: concat of {list(sa)} and {list(sb)} along axis "
+                            f"{axis} does not give tensor {op.out.tensor!r} {list(shape)}")
+        n_a = sa[ax]
+
+        def element(b: _Block, at: list[str]) -> str:
+            c = at[ax]
+            if n_a == 0 or sb[ax] == 0:  # one side is empty: the other is the output
+                src = b_ if n_a == 0 else a
+                return _convert(b, _extract(b, src, at), src.elt, dest.elt)
+            in_a = b.fresh("in_a")
+            b.emit(f"{in_a} = arith.cmpi ult, {c}, {b.value(n_a)} : index")
+            ca = _ix(b, "minui", c, b.value(n_a - 1))
+            cb = _ix(b, "subi", _ix(b, "maxui", c, b.value(n_a)), b.value(n_a))
+            va = _convert(b, _extract(b, a, [*at[:ax], ca, *at[ax + 1:]]), a.elt, dest.elt)
+            vb = _convert(b, _extract(b, b_, [*at[:ax], cb, *at[ax + 1:]]), b_.elt, dest.elt)
+            out = b.fresh("cat")
+            b.emit(f"{out} = arith.select {in_a}, {va}, {vb} : {dest.elt}")
+            return out
+
+        return element
+
+    def full(self, blk: _Block, op: Op, body: MlirBody, ins: list[TensorVal], dest: TensorVal
+             ) -> _Element:
+        """Every element ``value``: the float64 constant converted to the output type, as the
+        reference converts numpy's array."""
+        value = self.attr_values(op)["value"]
+        check_constant(op, self.dtype(op.out.tensor), [value])
+        return lambda b, at: _convert(b, b.const(value, "f64"), "f64", dest.elt)
+
+    def arange(self, blk: _Block, op: Op, body: MlirBody, ins: list[TensorVal],
+               dest: TensorVal) -> _Element:
+        """``start + step * f`` in float64 over the row-major position ``f``, converted to the
+        output type."""
+        attrs = {"start": 0.0, "step": 1.0, **self.attr_values(op)}
+        shape = _ints(dest.shape)
+        check_constant(op, self.dtype(op.out.tensor),
+                       [attrs["start"], attrs["start"] + attrs["step"] * max(
+                           math.prod(shape) - 1, 0)])
+
+        def element(b: _Block, at: list[str]) -> str:
+            f = _flat(b, at, shape)
+            i64, x, prod, out = b.fresh("pos"), b.fresh("pos"), b.fresh("step"), b.fresh("ar")
+            b.emit(f"{i64} = arith.index_cast {f} : index to i64")
+            b.emit(f"{x} = arith.sitofp {i64} : i64 to f64")
+            b.emit(f"{prod} = arith.mulf {b.const(attrs['step'], 'f64')}, {x} : f64")
+            b.emit(f"{out} = arith.addf {b.const(attrs['start'], 'f64')}, {prod} : f64")
+            return _convert(b, out, "f64", dest.elt)
+
+        return element
+
+    def topk(self, blk: _Block, op: Op, body: MlirBody, ins: list[TensorVal], dest: TensorVal
+             ) -> _Element:
+        """The k largest along the last axis, largest first: the rank sort (NaN last) read
+        from its end."""
+        src, = ins
+        sa, shape = _ints(src.shape), _ints(dest.shape)
+        if not sa or len(sa) != len(shape) or sa[:-1] != shape[:-1] or shape[-1] > sa[-1]:
+            raise EmitError(f"op {op.name!r}: topk of tensor {op.ins[0].tensor!r} {list(sa)} "
+                            f"does not give tensor {op.out.tensor!r} {list(shape)}")
+        ty = self.compute_type(op)
+        ordered = self.sort(blk, op, body, src, ty)
+        last = sa[-1] - 1
+
+        def element(b: _Block, at: list[str]) -> str:
+            pos = _ix(b, "subi", b.value(last), at[-1])
+            return _convert(b, _extract(b, ordered, [*at[:-1], pos]), ty, dest.elt)
+
+        return element
+
+
+#: an output element of a whole-tensor kind: (block, output coordinates) -> its SSA value
+_Element = Callable[[_Block, list[str]], str]
+
+
+def _ints(shape: Sequence[Ix]) -> tuple[int, ...]:
+    return tuple(s.value for s in shape)
+
+
+def _ix(b: _Block, op: str, x: str, y: str) -> str:
+    """``arith.<op>`` on two ``index`` values."""
+    name = b.fresh("ix")
+    b.emit(f"{name} = arith.{op} {x}, {y} : index")
+    return name
+
+
+def _flat(b: _Block, at: Sequence[str], shape: Sequence[int]) -> str:
+    """The row-major position of coordinates ``at`` in ``shape``."""
+    flat = b.value(0)
+    for i, n in zip(at, shape, strict=True):
+        flat = _ix(b, "addi", _ix(b, "muli", flat, b.value(n)), i)
+    return flat
+
+
+def _unravel(b: _Block, flat: str, shape: Sequence[int]) -> list[str]:
+    """The coordinates in ``shape`` of the row-major position ``flat``."""
+    out: list[str] = []
+    for n in reversed(shape):
+        out.append(_ix(b, "remui", flat, b.value(n)))
+        flat = _ix(b, "divui", flat, b.value(n))
+    return out[::-1]
+
+
+def _extract(b: _Block, val: TensorVal, at: Sequence[str]) -> str:
+    name = b.fresh("x")
+    b.emit(f"{name} = tensor.extract {val.ssa}[{', '.join(at)}] : {val.type}")
+    return name
+
+
+_WHOLE: dict[str, Callable[..., _Element]] = {
+    "gather": _Fallbacks.gather,
+    "reshape": _Fallbacks.reshape,
+    "concat": _Fallbacks.concat,
+    "full": _Fallbacks.full,
+    "arange": _Fallbacks.arange,
+    "topk": _Fallbacks.topk,
+}
 
 
 _CONSTRUCTIONS: dict[str, Callable[..., TensorVal]] = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from apportion.backends.iree.bodies import combine_of
 from apportion.backends.iree.forall_block import INDENT, _Block
 from apportion.backends.iree.forall_body import _apply, _Bodies
 from apportion.backends.iree.forall_index import Ix
@@ -28,7 +29,8 @@ class _SplitReductions(_Bodies):
         ty = self.compute_type(op)
         integer = ty == "i64"
         reducer = op.kind.reducer
-        assert reducer is not None and reducer.mlir_combine is not None
+        assert reducer is not None
+        combine = combine_of(reducer, op.name, op.kind)
         count = math.prod(splits[d] for d in red_split)
         tile_shape = self.out_shape(op, tile)
         stem = symbol_name(op.out.tensor)
@@ -91,7 +93,7 @@ class _SplitReductions(_Bodies):
         if reducer.pairs:
             names.update(ai=b_args[1], bi=a_args[1])
             res_names = ("r", "ri")
-        yields = _apply(inner, reducer.mlir_combine, integer, ty, names, res_names)
+        yields = _apply(inner, combine, integer, ty, names, res_names)
         args = ", ".join(f"{a}: {r.elt}" for a, r in zip(a_args, results, strict=True))
         args += ", " + ", ".join(f"{b}: {i.elt}" for b, i in zip(b_args, inits, strict=True))
         blk.emit(f"{head} = linalg.reduce ins({', '.join(r.ssa for r in results)} : {in_types}) "

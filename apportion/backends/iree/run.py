@@ -13,6 +13,7 @@ This module joins an emitter and an executor, which the import contracts keep ap
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from apportion.backends.iree import runtime as iree
+from apportion.backends.iree.bodies import supported
 from apportion.backends.iree.forall import (
     forall_mlir,
     mlir_type,
@@ -29,7 +31,6 @@ from apportion.backends.iree.forall import (
     symbols,
     verify_mlir,
 )
-from apportion.backends.limits import cite
 from apportion.errors import ExecutionError, ProgramError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
@@ -78,16 +79,18 @@ def check_counts(program: Program, plan: Plan, params: Mapping[str, int] | None)
 
 
 def host_ops(program: Program) -> tuple[str, ...]:
-    """The ops the IREE backend runs on the host: whole-tensor fallbacks (gathers, constants,
-    random numbers, regrouping views), which run whole on one core in any plan and have no
-    parallel IR."""
-    return tuple(op.name for op in program.ops if op.kind.whole)
+    """The ops the IREE backend runs on the host: those whose kind its per-kind table lacks
+    (``backends.iree.bodies``), numpy's random generators, which no compiled module reproduces.
+    Every other whole-tensor kind (gathers, reshapes, concatenations, constants, ranges, top-k)
+    is parallel IR."""
+    return tuple(op.name for op in program.ops if not supported(op.kind))
 
 
 def segments(program: Program, plan: Plan) -> list[tuple[Program, Plan] | Op]:
     """``program`` cut at its host ops: each maximal run of the others as a program of its own
     (its inputs: what the run reads from before it; its outputs: what later ops or the program
-    need) with the plan of its ops, and each host op alone.
+    need; its tiling groups and their loop plans), and each host op alone. A run that nothing
+    after it reads (dead ops only) is left out. A host op must sit outside every loop group.
 
     >>> import apportion as ap
     >>> p = ap.load("examples/mlp.json")
@@ -95,11 +98,15 @@ def segments(program: Program, plan: Plan) -> list[tuple[Program, Plan] | Op]:
     ['tuple']
     """
     host = set(host_ops(program))
-    if host and (program.tiling or plan.groups):
-        raise ExecutionError(f"IREE backend: program {program.name!r} has whole-tensor fallback "
-                             f"ops ({', '.join(sorted(host))}) and loop nests; running those "
-                             "fallbacks on the host between IREE modules needs a program "
-                             f"without loop nests {cite('iree-host-op-in-loop-group')}")
+    if not host:
+        return [(program, plan)]
+    for g in plan.groups:
+        inside = sorted(host & set(g.ops))
+        if inside:
+            op = program.op(inside[0])
+            raise ExecutionError(f"IREE backend: op {op.name!r} ({op.kind.name}) runs on the "
+                                 f"host but sits in loop group {list(g.path)} {list(g.ops)}; a "
+                                 "host step runs between IREE modules, outside every loop group")
     runs: list[list[Op] | Op] = []
     for op in program.ops:
         if op.name in host:
@@ -108,8 +115,6 @@ def segments(program: Program, plan: Plan) -> list[tuple[Program, Plan] | Op]:
             runs[-1].append(op)
         else:
             runs.append([op])
-    if len(runs) == 1 and isinstance(runs[0], list):
-        return [(program, plan)]
     out: list[tuple[Program, Plan] | Op] = []
     for i, run in enumerate(runs):
         if not isinstance(run, list):
@@ -118,19 +123,51 @@ def segments(program: Program, plan: Plan) -> list[tuple[Program, Plan] | Op]:
         made = {op.out.tensor for op in run}
         later = {a.tensor for op in program.ops[program.ops.index(run[-1]) + 1:]
                  for a in op.ins} | set(program.outputs)
+        outs = [op.out.tensor for op in run if op.out.tensor in later]
+        if not outs:
+            continue  # dead ops: nothing reads what they make
         ins = list(dict.fromkeys(a.tensor for op in run for a in op.ins
                                  if a.tensor not in made))
-        outs = [op.out.tensor for op in run if op.out.tensor in later]
         used = set(ins) | made
+        names = {op.name for op in run}
         part = replace(program, name=f"{program.name}_part{i}",
                        tensors=tuple(t for t in program.tensors if t.name in used),
                        inputs=tuple(ins), outputs=tuple(outs), ops=tuple(run),
+                       tiling=tuple(t for t in program.tiling if set(t.ops) <= names),
                        work_division=(), split_k=())
-        names = {op.name for op in run}
         part_plan = replace(plan, program=part.name,
-                            ops=tuple(o for o in plan.ops if o.name in names), rewritten=None)
+                            ops=tuple(o for o in plan.ops if o.name in names),
+                            groups=tuple(g for g in plan.groups if set(g.ops) <= names),
+                            buffers=(), rewritten=None)
         out.append((part, part_plan))
     return out
+
+
+def gather_indices(program: Program) -> tuple[str, ...]:
+    """The index tensors of the program's gathers that the program makes (not its inputs):
+    ``iree_run`` returns them too, to check them after the run."""
+    made = {op.out.tensor for op in program.ops}
+    return tuple(dict.fromkeys(
+        op.ins[1].tensor for op in program.ops
+        if op.kind.name == "gather" and op.ins[1].tensor in made
+        and op.ins[1].tensor not in program.outputs))
+
+
+def check_gathers(program: Program, tensors: Mapping[str, np.ndarray]) -> None:
+    """Raise ExecutionError, as the reference executor does (numpy's ``take``), for a gather
+    index outside ``[-rows, rows)`` of its table; the module read a clamped row there."""
+    for op in program.ops:
+        if op.kind.name != "gather" or op.ins[1].tensor not in tensors:
+            continue
+        table, ids = (program.tensor(a.tensor) for a in op.ins)
+        out = program.tensor(op.out.tensor)
+        n_ids = math.prod(ids.shape)
+        rows = math.prod(table.shape) // max(math.prod(out.shape) // max(n_ids, 1), 1)
+        flat = np.asarray(tensors[op.ins[1].tensor]).reshape(-1).astype(np.int64)
+        bad = flat[(flat < -rows) | (flat >= rows)]
+        if bad.size:
+            raise ExecutionError(f"op {op.name!r}: gather failed: index {int(bad[0])} is out "
+                                 f"of bounds for axis 0 with size {rows}")
 
 
 def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, np.ndarray],
@@ -141,9 +178,10 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
     """Emit ``plan`` as parallel IR, verify it, compile it (or take it from the cache) and run
     it on ``inputs``; ``params`` gives the symbolic loop counts.
 
-    Whole-tensor fallback ops (``host_ops``: what a PyTorch model's embeddings, constants and
-    random numbers lower to) run on the host with the reference executor's kernels, between
-    IREE modules for the runs of other ops (``segments``).
+    Ops whose kind the backend has no parallel IR for (``host_ops``: numpy's random numbers)
+    run on the host with the reference executor's kernels, between IREE modules for the runs
+    of other ops (``segments``). A gather index outside its table is refused after the run,
+    as the reference executor refuses it (``check_gathers``).
 
     ``symbolic`` is the program as given where it has run-time sizes (``program`` and ``plan``
     are then at its planning sizes, as ``PlannedProgram`` holds them): the module covers every
@@ -156,9 +194,14 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
         if symbolic is not None and symbolic.symbols or sizes:
             raise ExecutionError(f"IREE backend: program {program.name!r} has run-time sizes "
                                  f"and whole-tensor fallback ops ({', '.join(host)})"
-                                 "; run it with the reference or torch backend "
-                                 f"{cite('iree-host-ops-with-runtime-sizes')}")
+                                 "; run it with the reference backend")
         return _run_segments(program, plan, target, inputs, params, cache_dir)
+    given_outputs = program.outputs
+    extra = gather_indices(program)
+    if extra:  # the module also returns the indices its gathers compute, to check them
+        program = replace(program, outputs=(*program.outputs, *extra))
+        if symbolic is not None and symbolic.symbols:
+            symbolic = replace(symbolic, outputs=program.outputs)
     loop_params = dict(params or {})
     bound_program, bound_plan = program, plan
     size_args: list[int] = []
@@ -181,6 +224,7 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
     verify_mlir(text)
     check_counts(bound_program, bound_plan, loop_params or None)
     env = bind_inputs(bound_program, inputs)
+    check_gathers(bound_program, env)  # the indices the program takes, before compiling
     compiled = iree.compile_mlir(text, cache_dir)
     args = [(env[n], mlir_type(program.tensor(n).dtype)) for n in program.inputs]
     args += [(int(loop_params[s]), "index") for s in symbols(plan)]
@@ -190,6 +234,8 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
     tensors = dict(env)
     for name, a in zip(program.outputs, run.outputs, strict=True):
         tensors[name] = a.reshape(bound_program.tensor(name).shape)
+    check_gathers(bound_program, tensors)
+    tensors = {n: a for n, a in tensors.items() if n in env or n in given_outputs}
     return IreeRun(tensors, compiled.compile_s, compiled.cached, run.run_s)
 
 
