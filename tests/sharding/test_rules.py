@@ -9,6 +9,7 @@ import pytest
 from apportion.errors import ProgramError
 from apportion.frontend.json_format import from_dict, load
 from apportion.frontend.models import forward_program
+from apportion.ir.kinds import REDUCERS, SplitFinish
 from apportion.ir.program import Program
 from apportion.runtime.reference import evaluate_op, random_inputs, run_unplanned
 from apportion.sharding.mesh import parse
@@ -19,7 +20,7 @@ from apportion.sharding.rules import (
     make_strategy,
     op_strategies,
 )
-from apportion.sharding.spec import Sharding
+from apportion.sharding.spec import PARTIAL_REDUCERS, Sharding
 
 S = Sharding
 
@@ -87,6 +88,18 @@ def test_each_device_finishes_a_split_mean_or_argmax_so_that_parts_combine():
     assert types["r~value"].dtype == "float32" and types["r~index"].dtype == "int64"
     assert local_ops(p.ops[0], p, mesh, make_strategy(p.ops[0], p, mesh, {"i": "tp"}),
                      {"tp": 1})[2] is None  # a parallel split needs no finish
+
+
+def test_what_a_split_reduction_waits_as_across_devices_is_the_registry_s():
+    assert PARTIAL_REDUCERS == ("sum", "max", "min", "prod", "any", "argmax")
+    for name, r in REDUCERS.items():
+        across = r.across_devices
+        assert across is not None and across.waits_as in PARTIAL_REDUCERS, name
+        assert across.collective in ("sum", "prod", "max", "min"), name
+        # only a part scaled to its share of the count waits as another reducer's partial
+        assert (across.waits_as != name) == (across.finish is SplitFinish.SCALE), name
+    assert REDUCERS["argmax"].across_devices.finish is SplitFinish.PACK
+    assert REDUCERS["any"].across_devices.collective == "max"  # over 0/1 bytes
 
 
 @pytest.mark.parametrize(("fn", "x", "r", "why"), [
