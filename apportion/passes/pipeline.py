@@ -215,6 +215,17 @@ def with_rewritten(program: Program, target: Target, lay: Layouts,
     The rewrite keeps every other op as it was (the same object) and adds tensors, so their
     layouts stand; their contexts are bound to the rewritten program (planning reads its pins
     and tensors through it). A new op is outside every loop group: its sizes are its own.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.passes.split_k import split_k
+    >>> from apportion.target import spyre
+    >>> p, t = load("examples/mlp.json"), spyre(cores=32)
+    >>> lay = layouts(p, t)
+    >>> ctxs = contexts(p, t, lay, {o.name: dict(o.sizes) for o in p.ops})
+    >>> rewritten, _ = partials(p, ctxs, split_k(ctxs, {"down": 4}), frozenset())
+    >>> new_lay, new_ctxs = with_rewritten(rewritten, t, lay, ctxs)
+    >>> new_lay == layouts(rewritten, t), list(new_ctxs)[-2:]
+    (True, ['down.partial', 'down.combine'])
     """
     tensors = dict(lay.tensors)
     for t in program.tensors:
