@@ -12,6 +12,15 @@
 * ``apportion emit PROG --mesh SPEC --forall``: the per-device programs as parallel IR;
   ``--shard`` asks for the shard dialect, which the MLIR bindings lack (the error says so).
 
+With ``--torch MODULE:FACTORY`` (a callable returning ``(model, example_inputs)``, as ``plan
+--torch`` takes it) the model lowered by ``from_torch`` is sharded: its program's inputs are
+the model's inputs and its weights (``TorchProgram.constants``), and the search places the
+weights like any input (split where that pays, each device then holding only its shard; a
+weight is placed once, so its placement costs no communication, only memory). ``shard
+--torch`` prints the report with the ATen lowering line (``--format json`` adds each op's
+PyTorch origin); ``run --torch --mesh`` runs the sharded model on the example inputs and
+compares it with the model run eagerly in PyTorch (exit 1 when the numbers differ).
+
 ``--mesh`` takes a spec (``dp=2,tp=4``, ``tp=4@chiplet:peered``), a preset name or a TOML
 file; without it a ``--target`` TOML file with a ``[mesh]`` table gives the mesh. An axis size
 may be symbolic (``dp=N~4``: planned at 4): the plan is made at the planning size, and
@@ -36,6 +45,7 @@ from apportion.target.presets import resolve
 from apportion.target.target import Target
 
 if TYPE_CHECKING:
+    from apportion.cli.torch_models import TorchModel
     from apportion.ir.program import Program
     from apportion.sharding.mesh import Mesh
     from apportion.sharding.plan import ShardingPlan
@@ -157,18 +167,45 @@ def mesh_sizes(plan: ShardingPlan, args: argparse.Namespace) -> dict[str, int]:
     return {n: v for n, v in _params(args).items() if n in plan.mesh.symbols}
 
 
+def _torch_model(args: argparse.Namespace) -> TorchModel | None:
+    """The ``--torch`` model, lowered (None without ``--torch``); a program file given as
+    well is refused."""
+    spec = getattr(args, "torch", None)
+    if spec is None:
+        return None
+    from apportion.cli.torch_models import load_model
+
+    if args.program != "default":
+        raise ShardUsageError(f"give a program file or --torch, not both ({args.program!r} and "
+                              f"--torch {spec!r})")
+    return load_model(spec)
+
+
 def sharding_plan(args: argparse.Namespace) -> ShardingPlan:
     """The plan the options ask for (at the planning size of a symbolic mesh)."""
-    from apportion.sharding.propagate import propagate
-    from apportion.sharding.search import search
+    return sharded(args)[0]
 
-    if getattr(args, "torch", None) is not None:
-        raise ShardUsageError("--mesh shards program files; a --torch model is not sharded")
+
+def sharded(args: argparse.Namespace) -> tuple[ShardingPlan, TorchModel | None]:
+    """The plan the options ask for (at the planning size of a symbolic mesh), and the
+    ``--torch`` model it shards (None for a program file)."""
     if getattr(args, "auto_tile", False) or getattr(args, "strategy", "balanced") != "balanced":
         raise ShardUsageError("--strategy and --auto-tile do not apply with --mesh: each "
                               "device's programs are planned with the balanced strategy")
-    program, ann = _load(args.program)
-    mesh = _mesh(args)
+    if getattr(args, "torch", None) is None:
+        program, ann = _load(args.program)
+        return _plan_for(args, program, ann, _mesh(args)), None
+    mesh = _mesh(args)  # a bad mesh is refused before the model is exported
+    tm = _torch_model(args)
+    assert tm is not None
+    return _plan_for(args, tm.lowered.program, {}, mesh), tm
+
+
+def _plan_for(args: argparse.Namespace, program: Program, ann: dict[str, Sharding],
+              mesh: Mesh) -> ShardingPlan:
+    from apportion.sharding.propagate import propagate
+    from apportion.sharding.search import search
+
     program = _bind_program(program, _params(args), mesh)
     target = _target(args, mesh)
     if args.method == "propagate":
@@ -179,13 +216,23 @@ def sharding_plan(args: argparse.Namespace) -> ShardingPlan:
 
 
 def cmd_shard(args: argparse.Namespace, console: Console) -> int:
-    plan = sharding_plan(args)
+    plan, tm = sharded(args)
     sizes = mesh_sizes(plan, args)
     if args.format == "json":
         plan.bind(sizes)  # a bad --param is refused here too
-        print(json.dumps(plan.to_dict(), indent=1))
+        doc = plan.to_dict()
+        if tm is not None:  # where each op comes from in the model, as plan --torch says
+            from apportion.cli.torch_models import origins_doc
+
+            doc["torch"] = tm.spec
+            doc["origins"] = origins_doc(tm.lowered, [o.op for o in plan.ops])
+        print(json.dumps(doc, indent=1))
         return 0
     print_plan(plan, console, sizes)
+    if tm is not None:
+        from apportion.cli.torch_models import lowered_line
+
+        console.print(lowered_line(tm.lowered), highlight=False, soft_wrap=True, markup=False)
     return 0
 
 
@@ -241,27 +288,90 @@ def print_plan(plan: ShardingPlan, console: Console, sizes: dict[str, int] | Non
                   f"each ({segs} compute segments, {len(stages) - segs - fins} collectives"
                   + (f", {fins} finishes" if fins else "") +
                   f"), {u.distinct_segments} distinct segment programs", highlight=False)
+    for line in u.tiling_lines():
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def cmd_run_sharded(args: argparse.Namespace, console: Console,
                     print_checks: Callable[..., int]) -> int:
-    """``run --mesh``: the per-device programs run and (``--check``) compared;
-    ``print_checks`` prints the comparison (``cli/main.py``'s)."""
+    """``run --mesh``: the per-device programs run and (``--check``) compared with the
+    unsharded program, or for a ``--torch`` model with the model run eagerly in PyTorch on
+    its example inputs; ``print_checks`` prints the comparison (``cli/main.py``'s)."""
     if args.backend not in ("reference", "dtensor", "iree"):
         raise ShardUsageError(f"--backend {args.backend} does not run sharded programs; with "
                               "--mesh: reference, iree or dtensor")
-    if args.backend == "iree" and args.threads is not None:
+    if args.backend in ("dtensor", "iree") and args.threads is not None:
         raise ShardUsageError("--threads applies to the reference backend")
-    planned = sharding_plan(args)
+    planned, tm = sharded(args)
     sizes = mesh_sizes(planned, args)
     plan = planned.bind(sizes)
     if planned.mesh.symbolic:
         console.print(f"mesh sizes: {', '.join(f'{k}={v}' for k, v in sizes.items())} "
                       f"(planned at {planned.mesh.planning_text()})", highlight=False)
-    label = f"{plan.program.name} over {plan.mesh} ({plan.method}, {args.backend})"
+    source = "" if tm is None else f" from --torch {tm.spec}"
+    label = f"{plan.program.name}{source} over {plan.mesh} ({plan.method}, {args.backend})"
+    if tm is None:
+        return _run_program(args, plan, label, console, print_checks)
+    from apportion.cli.torch_models import compare_eager, failures
+
+    inputs = tm.lowered.inputs(*tm.example_inputs)
+    eager = "the model run eagerly in PyTorch"
     if args.backend == "dtensor":
-        if args.threads is not None:
-            raise ShardUsageError("--threads applies to the reference backend")
+        import numpy as np
+
+        from apportion.sharding.dtensor import run_dtensor
+
+        # writable arrays: torch warns on every read-only one a rank unpickles (constants)
+        given = {n: np.require(v, requirements="W") for n, v in inputs.items()}
+        with failures(tm, "the distributed run"):
+            run = run_dtensor(plan, given, args.seed, args.timeout, device=args.device)
+        _print_dist(plan, run, console)
+        if not args.check:
+            console.print(f"ran {label}", highlight=False)
+            return 0
+        return print_checks(compare_eager(tm, run.outputs), f"distributed run of {label}",
+                            console, eager)
+    if args.backend == "iree":
+        from apportion.backends.iree.mesh import run_mesh
+        from apportion.sharding.lower import lower_plan
+
+        schedule = lower_plan(plan)
+        with failures(tm, "the per-device run in IREE"):
+            mesh_run = run_mesh(schedule, inputs)
+        _print_mesh_run(mesh_run, schedule, console)
+        if not args.check:
+            console.print(f"ran {label}", highlight=False)
+            return 0
+        return print_checks(compare_eager(tm, mesh_run.outputs), f"per-device modules of "
+                            f"{label} in IREE, collectives between them on the host,", console,
+                            eager)
+    from apportion.sharding.unroll import unroll
+
+    u = unroll(plan)
+    with failures(tm, "the per-device run"):
+        outputs = u.run(inputs, planned=True)
+    if not args.check:
+        console.print(f"ran {label}: {len(u.devices)} devices, each segment planned for "
+                      f"{plan.target.cores} cores", highlight=False)
+        return 0
+    return print_checks(compare_eager(tm, outputs), f"per-device programs of {label}, run "
+                        "core slice by core slice,", console, eager)
+
+
+def _print_dist(plan: ShardingPlan, run: Any, console: Console) -> None:
+    """The line saying how a distributed run went."""
+    console.print(f"{plan.mesh.devices} processes ({run.backend}), {run.placement_checks} "
+                  "placement "
+                  f"checks per rank, torch ran {len(run.native_ops)} of "
+                  f"{len(plan.ops)} ops on DTensors ({', '.join(run.native_ops) or 'none'}), "
+                  f"{run.wall_s:.1f} s", highlight=False, soft_wrap=True)
+
+
+def _run_program(args: argparse.Namespace, plan: ShardingPlan, label: str, console: Console,
+                 print_checks: Callable[..., int]) -> int:
+    """``run PROG --mesh``: a program file's per-device programs against the unsharded
+    program on random inputs."""
+    if args.backend == "dtensor":
         from apportion.runtime.reference import random_inputs
         from apportion.sharding.dtensor import check_dtensor, run_dtensor
 
@@ -272,11 +382,7 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
             run = run_dtensor(plan, random_inputs(plan.program, args.seed), args.seed,
                               args.timeout, device=args.device)
             checks = None
-        console.print(f"{plan.mesh.devices} processes ({run.backend}), {run.placement_checks} "
-                      "placement "
-                      f"checks per rank, torch ran {len(run.native_ops)} of "
-                      f"{len(plan.ops)} ops on DTensors ({', '.join(run.native_ops) or 'none'}), "
-                      f"{run.wall_s:.1f} s", highlight=False, soft_wrap=True)
+        _print_dist(plan, run, console)
         if checks is None:
             console.print(f"ran {label}", highlight=False)
             return 0
@@ -337,7 +443,7 @@ def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
     from apportion.sharding.mlir import per_device_mlir, sharded_mlir
     from apportion.sharding.unroll import unroll
 
-    plan = sharding_plan(args)
+    plan = sharding_plan(args)  # a --torch model's program too
     u = unroll(plan, mesh_sizes(plan, args))
     if args.shard:
         print(sharded_mlir(u), end="")

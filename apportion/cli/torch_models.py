@@ -14,7 +14,7 @@ import importlib
 import os
 import sys
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -236,11 +236,26 @@ def _leaves(tree: Any) -> list[Any]:
 def check_model(tm: TorchModel, planned: PlannedProgram, backend: str = "reference",
                 threads: int | None = None) -> list[OutputCheck]:
     """Run the plan on the example inputs and compare each output with the eager model's."""
-    from apportion.runtime.reference import compare
-
     with failures(tm, "the planned run"):
         run = planned.run(tm.lowered.inputs(*tm.example_inputs), threads=threads,
                           backend=backend)
+    return compare_eager(tm, run)
+
+
+def compare_eager(tm: TorchModel, run: Mapping[str, Any]) -> list[OutputCheck]:
+    """Each output of a run of the lowered program (``run``: its tensors by name, such as a
+    planned, sharded or distributed run gives them) compared with the model's own output,
+    run eagerly in PyTorch on the example inputs.
+
+    >>> tm = load_model("apportion.frontend.torch_demo:mlp")
+    >>> from apportion.runtime.reference import run_unplanned
+    >>> run = run_unplanned(tm.lowered.program, tm.lowered.inputs(*tm.example_inputs))
+    >>> [c.ok for c in compare_eager(tm, run)]
+    [True]
+    """
+    from apportion.runtime.reference import compare
+
+    with failures(tm, "reading the run's outputs"):
         got = tm.lowered.torch_outputs(run)
     with failures(tm, "the eager run in PyTorch"):
         eager = eager_outputs(tm)

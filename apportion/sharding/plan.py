@@ -18,6 +18,11 @@ Memory: each device holds its shard of every input for the whole program, of eve
 tensor from the op that makes it to its last reader, of each copy from its transfer to its
 last reader (program outputs to the end); ``peak_bytes`` is the largest such sum over the
 program's points, on the largest device. A mesh with ``memory_bytes`` refuses a plan above it.
+
+Tiling groups: ``tiled_counts`` gives each grouped op the product of its group's static counts
+per tiled dim, and ``fits_tiling`` / ``tiling_strategies`` keep the strategies whose every
+device share of such a dim those counts divide, so that each device's program keeps the group
+with its counts (the rule of ``unroll.carry_tiling``); search and propagation offer no other.
 """
 
 from __future__ import annotations
@@ -37,8 +42,15 @@ from apportion.passes.strategy import Balanced
 from apportion.passes.work_distribution import distribute, greedy
 from apportion.sharding.collectives import Step, cached_steps
 from apportion.sharding.mesh import Mesh
-from apportion.sharding.rules import Strategy, finish_kind, local_op, local_ops, make_strategy
-from apportion.sharding.spec import Sharding
+from apportion.sharding.rules import (
+    Strategy,
+    finish_kind,
+    local_op,
+    local_ops,
+    make_strategy,
+    op_strategies,
+)
+from apportion.sharding.spec import Sharding, shard_sizes
 from apportion.target.presets import spyre
 from apportion.target.target import Target
 
@@ -121,6 +133,47 @@ def _input_names(op: Op, strategy: Strategy) -> list[str]:
     for k, (acc, s) in enumerate(zip(op.ins, strategy.ins, strict=True)):
         names.append(seen.setdefault((acc.tensor, s), f"i{k}"))
     return names
+
+
+def tiled_counts(program: Program) -> dict[str, dict[str, int]]:
+    """Op -> {dim: the product of the static counts of its tiling group's levels that tile
+    it}, for the ops of the program's tiling groups (run-time counts are left out: the planner
+    checks them against the tiles it plans).
+
+    >>> from apportion.frontend.json_format import load
+    >>> tiled_counts(load("examples/fused.json"))
+    {'add': {'m': 2, 'n': 4}, 'mul': {'m': 2, 'n': 4}}
+    """
+    out: dict[str, dict[str, int]] = {}
+    for g in program.tiling:
+        for name in g.ops:
+            op = program.op(name)
+            counts: dict[str, int] = {}
+            for lv in g.loops:
+                if isinstance(lv.count, int):
+                    for d in lv.dims:
+                        if d in op.sizes:
+                            counts[d] = counts.get(d, 1) * lv.count
+            out[name] = counts
+    return out
+
+
+def fits_tiling(strategy: Strategy, sizes: Mapping[str, int], counts: Mapping[str, int],
+                mesh: Mesh) -> bool:
+    """True when every device's share of each dim ``strategy`` splits is divided by the
+    product of the counts tiling it (``counts``, from ``tiled_counts``; ``sizes``: the op's
+    dim sizes)."""
+    msizes = {a.name: a.size for a in mesh.axes}
+    return all(c <= 1 or all(n % c == 0 for n in shard_sizes(sizes[d], axes, msizes))
+               for d, axes in strategy.splits for c in (counts.get(d, 1),))
+
+
+def tiling_strategies(op: Op, program: Program, mesh: Mesh,
+                      counts: Mapping[str, int]) -> tuple[Strategy, ...]:
+    """``op_strategies`` less those its tiling group's counts would not divide on some
+    device (``fits_tiling``)."""
+    return tuple(s for s in op_strategies(op, program, mesh)
+                 if fits_tiling(s, op.sizes, counts, mesh))
 
 
 @dataclass(frozen=True)

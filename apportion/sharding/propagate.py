@@ -8,8 +8,10 @@ takes the one with the least resharding of its known operands, ties to the lower
 Backward, an op whose output a chosen reader needs in some sharding (or an annotation fixes)
 takes the strategy over those axes that makes it with the least resharding. The two passes
 repeat until nothing changes; an op nothing reaches is replicated, as is an input nobody
-places. Where a reader needs another sharding than a tensor has, the plan reshards it
-(``plan.build_plan``); an output is handed back as made, its pending reductions done.
+places. An op of a tiling group considers only the strategies the group's counts divide on
+every device (``plan.fits_tiling``). Where a reader needs another sharding than a tensor
+has, the plan reshards it (``plan.build_plan``); an output is handed back as made, its
+pending reductions done.
 
 >>> from apportion.frontend.json_format import load
 >>> from apportion.sharding.mesh import parse
@@ -35,7 +37,14 @@ from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.sharding.collectives import reshard_time
 from apportion.sharding.mesh import Mesh, mesh_of
-from apportion.sharding.plan import CostModel, ShardingPlan, build_plan, default_target
+from apportion.sharding.plan import (
+    CostModel,
+    ShardingPlan,
+    build_plan,
+    default_target,
+    tiled_counts,
+    tiling_strategies,
+)
 from apportion.sharding.rules import Strategy, op_strategies
 from apportion.sharding.spec import (
     Sharding,
@@ -88,7 +97,9 @@ def propagate(program: Any, mesh: Mesh, target: Target | None = None,
     ann = check_annotations(prog, given, mesh)
     tgt = default_target(mesh, target)
     cost = CostModel(prog, mesh, tgt)
-    options = {op.name: op_strategies(op, prog, mesh) for op in prog.ops}
+    tiled = tiled_counts(prog)
+    options = {op.name: tiling_strategies(op, prog, mesh, tiled[op.name]) if op.name in tiled
+               else op_strategies(op, prog, mesh) for op in prog.ops}
     chosen: dict[str, Strategy] = {}
     known: dict[str, Sharding] = dict(ann)  # what a tensor is, as its readers see it
     wanted: dict[str, Sharding] = {}  # what a chosen reader needs of a tensor not yet known

@@ -22,6 +22,11 @@ The integer program (solved by HiGHS through ``highspy``):
 
 Annotations are constraints: an annotated tensor's node has the annotation as its only strategy.
 
+Tiling groups are constraints too: an op of a group is offered only the strategies whose every
+device share of a dim the group's loops tile is divided by the product of the counts tiling it
+(``plan.fits_tiling``), so the per-device programs keep the group with its counts (``unroll``'s
+rule); the replicated strategy always fits.
+
 Repeated identical layers share one solution. Nodes are classed by a few rounds of
 Weisfeiler-Lehman refinement over the graph, starting from each node's name-free signature (an
 op's kind, dims, index expressions, operand shapes and dtypes; a tensor node's shape, dtype and
@@ -55,8 +60,15 @@ from apportion.errors import PlanningError
 from apportion.ir.program import Program
 from apportion.sharding.collectives import reshard_time
 from apportion.sharding.mesh import Mesh, mesh_of
-from apportion.sharding.plan import CostModel, ShardingPlan, build_plan, default_target
-from apportion.sharding.rules import Strategy, op_strategies
+from apportion.sharding.plan import (
+    CostModel,
+    ShardingPlan,
+    build_plan,
+    default_target,
+    tiled_counts,
+    tiling_strategies,
+)
+from apportion.sharding.rules import Strategy
 from apportion.sharding.spec import (
     Sharding,
     annotations_given,
@@ -102,6 +114,7 @@ def _graph(program: Program, mesh: Mesh, ann: Mapping[str, Sharding], outputs: s
     maker: dict[str, int] = {}
     placements: dict[tuple[int, ...], list[Sharding]] = {}
     by_sig: dict[Any, tuple[Strategy, ...]] = {}
+    tiled = tiled_counts(program)
     for name in program.inputs:
         t = program.tensor(name)
         opts = [ann[name]] if name in ann else \
@@ -114,10 +127,11 @@ def _graph(program: Program, mesh: Mesh, ann: Mapping[str, Sharding], outputs: s
         sig = (op.fn, op.attrs, op.dims, tuple(
             (slot[a.tensor], tuple(e.to_source() for e in a.index),
              program.tensor(a.tensor).shape, program.tensor(a.tensor).dtype)
-            for a in op.operands), op.out.tensor in program.outputs)
+            for a in op.operands), op.out.tensor in program.outputs,
+            tuple(sorted(tiled.get(op.name, {}).items())))
         # equal signatures give equal strategies (the op's name aside): enumerate them once
         if sig not in by_sig:
-            by_sig[sig] = op_strategies(op, program, mesh)
+            by_sig[sig] = tiling_strategies(op, program, mesh, tiled.get(op.name, {}))
         opts = tuple(s if s.op == op.name else replace(s, op=op.name) for s in by_sig[sig])
         nodes.append(Node("op", op.name, op.out.tensor, [s.out for s in opts],
                           [s.ins for s in opts], ("op", sig), strategies=opts))

@@ -17,6 +17,27 @@ A plan on a mesh with symbolic axis sizes unrolls once they are bound: ``unroll(
 sizes={"N": 4})`` binds them (``ShardingPlan.bind``) and refuses a mesh left unbound, naming
 the axis.
 
+Each segment keeps what the source program says about how its ops are planned on a device's
+cores, restricted to the segment's ops and at the sizes the device sees (``carry_tiling``):
+
+* a tiling group becomes, in each segment holding some of its ops, one group per unbroken run
+  of them (a collective, a finish or a local cut of resharding between two of its ops ends a
+  run: a device's loops cannot hold a step every device takes at once). A run keeps the
+  group's loop levels, **counts unchanged**, over the device's share of each tiled dim, so a
+  device's tile is its share divided by the count, never larger than the source's tile: what
+  fit the scratchpad still fits. A count that does not divide a device's share of its dim (an
+  uneven or odd shard) is a ``PlanningError`` naming the group, the level, the dim, the count,
+  the device and its share, and so is a dim the run's ops see at different sizes (split over
+  the mesh in one op, whole in another). A level no op of a run tiles is dropped (an op of
+  the run only recomputed the same box along it), and a run whose ops sit only in such levels
+  runs untiled. Every run and every change is recorded (``Unrolled.tiling``, ``GroupCarry``),
+  and ``tiling_lines`` says what became of each group;
+* ``work_division`` and ``split_k`` pins stay on the op they pin (the device's part of it,
+  same name, same dims), the pinned core splits unchanged: they now split the device's share.
+  A pin that does not fit the share is the planner's error naming the op, dim and factor,
+  with the device and segment said (``Unrolled.planned``). The extra ``.value`` op of an
+  argmax split over devices is not pinned.
+
 ``Unrolled.shard_inputs`` cuts each host input into the devices' shards (numpy views of the
 host array, no copy per device); ``unshard_outputs`` assembles each output from the devices'
 shards (checking that replicas agree); ``run`` (or calling the value) does the three with the
@@ -43,10 +64,10 @@ from typing import Any
 
 import numpy as np
 
-from apportion.errors import ExecutionError
+from apportion.errors import ApportionError, ExecutionError, PlanningError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
-from apportion.ir.program import Program, TensorType
+from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
 from apportion.runtime import kernels
 from apportion.runtime.reference import (
     OutputCheck,
@@ -80,20 +101,108 @@ Stage = Program | Collective | Finish
 
 
 @dataclass(frozen=True)
+class GroupCarry:
+    """What became of source tiling group ``group`` (its index in the program's ``tiling``) in
+    one run of its ops on one device: the run's ops (``ops``, in segment ``segment``), the
+    group they form there (``carried``; None: the run is untiled, ``changes`` says why), the
+    device's share of each dim its loops tile (``shares``), and every way the carried group
+    differs from the source's other than its sizes (``changes``: levels or dims left out)."""
+
+    device: int
+    segment: str
+    group: int
+    ops: tuple[str, ...]
+    carried: TilingGroup | None
+    shares: tuple[tuple[str, int], ...] = ()
+    changes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class DeviceProgram:
     """What device ``device`` runs: its stages (compute segments, collectives, finishes), and
     where its shards of the program's inputs and outputs come from and go (``(tensor, local
-    name, block)``, the block as ``(start, stop)`` per dim)."""
+    name, block)``, the block as ``(start, stop)`` per dim); ``tiling``: what became of the
+    source's tiling groups in its segments."""
 
     device: int
     coords: tuple[tuple[str, int], ...]
     stages: tuple[Stage, ...]
     inputs: tuple[tuple[str, str, tuple[tuple[int, int], ...]], ...]
     outputs: tuple[tuple[str, str, tuple[tuple[int, int], ...]], ...]
+    tiling: tuple[GroupCarry, ...] = ()
 
     @property
     def segments(self) -> tuple[Program, ...]:
         return tuple(s for s in self.stages if isinstance(s, Program))
+
+
+def carry_tiling(group: TilingGroup, ops: Sequence[Op], origin: Mapping[str, str],
+                 source: Program, where: str
+                 ) -> tuple[TilingGroup | None, tuple[tuple[str, int], ...], tuple[str, ...]]:
+    """Source tiling ``group`` restricted to ``ops``, one unbroken run of its ops as a device
+    runs them (``origin``: local op name -> the source op it is part of; ``where`` names the
+    device in errors): the carried group (None: untiled), the device's share of each tiled
+    dim, and the changes made (see the module docstring for the rule).
+
+    >>> from apportion.frontend.json_format import load
+    >>> p = load("examples/fused.json")
+    >>> local = [replace(o, dims=tuple((d, n // 2 if d == "m" else n) for d, n in o.dims))
+    ...          for o in p.ops]
+    >>> g, shares, changes = carry_tiling(p.tiling[0], local, {"add": "add", "mul": "mul"}, p,
+    ...                                   "device 0")
+    >>> [(lv.count, lv.dims) for lv in g.loops], shares, changes
+    ([(2, ('m',)), (4, ('n',))], (('m', 512), ('n', 4096)), ())
+    """
+    name = f"tiling group {list(group.ops)}"
+    seen: dict[str, tuple[int, str]] = {}
+    for o in ops:  # the group's loops step one size per dim letter, as in the source
+        for d, n in o.dims:
+            first = seen.setdefault(d, (n, o.name))
+            if first[0] != n:
+                whole = source.op(origin[o.name]).sizes[d]
+                raise PlanningError(
+                    f"{name} cannot be kept on {where}: dim {d!r} is {first[0]} there in op "
+                    f"{first[1]!r} but {n} in op {o.name!r} (of {whole}: the mesh splits it "
+                    "in one op and not the other); the group's loops need one size per dim")
+    depth = {o.name: group.depth(origin[o.name]) for o in ops}
+    kept = [k for k, lv in enumerate(group.loops)
+            if any(depth[o.name] > k and any(d in o.sizes for d in lv.dims) for o in ops)]
+    changes = [f"level {k} ({lv.count} over {', '.join(lv.dims)}) left out: no op of the run "
+               "tiles it" for k, lv in enumerate(group.loops) if k not in kept]
+    new_depth = {n: sum(1 for k in kept if k < d) for n, d in depth.items()}
+    if not kept or min(new_depth.values()) == 0:
+        changes.append("the run is untiled: " + ("none of its ops has a tiled dim" if not kept
+                                                 else "some of its ops sit only in levels "
+                                                 "left out"))
+        return None, (), tuple(changes)
+    sizes = {d: n for d, (n, _) in seen.items()}
+    shares: dict[str, int] = {}
+    levels = []
+    for k in kept:
+        lv = group.loops[k]
+        dims = tuple(d for d in lv.dims if d in sizes)
+        if len(dims) < len(lv.dims):
+            gone = [d for d in lv.dims if d not in sizes]
+            changes.append(f"level {k}: dim{'s' if len(gone) > 1 else ''} "
+                           f"{', '.join(gone)} left out (no op of the run has it)")
+        for d in dims:
+            shares.setdefault(d, sizes[d])
+            if not isinstance(lv.count, int):
+                continue  # a run-time count: the planner sizes it at its smallest value
+            if sizes[d] % lv.count:
+                o = source.op(origin[seen[d][1]])
+                raise PlanningError(
+                    f"{name} cannot be kept on {where}: loop level {k} count {lv.count} does "
+                    f"not divide dim {d!r} as the device sees it: {sizes[d]} of op "
+                    f"{o.name!r}'s {o.sizes[d]}"
+                    f"{' after outer levels' if shares[d] != sizes[d] else ''}; give the "
+                    f"group a count dividing every device's share of {d!r}, or keep {d!r} "
+                    "whole over the mesh")
+            sizes[d] //= lv.count
+        levels.append(LoopLevel(lv.count, dims, lv.min, lv.max))
+    depths = tuple((n, d) for n, d in new_depth.items() if d < len(levels))
+    carried = TilingGroup(tuple(o.name for o in ops), tuple(levels), depths)
+    return carried, tuple(shares.items()), tuple(changes)
 
 
 def _slice_op(t: Transfer, k: int, step: Step, src_name: str, dst_name: str,
@@ -135,6 +244,7 @@ def _step_names(t: Transfer, k: int) -> tuple[str, str]:
 
 def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) -> DeviceProgram:
     p, mesh = plan.program, plan.mesh
+    group_of = {n: gi for gi, g in enumerate(p.tiling) for n in g.ops}
     coords = mesh.coords(device)
     sizes = {a.name: a.size for a in mesh.axes}
     types: dict[str, TensorType] = {}
@@ -144,6 +254,7 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
         types[name] = TensorType(name, s.local_shape(t.shape, coords, sizes), t.dtype)
         ins.append((name, name, s.block(t.shape, coords, sizes)))
     entries: list[Op | Collective | Finish] = []
+    origin: dict[str, str] = {}  # local op -> the source op it is (part of)
     for what, item in schedule:
         if what == "op":
             op = p.ops[item]
@@ -151,6 +262,7 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
             lops, lt, finish = local_ops(op, p, mesh, shard.strategy, coords, shard.reads)
             types.update(lt)
             entries.extend(lops)
+            origin.update((lop.name, op.name) for lop in lops)
             if finish is not None:
                 entries.append(finish)
             continue
@@ -178,21 +290,35 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
             set(e.sources) if isinstance(e, Finish) else {e.source}
     stages: list[Stage] = []
     run: list[int] = []
+    carries: list[GroupCarry] = []
+    where = f"device {device} ({', '.join(f'{a}={i}' for a, i in coords.items())})"
 
     def close() -> None:
         if not run:
             return
-        ops = [entries[i] for i in run]
+        ops: list[Op] = [entries[i] for i in run]  # type: ignore[misc]
         assert all(isinstance(o, Op) for o in ops)
-        made = [o.out.tensor for o in ops]  # type: ignore[union-attr]
-        seg_in = list(dict.fromkeys(a.tensor for o in ops for a in o.ins  # type: ignore
+        made = [o.out.tensor for o in ops]
+        seg_in = list(dict.fromkeys(a.tensor for o in ops for a in o.ins
                                     if a.tensor not in made))
         after = reads_after[run[-1] + 1]
         seg_out = [m for m in made if m in after] or [made[-1]]
         names = dict.fromkeys([*seg_in, *made])
-        stages.append(Program(f"{p.name}.d{device}.s{len(stages)}",
-                              tuple(types[n] for n in names), tuple(seg_in), tuple(seg_out),
-                              tuple(ops)))  # type: ignore[arg-type]
+        seg_name = f"{p.name}.d{device}.s{len(stages)}"
+        groups = []
+        for gi, run_ops in _group_runs(ops, origin, group_of):
+            carried, shares, changes = carry_tiling(p.tiling[gi], run_ops, origin, p, where)
+            carries.append(GroupCarry(device, seg_name, gi, tuple(o.name for o in run_ops),
+                                      carried, shares, changes))
+            if carried is not None:
+                groups.append(carried)
+        # pins stay on the op they pin (its device part has its name and dims)
+        pins = tuple((o.name, p.pins[o.name]) for o in ops if o.name in p.pins)
+        split_k = tuple((o.name, p.split_k_pins[o.name]) for o in ops
+                        if o.name in p.split_k_pins)
+        stages.append(Program(seg_name, tuple(types[n] for n in names), tuple(seg_in),
+                              tuple(seg_out), tuple(ops), tuple(groups),
+                              tuple((n, tuple(d.items())) for n, d in pins), split_k))
         run.clear()
 
     for i, e in enumerate(entries):
@@ -202,7 +328,24 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
             close()
             stages.append(e)
     close()
-    return DeviceProgram(device, tuple(coords.items()), tuple(stages), tuple(ins), tuple(outs))
+    return DeviceProgram(device, tuple(coords.items()), tuple(stages), tuple(ins), tuple(outs),
+                         tuple(carries))
+
+
+def _group_runs(ops: Sequence[Op], origin: Mapping[str, str], group_of: Mapping[str, int]
+                ) -> list[tuple[int, list[Op]]]:
+    """The unbroken runs of one source group's ops in a segment's ``ops`` (a local cut between
+    two of them ends a run), with the group's index."""
+    runs: list[tuple[int, list[Op]]] = []
+    last: int | None = None
+    for o in ops:
+        gi = group_of.get(origin.get(o.name, ""))
+        if gi is not None and gi == last:
+            runs[-1][1].append(o)
+        elif gi is not None:
+            runs.append((gi, [o]))
+        last = gi
+    return runs
 
 
 @dataclass(frozen=True)
@@ -300,19 +443,81 @@ class Unrolled:
         for dev in self.devices:
             for seg in dev.segments:
                 key = _key(seg)
-                if key not in out:
+                if key in out:
+                    continue
+                try:
                     out[key] = plan(replace(seg, name=seg.name), tgt)
+                except ApportionError as e:  # a pin or tile the device's share cannot take
+                    coords = ", ".join(f"{a}={i}" for a, i in dev.coords)
+                    raise PlanningError(f"device {dev.device} ({coords}), segment "
+                                        f"{seg.name!r} (its shares of the ops): {e}") from None
         return out
 
     def planned(self, target: Target | None = None) -> list[list[Any]]:
         """Per device, each segment planned by ``ap.plan`` for the device's cores (identical
-        segments planned once)."""
+        segments planned once), with the tiling groups and pins it carries
+        (``carry_tiling``): a group's loops are the plan's loop groups.
+
+        >>> from apportion.frontend.json_format import load
+        >>> from apportion.sharding.mesh import parse
+        >>> from apportion.sharding.propagate import propagate
+        >>> from apportion.sharding.spec import Sharding
+        >>> p = load("examples/fused.json")
+        >>> rows = Sharding((("tp",), ()))
+        >>> u = unroll(propagate(p, parse("tp=2"), annotations={"a": rows, "z": rows}))
+        >>> [[g.counts for g in seg.plan.groups] for seg in u.planned()[1]]
+        [[(2, 4)]]
+        """
         plans = self._segment_plans(target)
         return [[plans[_key(s)] for s in dev.segments] for dev in self.devices]
+
+    @property
+    def tiling(self) -> tuple[GroupCarry, ...]:
+        """Every run of a source tiling group's ops on every device (``GroupCarry``)."""
+        return tuple(c for dev in self.devices for c in dev.tiling)
+
+    def tiling_lines(self) -> list[str]:
+        """One line per source tiling group: how each device runs it (see ``carry_tiling``).
+
+        >>> from apportion.frontend.json_format import load
+        >>> from apportion.sharding.mesh import parse
+        >>> from apportion.sharding.propagate import propagate
+        >>> from apportion.sharding.spec import Sharding
+        >>> rows = Sharding((("tp",), ()))
+        >>> u = unroll(propagate(load("examples/fused.json"), parse("tp=2"),
+        ...                      annotations={"a": rows, "z": rows}))
+        >>> print(*u.tiling_lines())
+        tiling group ['add', 'mul'] on every device: 2 over m, 4 over n of its m=512, n=4096
+        """
+        lines = []
+        for gi, g in enumerate(self.program.tiling):
+            runs = [c for c in self.tiling if c.group == gi]
+            per_dev = [[c for c in runs if c.device == d.device] for d in self.devices]
+            texts = {d: "; then ".join(_run_text(c, len(rs)) for c in rs)
+                     for d, rs in enumerate(per_dev)}
+            name = f"tiling group {list(g.ops)}"
+            if len(set(texts.values())) == 1:
+                lines.append(f"{name} on every device: {texts[0]}")
+            else:
+                lines.append(f"{name}: " + "; ".join(f"device {d}: {t}"
+                                                     for d, t in texts.items()))
+        return lines
 
     @cached_property
     def distinct_segments(self) -> int:
         return len({_key(s) for dev in self.devices for s in dev.segments})
+
+
+def _run_text(c: GroupCarry, runs: int) -> str:
+    """``2 over m, 4 over n of its m=512, n=4096``: the counts over the device's shares (and
+    the run's ops when the group is cut into several runs, and its changes)."""
+    ops = f"ops {', '.join(c.ops)}: " if runs > 1 else ""
+    if c.carried is None:
+        how = "untiled"
+    else:
+        how = ", ".join(f"{lv.count} over {'+'.join(lv.dims)}" for lv in c.carried.loops) + \
+            " of its " + ", ".join(f"{d}={n}" for d, n in c.shares)
+    return ops + how + "".join(f" ({x})" for x in c.changes)
 
 
 def _key(seg: Program) -> Program:

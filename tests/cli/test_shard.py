@@ -80,7 +80,7 @@ def test_a_mesh_whose_memory_cannot_hold_the_program_is_a_one_line_error(capsys,
 
 
 @pytest.mark.parametrize(("argv", "match"), [
-    (["run", "examples/megatron.json", "--backend", "dtensor"], "give a device mesh with --mesh"),
+    (["run", "examples/megatron.json", "--backend", "dtensor"], "--mesh"),
     (["run", "examples/megatron.json", "--mesh", "tp=2", "--backend", "torch"],
      "--backend torch does not run sharded programs"),
     (["shard", "examples/megatron.json", "--mesh", "tp"], "'tp' is not AXIS=SIZE"),
@@ -146,3 +146,154 @@ def test_a_symbolic_mesh_runs_on_torch_distributed_once_bound(capsys):
     status, out, _ = run(capsys, "run", "examples/megatron.json", "--mesh", "tp=N~4",
                          "--param", "N=2", "--backend", "dtensor", "--check")
     assert status == 0 and "2 processes (gloo)" in out and "matches the unplanned program" in out
+
+
+# --- PyTorch models (--torch MODULE:FACTORY) -----------------------------------------------
+
+TORCH_MLP = "apportion.frontend.torch_demo:mlp"
+
+DRIFTING = '''
+import torch
+
+class Drifting(torch.nn.Module):
+    """Run eagerly it doubles what the exported program computes."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y if torch.compiler.is_exporting() else 2 * y
+
+def drifting():
+    torch.manual_seed(0)
+    return Drifting().eval(), (torch.randn(8, 16),)
+'''
+
+
+@pytest.fixture
+def torch_factories(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    (tmp_path / "driftfactories.py").write_text(DRIFTING)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_shard_torch_prints_the_plan_of_the_lowered_model_with_its_weights_placed(capsys):
+    pytest.importorskip("torch")
+    status, out, _ = run(capsys, "shard", "--torch", TORCH_MLP, "--mesh", "tp=2")
+    assert status == 0
+    assert "mlp over tp=2 (tp=2, 2 devices) (search; spyre, 32 cores per device)" in out
+    assert ("inputs placed: p_gate_weight [tp, -], p_up_weight [tp, -], p_down_weight [-, tp], "
+            "x [-, -]") in out
+    assert "per-device programs: 2 devices" in out
+    assert "ATen nodes: 9 lowered to non-fallback ops, 0 to fallbacks (none), 0 dropped" in out
+
+
+def test_shard_torch_json_carries_each_ops_pytorch_origin(capsys):
+    pytest.importorskip("torch")
+    status, out, _ = run(capsys, "shard", "--torch", TORCH_MLP, "--mesh", "tp=2",
+                         "--format", "json")
+    doc = json.loads(out)
+    assert status == 0 and doc["format"] == "apportion.sharding/1" and doc["torch"] == TORCH_MLP
+    assert doc["inputs"]["p_gate_weight"] == [["tp"], []]
+    assert doc["origins"]["mm"]["target"] == "aten.mm.default"
+    assert doc["origins"]["mm"]["module"] == "gate"
+
+
+def test_run_torch_with_a_mesh_checks_the_per_device_programs_against_eager_pytorch(capsys):
+    pytest.importorskip("torch")
+    status, out, _ = run(capsys, "run", "--torch", TORCH_MLP, "--mesh", "dp=2,tp=2", "--check")
+    assert status == 0
+    assert "per-device programs of mlp from --torch apportion.frontend.torch_demo:mlp over " \
+           "dp=2,tp=2" in out
+    assert "matches the model run eagerly in PyTorch" in out
+    status, out, _ = run(capsys, "run", "--torch", TORCH_MLP, "--mesh", "tp=N~4", "--param",
+                         "N=2")
+    assert status == 0 and "mesh sizes: N=2 (planned at N=4)" in out and "ran mlp" in out
+
+
+def test_emit_torch_with_a_mesh_prints_every_devices_programs(capsys):
+    pytest.importorskip("torch")
+    status, out, _ = run(capsys, "emit", "--torch", TORCH_MLP, "--mesh", "tp=2", "--forall")
+    assert status == 0 and "// device 1 (tp=1) of mesh tp=2" in out and "scf.forall" in out
+
+
+def test_a_sharded_torch_model_whose_numbers_differ_from_eager_exits_1(torch_factories, capsys):
+    status, out, _ = run(capsys, "run", "--torch", "driftfactories:drifting", "--mesh", "tp=2",
+                         "--check")
+    assert status == 1
+    assert "MISMATCH" in out and "differs from" in out
+    assert " ".join(out.split()).endswith("the model run eagerly in PyTorch on addmm")
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    (["shard", "examples/mlp.json", "--torch", TORCH_MLP, "--mesh", "tp=2"],
+     "give a program file or --torch, not both ('examples/mlp.json' and --torch "
+     "'apportion.frontend.torch_demo:mlp')"),
+    (["run", "--torch", "nosuchmodule:make", "--mesh", "tp=2", "--check"],
+     "--torch 'nosuchmodule:make': cannot import module 'nosuchmodule'"),
+    (["shard", "--torch", TORCH_MLP, "--mesh", "tp=0"],
+     "mesh axis 'tp': size must be an int >= 1, got 0"),
+    (["run", "--torch", TORCH_MLP, "--mesh", "tp=2", "--param", "K=3"],
+     "--param K: not a symbolic size of mesh 'tp=2' (its symbolic sizes: none) nor a run-time "
+     "size of program 'mlp'"),
+    (["shard", "--torch", TORCH_MLP, "--mesh", "tp=2", "--strategy", "greedy"],
+     "--strategy and --auto-tile do not apply with --mesh"),
+])
+def test_bad_torch_sharding_input_is_a_one_line_error(capsys, argv, match):
+    pytest.importorskip("torch")
+    status, _, err = run(capsys, *argv)
+    one_line_error(status, err, match)
+
+
+@pytest.mark.distributed
+def test_run_torch_on_torch_distributed_matches_eager_pytorch(capsys):
+    pytest.importorskip("torch")
+    status, out, err = run(capsys, "run", "--torch", TORCH_MLP, "--mesh", "tp=2", "--backend",
+                           "dtensor", "--check")
+    assert status == 0 and "2 processes (gloo)" in out
+    assert "distributed run of mlp from --torch apportion.frontend.torch_demo:mlp over tp=2" in out
+    assert "matches the model run eagerly in PyTorch" in out
+
+
+# --- tiling groups and pins in the per-device programs --------------------------------------
+
+def test_shard_says_what_became_of_each_tiling_group_and_run_keeps_it(capsys):
+    status, out, _ = run(capsys, "shard", "examples/fused.json", "--mesh", "tp=2")
+    assert status == 0
+    assert "tiling group ['add', 'mul'] on every device: 2 over m, 4 over n of its" in out
+    status, out, _ = run(capsys, "run", "examples/fused.json", "--mesh", "tp=2", "--check")
+    assert status == 0 and "matches the unplanned program" in out
+
+
+def test_propagation_keeps_a_tiled_op_whole_where_a_devices_share_would_break_its_count(
+        capsys, tmp_path):
+    doc = json.loads(Path("examples/fused.json").read_text())
+    doc["tiling"][0]["loops"] = [{"count": 4, "dims": ["m"]}]
+    doc["shardings"] = {"a": [["tp"], []]}
+    for name in "abc":
+        doc["tensors"][name]["shape"] = [24, 64]
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(doc))
+    # annotated by rows over 4 devices: 6 rows each, which 4 tiles cannot cut; propagation
+    # keeps m whole (the ops split n), so the plan reshards a rather than break the group
+    status, out, _ = run(capsys, "shard", str(f), "--mesh", "tp=4", "--method", "propagate")
+    assert status == 0 and "a: all_to_all(tp) dim 0 -> dim 1" in out
+    assert "tiling group ['add', 'mul'] on every device: 4 over m of its m=24" in out
+    status, out, _ = run(capsys, "run", str(f), "--mesh", "tp=4", "--method", "propagate",
+                         "--check")
+    assert status == 0 and "matches the unplanned program" in out
+
+
+def test_ops_of_a_tiling_group_the_mesh_cuts_unlike_are_a_one_line_error(capsys, tmp_path):
+    doc = json.loads(Path("examples/fused.json").read_text())
+    doc["ops"][1]["ins"] = ["c[m,n]", "c[m,n]"]  # mul no longer reads add's output
+    doc["outputs"] = ["y", "z"]
+    doc["shardings"] = {"a": [["tp"], []], "c": [[], []]}
+    f = tmp_path / "t.json"
+    f.write_text(json.dumps(doc))
+    status, _, err = run(capsys, "shard", str(f), "--mesh", "tp=2", "--method", "propagate")
+    one_line_error(status, err, "tiling group ['add', 'mul'] cannot be kept on device 0 (tp=0): "
+                                "dim 'm' is 512 there in op 'add' but 1024 in op 'mul'")

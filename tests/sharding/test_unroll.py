@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from apportion.errors import ExecutionError, PlanningError, TargetError
@@ -13,10 +13,11 @@ from apportion.frontend.json_format import from_dict, load
 from apportion.ir.program import Program
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.sharding.mesh import Axis, Mesh, parse
+from apportion.sharding.plan import build_plan
 from apportion.sharding.propagate import propagate
-from apportion.sharding.rules import Finish
+from apportion.sharding.rules import Finish, make_strategy
 from apportion.sharding.search import search
-from apportion.sharding.spec import Sharding
+from apportion.sharding.spec import Sharding, dim_block
 from apportion.sharding.unroll import Collective, unroll
 from tests.sharding.programs import annotated, attention, hard_inputs, reduction
 
@@ -240,3 +241,187 @@ def test_unrolling_a_symbolic_mesh_refuses_bad_sizes_naming_the_axis(sizes, erro
     plan = propagate(p, parse("tp=N~4~2..8"), annotations={"x": Sharding((("tp",), ()))})
     with pytest.raises(error, match=match):
         unroll(plan, sizes)
+
+
+# --- tiling groups and pins carried into the per-device programs ----------------------------
+
+def _tiled(rows=1024, cols=256, counts=((2, ("m",)), (4, ("n",))), pins=None, split_k=None,
+           ops=None, outputs=("z",)):
+    """``y = a + b; z = y * c`` over [rows, cols] float16 in one tiling group (``counts``: its
+    levels, outermost first), or ``ops`` named add and mul."""
+    doc = {"name": "tiled", "inputs": ["a", "b", "c"], "outputs": list(outputs),
+           "tensors": {n: {"shape": [rows, cols], "dtype": "float16"} for n in "abc"},
+           "ops": ops or [
+               {"name": "add", "op": "add", "out": "y[m,n]", "ins": ["a[m,n]", "b[m,n]"]},
+               {"name": "mul", "op": "mul", "out": "z[m,n]", "ins": ["y[m,n]", "c[m,n]"]}],
+           "tiling": [{"ops": ["add", "mul"], "loops": [{"count": c, "dims": list(d)}
+                                                        for c, d in counts]}]}
+    if pins:
+        doc["work_division"] = pins
+    if split_k:
+        doc["split_k"] = split_k
+    return from_dict(doc)
+
+
+ROWS, COLS = Sharding((("tp",), ())), Sharding(((), ("tp",)))
+
+
+def _by_rows(p, mesh="tp=2", s=ROWS):
+    return unroll(propagate(p, parse(mesh), annotations={"a": s, "z": s}))
+
+
+def test_a_tiling_group_is_kept_on_every_device_with_its_counts_over_the_devices_shares():
+    u = _by_rows(_tiled())
+    for dev in u.devices:
+        (seg,) = dev.segments
+        (g,) = seg.tiling
+        assert g.ops == ("add", "mul")
+        assert [(lv.count, lv.dims) for lv in g.loops] == [(2, ("m",)), (4, ("n",))]
+        (carry,) = dev.tiling
+        assert carry.carried == g and carry.shares == (("m", 512), ("n", 256))
+        assert carry.changes == ()
+    assert u.tiling_lines() == ["tiling group ['add', 'mul'] on every device: 2 over m, 4 over n "
+                                "of its m=512, n=256"]
+    assert all(c.ok for c in u.check(planned=True))
+
+
+def test_planning_each_device_keeps_the_tiling_its_tiles_the_devices_share_over_the_counts():
+    u = _by_rows(_tiled(), "tp=4")
+    for plans in u.planned():
+        (planned,) = plans
+        assert [g.counts for g in planned.plan.groups] == [(2, 4)]
+        for op in planned.plan.ops:  # per iteration: 256 rows / 2, 256 columns / 4
+            assert op.loop is not None and op.sizes == {"m": 128, "n": 64}
+    assert all(c.ok for c in u.check(planned=True))
+
+
+def test_a_group_whose_count_does_not_divide_a_devices_share_is_an_error_naming_group_dim_count():
+    p = _tiled(rows=24, counts=((4, ("m",)),))  # 24 rows over 4 devices: 6 each, not 4 tiles
+    plan = propagate(p, parse("tp=4"), annotations={"a": ROWS, "z": ROWS})
+    # the search and propagation never choose it ...
+    assert plan.strategy("add").label != "m:tp"
+    # ... but a plan made with it is refused when unrolled, naming the group, dim and count
+    m = parse("tp=4")
+    strategies = {o.name: make_strategy(o, p, m, {"m": ("tp",)}) for o in p.ops}
+    forced = build_plan(p, m, plan.target, strategies, {n: ROWS for n in "abc"}, {"z": ROWS},
+                        {})
+    with pytest.raises(PlanningError, match=r"tiling group \['add', 'mul'\] cannot be kept on "
+                                            r"device 0 \(tp=0\): loop level 0 count 4 does not "
+                                            r"divide dim 'm' as the device sees it: 6 of op "
+                                            r"'add''s 24"):
+        unroll(forced)
+
+
+def test_ops_of_one_group_cut_alike_on_a_dim_or_the_unroll_says_which_differ():
+    # two independent ops of one group: add split by rows, mul whole
+    p = _tiled(ops=[
+        {"name": "add", "op": "add", "out": "y[m,n]", "ins": ["a[m,n]", "b[m,n]"]},
+        {"name": "mul", "op": "mul", "out": "z[m,n]", "ins": ["c[m,n]", "c[m,n]"]}],
+        outputs=("y", "z"))
+    m = parse("tp=2")
+    strategies = {"add": make_strategy(p.op("add"), p, m, {"m": ("tp",)}),
+                  "mul": make_strategy(p.op("mul"), p, m, {})}
+    rep = Sharding(((), ()))
+    forced = build_plan(p, m, search(p, m).target, strategies, {"a": ROWS, "b": ROWS, "c": rep},
+                        {"y": ROWS, "z": rep}, {})
+    with pytest.raises(PlanningError, match=r"dim 'm' is 512 there in op 'add' but 1024 in op "
+                                            r"'mul' \(of 1024: the mesh splits it in one op and "
+                                            r"not the other\)"):
+        unroll(forced)
+
+
+def test_a_group_cut_by_a_collective_runs_as_one_group_per_run_and_says_so():
+    # the matmul splits k: its partial output is all-reduced before the add reads it, so the
+    # group [mm, add] cannot be one loop nest on a device; each run keeps the loop over m
+    p = from_dict({
+        "name": "mmadd", "inputs": ["x", "w", "b"], "outputs": ["z"],
+        "tensors": {"x": {"shape": [64, 256], "dtype": "float16"},
+                    "w": {"shape": [256, 128], "dtype": "float16"},
+                    "b": {"shape": [64, 128], "dtype": "float16"}},
+        "ops": [{"name": "mm", "op": "matmul", "out": "y[m,n]", "ins": ["x[m,k]", "w[k,n]"]},
+                {"name": "add", "op": "add", "out": "z[m,n]", "ins": ["y[m,n]", "b[m,n]"]}],
+        "tiling": [{"ops": ["mm", "add"], "loops": [{"count": 2, "dims": ["m"]}]}]})
+    rep = Sharding(((), ()))
+    plan = propagate(p, parse("tp=2"), annotations={"x": COLS, "w": ROWS, "b": rep, "z": rep})
+    assert plan.strategy("mm").label == "k:tp" and plan.strategy("add").label == "m:tp"
+    assert plan.collectives_text() == "1 all_gather, 1 reduce_scatter"
+    u = unroll(plan)
+    first, second = u.devices[0].segments
+    assert [g.ops for g in first.tiling] == [("mm",)]
+    assert [g.ops for g in second.tiling] == [("add",)]
+    assert u.tiling_lines() == ["tiling group ['mm', 'add'] on every device: ops mm: 2 over m "
+                                "of its m=64; then ops add: 2 over m of its m=32"]
+    assert all(c.ok for c in u.check(planned=True))
+
+
+def test_a_level_no_op_of_a_run_tiles_is_left_out_and_said():
+    # r sums rows tiled over m and n; f reads the finished sums once per row block (depth 1).
+    # Split over n, r's sums are partial and all-reduced before f: f's run has no level over n
+    p = from_dict({
+        "name": "rowsum", "inputs": ["x"], "outputs": ["t"],
+        "tensors": {"x": {"shape": [256, 128], "dtype": "float32"}},
+        "ops": [{"name": "r", "op": "sum", "out": "s[m]", "ins": ["x[m,n]"]},
+                {"name": "f", "op": "exp", "out": "t[m]", "ins": ["s[m]"]}],
+        "tiling": [{"ops": ["r", "f"], "loops": [{"count": 2, "dims": ["m"]},
+                                                 {"count": 2, "dims": ["n"]}],
+                    "depths": {"f": 1}}]})
+    plan = propagate(p, parse("tp=2"), annotations={"x": COLS, "t": Sharding(((),))})
+    assert plan.strategy("r").label == "n:tp"
+    u = unroll(plan)
+    first, second = u.devices[0].tiling
+    assert first.ops == ("r",) and first.changes == ()
+    assert [lv.count for lv in first.carried.loops] == [2, 2]
+    assert second.ops == ("f",) and [lv.dims for lv in second.carried.loops] == [("m",)]
+    assert second.changes == ("level 1 (2 over n) left out: no op of the run tiles it",)
+    assert "then ops f: 2 over m of its m=128 (level 1 (2 over n) left out: no op of the run " \
+           "tiles it)" in u.tiling_lines()[0]
+    assert all(c.ok for c in u.check(planned=True))
+
+
+def test_work_division_and_split_k_pins_stay_on_the_ops_they_pin_at_the_devices_sizes():
+    p = _tiled(counts=((2, ("m",)),), pins={"add": {"m": 4, "n": 2}})
+    u = _by_rows(p)
+    for dev in u.devices:
+        (seg,) = dev.segments
+        assert seg.pins == {"add": {"m": 4, "n": 2}}
+    for (planned,) in u.planned():
+        assert planned.plan.op("add").split_map == {"m": 4, "n": 2}
+    assert all(c.ok for c in u.check(planned=True))
+    mm = from_dict({
+        "name": "kmm", "inputs": ["x", "w"], "outputs": ["y"], "split_k": {"mm": 2},
+        "tensors": {"x": {"shape": [64, 1024], "dtype": "float16"},
+                    "w": {"shape": [1024, 128], "dtype": "float16"}},
+        "ops": [{"name": "mm", "op": "matmul", "out": "y[m,n]", "ins": ["x[m,k]", "w[k,n]"]}]})
+    u = unroll(propagate(mm, parse("tp=2"), annotations={"x": ROWS, "y": ROWS}))
+    assert all(seg.split_k_pins == {"mm": 2} for dev in u.devices for seg in dev.segments)
+    assert all(c.ok for c in u.check(planned=True))
+
+
+def test_a_pin_the_devices_share_cannot_take_is_the_planners_error_naming_the_device():
+    p = _tiled(rows=32, counts=((1, ("m",)),), pins={"add": {"m": 16}})
+    u = _by_rows(p, "tp=4")  # 8 rows per device: 16 cores cannot split them
+    with pytest.raises(PlanningError, match=r"device 0 \(tp=0\), segment 'tiled.d0.s0' \(its "
+                                            r"shares of the ops\): op 'add': work_division "
+                                            r"split 16 of dim 'm' does not divide its 8"):
+        u.planned()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 4), st.integers(1, 6))
+def test_a_tiled_program_sharded_by_rows_keeps_its_count_or_is_refused_by_name(devices, count,
+                                                                             per):
+    rows = count * per  # the source's count divides its rows; a device's share may not
+    assume(rows >= devices)  # an empty shard is refused before any tiling is looked at
+    p = _tiled(rows=rows, cols=64, counts=((count, ("m",)),))
+    mesh = parse(f"tp={devices}")
+    shares = {dim_block(rows, ("tp",), {"tp": d}, {"tp": devices}) for d in range(devices)}
+    fits = all((hi - lo) % count == 0 for lo, hi in shares)
+    plan = propagate(p, mesh, annotations={"a": ROWS})
+    # propagation offers a row split only where every device's share takes the count
+    assert (plan.strategy("add").label == "m:tp") == fits
+    u = unroll(plan)
+    for dev in u.devices:
+        (seg,) = dev.segments
+        (g,) = seg.tiling
+        assert [lv.count for lv in g.loops] == [count]
+    assert all(c.ok for c in u.check(planned=True))
