@@ -373,9 +373,11 @@ def _torch_dtype(dtype: str) -> Any:
 def _to_torch(a: np.ndarray, dtype: str) -> Any:
     import torch
 
+    # ascontiguousarray makes a 0-d array 1-d: a model's scalar constants keep their shape ()
+    shape = np.shape(a)
     if dtype == "bool":
-        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.uint8))
-    return torch.from_numpy(np.ascontiguousarray(a)).to(_torch_dtype(dtype))
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.uint8).reshape(shape))
+    return torch.from_numpy(np.ascontiguousarray(a).reshape(shape)).to(_torch_dtype(dtype))
 
 
 def _to_numpy(t: Any, dtype: str) -> np.ndarray:
