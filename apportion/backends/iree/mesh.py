@@ -385,6 +385,19 @@ class _DeviceFunction:
         for n, (ssa, ty) in zip(prog.outputs, outs, strict=True):
             self.values[n] = (ssa, ty)
 
+    def _named(self, value: str, tensor: str) -> str:
+        """``value``, defined by this function's last op defining it, renamed after the local
+        tensor it holds (the module reads as the plan names its tensors). A value defined
+        elsewhere (an argument, a segment's result) keeps its name."""
+        if re.fullmatch(rf"%{re.escape(symbol_name(tensor))}(_\d+)?", value):
+            return value  # named after it already
+        for k in range(len(self.lines) - 1, -1, -1):
+            if self.lines[k].startswith(f"  {value} = "):
+                name = self.names.fresh(tensor)
+                self.lines[k] = f"  {name} = " + self.lines[k][len(f"  {value} = "):]
+                return name
+        return value
+
     def channel(self, c: Collective) -> str:
         """The channel of ``c``'s groups: the default one split by group and rank (the
         default itself when one group holds every device in order)."""
@@ -441,7 +454,7 @@ class _DeviceFunction:
         if c.kind == "slice":
             res = self.extract(src_name, src_ty.shape, [lo for lo, _ in within(dst, src)],
                                box_shape(dst), box_shape(dst), dtype)
-            self.values[c.result] = (res, dst_ty)
+            self.values[c.result] = (self._named(res, c.result), dst_ty)
             return
         elt = COLLECTIVE_TYPES.get(dtype)
         if elt is None:
@@ -471,7 +484,7 @@ class _DeviceFunction:
             res = self._exchange(c, src_name, dtype, elt, reduction, ch)
         if c.unpack:
             res = self._unpack(res, box_shape(dst))
-        self.values[c.result] = (res, dst_ty)
+        self.values[c.result] = (self._named(res, c.result), dst_ty)
 
     def _exchange(self, c: Collective, src_name: str, dtype: str, elt: str, reduction: str,
                   ch: str) -> str:
@@ -575,7 +588,8 @@ class _DeviceFunction:
             res = self._generic("packed", [(src, src_ty.dtype), (idx, "int64")], shape, "int64",
                                 _pack_body(part, src_ty.dtype), ["%v", "%i", "%unused"],
                                 "%key")
-        self.values[part.result] = (res, TensorType(part.result, shape, part.dtype))
+        self.values[part.result] = (self._named(res, part.result),
+                                    TensorType(part.result, shape, part.dtype))
 
 
 def _pack_body(part: FinishPart, dtype: str) -> list[str]:
