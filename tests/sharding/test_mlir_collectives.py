@@ -229,3 +229,19 @@ def test_random_sharded_programs_emit_modules_that_verify(case):
     for c in s.collectives:
         if c.kind != "slice":
             assert f"flow.collective.{c.kind} " in text
+
+
+@pytest.mark.parametrize(("fn", "dtype"), [
+    (fn, dt) for fn in ("argmax", "mean", "sum", "max")
+    for dt in ("float16", "bfloat16", "float32", "int8", "int32")
+    if not (fn == "mean" and dt.startswith("int"))])  # an integer mean is not split
+def test_split_reductions_of_every_dtype_emit_modules_that_verify(fn, dtype):
+    p = reduction(fn, dtype=dtype)
+    s = lower_plan(propagate(p, parse("tp=3"), annotations={"x": Sharding(((), ("tp",)))}))
+    text = mesh_mlir(s)
+    (c,) = s.collectives
+    elt = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int8": "si8",
+           "int32": "si32"}[dtype]
+    elt = "si64" if fn == "argmax" else elt  # argmax keys travel as int64
+    assert f"flow.collective.all_reduce {'sum' if fn in ('mean', 'sum') else 'maximum'}, " \
+           f"{elt}, " in text

@@ -183,3 +183,11 @@ def test_the_device_modules_with_their_collective_ops_compile_with_iree(cache):
 def test_random_sharded_programs_run_per_device_in_iree_and_match(cache, case):
     program, mesh, ann = case
     _ok(lower_plan(propagate(program, mesh, annotations=ann)), cache)
+
+
+@pytest.mark.parametrize(("fn", "dtype"), [("argmax", "int8"), ("mean", "bfloat16")])
+def test_finishes_of_narrow_dtypes_compile_and_the_runs_match(fn, dtype, cache):
+    p = reduction(fn, dtype=dtype)
+    s = lower_plan(propagate(p, parse("tp=3"), annotations={"x": Sharding(((), ("tp",)))}))
+    assert iree.compile_mlir(device_mlir(s, 2), cache).vmfb
+    _ok(s, cache)
