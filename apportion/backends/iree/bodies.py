@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from apportion.backends.limits import cite
 from apportion.errors import EmitError
 from apportion.ir.kinds import KINDS, REDUCERS, Category, OpKind, Reducer
 
@@ -300,7 +301,7 @@ COMBINES: dict[str, MlirBody] = {
 def _refuse(op: str | None, what: str, name: str, why: str) -> EmitError:
     where = f"op {op!r}: " if op is not None else ""
     return EmitError(f"{where}{what} {name!r} has no MLIR body in the {BACKEND} backend{why}; "
-                     "it cannot be emitted as parallel IR")
+                     f"it cannot be emitted as parallel IR {cite('iree-kind-without-mlir')}")
 
 
 def body_of(k: OpKind, op: str | None = None) -> MlirBody:

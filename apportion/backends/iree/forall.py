@@ -91,6 +91,7 @@ from apportion.backends.iree.forall_tensors import _Carried, _Env
 from apportion.backends.iree.forall_types import INDEX_MAX as INDEX_MAX
 from apportion.backends.iree.forall_types import MLIR_TYPES as MLIR_TYPES
 from apportion.backends.iree.forall_types import mlir_type as mlir_type
+from apportion.backends.limits import cite
 from apportion.backends.mlir import check_index
 from apportion.backends.mlir import symbol_name as symbol_name
 from apportion.backends.mlir import verify_mlir as verify_mlir
@@ -242,14 +243,16 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
             ins[v.index] = v.access
             if axes.setdefault(a.tensor, v.axis) != v.axis:
                 raise EmitError(f"op {op.name!r} reads tensor {a.tensor!r} along its run-time "
-                                "split through two different axes")
+                                "split through two different axes "
+                                f"{cite('iree-runtime-split-read')}")
             src = env.vals[a.tensor]
             if local.vals[a.tensor] is not src:
                 continue  # expanded for an earlier access
             j = v.axis
             if src.shape[j] != v.size or any(not o.is_const or o.value for o in src.origin):
                 raise EmitError(f"op {op.name!r}: tensor {a.tensor!r} axis {j} is not the "
-                                "whole reduction dim it splits at run time")
+                                "whole reduction dim it splits at run time "
+                                f"{cite('iree-runtime-split-read')}")
             shape = (*src.shape[:j], v.slices, v.step, *src.shape[j + 1:])
             groups = [[i] for i in range(j)] + [[j, j + 1]] + [
                 [i + 1] for i in range(j + 1, len(src.shape))]
@@ -346,7 +349,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
             if op.name in accumulating:
                 if op.kind.reducer is None or op.kind.reducer.pairs:
                     raise EmitError(f"op {op.name!r}: {op.kind.name} cannot accumulate across "
-                                    "loop iterations")
+                                    f"loop iterations {cite('iree-accumulate-kind')}")
                 ty = self.compute_type(op)
                 level = inits.get(op.name, 0)
                 if level == 0:

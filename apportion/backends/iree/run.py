@@ -31,6 +31,7 @@ from apportion.backends.iree.forall import (
     symbols,
     verify_mlir,
 )
+from apportion.backends.limits import cite
 from apportion.errors import ExecutionError, ProgramError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
@@ -106,7 +107,8 @@ def segments(program: Program, plan: Plan) -> list[tuple[Program, Plan] | Op]:
             op = program.op(inside[0])
             raise ExecutionError(f"IREE backend: op {op.name!r} ({op.kind.name}) runs on the "
                                  f"host but sits in loop group {list(g.path)} {list(g.ops)}; a "
-                                 "host step runs between IREE modules, outside every loop group")
+                                 "host step runs between IREE modules, outside every loop group "
+                                 f"{cite('iree-host-op-in-loop-group')}")
     runs: list[list[Op] | Op] = []
     for op in program.ops:
         if op.name in host:
@@ -194,7 +196,8 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
         if symbolic is not None and symbolic.symbols or sizes:
             raise ExecutionError(f"IREE backend: program {program.name!r} has run-time sizes "
                                  f"and whole-tensor fallback ops ({', '.join(host)})"
-                                 "; run it with the reference backend")
+                                 "; run it with the reference or torch backend "
+                                 f"{cite('iree-host-ops-with-runtime-sizes')}")
         return _run_segments(program, plan, target, inputs, params, cache_dir)
     given_outputs = program.outputs
     extra = gather_indices(program)
