@@ -128,8 +128,7 @@ class Compute:
     launches: tuple[DeviceLaunch, ...]
 
     def __str__(self) -> str:
-        return f"compute {self.launches[0].name.split('.d')[0]}: " + \
-            ", ".join(launch.name for launch in self.launches)
+        return "compute: " + ", ".join(launch.name for launch in self.launches)
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,10 @@ plan) and a function ``@PROGRAM.dD`` taking the device's input shards and return
 shards, which calls the segments in order and performs each step between them:
 
 - a collective as ``flow.collective.all_gather|all_reduce|reduce_scatter|all_to_all`` on a
-  ``!flow.channel``: ``flow.channel.default`` split (``flow.channel.split``) into the groups
-  of devices along the step's mesh axis, colour the group, key the device's rank in it. IREE's
+  ``!flow.channel``: ``flow.channel.default`` (whose ranks are the devices' indices) split
+  (``flow.channel.split``) into the groups of devices along the step's mesh axis, colour the
+  index of the group, key the device's rank in it (the default itself when one group holds
+  every device in order). IREE's
   collectives move equal parts along dim 0, so each device's parts are placed, padded to the
   largest part, along a new leading dim of size 1 (what it sends to all) or the group size
   (one part per peer), and the result is assembled from the parts received with
