@@ -9,20 +9,33 @@ every rank:
 
 * places each input with ``distribute_tensor`` in its planned placements (``Shard(dim)`` where
   an axis splits a dim, ``Replicate()`` elsewhere) and checks the local shard is the one the
-  plan's wrapper cuts (``Sharding.block``: the same cuts as PyTorch's);
+  plan cuts (``Sharding.block``);
 * runs the schedule of ``unroll``: each resharding step as ``DTensor.redistribute`` to the
-  step's placements (``Partial(reduce_op)`` for pending reductions: ``sum``, ``max``, ``min``,
+  step's placements (``Partial(reduce_op)`` for pending reductions, the registry's
+  ``DeviceCombine.collective`` of the reducer they wait on: ``sum``, ``max``, ``min``,
   ``product``; an ``any`` waits as ``max`` over 0/1 bytes, an ``argmax`` as ``max`` over its
   packed int64 keys, unpacked to indices on each rank by the step that reduces its last
-  partial axis), and each op either as the torch op on the DTensors themselves (2-D and
-  batched matmuls, elementwise ops whose operands are read alike), whose own sharding
-  propagation must then give the planned placement, or on the local shards with the rank's
-  per-device ops and finish (``rules.local_ops``: the numpy reference; a mean or argmax split
-  over devices ends with its ``Finish``) wrapped back with ``DTensor.from_local``;
+  partial axis), and each op either as torch ops on the DTensors themselves (2-D and batched
+  matmuls; pointwise kinds whose operands are read alike, by the registry's formula on the
+  torch namespace), whose own sharding propagation must then give the planned placement, or
+  on the local shards with the rank's per-device ops and finish (``rules.local_ops``: the
+  numpy reference; a mean or argmax split over devices ends with its ``Finish``) wrapped back
+  with ``DTensor.from_local``;
 * asserts after every step and op that the DTensor's placements, global shape and local shape
   are the planned ones;
 * gathers every output (``full_tensor``); rank 0 hands them back to the parent, which compares
   them with the reference executor's run of the unsharded program.
+
+Uneven shards: apportion cuts a dim over devices as it cuts work over cores (10 over 4 is
+3, 3, 2, 2; ``spec.chunk``), while DTensor's ``Shard`` assumes ``torch.chunk``'s cut (3, 3, 3,
+1) wherever it cuts or gathers. Where the two differ for a tensor (``spec.chunk_agrees``), the
+rank places its own block with ``DTensor.from_local`` and an explicit global shape and
+stride, runs each resharding step itself on the local shards over the mesh axis's process
+group (``own_step``: an all-gather of shards padded to the largest and trimmed, an
+all-reduce, then the local cut of its block; a reduce-scatter is an all-reduce then the cut,
+an all-to-all an all-gather then the cut), runs the op on its local shards, and gathers an
+output by those steps too. So every plan the reference runs, uneven meshes included, runs
+here; only the placements stay DTensor's.
 
 A failure on one rank (an exception, a killed process) ends the whole run with an
 ``ExecutionError`` naming the root-cause rank, the op it was at and the error. A rank that raises
@@ -71,6 +84,7 @@ import numpy as np
 from apportion.backends.limits import cite
 from apportion.errors import ExecutionError, TargetError
 from apportion.frontend.json_format import dumps, loads
+from apportion.ir.kinds import FLOATS, REDUCERS, Category
 from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.runtime import kernels
@@ -81,17 +95,15 @@ from apportion.runtime.reference import (
     random_inputs,
     run_unplanned,
 )
-from apportion.sharding.collectives import Step, argmax_index
+from apportion.sharding.collectives import Step, argmax_index, keyed, steps
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import local_ops
-from apportion.sharding.spec import Sharding
+from apportion.sharding.spec import Sharding, chunk_agrees
 from apportion.sharding.unroll import _schedule, _step_names
 
-#: torch functions for elementwise kinds run on DTensors directly
-_POINTWISE = ("add", "sub", "mul", "div", "max", "min", "exp", "neg", "tanh", "sigmoid",
-              "relu", "silu", "gelu", "sqrt", "rsqrt", "abs", "log", "square")
-_TORCH_REDUCE = {"sum": "sum", "max": "max", "min": "min", "prod": "product", "any": "max",
-                 "argmax": "max"}
+#: DTensor's ``Partial`` reduce op for each elementwise combine of a collective
+#: (``DeviceCombine.collective`` in the registry)
+_TORCH_REDUCE = {"sum": "sum", "prod": "product", "max": "max", "min": "min"}
 
 
 @dataclass(frozen=True)
@@ -354,12 +366,81 @@ def _placements(s: Sharding, mesh_names: tuple[str, ...]) -> list[Any]:
     for a in mesh_names:
         if a in s.partial:
             assert s.reducer is not None
-            out.append(Partial(_TORCH_REDUCE[s.reducer]))
+            out.append(Partial(_TORCH_REDUCE[_collective(s.reducer)]))
         elif s.dim_of(a) is not None:
             out.append(Shard(s.dim_of(a)))  # type: ignore[arg-type]
         else:
             out.append(Replicate())
     return out
+
+
+def _collective(reducer: str) -> str:
+    """The elementwise combine a collective reduction of partials waiting on ``reducer`` uses
+    (the registry's ``DeviceCombine.collective``)."""
+    across = REDUCERS[reducer].across_devices
+    assert across is not None, f"partials cannot wait on {reducer!r}"  # Sharding refuses it
+    return across.collective
+
+
+def torch_agrees(s: Sharding, shape: Sequence[int], sizes: Mapping[str, int]) -> bool:
+    """Whether DTensor's ``Shard`` (``torch.chunk``'s cut) holds every device's block of a
+    tensor of ``shape`` laid out as ``s``, as apportion cuts it (``spec.chunk_agrees``): then
+    DTensor may place, redistribute and gather it itself.
+
+    >>> torch_agrees(Sharding((("tp",), ())), (10, 3), {"tp": 4})
+    False
+    >>> torch_agrees(Sharding((("tp",), ())), (8, 3), {"tp": 4})
+    True
+    """
+    return all(chunk_agrees(n, axes, sizes) for n, axes in zip(shape, s.dims, strict=True))
+
+
+def _stride(shape: Sequence[int]) -> tuple[int, ...]:
+    """The row-major stride of a tensor of ``shape`` (a DTensor's global stride)."""
+    return tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))
+
+
+def own_step(step: Step, local: Any, shape: Sequence[int], coords: Mapping[str, int],
+             sizes: Mapping[str, int], group: Any) -> Any:
+    """``step`` run by this rank on its local shard ``local`` (a torch tensor of its block of
+    a tensor of ``shape`` under ``step.src``) over ``group``, the process group of the ranks
+    along ``step.axis`` in coordinate order; returns its block under ``step.dst``. Shards are
+    cut as apportion cuts them (``Sharding.block``), so uneven ones need no ``torch.chunk``
+    (see the module docstring): an all-gather pads every shard to the largest and trims each
+    after, a reduction is an all-reduce, and a reduce-scatter, an all-to-all or a slice end
+    with the local cut of the rank's block."""
+    import torch
+    import torch.distributed as dist
+
+    have = list(step.src.block(shape, coords, sizes))
+    want = step.dst.block(shape, coords, sizes)
+    x = local
+    if step.kind in ("all_gather", "all_to_all"):
+        assert step.dim is not None
+        n = sizes[step.axis]
+        blocks = [step.src.block(shape, {**coords, step.axis: k}, sizes)[step.dim]
+                  for k in range(n)]
+        widths = [hi - lo for lo, hi in blocks]
+        padded = x.new_zeros(*x.shape[:step.dim], max(widths), *x.shape[step.dim + 1:])
+        padded.narrow(step.dim, 0, x.shape[step.dim]).copy_(x)
+        parts = [torch.empty_like(padded) for _ in range(n)]
+        dist.all_gather(parts, padded, group=group)
+        x = torch.cat([p.narrow(step.dim, 0, w) for p, w in zip(parts, widths, strict=True)],
+                      dim=step.dim)
+        have[step.dim] = (blocks[0][0], blocks[-1][1])
+    elif step.kind in ("all_reduce", "reduce_scatter"):
+        assert step.reducer is not None
+        op = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "max": dist.ReduceOp.MAX,
+              "min": dist.ReduceOp.MIN}[_collective(step.reducer)]
+        x = x.contiguous().clone()
+        dist.all_reduce(x, op=op, group=group)
+        if keyed(step.reducer) and not step.dst.partial:  # the keys fully reduced
+            x = torch.from_numpy(argmax_index(x.cpu().numpy())).to(local.device)
+    for j, ((lo, hi), (wlo, whi)) in enumerate(zip(have, want, strict=True)):
+        if (lo, hi) != (wlo, whi):  # the rank's block of what it now holds
+            assert lo <= wlo and whi <= hi, (step, have, want)
+            x = x.narrow(j, wlo - lo, whi - wlo)
+    return x.contiguous()
 
 
 def _torch_dtype(dtype: str) -> Any:
@@ -390,19 +471,20 @@ def _to_numpy(t: Any, dtype: str) -> np.ndarray:
 
 
 def _native(op: Op, program: Program, ins: list[Any]) -> Any | None:
-    """The torch op run on the DTensors themselves, when ``op`` is one torch has (its own
-    sharding propagation places the result); None otherwise."""
+    """Torch ops run on the DTensors themselves, when ``op`` is a matmul torch has or a
+    pointwise kind (the registry's formula on the torch namespace, in float32; its own sharding
+    propagation places the result); None otherwise."""
     import torch
-    import torch.nn.functional as F  # noqa: N812
 
     if any(e.single_dim is None for a in op.operands for e in a.index):
         return None
-    if any(program.tensor(a.tensor).dtype not in ("float16", "bfloat16", "float32")
-           for a in op.operands):
+    if any(program.tensor(a.tensor).dtype not in FLOATS for a in op.operands):
         return None
     dims = [tuple(e.single_dim for e in a.index) for a in op.operands]
-    fn = op.kind.name
-    if op.kind.category.value == "matmul" and fn == "matmul":
+    kind = op.kind
+    if kind.category is Category.MATMUL and len(op.ins) == 2:
+        # the category is a sum over the reduction dims of the inputs' product: torch.matmul
+        # where the operands are read as [m, k] x [k, n] (batched: [b, m, k] x [b, k, n])
         (x, w), out = dims[:2], dims[2]
         if len(x) == 2 and len(w) == 2 and x[1] == w[0] and out == (x[0], w[1]):
             return torch.matmul(ins[0], ins[1])
@@ -410,15 +492,14 @@ def _native(op: Op, program: Program, ins: list[Any]) -> Any | None:
                 out == (x[0], x[1], w[2]):
             return torch.matmul(ins[0], ins[1])
         return None
-    if op.kind.category.value != "pointwise" or fn not in _POINTWISE or op.attrs or \
+    if kind.category is not Category.POINTWISE or kind.compute is None or \
             any(d != dims[-1] for d in dims):
         return None
-    table = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div,
-             "max": torch.maximum, "min": torch.minimum, "exp": torch.exp, "neg": torch.neg,
-             "tanh": torch.tanh, "sigmoid": torch.sigmoid, "relu": torch.relu, "silu": F.silu,
-             "gelu": lambda a: F.gelu(a, approximate="tanh"), "sqrt": torch.sqrt,
-             "rsqrt": torch.rsqrt, "abs": torch.abs, "log": torch.log, "square": torch.square}
-    return table[fn](*ins)
+    from apportion.backends.torch.executor import XP  # torch under numpy's names
+
+    wide = [t.to(torch.float32) for t in ins]  # as the reference, not in float16
+    res = kind.compute(XP, *wide, **kind.numeric_attrs(dict(op.attrs)))
+    return res.to(_torch_dtype(program.tensor(op.out.tensor).dtype))
 
 
 def _worker(rank: int, world: int, payload: str, outdir: str, timeout_s: float,
@@ -491,6 +572,21 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
     env: dict[str, Any] = {}
     checks = 0
 
+    def agrees(s: Sharding, tensor: str) -> bool:
+        return torch_agrees(s, program.tensor(tensor).shape, sizes)
+
+    def placed(local: Any, s: Sharding, tensor: str) -> Any:
+        """This rank's block as a DTensor of the planned placements, global shape given."""
+        full = program.tensor(tensor).shape
+        return DTensor.from_local(local, dmesh, _placements(s, names), run_check=False,
+                                  shape=torch.Size(full), stride=_stride(full))
+
+    def by_steps(dt: Any, st: Step, tensor: str) -> Any:
+        """``st`` run by this rank itself (uneven shards DTensor would cut as torch.chunk)."""
+        local = own_step(st, dt.to_local(), program.tensor(tensor).shape, coords, sizes,
+                         dmesh.get_group(st.axis))
+        return placed(local, st.dst, tensor)
+
     def expect(dt: Any, s: Sharding, tensor: str, what: str) -> None:
         nonlocal checks
         t = program.tensor(tensor)
@@ -508,11 +604,15 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
         t = program.tensor(name)
         at(f"placing input {name!r}")
         arr = kernels.to_storage(np.asarray(host[name]), t.dtype)
+        block = s.block(t.shape, coords, sizes)
+        mine = arr[tuple(slice(lo, hi) for lo, hi in block)]
+        if not agrees(s, name):  # DTensor would cut it as torch.chunk: this rank's own block
+            env[name] = placed(_to_torch(mine, t.dtype).to(device), s, name)
+            expect(env[name], s, name, "placed input")
+            continue
         dt = distribute_tensor(_to_torch(arr, t.dtype).to(device), dmesh,
                                _placements(s, names))
         expect(dt, s, name, "placed input")
-        block = s.block(t.shape, coords, sizes)
-        mine = arr[tuple(slice(lo, hi) for lo, hi in block)]
         if not np.array_equal(_to_numpy(dt.to_local(), t.dtype), mine, equal_nan=True) \
                 if mine.dtype.kind == "f" else \
                 not np.array_equal(_to_numpy(dt.to_local(), t.dtype), mine):
@@ -526,8 +626,12 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
             step: Step = tr.steps[k]
             src, dst = _step_names(tr, k)
             at(f"at {step} of tensor {tr.tensor!r}")
+            if not (agrees(step.src, tr.tensor) and agrees(step.dst, tr.tensor)):
+                env[dst] = by_steps(env[src], step, tr.tensor)
+                expect(env[dst], step.dst, tr.tensor, str(step))
+                continue
             env[dst] = env[src].redistribute(dmesh, _placements(step.dst, names))
-            if step.reducer == "argmax" and not step.dst.partial:  # the keys fully reduced
+            if step.reducer is not None and keyed(step.reducer) and not step.dst.partial:
                 keys = env[dst]
                 env[dst] = DTensor.from_local(
                     torch.from_numpy(argmax_index(keys.to_local().cpu().numpy())).to(device),
@@ -544,8 +648,11 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
             raise RuntimeError(f"injected fault at op {op.name!r}")
         ins = [env[r] for r in shard.reads]
         out = None
+        # DTensor's propagation cuts as torch.chunk: uneven operands run on the local shards
+        even = all(agrees(s, a.tensor) for s, a in
+                   zip((*shard.strategy.ins, shard.strategy.out), op.operands, strict=True))
         try:
-            out = _native(op, program, ins)
+            out = _native(op, program, ins) if even else None
         except NotImplementedError:  # DTensor has no sharding rule for it: local shards
             out = None
         if out is not None:
@@ -562,17 +669,20 @@ def _run_rank(rank: int, plan: ShardingPlan, host: Mapping[str, np.ndarray],
                 local_env[lop.out.tensor] = np.asarray(evaluate_op(lop, lprog, local_env))
             res = finish.run(local_env) if finish is not None else local_env[op.out.tensor]
             dtype = program.tensor(op.out.tensor).dtype
-            full = program.tensor(op.out.tensor).shape
-            stride = tuple(int(np.prod(full[i + 1:])) for i in range(len(full)))
-            out = DTensor.from_local(_to_torch(res, dtype).to(device), dmesh,
-                                     _placements(shard.strategy.out, names), run_check=False,
-                                     shape=torch.Size(full), stride=stride)
+            out = placed(_to_torch(res, dtype).to(device), shard.strategy.out, op.out.tensor)
         expect(out, shard.strategy.out, op.out.tensor, f"op {op.name!r}")
         env[op.out.tensor] = out
     outputs = {}
-    for name, _, local in plan.outputs:
+    for name, s, local in plan.outputs:
         at(f"gathering output {name!r}")
-        outputs[name] = _to_numpy(env[local].full_tensor(), program.tensor(name).dtype)
+        t = program.tensor(name)
+        if agrees(s, name):
+            outputs[name] = _to_numpy(env[local].full_tensor(), t.dtype)
+            continue
+        dt = env[local]  # gathered by this rank's own steps: DTensor's would cut as torch.chunk
+        for st in steps(t.shape, t.dtype, s, Sharding.replicated(t.rank), mesh):
+            dt = by_steps(dt, st, name)
+        outputs[name] = _to_numpy(dt.to_local(), t.dtype)
     return {"outputs": outputs, "checks": checks, "native": native}
 
 
