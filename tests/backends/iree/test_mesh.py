@@ -191,3 +191,15 @@ def test_finishes_of_narrow_dtypes_compile_and_the_runs_match(fn, dtype, cache):
     s = lower_plan(propagate(p, parse("tp=3"), annotations={"x": Sharding(((), ("tp",)))}))
     assert iree.compile_mlir(device_mlir(s, 2), cache).vmfb
     _ok(s, cache)
+
+
+def test_run_mesh_backend_iree_without_check_runs_and_threads_are_refused(cache, capsys,
+                                                                           monkeypatch):
+    monkeypatch.setenv("HOME", str(cache.parent))
+    assert main(["run", "examples/mlp.json", "--mesh", "tp=2", "--backend", "iree"]) == 0
+    out = capsys.readouterr().out
+    assert "2 segment launches in IREE (1 distinct module), the steps between them on the host" \
+        in out and "ran mlp over tp=2 (tp=2, 2 devices) (search, iree)" in out
+    assert main(["run", "examples/mlp.json", "--mesh", "tp=2", "--backend", "iree",
+                 "--threads", "2"]) == 2
+    assert "--threads applies to the reference backend" in capsys.readouterr().err
