@@ -25,7 +25,9 @@ compares it with the model run eagerly in PyTorch (exit 1 when the numbers diffe
 file; without it a ``--target`` TOML file with a ``[mesh]`` table gives the mesh. An axis size
 may be symbolic (``dp=N~4``: planned at 4): the plan is made at the planning size, and
 ``--param N=2`` binds it for the per-device programs (``run``, ``emit``; ``shard`` then
-counts them at that size). ``--param`` also binds a program's run-time sizes before sharding.
+counts them at that size). ``--param`` also binds a program's run-time sizes before sharding,
+and gives ``run`` the symbolic loop counts the per-device programs keep in their tiling groups
+(``shard`` prints one line per group: its counts over each device's share).
 """
 
 from __future__ import annotations
@@ -136,19 +138,29 @@ def _params(args: argparse.Namespace) -> dict[str, int]:
     return parse_params(getattr(args, "param", None), ShardUsageError)
 
 
+def loop_counts(program: Program) -> tuple[str, ...]:
+    """The symbolic loop counts of ``program``'s tiling groups, in order of appearance."""
+    return tuple(dict.fromkeys(lv.count for g in program.tiling for lv in g.loops
+                               if isinstance(lv.count, str)))
+
+
 def _bind_program(program: Program, params: dict[str, int], mesh: Mesh) -> Program:
-    """``program`` with its run-time sizes bound by ``params``; a name neither it nor the mesh
-    has is refused, as is a run-time size left unbound."""
+    """``program`` with its run-time sizes bound by ``params``; a name neither it (a run-time
+    size or a symbolic loop count, which the per-device programs keep) nor the mesh has is
+    refused, as is a run-time size left unbound."""
     from apportion.errors import ProgramError
 
     syms = program.symbol_map
+    counts = loop_counts(program)
     for name in params:
-        if name not in syms and name not in mesh.symbols:
+        if name not in syms and name not in mesh.symbols and name not in counts:
             mesh_syms = ", ".join(mesh.symbols) or "none"
             raise ShardUsageError(f"--param {name}: not a symbolic size of mesh {mesh.name!r} "
                                   f"(its symbolic sizes: {mesh_syms}) nor a run-time size of "
                                   f"program {program.name!r} (its: "
-                                  f"{', '.join(syms) or 'none'})")
+                                  f"{', '.join(syms) or 'none'})"
+                                  + (f" nor one of its symbolic loop counts ({', '.join(counts)})"
+                                     if counts else ""))
     if not syms:
         return program
     missing = [n for n in syms if n not in params]
@@ -392,14 +404,29 @@ def _run_program(args: argparse.Namespace, plan: ShardingPlan, label: str, conso
     from apportion.sharding.unroll import unroll
 
     u = unroll(plan)
+    counts = _counts(args, plan.program)
     if not args.check:
-        u.run(planned=True, seed=args.seed)
+        u.run(planned=True, seed=args.seed, params=counts)
         console.print(f"ran {label}: {len(u.devices)} devices, each segment planned for "
                       f"{plan.target.cores} cores", highlight=False)
         return 0
-    checks = u.check(seed=args.seed, planned=True)
+    checks = u.check(seed=args.seed, planned=True, params=counts)
     return print_checks(checks, f"per-device programs of {label}, run core slice by core "
                         "slice,", console)
+
+
+def _counts(args: argparse.Namespace, program: Program) -> dict[str, int]:
+    """The ``--param`` values of ``program``'s symbolic loop counts, which its per-device
+    programs keep in their tiling groups; one left out is refused, naming it."""
+    params = _params(args)
+    counts = loop_counts(program)
+    missing = [c for c in counts if c not in params]
+    if missing:
+        flags = " ".join(f"--param {c}=N" for c in missing)
+        raise ShardUsageError(f"program {program.name!r} has symbolic loop count"
+                              f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}, which "
+                              f"its per-device programs keep: pass {flags}")
+    return {c: params[c] for c in counts}
 
 
 def _run_iree(args: argparse.Namespace, plan: ShardingPlan, label: str, console: Console,

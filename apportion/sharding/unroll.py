@@ -30,8 +30,10 @@ cores, restricted to the segment's ops and at the sizes the device sees (``carry
   the device and its share, and so is a dim the run's ops see at different sizes (split over
   the mesh in one op, whole in another). A level no op of a run tiles is dropped (an op of
   the run only recomputed the same box along it), and a run whose ops sit only in such levels
-  runs untiled. Every run and every change is recorded (``Unrolled.tiling``, ``GroupCarry``),
-  and ``tiling_lines`` says what became of each group;
+  runs untiled. A symbolic count stays symbolic (the planner sizes each device's tiles at its
+  smallest value; ``run(planned=True, params={"T": 16})`` gives it). Every run and every
+  change is recorded (``Unrolled.tiling``, ``GroupCarry``), and ``tiling_lines`` says what
+  became of each group;
 * ``work_division`` and ``split_k`` pins stay on the op they pin (the device's part of it,
   same name, same dims), the pinned core splits unchanged: they now split the device's share.
   A pin that does not fit the share is the planner's error naming the op, dim and factor,
@@ -396,13 +398,16 @@ class Unrolled:
     # -- running --------------------------------------------------------------------------------
 
     def run(self, inputs: Mapping[str, Any] | None = None, planned: bool = False,
-            target: Target | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+            target: Target | None = None, seed: int = 0,
+            params: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
         """Run every device's stages with the reference executor (``planned``: each segment
-        as ``ap.plan`` plans it for the device's cores) and numpy collectives; returns the
-        outputs by name."""
+        as ``ap.plan`` plans it for the device's cores, its tiling groups' symbolic loop
+        counts taken from ``params``) and numpy collectives; returns the outputs by name."""
         xs = random_inputs(self.program, seed) if inputs is None else inputs
         envs = self.shard_inputs(xs)
         plans = self._segment_plans(target) if planned else {}
+        if planned:
+            self._check_counts(params)
         for k in range(len(self.devices[0].stages)):
             first = self.devices[0].stages[k]
             if isinstance(first, Finish):
@@ -422,18 +427,41 @@ class Unrolled:
                 seg = dev.stages[k]
                 assert isinstance(seg, Program)
                 given = {n: env[n] for n in seg.inputs}
-                res = plans[_key(seg)].run(given) if planned else run_unplanned(seg, given)
+                if planned:
+                    sp = plans[_key(seg)]
+                    res = sp.run(given, params={k: v for k, v in (params or {}).items()
+                                                if k in sp.params} or None)
+                else:
+                    res = run_unplanned(seg, given)
                 env.update({n: res[n] for n in seg.outputs})
         return self.unshard_outputs(envs)
 
     __call__ = run
 
-    def check(self, seed: int = 0, planned: bool = False,
-              target: Target | None = None) -> list[OutputCheck]:
+    def check(self, seed: int = 0, planned: bool = False, target: Target | None = None,
+              params: Mapping[str, int] | None = None) -> list[OutputCheck]:
         """The per-device programs run on random inputs against the unsharded program."""
         inputs = random_inputs(self.program, seed)
         expected = run_unplanned(self.program, inputs)
-        return compare(expected, self.run(inputs, planned, target), self.program)
+        return compare(expected, self.run(inputs, planned, target, params=params),
+                       self.program)
+
+    @cached_property
+    def counts(self) -> tuple[str, ...]:
+        """The symbolic loop counts of the source's tiling groups (a planned run needs each)."""
+        return tuple(dict.fromkeys(lv.count for g in self.program.tiling for lv in g.loops
+                                   if isinstance(lv.count, str)))
+
+    def _check_counts(self, params: Mapping[str, int] | None) -> None:
+        """Refuse a planned run missing a symbolic loop count or given a name that is none."""
+        given = dict(params or {})
+        missing = [c for c in self.counts if c not in given]
+        unknown = sorted(set(given) - set(self.counts))
+        if missing or unknown:
+            what = (f"needs a value for symbolic loop count {', '.join(missing)}" if missing
+                    else f"has no symbolic loop count {unknown[0]!r}")
+            raise ExecutionError(f"the per-device programs of {self.program.name!r} {what} "
+                                 f"(its counts: {', '.join(self.counts) or 'none'})")
 
     def _segment_plans(self, target: Target | None) -> dict[Program, Any]:
         from apportion.planned import plan

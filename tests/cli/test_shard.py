@@ -297,3 +297,13 @@ def test_ops_of_a_tiling_group_the_mesh_cuts_unlike_are_a_one_line_error(capsys,
     status, _, err = run(capsys, "shard", str(f), "--mesh", "tp=2", "--method", "propagate")
     one_line_error(status, err, "tiling group ['add', 'mul'] cannot be kept on device 0 (tp=0): "
                                 "dim 'm' is 512 there in op 'add' but 1024 in op 'mul'")
+
+
+def test_a_symbolic_loop_count_kept_per_device_is_given_with_param(capsys):
+    status, out, _ = run(capsys, "run", "examples/softmax_symbolic.json", "--mesh", "tp=2",
+                         "--param", "T=16", "--check")
+    assert status == 0 and "matches the unplanned program" in out
+    status, _, err = run(capsys, "run", "examples/softmax_symbolic.json", "--mesh", "tp=2",
+                         "--check")
+    one_line_error(status, err, "program 'softmax_symbolic' has symbolic loop count T, which "
+                                "its per-device programs keep: pass --param T=N")

@@ -425,3 +425,17 @@ def test_a_tiled_program_sharded_by_rows_keeps_its_count_or_is_refused_by_name(d
         (g,) = seg.tiling
         assert [lv.count for lv in g.loops] == [count]
     assert all(c.ok for c in u.check(planned=True))
+
+
+def test_a_symbolic_loop_count_stays_symbolic_per_device_and_a_planned_run_takes_it():
+    p = load("examples/softmax_symbolic.json")
+    u = unroll(search(p, parse("tp=2")))
+    for dev in u.devices:
+        (g,) = [c.carried for c in dev.tiling]
+        assert [lv.count for lv in g.loops] == ["T"] and g.loops[0].min == 8
+    assert u.counts == ("T",)
+    assert all(c.ok for c in u.check(planned=True, params={"T": 16}))
+    with pytest.raises(ExecutionError, match=r"needs a value for symbolic loop count T"):
+        u.check(planned=True)
+    with pytest.raises(ExecutionError, match=r"has no symbolic loop count 'K'"):
+        u.check(planned=True, params={"T": 16, "K": 2})
