@@ -10,6 +10,7 @@
 """
 
 from apportion import sharding as sharding
+from apportion import strategies as strategies
 from apportion import targets as targets
 from apportion.errors import ApportionError as ApportionError
 from apportion.errors import CalibrationError as CalibrationError
@@ -30,7 +31,6 @@ from apportion.frontend.json_format import dumps as dumps
 from apportion.frontend.json_format import load as load
 from apportion.frontend.json_format import loads as loads
 from apportion.ir.program import Program as Program
-from apportion.passes import strategy as _strategy
 from apportion.planned import PlannedProgram as PlannedProgram
 from apportion.planned import plan as plan
 from apportion.sharding.mesh import Mesh as Mesh
@@ -41,9 +41,6 @@ from apportion.target.target import Target as Target
 # adding a kind to ``apportion.ir.kinds`` adds its function here.
 globals().update(_OP_FUNCTIONS)
 
-#: ``ap.strategies``: the planning strategies as values (``Balanced()``, ``Greedy(rule=...)``,
-#: ``parse_strategy``), for ``ap.plan(..., strategy=...)`` and ``ap.backend(strategy=...)``
-strategies = _strategy
 
 #: names imported on first use: the PyTorch frontend and the torch.compile backend (torch itself
 #: only when a model is lowered)
