@@ -43,44 +43,20 @@ import numpy as np
 from apportion.errors import PlanningError
 from apportion.ir.kinds import REDUCERS, SplitFinish
 from apportion.runtime import kernels
+from apportion.schedule.mesh import MAX_KEYED_INDEX as MAX_KEYED_INDEX
+from apportion.schedule.mesh import argmax_index as argmax_index
+from apportion.schedule.mesh import argmax_keys as argmax_keys
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.spec import Sharding, chunk
 
 KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice")
 
+# the argmax key format (``argmax_keys``, ``argmax_index``, ``MAX_KEYED_INDEX``) is the
+# schedule's, where a finish packs keys and a collective unpacks them: imported above, one
+# definition for the planner's rules and every backend
+
 #: value dtypes whose argmax pairs pack into one int64 key (their values fit 32 bits in order)
 KEYED_DTYPES = frozenset({"float16", "bfloat16", "float32", "int8", "int32"})
-#: the largest flat reduction index a key holds
-MAX_KEYED_INDEX = (1 << 32) - 1
-_LOW = np.int64(MAX_KEYED_INDEX)
-
-
-def argmax_keys(values: np.ndarray, index: np.ndarray) -> np.ndarray:
-    """(value, flat index) pairs as int64 keys: the high 32 bits order the values (floats by
-    their float32 bits made monotonic, NaN above everything and every NaN alike, -0 as +0;
-    ints as they are), the low 32 bits hold ``MAX_KEYED_INDEX - index``. So the largest key is
-    the largest value and, among equal values, the lowest index: numpy's first maximum.
-
-    >>> k = argmax_keys(np.array([1.0, 3.0, 3.0, np.nan], np.float32), np.array([0, 5, 2, 9]))
-    >>> [argmax_index(k[i:i + 1]).item() for i in range(4)], int(np.argmax(k[:3]))
-    ([0, 5, 2, 9], 2)
-    """
-    values = np.asarray(values)
-    if values.dtype.kind == "f":
-        v = values.astype(np.float32)
-        v = np.where(np.isnan(v), np.float32(np.nan), v + np.float32(0.0))  # one NaN; -0 -> +0
-        bits = v.view(np.int32).astype(np.int64)
-        high = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    else:
-        high = values.astype(np.int64)
-    return (high << 32) | (_LOW - np.asarray(index, dtype=np.int64))
-
-
-def argmax_index(keys: np.ndarray) -> np.ndarray:
-    """The flat indices packed in ``argmax_keys``' keys."""
-    return _LOW - (np.asarray(keys, dtype=np.int64) & _LOW)
-
-
 @dataclass(frozen=True)
 class Step:
     """One resharding step along mesh axis ``axis``.

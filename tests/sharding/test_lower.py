@@ -109,12 +109,15 @@ def test_a_split_argmax_lowers_to_a_finish_per_device_and_an_unpacking_reduction
     assert (c.kind, c.reducer, c.unpack, c.dtype) == ("all_reduce", "argmax", True, "int64")
 
 
-def test_argmax_keys_order_values_then_the_lowest_index_like_the_reference():
-    v = np.array([1.0, np.nan, -0.0, 0.0, 3.0], np.float32)
-    i = np.array([4, 1, 2, 3, 0])
-    ours = argmax_keys(v, i)
-    assert np.array_equal(ours, reference_collectives.argmax_keys(v, i))
-    assert np.array_equal(argmax_index(ours), i)
+def test_argmax_keys_order_values_then_the_lowest_index_as_numpy_does():
+    v = np.array([1.0, np.nan, -0.0, 0.0, 3.0, np.nan, 3.0], np.float32)
+    i = np.array([4, 1, 2, 3, 0, 5, 6])
+    keys = argmax_keys(v, i)
+    assert np.array_equal(argmax_index(keys), i)
+    order = sorted(range(len(v)), key=lambda k: keys[k])
+    assert order[-2:] == [5, 1]  # NaN above all, the lower index first
+    assert keys[2] > keys[3] and keys[4] > keys[6]  # -0 as +0; equal: the lower index wins
+    assert reference_collectives.argmax_keys is argmax_keys  # one key format
 
 
 def test_a_mesh_schedule_refuses_a_stage_for_fewer_devices_than_it_has():
