@@ -304,15 +304,6 @@ class MeshSchedule:
     def collectives(self) -> tuple[Collective, ...]:
         return tuple(s for s in self.stages if isinstance(s, Collective))
 
-    def distinct_launches(self) -> tuple[DeviceLaunch, ...]:
-        """One launch per distinct segment (equal segments share their program)."""
-        seen: dict[int, DeviceLaunch] = {}
-        for s in self.stages:
-            if isinstance(s, Compute):
-                for launch in s.launches:
-                    seen.setdefault(id(launch.program), launch)
-        return tuple(seen.values())
-
     def summary(self) -> str:
         """One line: devices, stages and what kinds of collective.
 
