@@ -460,6 +460,30 @@ def _with_peak(plan: ShardingPlan, peak: int, at: str) -> ShardingPlan:
     return replace(plan, peak_bytes=peak, peak_at=at)
 
 
+def transfer_point(program: Program, t: Transfer) -> int:
+    """The program point a transfer is made at: before its reader (``t.at``), but for a reader
+    inside a tiling group of a tensor made before the group starts, before the group's first
+    op, so that the devices' runs of the group's ops stay unbroken.
+
+    >>> from apportion.frontend.json_format import load
+    >>> p = load("examples/fused.json")
+    >>> t = Transfer("c", "c@1", 1, "mul", Sharding(((), ())), Sharding(((), ())), ())
+    >>> t.at, transfer_point(p, t)
+    (1, 0)
+    """
+    n = len(program.ops)
+    at = min(t.at, n)
+    if at == n or not program.tiling:
+        return at
+    pos = program.op_positions
+    group = next((g for g in program.tiling if program.ops[at].name in g.ops), None)
+    if group is None:
+        return at
+    first = pos[group.ops[0]]
+    made = program.producer(t.tensor)
+    return first if made is None or pos[made.name] < first else at
+
+
 def lifetimes(plan: ShardingPlan) -> list[tuple[int, int, str, str, Sharding]]:
     """What a device holds: ``(first point, last point, local name, tensor, sharding)`` per
     local tensor; the points are the ops in order, then the end."""
@@ -477,9 +501,10 @@ def lifetimes(plan: ShardingPlan) -> list[tuple[int, int, str, str, Sharding]]:
         for r in o.reads:
             last[r] = max(last.get(r, i), i)
     for t in plan.transfers:
-        born[t.name] = (min(t.at, n), t.tensor, t.dst)
+        made = transfer_point(p, t)
+        born[t.name] = (made, t.tensor, t.dst)
         last.setdefault(t.name, min(t.at, n))
-        last[t.source] = max(last.get(t.source, 0), min(t.at, n))
+        last[t.source] = max(last.get(t.source, 0), made)
     for name, _, local in plan.outputs:
         last[local] = last[name] = n
     return [(b, last.get(local, b), local, tensor, s) for local, (b, tensor, s) in born.items()]

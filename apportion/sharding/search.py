@@ -25,7 +25,10 @@ Annotations are constraints: an annotated tensor's node has the annotation as it
 Tiling groups are constraints too: an op of a group is offered only the strategies whose every
 device share of a dim the group's loops tile is divided by the product of the counts tiling it
 (``plan.fits_tiling``), so the per-device programs keep the group with its counts (``unroll``'s
-rule); the replicated strategy always fits.
+rule); the replicated strategy always fits. And the ops of a group split every dim they share
+alike (one row per group, dim, pair of ops and way of splitting it), since a device's loops
+step one size per dim: the search never makes a plan whose per-device programs would see one
+dim of a group at two sizes.
 
 Repeated identical layers share one solution. Nodes are classed by a few rounds of
 Weisfeiler-Lehman refinement over the graph, starting from each node's name-free signature (an
@@ -315,6 +318,7 @@ def search(program: Any, mesh: Mesh, target: Target | None = None,
     for c in members:
         xcol[c] = [model.col(float(v), True) for v in lin[c]]
         model.row(dict.fromkeys(xcol[c], 1.0), 1.0, 1.0)
+    _tiling_rows(model, prog, nodes, cls, xcol)
     ycol: dict[tuple[int, int, int], np.ndarray] = {}
     for key, es in grouped.items():
         cs, cd, _ = key
@@ -360,6 +364,31 @@ def search(program: Any, mesh: Mesh, target: Target | None = None,
     plan = build_plan(prog, mesh, tgt, strategies, inputs, outs, ann, "search", 0.0, cost,
                       objective_us=float(objective), stats=stats)
     return replace(plan, solve_s=time.perf_counter() - start)
+
+
+def _tiling_rows(model: _Model, prog: Program, nodes: Sequence[Node], cls: Sequence[int],
+                 xcol: Mapping[int, list[int]]) -> None:
+    """Ops of one tiling group split each dim they share alike (the group's loops step one
+    size per dim on a device): per group, dim and pair of consecutive ops having it, and per
+    way of splitting it, the two ops choose it together or not at all."""
+    node_of = {n.name: i for i, n in enumerate(nodes) if n.kind == "op"}
+    seen: set[tuple[int, int, str]] = set()
+    for g in prog.tiling:
+        last: dict[str, int] = {}  # dim -> the last node of the group having it
+        for name in g.ops:
+            i = node_of[name]
+            for d in prog.op(name).sizes:
+                j = last.get(d)
+                last[d] = i
+                if j is None or cls[i] == cls[j] or (cls[j], cls[i], d) in seen:
+                    continue  # one class: one choice, the same splits
+                seen.add((cls[j], cls[i], d))
+                ways: dict[tuple[str, ...], dict[int, float]] = defaultdict(dict)
+                for node, sign in ((j, 1.0), (i, -1.0)):
+                    for k, st in enumerate(nodes[node].strategies):
+                        ways[st.split_map.get(d, ())][xcol[cls[node]][k]] = sign
+                for coeffs in ways.values():
+                    model.row(coeffs, 0.0, 0.0)
 
 
 def _memory_rows(model: _Model, prog: Program, mesh: Mesh, nodes: Sequence[Node],

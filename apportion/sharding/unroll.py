@@ -22,7 +22,9 @@ cores, restricted to the segment's ops and at the sizes the device sees (``carry
 
 * a tiling group becomes, in each segment holding some of its ops, one group per unbroken run
   of them (a collective, a finish or a local cut of resharding between two of its ops ends a
-  run: a device's loops cannot hold a step every device takes at once). A run keeps the
+  run: a device's loops cannot hold a step every device takes at once; the resharding of a
+  tensor made before the group is done before its first op, ``plan.transfer_point``, so only
+  data made inside the group can cut it). A run keeps the
   group's loop levels, **counts unchanged**, over the device's share of each tiled dim, so a
   device's tile is its share divided by the count, never larger than the source's tile: what
   fit the scratchpad still fits. A count that does not divide a device's share of its dim (an
@@ -79,7 +81,7 @@ from apportion.runtime.reference import (
     run_unplanned,
 )
 from apportion.sharding.collectives import Step, apply
-from apportion.sharding.plan import ShardingPlan, Transfer
+from apportion.sharding.plan import ShardingPlan, Transfer, transfer_point
 from apportion.sharding.rules import Finish, local_ops
 from apportion.target.target import Target
 
@@ -224,11 +226,16 @@ def _slice_op(t: Transfer, k: int, step: Step, src_name: str, dst_name: str,
 
 
 def _schedule(plan: ShardingPlan) -> list[tuple[str, Any]]:
-    """The stages every device runs, in order: ("op", index) and ("step", (transfer, k))."""
+    """The stages every device runs, in order: ("op", index) and ("step", (transfer, k)).
+
+    A transfer is made right before its reader, but for a reader inside a tiling group of a
+    tensor made before the group starts: that transfer is made before the group's first op,
+    so that it does not cut the group's run of ops on the devices (the data it moves is the
+    same, made earlier)."""
     n = len(plan.program.ops)
     before: dict[int, list[Transfer]] = {}
     for t in plan.transfers:
-        before.setdefault(min(t.at, n), []).append(t)
+        before.setdefault(transfer_point(plan.program, t), []).append(t)
     out: list[tuple[str, Any]] = []
     for i in range(n + 1):
         for t in before.get(i, []):

@@ -439,3 +439,20 @@ def test_a_symbolic_loop_count_stays_symbolic_per_device_and_a_planned_run_takes
         u.check(planned=True)
     with pytest.raises(ExecutionError, match=r"has no symbolic loop count 'K'"):
         u.check(planned=True, params={"T": 16, "K": 2})
+
+
+@pytest.mark.parametrize("mesh", ["tp=2", "tp=4", "a=2,b=2"])
+def test_the_search_splits_a_dim_alike_in_every_op_of_a_group_so_each_device_keeps_it(mesh):
+    # two independent ops of one group: nothing but the group ties their splits together
+    p = _tiled(ops=[
+        {"name": "add", "op": "add", "out": "y[m,n]", "ins": ["a[m,n]", "b[m,n]"]},
+        {"name": "mul", "op": "mul", "out": "z[m,n]", "ins": ["c[m,n]", "c[m,n]"]}],
+        outputs=("y", "z"))
+    m = parse(mesh)
+    first = m.names[0]
+    plan = search(p, m, annotations={"a": Sharding(((first,), ())), "c": Sharding(((), ()))})
+    add, mul = plan.strategy("add").split_map, plan.strategy("mul").split_map
+    assert all(add.get(d, ()) == mul.get(d, ()) for d in ("m", "n"))
+    u = unroll(plan)
+    assert all(len(dev.tiling) == 1 and dev.tiling[0].carried is not None for dev in u.devices)
+    assert all(c.ok for c in u.check(planned=True))
