@@ -167,32 +167,26 @@ class _Fallbacks(_Bodies):
     def whole(self, blk: _Block, op: Op, body: MlirBody, dest: TensorVal, env: _Env
               ) -> TensorVal:
         """A whole-tensor kind: one generic over the whole output (``dest``), each element read
-        by computed index from the inputs as stored."""
+        by computed index from the inputs as stored. Sizes may be run-time values
+        (``forall_sizes``): the index arithmetic takes them as SSA values."""
         build = _WHOLE.get(body.construction or "")
         if build is None:
             raise EmitError(f"op {op.name!r}: kind {op.kind.name!r} names construction "
                             f"{body.construction!r}, which the {BACKEND} backend lacks")
         ins = [env.vals[a.tensor] for a in op.ins]
-        for name, val in [(op.out.tensor, dest), *zip((a.tensor for a in op.ins), ins,
-                                                      strict=True)]:
-            if not all(s.is_const for s in val.shape):
-                raise EmitError(f"op {op.name!r}: {op.kind.name} of tensor {name!r} with "
-                                f"run-time sizes has no parallel IR in the {BACKEND} backend")
-        shape = _ints(dest.shape)
         element = build(self, blk, op, body, ins, dest)
-        dims = [f"o{k}" for k in range(len(shape))]
-        sizes = {d: Ix(n) for d, n in zip(dims, shape, strict=True)}
+        dims = [f"o{k}" for k in range(len(dest.shape))]
 
         def run(b: _Block, args: list[str], outs: list[str]) -> list[str]:
             at = []
-            for k in range(len(shape)):
+            for k in range(len(dims)):
                 i = b.fresh(f"o{k}")
                 b.emit(f"{i} = linalg.index {k} : index")
                 at.append(i)
             return [element(b, at)]
 
-        return self.generic(blk, dims, sizes, [], [], [dest],
-                            [f"d{k}" for k in range(len(shape))], run,
+        return self.generic(blk, dims, dict(zip(dims, dest.shape, strict=True)), [], [],
+                            [dest], [f"d{k}" for k in range(len(dims))], run,
                             symbol_name(op.out.tensor))[0]
 
     def gather(self, blk: _Block, op: Op, body: MlirBody, ins: list[TensorVal],
@@ -201,38 +195,45 @@ class _Fallbacks(_Bodies):
         element ``f % row`` of the table's row ``ids.flat[f // row]``, a row being (output
         elements / index elements) table elements."""
         table, ids = ins
-        out_n, table_n, ids_n = (math.prod(_ints(v.shape)) for v in (dest, table, ids))
-        row = out_n // max(ids_n, 1)
-        rows = table_n // row if row else 0
         if ids.elt in _FLOAT_TYPES:
             raise EmitError(f"op {op.name!r}: gather reads indices from tensor "
                             f"{op.ins[1].tensor!r} of dtype {self.dtype(op.ins[1].tensor)}; "
                             "indices must be integers or bools")
-        if row == 0 or rows == 0 or table_n % row or out_n != row * ids_n:
-            raise EmitError(f"op {op.name!r}: gather of {ids_n} indices into {out_n} output "
-                            f"elements cannot take rows of {row} from the {table_n} elements of "
-                            f"tensor {op.ins[0].tensor!r}")
+        k = len(ids.shape)
+        if tuple(dest.shape[:k]) == tuple(ids.shape):  # an embedding: the ids lead the output
+            row = _prod(blk, dest.shape[k:])
+        else:
+            row = blk.div(_prod(blk, dest.shape), _prod(blk, ids.shape))
+        table_n = _prod(blk, table.shape)
+        sizes = [row, table_n, _prod(blk, dest.shape), _prod(blk, ids.shape)]
+        if all(s.is_const for s in sizes):
+            r, t, o, n = (s.value for s in sizes)
+            if r == 0 or t < r or t % r or o != r * n:
+                raise EmitError(f"op {op.name!r}: gather of {n} indices into {o} output "
+                                f"elements cannot take rows of {r} from the {t} elements of "
+                                f"tensor {op.ins[0].tensor!r}")
+        rows = blk.div(table_n, row)
 
         def element(b: _Block, at: list[str]) -> str:
-            f = _flat(b, at, _ints(dest.shape))
-            i, c = _ix(b, "divui", f, b.value(row)), _ix(b, "remui", f, b.value(row))
-            raw = _extract(b, ids, _unravel(b, i, _ints(ids.shape)))
-            wide = _convert(b, raw, ids.elt, "i64")
+            f = _flat(b, at, dest.shape)
+            step = b.value(row)
+            i, c = _ix(b, "divui", f, step), _ix(b, "remui", f, step)
+            wide = _convert(b, _extract(b, ids, _unravel(b, i, ids.shape)), ids.elt, "i64")
             idx = b.fresh("id")
             b.emit(f"{idx} = arith.index_cast {wide} : i64 to index")
             # numpy's take: a negative index counts from the end once; an index still outside
             # the table is clamped here (never a read outside it) and refused by the run
-            neg, wrapped, picked, low, safe = (b.fresh(n) for n in
-                                               ("neg", "wrap", "row", "low", "row"))
-            zero, n_rows, last = b.value(0), b.value(rows), b.value(rows - 1)
+            zero, n_rows = b.value(0), b.value(rows)
+            neg = b.fresh("neg")
             b.emit(f"{neg} = arith.cmpi slt, {idx}, {zero} : index")
-            b.emit(f"{wrapped} = arith.addi {idx}, {n_rows} : index")
+            wrapped = _ix(b, "addi", idx, n_rows)
+            picked = b.fresh("row")
             b.emit(f"{picked} = arith.select {neg}, {wrapped}, {idx} : index")
-            b.emit(f"{low} = arith.maxsi {picked}, {zero} : index")
-            b.emit(f"{safe} = arith.minsi {low}, {last} : index")
-            t = _ix(b, "addi", _ix(b, "muli", safe, b.value(row)), c)
-            return _convert(b, _extract(b, table, _unravel(b, t, _ints(table.shape))),
-                            table.elt, dest.elt)
+            last = _ix(b, "subi", n_rows, b.value(1))
+            safe = _ix(b, "minsi", _ix(b, "maxsi", picked, zero), last)
+            t = _ix(b, "addi", _ix(b, "muli", safe, step), c)
+            return _convert(b, _extract(b, table, _unravel(b, t, table.shape)), table.elt,
+                            dest.elt)
 
         return element
 
@@ -241,15 +242,15 @@ class _Fallbacks(_Bodies):
         """The input's elements in row-major order: output element ``f`` is input element
         ``f``."""
         src, = ins
-        if math.prod(_ints(src.shape)) != math.prod(_ints(dest.shape)):
+        n_in, n_out = _prod(blk, src.shape), _prod(blk, dest.shape)
+        if n_in.is_const and n_out.is_const and n_in.value != n_out.value:
             raise EmitError(f"op {op.name!r}: reshape of tensor {op.ins[0].tensor!r} "
-                            f"{list(_ints(src.shape))} into {list(_ints(dest.shape))}: the "
-                            "element counts differ")
+                            f"({n_in.value} elements) into tensor {op.out.tensor!r} "
+                            f"({n_out.value} elements): the element counts differ")
 
         def element(b: _Block, at: list[str]) -> str:
-            f = _flat(b, at, _ints(dest.shape))
-            return _convert(b, _extract(b, src, _unravel(b, f, _ints(src.shape))), src.elt,
-                            dest.elt)
+            f = _flat(b, at, dest.shape)
+            return _convert(b, _extract(b, src, _unravel(b, f, src.shape)), src.elt, dest.elt)
 
         return element
 
@@ -258,27 +259,25 @@ class _Fallbacks(_Bodies):
         """``a`` then ``b`` along ``axis``: each output element reads both at clamped
         positions and selects by its coordinate along the axis."""
         a, b_ = ins
-        shape = _ints(dest.shape)
-        rank = len(shape)
+        rank = len(dest.shape)
         axis = int(self.attr_values(op)["axis"])
         ax = axis + rank if axis < 0 else axis
-        sa, sb = _ints(a.shape), _ints(b_.shape)
-        if not 0 <= ax < rank or len(sa) != rank or len(sb) != rank or any(
-                k != ax and not sa[k] == sb[k] == shape[k] for k in range(rank)) or \
-                sa[ax] + sb[ax] != shape[ax]:
-            raise EmitError(f"op {op.name!r}: concat of {list(sa)} and {list(sb)} along axis "
-                            f"{axis} does not give tensor {op.out.tensor!r} {list(shape)}")
-        n_a = sa[ax]
+        if not 0 <= ax < rank or len(a.shape) != rank or len(b_.shape) != rank:
+            raise EmitError(f"op {op.name!r}: concat of tensors {op.ins[0].tensor!r} and "
+                            f"{op.ins[1].tensor!r} along axis {axis} does not give the rank "
+                            f"{rank} of tensor {op.out.tensor!r}")
+        n_a, n_b = a.shape[ax], b_.shape[ax]
 
         def element(b: _Block, at: list[str]) -> str:
             c = at[ax]
-            if n_a == 0 or sb[ax] == 0:  # one side is empty: the other is the output
-                src = b_ if n_a == 0 else a
+            if n_a == Ix(0) or n_b == Ix(0):  # one side is empty: the other is the output
+                src = b_ if n_a == Ix(0) else a
                 return _convert(b, _extract(b, src, at), src.elt, dest.elt)
+            size_a = b.value(n_a)
             in_a = b.fresh("in_a")
-            b.emit(f"{in_a} = arith.cmpi ult, {c}, {b.value(n_a)} : index")
-            ca = _ix(b, "minui", c, b.value(n_a - 1))
-            cb = _ix(b, "subi", _ix(b, "maxui", c, b.value(n_a)), b.value(n_a))
+            b.emit(f"{in_a} = arith.cmpi ult, {c}, {size_a} : index")
+            ca = _ix(b, "minui", c, _ix(b, "subi", size_a, b.value(1)))
+            cb = _ix(b, "subi", _ix(b, "maxui", c, size_a), size_a)
             va = _convert(b, _extract(b, a, [*at[:ax], ca, *at[ax + 1:]]), a.elt, dest.elt)
             vb = _convert(b, _extract(b, b_, [*at[:ax], cb, *at[ax + 1:]]), b_.elt, dest.elt)
             out = b.fresh("cat")
@@ -300,13 +299,13 @@ class _Fallbacks(_Bodies):
         """``start + step * f`` in float64 over the row-major position ``f``, converted to the
         output type."""
         attrs = {"start": 0.0, "step": 1.0, **self.attr_values(op)}
-        shape = _ints(dest.shape)
+        # the last position at the program's sizes (the planning sizes where they vary)
+        last = max(math.prod(self.program.tensor(op.out.tensor).shape) - 1, 0)
         check_constant(op, self.dtype(op.out.tensor),
-                       [attrs["start"], attrs["start"] + attrs["step"] * max(
-                           math.prod(shape) - 1, 0)])
+                       [attrs["start"], attrs["start"] + attrs["step"] * last])
 
         def element(b: _Block, at: list[str]) -> str:
-            f = _flat(b, at, shape)
+            f = _flat(b, at, dest.shape)
             i64, x, prod, out = b.fresh("pos"), b.fresh("pos"), b.fresh("step"), b.fresh("ar")
             b.emit(f"{i64} = arith.index_cast {f} : index to i64")
             b.emit(f"{x} = arith.sitofp {i64} : i64 to f64")
@@ -321,17 +320,18 @@ class _Fallbacks(_Bodies):
         """The k largest along the last axis, largest first: the rank sort (NaN last) read
         from its end."""
         src, = ins
-        sa, shape = _ints(src.shape), _ints(dest.shape)
-        if not sa or len(sa) != len(shape) or sa[:-1] != shape[:-1] or shape[-1] > sa[-1]:
-            raise EmitError(f"op {op.name!r}: topk of tensor {op.ins[0].tensor!r} {list(sa)} "
-                            f"does not give tensor {op.out.tensor!r} {list(shape)}")
+        if not src.shape or len(src.shape) != len(dest.shape):
+            raise EmitError(f"op {op.name!r}: topk of tensor {op.ins[0].tensor!r} of rank "
+                            f"{len(src.shape)} does not give tensor {op.out.tensor!r} of rank "
+                            f"{len(dest.shape)}")
         ty = self.compute_type(op)
         ordered = self.sort(blk, op, body, src, ty)
-        last = sa[-1] - 1
+        n = src.shape[-1]
 
         def element(b: _Block, at: list[str]) -> str:
-            pos = _ix(b, "subi", b.value(last), at[-1])
-            return _convert(b, _extract(b, ordered, [*at[:-1], pos]), ty, dest.elt)
+            last = _ix(b, "subi", b.value(n), b.value(1))
+            return _convert(b, _extract(b, ordered, [*at[:-1], _ix(b, "subi", last, at[-1])]),
+                            ty, dest.elt)
 
         return element
 
@@ -340,8 +340,12 @@ class _Fallbacks(_Bodies):
 _Element = Callable[[_Block, list[str]], str]
 
 
-def _ints(shape: Sequence[Ix]) -> tuple[int, ...]:
-    return tuple(s.value for s in shape)
+def _prod(blk: _Block, shape: Sequence[Ix]) -> Ix:
+    """The element count of ``shape``: a constant, or run-time arithmetic made in ``blk``."""
+    n = Ix(1)
+    for s in shape:
+        n = blk.mul(n, s)
+    return n
 
 
 def _ix(b: _Block, op: str, x: str, y: str) -> str:
@@ -351,7 +355,7 @@ def _ix(b: _Block, op: str, x: str, y: str) -> str:
     return name
 
 
-def _flat(b: _Block, at: Sequence[str], shape: Sequence[int]) -> str:
+def _flat(b: _Block, at: Sequence[str], shape: Sequence[Ix]) -> str:
     """The row-major position of coordinates ``at`` in ``shape``."""
     flat = b.value(0)
     for i, n in zip(at, shape, strict=True):
@@ -359,12 +363,13 @@ def _flat(b: _Block, at: Sequence[str], shape: Sequence[int]) -> str:
     return flat
 
 
-def _unravel(b: _Block, flat: str, shape: Sequence[int]) -> list[str]:
+def _unravel(b: _Block, flat: str, shape: Sequence[Ix]) -> list[str]:
     """The coordinates in ``shape`` of the row-major position ``flat``."""
     out: list[str] = []
     for n in reversed(shape):
-        out.append(_ix(b, "remui", flat, b.value(n)))
-        flat = _ix(b, "divui", flat, b.value(n))
+        size = b.value(n)
+        out.append(_ix(b, "remui", flat, size))
+        flat = _ix(b, "divui", flat, size)
     return out[::-1]
 
 

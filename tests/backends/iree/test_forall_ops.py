@@ -30,6 +30,7 @@ from apportion.backends.iree.run import (
 )
 from apportion.cli.main import main
 from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
+from apportion.frontend.json_format import from_dict
 from apportion.ir import kinds
 from apportion.ir.kinds import KINDS, kind
 from apportion.ir.op import Op
@@ -215,6 +216,33 @@ def test_top_k_puts_nan_first_and_keeps_ties(cache):
     np.testing.assert_array_equal(got, run_unplanned(planned.program, {"x": x})["t"])
 
 
+@pytest.mark.parametrize("size", [1, 5, 8])
+def test_whole_tensor_kinds_over_run_time_sizes_run_at_any_size_in_one_module(size, cache):
+    """An embedding of a run-time count of ids, a range over that count, a reshape and a
+    concatenation of the embedding: one function for every size, which the ids' shape gives."""
+    p = from_dict({
+        "format": "apportion.program/1", "name": "dyn", "symbols": {"B": {"max": 8}},
+        "tensors": {"ids": {"shape": ["B"], "dtype": "int64"},
+                    "table": {"shape": [10, 64], "dtype": "float16"},
+                    "p": {"shape": ["B"], "dtype": "int64"},
+                    "r": {"shape": ["B", 2, 32], "dtype": "float16"},
+                    "c": {"shape": ["B", 128], "dtype": "float16"}},
+        "inputs": ["ids", "table"], "outputs": ["e", "s", "r", "c"], "ops": [
+         {"name": "emb", "op": "gather", "out": "e[i,d]", "ins": ["table[v,d]", "ids[i]"]},
+         {"name": "pos", "op": "arange", "out": "p[i]", "ins": [], "start": 2.0,
+          "dtype": "int64"},
+         {"name": "shift", "op": "add", "out": "s[i]", "ins": ["ids[i]", "p[i]"]},
+         {"name": "rs", "op": "reshape", "out": "r[i,h,d]", "ins": ["e[j,c]"]},
+         {"name": "cat", "op": "concat", "out": "c[i,o]", "ins": ["e[i,d]", "e[j,c]"],
+          "axis": -1}]})
+    planned = plan(p)
+    assert host_ops(planned.program) == ()
+    checks, run = iree_check(planned.program, planned.plan, planned.target, 2, {"B": size},
+                             cache, symbolic=planned.given)
+    assert checks and all(c.ok for c in checks), [c for c in checks if not c.ok]
+    assert run.tensors["e"].shape == (size, 64)
+
+
 def test_random_numbers_are_refused_by_the_emitter_naming_kind_and_backend():
     p = program({"x": ([4, 8], "float32")},
                 [{"name": "noise", "op": "normal", "out": "n[i,j]", "ins": [],
@@ -257,6 +285,29 @@ def test_run_a_model_with_embeddings_in_iree_matches_eager(capsys, tmp_path, mon
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "(balanced, 8 cores, iree) matches the model run eagerly in PyTorch" in out
+
+
+@torch_models
+@pytest.mark.slow
+def test_a_model_at_a_run_time_sequence_length_runs_in_iree_and_matches_eager(cache):
+    import torch
+
+    from apportion.frontend import torch_demo
+
+    model, (ids,) = torch_demo.tiny_gpt2()
+    seq = torch.export.Dim("seq", min=2, max=64)
+    tp = ap.from_torch(model, (ids,), kwargs={"attention_mask": torch.ones_like(ids)},
+                       dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}})
+    planned = plan(tp.program, cores=8)
+    assert host_ops(planned.program) == ()
+    x = torch.randint(0, 1000, (1, 40))
+    run = iree_run(planned.program, planned.plan, planned.target,
+                   tp.inputs(x, attention_mask=torch.ones_like(x)), cache_dir=cache,
+                   symbolic=planned.given)
+    got, = tp.torch_outputs(run.tensors)
+    with torch.no_grad():
+        want = model(x, attention_mask=torch.ones_like(x)).logits.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 # --- 3. dead ops ---------------------------------------------------------------------------------
