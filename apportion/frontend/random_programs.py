@@ -391,7 +391,10 @@ def merged(d: Draw) -> Program:
 
 def nested(d: Draw) -> Program:
     """A chain of 2 to 4 row-wise ops (pointwise, a row statistic broadcast back, a matmul
-    over columns) in one or two nested loops over rows and columns."""
+    over columns) in one or two nested loops over rows and columns; sometimes an intermediate
+    is an output too (a group writing several outputs), the first op sits in the outer loop
+    only (``depths``), a fallback (cumsum along the row) ends the chain inside the loop, or a
+    dead op (read by nothing) comes first."""
     dtype = d.sampled_from(FLOATS)
     m = d.sampled_from((2, 4, 6, 8, 12, 16))
     n = d.sampled_from((32, 64, 96, 128))
@@ -418,12 +421,23 @@ def nested(d: Draw) -> Program:
             ops.append({"name": f"mm{i}", "op": "matmul", "out": f"{out}[i,j]",
                         "ins": [f"{cur}[i,k]", f"w{i}[k,j]"]})
         cur = out
+    outputs = [cur]
+    if len(ops) > 1 and d.booleans():  # an intermediate read after the group too
+        outputs.append(ops[0]["out"].split("[")[0])
     rows = d.sampled_from([c for c in (1, 2, 4) if m % c == 0])
     loops = [{"count": rows, "dims": ["i"]}]
+    group: dict[str, Any] = {"ops": [o["name"] for o in ops], "loops": loops}
     if d.booleans() and all(o["name"][0] in "ub" for o in ops):  # columns too
         loops.append({"count": d.sampled_from((1, 2)), "dims": ["j"]})
-    tiling = [{"ops": [o["name"] for o in ops], "loops": loops}]
-    return _doc(tensors, ops, [cur], name="nested", tiling=tiling)
+        if len(ops) > 1 and d.booleans():  # the first op in the outer loop only
+            group["depths"] = {ops[0]["name"]: 1}
+    elif d.booleans():  # a fallback inside the loop: cumsum along each row
+        ops.append({"name": "cs", "op": "cumsum", "out": "cs[i,j]", "ins": [f"{cur}[i,j]"]})
+        group["ops"].append("cs")
+        outputs[0] = "cs"
+    if d.booleans():  # a dead op: its result is read by nothing
+        ops.insert(0, {"name": "dead", "op": "exp", "out": "dead[i,j]", "ins": ["x[i,j]"]})
+    return _doc(tensors, ops, outputs, name="nested", tiling=[group])
 
 
 def symbolic(d: Draw) -> tuple[Program, dict[str, int]]:
