@@ -1,11 +1,11 @@
 """The threaded torch executor: a plan run core slice by core slice with torch kernels.
 
-``run_torch(planned, inputs, threads)`` runs every op of a plan as the plan divides it: each
-core's box of the op's iteration space is exactly the reference executor's (outside loops
-``plans.views.core_slices`` of the op plan; in a loop nest every iteration's core boxes of its
-tile, ``plans.tiles``, as ``loops.run_tiled`` cuts them), checked by ``reference.check_cover``
-to cover the space once, and computed by torch kernels on torch views of the operands. The
-boxes of one op run concurrently on a pool of ``threads`` threads; ops run in program order.
+``run_torch(planned, inputs, threads)`` runs a plan's schedule (``schedule.lower``: the one
+lowered form, symbolic loop counts bound): every launch's boxes at every iteration of its loops
+(``Launch.boxes_at``, the boxes the reference executor computes), checked by
+``reference.check_cover`` to cover the op's iteration space once, computed by torch kernels on
+torch views of the operands; host steps whole. It reads nothing of the plan itself. The boxes
+of one op run concurrently on a pool of ``threads`` threads; ops run in program order.
 It gives the reference executor's numbers within the dtype tolerances
 (``reference.TOLERANCES``).
 
@@ -22,7 +22,8 @@ How an op runs:
   cuts of the merged axis.
 - Matmul and convolution: ``torch.matmul`` where the op is ``(batch, m, k) @ (batch, k, n)``
   (each operand read in that dim order, each group of dims merged), else ``torch.einsum``
-  over the views; BLAS either way. Pointwise and layout kinds: their registry semantics
+  over the views; BLAS either way. How each kind runs is one table, ``kernels.KERNELS``.
+  Pointwise and layout kinds: their registry semantics
   (``ir.kinds``, written against an array namespace) run with torch as the namespace
   (``XP``), or one fused torch kernel where a formula would take several (``silu``, ``gelu``,
   ``sigmoid``, ...; same math); copies and casts are one ``copy_``. Reductions ``sum``,
@@ -79,6 +80,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import math
 import string
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -88,23 +90,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from apportion.backends.limits import cite
-from apportion.errors import ApportionError, ExecutionError
+from apportion.backends.torch.kernels import WHOLE, XP, kernel, reduce, require_torch, torch
+from apportion.errors import ExecutionError
 from apportion.ir.kinds import INTEGERS, Category, OpKind, Partial, Reducer
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
 from apportion.plans.plan import Plan
-from apportion.plans.tiles import core_boxes, iterations, resolve_counts, tile_box
-from apportion.plans.views import core_slices
 from apportion.runtime import kernels
 from apportion.runtime.reference import Box, check_cover, evaluate_op, run_op_boxes
-
-try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:  # the optional extra .[torch]; run_torch says so
-    torch = None  # type: ignore[assignment]
-    F = None  # type: ignore[assignment]
+from apportion.schedule.lower import lower
+from apportion.schedule.values import Host, Launch, Schedule
+from apportion.target.target import Target
 
 __all__ = ["GRAIN", "TORCH_DTYPES", "XP", "TorchExecutor", "from_torch_storage", "run_torch",
            "to_torch_storage"]
@@ -118,12 +114,6 @@ class PlannedLike(Protocol):
 
     @property
     def plan(self) -> Plan: ...
-
-
-def _require_torch() -> None:
-    if torch is None:
-        raise ExecutionError("the torch executor needs PyTorch: pip install 'apportion[torch]' "
-                             f"{cite('needs-pytorch')}")
 
 
 #: tensor dtype -> torch dtype of the tensor that holds it
@@ -154,7 +144,7 @@ def _cast(t: Any, dtype: str) -> Any:
 
 def to_torch_storage(a: Any, dtype: str) -> Any:
     """A numpy array (or tensor) as the contiguous torch tensor that stores ``dtype``."""
-    _require_torch()
+    require_torch()
     if not isinstance(a, torch.Tensor):
         a = np.asarray(a)
         # a copy where numpy's strides are not row-major (ascontiguousarray makes 0-d 1-d)
@@ -170,113 +160,6 @@ def from_torch_storage(t: Any) -> np.ndarray:
     if t.dtype == torch.bfloat16:
         t = t.float()
     return t.numpy()
-
-
-# --- the array namespace -----------------------------------------------------------------------
-
-def _scalar_aware(both: Callable[[Any, Any], Any], one: str) -> Callable[[Any, Any], Any]:
-    # numpy's maximum(a, 0) takes a number; torch's maximum wants two tensors
-    def fn(a: Any, b: Any) -> Any:
-        if isinstance(b, torch.Tensor):
-            return both(a, b)
-        return getattr(torch, one)(a, b)
-    return fn
-
-
-def _asarray(value: Any, dtype: Any = None) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value if dtype is None else value.to(dtype)
-    if dtype is None and isinstance(value, float | int) and not isinstance(value, bool):
-        dtype = torch.float64  # numpy's for a Python number
-    return torch.as_tensor(value, dtype=dtype)
-
-
-class _Torch:
-    """The array namespace the registry's semantics run on here: torch under numpy's names
-    (``equal`` is elementwise, ``maximum`` takes a number, ``power``, ``asarray``)."""
-
-    def __getattr__(self, name: str) -> Any:
-        _require_torch()
-        renamed = {"equal": torch.eq, "not_equal": torch.ne, "less": torch.lt,
-                   "less_equal": torch.le, "greater": torch.gt, "greater_equal": torch.ge,
-                   "power": torch.pow, "asarray": _asarray,
-                   "maximum": _scalar_aware(torch.maximum, "clamp_min"),
-                   "minimum": _scalar_aware(torch.minimum, "clamp_max")}
-        fn = renamed[name] if name in renamed else getattr(torch, name)
-        setattr(self, name, fn)  # looked up once
-        return fn
-
-
-#: the namespace passed to the registry's semantics and reducers
-XP = _Torch()
-
-
-def _clamp(a: Any, min: float | None = None, max: float | None = None) -> Any:
-    return torch.clamp(a, min=min, max=max)
-
-
-#: kinds whose registry formula takes several torch kernels: one fused kernel, same math
-_FUSED: dict[str, Callable[..., Any]] = {
-    "silu": lambda a: F.silu(a),
-    "sigmoid": lambda a: torch.sigmoid(a),
-    "gelu": lambda a: F.gelu(a, approximate="tanh"),
-    "relu": lambda a: torch.relu(a),
-    "rsqrt": lambda a: torch.rsqrt(a),
-    "softplus": lambda a: F.softplus(a, beta=1.0, threshold=20.0),
-    "clamp": _clamp,
-}
-
-
-# --- reductions --------------------------------------------------------------------------------
-
-def _flat(x: Any, axes: tuple[int, ...]) -> Any:
-    """``x`` with the reduced axes moved last and merged into one."""
-    keep = [i for i in range(x.ndim) if i not in axes]
-    moved = x.permute(*keep, *axes)
-    return moved.reshape(*moved.shape[:len(keep)], -1)
-
-
-def _argmax(x: Any, axes: tuple[int, ...], starts: Sequence[int], sizes: Sequence[int]
-            ) -> tuple[Any, Any]:
-    """Max values and their flat indices, row-major over the full reduction dims (the
-    reference's ``_argmax_partial``)."""
-    flat = _flat(x, axes)
-    local = torch.argmax(flat, dim=-1)  # the first maximum (NaN counts as the largest)
-    values = flat.gather(-1, local.unsqueeze(-1)).squeeze(-1)
-    box = [x.shape[a] for a in axes]
-    index = torch.zeros_like(local)
-    rest = local
-    scale = 1
-    for size, start, full in zip(reversed(box), reversed(starts), reversed(sizes), strict=True):
-        index = index + (rest % size + start) * scale
-        rest = torch.div(rest, size, rounding_mode="floor")
-        scale *= full
-    return values, index
-
-
-def _reduce(reducer: Reducer, x: Any, axes: tuple[int, ...], starts: Sequence[int],
-            sizes: Sequence[int]) -> Partial:
-    """One box's partial of a reduction over ``axes`` of ``x`` (the box, every op dim)."""
-    name = reducer.name
-    if name == "argmax":
-        return _argmax(x, axes, starts, sizes)
-    if not axes:  # torch reads an empty dim list as "all dims"
-        return (x != 0) if name == "any" else x
-    if name in ("sum", "mean"):
-        return torch.sum(x, dim=axes)
-    if name == "max":
-        return torch.amax(x, dim=axes)
-    if name == "min":
-        return torch.amin(x, dim=axes)
-    if name == "prod":
-        return torch.prod(_flat(x, axes), dim=-1)
-    if name == "any":
-        return torch.any(_flat(x, axes) != 0, dim=-1)
-    raise ExecutionError(f"the torch executor has no partial for reducer {name!r}")
-
-
-#: reducers with a torch partial; an op of another runs through the reference executor
-_REDUCERS = frozenset({"sum", "mean", "max", "min", "prod", "any", "argmax"})
 
 
 # --- the schedule: every box's strided views, computed once ------------------------------------
@@ -378,7 +261,7 @@ class _Step:
         else:
             reducer = self.op.kind.reducer
             assert reducer is not None
-            part = _reduce(reducer, xs[0].expand(self.box_shapes[i]), self.axes,
+            part = reduce(reducer, xs[0].expand(self.box_shapes[i]), self.axes,
                            self.box_starts[i], self.red_sizes)
         if not self.solo[i]:
             return part
@@ -421,7 +304,7 @@ def _compute_dtype(dtypes: Sequence[str], kind: OpKind) -> Any:
 def _elementwise(op: Op) -> Callable[..., Any]:
     kind = op.kind
     attrs = kind.numeric_attrs(dict(op.attrs))
-    fused = _FUSED.get(kind.name)
+    fused = kernel(kind).fn
     if fused is not None:
         return lambda *xs: fused(*xs, **attrs)
     compute = kind.compute
@@ -429,25 +312,15 @@ def _elementwise(op: Op) -> Callable[..., Any]:
     return lambda *xs: compute(XP, *xs, **attrs)
 
 
-def _boxes(op: Op, op_plan: Any, params: Mapping[str, int] | None
-           ) -> tuple[list[Box], list[int]]:
-    """Every core's box of the op's iteration space, and the loop iteration of each: outside
-    loops the plan's core slices; in a loop nest every iteration's core boxes of its tile
-    (``plans.tiles``, as ``loops.run_tiled`` cuts them), iterations in loop order."""
-    loop = op_plan.loop
-    if loop is None:
-        if dict(op_plan.iteration_space) != op.sizes:
-            raise ExecutionError(f"op {op.name!r}: plan's iteration space {op_plan.sizes} "
-                                 f"differs from the op's {op.sizes}")
-        boxes = core_slices(op_plan)
-        return boxes, [0] * len(boxes)
-    counts = resolve_counts(loop.count, params)
-    # a level that tiles none of the op's dims recomputes the same tile each iteration: the
-    # same numbers once
-    once = tuple(c if dims else 1 for c, dims in zip(counts, loop.tiled_dims, strict=True))
+def _boxes(launch: Launch, counts: Sequence[int]) -> tuple[list[Box], list[int]]:
+    """Every worker's box of a launch over every iteration of its enclosing loops (of
+    ``counts``), in loop order, and the iteration of each: the schedule's boxes at each loop
+    index. A level that moves none of the launch's boxes recomputes the same tile each
+    iteration: the same numbers once."""
+    once = [c if level in launch.moving else 1 for level, c in enumerate(counts)]
     boxes, iters = [], []
-    for k, index in enumerate(iterations(once)):
-        for b in core_boxes(op_plan, tile_box(op.sizes, loop, index, counts, op.name)):
+    for k, index in enumerate(itertools.product(*(range(c) for c in once))):
+        for b in launch.boxes_at(index):
             if b is not None:  # a core with nothing of a tile smaller than planned
                 boxes.append(b)
                 iters.append(k)
@@ -485,11 +358,11 @@ def _mm_orders(op: Op) -> tuple[list[str], list[str], list[str], tuple[int, int,
         (len(batch), len(m), len(k), len(n))
 
 
-def _step(op: Op, program: Program, plan: Plan, params: Mapping[str, int] | None) -> _Step:
-    try:
-        op_plan = plan.op(op.name)
-    except ApportionError as e:
-        raise ExecutionError(f"op {op.name!r}: {e}") from None
+def _step(item: Launch | Host, counts: Sequence[int], program: Program) -> _Step:
+    """How the torch backend runs one launch or host step of a schedule (inside loops of
+    ``counts``)."""
+    op = program.op(item.op)
+    how = kernel(op.kind).how
     kind = op.kind
     out_t = program.tensor(op.out.tensor)
     in_types = [program.tensor(a.tensor) for a in op.ins]
@@ -504,17 +377,16 @@ def _step(op: Op, program: Program, plan: Plan, params: Mapping[str, int] | None
               "out_dtype": out_t.dtype, "out_shape": out_t.shape, "compute": compute,
               "casts": tuple(None if _dtype(t.dtype) == want else want
                              for t, want in zip(in_types, wants, strict=True))}
-    if not kind.divisible:
-        if op_plan.cores != 1:
-            raise ExecutionError(f"op {op.name!r}: fallback ops run on one core, plan gives "
-                                 f"{op_plan.cores}")
+    if isinstance(item, Host):
+        if how not in ("whole", "numpy"):
+            raise ExecutionError(f"op {op.name!r}: a host step of kind {kind.name!r}, which "
+                                 f"the torch backend runs as {how!r}")
         # whole, in a loop nest too: a fallback works on whole rows, so its tiles' results
         # are the whole op's
         whole = ({d: (0, n) for d, n in op.dims},)
-        return _Step(mode="whole" if kind.name in _WHOLE else "numpy", boxes=whole,
-                     groups=((0,),), solo=(True,), iters=(0,), box_reads=(), box_writes=(),
-                     **common)
-    listed, iters = _boxes(op, op_plan, params)
+        return _Step(mode=how, boxes=whole, groups=((0,),), solo=(True,), iters=(0,),
+                     box_reads=(), box_writes=(), **common)
+    listed, iters = _boxes(item, counts)
     boxes = tuple(listed)
     check_cover(op, boxes)
     dims, par = op.dim_names, op.parallel_dims
@@ -542,11 +414,11 @@ def _step(op: Op, program: Program, plan: Plan, params: Mapping[str, int] | None
                             for a, t in zip(op.ins, in_types, strict=True)) for b in boxes)
     box_writes = tuple(_view(written, written_shape, par, b) for b in boxes)
     common |= {"box_reads": box_reads, "box_writes": box_writes}
-    if kind.name in ("copy", "relayout"):  # elements moved, maybe cast: one copy_
+    if how == "copy":  # elements moved, maybe cast: one copy_
         return _Step(mode="copy", **common)
-    if kind.elementwise:
+    if how == "elementwise":
         return _Step(mode="elementwise", fn=_elementwise(op), **common)
-    if matmul:
+    if how == "matmul":
         if len(dims) > len(string.ascii_letters):
             raise ExecutionError(f"op {op.name!r}: {len(dims)} dims exceed einsum's letters")
         letter = dict(zip(dims, string.ascii_letters, strict=False))
@@ -558,49 +430,31 @@ def _step(op: Op, program: Program, plan: Plan, params: Mapping[str, int] | None
                                       for b in boxes),
                      box_scales=tuple(math.prod(b[d][1] - b[d][0] for d in red if d not in read)
                                       for b in boxes), **common)
-    if kind.reducer is None or kind.reducer.name not in _REDUCERS:
+    if how == "numpy":
         return _Step(mode="numpy", **common)
+    if how != "reduce" or kind.reducer is None:
+        raise ExecutionError(f"op {op.name!r}: a launch of kind {kind.name!r}, which the torch "
+                             f"backend runs as {how!r}")
     return _Step(mode="reduce", axes=tuple(i for i, d in enumerate(dims) if d in red),
                  red_sizes=tuple(op.sizes[d] for d in red),
                  box_shapes=tuple(tuple(b[d][1] - b[d][0] for d in dims) for b in boxes),
                  box_starts=tuple(tuple(b[d][0] for d in red) for b in boxes), **common)
 
 
-def _check_params(program: Program, plan: Plan, params: Mapping[str, int] | None) -> None:
-    """Symbolic loop counts checked as ``loops.run_tiled`` checks them: each one given, within
-    what its group was planned for; no other name."""
-    needed = {c for g in plan.groups for c in g.counts if isinstance(c, str)}
-    extra = sorted(set(params or {}) - needed)
-    if extra:
-        raise ExecutionError(f"params {extra} given, but plan of {program.name!r} has no such "
-                             "symbolic loop count")
-    for g in plan.groups:
-        for name, value in zip(g.counts, resolve_counts(g.counts, params), strict=True):
-            why = g.check_count(name, value) if isinstance(name, str) else None
-            if why is not None:
-                raise ExecutionError(why)
-
-
-def _schedule(program: Program, plan: Plan, params: Mapping[str, int] | None
-              ) -> tuple[_Step, ...]:
-    _check_params(program, plan, params)
-    steps = [_step(op, program, plan, params) for op in program.ops]
-    # a tensor no later op reads and that is no output is dropped after its last reader
-    last: dict[str, int] = {}
-    for i, s in enumerate(steps):
-        for name in s.reads:
-            last[name] = i
-    keep = set(program.outputs) | set(program.inputs)
+def _schedule(schedule: Schedule) -> tuple[_Step, ...]:
+    """The torch steps of a schedule: one per launch and host step, in order, each with the
+    tensors no later step reads (the schedule's lifetimes) to free after it."""
+    steps: list[_Step] = []
+    for item, loops in schedule.walk():
+        if isinstance(item, Launch | Host):
+            steps.append(_step(item, [lp.count for lp in loops], schedule.program))
+    keep = set(schedule.program.inputs) | set(schedule.program.outputs)
     dead: dict[int, list[str]] = {}
-    for name, i in last.items():
-        if name not in keep:
-            dead.setdefault(i, []).append(name)
-    for i, s in enumerate(steps):
-        unread = s.out not in last and s.out not in keep  # computed, never read
-        free = dead.get(i, []) + ([s.out] if unread else [])
-        if free:
-            steps[i] = dataclasses.replace(s, free=tuple(free))
-    return tuple(steps)
+    for life in schedule.lifetimes:
+        if life.tensor not in keep:
+            dead.setdefault(life.last, []).append(life.tensor)
+    return tuple(dataclasses.replace(s, free=tuple(dead[i])) if i in dead else s
+                 for i, s in enumerate(steps))
 
 
 def _combine(step: _Step, reducer: Reducer, group: Sequence[int], parts: Mapping[int, Partial]
@@ -634,36 +488,11 @@ def _run_boxes(step: _Step, env: Mapping[str, Any], out: Any, indices: Sequence[
 
 # --- whole-tensor fallbacks --------------------------------------------------------------------
 
-def _gather(table: Any, ids: Any, *, shape: tuple[int, ...]) -> Any:
-    row = math.prod(shape) // max(ids.numel(), 1)
-    rows = table.reshape(-1, row)
-    flat = ids.reshape(-1).to(torch.int64)
-    flat = torch.where(flat < 0, flat + rows.shape[0], flat)  # numpy's take wraps negatives
-    return rows.index_select(0, flat).reshape(shape)
-
-
-def _arange(*, shape: tuple[int, ...], start: float = 0.0, step: float = 1.0) -> Any:
-    n = math.prod(shape)
-    return (start + step * torch.arange(n, dtype=torch.float64)).reshape(shape)
-
-
-#: whole-tensor fallbacks run in torch: inputs as stored, the output's shape
-_WHOLE: dict[str, Callable[..., Any]] = {
-    "gather": _gather,
-    "reshape": lambda a, *, shape: a.reshape(shape).clone(),
-    "concat": lambda a, b, *, shape, axis: torch.cat(
-        [a, b.to(torch.promote_types(a.dtype, b.dtype))]
-        if a.dtype != b.dtype else [a, b], dim=int(axis)),
-    "full": lambda *, shape, value: torch.full(shape, value, dtype=torch.float64),
-    "arange": _arange,
-}
-
-
 def _run_whole(step: _Step, env: Mapping[str, Any]) -> Any:
     op = step.op
     attrs = op.kind.numeric_attrs(dict(op.attrs))
     try:
-        res = _WHOLE[op.kind.name](*(env[n] for n in step.reads), shape=step.out_shape,
+        res = WHOLE[op.kind.name](*(env[n] for n in step.reads), shape=step.out_shape,
                                    **attrs)
         res = res.reshape(step.out_shape)
     except (IndexError, RuntimeError, ValueError) as e:
@@ -718,14 +547,16 @@ class TorchExecutor:
     """
 
     def __init__(self, program: Program, plan: Plan, threads: int = 1,
-                 grain: int = GRAIN) -> None:
-        _require_torch()
+                 grain: int = GRAIN, target: Target | str | None = None) -> None:
+        require_torch()
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ExecutionError(f"threads must be an int >= 1, got {threads!r}")
         if isinstance(grain, bool) or not isinstance(grain, int) or grain < 0:
             raise ExecutionError(f"grain must be an int >= 0, got {grain!r}")
         self.program = program
         self.plan = plan
+        #: the target, or its name: lowering a program with static shapes needs no more
+        self.target = plan.target if target is None else target
         self.threads = threads
         self.grain = grain
         self._steps: dict[tuple[tuple[str, int], ...], tuple[_Step, ...]] = {}
@@ -783,11 +614,16 @@ class TorchExecutor:
                     env.pop(name, None)
         return {name: env[name] for name in self.program.outputs}
 
+    def lowered(self, params: Mapping[str, int] | None = None) -> Schedule:
+        """The plan's schedule at these symbolic loop counts (``schedule.lower``)."""
+        return lower(self.program, self.plan, self.target, params=params)
+
     def schedule(self, params: Mapping[str, int] | None = None) -> tuple[_Step, ...]:
-        """Every op's boxes at these symbolic loop counts, built once per distinct ``params``."""
+        """The torch steps of the schedule at these symbolic loop counts (every op's boxes and
+        views), built once per distinct ``params``."""
         key = tuple(sorted((params or {}).items()))
         if key not in self._steps:
-            self._steps[key] = _schedule(self.program, self.plan, params)
+            self._steps[key] = _schedule(self.lowered(params))
         return self._steps[key]
 
     def _pool_for(self, step: _Step) -> ThreadPoolExecutor | None:

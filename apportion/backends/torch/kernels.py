@@ -1,0 +1,237 @@
+"""The torch backend's kernels: the one table of how each op kind of the registry runs in torch.
+
+``KERNELS`` maps every op kind (``ir.kinds``, keyed by category and name: ``max`` is both a
+pointwise and a reduction kind) to a ``Kernel``: how it runs (``HOWS``) and, where it is not the
+registry's own formula, the torch function:
+
+- ``copy``: copies and casts, one ``copy_``;
+- ``elementwise``: the registry's formula on the torch namespace ``XP``, or one fused torch
+  kernel where the formula would take several (``silu``, ``gelu``, ``sigmoid``, ...; same math);
+- ``matmul``: ``torch.matmul`` or ``torch.einsum`` over the operands' views (the executor picks);
+- ``reduce``: a torch partial per box (``reduce``), combined with the kind's reducer on ``XP``;
+- ``whole``: a whole-tensor fallback in torch (inputs as stored, the output's shape);
+- ``numpy``: through the reference executor (sorts, scans, top-k, and random numbers, whose
+  numbers are numpy's generator's).
+
+A kind the table lacks is refused in one place, ``kernel(kind)``, with an ExecutionError naming
+the kind and the backend.
+
+>>> from apportion.ir.kinds import kind
+>>> kernel(kind("silu")).how, kernel(kind("gather")).how, kernel(kind("sort")).how
+('elementwise', 'whole', 'numpy')
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from apportion.backends.limits import cite
+from apportion.errors import ExecutionError
+from apportion.ir.kinds import KINDS, Category, OpKind, Partial, Reducer
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:  # the optional extra .[torch]; the executor says so
+    torch = None  # type: ignore[assignment]
+    F = None  # type: ignore[assignment]
+
+BACKEND = "torch"
+HOWS = ("copy", "elementwise", "matmul", "reduce", "whole", "numpy")
+
+
+def require_torch() -> None:
+    if torch is None:
+        raise ExecutionError("the torch executor needs PyTorch: pip install 'apportion[torch]' "
+                             f"{cite('needs-pytorch')}")
+
+
+# --- the array namespace -----------------------------------------------------------------------
+
+def _scalar_aware(both: Callable[[Any, Any], Any], one: str) -> Callable[[Any, Any], Any]:
+    # numpy's maximum(a, 0) takes a number; torch's maximum wants two tensors
+    def fn(a: Any, b: Any) -> Any:
+        if isinstance(b, torch.Tensor):
+            return both(a, b)
+        return getattr(torch, one)(a, b)
+    return fn
+
+
+def _asarray(value: Any, dtype: Any = None) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value if dtype is None else value.to(dtype)
+    if dtype is None and isinstance(value, float | int) and not isinstance(value, bool):
+        dtype = torch.float64  # numpy's for a Python number
+    return torch.as_tensor(value, dtype=dtype)
+
+
+class _Torch:
+    """The array namespace the registry's semantics run on here: torch under numpy's names
+    (``equal`` is elementwise, ``maximum`` takes a number, ``power``, ``asarray``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        require_torch()
+        renamed = {"equal": torch.eq, "not_equal": torch.ne, "less": torch.lt,
+                   "less_equal": torch.le, "greater": torch.gt, "greater_equal": torch.ge,
+                   "power": torch.pow, "asarray": _asarray,
+                   "maximum": _scalar_aware(torch.maximum, "clamp_min"),
+                   "minimum": _scalar_aware(torch.minimum, "clamp_max")}
+        fn = renamed[name] if name in renamed else getattr(torch, name)
+        setattr(self, name, fn)  # looked up once
+        return fn
+
+
+#: the namespace passed to the registry's semantics and reducers
+XP = _Torch()
+
+
+def _clamp(a: Any, min: float | None = None, max: float | None = None) -> Any:
+    return torch.clamp(a, min=min, max=max)
+
+
+#: kinds whose registry formula takes several torch kernels: one fused kernel, same math
+FUSED: dict[str, Callable[..., Any]] = {
+    "silu": lambda a: F.silu(a),
+    "sigmoid": lambda a: torch.sigmoid(a),
+    "gelu": lambda a: F.gelu(a, approximate="tanh"),
+    "relu": lambda a: torch.relu(a),
+    "rsqrt": lambda a: torch.rsqrt(a),
+    "softplus": lambda a: F.softplus(a, beta=1.0, threshold=20.0),
+    "clamp": _clamp,
+}
+
+
+# --- reductions --------------------------------------------------------------------------------
+
+def _flat(x: Any, axes: tuple[int, ...]) -> Any:
+    """``x`` with the reduced axes moved last and merged into one."""
+    keep = [i for i in range(x.ndim) if i not in axes]
+    moved = x.permute(*keep, *axes)
+    return moved.reshape(*moved.shape[:len(keep)], -1)
+
+
+def _argmax(x: Any, axes: tuple[int, ...], starts: Sequence[int], sizes: Sequence[int]
+            ) -> tuple[Any, Any]:
+    """Max values and their flat indices, row-major over the full reduction dims (the
+    reference's ``_argmax_partial``)."""
+    flat = _flat(x, axes)
+    local = torch.argmax(flat, dim=-1)  # the first maximum (NaN counts as the largest)
+    values = flat.gather(-1, local.unsqueeze(-1)).squeeze(-1)
+    box = [x.shape[a] for a in axes]
+    index = torch.zeros_like(local)
+    rest = local
+    scale = 1
+    for size, start, full in zip(reversed(box), reversed(starts), reversed(sizes), strict=True):
+        index = index + (rest % size + start) * scale
+        rest = torch.div(rest, size, rounding_mode="floor")
+        scale *= full
+    return values, index
+
+
+def reduce(reducer: Reducer, x: Any, axes: tuple[int, ...], starts: Sequence[int],
+            sizes: Sequence[int]) -> Partial:
+    """One box's partial of a reduction over ``axes`` of ``x`` (the box, every op dim)."""
+    name = reducer.name
+    if name == "argmax":
+        return _argmax(x, axes, starts, sizes)
+    if not axes:  # torch reads an empty dim list as "all dims"
+        return (x != 0) if name == "any" else x
+    if name in ("sum", "mean"):
+        return torch.sum(x, dim=axes)
+    if name == "max":
+        return torch.amax(x, dim=axes)
+    if name == "min":
+        return torch.amin(x, dim=axes)
+    if name == "prod":
+        return torch.prod(_flat(x, axes), dim=-1)
+    if name == "any":
+        return torch.any(_flat(x, axes) != 0, dim=-1)
+    raise ExecutionError(f"reducer {name!r} has no partial in the torch backend")
+
+
+
+# --- whole-tensor fallbacks ---------------------------------------------------------------
+
+def _gather(table: Any, ids: Any, *, shape: tuple[int, ...]) -> Any:
+    row = math.prod(shape) // max(ids.numel(), 1)
+    rows = table.reshape(-1, row)
+    flat = ids.reshape(-1).to(torch.int64)
+    flat = torch.where(flat < 0, flat + rows.shape[0], flat)  # numpy's take wraps negatives
+    return rows.index_select(0, flat).reshape(shape)
+
+
+def _arange(*, shape: tuple[int, ...], start: float = 0.0, step: float = 1.0) -> Any:
+    n = math.prod(shape)
+    return (start + step * torch.arange(n, dtype=torch.float64)).reshape(shape)
+
+
+#: whole-tensor fallbacks run in torch: inputs as stored, the output's shape
+WHOLE: dict[str, Callable[..., Any]] = {
+    "gather": _gather,
+    "reshape": lambda a, *, shape: a.reshape(shape).clone(),
+    "concat": lambda a, b, *, shape, axis: torch.cat(
+        [a, b.to(torch.promote_types(a.dtype, b.dtype))]
+        if a.dtype != b.dtype else [a, b], dim=int(axis)),
+    "full": lambda *, shape, value: torch.full(shape, value, dtype=torch.float64),
+    "arange": _arange,
+}
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Kernel:
+    """How the torch backend runs one op kind: ``how`` (one of ``HOWS``) and ``fn``, the torch
+    function of a fused elementwise kind or of a whole-tensor fallback (None: the registry's
+    formula, or nothing to call)."""
+
+    how: str
+    fn: Callable[..., Any] | None = None
+
+
+_P, _L, _M, _R, _F = (Category.POINTWISE, Category.LAYOUT, Category.MATMUL,
+                      Category.REDUCTION, Category.FALLBACK)
+
+#: pointwise kinds run as the registry's formula on ``XP``
+_FORMULA = ("add", "sub", "mul", "div", "max", "min", "pow", "floor_div", "remainder", "eq",
+            "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not", "where",
+            "neg", "abs", "exp", "log", "sqrt", "tanh", "square", "reciprocal", "sin", "cos",
+            "erf", "sign", "fill")
+#: reductions with a torch partial (``reduce``), by kind
+_REDUCTIONS = ("sum", "mean", "avg_pool", "max", "max_pool", "min", "prod", "any", "argmax")
+#: fallbacks run through the reference executor
+_NUMPY = ("sort", "cumsum", "flip", "topk", "uniform", "normal")
+
+#: (category, kind name) -> its kernel
+KERNELS: dict[tuple[Category, str], Kernel] = {
+    **{(_P, n): Kernel("elementwise") for n in _FORMULA},
+    **{(_P, n): Kernel("elementwise", fn) for n, fn in FUSED.items()},
+    **{(_L, n): Kernel("copy") for n in ("copy", "relayout")},
+    **{(_M, n): Kernel("matmul") for n in ("matmul", "conv")},
+    **{(_R, n): Kernel("reduce") for n in _REDUCTIONS},
+    **{(_F, n): Kernel("whole", fn) for n, fn in WHOLE.items()},
+    **{(_F, n): Kernel("numpy") for n in _NUMPY},
+}
+
+# a name the registry does not know would never match: refuse it when the table is read
+_unknown = set(KERNELS) - {(k.category, k.name) for k in KINDS}
+if _unknown:
+    raise ExecutionError(f"torch kernels for kinds the registry lacks: {sorted(_unknown)}")
+
+
+def kernel(kind: OpKind) -> Kernel:
+    """The torch kernel of op ``kind``; an ExecutionError naming the kind and the backend when
+    the table has none.
+
+    >>> from apportion.ir.kinds import kind
+    >>> kernel(kind("matmul"))
+    Kernel(how='matmul', fn=None)
+    """
+    found = KERNELS.get((kind.category, kind.name))
+    if found is None:
+        raise ExecutionError(f"op kind {kind.name!r} ({kind.category}) has no kernel in the "
+                             f"{BACKEND} backend")
+    return found
