@@ -492,8 +492,9 @@ def _native(op: Op, program: Program, ins: list[Any]) -> Any | None:
                 out == (x[0], x[1], w[2]):
             return torch.matmul(ins[0], ins[1])
         return None
-    if kind.category is not Category.POINTWISE or kind.compute is None or \
-            any(d != dims[-1] for d in dims):
+    # a kind with no input makes no DTensor, and one reading truth values needs them as bools
+    if kind.category is not Category.POINTWISE or kind.compute is None or not op.ins or \
+            kind.conditions or any(d != dims[-1] for d in dims):
         return None
     from apportion.backends.torch.executor import XP  # torch under numpy's names
 

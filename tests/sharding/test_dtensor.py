@@ -52,6 +52,31 @@ def matmul():
         "ops": [{"name": "mm", "op": "matmul", "out": "y[m,n]", "ins": ["x[m,k]", "w[k,n]"]}]})
 
 
+#: pointwise kinds torch runs on the DTensors by the registry's formula (with attributes)
+POINTWISE = [("exp", "x"), ("tanh", "x"), ("sigmoid", "x"), ("silu", "x"), ("gelu", "x"),
+             ("softplus", "x"), ("sqrt", "p"), ("rsqrt", "p"), ("log", "p"),
+             ("reciprocal", "p"), ("sin", "x"), ("cos", "x"), ("erf", "x"), ("sign", "x"),
+             ("square", "x"), ("neg", "x"), ("abs", "x"), ("relu", "x"),
+             ("clamp", "x", {"min": -0.5, "max": 0.5}), ("add", "x", "y"), ("sub", "x", "y"),
+             ("mul", "x", "y"), ("div", "x", "p"), ("max", "x", "y"), ("min", "x", "y"),
+             ("pow", "p", "y")]
+
+
+def pointwise():
+    """Every float pointwise kind of ``POINTWISE`` on x, y and p (> 0), one output each."""
+    ops = [{"name": f"k{i}", "op": fn, "out": f"o{i}[i,j]",
+            "ins": [f"{a}[i,j]" for a in rest if isinstance(a, str)],
+            **next((a for a in rest if isinstance(a, dict)), {})}
+           for i, (fn, *rest) in enumerate(POINTWISE)]
+    ops.insert(0, {"name": "pos", "op": "add", "out": "p[i,j]", "ins": ["a[i,j]", "one[i,j]"]})
+    ops.insert(0, {"name": "abs0", "op": "abs", "out": "a[i,j]", "ins": ["x[i,j]"]})
+    return from_dict({
+        "name": "pointwise", "inputs": ["x", "y", "one"],
+        "outputs": [f"o{i}" for i in range(len(POINTWISE))],
+        "tensors": {n: {"shape": [6, 8], "dtype": "float32"} for n in ("x", "y", "one")},
+        "ops": ops})
+
+
 COLS = S(((), ("tp",)))
 PLANS = {
     "megatron": lambda: propagate(mlp(), TP, annotations={
@@ -70,6 +95,8 @@ PLANS = {
     # heads split over the devices and written back merged, o[t, 64*h+e]
     "merged heads": lambda: propagate(attention(), TP, annotations={
         "wq": COLS, "wk": COLS, "wv": COLS, "wo": S((("tp",), ())), "x": REP, "y": REP}),
+    "pointwise kinds": lambda: propagate(pointwise(), TP, annotations={
+        "x": S((("tp",), ())), "y": S((("tp",), ())), "one": S((("tp",), ()))}),
     # planned at N=4, run at N=2 (run_dtensor_many's sizes bind it)
     "symbolic mesh": lambda: propagate(mlp(), parse("tp=N~4"), annotations={
         "x": REP, "w1": S(((), ("tp",))), "w2": S((("tp",), ())), "y": REP}),
@@ -78,7 +105,8 @@ COLLECTIVES = {"megatron": "1 all_reduce", "data-parallel": "none",
                "k-split all-reduce": "1 all_reduce",
                "k-split reduce-scatter": "1 reduce_scatter", "mean split": "1 all_reduce",
                "argmax all-reduce": "1 all_reduce", "argmax reduce-scatter": "1 reduce_scatter",
-               "merged heads": "1 all_reduce", "symbolic mesh": "1 all_reduce"}
+               "merged heads": "1 all_reduce", "symbolic mesh": "1 all_reduce",
+               "pointwise kinds": "none"}
 #: inputs with ties, NaNs and signed zeros where an argmax's pick is at stake
 INPUTS = {"argmax all-reduce": hard_inputs, "argmax reduce-scatter": hard_inputs}
 
@@ -130,6 +158,13 @@ def test_two_gloo_processes_match_the_single_device_result(runs, name):
     plain = {o.name for o in plan.program.ops if o.kind.name == "matmul" and
              all(e.single_dim for a in o.operands for e in a.index)}
     assert plain <= set(run.native_ops)
+
+
+def test_pointwise_kinds_run_on_the_dtensors_by_the_registry_s_formula(runs):
+    plan, checks, run = runs["pointwise kinds"]
+    assert all(c.ok for c in checks), [c for c in checks if not c.ok]
+    # no table of kind names: each ran as its formula on torch, DTensor placing the result
+    assert {f"k{i}" for i in range(len(POINTWISE))} <= set(run.native_ops)
 
 
 def test_a_split_mean_waits_as_a_sum_and_a_split_argmax_as_keys_then_gathers_exactly(runs):
