@@ -43,7 +43,7 @@ from apportion.schedule.mesh import (
     Placement,
     group_order,
 )
-from apportion.sharding.collectives import Step
+from apportion.sharding.collectives import Step, keyed
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import Finish
 from apportion.sharding.unroll import Collective as UnrolledCollective
@@ -197,7 +197,8 @@ def _collective(plan: ShardingPlan, items: list[Any], kind: str) -> Collective:
     groups = group_order({mesh.group(d, step.axis) for d in range(mesh.devices)})
     return Collective(step.kind, tensor, source, result, plan.program.tensor(tensor).dtype,
                       step.axis, groups, src, dst, step.dim, step.to_dim, step.reducer,
-                      unpack=step.reducer == "argmax" and not step.dst.partial)
+                      unpack=step.reducer is not None and keyed(step.reducer)
+                      and not step.dst.partial)
 
 
 def _finish_part(f: Finish) -> FinishPart:
