@@ -88,9 +88,10 @@ def _shards(x: np.ndarray, s: Sharding, mesh, rng) -> list[np.ndarray]:
     return out
 
 
-@given(st.sampled_from(["a=2", "a=3", "a=2,b=2", "a=2,b=3"]), st.integers(2, 7),
-       st.integers(2, 7), st.data())
+@given(st.sampled_from(["a=2", "a=3", "a=4", "a=2,b=2", "a=2,b=3"]), st.integers(2, 11),
+       st.integers(2, 11), st.data())
 def test_numpy_collectives_land_every_device_its_block(spec, n0, n1, data):
+    """Uneven cuts too (10 over 4: 3, 3, 2, 2): every step cuts as ``Sharding.block`` does."""
     mesh = parse(spec)
     shape = (n0, n1)
     opts = candidates(shape, mesh)
