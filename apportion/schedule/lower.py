@@ -260,14 +260,19 @@ class _Lowering:
 
     def tiled(self, group: GroupPlan, op: Op, depth: int) -> list[Step]:
         op_plan = self.op_plan(op)
-        if not op.kind.divisible:
-            return [self.host(op, op_plan)]
         tile, steps, loop = self.moves(op, depth)
         # every level divides: checked over the whole nest, so a bad count fails here
         tile_box(op.sizes, loop, (0,) * len(loop.count), self.loop_counts(loop), op.name)
-        mode = "accumulate" if any(c.op == op.name for c in group.combines) else "write"
-        out: list[Step] = [self.launch(op, op_plan, tile, core_boxes(op_plan, tile), steps,
-                                       mode)]
+        out: list[Step]
+        if not op.kind.divisible:  # its tile too: a backend may keep one tile at a time
+            host = self.host(op, op_plan)
+            dims = op.dim_names
+            out = [Host(host.op, host.kind, host.reads, host.write,
+                        tuple(tile[d] for d in dims),
+                        tuple(tuple(s.get(d, 0) for d in dims) for s in steps))]
+        else:
+            mode = "accumulate" if any(c.op == op.name for c in group.combines) else "write"
+            out = [self.launch(op, op_plan, tile, core_boxes(op_plan, tile), steps, mode)]
         for c in group.copies:
             if c.op == op.name:
                 reg = region(op.out, tile)

@@ -9,7 +9,8 @@ backend derives per-core or per-iteration boxes from ``Plan`` + ``Program`` itse
   iteration space, the region of every operand it reads and the region of the output it
   writes, the groups of workers whose partials combine (a split reduction), and whether it
   writes its output or accumulates into it (a reduction tiled by a loop);
-- ``Host``: a whole-tensor fallback, run whole on the host;
+- ``Host``: a whole-tensor fallback, run whole on the host (in a loop body with its tile, for
+  a backend keeping one tile at a time);
 - ``Loop``: a counted loop (an int; the symbol it was bound from, if any) and its body;
 - ``Init`` / ``Finish`` / ``Copy``: an accumulator set to its identity before a loop, copied
   out (finished) after it, a tile copied into the tensor's full buffer after its producer.
@@ -62,6 +63,23 @@ def moved(start: Ranges, steps: Steps, index: Sequence[int]) -> Ranges:
     shift = [sum(i * s[a] for i, s in zip(index, steps, strict=True))
              for a in range(len(start))]
     return tuple((lo + d, hi + d) for (lo, hi), d in zip(start, shift, strict=True))
+
+
+def outer_tile(tile: Ranges, steps: Steps, whole: Ranges, depth: int) -> tuple[Ranges, Steps]:
+    """The tile of only the ``depth`` outermost of the loops ``steps`` moves ``tile`` by (the
+    deeper loops' dims ``whole``), at iteration 0, and its steps: a loop level's step along an
+    axis is the width of the tile it cuts there, so an axis moved by a level ``< depth`` is as
+    wide as the deepest such level's step, and any other axis is ``whole``'s range (what a
+    buffer living in the outer loops of a nest holds, an accumulator reset outside them).
+
+    >>> outer_tile(((0, 2), (0, 4)), ((4, 0), (2, 4)), ((0, 16), (0, 8)), 1)
+    (((0, 4), (0, 8)), ((4, 0),))
+    """
+    out = []
+    for a, ((lo, _hi), (wlo, whi)) in enumerate(zip(tile, whole, strict=True)):
+        width = next((s[a] for s in reversed(steps[:depth]) if s[a]), None)
+        out.append((wlo, whi) if width is None else (lo, lo + width))
+    return tuple(out), steps[:depth]
 
 
 def _ranges(r: Ranges) -> str:
@@ -218,6 +236,15 @@ class Host:
     kind: str
     reads: tuple[str, ...]
     write: str
+    #: in a loop body: the tile of the op's iteration space (its dims in op order) at
+    #: iteration 0 of the enclosing loops, and its step per level (what a backend keeping one
+    #: tile at a time stores of the whole result); outside loops empty (the whole space)
+    tile: Ranges = ()
+    steps: Steps = ()
+
+    def tile_at(self, index: Sequence[int]) -> Ranges:
+        """The tile at loop ``index`` (outside loops: empty, the whole space)."""
+        return moved(self.tile, self.steps, index) if self.tile else ()
 
     def __str__(self) -> str:
         return f"host {self.op} ({self.kind}): {', '.join(self.reads) or '-'} -> {self.write}"
