@@ -26,8 +26,10 @@ file; without it a ``--target`` TOML file with a ``[mesh]`` table gives the mesh
 may be symbolic (``dp=N~4``: planned at 4): the plan is made at the planning size, and
 ``--param N=2`` binds it for the per-device programs (``run``, ``emit``; ``shard`` then
 counts them at that size). ``--param`` also binds a program's run-time sizes before sharding,
-and gives ``run`` the symbolic loop counts the per-device programs keep in their tiling groups
-(``shard`` prints one line per group: its counts over each device's share).
+and a symbolic loop count of its tiling groups (``--param T=16``: the per-device programs then
+loop 16 times, their tiles planned at it); one left symbolic stays so in the per-device
+programs and ``run`` needs its value. ``shard`` prints one line per tiling group: its counts
+over each device's share.
 """
 
 from __future__ import annotations
@@ -144,14 +146,42 @@ def loop_counts(program: Program) -> tuple[str, ...]:
                                if isinstance(lv.count, str)))
 
 
+def bind_counts(program: Program, values: dict[str, int]) -> Program:
+    """``program`` with the symbolic loop counts named in ``values`` made those static counts
+    (each within its level's bounds), so that every device's tiles are planned at the count
+    the run takes; other counts stay symbolic."""
+    from dataclasses import replace
+
+    from apportion.ir.program import LoopLevel
+
+    groups = []
+    for g in program.tiling:
+        levels = []
+        for lv in g.loops:
+            v = values.get(lv.count) if isinstance(lv.count, str) else None
+            if v is None:
+                levels.append(lv)
+                continue
+            if v < lv.min or (lv.max is not None and v > lv.max):
+                top = lv.max if lv.max is not None else "the target's max_loop_count"
+                raise ShardUsageError(f"--param {lv.count}={v}: loop count {lv.count!r} of "
+                                      f"tiling group {list(g.ops)} takes {lv.min}..{top}")
+            levels.append(LoopLevel(v, lv.dims))
+        groups.append(replace(g, loops=tuple(levels)))
+    return replace(program, tiling=tuple(groups))
+
+
 def _bind_program(program: Program, params: dict[str, int], mesh: Mesh) -> Program:
-    """``program`` with its run-time sizes bound by ``params``; a name neither it (a run-time
-    size or a symbolic loop count, which the per-device programs keep) nor the mesh has is
-    refused, as is a run-time size left unbound."""
+    """``program`` with its run-time sizes bound by ``params``, and the symbolic loop counts
+    it names made static (``bind_counts``); a name neither it nor the mesh has is refused, as
+    is a run-time size left unbound."""
     from apportion.errors import ProgramError
 
     syms = program.symbol_map
     counts = loop_counts(program)
+    given = {n: v for n, v in params.items() if n in counts}
+    if given:
+        program = bind_counts(program, given)
     for name in params:
         if name not in syms and name not in mesh.symbols and name not in counts:
             mesh_syms = ", ".join(mesh.symbols) or "none"
@@ -439,6 +469,7 @@ def _run_iree(args: argparse.Namespace, plan: ShardingPlan, label: str, console:
     from apportion.runtime.reference import random_inputs
     from apportion.sharding.lower import lower_plan
 
+    _counts(args, plan.program)  # a symbolic loop count left: named, with --param to give it
     schedule = lower_plan(plan)
     with progress(console, f"compiling {plan.program.name}'s segments with IREE and running "
                            f"them on {plan.mesh.devices} devices"):

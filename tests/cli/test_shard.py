@@ -299,10 +299,20 @@ def test_ops_of_a_tiling_group_the_mesh_cuts_unlike_are_a_one_line_error(capsys,
                                 "dim 'm' is 512 there in op 'add' but 1024 in op 'mul'")
 
 
-def test_a_symbolic_loop_count_kept_per_device_is_given_with_param(capsys):
+def test_a_symbolic_loop_count_given_with_param_is_the_count_every_device_loops(capsys):
+    status, out, _ = run(capsys, "shard", "examples/softmax_symbolic.json", "--mesh", "tp=2",
+                         "--param", "T=16")
+    assert status == 0 and "tiling group ['rowmax', 'shift', 'exp', 'rowsum', 'norm'] on " \
+                           "every device: 16 over m of its m=" in out
+    status, out, _ = run(capsys, "shard", "examples/softmax_symbolic.json", "--mesh", "tp=2")
+    assert status == 0 and "on every device: T over m of its m=" in out
     status, out, _ = run(capsys, "run", "examples/softmax_symbolic.json", "--mesh", "tp=2",
                          "--param", "T=16", "--check")
     assert status == 0 and "matches the unplanned program" in out
+    status, _, err = run(capsys, "run", "examples/softmax_symbolic.json", "--mesh", "tp=2",
+                         "--param", "T=4", "--check")
+    one_line_error(status, err, "--param T=4: loop count 'T' of tiling group ['rowmax', "
+                                "'shift', 'exp', 'rowsum', 'norm'] takes 8..64")
     status, _, err = run(capsys, "run", "examples/softmax_symbolic.json", "--mesh", "tp=2",
                          "--check")
     one_line_error(status, err, "program 'softmax_symbolic' has symbolic loop count T, which "
