@@ -46,7 +46,7 @@ from apportion.target.target import Target
 
 #: ``infer_sizes`` (the run-time sizes input arrays have) belongs to binding, a lowering step:
 #: a backend asks it here, not of the planning passes
-__all__ = ["infer_sizes", "lower"]
+__all__ = ["infer_sizes", "lower", "planned_counts"]
 
 
 def lower(program: Program, plan: Plan, target: Target | str,
@@ -89,6 +89,24 @@ def lower(program: Program, plan: Plan, target: Target | str,
     return Schedule(program=program, target=name, cores=plan.cores, steps=steps,
                     buffers=plan.buffers, lifetimes=_lifetimes(program, sched),
                     sizes=bound, params=sched.params)
+
+
+def planned_counts(plan: Plan) -> dict[str, int]:
+    """Every symbolic loop count of ``plan`` at the value its group's tiles were planned at
+    (the largest, where groups share a name: the least value every one of them takes), so a
+    schedule lowered at them has the tiles as planned (an emitter keeping the counts symbolic
+    recovers its steps from them: ``values.symbolic_steps``).
+
+    >>> import apportion as ap
+    >>> p = ap.load("examples/fused.json")
+    >>> planned_counts(ap.plan(p, ap.targets.spyre(cores=8)).plan)
+    {}
+    """
+    out: dict[str, int] = {}
+    for g in plan.groups:
+        for name, _lo, _hi, value in g.symbolic:
+            out[name] = max(value, out.get(name, value))
+    return out
 
 
 def _bind_counts(program: Program, plan: Plan, params: Mapping[str, int] | None
@@ -204,7 +222,8 @@ class _Lowering:
             tile=tuple(tile[d] for d in dims),
             boxes=tuple(None if b is None else tuple(b[d] for d in dims) for b in boxes),
             steps=dim_steps, reads=tuple(operand(a) for a in op.ins), write=operand(op.out),
-            combine=tuple(tuple(g) for g in by_slice.values() if len(g) > 1), mode=mode)
+            combine=tuple(tuple(g) for g in by_slice.values() if len(g) > 1), mode=mode,
+            units=tuple(dict(op_plan.unit_elems)[d] for d in dims))
 
     # --- loop groups -------------------------------------------------------------------------
 
@@ -232,13 +251,15 @@ class _Lowering:
             count = item.count
             symbol = count if isinstance(count, str) else None
             tiled: list[str] = []
+            path: tuple[int, ...] = ()
             for name in inside:
                 loop = self.op_plan(self.program.op(name)).loop
                 assert loop is not None
                 tiled += [d for d in loop.tiled_dims[depth] if d not in tiled]
+                path = path or loop.group[:depth + 1]  # the ops inside share it (loop_tree)
             out.append(Loop(self.counts[count] if symbol else int(count),
                             tuple(self.items(group, item.items, depth + 1)), symbol,
-                            tuple(tiled)))
+                            tuple(tiled), path))
             out += [self.finish(self.program.op(f.op), f.fn, f.count, depth)
                     for f in group.finishes if f.level == depth and f.op in inside]
         return out

@@ -82,6 +82,35 @@ def outer_tile(tile: Ranges, steps: Steps, whole: Ranges, depth: int) -> tuple[R
     return tuple(out), steps[:depth]
 
 
+#: a step kept symbolic: ``(n, symbols)``, ``n`` divided by the product of the symbolic loop
+#: counts ``symbols`` (exact at every value they may take)
+SymbolicStep = tuple[int, tuple[str, ...]]
+
+
+def symbolic_steps(steps: Steps, loops: Sequence[Loop]) -> tuple[tuple[SymbolicStep, ...], ...]:
+    """``steps`` (per level of ``loops``, outermost first, per dim of one op: ``Launch.steps``)
+    with the symbolic loop counts kept symbolic. A level's step along a dim is the dim divided
+    by the counts of that level and of every outer level tiling it (those where its step is not
+    0), so at the bound counts it is ``n`` over the product of the symbolic ones among them:
+    ``n`` is the bound step times their bound values.
+
+    >>> loops = (Loop(4, (), "T"), Loop(2, ()))
+    >>> symbolic_steps(((256, 0), (64, 512)), loops)
+    (((1024, ('T',)), (0, ())), ((256, ('T',)), (512, ())))
+    """
+    if len(steps) != len(loops):
+        raise ExecutionError(f"steps of {len(steps)} loop levels; {len(loops)} loops given")
+    out = []
+    for level, step in enumerate(steps):
+        row = []
+        for a, s in enumerate(step):
+            tiling = [lv for lv in range(level + 1) if s and loops[lv].symbol and steps[lv][a]]
+            row.append((s * math.prod(loops[lv].count for lv in tiling),
+                        tuple(str(loops[lv].symbol) for lv in tiling)))
+        out.append(tuple(row))
+    return tuple(out)
+
+
 def _ranges(r: Ranges) -> str:
     return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in r) + "]"
 
@@ -167,6 +196,9 @@ class Launch:
     write: Operand
     combine: tuple[tuple[int, ...], ...] = ()
     mode: str = "write"
+    #: elements per planning unit of each dim (``dims`` order; a stick for stick dims): the
+    #: workers cut the tile into whole units (``part``); empty where not given
+    units: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -190,6 +222,28 @@ class Launch:
     def moving(self) -> tuple[int, ...]:
         """The enclosing loop levels that move the tile (the others repeat it)."""
         return tuple(level for level, s in enumerate(self.steps) if any(s))
+
+    def part(self, dim: str, n: int) -> int:
+        """The most elements of a range of ``n`` along ``dim`` one worker holds when the grid
+        cuts it as it cuts the tile: whole units, the larger parts first (``n`` where no
+        worker axis splits ``dim``). What one core keeps of a buffer the launch writes that
+        spans more than its tile (a tile buffer of outer loops, an accumulator).
+
+        >>> launch = Launch("e", "exp", ("i",), (WorkerAxis("i", 2),), ((0, 8),),
+        ...                 (((0, 4),), ((4, 8),)), (), (), Operand("y[i]", ((), ())),
+        ...                 units=(64,))
+        >>> launch.part("i", 100), launch.part("i", 8)
+        (64, 8)
+        """
+        split = math.prod(a.size for a in self.axes if a.name == dim)
+        if split == 1:
+            return n
+        if len(self.units) != len(self.dims):
+            raise ExecutionError(f"launch of op {self.op!r}: no planning units given, so how "
+                                 f"its {split} workers cut dim {dim!r} is unknown")
+        per = self.units[self.dims.index(dim)]
+        units = -(-n // per)
+        return min(n, -(-units // split) * per)
 
     def tile_at(self, index: Sequence[int]) -> dict[str, Interval]:
         """The tile at loop ``index``, as ``{dim: (start, stop)}``."""
@@ -318,6 +372,9 @@ class Loop:
     body: tuple[Step, ...]
     symbol: str | None = None
     dims: tuple[str, ...] = ()
+    #: the loop's path in the plan (its group's index, then which sibling loop at each
+    #: depth): a buffer names the loops it lives in by it (``Buffer.group``, a prefix)
+    path: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.count < 1:
