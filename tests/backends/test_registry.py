@@ -194,3 +194,18 @@ def test_run_returns_numpy_storage_arrays_on_every_running_backend():
         out = planned.run(xs, backend=name)
         assert isinstance(out["z"], np.ndarray)
         assert out["z"].dtype == run_unplanned(planned.program, xs)["z"].dtype
+
+
+def test_dtensor_takes_a_sharding_plan_and_names_the_limit_it_cannot_express():
+    pytest.importorskip("torch")
+    from apportion.sharding.mesh import parse
+    from apportion.sharding.propagate import propagate
+    from apportion.sharding.spec import Sharding
+
+    program = ap.load(ROOT / "examples/mlp.json")
+    plan = propagate(program, parse("tp=2"), annotations={"x": Sharding((("tp",), ()))})
+    assert get("dtensor").supports(plan) == ()
+    # a dim split over two axes out of mesh order: DTensor nests the cuts in mesh order
+    mesh = parse("a=2,b=2")
+    out_of_order = propagate(program, mesh, annotations={"x": Sharding((("b", "a"), ()))})
+    assert get("dtensor").supports(out_of_order) == (LIMITS_BY_ID["dtensor-axes-in-mesh-order"],)
