@@ -11,11 +11,10 @@ tensor's address by the bytes between consecutive tiles along the dims that leve
 
 from __future__ import annotations
 
-from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.op import Access
-from apportion.plans.plan import LoopInfo
+from apportion.schedule.values import SymbolicStep
 from apportion.target.layout import device_layout
 from apportion.target.target import Target
 
@@ -37,48 +36,15 @@ def padded_strides(shape: tuple[int, ...], dtype: str, target: Target) -> tuple[
     return tuple(reversed(strides))
 
 
-Step = tuple[int, tuple[str, ...]]
 Stride = int | str
 
 
-def level_steps(loop: LoopInfo, sizes: dict[str, int]) -> list[dict[str, Step]]:
-    """Per loop level (outermost first), the elements one iteration covers of each dim it tiles.
-
-    ``sizes`` are the op's whole dims. A step is ``(n, symbols)``: ``n`` divided by the product
-    of the symbolic counts ``symbols`` (known at run time); every level at or outside this one
-    that tiles the dim divides it.
-
-    >>> level_steps(LoopInfo((0, 0), (2, 4), (("m",), ("m", "n"))), {"m": 1024, "n": 4096})
-    [{'m': (512, ())}, {'m': (128, ()), 'n': (1024, ())}]
-    >>> level_steps(LoopInfo((0,), ("T",), (("m",),)), {"m": 1024})
-    [{'m': (1024, ('T',))}]
-    """
-    steps = []
-    for level, dims in enumerate(loop.tiled_dims):
-        step: dict[str, Step] = {}
-        for d in dims:
-            n, symbols = sizes[d], []
-            for count, tiled in zip(loop.count[:level + 1], loop.tiled_dims[:level + 1],
-                                    strict=True):
-                if d not in tiled:
-                    continue
-                if isinstance(count, str):
-                    symbols.append(count)
-                elif n % count:
-                    raise EmitError(f"loop count {count} does not divide dim {d!r} "
-                                    f"({n} elements at that level)")
-                else:
-                    n //= count
-            step[d] = (n, tuple(symbols))
-        steps.append(step)
-    return steps
-
-
-def tile_strides(access: Access, strides: tuple[int, ...], steps: list[dict[str, Step]]
-                 ) -> tuple[Stride, ...]:
+def tile_strides(access: Access, strides: tuple[int, ...],
+                 steps: list[dict[str, SymbolicStep]]) -> tuple[Stride, ...]:
     """Bytes the address of ``access``'s tile advances per iteration of each loop level.
 
-    ``strides`` are the tensor's byte strides per dim, ``steps`` from ``level_steps``; an index
+    ``strides`` are the tensor's byte strides per dim, ``steps`` per loop level the elements
+    one iteration moves along each dim it tiles (``schedule.values.symbolic_steps``); an index
     ``128*h + d`` moves by 128 rows per step of ``h``. A stride that depends on symbolic counts
     is an expression over their names (``"8388608 floordiv T"``; the counts divide exactly).
 

@@ -12,7 +12,7 @@ from apportion.backends.bundle.loopspec import (
     LoopSpec,
     OpSpec,
     TensorArg,
-    _per_core,
+    _Builder,
     from_json,
     from_source,
     loopspec,
@@ -27,6 +27,7 @@ from apportion.plans.plan import Plan
 from apportion.plans.tiles import iterations, tile_box
 from apportion.runtime import kernels
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from apportion.schedule.lower import lower
 from tests.backends.bundle.spec_sim import simulate
 from tests.backends.merged import (
     EXAMPLE,
@@ -396,4 +397,5 @@ def test_one_cores_part_of_a_merged_scratchpad_tile_is_refused():
                                         r"loops deeper than the tile"):
         planned.loopspec()
     eight = ap.plan(from_dict(EXAMPLE), target=ap.targets.spyre(cores=8))  # only t split
-    assert _per_core(eight.plan, eight.program, "y", (8, 256)) == (1, 256)
+    builder = _Builder(lower(eight.program, eight.plan, eight.target), eight.target)
+    assert builder.per_core("y", (8, 256)) == (1, 256)
