@@ -3,8 +3,6 @@ shapes, annotations as constraints, device memory, identical layers solved once.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from apportion.errors import PlanningError
@@ -88,12 +86,10 @@ def test_device_memory_bounds_the_search_and_a_mesh_too_small_is_refused():
         search(p, Mesh(parse("tp=2").axes, memory_bytes=13 << 20))
 
 
-def test_identical_layers_share_one_solution_and_a_32_layer_llama_solves_in_10_s_on_8():
+def test_identical_layers_share_one_solution_on_a_32_layer_llama_on_8():
+    # how fast it solves is a goal of `apportion bench sharding`, never a unit test's assertion
     p = forward_program("llama3-8b", 32, 2048)
-    start = time.perf_counter()
     plan = search(p, cards(8))
-    took = time.perf_counter() - start
-    assert took < 10, took
     stats = dict(plan.stats)
     assert stats["classes"] < stats["nodes"] / 10
     for i in range(2, 30):  # layers away from the ends take the same strategies
