@@ -209,3 +209,20 @@ def test_dtensor_takes_a_sharding_plan_and_names_the_limit_it_cannot_express():
     mesh = parse("a=2,b=2")
     out_of_order = propagate(program, mesh, annotations={"x": Sharding((("b", "a"), ()))})
     assert get("dtensor").supports(out_of_order) == (LIMITS_BY_ID["dtensor-axes-in-mesh-order"],)
+
+
+def test_iree_runs_a_mesh_schedule_as_per_device_modules():
+    from apportion.sharding.lower import lower_plan
+    from apportion.sharding.mesh import parse
+    from apportion.sharding.propagate import propagate
+    from apportion.sharding.spec import Sharding
+
+    program = ap.load(ROOT / "examples/mlp.json")
+    schedule = lower_plan(propagate(program, parse("tp=2"),
+                                    annotations={"x": Sharding((("tp",), ()))}))
+    assert get("iree").supports(schedule) == ()
+    xs = random_inputs(program, seed=3)
+    got = get("iree").run(schedule, xs)
+    assert all(c.ok for c in compare(run_unplanned(program, xs), got, program))
+    with pytest.raises(ExecutionError, match="lowered at bound sizes"):
+        get("iree").run(schedule, xs, sizes={"T": 4})

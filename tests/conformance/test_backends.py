@@ -161,3 +161,26 @@ def test_dtensor_matches_the_reference_on_random_sharded_programs(data):
     inputs = random_inputs(program, seed=4)
     got = backend.run(plan, inputs, timeout_s=120.0, device="cpu")
     assert all(c.ok for c in compare(run_unplanned(program, inputs), got, program))
+
+
+@pytest.mark.slow
+@conformance(6)
+@given(st.data())
+def test_iree_runs_random_sharded_programs_per_device_as_the_reference(data):
+    from apportion.sharding.lower import lower_plan
+    from apportion.sharding.propagate import propagate
+    from tests.sharding.programs import annotated
+
+    program, mesh, annotations = data.draw(annotated())
+    try:
+        schedule = lower_plan(propagate(program, mesh, annotations=annotations))
+    except (PlanningError, ProgramError):
+        assume(False)
+    backend = BACKENDS["iree"]
+    limits = backend.supports(schedule)
+    if limits:
+        assert all("iree" in lim.backends for lim in limits)
+        return
+    inputs = random_inputs(program, seed=4)
+    got = backend.run(schedule, inputs)
+    assert all(c.ok for c in compare(run_unplanned(program, inputs), got, program))

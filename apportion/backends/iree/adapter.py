@@ -3,6 +3,10 @@ parallel IR (``forall``) compiled by IREE for the CPU and run (``run.iree_run``)
 fallbacks on the host between modules. ``supports`` emits the parallel IR without compiling it,
 so what the emitter refuses is known before a compile, by the documented limit it cites.
 
+It also takes a program sharded over a mesh, lowered (``schedule.mesh.MeshSchedule``, from
+``sharding.lower.lower_plan``): every device's segments as IREE modules, the collectives
+between them on the host (``mesh.run_mesh``).
+
 >>> import apportion as ap
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
 >>> BACKEND.supports(planned)
@@ -18,15 +22,21 @@ import numpy as np
 
 from apportion.backends import Backend, Planned
 from apportion.backends.iree.forall import forall_mlir
+from apportion.backends.iree.mesh import run_mesh
 from apportion.backends.iree.run import host_ops, iree_run, segments
 from apportion.backends.limits import LIMITS_BY_ID, Limit, cited
 from apportion.errors import ApportionError, ExecutionError
+from apportion.runtime.reference import bind_inputs
+from apportion.schedule.mesh import Compute, MeshSchedule
 
 
 def supports(planned: Planned) -> tuple[Limit, ...]:
     """The documented limits that stop IREE from running ``planned``: the program cut at its
     host ops as ``iree_run`` cuts it, and each part's parallel IR emitted (not compiled). An
-    emitter error that cites no limit is a bug and propagates."""
+    emitter error that cites no limit is a bug and propagates. A mesh schedule: every
+    device's launches emitted."""
+    if isinstance(planned, MeshSchedule):
+        return _supports_mesh(planned)
     program, plan = planned.program, planned.plan
     if host_ops(program) and planned.symbols:
         return (LIMITS_BY_ID["iree-host-ops-with-runtime-sizes"],)
@@ -46,6 +56,20 @@ def supports(planned: Planned) -> tuple[Limit, ...]:
     return ()
 
 
+def _supports_mesh(schedule: MeshSchedule) -> tuple[Limit, ...]:
+    try:
+        for stage in schedule.stages:
+            if isinstance(stage, Compute):
+                for launch in stage.launches:
+                    forall_mlir(launch.program, launch.plan, schedule.target)
+    except ApportionError as e:
+        limit = cited(str(e))
+        if limit is None:
+            raise
+        return (limit,)
+    return ()
+
+
 def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None,
         sizes: Mapping[str, int] | None = None, threads: int | None = None
         ) -> dict[str, np.ndarray]:
@@ -56,6 +80,12 @@ def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] |
     if threads is not None:
         raise ExecutionError("threads applies to the reference and torch backends; IREE runs "
                              "with its own task pool")
+    if isinstance(planned, MeshSchedule):  # its sizes were bound when the plan was lowered
+        if params or sizes:
+            raise ExecutionError(f"the mesh schedule of {planned.program.name!r} is lowered at "
+                                 "bound sizes: params and sizes are refused")
+        env = bind_inputs(planned.program, inputs)
+        return {**env, **run_mesh(planned, env).outputs}
     return iree_run(planned.program, planned.plan, planned.target, inputs, params,
                     symbolic=planned.given if planned.symbols else None,
                     sizes=sizes or None).tensors

@@ -31,16 +31,24 @@ along the last axis of their input, with upstream linalg only: cumsum a running 
 wrongly), sort by rank (``O(n^2)`` per row: each element's rank counts the smaller ones, ties
 by position, NaN last, then each rank picks its element).
 
-A coarse-tiling loop group is ``scf.for`` loops, outermost level first (a symbolic count is its
-function argument), around the foralls of one iteration's tile (``plans.tiles.tile_box``): its
-``iter_args`` carry the group's results read after it and its accumulators (a reduction tiled
-by the loops, reset to its identity before the level that tiles it, finished after the nest);
-a tensor only read inside the group is one iteration's tile, a fresh tensor every iteration.
-A tiled reduction computes each tile's partial from its identity and combines it into the
-accumulator elementwise, as the reference executor does. Static tile geometry is affine maps of
-the loop and thread ids; a symbolic count divides with ``arith.divui``, slices of a run-time
-tile size use ``arith`` on ``index``, and a forall's shared tensor keeps a static shape (the
-whole dim bounds a run-time tile: IREE cannot size a dynamic tensor carried through a loop).
+A coarse-tiling loop group is ``scf.for`` loops in the tree its ops' loop paths make
+(``plans.tiles.loop_tree``, as the reference executor runs it): an op runs in the loop its path
+ends in, over its tile at those loops' ids (``plans.tiles.tile_box``; a symbolic count is its
+function argument), so an op at a lesser depth (``"depths"``) runs next to the inner loop of its
+neighbours, a shallower op between deeper ones makes sibling inner loops, and an op over two dims
+of one level runs its own inner loop. A tensor read outside the loop that writes it (after the
+group, or by a shallower op) is carried whole in ``iter_args`` by every loop around its writer,
+from a fill (IREE 3.13 fails at run time on loop-carried values that start from
+``tensor.empty``: ``runtime.FLAGS``); a tensor read only inside that loop is one iteration's
+tile, a fresh tensor every iteration. A reduction tiled by a loop accumulates into a whole
+accumulator carried by every loop around it: reset to its identity before the loop that tiles
+the reduction (its tile of the loops outside), each tile's partial computed from its identity and
+combined into it elementwise, as the reference executor does, and finished (cast, a mean
+divided) after that loop, where shallower ops read it. A fallback in a loop runs on its tile's
+region of its input, whole along the axis it works on. Static tile geometry is affine maps of the
+loop and thread ids; a symbolic count divides with ``arith.divui``, slices of a run-time tile
+size use ``arith`` on ``index``, and a forall's shared tensor keeps a static shape (the whole dim
+bounds a run-time tile: IREE cannot size a dynamic tensor carried through a loop).
 
 A program with run-time sizes (``symbolic``, the program as given) is one function for every
 size (``forall_sizes``): ``?`` for symbolic dims, their sizes read with ``tensor.dim``,
@@ -101,6 +109,7 @@ from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.plans.memory import GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan, Plan
+from apportion.plans.tiles import Loop, loop_tree
 from apportion.target.target import Target
 
 
@@ -274,7 +283,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
             return self.merge_view(blk, op, new, dest)
         kind = op.kind
         if kind.category is Category.FALLBACK:
-            return self.fallback(blk, op, dest, env)
+            return self.fallback(blk, op, dest, env, tile)
         self.check_body(op)
         splits = opl.split_map
         per = dict(opl.unit_elems)
@@ -318,63 +327,46 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
     # -- loop groups --------------------------------------------------------------------------
 
     def group(self, blk: _Block, group: GroupPlan, env: _Env) -> None:
+        """A loop group as the tree of loops its ops' loop paths make (``plans.tiles.loop_tree``):
+        an op runs in the loop its path ends in, ops at a lesser depth next to the inner loop of
+        their neighbours, an op with a loop of its own (two dims of one level) in that loop."""
         p = self.program
         ops = [p.op(n) for n in group.ops]
         plans = {op.name: self.op_plan(op) for op in ops}
+        loops: dict[str, LoopInfo] = {}
         for op in ops:
             loop = plans[op.name].loop
-            if loop is not None and len(loop.group) < len(group.path) and \
-                    loop.group == group.path[:len(loop.group)]:  # "depths": {op: d}
-                raise EmitError(f"op {op.name!r} sits in the outer {len(loop.group)} of the "
-                                f"{len(group.path)} loop levels of its tiling group "
-                                f"{list(group.ops)} (\"depths\": {{\"{op.name}\": "
-                                f"{len(loop.group)}}}); the parallel IR runs every op of a group "
-                                "in all its levels: drop the depth, or emit --bundle")
-            if loop is None or loop.group != group.path or loop.count != group.counts:
-                raise EmitError(f"op {op.name!r}: plan's loop {loop} is not group "
-                                f"{list(group.path)} with counts {list(group.counts)}")
-            if not op.kind.divisible:
-                raise EmitError(f"op {op.name!r}: a fallback op cannot sit in a loop group")
-        counts = [Ix.atom(self.symbols[c]) if isinstance(c, str) else Ix(c)
-                  for c in group.counts]
+            if loop is None or loop.group[:1] != group.path[:1]:
+                raise EmitError(f"op {op.name!r}: plan's loop {loop} is not in loop group "
+                                f"{list(group.path)}")
+            loops[op.name] = loop
         accumulating = {c.op for c in group.combines}
-        inits = {i.op: i.level for i in group.inits}
-        names = set(group.ops)
-        after = {a.tensor for o in p.ops if o.name not in names for a in o.ins} | set(p.outputs)
-        carried: list[_Carried] = []
         for op in ops:
-            t = op.out.tensor
+            if op.name in accumulating and (op.kind.reducer is None or op.kind.reducer.pairs):
+                raise EmitError(f"op {op.name!r}: {op.kind.name} cannot accumulate across "
+                                f"loop iterations {cite('iree-accumulate-kind')}")
+        nest = _Nest.of(p, group, ops, loops)
+        state = _Scope(dict(env.vals), {})
+        for t in nest.whole:  # carried whole through the loops that write them
             tt = p.tensor(t)
-            shape = self.sizes.shape(t)
-            if op.name in accumulating:
-                if op.kind.reducer is None or op.kind.reducer.pairs:
-                    raise EmitError(f"op {op.name!r}: {op.kind.name} cannot accumulate across "
-                                    f"loop iterations {cite('iree-accumulate-kind')}")
-                ty = self.compute_type(op)
-                level = inits.get(op.name, 0)
-                if level == 0:
-                    val = self.filled(blk, f"{t}_acc", shape, ty, op.kind.reducer.identity)
-                else:
-                    val = self.empty(blk, f"{t}_acc", shape, ty)
-                carried.append(_Carried(t, op, True, val, level))
-            elif t in after:
-                carried.append(_Carried(t, op, False, self.empty(blk, t, shape,
-                                                                 mlir_type(tt.dtype))))
-        results = self.loop(blk, group, ops, plans, counts, [], carried, env)
-        for c, val in zip(carried, results, strict=True):
-            if not c.accumulates:
-                env.vals[c.tensor] = val
-                continue
-            elt = mlir_type(p.tensor(c.tensor).dtype)
-            piece = self.finish(blk, c.op, [val], lambda c=c, val=val, elt=elt: self.empty(
-                blk, c.tensor, val.shape, elt))
-            env.vals[c.tensor] = TensorVal(piece.ssa, val.shape, piece.elt)
+            # filled, not empty: IREE 3.13 merges equal tensor.empty inits of two loop-carried
+            # values and its runtime then fails (OUT_OF_RANGE in hal.command_buffer.copy_buffer)
+            state.vals[t] = self.filled(blk, t, self.sizes.shape(t), mlir_type(tt.dtype), 0)
+        for name in nest.levels:
+            op = p.op(name)
+            assert op.kind.reducer is not None
+            state.accs[name] = self.filled(blk, f"{op.out.tensor}_acc",
+                                           self.sizes.shape(op.out.tensor),
+                                           self.compute_type(op), op.kind.reducer.identity)
+        self.items(blk, nest, loop_tree(group.ops, loops), [], state)
+        for t in nest.whole:
+            env.vals[t] = state.vals[t]
 
     def tile(self, blk: _Block, op: Op, loop: LoopInfo, ivs: Sequence[Ix], counts: Sequence[Ix]
              ) -> Box:
         """The box of ``op`` at loop indices ``ivs`` (levels ``len(ivs)`` and deeper whole), as
         ``plans.tiles.tile_box`` cuts it."""
-        box = {d: (Ix(0), Ix(n)) for d, n in op.dims}
+        box = {d: (Ix(0), n) for d, n in self.sizes.of(op).items()}
         for level, iv in enumerate(ivs):
             for d in loop.tiled_dims[level]:
                 lo, n = box[d]
@@ -382,87 +374,197 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
                 box[d] = (lo + blk.mul(iv, step), step)
         return box
 
-    def loop(self, blk: _Block, group: GroupPlan, ops: list[Op], plans: Mapping[str, OpPlan],
-             counts: list[Ix], ivs: list[Ix], carried: list[_Carried], env: _Env
-             ) -> list[TensorVal]:
-        """Emit loop level ``len(ivs)`` (and those inside it); returns the carried values."""
-        level = len(ivs)
-        iv = blk.fresh(f"i{level}")
-        args = [c.val.renamed(blk.fresh(f"{c.tensor}_{'acc' if c.accumulates else 'it'}"))
-                for c in carried]
-        res = blk.fresh(f"loop{level}")
+    def counts(self, counts: Sequence[int | str]) -> list[Ix]:
+        """Loop counts as index values: a symbolic one is its function argument."""
+        return [Ix.atom(self.symbols[c]) if isinstance(c, str) else Ix(c) for c in counts]
+
+    def op_tile(self, blk: _Block, op: Op, nest: _Nest, ivs: Sequence[Ix], depth: int) -> Box:
+        """``op``'s box at the loop indices ``ivs[:depth]`` of its own loops."""
+        loop = nest.loops[op.name]
+        return self.tile(blk, op, loop, ivs[:depth], self.counts(loop.count))
+
+    def items(self, blk: _Block, nest: _Nest, items: Sequence[str | Loop], ivs: list[Ix],
+              state: _Scope) -> None:
+        """One loop body (or the group's top, ``ivs`` empty): its ops over their tiles and its
+        inner loops, in program order; ``state`` holds the values as the body runs."""
+        for item in items:
+            if isinstance(item, str):
+                self.nest_op(blk, nest, self.program.op(item), ivs, state)
+            else:
+                self.nest_loop(blk, nest, item, ivs, state)
+
+    def nest_loop(self, blk: _Block, nest: _Nest, lp: Loop, ivs: list[Ix], state: _Scope
+                  ) -> None:
+        """Loop ``lp``: the resets of the accumulators whose reduction it tiles, an ``scf.for``
+        carrying what its body writes that is read outside it, then those accumulators
+        finished."""
+        p = self.program
+        depth = lp.depth
+        names = lp.names()
+        key = nest.loops[names[0]].group[:depth + 1]
+        mine = [n for n in names if n in nest.levels]
+        for name in mine:  # reset before the loop that tiles the reduction
+            if nest.levels[name] == depth and depth > 0:
+                self.reset(blk, nest, p.op(name), ivs, state)
+        keys: list[tuple[str, str]] = [("acc", n) for n in mine]
+        keys += [("val", t) for t in nest.whole if nest.writes[t][:len(key)] == key]
+        inits = [state.get(k) for k in keys]
+        iv = blk.fresh(f"i{depth}")
+        res = blk.fresh(f"loop{depth}")
+        args = [v.renamed(blk.fresh(f"{symbol_name(k[1])}_{'acc' if k[0] == 'acc' else 'it'}"))
+                for k, v in zip(keys, inits, strict=True)]
         types = ", ".join(a.type for a in args)
+        bound = blk.value(self.counts([lp.count])[0])
         head = f"{res}:{len(args)}" if len(args) > 1 else res
-        iter_text = ", ".join(f"{a.ssa} = {c.val.ssa}" for a, c in zip(args, carried,
-                                                                        strict=True))
-        bound = blk.value(counts[level])
+        loop_text = f"scf.for {iv} = {blk.value(0)} to {bound} step {blk.value(1)}"
         if args:
-            blk.emit(f"{head} = scf.for {iv} = {blk.value(0)} to {bound} step {blk.value(1)} "
-                     f"iter_args({iter_text}) -> ({types}) {{")
+            iter_text = ", ".join(f"{a.ssa} = {v.ssa}" for a, v in zip(args, inits, strict=True))
+            blk.emit(f"{head} = {loop_text} iter_args({iter_text}) -> ({types}) {{")
         else:
-            blk.emit(f"scf.for {iv} = {blk.value(0)} to {bound} step {blk.value(1)} {{")
+            blk.emit(f"{loop_text} {{")
         inner = blk.child()
-        ivs = [*ivs, Ix.atom(iv)]
-        current = [c.__class__(c.tensor, c.op, c.accumulates, a, c.init_level)
-                   for c, a in zip(carried, args, strict=True)]
-        # accumulators reset before the level that tiles their reduction
-        for c in current:
-            if c.accumulates and c.init_level == level + 1:
-                loop = plans[c.op.name].loop
-                assert loop is not None
-                box = self.tile(inner, c.op, loop, ivs, counts)
-                split = written(c.op)  # a merged write resets its split view
-                view = self.split_view(inner, c.op, c.val)
-                region = self.out_region(split, box)
-                shape = [ext for _, ext, lit in region if not lit]
-                assert c.op.kind.reducer is not None
-                f = self.filled(inner, f"{c.tensor}_reset", shape, c.val.elt,
-                                c.op.kind.reducer.identity)
-                view = self.insert(inner, f, view, region, parallel=False)
-                c.val = self.merge_view(inner, c.op, view, c.val)
-        if level + 1 < len(counts):
-            vals = self.loop(inner, group, ops, plans, counts, ivs, current, env)
-        else:
-            vals = self.iteration(inner, ops, plans, counts, ivs, current, env)
+        local = state.copy()
+        for k, a in zip(keys, args, strict=True):
+            local.set(k, a)
+        self.items(inner, nest, lp.items, [*ivs, Ix.atom(iv)], local)
         blk.extend(inner)
         if args:
-            blk.emit(f"{INDENT}scf.yield {', '.join(v.ssa for v in vals)} : {types}")
+            blk.emit(f"{INDENT}scf.yield {', '.join(local.get(k).ssa for k in keys)} : {types}")
         blk.emit("}")
-        names = [res] if len(args) == 1 else [f"{res}#{i}" for i in range(len(args))]
-        return [c.val.renamed(n) for c, n in zip(carried, names, strict=True)]
+        outs = [res] if len(args) == 1 else [f"{res}#{i}" for i in range(len(args))]
+        for k, v, o in zip(keys, inits, outs, strict=True):
+            state.set(k, v.renamed(o))
+        for name in mine:  # after the loop that tiles the reduction: finished
+            if nest.levels[name] == depth:
+                self.finish_acc(blk, nest, p.op(name), ivs, state)
 
-    def iteration(self, blk: _Block, ops: list[Op], plans: Mapping[str, OpPlan],
-                  counts: list[Ix], ivs: list[Ix], carried: list[_Carried], env: _Env
-                  ) -> list[TensorVal]:
-        """One iteration's tile: every op of the group; returns the carried values after it."""
-        by_tensor = {c.tensor: c for c in carried}
-        local = _Env(dict(env.vals))
-        for c in carried:
-            if not c.accumulates:
-                local.vals[c.tensor] = c.val
+    def reset(self, blk: _Block, nest: _Nest, op: Op, ivs: list[Ix], state: _Scope) -> None:
+        """The region of ``op``'s accumulator the loops outside its reduction's select, set to
+        the reducer's identity."""
+        acc = state.accs[op.name]
+        box = self.op_tile(blk, op, nest, ivs, len(ivs))
+        view = self.split_view(blk, op, acc)  # a merged write resets its split view
+        region = self.out_region(written(op), box)
+        shape = [ext for _, ext, lit in region if not lit]
+        assert op.kind.reducer is not None
+        f = self.filled(blk, f"{op.out.tensor}_reset", shape, acc.elt, op.kind.reducer.identity)
+        view = self.insert(blk, f, view, region, parallel=False)
+        state.accs[op.name] = self.merge_view(blk, op, view, acc)
+
+    def finish_acc(self, blk: _Block, nest: _Nest, op: Op, ivs: list[Ix], state: _Scope
+                   ) -> None:
+        """``op``'s accumulator over the region the loops outside its reduction select,
+        finished (cast, a mean divided) into its output."""
+        acc = state.accs[op.name]
+        box = self.op_tile(blk, op, nest, ivs, len(ivs))
+        split = written(op)
+        region = self.out_region(split, box)
+        part = self.extract_out(blk, self.split_view(blk, op, acc), region,
+                                f"{op.out.tensor}_acc")
+        dest, view = self.destination(blk, nest, op, region, state)
+        piece = self.finish(blk, op, [part], lambda: self.extract_out(blk, view, region,
+                                                                      op.out.tensor))
+        self.store(blk, nest, op, dest, self.insert(blk, piece, view, region, parallel=False),
+                   state)
+
+    def destination(self, blk: _Block, nest: _Nest, op: Op, region: list[tuple[Ix, Ix, bool]],
+                    state: _Scope) -> tuple[TensorVal | None, TensorVal]:
+        """Where ``op`` writes over ``region`` (of its split view): the tensor carried whole
+        (and its split view), or (None and) a fresh tile of this iteration in the split
+        shape, static (a run-time tile size is bounded by the whole dim: IREE cannot size a
+        dynamic tensor carried through a loop)."""
+        t = op.out.tensor
+        if t in nest.whole:
+            whole = state.vals[t]
+            return whole, self.split_view(blk, op, whole)
+        out_t = self.program.tensor(t)
+        shape = [ext if ext.is_const else Ix(n)
+                 for (_, ext, _), n in zip(region, op.split_shape(out_t.shape), strict=True)]
+        tile = self.empty(blk, f"{symbol_name(t)}_tile", shape, mlir_type(out_t.dtype),
+                          [lo for lo, _, _ in region])
+        return None, tile
+
+    def store(self, blk: _Block, nest: _Nest, op: Op, whole: TensorVal | None, view: TensorVal,
+              state: _Scope) -> None:
+        """``view`` (as ``destination`` gave it, written) as the tensor's value from here on."""
+        t = op.out.tensor
+        if whole is not None:
+            state.vals[t] = self.merge_view(blk, op, view, whole)
+        else:
+            state.vals[t] = self.merged_tile(blk, op, view)
+
+    def nest_op(self, blk: _Block, nest: _Nest, op: Op, ivs: list[Ix], state: _Scope) -> None:
+        """``op`` over its tile at ``ivs``: combined into its accumulator, written into the
+        tensor carried whole, or into a fresh tile read in this iteration only."""
+        opl = self.op_plan(op)
+        tile = self.op_tile(blk, op, nest, ivs, len(ivs))
+        env = _Env(state.vals)
+        if op.name in nest.levels:
+            carried = _Carried(op.out.tensor, op, True, state.accs[op.name],
+                               nest.levels[op.name])
+            state.accs[op.name] = self.op(blk, op, opl, tile, state.accs[op.name], env, carried)
+            return
+        t = op.out.tensor
+        if t in nest.whole:
+            state.vals[t] = self.op(blk, op, opl, tile, state.vals[t], env, None)
+            return
+        split = written(op)  # a merged write makes its tile split (forall_merge)
+        _, dest = self.destination(blk, nest, op, self.out_region(split, tile), state)
+        piece = self.op(blk, split, opl, tile, dest, env, None)
+        self.store(blk, nest, op, None, piece, state)
+
+
+@dataclasses.dataclass
+class _Scope:
+    """The values as a loop body (or the group's top) runs: tensor name -> its value (whole
+    tensors and this iteration's tiles), accumulating op -> its accumulator."""
+
+    vals: dict[str, TensorVal]
+    accs: dict[str, TensorVal]
+
+    def copy(self) -> _Scope:
+        return _Scope(dict(self.vals), dict(self.accs))
+
+    def get(self, key: tuple[str, str]) -> TensorVal:
+        return (self.accs if key[0] == "acc" else self.vals)[key[1]]
+
+    def set(self, key: tuple[str, str], val: TensorVal) -> None:
+        (self.accs if key[0] == "acc" else self.vals)[key[1]] = val
+
+
+@dataclasses.dataclass(frozen=True)
+class _Nest:
+    """What the emitter needs to know of a group before emitting it: each op's loop, the loop
+    depth at which each accumulating op resets and finishes (``levels``), where each tensor the
+    group makes gets its value (``writes``: the loop path of its op, or of the finish of its
+    accumulator), and the tensors carried whole through the loops that write them (``whole``:
+    read after the group, or by an op outside the loop that writes it); the others are one
+    iteration's tile, a fresh tensor in the body that writes them."""
+
+    loops: Mapping[str, LoopInfo]
+    levels: Mapping[str, int]
+    writes: Mapping[str, tuple[int, ...]]
+    whole: tuple[str, ...]
+
+    @staticmethod
+    def of(program: Program, group: GroupPlan, ops: Sequence[Op],
+           loops: Mapping[str, LoopInfo]) -> _Nest:
+        inits = {i.op: i.level for i in group.inits}
+        levels = {c.op: inits.get(c.op, 0) for c in group.combines}
+        names = set(group.ops)
+        writes: dict[str, tuple[int, ...]] = {}
         for op in ops:
-            opl = plans[op.name]
-            assert opl.loop is not None
-            tile = self.tile(blk, op, opl.loop, ivs, counts)
-            c = by_tensor.get(op.out.tensor)
-            if c is not None:
-                c.val = self.op(blk, op, opl, tile, c.val, local, c)
-                if not c.accumulates:
-                    local.vals[c.tensor] = c.val
-                continue
-            # a merged write makes its tile split (forall_merge)
-            split = written(op)
-            region = self.out_region(split, tile)
-            out_t = self.program.tensor(op.out.tensor)
-            # static: a run-time tile size is bounded by the whole dim (see split_reduction)
-            shape = [ext if ext.is_const else Ix(n)
-                     for (_, ext, _), n in zip(region, op.split_shape(out_t.shape),
-                                               strict=True)]
-            dest = self.empty(blk, f"{op.out.tensor}_tile", shape, mlir_type(out_t.dtype),
-                              [lo for lo, _, _ in region])
-            piece = self.op(blk, split, opl, tile, dest, local, None)
-            local.vals[op.out.tensor] = self.merged_tile(blk, op, piece)
-        return [c.val for c in carried]
+            path = loops[op.name].group
+            writes[op.out.tensor] = path[:levels[op.name]] if op.name in levels else path
+        after = {a.tensor for o in program.ops if o.name not in names for a in o.ins} | set(
+            program.outputs)
+        reads: dict[str, list[tuple[int, ...]]] = {}
+        for op in ops:
+            for a in op.ins:
+                reads.setdefault(a.tensor, []).append(loops[op.name].group)
+        whole = tuple(t for t, w in writes.items() if t in after or any(
+            r[:len(w)] != w for r in reads.get(t, [])))
+        return _Nest(loops, levels, writes, whole)
 
 
 def supported(kind: OpKind) -> bool:

@@ -20,7 +20,7 @@ from apportion.backends.iree.bodies import BACKEND, MlirBody, body_of
 from apportion.backends.iree.forall_block import _Block
 from apportion.backends.iree.forall_body import _apply, _Bodies, _convert, check_constant
 from apportion.backends.iree.forall_index import Ix
-from apportion.backends.iree.forall_tensors import TensorVal, _Env, _Slice
+from apportion.backends.iree.forall_tensors import Box, TensorVal, _Env, _Slice
 from apportion.backends.iree.forall_types import _FLOAT_TYPES
 from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
@@ -30,8 +30,10 @@ from apportion.ir.op import Op
 class _Fallbacks(_Bodies):
     """Ops of a fallback kind, built by the construction their body names."""
 
-    def fallback(self, blk: _Block, op: Op, dest: TensorVal, env: _Env) -> TensorVal:
-        """A fallback runs whole along the last axis of its whole input; the result is then read
+    def fallback(self, blk: _Block, op: Op, dest: TensorVal, env: _Env,
+                 tile: Box | None = None) -> TensorVal:
+        """A fallback runs whole along the last axis of its whole input (in a loop nest: of the
+        input's region over ``tile``, which is whole along that axis); the result is then read
         through the input's access and written through the output's (a transpose at most)."""
         kind = op.kind
         body = body_of(kind, op.name)
@@ -44,10 +46,14 @@ class _Fallbacks(_Bodies):
         if not src.shape:
             raise EmitError(f"op {op.name!r}: {kind.name} of a rank-0 tensor has no last axis")
         ty = self.compute_type(op)
-        res = _CONSTRUCTIONS[body.construction](self, blk, op, body, src, ty)
         dims = list(op.dim_names)
         sizes = self.sizes.of(op)
         box = {d: (Ix(0), n) for d, n in sizes.items()}
+        if tile is not None and tile != box:  # a loop's tile: its region of the input
+            box, sizes = tile, {d: tile[d][1] for d in dims}
+            src = self.region_val(blk, src, op.ins[0], box)
+        res = _CONSTRUCTIONS[body.construction](self, blk, op, body, src, ty)
+        res = TensorVal(res.ssa, res.shape, res.elt, src.origin)
         read = self.read(blk, res, op.ins[0], box, dims)
         o = self.extract_out(blk, dest, self.out_region(op, box), op.out.tensor)
         out_results = [f"d{dims.index(d)}" for d in self.out_dims(op)]

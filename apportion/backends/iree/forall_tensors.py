@@ -226,6 +226,22 @@ class _Tensors(_Emitter):
                  f"[{', '.join('1' for _ in sizes)}] : {val.type} to {ty}")
         return _Slice(name, ty, val.elt, results)
 
+    def region_val(self, blk: _Block, val: TensorVal, access: Access, box: Box) -> TensorVal:
+        """The region ``access`` reads of ``val`` over ``box``, every axis kept (a literal
+        index one element), as a tensor whose origin is the region's corner."""
+        region = _region(access, box)
+        offsets = [lo - o for (lo, _, _), o in zip(region, val.origin, strict=True)]
+        sizes = tuple(ext for _, ext, _ in region)
+        if all(off.is_const and off.value == 0 for off in offsets) and sizes == val.shape:
+            return val
+        name = blk.fresh(f"{access.tensor}_r")
+        stem = symbol_name(access.tensor)
+        offs, lens = self.list(blk, offsets, f"{stem}_off"), self.list(blk, sizes, f"{stem}_len")
+        out = TensorVal(name, sizes, val.elt, tuple(lo for lo, _, _ in region))
+        blk.emit(f"{name} = tensor.extract_slice {val.ssa}[{offs}][{lens}]"
+                 f"[{', '.join('1' for _ in sizes)}] : {val.type} to {out.type}")
+        return out
+
     def list(self, blk: _Block, items: Sequence[Ix], stem: str = "ix") -> str:
         return ", ".join(blk.operand(i, stem) for i in items)
 

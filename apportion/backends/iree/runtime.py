@@ -4,8 +4,9 @@ The parallel IR's function-level ``scf.forall`` crashes IREE 3.13's compiler as 
 (iree-org/iree#24775), so ``lower_forall`` first runs IREE's ``iree-codegen-forall-to-for``
 pass over it with the compiler's MLIR bindings (a forall runs correctly in any order, so a
 sequential loop is a valid schedule). ``compile_mlir`` then builds a ``.vmfb`` for the
-``llvm-cpu`` backend (``--iree-llvmcpu-target-cpu=host``), cached under the sha256 of the
-text, the flags, the compiler version and the host CPU in a cache folder (default
+``llvm-cpu`` backend (``--iree-llvmcpu-target-cpu=host``; constant-expression hoisting and
+indirect command buffers off: see ``FLAGS``), cached under the sha256 of the text, the flags,
+the compiler version and the host CPU in a cache folder (default
 ``~/.cache/apportion/iree``, outside any repository), and ``run_vmfb`` calls one function of it
 with numpy arrays; the compile time is a field of the result and an INFO log line.
 
@@ -46,8 +47,15 @@ from apportion.errors import ExecutionError
 
 log = logging.getLogger(__name__)
 
-#: compile flags beside the target backend
-FLAGS: tuple[str, ...] = ("--iree-llvmcpu-target-cpu=host",)
+#: compile flags beside the target backend. Constant-expression hoisting and indirect command
+#: buffers are off: with either on, IREE 3.13 records copies of the initial values of
+#: loop-carried tensors (a loop group carrying several outputs, or results and partials) into
+#: command buffers whose indirect bindings it then rejects at run time (``OUT_OF_RANGE: indirect
+#: buffer reference slot 0 is out range of the declared binding capacity`` in
+#: ``hal.command_buffer.copy_buffer``); the emitter starts such values from fills, not
+#: ``tensor.empty``, for the same reason
+FLAGS: tuple[str, ...] = ("--iree-llvmcpu-target-cpu=host", "--iree-opt-const-expr-hoisting=false",
+                          "--iree-hal-indirect-command-buffers=false")
 BACKEND = "llvm-cpu"
 LOWERING = "builtin.module(func.func(iree-codegen-forall-to-for))"
 
@@ -274,6 +282,11 @@ def run_vmfb(vmfb: bytes, function: str, args: Sequence[tuple[Any, str]],
                                  f"expected {len(results)}")
         # copied while the arguments and the context are alive
         arrays = [_from_device(o, elt) for o, elt in zip(outs, results, strict=True)]
-    except (RuntimeError, ValueError, KeyError) as e:
-        raise ExecutionError(f"IREE backend: running {function!r} failed: {e}") from None
+    except ExecutionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - IREE maps each status code to its own Python type
+        # (OUT_OF_RANGE: IndexError, INVALID_ARGUMENT: ValueError, others: RuntimeError)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ExecutionError(f"IREE backend: running {function!r} failed "
+                             f"({type(e).__name__}): {first}") from None
     return RunResult(arrays, seconds)

@@ -325,7 +325,7 @@ def test_symbolic_counts_are_trailing_index_arguments():
     text = ap.plan(fused("T"), ap.targets.spyre(cores=8)).forall_mlir()
     assert text.startswith("func.func @fused(%a: tensor<1024x4096xf16>, "
                            "%b: tensor<1024x4096xf16>, %c: tensor<1024x4096xf16>, %T: index)")
-    assert re.search(r"scf\.for %i0 = %c0 to %T step %c1 iter_args\(%z_it = %z_init\)", text)
+    assert re.search(r"scf\.for %i0 = %c0 to %T step %c1 iter_args\(%z_it = %z_fill\)", text)
     assert "arith.divui %c1024, %T : index" in text
     # y is one iteration's tile: a fresh tensor each iteration, bounded by the whole dim
     assert "%y_tile_init = tensor.empty() : tensor<1024x4096xf16>" in text
