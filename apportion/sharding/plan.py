@@ -20,9 +20,10 @@ last reader (program outputs to the end); ``peak_bytes`` is the largest such sum
 program's points, on the largest device. A mesh with ``memory_bytes`` refuses a plan above it.
 
 Tiling groups: ``tiled_counts`` gives each grouped op the product of its group's static counts
-per tiled dim, and ``fits_tiling`` / ``tiling_strategies`` keep the strategies whose every
-device share of such a dim those counts divide, so that each device's program keeps the group
-with its counts (the rule of ``unroll.carry_tiling``); search and propagation offer no other.
+per tiled dim (``tiled_granules``: times a stick where the op writes along the dim), and
+``fits_tiling`` / ``tiling_strategies`` keep the strategies whose every device share of such
+a dim those counts cut into whole tiles, so that each device's program keeps the group with
+its counts (the rule of ``unroll.carry_tiling``); search and propagation offer no other.
 """
 
 from __future__ import annotations
@@ -158,22 +159,42 @@ def tiled_counts(program: Program) -> dict[str, dict[str, int]]:
     return out
 
 
-def fits_tiling(strategy: Strategy, sizes: Mapping[str, int], counts: Mapping[str, int],
+def tiled_granules(program: Program, target: Target) -> dict[str, dict[str, int]]:
+    """Op -> {dim: the elements every device's share of that dim must be a multiple of} for
+    the ops of tiling groups: the product of the static counts tiling it (``tiled_counts``),
+    times the elements of one stick where the op writes its output along that dim (a tile
+    boundary inside a stick the op writes is the planner's error).
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.target.presets import spyre
+    >>> tiled_granules(load("examples/fused.json"), spyre())["add"]  # n: 4 tiles of sticks
+    {'m': 2, 'n': 256}
+    """
+    out: dict[str, dict[str, int]] = {}
+    for name, counts in tiled_counts(program).items():
+        op = program.op(name)
+        units = dict(op_layout(op, program, target).unit_elems)
+        written = set(op.out.index[-1].dims) if op.out.index else set()
+        out[name] = {d: c * (units.get(d, 1) if d in written else 1) for d, c in counts.items()}
+    return out
+
+
+def fits_tiling(strategy: Strategy, sizes: Mapping[str, int], granules: Mapping[str, int],
                 mesh: Mesh) -> bool:
-    """True when every device's share of each dim ``strategy`` splits is divided by the
-    product of the counts tiling it (``counts``, from ``tiled_counts``; ``sizes``: the op's
-    dim sizes)."""
+    """True when every device's share of each dim ``strategy`` splits is a multiple of its
+    granule (``granules``, from ``tiled_granules``; ``sizes``: the op's dim sizes): the
+    group's counts then cut every device's share into tiles of whole sticks."""
     msizes = {a.name: a.size for a in mesh.axes}
-    return all(c <= 1 or all(n % c == 0 for n in shard_sizes(sizes[d], axes, msizes))
-               for d, axes in strategy.splits for c in (counts.get(d, 1),))
+    return all(g <= 1 or all(n % g == 0 for n in shard_sizes(sizes[d], axes, msizes))
+               for d, axes in strategy.splits for g in (granules.get(d, 1),))
 
 
 def tiling_strategies(op: Op, program: Program, mesh: Mesh,
-                      counts: Mapping[str, int]) -> tuple[Strategy, ...]:
-    """``op_strategies`` less those its tiling group's counts would not divide on some
-    device (``fits_tiling``)."""
+                      granules: Mapping[str, int]) -> tuple[Strategy, ...]:
+    """``op_strategies`` less those whose shares its tiling group's counts would not cut
+    into whole tiles on some device (``fits_tiling``)."""
     return tuple(s for s in op_strategies(op, program, mesh)
-                 if fits_tiling(s, op.sizes, counts, mesh))
+                 if fits_tiling(s, op.sizes, granules, mesh))
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from apportion.sharding.plan import (
     ShardingPlan,
     build_plan,
     default_target,
-    tiled_counts,
+    tiled_granules,
     tiling_strategies,
 )
 from apportion.sharding.rules import Strategy, op_strategies
@@ -97,7 +97,7 @@ def propagate(program: Any, mesh: Mesh, target: Target | None = None,
     ann = check_annotations(prog, given, mesh)
     tgt = default_target(mesh, target)
     cost = CostModel(prog, mesh, tgt)
-    tiled = tiled_counts(prog)
+    tiled = tiled_granules(prog, tgt)
     options = {op.name: tiling_strategies(op, prog, mesh, tiled[op.name]) if op.name in tiled
                else op_strategies(op, prog, mesh) for op in prog.ops}
     chosen: dict[str, Strategy] = {}

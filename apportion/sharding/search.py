@@ -23,9 +23,10 @@ The integer program (solved by HiGHS through ``highspy``):
 Annotations are constraints: an annotated tensor's node has the annotation as its only strategy.
 
 Tiling groups are constraints too: an op of a group is offered only the strategies whose every
-device share of a dim the group's loops tile is divided by the product of the counts tiling it
-(``plan.fits_tiling``), so the per-device programs keep the group with its counts (``unroll``'s
-rule); the replicated strategy always fits. And the ops of a group split every dim they share
+device share of a dim the group's loops tile is cut by the counts tiling it into whole tiles
+(of whole sticks where the op writes along the dim; ``plan.fits_tiling``), so the per-device
+programs keep the group with its counts (``unroll``'s rule); the replicated strategy always
+fits. And the ops of a group split every dim they share
 alike (one row per group, dim, pair of ops and way of splitting it), since a device's loops
 step one size per dim: the search never makes a plan whose per-device programs would see one
 dim of a group at two sizes.
@@ -68,7 +69,7 @@ from apportion.sharding.plan import (
     ShardingPlan,
     build_plan,
     default_target,
-    tiled_counts,
+    tiled_granules,
     tiling_strategies,
 )
 from apportion.sharding.rules import Strategy
@@ -110,14 +111,14 @@ class Edge:
     point: int  # the program point where the reader reads
 
 
-def _graph(program: Program, mesh: Mesh, ann: Mapping[str, Sharding], outputs: str
-           ) -> tuple[list[Node], list[Edge]]:
+def _graph(program: Program, mesh: Mesh, ann: Mapping[str, Sharding], outputs: str,
+           target: Target) -> tuple[list[Node], list[Edge]]:
     nodes: list[Node] = []
     edges: list[Edge] = []
     maker: dict[str, int] = {}
     placements: dict[tuple[int, ...], list[Sharding]] = {}
     by_sig: dict[Any, tuple[Strategy, ...]] = {}
-    tiled = tiled_counts(program)
+    tiled = tiled_granules(program, target)
     for name in program.inputs:
         t = program.tensor(name)
         opts = [ann[name]] if name in ann else \
@@ -275,7 +276,7 @@ def search(program: Any, mesh: Mesh, target: Target | None = None,
     cost = CostModel(prog, mesh, tgt)
     sizes = {a.name: a.size for a in mesh.axes}
     _check_fits(prog, mesh, ann)
-    nodes, edges = _graph(prog, mesh, ann, outputs)
+    nodes, edges = _graph(prog, mesh, ann, outputs, tgt)
     cls = _classes(nodes, edges, rounds)
     members: dict[int, list[int]] = defaultdict(list)
     for i, c in enumerate(cls):

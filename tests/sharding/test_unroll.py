@@ -456,3 +456,29 @@ def test_the_search_splits_a_dim_alike_in_every_op_of_a_group_so_each_device_kee
     u = unroll(plan)
     assert all(len(dev.tiling) == 1 and dev.tiling[0].carried is not None for dev in u.devices)
     assert all(c.ok for c in u.check(planned=True))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 6), st.integers(1, 4), st.integers(1, 3),
+       st.sampled_from(["tp=2", "tp=3", "a=2,b=2"]))
+def test_the_search_never_makes_a_plan_whose_devices_cannot_keep_a_group(cm, a, cn, b, mesh):
+    # a group over rows and columns (whole sticks of 64 float16 per column tile at the source)
+    p = _tiled(rows=cm * a, cols=64 * cn * b, counts=((cm, ("m",)), (cn, ("n",))))
+    u = unroll(search(p, parse(mesh)))
+    for dev in u.devices:
+        (carry,) = dev.tiling
+        assert [lv.count for lv in carry.carried.loops] == [cm, cn] and carry.changes == ()
+    assert all(c.ok for c in u.check(planned=True))
+
+
+def test_a_split_whose_tiles_would_cut_sticks_the_op_writes_is_not_offered():
+    # 256 columns in 4 tiles: 64 each at the source, whole sticks of 64 float16; split over 2
+    # devices, 128 columns in 4 tiles of 32 would cut sticks, so the columns stay whole
+    p = _tiled(rows=64, cols=256, counts=((4, ("n",)),))
+    plan = propagate(p, parse("tp=2"), annotations={"a": COLS})
+    assert "n" not in plan.strategy("add").split_map
+    u = unroll(plan)
+    assert all(c.ok for c in u.check(planned=True))
+    wide = _tiled(rows=64, cols=512, counts=((4, ("n",)),))  # 256 per device: tiles of 64
+    assert propagate(wide, parse("tp=2"), annotations={"a": COLS}).strategy("add").label == \
+        "n:tp"
