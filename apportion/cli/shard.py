@@ -141,7 +141,12 @@ def _params(args: argparse.Namespace) -> dict[str, int]:
 
 
 def loop_counts(program: Program) -> tuple[str, ...]:
-    """The symbolic loop counts of ``program``'s tiling groups, in order of appearance."""
+    """The symbolic loop counts of ``program``'s tiling groups, in order of appearance.
+
+    >>> from apportion.frontend.json_format import load
+    >>> loop_counts(load("examples/softmax_symbolic.json")), loop_counts(load("examples/mlp.json"))
+    (('T',), ())
+    """
     return tuple(dict.fromkeys(lv.count for g in program.tiling for lv in g.loops
                                if isinstance(lv.count, str)))
 
@@ -149,7 +154,13 @@ def loop_counts(program: Program) -> tuple[str, ...]:
 def bind_counts(program: Program, values: dict[str, int]) -> Program:
     """``program`` with the symbolic loop counts named in ``values`` made those static counts
     (each within its level's bounds), so that every device's tiles are planned at the count
-    the run takes; other counts stay symbolic."""
+    the run takes; other counts stay symbolic.
+
+    >>> from apportion.frontend.json_format import load
+    >>> bound = bind_counts(load("examples/softmax_symbolic.json"), {"T": 16})
+    >>> [lv.count for lv in bound.tiling[0].loops]
+    [16]
+    """
     from dataclasses import replace
 
     from apportion.ir.program import LoopLevel

@@ -183,7 +183,18 @@ def fits_tiling(strategy: Strategy, sizes: Mapping[str, int], granules: Mapping[
                 mesh: Mesh) -> bool:
     """True when every device's share of each dim ``strategy`` splits is a multiple of its
     granule (``granules``, from ``tiled_granules``; ``sizes``: the op's dim sizes): the
-    group's counts then cut every device's share into tiles of whole sticks."""
+    group's counts then cut every device's share into tiles of whole sticks.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.sharding.mesh import parse
+    >>> from apportion.target.presets import spyre
+    >>> p = load("examples/fused.json")
+    >>> add = p.op("add")
+    >>> g = tiled_granules(p, spyre())["add"]
+    >>> [fits_tiling(make_strategy(add, p, parse(m), {"n": ("tp",)}), add.sizes, g, parse(m))
+    ...  for m in ("tp=2", "tp=32")]  # 2048 columns per device, or 128: not 4 tiles of sticks
+    [True, False]
+    """
     msizes = {a.name: a.size for a in mesh.axes}
     return all(g <= 1 or all(n % g == 0 for n in shard_sizes(sizes[d], axes, msizes))
                for d, axes in strategy.splits for g in (granules.get(d, 1),))
@@ -192,7 +203,16 @@ def fits_tiling(strategy: Strategy, sizes: Mapping[str, int], granules: Mapping[
 def tiling_strategies(op: Op, program: Program, mesh: Mesh,
                       granules: Mapping[str, int]) -> tuple[Strategy, ...]:
     """``op_strategies`` less those whose shares its tiling group's counts would not cut
-    into whole tiles on some device (``fits_tiling``)."""
+    into whole tiles on some device (``fits_tiling``).
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.sharding.mesh import parse
+    >>> from apportion.target.presets import spyre
+    >>> p = load("examples/fused.json")
+    >>> g = tiled_granules(p, spyre())["add"]
+    >>> [s.label for s in tiling_strategies(p.op("add"), p, parse("tp=32"), g)]
+    ['replicated', 'm:tp']
+    """
     return tuple(s for s in op_strategies(op, program, mesh)
                  if fits_tiling(s, op.sizes, granules, mesh))
 
