@@ -52,12 +52,13 @@ LIMITS: tuple[Limit, ...] = (
           "whole merged axis, at a static extent, cut by the loop tile into whole digits",
           ("iree",)),
     Limit("iree-host-op-in-loop-group",
-          "ops IREE runs on the host between its modules (the kinds its table lacks: numpy's "
-          "random generators uniform and normal) cannot sit inside a loop group",
-          ("iree",)),
+          "an op IREE runs on the host between its modules that reads tensors (a kind its "
+          "table lacks that has inputs: none in the registry today) cannot sit inside a loop "
+          "group; random numbers, which read nothing, are made before the modules wherever "
+          "they sit", ("iree",)),
     Limit("iree-host-ops-with-runtime-sizes",
-          "ops IREE runs on the host between its modules run only in programs without "
-          "run-time sizes", ("iree",)),
+          "ops IREE runs on the host between its modules that read tensors (none in the "
+          "registry today) run only in programs without run-time sizes", ("iree",)),
     # -- bundle: LoopSpec/OpSpec values and the MLIR loop bundle
     Limit("bundle-emits-only",
           "the bundle backend emits LoopSpec programs and loop bundles (emit --bundle, "

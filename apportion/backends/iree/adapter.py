@@ -23,8 +23,8 @@ import numpy as np
 from apportion.backends import Backend, Planned
 from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.mesh import run_mesh
-from apportion.backends.iree.run import host_ops, iree_run, segments
-from apportion.backends.limits import LIMITS_BY_ID, Limit, cited
+from apportion.backends.iree.run import iree_run, modules
+from apportion.backends.limits import Limit, cited
 from apportion.errors import ApportionError, ExecutionError
 from apportion.runtime.reference import bind_inputs
 from apportion.schedule.mesh import Compute, MeshSchedule
@@ -37,17 +37,10 @@ def supports(planned: Planned) -> tuple[Limit, ...]:
     device's launches emitted."""
     if isinstance(planned, MeshSchedule):
         return _supports_mesh(planned)
-    program, plan = planned.program, planned.plan
-    if host_ops(program) and planned.symbols:
-        return (LIMITS_BY_ID["iree-host-ops-with-runtime-sizes"],)
     try:
-        if host_ops(program):
-            for seg in segments(program, plan):
-                if isinstance(seg, tuple):
-                    forall_mlir(seg[0], seg[1], planned.target)
-        else:
-            forall_mlir(program, plan, planned.target,
-                        symbolic=planned.given if planned.symbols else None)
+        for program, plan, given in modules(planned.program, planned.plan,
+                                            planned.given if planned.symbols else None):
+            forall_mlir(program, plan, planned.target, symbolic=given)
     except ApportionError as e:
         limit = cited(str(e))
         if limit is None:

@@ -72,11 +72,9 @@ def check_counts(program: Program, plan: Plan, params: Mapping[str, int] | None)
         raise ExecutionError(f"params {extra} given, but plan of {program.name!r} has no such "
                              "symbolic loop count")
     for g in plan.groups:
-        resolve_counts(g.counts, params)
+        counts = resolve_counts(g.counts, params)
         for name in g.ops:
             op, opl = program.op(name), plan.op(name)
-            # an op's own loops: fewer levels (a lesser depth) or more (a loop of its own)
-            counts = resolve_counts(opl.loop.count if opl.loop else (), params)
             tile = tile_box(op.sizes, opl.loop, (0,) * len(counts), counts, op.name)
             core_boxes(opl, tile)
 
@@ -90,10 +88,13 @@ def host_ops(program: Program) -> tuple[str, ...]:
 
 
 def segments(program: Program, plan: Plan) -> list[tuple[Program, Plan] | Op]:
-    """``program`` cut at its host ops: each maximal run of the others as a program of its own
-    (its inputs: what the run reads from before it; its outputs: what later ops or the program
-    need; its tiling groups and their loop plans), and each host op alone. A run that nothing
-    after it reads (dead ops only) is left out. A host op must sit outside every loop group.
+    """``program`` cut at its host ops: the host ops that read nothing (random numbers) first,
+    lifted out of wherever they sit (a loop group included), then each maximal run of the
+    other ops as a program of its own (its inputs: what the run reads from before it, a lifted
+    op's result among them; its outputs: what later ops or the program need; its tiling groups
+    and their loop plans) with each host op that reads tensors alone between them. A run that
+    nothing after it reads (dead ops only) is left out. A host op that reads tensors must sit
+    outside every loop group.
 
     >>> import apportion as ap
     >>> p = ap.load("examples/mlp.json")
@@ -103,48 +104,61 @@ def segments(program: Program, plan: Plan) -> list[tuple[Program, Plan] | Op]:
     host = set(host_ops(program))
     if not host:
         return [(program, plan)]
+    lifted = [op for op in program.ops if op.name in host and not op.ins]
+    cut = host - {op.name for op in lifted}
     for g in plan.groups:
-        inside = sorted(host & set(g.ops))
+        inside = sorted(cut & set(g.ops))
         if inside:
             op = program.op(inside[0])
             raise ExecutionError(f"IREE backend: op {op.name!r} ({op.kind.name}) runs on the "
                                  f"host but sits in loop group {list(g.path)} {list(g.ops)}; a "
-                                 "host step runs between IREE modules, outside every loop group "
-                                 f"{cite('iree-host-op-in-loop-group')}")
+                                 "host step that reads tensors runs between IREE modules, "
+                                 f"outside every loop group {cite('iree-host-op-in-loop-group')}")
     runs: list[list[Op] | Op] = []
     for op in program.ops:
-        if op.name in host:
+        if op.name in cut:
             runs.append(op)
+        elif op.name in host:
+            continue  # lifted: computed before everything
         elif runs and isinstance(runs[-1], list):
             runs[-1].append(op)
         else:
             runs.append([op])
-    out: list[tuple[Program, Plan] | Op] = []
+    out: list[tuple[Program, Plan] | Op] = list(lifted)
     for i, run in enumerate(runs):
         if not isinstance(run, list):
             out.append(run)
             continue
-        made = {op.out.tensor for op in run}
         later = {a.tensor for op in program.ops[program.ops.index(run[-1]) + 1:]
                  for a in op.ins} | set(program.outputs)
-        outs = [op.out.tensor for op in run if op.out.tensor in later]
-        if not outs:
+        if not any(op.out.tensor in later for op in run):
             continue  # dead ops: nothing reads what they make
-        ins = list(dict.fromkeys(a.tensor for op in run for a in op.ins
-                                 if a.tensor not in made))
-        used = set(ins) | made
+        part = part_program(program, run, later, f"{program.name}_part{i}")
         names = {op.name for op in run}
-        part = replace(program, name=f"{program.name}_part{i}",
-                       tensors=tuple(t for t in program.tensors if t.name in used),
-                       inputs=tuple(ins), outputs=tuple(outs), ops=tuple(run),
-                       tiling=tuple(t for t in program.tiling if set(t.ops) <= names),
-                       work_division=(), split_k=())
+        groups = (replace(g, ops=tuple(n for n in g.ops if n in names)) for g in plan.groups)
         part_plan = replace(plan, program=part.name,
                             ops=tuple(o for o in plan.ops if o.name in names),
-                            groups=tuple(g for g in plan.groups if set(g.ops) <= names),
-                            buffers=(), rewritten=None)
+                            groups=tuple(g for g in groups if g.ops), buffers=(),
+                            rewritten=None)
         out.append((part, part_plan))
     return out
+
+
+def part_program(program: Program, run: list[Op], later: set[str], name: str) -> Program:
+    """The program of the ops ``run`` (consecutive but for lifted host ops) of ``program``:
+    its inputs what the run reads and does not make, its outputs what it makes that ``later``
+    names, its tiling groups those of ``program`` restricted to the run's ops."""
+    made = {op.out.tensor for op in run}
+    ins = tuple(dict.fromkeys(a.tensor for op in run for a in op.ins if a.tensor not in made))
+    outs = tuple(op.out.tensor for op in run if op.out.tensor in later)
+    names = {op.name for op in run}
+    used = set(ins) | made
+    tiling = tuple(replace(t, ops=tuple(n for n in t.ops if n in names),
+                           depths=tuple((n, d) for n, d in t.depths if n in names))
+                   for t in program.tiling if names & set(t.ops))
+    return replace(program, name=name, tensors=tuple(t for t in program.tensors if t.name in used),
+                   inputs=ins, outputs=outs, ops=tuple(run), tiling=tiling, work_division=(),
+                   split_k=())
 
 
 def gather_indices(program: Program) -> tuple[str, ...]:
@@ -194,12 +208,12 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
     (bounds, split-K cuts into whole planning units) and gets the outputs at those sizes.
     """
     host = host_ops(program)
+    if host and symbolic is not None and symbolic.symbols:
+        return _run_lifted(program, plan, target, inputs, params, cache_dir, symbolic, sizes)
     if host:
-        if symbolic is not None and symbolic.symbols or sizes:
-            raise ExecutionError(f"IREE backend: program {program.name!r} has run-time sizes "
-                                 f"and whole-tensor fallback ops ({', '.join(host)})"
-                                 "; run it with the reference or torch backend "
-                                 f"{cite('iree-host-ops-with-runtime-sizes')}")
+        if sizes:
+            raise ExecutionError(f"program {program.name!r} has no run-time sizes; got "
+                                 f"{sorted(sizes)}")
         return _run_segments(program, plan, target, inputs, params, cache_dir)
     given_outputs = program.outputs
     extra = gather_indices(program)
@@ -262,6 +276,78 @@ def _run_segments(program: Program, plan: Plan, target: Target,
         compile_s += done.compile_s
         run_s += done.run_s
         cached = cached and done.cached
+    return IreeRun({n: env[n] for n in (*program.inputs, *program.outputs)}, compile_s, cached,
+                   run_s)
+
+
+def lift(program: Program, plan: Plan, symbolic: Program
+         ) -> tuple[list[Op], Program, Plan, Program]:
+    """A program with run-time sizes (``symbolic``, planned at its planning sizes as ``program``
+    with ``plan``) without its host ops, which must read nothing (random numbers): those ops,
+    then the rest at the planning sizes, its plan, and the rest as given, the lifted ops'
+    results among their inputs."""
+    host = set(host_ops(program))
+    lifted = [op for op in symbolic.ops if op.name in host]
+    reading = [op.name for op in lifted if op.ins]
+    if reading:
+        raise ExecutionError(f"IREE backend: program {program.name!r} has run-time sizes and "
+                             f"host ops that read tensors ({', '.join(reading)}); run it with "
+                             "the reference or torch backend "
+                             f"{cite('iree-host-ops-with-runtime-sizes')}")
+    names = {op.name for op in lifted}
+    later = set(program.outputs)
+    part = part_program(program, [op for op in program.ops if op.name not in names], later,
+                        program.name)
+    given = part_program(symbolic, [op for op in symbolic.ops if op.name not in names], later,
+                         program.name)
+    groups = (replace(g, ops=tuple(n for n in g.ops if n not in names)) for g in plan.groups)
+    part_plan = replace(plan, ops=tuple(o for o in plan.ops if o.name not in names),
+                        groups=tuple(g for g in groups if g.ops), buffers=(), rewritten=None)
+    return lifted, part, part_plan, given
+
+
+def modules(program: Program, plan: Plan, symbolic: Program | None = None
+            ) -> list[tuple[Program, Plan, Program | None]]:
+    """What a run compiles: (program, plan, program as given where it has run-time sizes) of
+    each IREE module, host ops cut out (``segments``, ``lift``); the refusals a run makes.
+
+    >>> import apportion as ap
+    >>> p = ap.load("examples/mlp.json")
+    >>> len(modules(p, ap.plan(p, ap.targets.spyre(cores=8)).plan))
+    1
+    """
+    if symbolic is not None and symbolic.symbols:
+        if not host_ops(program):
+            return [(program, plan, symbolic)]
+        _, part, part_plan, given = lift(program, plan, symbolic)
+        return [(part, part_plan, given)] if part.outputs else []
+    return [(*s, None) for s in segments(program, plan) if isinstance(s, tuple)]
+
+
+def _run_lifted(program: Program, plan: Plan, target: Target,
+                inputs: Mapping[str, np.ndarray], params: Mapping[str, int] | None,
+                cache_dir: str | os.PathLike[str] | None, symbolic: Program,
+                sizes: Mapping[str, int] | None) -> IreeRun:
+    """A program with run-time sizes and host ops that read nothing (random numbers): those
+    computed on the host at the run's sizes, then one module for every size with their results
+    as inputs."""
+    lifted, part, part_plan, given_part = lift(program, plan, symbolic)
+    found = {**(sizes or {}), **{k: v for k, v in (params or {}).items()
+                                 if k in symbolic.symbol_map}}
+    try:
+        bound = symbolic.bind(infer_sizes(symbolic, inputs, found))
+    except ProgramError as e:
+        raise ExecutionError(str(e)) from None
+    env = bind_inputs(bound, inputs)
+    start = time.perf_counter()
+    for op in lifted:
+        env[op.out.tensor] = np.asarray(evaluate_op(op, bound, env))
+    compile_s, cached, run_s = 0.0, True, time.perf_counter() - start
+    if part.outputs:  # else every output is an input or a host op's result
+        done = iree_run(part, part_plan, target, {n: env[n] for n in part.inputs}, params,
+                        cache_dir, given_part, sizes)
+        env.update(done.tensors)
+        compile_s, cached, run_s = done.compile_s, done.cached, run_s + done.run_s
     return IreeRun({n: env[n] for n in (*program.inputs, *program.outputs)}, compile_s, cached,
                    run_s)
 

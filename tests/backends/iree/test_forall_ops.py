@@ -218,23 +218,26 @@ def test_top_k_puts_nan_first_and_keeps_ties(cache):
 
 @pytest.mark.parametrize("size", [1, 5, 8])
 def test_whole_tensor_kinds_over_run_time_sizes_run_at_any_size_in_one_module(size, cache):
-    """An embedding of a run-time count of ids, a range over that count, a reshape and a
-    concatenation of the embedding: one function for every size, which the ids' shape gives."""
+    """An embedding of a run-time count of ids, a range over that count, a reshape, a
+    concatenation and a top-k of the embedding: one function for every size, which the ids'
+    shape gives."""
     p = from_dict({
         "format": "apportion.program/1", "name": "dyn", "symbols": {"B": {"max": 8}},
         "tensors": {"ids": {"shape": ["B"], "dtype": "int64"},
                     "table": {"shape": [10, 64], "dtype": "float16"},
                     "p": {"shape": ["B"], "dtype": "int64"},
                     "r": {"shape": ["B", 2, 32], "dtype": "float16"},
-                    "c": {"shape": ["B", 128], "dtype": "float16"}},
-        "inputs": ["ids", "table"], "outputs": ["e", "s", "r", "c"], "ops": [
+                    "c": {"shape": ["B", 128], "dtype": "float16"},
+                    "t": {"shape": ["B", 3], "dtype": "float16"}},
+        "inputs": ["ids", "table"], "outputs": ["e", "s", "r", "c", "t"], "ops": [
          {"name": "emb", "op": "gather", "out": "e[i,d]", "ins": ["table[v,d]", "ids[i]"]},
          {"name": "pos", "op": "arange", "out": "p[i]", "ins": [], "start": 2.0,
           "dtype": "int64"},
          {"name": "shift", "op": "add", "out": "s[i]", "ins": ["ids[i]", "p[i]"]},
          {"name": "rs", "op": "reshape", "out": "r[i,h,d]", "ins": ["e[j,c]"]},
          {"name": "cat", "op": "concat", "out": "c[i,o]", "ins": ["e[i,d]", "e[j,c]"],
-          "axis": -1}]})
+          "axis": -1},
+         {"name": "top", "op": "topk", "out": "t[i,k]", "ins": ["e[i,d]"]}]})
     planned = plan(p)
     assert host_ops(planned.program) == ()
     checks, run = iree_check(planned.program, planned.plan, planned.target, 2, {"B": size},
@@ -313,14 +316,16 @@ def test_a_model_at_a_run_time_sequence_length_runs_in_iree_and_matches_eager(ca
 # --- 3. dead ops ---------------------------------------------------------------------------------
 
 def dead_program(tiled: bool) -> ap.Program:
-    """Dead ops (results nobody reads, not outputs) before and after a host step, and inside a
-    loop group."""
+    """Dead ops (results nobody reads, not outputs) before and after a host step that reads a
+    tensor (a sort, once the table lacks it), beside random numbers, and inside a loop
+    group."""
     return program(
         {"x": ([8, 64], "float32")},
         [{"name": "dead0", "op": "exp", "out": "d0[i,j]", "ins": ["x[i,j]"]},
+         {"name": "srt", "op": "fallback", "fn": "sort", "out": "o[i,j]", "ins": ["x[i,j]"]},
          {"name": "noise", "op": "uniform", "out": "n[i,j]", "ins": [], "dims": {"i": 8, "j": 64},
           "seed": 5, "dtype": "float32"},
-         {"name": "add", "op": "add", "out": "s[i,j]", "ins": ["x[i,j]", "n[i,j]"]},
+         {"name": "add", "op": "add", "out": "s[i,j]", "ins": ["o[i,j]", "n[i,j]"]},
          {"name": "dead1", "op": "sum", "out": "d1[i,0]", "ins": ["s[i,j]"]},
          {"name": "act", "op": "relu", "out": "y[i,j]", "ins": ["s[i,j]"]},
          {"name": "dead2", "op": "fill", "out": "d2[i,j]", "ins": [], "value": 1.0,
@@ -329,14 +334,22 @@ def dead_program(tiled: bool) -> ap.Program:
                                      "loops": [{"count": 2, "dims": ["i"]}]}] if tiled else [])
 
 
+def parts_of(planned: PlannedProgram) -> list[Any]:
+    """The segments of a plan by name: a host op's name, a module's op names."""
+    return [s.name if isinstance(s, Op) else [o.name for o in s[0].ops]
+            for s in segments(planned.program, planned.plan)]
+
+
 @pytest.mark.parametrize("tiled", [False, True])
-def test_dead_ops_anywhere_give_valid_ir_and_run(tiled, cache):
+def test_dead_ops_anywhere_give_valid_ir_and_run(tiled, cache, monkeypatch):
+    monkeypatch.delitem(bodies.BODIES, "sort")  # a host step that reads a tensor
     planned = plan(dead_program(tiled))
-    parts = segments(planned.program, planned.plan)
-    # the run of the dead op before the host step is left out: nothing reads it
-    assert [s.name if isinstance(s, Op) else [o.name for o in s[0].ops] for s in parts] == [
-        "noise", ["add", "dead1", "act", "dead2"]]
-    for part, part_plan in (s for s in parts if isinstance(s, tuple)):
+    assert host_ops(planned.program) == ("srt", "noise")
+    # random numbers first; the run of the dead op before the sort is left out: nothing
+    # reads it
+    assert parts_of(planned) == ["noise", "srt", ["add", "dead1", "act", "dead2"]]
+    for part, part_plan in (s for s in segments(planned.program, planned.plan)
+                            if isinstance(s, tuple)):
         text = forall_mlir(part, part_plan)
         verify_mlir(text)
         assert not re.search(r"return\s*:", text)
@@ -352,29 +365,54 @@ def test_a_program_of_dead_ops_and_outputs_it_takes_as_given_emits_valid_ir(cach
 
 # --- 4. host steps beside loop nests -------------------------------------------------------------
 
-def test_a_host_step_outside_loop_groups_runs_between_modules_that_keep_their_nests(cache):
-    p = program(
+def nests_program(noise_in_group: bool) -> ap.Program:
+    """Two loop nests around a host step that reads a tensor (a sort, once the table lacks
+    it), and random numbers outside the nests or inside the second."""
+    noise = {"name": "noise", "op": "uniform", "out": "r[i,n]", "ins": [],
+             "dims": {"i": 16, "n": 128}, "low": -0.1, "high": 0.1, "seed": 7,
+             "dtype": "float16"}
+    second = ["noise", "mix", "mx", "sub"] if noise_in_group else ["mix", "mx", "sub"]
+    return program(
         {"x": ([16, 128], "float16"), "w": ([128, 128], "float16")},
         [{"name": "mm", "op": "matmul", "out": "h[i,n]", "ins": ["x[i,k]", "w[k,n]"]},
          {"name": "act", "op": "silu", "out": "a[i,n]", "ins": ["h[i,n]"]},
-         {"name": "noise", "op": "uniform", "out": "r[i,n]", "ins": [],
-          "dims": {"i": 16, "n": 128}, "low": -0.1, "high": 0.1, "seed": 7, "dtype": "float16"},
-         {"name": "mix", "op": "add", "out": "m[i,n]", "ins": ["a[i,n]", "r[i,n]"]},
+         {"name": "srt", "op": "fallback", "fn": "sort", "out": "o[i,n]", "ins": ["a[i,n]"]},
+         noise,
+         {"name": "mix", "op": "add", "out": "m[i,n]", "ins": ["o[i,n]", "r[i,n]"]},
          {"name": "mx", "op": "max", "out": "t[i,0]", "ins": ["m[i,n]"]},
          {"name": "sub", "op": "sub", "out": "y[i,n]", "ins": ["m[i,n]", "t[i,0]"]}],
         ["y"], name="nests",
         tiling=[{"ops": ["mm", "act"], "loops": [{"count": 2, "dims": ["i"]},
                                                  {"count": 2, "dims": ["n"]}]},
-                {"ops": ["mix", "mx", "sub"], "loops": [{"count": 4, "dims": ["i"]}]}])
-    planned = plan(p, cores=8)
+                {"ops": second, "loops": [{"count": 4, "dims": ["i"]}]}])
+
+
+@pytest.mark.parametrize("noise_in_group", [False, True])
+def test_host_steps_run_between_modules_that_keep_their_loop_nests(noise_in_group, cache,
+                                                                     monkeypatch):
+    monkeypatch.delitem(bodies.BODIES, "sort")
+    planned = plan(nests_program(noise_in_group), cores=8)
     assert len(planned.plan.groups) == 2
-    first, host, last = segments(planned.program, planned.plan)
-    assert isinstance(host, Op) and host.name == "noise"
+    assert parts_of(planned) == ["noise", ["mm", "act"], "srt", ["mix", "mx", "sub"]]
+    lifted, first, srt, last = segments(planned.program, planned.plan)
     assert [g.ops for g in first[1].groups] == [("mm", "act")]
     assert [t.ops for t in first[0].tiling] == [("mm", "act")]
     assert [g.ops for g in last[1].groups] == [("mix", "mx", "sub")]
-    assert "scf.for" in forall_mlir(*last)
+    assert "r" in last[0].inputs  # the random numbers, made on the host before the modules
+    assert "scf.for" in forall_mlir(*first) and "scf.for" in forall_mlir(*last)
     check(planned, cache, seed=1)
+
+
+def test_a_host_step_that_reads_a_tensor_inside_a_loop_group_is_refused(monkeypatch):
+    monkeypatch.delitem(bodies.BODIES, "exp")
+    p = program({"x": ([8, 64], "float32")},
+                [{"name": "e", "op": "exp", "out": "y[i,j]", "ins": ["x[i,j]"]},
+                 {"name": "n", "op": "neg", "out": "z[i,j]", "ins": ["y[i,j]"]}], ["z"],
+                tiling=[{"ops": ["e", "n"], "loops": [{"count": 2, "dims": ["i"]}]}])
+    planned = plan(p)
+    with pytest.raises(ExecutionError, match=r"op 'e' \(exp\) runs on the host but sits in "
+                                             r"loop group \[0\] \['e', 'n'\]"):
+        segments(planned.program, planned.plan)
 
 
 # --- 5. the per-kind table is the backend's ------------------------------------------------------

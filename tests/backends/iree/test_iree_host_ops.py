@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import apportion as ap
+from apportion.backends.iree import bodies
 from apportion.backends.iree.run import host_ops, iree_check, iree_run, segments
 from apportion.errors import ExecutionError
 from apportion.ir.op import Op
@@ -29,16 +30,24 @@ def noise_program() -> ap.Program:
         ["z", "t2"])
 
 
-def test_segments_cut_the_program_at_host_ops_and_keep_what_later_ops_read():
+def test_random_numbers_are_made_first_and_the_other_ops_are_one_module():
     p = noise_program()
     planned = ap.plan(p, ap.targets.spyre(cores=8))
     assert host_ops(planned.program) == ("noise",)
-    first, host, last = segments(planned.program, planned.plan)
-    assert isinstance(host, Op) and host.name == "noise"
-    assert [o.name for o in first[0].ops] == ["scale"] and first[0].outputs == ("t2",)
-    assert [o.name for o in last[0].ops] == ["add", "mm", "act"]
-    assert last[0].inputs == ("t2", "e", "w") and last[0].outputs == ("z",)
-    assert [o.name for o in last[1].ops] == ["add", "mm", "act"]
+    host, (part, part_plan) = segments(planned.program, planned.plan)
+    assert isinstance(host, Op) and host.name == "noise"  # reads nothing: made before
+    assert [o.name for o in part.ops] == ["scale", "add", "mm", "act"]
+    assert part.inputs == ("table", "e", "w") and part.outputs == ("t2", "z")
+    assert [o.name for o in part_plan.ops] == ["scale", "add", "mm", "act"]
+
+
+def test_segments_cut_the_program_at_host_ops_that_read_tensors(monkeypatch):
+    monkeypatch.delitem(bodies.BODIES, "mul")  # the scale runs on the host
+    planned = ap.plan(noise_program(), ap.targets.spyre(cores=8))
+    assert host_ops(planned.program) == ("scale", "noise")
+    noise, scale, (part, _) = segments(planned.program, planned.plan)
+    assert (noise.name, scale.name) == ("noise", "scale")
+    assert part.inputs == ("t2", "e", "w") and part.outputs == ("z",)
 
 
 @pytest.mark.parametrize("cores", [1, 8, 32])
@@ -52,15 +61,34 @@ def test_random_numbers_run_on_the_host_between_iree_modules(cores, tmp_path):
         np.testing.assert_allclose(run.tensors[name], want[name], rtol=1e-5, atol=1e-6)
 
 
-def test_run_time_sizes_with_host_ops_are_refused_naming_the_ops(tmp_path):
+def run_time_noise_program() -> ap.Program:
     doc = {"x": (["B", 64], "float32")}
-    p = program(doc, [{"name": "noise", "op": "uniform", "out": "e[i,d]", "ins": [],
-                       "dims": {"i": 4, "d": 64}, "dtype": "float32"},
-                      {"name": "act", "op": "add", "out": "z[b,d]", "ins": ["x[b,d]", "e[0,d]"]}],
-                ["z"], symbols={"B": {"max": 8}})
+    return program(doc, [{"name": "noise", "op": "uniform", "out": "e[i,d]", "ins": [],
+                          "dims": {"i": 4, "d": 64}, "dtype": "float32"},
+                         {"name": "act", "op": "add", "out": "z[b,d]",
+                          "ins": ["x[b,d]", "e[0,d]"]}],
+                   ["z", "e"], symbols={"B": {"max": 8}})
+
+
+@pytest.mark.parametrize("size", [3, 8])
+def test_random_numbers_beside_run_time_sizes_are_made_on_the_host_first(size, tmp_path):
+    planned = ap.plan(run_time_noise_program(), ap.targets.spyre(cores=4))
+    checks, run = iree_check(planned.program, planned.plan, planned.target, 1, {"B": size},
+                             tmp_path, symbolic=planned.given)
+    assert checks and all(c.ok for c in checks)
+    assert run.tensors["z"].shape == (size, 64)
+
+
+def test_run_time_sizes_with_host_ops_that_read_tensors_are_refused_naming_them(tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.delitem(bodies.BODIES, "exp")
+    p = program({"x": (["B", 64], "float32")},
+                [{"name": "e", "op": "exp", "out": "y[b,d]", "ins": ["x[b,d]"]},
+                 {"name": "n", "op": "neg", "out": "z[b,d]", "ins": ["y[b,d]"]}], ["z"],
+                symbols={"B": {"max": 8}})
     planned = ap.plan(p, ap.targets.spyre(cores=4))
-    with pytest.raises(ExecutionError,
-                       match=r"run-time sizes and whole-tensor fallback ops \(noise"):
+    with pytest.raises(ExecutionError, match=r"run-time sizes and host ops that read tensors "
+                                             r"\(e\)"):
         iree_check(planned.program, planned.plan, planned.target, symbolic=planned.given,
                    cache_dir=tmp_path)
 
