@@ -464,7 +464,8 @@ def test_the_integer_templates_follow_the_registry_s_exact_integers():
 @st.composite
 def op_programs(draw: Any) -> tuple[ap.Program, int]:
     """Random programs of fills, gathers and dead ops among pointwise ops and reductions,
-    tiled or not, with a host step (random numbers) outside the loops now and then."""
+    tiled or not, with a host step (random numbers) outside the loops or inside them now and
+    then."""
     dtype = draw(st.sampled_from(["float16", "bfloat16", "float32", "int32"]))
     m = draw(st.sampled_from([1, 2, 4, 6]))
     n = draw(st.sampled_from([1, 3, 64, 96]))
@@ -475,17 +476,20 @@ def op_programs(draw: Any) -> tuple[ap.Program, int]:
         {"name": "emb", "op": "gather", "out": "e[i,d]", "ins": ["table[v,d]", "ids[i]"]}]
     if draw(st.booleans()):
         ops.append({"name": "dead_pre", "op": "neg", "out": "dp[i,d]", "ins": ["x[i,d]"]})
-    host = dtype != "int32" and draw(st.booleans())
-    if host:
-        ops.append({"name": "noise", "op": "uniform", "out": "nz[i,d]", "ins": [],
-                    "dims": {"i": m, "d": n}, "seed": draw(st.integers(0, 9)), "dtype": dtype})
-    body: list[dict[str, Any]] = [
+    # random numbers (a host step) outside the loop group or inside it
+    host = draw(st.sampled_from(["none", "outside", "inside"])) if dtype != "int32" else "none"
+    noise = {"name": "noise", "op": "uniform", "out": "nz[i,d]", "ins": [],
+             "dims": {"i": m, "d": n}, "seed": draw(st.integers(0, 9)), "dtype": dtype}
+    if host == "outside":
+        ops.append(noise)
+    body: list[dict[str, Any]] = [noise] if host == "inside" else []
+    body += [
         {"name": "c", "op": "fill", "out": "c[i,d]", "ins": [], "dims": {"i": m, "d": n},
          "value": draw(st.sampled_from([0.5, -3.0, 2.0])), "dtype": dtype},
         {"name": "s", "op": draw(st.sampled_from(["add", "mul", "max", "sub"])),
          "out": "s[i,d]", "ins": ["e[i,d]", "c[i,d]"]}]
     cur = "s"
-    if host:
+    if host != "none":
         body.append({"name": "h", "op": "add", "out": "h[i,d]", "ins": ["s[i,d]", "nz[i,d]"]})
         cur = "h"
     if draw(st.booleans()):
