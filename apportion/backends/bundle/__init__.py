@@ -1,4 +1,5 @@
-"""The bundle backend: a plan as LoopSpec/OpSpec values and the MLIR loop bundle.
+"""The bundle backend: a plan as LoopSpec/OpSpec values and the MLIR loop bundle, built from
+the plan's schedule (``apportion.schedule``) alone.
 
 The builder is ``apportion.backends.bundle.loopspec.loopspec`` (not re-exported here, where
 the name would hide its module).

@@ -1,6 +1,7 @@
 """The bundle backend behind the one backend interface (``apportion.backends``): the plan as
-LoopSpec/OpSpec values (``loopspec.loopspec``) and the MLIR loop bundle of their launches
-(``bundle.render_bundle``), checked to parse and verify. It emits; it does not run.
+LoopSpec/OpSpec values (``loopspec.loopspec``, from its schedule) and the MLIR loop bundle of
+their launches (``bundle.render_bundle``), checked to parse and verify. It emits; it does not
+run.
 
 >>> import apportion as ap
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))

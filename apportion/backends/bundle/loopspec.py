@@ -307,8 +307,8 @@ class _Builder:
         producer = self.program.producer(tensor)
         if producer is None:
             return shape
-        launch = self.site(producer.name).launch
-        splits = self.site(producer.name).splits
+        site = self.site(producer.name)
+        launch, splits = site.launch, site.splits
         out = []
         for e, n in zip(producer.out.index, shape, strict=True):
             d = e.single_dim
