@@ -38,14 +38,16 @@ class MlirBody:
     makes temporaries unique (``%{p}x``), and the lines must define ``{r}``, the result (and
     ``{ri}``, its index, for a value-index reducer). A template that defines nothing (``""``)
     passes ``{a}`` through. Numeric attributes are SSA constants ``{min}``, ``{max}`` in the
-    compute type, ``defaults`` standing in for those an op leaves out.
+    compute type (``{value}`` for a fill), ``defaults`` standing in for those an op leaves out.
 
     ``float`` computes in a float type; ``int`` in ``i64``, or None where the kind computes
     integers through ``f64``, as the reference executor does (kinds over truth values only write
     ``i1`` in both). ``construction`` is None for a body applied point by point; a fallback
     names how the emitter runs it along the last axis: ``"scan"`` (a running combine from
     ``identity``), ``"sort"`` (the template is the order's strict less-than, ``{r}: i1``) or
-    ``"reverse"``.
+    ``"reverse"``; a whole-tensor kind names the generic that reads its inputs by computed
+    index (``"gather"``, ``"reshape"``, ``"concat"``, ``"full"``, ``"arange"``, ``"topk"``:
+    the rank sort with the template as its less-than, read from its end).
 
     >>> print(BODIES["add"].float.format(r="%r", a="%x", b="%y", t="f32"))
     %r = arith.addf %x, %y : f32
