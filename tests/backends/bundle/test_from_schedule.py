@@ -30,7 +30,7 @@ from apportion.plans.memory import Buffer, FinishOp, GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan, Plan
 from apportion.plans.tiles import Loop, loop_tree
 from apportion.schedule.lower import lower, planned_counts
-from apportion.schedule.values import Launch
+from apportion.schedule.values import Launch, symbolic_steps
 from apportion.target.layout import device_layout
 from apportion.target.presets import spyre
 from apportion.target.target import Target
@@ -352,3 +352,33 @@ def test_the_schedules_steps_not_the_plans_set_the_strides():
     assert a.tile_strides == (4194304 // 2, 2048 // 2)
     assert ops_of(from_schedule(sched, planned.target))[0].args[0].tile_strides == (
         4194304, 2048)
+
+
+# --- what the schedule carries for the builder ----------------------------------------------
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(tiled_programs(), st.integers(1, 32))
+def test_schedule_loop_paths_units_and_symbolic_steps_agree_with_the_plan(case_, cores):
+    prog, _ = case_
+    planned = planned_or_skip(prog, spyre(cores=cores))
+    sched = lower(planned.program, planned.plan, planned.target,
+                  params=planned_counts(planned.plan))
+    for step, loops in sched.walk():
+        if not isinstance(step, Launch):
+            continue
+        op_plan = planned.plan.op(step.op)
+        # the innermost loop's path is the op's loop path in the plan (its buffers' groups)
+        assert (loops[-1].path if loops else None) == (op_plan.loop.group if op_plan.loop
+                                                       else None)
+        # a worker's part of the tile is the largest box the launch gives a worker
+        for d, (lo, hi) in zip(step.dims, step.tile, strict=True):
+            widest = max(b[step.dims.index(d)][1] - b[step.dims.index(d)][0]
+                         for b in step.boxes if b is not None)
+            assert step.part(d, hi - lo) == widest, (step.op, d)
+        # the steps with symbolic counts kept symbolic are what the plan's loop info gives
+        if op_plan.loop is not None:
+            got = [{d: v for d, v in zip(step.dims, row, strict=True) if v[0]}
+                   for row in symbolic_steps(step.steps, loops)]
+            sizes = dict(planned.program.op(step.op).sizes)
+            assert got == plan_level_steps(op_plan.loop, sizes), step.op
