@@ -1,9 +1,10 @@
-"""The reference executor: runs a program unplanned, or planned core slice by core slice, in numpy.
+"""What a program means, in numpy: ops over boxes of their iteration space, the unplanned run.
 
 A run maps tensor names to numpy arrays (``kernels.STORAGE``: bfloat16 lives in float32 arrays
-rounded to bfloat16). ``run_planned`` computes every core's box of the iteration space on its
-own, combines split reductions from the cores' partials, and checks that the boxes cover the
-iteration space exactly once; ``compare`` then holds its outputs against ``run_unplanned``'s.
+rounded to bfloat16). ``run_op_boxes`` computes every box of an op's iteration space on its
+own, combines split reductions from the boxes' partials, and checks that the boxes cover the
+iteration space exactly once; the reference backend (``apportion.backends.reference``) runs a
+plan's schedule with it, and ``compare`` holds a run's outputs against ``run_unplanned``'s.
 """
 
 from __future__ import annotations
@@ -11,18 +12,16 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
 
-from apportion.errors import ApportionError, ExecutionError
+from apportion.errors import ExecutionError
 from apportion.ir.dtypes import FLOAT_DTYPES
 from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
-from apportion.plans.plan import Plan
-from apportion.plans.views import core_slices
 from apportion.runtime import kernels
 from apportion.runtime.kernels import Partial
 
@@ -420,46 +419,6 @@ def run_unplanned(program: Program, inputs: Mapping[str, np.ndarray]) -> dict[st
     for op in program.ops:
         env[op.out.tensor] = evaluate_op(op, program, env)  # type: ignore[assignment]
     return env
-
-
-def run_sliced(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
-               threads: int | None = None) -> dict[str, np.ndarray]:
-    """Run every op core slice by core slice as an untiled ``plan`` divides it (no simulated
-    memory: each op reads whole arrays); returns every tensor.
-
-    Raises ExecutionError when an op's cores miss or repeat iteration points, or when the plan
-    does not match the program or has loop nests (``loops.run_tiled`` runs those). ``threads``
-    > 1 runs an op's cores concurrently; the numbers are the same as sequentially.
-    """
-    env = bind_inputs(program, inputs)
-    pool = ThreadPoolExecutor(max_workers=threads) if threads and threads > 1 else None
-    try:
-        for op in program.ops:
-            env[op.out.tensor] = _run_planned_op(op, program, plan, env, pool)
-    finally:
-        if pool is not None:
-            pool.shutdown()
-    return env
-
-
-def _run_planned_op(op: Op, program: Program, plan: Plan, env: Mapping[str, np.ndarray],
-                    pool: Executor | None) -> np.ndarray:
-    try:
-        op_plan = plan.op(op.name)
-    except ApportionError as e:
-        raise ExecutionError(f"op {op.name!r}: {e}") from None
-    if op_plan.loop is not None:
-        raise ExecutionError(f"op {op.name!r} sits in a loop nest: run the plan with "
-                             "runtime.run_planned, which runs loop nests tile by tile")
-    if dict(op_plan.iteration_space) != op.sizes:
-        raise ExecutionError(f"op {op.name!r}: plan's iteration space {op_plan.sizes} differs "
-                             f"from the op's {op.sizes}")
-    if not op.kind.divisible:
-        if op_plan.cores != 1:
-            raise ExecutionError(f"op {op.name!r}: fallback ops run on one core, plan gives "
-                                 f"{op_plan.cores}")
-        return _run_fallback(op, program, env)
-    return run_op_boxes(op, program, env, core_slices(op_plan), pool)
 
 
 # --- comparing runs ------------------------------------------------------------------------

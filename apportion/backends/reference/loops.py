@@ -1,57 +1,49 @@
-"""Executor of loop nests: runs a planned program tile by tile, core by core, in simulated memory.
+"""Executor of loop nests: runs a schedule tile by tile, core by core, in simulated memory.
 
-Device memory is one byte array and every core's scratchpad another, and every tensor lives at
-the address its plan buffer gives (``Plan.buffers``), so two buffers the plan overlaps while both
-are live corrupt each other and the comparison with the unplanned run fails. Elements are stored
-packed in row-major order of what a buffer holds (a whole tensor, one tile, or one core's part of
-a tile in the scratchpad); bfloat16 as its 16 bits.
+It walks the plan's schedule (``schedule.lower``: every launch's tile and cores' boxes at every
+loop index, host steps, accumulator inits and finishes, tile copies, the plan's buffers) and
+derives no box of its own. Device memory is one byte array and every core's scratchpad
+another, and every tensor lives at the address its buffer gives (``Schedule.buffers``), so two
+buffers the plan overlaps while both are live corrupt each other and the comparison with the
+unplanned run fails. Elements are stored packed in row-major order of what a buffer holds (a
+whole tensor, one tile, or one core's part of a tile in the scratchpad); bfloat16 as its 16
+bits.
 
-Ops outside loops run core slice by core slice (``reference.run_op_boxes``). A loop group runs
-as the tree its ops' loop paths make (``loop_tree``: an op at a lesser depth runs next to the
-inner loop of its neighbours, an op with a loop of its own runs it alone): each loop runs its
-iterations in order, after the accumulator inits due before it; in a body every op runs over its
-tile: each core's box (the op plan's slices of the tile) is computed by
-``reference.partial_result`` from the buffers (a fallback on one core, whole along the axis it
-works on), split reductions are combined across cores, and the result is finished into its
-buffer (a tile buffer holds the tile of the loops it lives in: a producer deeper than it writes
-its part) or combined into its accumulator; copies follow their op, and finish steps
-(accumulator to result) the whole nest.
+A launch outside loops runs box by box (``reference.run_op_boxes``). A loop runs its
+iterations in order; in a body every launch runs over its tile: each core's box
+(``Launch.boxes_at``) is computed by ``reference.partial_result`` from the buffers (a host step
+on one core over its tile, ``Host.tile_at``, whole along the axis it works on), split
+reductions are combined across cores, and the result is finished into its buffer (a tile buffer
+holds the tile of the loops it lives in, ``values.outer_tile``: a producer deeper than it
+writes its part) or, for a launch that accumulates, combined into its accumulator (set to its
+identity by the ``Init`` before the loop tiling the reduction, finished into the tensor's
+buffers by the ``Finish`` after it); a ``Copy`` writes a tile into the tensor's full buffer.
 
 An op outside loops may write its output through a merge of dims (``y[t, 64*h+d]``): it writes
 through the output's split view (``reference.split_view``), and a core's part kept in its
 scratchpad is stored in the part's bounding region of the tensor (``region``), each element
 where the merge puts it. Ops in a loop nest write one dim per axis (tiles, accumulators and
 tile buffers are boxes of tensor axes): a merged write found in a loop nest is refused with an
-``ExecutionError``.
+``ExecutionError``, as is a step the executor cannot run (a launch over the devices of a mesh),
+named.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 
 import numpy as np
 
-from apportion.errors import ApportionError, ExecutionError
+from apportion.errors import ExecutionError
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.kinds import REDUCERS
 from apportion.ir.op import Op
 from apportion.ir.program import Program
-from apportion.plans.memory import Buffer, GroupPlan
-from apportion.plans.plan import LoopInfo, OpPlan, Plan
-from apportion.plans.tiles import (
-    Box,
-    Loop,
-    Region,
-    core_boxes,
-    inside,
-    loop_tree,
-    region,
-    resolve_counts,
-    tile_box,
-)
-from apportion.plans.views import core_slices
+from apportion.plans.memory import Buffer
+from apportion.plans.plan import Plan
+from apportion.plans.tiles import Box, Region, inside, region
 from apportion.runtime import kernels
 from apportion.runtime.reference import (
     _combine,
@@ -64,6 +56,19 @@ from apportion.runtime.reference import (
     partial_result,
     run_op_boxes,
     split_view,
+)
+from apportion.schedule.lower import lower
+from apportion.schedule.values import (
+    Copy,
+    Finish,
+    Host,
+    Init,
+    Launch,
+    Loop,
+    Schedule,
+    Step,
+    moved,
+    outer_tile,
 )
 
 #: tensor dtype -> numpy dtype of its bytes in simulated memory (bfloat16: the high 16 bits)
@@ -91,11 +96,10 @@ def decode(raw: np.ndarray, dtype: str) -> np.ndarray:
 class Memory:
     """Device memory and one scratchpad per core, as bytes (filled with 0xFF: NaN for floats)."""
 
-    def __init__(self, plan: Plan, cores: int):
-        hbm_end = max((b.end for b in plan.buffers if b.space == "hbm"), default=0)
+    def __init__(self, buffers: Sequence[Buffer], cores: int):
+        hbm_end = max((b.end for b in buffers if b.space == "hbm"), default=0)
         self.hbm = np.full(hbm_end, 0xFF, dtype=np.uint8)
-        lx = [b.end for b in plan.buffers if b.space == "lx"]
-        lx += [g.capacity for g in plan.groups if g.lx_tensors]
+        lx = [b.end for b in buffers if b.space == "lx"]
         self.lx = [np.full(max(lx), 0xFF, dtype=np.uint8) for _ in range(cores)] if lx else []
 
     def view(self, buf: Buffer, shape: tuple[int, ...], dtype: str, core: int = 0) -> np.ndarray:
@@ -130,19 +134,43 @@ def _identity(value: float, dtype: str) -> float | int | bool:
     return value
 
 
-class _Run:
-    """One execution: the program, its plan, memory, run-time counts and a thread pool."""
+def _within(step: Step) -> Iterator[Step]:
+    """``step`` and, for a loop, every step of its body at any depth, in order."""
+    yield step
+    if isinstance(step, Loop):
+        for s in step.body:
+            yield from _within(s)
 
-    def __init__(self, program: Program, plan: Plan, pool: Executor | None,
-                 params: Mapping[str, int] | None):
-        self.program, self.plan, self.pool, self.params = program, plan, pool, params
-        self.mem = Memory(plan, plan.cores)
-        self.levels: dict[str, int] = {}  # accumulating op -> the loop depth it resets at
+
+def _full_box(op: Op) -> Box:
+    return {d: (0, n) for d, n in op.dims}
+
+
+class _Run:
+    """One execution of a schedule: its program, memory, a thread pool, and what the walk
+    learns once (every op's step, the nest it runs in, every accumulator's init)."""
+
+    def __init__(self, schedule: Schedule, pool: Executor | None):
+        self.schedule, self.program, self.pool = schedule, schedule.program, pool
+        self.mem = Memory(schedule.buffers, schedule.cores)
+        #: op -> its launch or host step
+        self.steps: dict[str, Launch | Host] = {}
+        #: op -> the position in ``schedule.steps`` of the step (a loop nest) it runs in
+        self.nest: dict[str, int] = {}
+        #: accumulating op -> the init of its accumulator (its reset level: the init's loops)
+        self.inits: dict[str, Init] = {}
+        for k, top in enumerate(schedule.steps):
+            for step in _within(top):
+                if isinstance(step, Launch | Host):
+                    self.steps[step.op], self.nest[step.op] = step, k
+                elif isinstance(step, Init):
+                    self.inits[step.op] = step
         #: (tensor, core) -> the region that core last wrote of a tensor in its scratchpad
         self.written: dict[tuple[str, int], Region] = {}
 
     def buffer(self, tensor: str, kind: str) -> Buffer | None:
-        return next((b for b in self.plan.buffers_of(tensor) if b.kind == kind), None)
+        return next((b for b in self.schedule.buffers if b.tensor == tensor and b.kind == kind),
+                    None)
 
     def whole(self, tensor: str) -> Buffer | None:
         """The buffer holding ``tensor`` whole: its full one, or an accumulator of the whole
@@ -173,19 +201,24 @@ class _Run:
                                  "accumulator buffer in the plan")
         return buf, buf.dtype or self.program.tensor(tensor).dtype
 
+    def init_of(self, op: Op) -> Init:
+        init = self.inits.get(op.name)
+        if init is None:
+            raise ExecutionError(f"op {op.name!r} accumulates into {op.out.tensor!r}, but the "
+                                 "schedule sets no accumulator of it to its identity")
+        return init
+
     def acc_region(self, op: Op, index: tuple[int, ...], held: bool = False) -> Region:
-        """The region of ``op``'s output its accumulator resets and finishes at loop ``index``:
-        the tile of the loops outside the one tiling its reduction (``held``: the region its
-        buffer holds, the whole tensor for a whole-tensor accumulator in device memory)."""
-        loop = self.op_plan(op).loop
-        assert loop is not None
-        level = self.levels[op.name]
+        """The region of ``op``'s output its accumulator resets and finishes at loop ``index``
+        (the init's region: the tile of the loops outside the one tiling its reduction;
+        ``held``: the region its buffer holds, the whole tensor for a whole-tensor accumulator
+        in device memory)."""
         if held:
             buf, _ = self.accumulator(op.out.tensor)
             if buf.space == "hbm" and buf.shape == self.program.tensor(op.out.tensor).shape:
-                level = 0
-        return region(op.out, tile_box(op.sizes, loop, index[:level], self.counts(loop),
-                                       op.name))
+                return region(op.out, _full_box(op))
+        init = self.init_of(op)
+        return init.at(index[:len(init.steps)])
 
     def acc_view(self, op: Op, reg: Region, index: tuple[int, ...], core: int
                  ) -> tuple[np.ndarray, str]:
@@ -199,51 +232,83 @@ class _Run:
 
     def acc_parts(self, op: Op, index: tuple[int, ...]) -> list[tuple[int, Region]]:
         """(core, region) of each part of ``op``'s accumulator at ``index``: every core's own in
-        the scratchpad, the whole tile (as core 0's) in device memory."""
+        the scratchpad (what it writes at the first iteration of the loops inside), the whole
+        tile (as core 0's) in device memory."""
         buf, _ = self.accumulator(op.out.tensor)
         if buf.space != "lx":
             return [(0, self.acc_region(op, index))]
-        op_plan = self.op_plan(op)
-        loop = op_plan.loop
-        assert loop is not None
-        counts = self.counts(loop)
-        tile = tile_box(op.sizes, loop, (*index, *(0,) * (len(counts) - len(index))), counts,
-                        op.name)
-        return [(c, region(op.out, b)) for c, b in enumerate(core_boxes(op_plan, tile))
-                if b is not None]
+        launch = self.steps[op.name]
+        if not isinstance(launch, Launch):
+            raise ExecutionError(f"op {op.name!r}: a host step has no accumulator")
+        first = (*index, *(0,) * (launch.depth - len(index)))
+        return [(c, r) for c, r in enumerate(launch.write.at(first)) if r is not None]
 
-    def op_plan(self, op: Op) -> OpPlan:
-        try:
-            return self.plan.op(op.name)
-        except ApportionError as e:
-            raise ExecutionError(f"op {op.name!r}: {e}") from None
+    # --- the walk ----------------------------------------------------------------------------
 
-    # --- ops outside loops -----------------------------------------------------------------
+    def run(self, steps: Sequence[Step], index: tuple[int, ...]) -> None:
+        """Run the steps of a body at loop ``index`` (outside loops: ``()``)."""
+        for step in steps:
+            if isinstance(step, Loop):
+                for i in range(step.count):
+                    self.run(step.body, (*index, i))
+            elif isinstance(step, Launch | Host):
+                if index:
+                    self.run_tile(step, index)
+                else:
+                    self.run_whole(step)
+            elif isinstance(step, Init):
+                self._init(self.program.op(step.op), step.identity, index)
+            elif isinstance(step, Finish):
+                self._finish(self.program.op(step.op), step.fn, step.count, index)
+            elif isinstance(step, Copy):
+                self._copy(step, index)
+            else:
+                raise ExecutionError(f"the reference backend cannot run schedule step "
+                                     f"{type(step).__name__}: {step}")
+
+    def check(self) -> None:
+        """Refuse, before anything runs, what the walk cannot run: a launch over the devices
+        of a mesh, a merged write in a loop nest, a step of no kind it knows."""
+        for step, loops in self.schedule.walk():
+            if not isinstance(step, Launch | Host | Loop | Init | Finish | Copy):
+                raise ExecutionError(f"the reference backend cannot run schedule step "
+                                     f"{type(step).__name__}: {step}")
+            if isinstance(step, Launch) and any(a.level != "core" for a in step.axes):
+                over = ", ".join(f"{a} ({a.level})" for a in step.axes if a.level != "core")
+                raise ExecutionError(f"launch of op {step.op!r} over {over}: the reference "
+                                     "backend runs one device's schedule over its cores")
+            if isinstance(step, Launch | Host) and loops:
+                op = self.program.op(step.op)
+                if op.merges_output:  # tiles, accumulators and buffers are boxes of the output
+                    raise ExecutionError(
+                        f"op {op.name!r} writes {op.out} through a merge of dims, but the plan "
+                        f"runs it in loop group over {', '.join(loops[0].dims) or '-'}; an op "
+                        "writing through a merge runs outside loop nests")
+
+    # --- ops outside loops -------------------------------------------------------------------
 
     def on_chip(self, tensor: str) -> Buffer | None:
         """The scratchpad buffer holding an untiled op's output whole (each core its part)."""
         buf = self.buffer(tensor, "full")
         return buf if buf is not None and buf.space == "lx" else None
 
-    def run_whole(self, op: Op) -> None:
-        op_plan = self.op_plan(op)
-        if op_plan.sizes != op.sizes:
-            raise ExecutionError(f"op {op.name!r}: plan's iteration space {op_plan.sizes} "
-                                 f"differs from the op's {op.sizes}")
+    def run_whole(self, step: Launch | Host) -> None:
+        op = self.program.op(step.op)
+        boxes = ([_full_box(op)] if isinstance(step, Host) else
+                 [b for b in step.boxes_at(()) if b is not None])
         if self.on_chip(op.out.tensor) or any(self.on_chip(a.tensor) for a in op.ins):
-            self._run_cores(op, op_plan)
+            self._run_cores(op, boxes)
             return
         env = {a.tensor: decode(self.full(a.tensor), self.program.tensor(a.tensor).dtype)
                for a in op.ins}
-        if not op.kind.divisible:
+        if isinstance(step, Host):
             out = evaluate_op(op, self.program, env)
         else:
-            out = run_op_boxes(op, self.program, env, core_slices(op_plan), self.pool)
+            out = run_op_boxes(op, self.program, env, boxes, self.pool)
         self.full(op.out.tensor)[...] = encode(out, self.program.tensor(op.out.tensor).dtype)
 
-    def _run_cores(self, op: Op, op_plan: OpPlan) -> None:
+    def _run_cores(self, op: Op, boxes: list[Box]) -> None:
         """An op outside loops core by core, its scratchpad operands each core's own part."""
-        boxes = core_slices(op_plan)
         if op.kind.divisible:
             check_cover(op, boxes)
         shared: dict[str, np.ndarray] = {}
@@ -258,7 +323,7 @@ class _Run:
         def compute(core: int) -> object:
             env = dict(shared)
             for t, buf in on_chip:
-                env[t] = self._staged_lx(op, t, buf, core, boxes[core], self.written)
+                env[t] = self._staged_lx(op, t, buf, core, boxes[core])
             if not op.kind.divisible:
                 return evaluate_op(op, self.program, env)
             return partial_result(op, self.program, env, boxes[core])
@@ -288,51 +353,7 @@ class _Run:
             _written_part(op, part_view, box)[...] = value
             self.written[(t, group[0])] = reg
 
-    # --- loop groups -----------------------------------------------------------------------
-
-    def run_group(self, group: GroupPlan) -> None:
-        counts = resolve_counts(group.counts, self.params)
-        for name, value in zip(group.counts, counts, strict=True):
-            why = group.check_count(name, value) if isinstance(name, str) else None
-            if why is not None:
-                raise ExecutionError(why)
-        ops = [self.program.op(n) for n in group.ops]
-        loops: dict[str, LoopInfo] = {}
-        for op in ops:
-            loop = self.op_plan(op).loop
-            if loop is None or loop.group[:1] != group.path[:1]:
-                raise ExecutionError(f"op {op.name!r}: plan's loop {loop} is not in group "
-                                     f"{list(group.path)}")
-            if op.merges_output:  # tiles, accumulators and buffers are boxes of the output
-                raise ExecutionError(f"op {op.name!r} writes {op.out} through a merge of dims, "
-                                     f"but the plan runs it in loop group {list(group.path)}; "
-                                     "an op writing through a merge runs outside loop nests")
-            loops[op.name] = loop
-        self.levels = {i.op: i.level for i in group.inits}
-        self._run_items(group, loop_tree(group.ops, loops), (), self.written)
-
-    def counts(self, loop: LoopInfo) -> tuple[int, ...]:
-        """An op's loop counts, symbolic ones at their run-time values."""
-        return resolve_counts(loop.count, self.params)
-
-    def _run_items(self, group: GroupPlan, items: list[str | Loop], index: tuple[int, ...],
-                   written: dict[tuple[str, int], Region]) -> None:
-        """Run a loop body: its ops at ``index``, and its inner loops, each after the inits of
-        the accumulators reset before it."""
-        for item in items:
-            if isinstance(item, str):
-                self.run_tile(self.program.op(item), group, index, written)
-                continue
-            inside = set(item.names())
-            for init in group.inits:
-                if init.level == item.depth and init.op in inside:
-                    self._init(self.program.op(init.op), init.identity, index)
-            count = resolve_counts((item.count,), self.params)[0]
-            for i in range(count):
-                self._run_items(group, item.items, (*index, i), written)
-            for fin in group.finishes:  # copy-outs at the end of the loop tiling a reduction
-                if fin.level == item.depth and fin.op in inside:
-                    self._finish(self.program.op(fin.op), fin.fn, fin.count, index)
+    # --- loop bodies -------------------------------------------------------------------------
 
     def _init(self, op: Op, identity: float, index: tuple[int, ...]) -> None:
         """Set ``op``'s accumulator (the tile the loops outside the reset select) to the
@@ -358,28 +379,33 @@ class _Run:
                 self.mem.view(tile_buf, _extent(tile_reg), dtype)[_slices(reg, tile_reg)] = value
 
     def _buffer_region(self, t: str, buf: Buffer, index: tuple[int, ...]) -> Region:
-        """The region of ``t`` its tile buffer holds at loop ``index`` (the loops it lives in:
-        ``len(buf.group)`` outermost)."""
+        """The region of ``t`` its tile buffer holds at loop ``index``: its producer's tile of
+        the loops the buffer lives in (``len(buf.group)`` outermost)."""
         producer = self.program.producer(t)
         assert producer is not None
-        loop = self.op_plan(producer).loop
-        assert loop is not None
-        depth = len(buf.group)
-        return region(producer.out, tile_box(producer.sizes, loop, index[:depth],
-                                             self.counts(loop), producer.name))
+        step = self.steps[producer.name]
+        depth = min(len(buf.group), len(index))
+        tile, steps = outer_tile(step.tile, step.steps, tuple(_full_box(producer).values()),
+                                 depth)
+        return region(producer.out, dict(zip(producer.dim_names,
+                                             moved(tile, steps, index[:depth]), strict=True)))
 
-    def run_tile(self, op: Op, group: GroupPlan, index: tuple[int, ...],
-                 written: dict[tuple[str, int], Region]) -> None:
-        op_plan = self.op_plan(op)
-        assert op_plan.loop is not None
-        tile = tile_box(op.sizes, op_plan.loop, index, self.counts(op_plan.loop), op.name)
-        boxes = core_boxes(op_plan, tile)
+    def run_tile(self, step: Launch | Host, index: tuple[int, ...]) -> None:
+        op = self.program.op(step.op)
+        if isinstance(step, Launch):
+            tile = step.tile_at(index)
+            boxes = list(step.boxes_at(index))
+        else:  # a fallback, on one core over its tile
+            tile = dict(zip(op.dim_names, step.tile_at(index), strict=True))
+            boxes = [tile]
         shared: dict[str, np.ndarray] = {}
         lx_inputs = []
         for t in dict.fromkeys(a.tensor for a in op.ins):
             dtype = self.program.tensor(t).dtype
             tile_buf = self.buffer(t, "tile")
-            if tile_buf is None or tile_buf.group[:1] != group.path[:1]:
+            producer = self.program.producer(t)
+            if tile_buf is None or producer is None or \
+                    self.nest.get(producer.name) != self.nest[op.name]:
                 on_chip = self.on_chip(t)  # an untiled op's output, each core its part
                 if on_chip is not None:
                     lx_inputs.append((t, on_chip))
@@ -395,19 +421,19 @@ class _Run:
             assert box is not None
             env = dict(shared)
             for t, buf in lx_inputs:
-                env[t] = self._staged_lx(op, t, buf, core, box, written)
+                env[t] = self._staged_lx(op, t, buf, core, box)
             if not op.kind.divisible:
                 return _fallback_tile(op, self.program, env, box)
             return partial_result(op, self.program, env, box)
 
         live = [c for c, b in enumerate(boxes) if b is not None]
         parts = list(self.pool.map(compute, live) if self.pool else map(compute, live))
-        self._store(op, group, tile, {c: boxes[c] for c in live}, dict(zip(live, parts,
-                                                                             strict=True)),
-                    written, index)
+        mode = step.mode if isinstance(step, Launch) else "write"
+        self._store(op, mode, tile, {c: b for c in live if (b := boxes[c]) is not None},
+                    dict(zip(live, parts, strict=True)), index)
 
     def _staged_tile(self, op: Op, t: str, buf: Buffer, index: tuple[int, ...],
-                     boxes: list[Box | None]) -> np.ndarray:
+                     boxes: Sequence[Box | None]) -> np.ndarray:
         """A whole-tensor array holding the current tile of ``t`` from its device tile buffer."""
         reg = self._buffer_region(t, buf, index)
         reads = [a for a in op.ins if a.tensor == t]
@@ -420,10 +446,9 @@ class _Run:
         staged[_slices(reg)] = decode(self.mem.view(buf, _extent(reg), tt.dtype), tt.dtype)
         return staged
 
-    def _staged_lx(self, op: Op, t: str, buf: Buffer, core: int, box: Box,
-                   written: dict[tuple[str, int], Region]) -> np.ndarray:
+    def _staged_lx(self, op: Op, t: str, buf: Buffer, core: int, box: Box) -> np.ndarray:
         """A whole-tensor array holding what ``core`` wrote of ``t`` in its scratchpad."""
-        reg = written.get((t, core))
+        reg = self.written.get((t, core))
         reads = [region(a, box) for a in op.ins if a.tensor == t]
         if reg is None or not all(inside(r, reg) for r in reads):
             raise ExecutionError(f"op {op.name!r} core {core} reads {t!r} at {reads[0]}, but that "
@@ -435,26 +460,24 @@ class _Run:
                                       tt.dtype)
         return staged
 
-    def _store(self, op: Op, group: GroupPlan, tile: Box, boxes: dict[int, Box],
-               parts: dict[int, object], written: dict[tuple[str, int], Region],
-               index: tuple[int, ...]) -> None:
+    def _store(self, op: Op, mode: str, tile: Box, boxes: dict[int, Box],
+               parts: dict[int, object], index: tuple[int, ...]) -> None:
         t = op.out.tensor
         dtype = self.program.tensor(t).dtype
         by_key: dict[tuple, list[int]] = {}
         for c, box in boxes.items():
             by_key.setdefault(tuple(box[d] for d in op.parallel_dims), []).append(c)
-        acc = next((x for x in group.combines if x.op == op.name), None)
+        fn = self.init_of(op).fn if mode == "accumulate" else None
         tile_buf = self.buffer(t, "tile")
-        tile_reg = region(op.out, tile)
-        buf_reg = tile_reg if tile_buf is None else self._buffer_region(t, tile_buf, index)
+        buf_reg = region(op.out, tile) if tile_buf is None else \
+            self._buffer_region(t, tile_buf, index)
         for cores in by_key.values():
             part = _combine(op, [parts[c] for c in cores])  # type: ignore[arg-type]
             reg = region(op.out, boxes[cores[0]])
-            if acc is not None:
+            if fn is not None:
                 view, acc_dtype = self.acc_view(op, reg, index, cores[0])
                 both = [decode(view, acc_dtype).astype(np.asarray(part).dtype), part]
-                view[...] = encode(kernels.combine_partials(REDUCERS[acc.fn], both),
-                                   acc_dtype)
+                view[...] = encode(kernels.combine_partials(REDUCERS[fn], both), acc_dtype)
                 continue
             value = encode(_finish_value(op, part), dtype)
             if tile_buf is None:
@@ -466,18 +489,28 @@ class _Run:
                     raise ExecutionError(f"op {op.name!r}: cores {cores} combine partials of "
                                          f"{t!r}, which the plan puts in their scratchpads")
                 self.mem.view(tile_buf, _extent(reg), dtype, cores[0])[...] = value
-                written[(t, cores[0])] = reg
-        for copy in group.copies:
-            if copy.op != op.name or tile_buf is None:
-                continue
-            full = self.full(t)
-            if tile_buf.space == "hbm":
-                whole_tile = self.mem.view(tile_buf, _extent(buf_reg), dtype)
-                full[_slices(tile_reg)] = whole_tile[_slices(tile_reg, buf_reg)]
-            else:
-                for c in boxes:
-                    reg = written[(t, c)]
-                    full[_slices(reg)] = self.mem.view(tile_buf, _extent(reg), dtype, c)
+                self.written[(t, cores[0])] = reg
+
+    def _copy(self, copy: Copy, index: tuple[int, ...]) -> None:
+        """Copy the tile of ``copy.tensor`` its op just wrote into the tensor's full buffer."""
+        t = copy.tensor
+        tile_buf = self.buffer(t, "tile")
+        if tile_buf is None:
+            return  # written into its full buffer directly
+        dtype = self.program.tensor(t).dtype
+        full = self.full(t)
+        if tile_buf.space == "hbm":
+            tile_reg = copy.at(index)
+            buf_reg = self._buffer_region(t, tile_buf, index)
+            whole_tile = self.mem.view(tile_buf, _extent(buf_reg), dtype)
+            full[_slices(tile_reg)] = whole_tile[_slices(tile_reg, buf_reg)]
+            return
+        step = self.steps[copy.op]
+        cores = ([0] if isinstance(step, Host) else
+                 [c for c, b in enumerate(step.boxes_at(index)) if b is not None])
+        for c in cores:
+            reg = self.written[(t, c)]
+            full[_slices(reg)] = self.mem.view(tile_buf, _extent(reg), dtype, c)
 
 
 def _written_part(op: Op, held: np.ndarray, box: Box) -> np.ndarray:
@@ -539,14 +572,48 @@ def _finish_value(op: Op, part: object) -> np.ndarray:
     return kernels.finish(op.kind.reducer, part, count)
 
 
+def run_schedule(schedule: Schedule, inputs: Mapping[str, np.ndarray],
+                 threads: int | None = None) -> dict[str, np.ndarray]:
+    """Run ``schedule`` (``schedule.lower``) in simulated memory at its buffers' addresses;
+    returns its program's whole tensors.
+
+    The result holds the inputs and every tensor with a full or accumulator buffer (tensors
+    that only ever exist one tile at a time are not in it). ``threads`` > 1 runs an op's cores
+    concurrently (same numbers).
+
+    >>> import apportion as ap
+    >>> from apportion.runtime.reference import compare, random_inputs, run_unplanned
+    >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre())
+    >>> s = lower(planned.program, planned.plan, planned.target)
+    >>> xs = random_inputs(planned.program)
+    >>> got = run_schedule(s, xs)
+    >>> all(c.ok for c in compare(run_unplanned(planned.program, xs), got, planned.program))
+    True
+    """
+    program = schedule.program
+    pool = ThreadPoolExecutor(max_workers=threads) if threads and threads > 1 else None
+    try:
+        run = _Run(schedule, pool)
+        run.check()
+        for name, a in bind_inputs(program, inputs).items():
+            run.full(name)[...] = encode(a, program.tensor(name).dtype)
+        run.run(schedule.steps, ())
+        out = {}
+        for t in program.tensors:
+            if run.whole(t.name) is not None:
+                out[t.name] = decode(run.full(t.name), t.dtype).copy()
+        return out
+    finally:
+        if pool is not None:
+            pool.shutdown()
+
+
 def run_tiled(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
               threads: int | None = None, params: Mapping[str, int] | None = None
               ) -> dict[str, np.ndarray]:
-    """Run ``program`` as ``plan`` tiles, places and divides it; returns its whole tensors.
-
-    The result holds the inputs and every tensor with a full or accumulator buffer (tensors
-    that only ever exist one tile at a time are not in it). ``params`` gives the values of
-    symbolic loop counts; ``threads`` > 1 runs an op's cores concurrently (same numbers).
+    """Run ``program`` as ``plan`` tiles, places and divides it: its schedule (lowered for the
+    plan's target, ``params`` giving symbolic loop counts) run by ``run_schedule``; returns its
+    whole tensors.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.passes.pipeline import plan
@@ -557,31 +624,4 @@ def run_tiled(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
     >>> all(c.ok for c in compare(run_unplanned(p, xs), run_tiled(p, plan(p, spyre()), xs), p))
     True
     """
-    pool = ThreadPoolExecutor(max_workers=threads) if threads and threads > 1 else None
-    try:
-        run = _Run(program, plan, pool, params)
-        for name, a in bind_inputs(program, inputs).items():
-            run.full(name)[...] = encode(a, program.tensor(name).dtype)
-        i = 0
-        while i < len(program.ops):
-            op = program.ops[i]
-            loop = run.op_plan(op).loop
-            if loop is None:
-                run.run_whole(op)
-                i += 1
-                continue
-            group = run.plan.group(loop.group)
-            names = tuple(o.name for o in program.ops[i:i + len(group.ops)])
-            if names != group.ops:
-                raise ExecutionError(f"loop group {list(group.path)} runs ops "
-                                     f"{list(group.ops)}, but the program has {list(names)} there")
-            run.run_group(group)
-            i += len(group.ops)
-        out = {}
-        for t in program.tensors:
-            if run.whole(t.name) is not None:
-                out[t.name] = decode(run.full(t.name), t.dtype).copy()
-        return out
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    return run_schedule(lower(program, plan, plan.target, params=params), inputs, threads)

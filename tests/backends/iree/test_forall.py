@@ -27,6 +27,7 @@ from apportion.backends.iree.forall import (
 from apportion.backends.iree.forall_block import _Block
 from apportion.backends.iree.forall_merge import reassociation, written
 from apportion.backends.iree.forall_tensors import iree_safe_map
+from apportion.backends.reference.execute import run_sliced
 from apportion.cli.main import main
 from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict, to_dict
@@ -38,7 +39,6 @@ from apportion.runtime.reference import (
     evaluate_op,
     random_inputs,
     run_op_boxes,
-    run_sliced,
 )
 from tests.backends.merged import (
     EXAMPLE,
