@@ -6,15 +6,20 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
+import apportion as ap
 import apportion.backends.reference.execute as execute
 import apportion.backends.reference.loops as loops
 from apportion.backends.reference import run_planned
 from apportion.backends.reference.execute import run_sliced, run_sliced_schedule
 from apportion.backends.reference.loops import run_schedule
-from apportion.errors import ExecutionError
+from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import load
+from apportion.frontend.random_programs import Seeded, random_case
 from apportion.passes.pipeline import plan
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.schedule.lower import lower
@@ -85,7 +90,7 @@ def test_the_sliced_run_walks_the_schedule_of_an_untiled_plan():
     pl = plan(p, spyre(cores=24))
     xs = random_inputs(p)
     s = lower(p, pl, "spyre")
-    assert not any(isinstance(st, Loop) for st in s.steps)
+    assert not any(isinstance(step, Loop) for step in s.steps)
     got = run_sliced_schedule(s, xs, threads=2)
     assert matches_unplanned(p, got, xs)
     assert sorted(got) == sorted(t.name for t in p.tensors)  # every tensor, whole
@@ -103,15 +108,15 @@ def _with_first_launch(s, change):
     """``s`` with its first launch (at any depth) replaced by ``change(launch)``."""
     def go(steps):
         out, done = [], False
-        for st in steps:
-            if not done and isinstance(st, Launch):
-                out.append(change(st))
+        for step in steps:
+            if not done and isinstance(step, Launch):
+                out.append(change(step))
                 done = True
-            elif not done and isinstance(st, Loop):
-                body, done = go(st.body)
-                out.append(dataclasses.replace(st, body=body))
+            elif not done and isinstance(step, Loop):
+                body, done = go(step.body)
+                out.append(dataclasses.replace(step, body=body))
             else:
-                out.append(st)
+                out.append(step)
         return tuple(out), done
     return dataclasses.replace(s, steps=go(s.steps)[0])
 
@@ -126,7 +131,7 @@ def test_a_launch_over_the_devices_of_a_mesh_is_refused_naming_op_and_axis(examp
         return dataclasses.replace(launch, axes=axes)
 
     bad = _with_first_launch(s, on_devices)
-    first = next(st for st, _ in bad.walk() if isinstance(st, Launch))
+    first = next(step for step, _ in bad.walk() if isinstance(step, Launch))
     run = run_schedule if example == "fused" else run_sliced_schedule
     with pytest.raises(ExecutionError, match=rf"launch of op '{first.op}' over \w+:\d+ "
                                              r"\(device\).*one device's schedule"):
@@ -166,3 +171,24 @@ def test_the_executor_derives_no_box_of_its_own():
     for module in (loops, execute):
         for name in ("core_boxes", "tile_box", "core_slices", "resolve_counts", "loop_tree"):
             assert not hasattr(module, name), (module.__name__, name)
+
+
+@settings(derandomize=True, deadline=None, database=None, max_examples=25,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 2**32 - 1))
+def test_random_loop_nests_run_from_their_schedule_match_unplanned_on_any_thread_count(seed):
+    """Nested loop groups (ops at two depths, fallbacks inside, several outputs, dead ops):
+    the schedule's walk matches the unplanned run, with the same numbers on 1 and 3 threads."""
+    c = random_case(Seeded(seed), seed, family="nested")
+    try:
+        planned = ap.plan(c.program, c.target, c.strategy)
+    except (PlanningError, ProgramError):
+        assume(False)
+    p = planned.program
+    xs = random_inputs(p, seed=5)
+    one = run_planned(p, planned.plan, xs)
+    assert matches_unplanned(p, one, xs)
+    three = run_planned(p, planned.plan, xs, threads=3)
+    assert sorted(one) == sorted(three)
+    for name, a in one.items():
+        np.testing.assert_array_equal(a, three[name])
