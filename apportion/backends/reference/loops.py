@@ -167,10 +167,13 @@ class _Run:
                     self.inits[step.op] = step
         #: (tensor, core) -> the region that core last wrote of a tensor in its scratchpad
         self.written: dict[tuple[str, int], Region] = {}
+        #: (tensor, kind) -> its buffer of that kind (the first, as the plan lists them)
+        self.buffers: dict[tuple[str, str], Buffer] = {}
+        for b in schedule.buffers:
+            self.buffers.setdefault((b.tensor, b.kind), b)
 
     def buffer(self, tensor: str, kind: str) -> Buffer | None:
-        return next((b for b in self.schedule.buffers if b.tensor == tensor and b.kind == kind),
-                    None)
+        return self.buffers.get((tensor, kind))
 
     def whole(self, tensor: str) -> Buffer | None:
         """The buffer holding ``tensor`` whole: its full one, or an accumulator of the whole
