@@ -22,6 +22,7 @@ from apportion.backends.iree.forall_body import _apply, _Bodies, _convert, check
 from apportion.backends.iree.forall_index import Ix
 from apportion.backends.iree.forall_tensors import Box, TensorVal, _Env, _Slice
 from apportion.backends.iree.forall_types import _FLOAT_TYPES
+from apportion.backends.limits import cite
 from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.op import Op
@@ -41,7 +42,8 @@ class _Fallbacks(_Bodies):
             return self.whole(blk, op, body, dest, env)
         if body.construction not in _CONSTRUCTIONS:
             raise EmitError(f"op {op.name!r}: kind {kind.name!r} names construction "
-                            f"{body.construction!r}, which the {BACKEND} backend lacks")
+                            f"{body.construction!r}, which the {BACKEND} backend lacks "
+                            f"{cite('iree-kind-without-mlir')}")
         src = env.vals[op.ins[0].tensor]
         if not src.shape:
             raise EmitError(f"op {op.name!r}: {kind.name} of a rank-0 tensor has no last axis")
