@@ -72,9 +72,11 @@ def check_counts(program: Program, plan: Plan, params: Mapping[str, int] | None)
         raise ExecutionError(f"params {extra} given, but plan of {program.name!r} has no such "
                              "symbolic loop count")
     for g in plan.groups:
-        counts = resolve_counts(g.counts, params)
+        resolve_counts(g.counts, params)
         for name in g.ops:
             op, opl = program.op(name), plan.op(name)
+            # an op's own loops: fewer levels (a lesser depth) or more (a loop of its own)
+            counts = resolve_counts(opl.loop.count if opl.loop else (), params)
             tile = tile_box(op.sizes, opl.loop, (0,) * len(counts), counts, op.name)
             core_boxes(opl, tile)
 
