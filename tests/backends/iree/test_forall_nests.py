@@ -283,14 +283,14 @@ def _examples(n: int) -> Any:
                                            HealthCheck.function_scoped_fixture])
 
 
-@_examples(4)
+@_examples(10)
 @given(nest_programs(), st.integers(0, 3))
 def test_random_nests_the_reference_runs_exactly_run_in_iree(cache, case, seed):
     _random_nest_matches(case, seed, cache)
 
 
 @pytest.mark.slow
-@_examples(40)
+@_examples(60)
 @given(nest_programs(), st.integers(0, 3))
 def test_many_random_nests_the_reference_runs_exactly_run_in_iree(cache, case, seed):
     _random_nest_matches(case, seed, cache)
