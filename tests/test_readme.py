@@ -48,6 +48,11 @@ SLOW: dict[str, str] = {
     "--cores 8": "compiles every segment of the model with IREE: about 40 s",
     "apportion run examples/mlp.json --mesh dp=2 --backend dtensor --check":
         "starts two torch.distributed processes",
+    "apportion run --torch apportion.frontend.torch_demo:mlp --mesh tp=2 --backend dtensor "
+    "--check": "exports a model and starts two torch.distributed processes",
+    "apportion run --torch apportion.frontend.torch_demo:tiny_llama --mesh tp=2 --check":
+        "exports a Llama and plans every device's segments",
+    "apportion bench conformance --n 60": "plans 60 random programs and runs them in IREE",
     "apportion bench scale": "plans a 160-layer forward pass and a 20,000-op chain, 3 times",
     "apportion bench sharding": "the sharding search on every model and mesh",
     "apportion bench tiling": "plans every block of models.json twice",
@@ -61,6 +66,8 @@ TIMED: set[str] = {
     "apportion run examples/attention.json --backend iree --check",
     "apportion run examples/merge_heads.json --cores 32 --backend iree --check",
     "apportion run examples/mlp.json --mesh dp=2 --backend dtensor --check",
+    "apportion run --torch apportion.frontend.torch_demo:mlp --mesh tp=2 --backend dtensor "
+    "--check",
     "apportion shard examples/mlp.json --mesh tp=4",
     "apportion bench workdiv",
     "apportion bench scale",

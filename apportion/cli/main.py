@@ -426,9 +426,11 @@ def print_checks(checks: list[OutputCheck], what: str, console: Console,
                       f"max rel err {c.max_rel_err:.3g}  tol {c.tolerance}  {status}")
     bad = [c.tensor for c in checks if not c.ok]
     if bad:
-        console.print(f"[red]{what} differs from {reference} on {', '.join(bad)}[/red]")
+        console.print(f"[red]{what} differs from {reference} on {', '.join(bad)}[/red]",
+                      soft_wrap=True)
         return 1
-    console.print(f"{what} matches {reference}")
+    # one line whatever its length: scripts grep the verdict
+    console.print(f"{what} matches {reference}", soft_wrap=True)
     return 0
 
 

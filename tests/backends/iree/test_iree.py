@@ -382,7 +382,8 @@ def test_planned_program_backend(cache):
     assert all(c.ok for c in planned.check(backend="iree"))  # from the examples' cache
     out = planned.run(backend="iree")
     assert set(out) == {"a", "b", "c", "z"}
-    with pytest.raises(ExecutionError, match="unknown backend 'tpu'; valid: reference, iree"):
+    with pytest.raises(ExecutionError, match="unknown backend 'tpu'; valid: reference, torch, "
+                                             "iree, bundle, dtensor"):
         planned.run(backend="tpu")
 
 
