@@ -18,10 +18,10 @@ is lifted is deleted, so the list only shrinks.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from apportion.errors import ExecutionError
+from apportion.errors import ApportionError, ExecutionError
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,24 @@ def cited(message: str) -> Limit | None:
     """
     found = _CITATION.search(message)
     return LIMITS_BY_ID.get(found.group(1)) if found else None
+
+
+def refusals(attempt: Callable[[], object]) -> tuple[Limit, ...]:
+    """The documented limit ``attempt()`` is refused with, or none when it goes through: what a
+    backend's ``supports`` answers after trying the work (emitting, lowering, checking). An
+    apportion error that cites no limit is a bug, not a limit, and propagates.
+
+    >>> refusals(lambda: None)
+    ()
+    """
+    try:
+        attempt()
+    except ApportionError as e:
+        limit = cited(str(e))
+        if limit is None:
+            raise
+        return (limit,)
+    return ()
 
 
 class Unsupported(ExecutionError):

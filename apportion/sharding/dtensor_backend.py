@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from apportion.backends import Backend
-from apportion.backends.limits import LIMITS_BY_ID, Limit, cited
-from apportion.errors import ApportionError, ExecutionError
+from apportion.backends.limits import LIMITS_BY_ID, Limit, refusals
+from apportion.errors import ExecutionError
 from apportion.runtime.reference import bind_inputs
 from apportion.sharding.dtensor import check_plan, run_dtensor
 from apportion.sharding.plan import ShardingPlan
@@ -33,14 +33,7 @@ def supports(planned: Any) -> tuple[Limit, ...]:
         return (LIMITS_BY_ID["dtensor-needs-mesh"],)
     if importlib.util.find_spec("torch") is None:
         return (LIMITS_BY_ID["needs-pytorch"],)
-    try:
-        check_plan(planned)
-    except ApportionError as e:
-        limit = cited(str(e))
-        if limit is None:
-            raise
-        return (limit,)
-    return ()
+    return refusals(lambda: check_plan(planned))
 
 
 def run(planned: ShardingPlan, inputs: Mapping[str, Any],

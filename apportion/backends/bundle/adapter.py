@@ -14,9 +14,8 @@ from __future__ import annotations
 from apportion.backends import Backend, Planned
 from apportion.backends.bundle.bundle import render_bundle
 from apportion.backends.bundle.loopspec import loopspec
-from apportion.backends.limits import LIMITS_BY_ID, Limit, cited
+from apportion.backends.limits import LIMITS_BY_ID, Limit, refusals
 from apportion.backends.mlir import verify_mlir
-from apportion.errors import ApportionError
 
 
 def supports(planned: Planned) -> tuple[Limit, ...]:
@@ -24,14 +23,7 @@ def supports(planned: Planned) -> tuple[Limit, ...]:
     LoopSpec builder refuses (it is built to find out; an error citing no limit propagates)."""
     if planned.symbols:
         return (LIMITS_BY_ID["bundle-static-sizes"],)
-    try:
-        loopspec(planned.program, planned.plan, planned.target)
-    except ApportionError as e:
-        limit = cited(str(e))
-        if limit is None:
-            raise
-        return (limit,)
-    return ()
+    return refusals(lambda: loopspec(planned.program, planned.plan, planned.target))
 
 
 def emit(planned: Planned) -> str:

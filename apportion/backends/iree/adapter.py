@@ -24,8 +24,8 @@ from apportion.backends import Backend, Planned
 from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.mesh import run_mesh
 from apportion.backends.iree.run import iree_run, modules
-from apportion.backends.limits import Limit, cited
-from apportion.errors import ApportionError, ExecutionError
+from apportion.backends.limits import Limit, refusals
+from apportion.errors import ExecutionError
 from apportion.runtime.reference import bind_inputs
 from apportion.schedule.mesh import Compute, MeshSchedule
 
@@ -36,31 +36,21 @@ def supports(planned: Planned) -> tuple[Limit, ...]:
     emitter error that cites no limit is a bug and propagates. A mesh schedule: every
     device's launches emitted."""
     if isinstance(planned, MeshSchedule):
-        return _supports_mesh(planned)
-    try:
+        return refusals(lambda: _emit_mesh(planned))
+
+    def emit() -> None:
         for program, plan, given in modules(planned.program, planned.plan,
                                             planned.given if planned.symbols else None):
             forall_mlir(program, plan, planned.target, symbolic=given)
-    except ApportionError as e:
-        limit = cited(str(e))
-        if limit is None:
-            raise
-        return (limit,)
-    return ()
+
+    return refusals(emit)
 
 
-def _supports_mesh(schedule: MeshSchedule) -> tuple[Limit, ...]:
-    try:
-        for stage in schedule.stages:
-            if isinstance(stage, Compute):
-                for launch in stage.launches:
-                    forall_mlir(launch.program, launch.plan, schedule.target)
-    except ApportionError as e:
-        limit = cited(str(e))
-        if limit is None:
-            raise
-        return (limit,)
-    return ()
+def _emit_mesh(schedule: MeshSchedule) -> None:
+    for stage in schedule.stages:
+        if isinstance(stage, Compute):
+            for launch in stage.launches:
+                forall_mlir(launch.program, launch.plan, schedule.target)
 
 
 def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None,
