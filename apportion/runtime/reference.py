@@ -212,7 +212,8 @@ def _run_whole(op: Op, program: Program, env: Mapping[str, np.ndarray]) -> np.nd
             res = np.asarray(op.kind.compute(kernels.XP, *(env[a.tensor] for a in op.ins),
                                              shape=out_t.shape, **attrs))
         res = res.reshape(out_t.shape)
-    except (IndexError, ValueError) as e:  # an index out of range, shapes that do not fit
+    except (IndexError, ValueError, TypeError) as e:
+        # an index out of range or not an integer, shapes that do not fit
         raise ExecutionError(f"op {op.name!r}: {op.kind.name} failed: {e}") from None
     return kernels.to_storage(res, out_t.dtype)
 

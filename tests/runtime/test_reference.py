@@ -363,3 +363,16 @@ def test_compare_is_exact_for_ints_and_knows_every_dtype() -> None:
     want = {"y": np.array([1, 2, 3], dtype=np.int32)}
     assert compare(want, {"y": want["y"].copy()}, p)[0].ok
     assert not compare(want, {"y": np.array([1, 2, 4], dtype=np.int32)}, p)[0].ok
+
+
+def test_a_gather_by_float_indices_is_an_execution_error_naming_the_op():
+    import apportion as ap
+
+    with ap.program("g") as p:
+        table = p.input("table", [ap.dim("v", 10), ap.dim("e", 4)], "float32")
+        ids = p.input("ids", [ap.dim("t", 3)], "float32")
+        p.output(ap.gather(table, ids, name="emb"))
+    inputs = {"table": np.zeros((10, 4), np.float32), "ids": np.array([1.0, 2.0, 3.0],
+                                                                       np.float32)}
+    with pytest.raises(ExecutionError, match="op 'emb': gather failed"):
+        run_unplanned(p.program, inputs)
