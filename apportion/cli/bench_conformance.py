@@ -260,6 +260,8 @@ def goals(records: list[Record], backends: tuple[str, ...] = CHECKED) -> list[be
 
 def _suite(args: argparse.Namespace, console: Console) -> SuiteOutcome:
     n = getattr(args, "n", None) or DEFAULT_N
+    if getattr(args, "limit", None) is not None:  # --limit N: the first N programs of --n
+        n = min(n, args.limit)
     records = run(n, console)
     doc = [asdict(r) for r in records]
     return SuiteOutcome(doc, goals(records))
