@@ -48,7 +48,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite, interleaved
+from apportion.cli.bench_harness import Outcome, Suite, core_counts, interleaved
 from apportion.errors import ApportionError
 from apportion.target.presets import spyre
 
@@ -283,9 +283,7 @@ def table(rows: list[E2EResult]) -> Table:
 
 
 def _suite(args: argparse.Namespace, console: Console) -> Outcome:
-    cores = list(dict.fromkeys(args.cores or [32]))
-    for n in cores:  # every core count checked before the first model runs
-        spyre(cores=n)
+    cores = core_counts(args, [32])
     results = run(cores, threads=args.threads, repeat=args.repeat or 5, limit=args.limit,
                   console=console)
     return Outcome([dataclasses.asdict(r) for r in results], goals(results))

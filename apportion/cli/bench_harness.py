@@ -32,6 +32,7 @@ from rich.console import Console
 
 from apportion.cli import goals as bench_goals
 from apportion.cli.usage import UsageError, output_path, write_json
+from apportion.target.presets import spyre
 
 R = TypeVar("R")
 
@@ -128,6 +129,19 @@ class Suite:
     options: frozenset[str]
     about: str
     run: Callable[[argparse.Namespace, Console], Outcome]
+
+
+def core_counts(args: argparse.Namespace, default: Sequence[int]) -> list[int]:
+    """``--cores`` (else ``default``) without repeats, each checked as a spyre core count
+    before the first case runs (a bad one is one line, not a failure halfway through).
+
+    >>> core_counts(argparse.Namespace(cores=[8, 8, 32]), [32])
+    [8, 32]
+    """
+    cores = list(dict.fromkeys(args.cores or default))
+    for n in cores:
+        spyre(cores=n)
+    return cores
 
 
 def check_options(suite: Suite, args: argparse.Namespace) -> None:

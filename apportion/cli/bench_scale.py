@@ -43,7 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite, interleaved
+from apportion.cli.bench_harness import Outcome, Suite, core_counts, interleaved
 from apportion.cli.usage import from_models
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import forward_program, load_models
@@ -309,9 +309,7 @@ def group_table(rows: list[ScaleResult]) -> Table:
 
 
 def _suite(args: argparse.Namespace, console: Console) -> Outcome:
-    cores = list(dict.fromkeys(args.cores or [32]))
-    for n in cores:  # every core count checked before the first case runs
-        spyre(cores=n)
+    cores = core_counts(args, [32])
     results = from_models(args.models, lambda: run(
         cores, models_path=args.models, layers=LAYERS[:args.limit], groups=GROUP_OPS[:args.limit],
         chains=CHAIN_OPS[:args.limit], console=console))

@@ -31,7 +31,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite
+from apportion.cli.bench_harness import Outcome, Suite, core_counts
 from apportion.cli.report import predicted_total_us
 from apportion.cli.usage import from_models
 from apportion.errors import PlanningError
@@ -462,9 +462,7 @@ def accumulator_table(cases: list[tuple[str, Program, Target]]) -> Table:
 
 
 def _suite(args: argparse.Namespace, console: Console) -> Outcome:
-    cores = list(dict.fromkeys(args.cores or [32]))
-    for n in cores:  # every core count checked before the first case runs
-        spyre(cores=n)
+    cores = core_counts(args, [32])
     blocks = from_models(args.models, lambda: cases(models_path=args.models, limit=args.limit))
     results = run(cores, console=console, blocks=blocks)
     return Outcome([dataclasses.asdict(r) for r in results], goals(results))

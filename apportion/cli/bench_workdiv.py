@@ -35,7 +35,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite
+from apportion.cli.bench_harness import Outcome, Suite, core_counts
 from apportion.cli.usage import from_models
 from apportion.errors import PlanningError
 from apportion.frontend.models import OpCase, bench_cases, linear, load_models
@@ -197,9 +197,7 @@ def table(results: list[CaseResult], cores: list[int], n_cases: int) -> Table:
 
 
 def _suite(args: argparse.Namespace, console: Console) -> Outcome:
-    cores = list(dict.fromkeys(args.cores or [32, 24]))
-    for n in cores:  # every core count checked before the first case runs
-        spyre(cores=n)
+    cores = core_counts(args, [32, 24])
     op_cases = from_models(args.models, lambda: cases(models_path=args.models, limit=args.limit))
     results = run(cores, console=console, op_cases=op_cases)
     return Outcome([dataclasses.asdict(r) for r in results], goals(results))
