@@ -36,7 +36,6 @@ from apportion.schedule.mesh import (
     Compute,
     Device,
     DeviceLaunch,
-    FinishPart,
     MeshFinish,
     MeshSchedule,
     MeshStage,
@@ -92,7 +91,7 @@ def lower_mesh(unrolled: Unrolled, target: Target | None = None) -> MeshSchedule
             stages.append(Compute(tuple(launches)))
         elif kind == "finish":
             fins = [per_device[d][k][1] for d in range(len(unrolled.devices))]
-            stages.append(MeshFinish(fins[0].op, tuple(_finish_part(f) for f in fins)))
+            stages.append(MeshFinish(fins[0].op, tuple(f.part() for f in fins)))
         else:
             stages.append(_collective(plan, [per_device[d][k][1]
                                              for d in range(len(unrolled.devices))], kind))
@@ -201,7 +200,4 @@ def _collective(plan: ShardingPlan, items: list[Any], kind: str) -> Collective:
                       and not step.dst.partial)
 
 
-def _finish_part(f: Finish) -> FinishPart:
-    return FinishPart(f.kind, f.sources, f.result, f.dtype, f.factor, f.local, f.starts,
-                      f.sizes)
 

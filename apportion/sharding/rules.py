@@ -57,6 +57,7 @@ from apportion.ir.kinds import Category, SplitFinish
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program, TensorType
 from apportion.runtime import kernels
+from apportion.schedule.mesh import FinishPart
 from apportion.sharding.collectives import KEYED_DTYPES, MAX_KEYED_INDEX, argmax_keys
 from apportion.sharding.mesh import Mesh, combos
 from apportion.sharding.spec import PARTIAL_REDUCERS, Sharding, dim_block, shard_sizes
@@ -373,11 +374,13 @@ class Finish:
             x = np.asarray(env[self.sources[0]], dtype=np.float64)
             return kernels.to_storage(x * self.factor, self.dtype)
         values = np.asarray(env[self.sources[0]])
-        index = np.asarray(env[self.sources[1]], dtype=np.int64)
-        coords = np.unravel_index(index, self.local)
-        flat = np.ravel_multi_index(tuple(c + s for c, s in zip(coords, self.starts,
-                                                                strict=True)), self.sizes)
-        return argmax_keys(values, np.asarray(flat, dtype=np.int64))
+        flat = self.part().flat_index(np.asarray(env[self.sources[1]], dtype=np.int64))
+        return argmax_keys(values, flat)
+
+    def part(self) -> FinishPart:
+        """This device's finish as the mesh schedule holds it (without the op's name)."""
+        return FinishPart(self.kind, self.sources, self.result, self.dtype, self.factor,
+                          self.local, self.starts, self.sizes)
 
     def __str__(self) -> str:
         what = (f"x {self.factor:.6g}" if self.kind == SplitFinish.SCALE else
