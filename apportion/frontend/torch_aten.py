@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from apportion.errors import ProgramError
+from apportion.frontend.torch_conv import LOWERINGS as CONV_LOWERINGS
 from apportion.frontend.torch_lower import (
     Lowering,
     Value,
@@ -862,3 +863,7 @@ def _dropout(cx: Ctx, x: Value, p: float, train: bool | None) -> tuple[Value, Va
     keep = lw.elementwise("ge", [u, lw.scalar(float(p), "float32")], part="mask")
     scaled = lw.elementwise("mul", [x, lw.scalar(1.0 / (1.0 - p), dt)], part="scale")
     return lw.elementwise("where", [keep, scaled, lw.scalar(0.0, dt)]), keep
+
+
+# convolutions, batch norm, pooling and padding: lowered in their own module, one table here
+LOWERINGS.update(CONV_LOWERINGS)

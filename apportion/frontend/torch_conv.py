@@ -1,0 +1,682 @@
+"""ATen lowerings of convolutional models: convolutions, batch norm in eval, pooling, padding.
+
+``LOWERINGS`` here has the form of ``torch_aten.LOWERINGS`` (target name -> function of the
+node's context and arguments) and ``torch_aten`` merges it into its own table: this module
+imports nothing of ``torch_aten``, so the frontend's modules stay free of import cycles. What
+each op lowers to:
+
+- ``convolution`` (1-D, 2-D and more spatial dims; stride, padding, dilation, groups, bias): one
+  ``conv`` op, a matmul over index sums ``x[n, Cg*g+c, s*o+d*k] * w[Fg*g+f, c, k]`` whose output
+  is written ``[n, g, f, o]`` (the channel ``Fg*g+f`` as two digits, so the group and the filter
+  within it split over cores like any output dim) and whose reduction is the input channels of
+  the group times the kernel window; the bias is a broadcast ``add``;
+- padding (of a convolution, a pooling window, ``constant_pad_nd``): a concatenation of constant
+  pieces and the input along each padded axis (``where`` ops selecting by a one-hot row, or
+  ``concat`` fallbacks past ``PAD_CHUNKS`` chunks: the IR has neither a pad op nor a guarded
+  read, and both are exact for every value, inf and NaN included); only the padding a window
+  actually reads is made;
+- ``_native_batch_norm_legit_no_training`` / ``batch_norm`` in eval: the running statistics,
+  weight and bias folded into a per-channel ``scale = weight * rsqrt(var + eps)`` and
+  ``shift = bias - mean * scale`` (small pointwise ops over the channels, as torch's CPU kernel
+  folds them), then ``x * scale + shift``;
+- ``max_pool*`` (padding with -inf, dilation, ceil mode): one ``max_pool`` op over the window;
+  the indices output is not lowered (a node that reads it is refused);
+- ``avg_pool*``: one ``avg_pool`` op where every window divides by the kernel size, else a
+  ``sum`` over the window divided by torch's per-position count (``count_include_pad``,
+  ``ceil_mode`` windows clipped at the padded input, ``divisor_override``);
+- ``_adaptive_avg_pool*``: an ``avg_pool`` op where the output size divides the input size;
+  otherwise, per uneven axis, the outputs ``q*P + r`` of one residue ``r`` have windows of one
+  length at a fixed stride, so each residue is one ``avg_pool`` op and the residues are
+  interleaved by ``where`` ops (exact torch windows ``[floor(o*L/O), ceil((o+1)*L/O))``).
+
+>>> import torch                                                      # doctest: +SKIP
+>>> conv = torch.nn.Conv2d(3, 8, 3, padding=1)                       # doctest: +SKIP
+>>> tp = ap.from_torch(conv.eval(), (torch.randn(1, 3, 8, 8),))       # doctest: +SKIP
+>>> [op.fn for op in tp.program.ops][-2:]                            # doctest: +SKIP
+['conv', 'add']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from apportion.errors import ProgramError
+from apportion.frontend.torch_lower import (
+    Digit,
+    Lin,
+    Lowering,
+    Value,
+    expand,
+    fresh,
+    permute,
+    slice_dim,
+    squeeze,
+    unsqueeze,
+    view,
+)
+from apportion.ir.affine import AffineExpr
+from apportion.ir.dtypes import FLOAT_DTYPES
+from apportion.ir.op import Access, Op
+
+#: most chunks the interleaving of adaptive pooling's residues selects among with ``where``
+#: ops before it takes ``concat`` fallbacks (``torch_aten.CAT_CHUNKS``, as ``cat`` does)
+CAT_CHUNKS = 32
+
+#: most chunks a padding selects among with ``where`` ops before it takes ``concat`` fallbacks:
+#: each ``where`` op writes the whole padded tensor, so a chain of them costs about as many
+#: passes as chunks, while two ``concat`` fallbacks per padded dim pass over it twice on one
+#: core (a 3x3 convolution padded by 1 on 16x16 images: 89 us predicted with ``where`` chains,
+#: 26 us with ``concat``, on 32 Spyre cores)
+PAD_CHUNKS = 4
+
+#: an index of one torch dim in an op's dims: {dim name: coefficient}, constant
+Form = tuple[dict[str, int], int]
+
+
+class Ctx(Protocol):
+    """What a lowering reads of its node (``torch_aten.Ctx`` has it): the program being built,
+    the fx node and the node's result dtype."""
+
+    lw: Lowering
+    node: Any
+
+    def dtype(self) -> str: ...
+
+
+Lower = Callable[..., Any]
+#: target name (``"aten.convolution.default"``) -> lowering, merged into ``torch_aten``'s table
+LOWERINGS: dict[str, Lower] = {}
+
+
+def aten(*names: str) -> Callable[[Lower], Lower]:
+    """Register a lowering for ``aten.<name>`` targets (``torch_aten.aten``'s form)."""
+    def register(fn: Lower) -> Lower:
+        for n in names:
+            LOWERINGS[f"aten.{n}"] = fn
+        return fn
+    return register
+
+
+# --- reading a value through index sums --------------------------------------------------------
+
+def _single_digits(lw: Lowering, v: Value) -> Value:
+    """``v`` with at most one digit per torch dim, so each dim's index can be any affine form of
+    the op's dims (a merged dim, ``64*h+d``, is copied to a plain tensor first)."""
+    return v if all(len(ds) <= 1 for ds in v.digits) else lw.plain(v)
+
+
+def _read(v: Value, forms: Sequence[Form | None],
+          by: dict[int, Form] | None = None) -> Access:
+    """The access reading torch dim ``j`` of ``v`` at ``forms[j]`` (None: a size-1 dim, or a
+    dim whose digits ``by`` already maps), through ``v``'s index map. A dim read at a form has
+    one digit (``_single_digits``); ``by`` maps further digits to forms."""
+    by = dict(by or {})
+    for j, (ds, form) in enumerate(zip(v.digits, forms, strict=True)):
+        if not ds or form is None:
+            continue
+        assert len(ds) == 1, f"dim {j}: one digit, read at a form"
+        by[ds[0][0]] = form
+    index = []
+    for e in v.index:
+        acc: dict[str, int] = {}
+        const = e.const
+        for d, c in e.terms:
+            terms, k = by[d]
+            const += c * k
+            for name, c2 in terms.items():
+                acc[name] = acc.get(name, 0) + c * c2
+        index.append(AffineExpr(tuple(acc.items()), const))
+    return Access(v.tensor, tuple(index))
+
+
+def _form(*parts: tuple[str | None, int], const: int = 0) -> Form:
+    """``sum(coeff * dim) + const``; a None dim (a size-1 dim of the op) adds nothing."""
+    return {d: c for d, c in parts if d is not None}, const
+
+
+class _Space:
+    """An op's dims, output first: ``dim(name, size)`` names a dim (None for size 1, which the
+    op does not iterate)."""
+
+    def __init__(self) -> None:
+        self.dims: list[tuple[str, int]] = []
+
+    def dim(self, name: str, size: int) -> str | None:
+        if size == 1:
+            return None
+        self.dims.append((name, size))
+        return name
+
+
+def _emit(lw: Lowering, fn: str, space: _Space, out: Sequence[tuple[str | None, int]],
+          groups: Sequence[int], ins: Sequence[Access], part: str | None,
+          dtype_attr: str | None = None) -> tuple[str, Value]:
+    """An op of kind ``fn`` writing one tensor axis per entry of ``out`` (a dim, or None for a
+    size-1 axis), grouped into torch dims by ``groups`` (how many entries each torch dim has,
+    outermost digit first). Returns the op's name and the torch value it writes."""
+    base = lw.origin.node if part is None else f"{lw.origin.node}.{part}"
+    name = lw._fresh_name(base)
+    index = tuple(AffineExpr.dim(d) if d is not None else AffineExpr.constant(0)
+                  for d, _ in out)
+    attrs = () if dtype_attr is None else (("dtype", dtype_attr),)
+    op = Op(name, fn, Access(name, index), tuple(ins), tuple(space.dims), attrs)
+    dtype = lw._add(op, tuple(n if d is not None else 1 for d, n in out))
+    digits: list[tuple[Digit, ...]] = []
+    lins: list[Lin] = []
+    shape: list[int] = []
+    pos = 0
+    for count in groups:
+        ds: list[Digit] = []
+        size = 1
+        for d, n in out[pos:pos + count]:
+            size *= n
+            if d is None:
+                lins.append(Lin())
+                continue
+            i = fresh()
+            ds.append((i, n))
+            lins.append(Lin(((i, 1),)))
+        digits.append(tuple(ds))
+        shape.append(size)
+        pos += count
+    return name, Value(name, dtype, tuple(shape), tuple(digits), tuple(lins))
+
+
+# --- concatenation and padding -----------------------------------------------------------------
+
+def _constant(lw: Lowering, value: float, dtype: str, shape: Sequence[int]) -> Value:
+    """A constant of ``shape``: a rank-0 constant read by no dim (no op, no data)."""
+    return expand(lw.scalar(value, dtype), list(shape))
+
+
+def _slice(lw: Lowering, v: Value, d: int, start: int, length: int, step: int = 1) -> Value:
+    found = slice_dim(v, d, start, length, step)
+    if found is None:
+        found = slice_dim(lw.plain(v), d, start, length, step)
+    assert found is not None, "a plain value slices along any dim"
+    return found
+
+
+def concat(lw: Lowering, vals: Sequence[Value], d: int, part: str,
+           limit: int = CAT_CHUNKS) -> Value:
+    """``vals`` (one dtype) concatenated along dim ``d``: ``where`` ops over a chunk dim of the
+    pieces' gcd size, each selecting one chunk by a constant one-hot row (as ``cat`` lowers), or
+    ``concat`` fallbacks past ``limit`` chunks.
+
+    >>> lw = Lowering("demo")
+    >>> x = lw.input("x", "float32", (2, 3))
+    >>> z = _constant(lw, 0.0, "float32", (2, 1))
+    >>> concat(lw, [z, x, z], 1, "pad").shape
+    (2, 5)
+    """
+    vals = [v for v in vals if v.shape[d] > 0]
+    if len(vals) == 1:
+        return vals[0]
+    shape = list(vals[0].shape)
+    shape[d] = sum(v.shape[d] for v in vals)
+    sizes = [v.shape[d] for v in vals]
+    g = math.gcd(*sizes)
+    chunks = [(v, k) for v, n in zip(vals, sizes, strict=True) for k in range(n // g)]
+    if len(chunks) > limit:  # one concat fallback per piece after the first
+        acc = lw.plain(vals[0])
+        for v in vals[1:]:
+            grown = (*acc.shape[:d], acc.shape[d] + v.shape[d], *acc.shape[d + 1:])
+            acc = lw.whole("concat", [acc, lw.plain(v)], grown, attrs={"axis": d},
+                           part=f"{part}.concat")
+        return acc
+    n_chunks = len(chunks)
+    eye = lw.constant(f"{lw.origin.node}.{part}.select", np.eye(n_chunks, dtype=bool), "bool")
+    sizes_ax = [*shape[:d], n_chunks, g, *shape[d + 1:]]
+    piece_map = [*range(d), d + 1, *range(d + 2, len(shape) + 1)]
+    full_map = list(range(len(shape) + 1))
+    acc: tuple[Value, list[int]] | None = None
+    for c in range(n_chunks - 1, -1, -1):
+        v, k = chunks[c]
+        piece = _slice(lw, v, d, k * g, g)
+        if acc is None:
+            acc = (piece, piece_map)
+            continue
+        sel = squeeze(_slice(lw, eye, 0, c, 1), [0])
+        out = lw.op("where", sizes_ax, full_map, [(sel, [d]), (piece, piece_map), acc],
+                    part=f"{part}.chunk{c}")
+        acc = (out, full_map)
+    assert acc is not None
+    merged = view(acc[0], shape)
+    assert merged is not None, "merging the chunk dim is a view"
+    return merged
+
+
+def pad(lw: Lowering, x: Value, pads: Sequence[tuple[int, int]], value: float,
+        part: str = "pad") -> Value:
+    """``x`` with ``pads[j] = (before, after)`` elements of ``value`` around its last
+    ``len(pads)`` dims (both >= 0), one concatenation per padded dim."""
+    first = x.rank - len(pads)
+    for j, (lo, hi) in enumerate(pads):
+        if lo == hi == 0:
+            continue
+        d = first + j
+        pieces = []
+        for n in (lo, None, hi):
+            if n is None:
+                pieces.append(x)
+            elif n > 0:
+                pieces.append(_constant(lw, value, x.dtype, (*x.shape[:d], n, *x.shape[d + 1:])))
+        x = concat(lw, pieces, d, f"{part}{j}", PAD_CHUNKS)
+    return x
+
+
+# --- windows ---------------------------------------------------------------------------------
+
+def _ints(value: Any, n: int, what: str, default: int | None = None) -> list[int]:
+    """A torch int-list argument for ``n`` spatial dims (one int repeats; an empty list takes
+    ``default``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value] * n
+    values = [int(v) for v in value]
+    if not values and default is not None:
+        return [default] * n
+    if len(values) == 1:
+        return values * n
+    if len(values) != n:
+        raise ProgramError(f"{what} {values} for {n} spatial dims")
+    return values
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
+    """torch's pooling/convolution output size (ceil mode: a last window must start inside the
+    input or its left padding)."""
+    span = size + 2 * p - d * (k - 1) - 1
+    if span < 0:
+        raise ProgramError(f"a window of {k} (dilation {d}) is larger than the input of "
+                           f"{size} padded by {p}")
+    out = (-(-span // s) if ceil else span // s) + 1
+    if ceil and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def _window_pads(sizes: Sequence[int], outs: Sequence[int], ks: Sequence[int],
+                 ss: Sequence[int], ps: Sequence[int], ds: Sequence[int]
+                 ) -> list[tuple[int, int]]:
+    """The padding each spatial dim's windows read: ``p`` before, and after only as far as
+    the last window reaches."""
+    pads = []
+    for n, o, k, s, p, d in zip(sizes, outs, ks, ss, ps, ds, strict=True):
+        reach = (o - 1) * s + d * (k - 1) + 1
+        pads.append((p, max(0, reach - n - p)))
+    return pads
+
+
+# --- convolution -------------------------------------------------------------------------------
+
+@aten("convolution.default", "_convolution.default")
+def _convolution(cx: Ctx, x: Value, w: Value, bias: Value | None, stride: Sequence[int],
+                 padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                 output_padding: Sequence[int], groups: int, *rest: Any) -> Value:
+    if transposed:
+        raise ProgramError("transposed convolution (conv_transpose) has no lowering: its input "
+                           "index is a quotient of the output's, not an affine form")
+    pairs = [(p, p) for p in _ints(padding, w.rank - 2, "padding")]
+    return conv_nd(cx, x, w, bias, stride, pairs, dilation, groups)
+
+
+@aten("conv1d.default", "conv2d.default", "conv3d.default", "conv1d.padding",
+      "conv2d.padding", "conv3d.padding")
+def _conv_nd(cx: Ctx, x: Value, w: Value, bias: Value | None = None, stride: Any = 1,
+             padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Value:
+    n = w.rank - 2
+    dil = _ints(dilation, n, "dilation")
+    pairs: list[tuple[int, int]]
+    if padding == "valid":
+        pairs = [(0, 0)] * n
+    elif padding == "same":  # torch puts the odd element of the padding after
+        totals = [d * (k - 1) for d, k in zip(dil, w.shape[2:], strict=True)]
+        pairs = [(t // 2, t - t // 2) for t in totals]
+    elif isinstance(padding, str):
+        raise ProgramError(f"convolution padding {padding!r}: torch takes 'valid' or 'same'")
+    else:
+        pairs = [(p, p) for p in _ints(padding, n, "padding")]
+    unbatched = x.rank == n + 1
+    out = conv_nd(cx, unsqueeze(x, 0) if unbatched else x, w, bias, stride, pairs, dil, groups)
+    return squeeze(out, [0]) if unbatched else out
+
+
+def conv_nd(cx: Ctx, x: Value, w: Value, bias: Value | None, stride: Any,
+            padding: Sequence[tuple[int, int]], dilation: Any, groups: int) -> Value:
+    """``aten.convolution`` of ``x [N, C, *spatial]`` by ``w [F, C/groups, *window]`` with
+    ``padding[i] = (before, after)`` around spatial dim ``i``: one ``conv`` op (see the module
+    docstring), plus an ``add`` for the bias.
+
+    >>> import torch                                                  # doctest: +SKIP
+    >>> tp = ap.from_torch(torch.nn.Conv1d(4, 8, 3, stride=2), (torch.randn(1, 4, 16),))
+    ... # doctest: +SKIP
+    >>> str(tp.program.ops[0])                                       # doctest: +SKIP
+    'convolution.conv: convolution.conv[f, o0] = conv(x[0, c, 2*o0+k0], p_weight[f, c, k0])'
+    """
+    lw = cx.lw
+    n = w.rank - 2
+    where = f"convolution of x {list(x.shape)} by weight {list(w.shape)}"
+    if n < 1 or x.rank != n + 2:
+        raise ProgramError(f"{where}: takes x [N, C, *spatial] and weight [F, C/groups, "
+                           "*window] with one window dim per spatial dim")
+    ss = _ints(stride, n, "stride")
+    ds = _ints(dilation, n, "dilation")
+    if min(ss) < 1 or min(ds) < 1 or min(min(p) for p in padding) < 0:
+        raise ProgramError(f"{where}: stride {ss} and dilation {ds} must be >= 1, padding "
+                           f"{list(padding)} >= 0")
+    big_n, c_in, spatial = x.shape[0], x.shape[1], x.shape[2:]
+    f_out, c_group, window = w.shape[0], w.shape[1], w.shape[2:]
+    if groups < 1 or c_in % groups or f_out % groups or c_in // groups != c_group:
+        raise ProgramError(f"{where}: {groups} groups need input channels {c_in} = groups x "
+                           f"weight dim 1 ({c_group}) and output channels {f_out} divisible by "
+                           "the groups")
+    outs = []
+    for i in range(n):
+        span = spatial[i] + sum(padding[i]) - ds[i] * (window[i] - 1) - 1
+        if span < 0:
+            raise ProgramError(f"{where}: window {window[i]} (dilation {ds[i]}) of spatial dim "
+                               f"{i} is larger than the input {spatial[i]} padded by "
+                               f"{padding[i]}")
+        outs.append(span // ss[i] + 1)
+    # the padding the windows read: all of it before, after only as far as the last window
+    pads = [(lo, max(0, (o - 1) * s + d * (k - 1) + 1 - size - lo))
+            for (lo, _), o, s, d, k, size in zip(padding, outs, ss, ds, window, spatial,
+                                                 strict=True)]
+    dt = cx.dtype()
+    xp = pad(lw, lw.cast(x, dt), pads, 0.0)
+    by_group = [big_n, groups, c_group, *xp.shape[2:]]
+    xv = _single_digits(lw, view(xp, by_group) or view(lw.plain(xp), by_group))
+    wv = _single_digits(lw, view(lw.cast(w, dt), [groups, f_out // groups, c_group, *window]))
+    space = _Space()
+    nd = space.dim("n", big_n)
+    gd = space.dim("g", groups)
+    fd = space.dim("f", f_out // groups)
+    od = [space.dim(f"o{i}", outs[i]) for i in range(n)]
+    cd = space.dim("c", c_group)
+    kd = [space.dim(f"k{i}", window[i]) for i in range(n)]
+    x_forms: list[Form | None] = [_form((nd, 1)), _form((gd, 1)), _form((cd, 1))]
+    x_forms += [_form((od[i], ss[i]), (kd[i], ds[i])) for i in range(n)]
+    w_forms: list[Form | None] = [_form((gd, 1)), _form((fd, 1)), _form((cd, 1))]
+    w_forms += [_form((kd[i], 1)) for i in range(n)]
+    out = [(nd, big_n), (gd, groups), (fd, f_out // groups),
+           *((od[i], outs[i]) for i in range(n))]
+    _, y = _emit(lw, "conv", space, out, [1, 2, *([1] * n)],
+                 [_read(xv, x_forms), _read(wv, w_forms)],
+                 part=None if bias is None else "conv")
+    if bias is None:
+        return y
+    b = lw.cast(bias, dt)
+    for _ in range(n):
+        b = unsqueeze(b, -1)
+    return lw.elementwise("add", [y, b])
+
+
+# --- batch norm (eval) -------------------------------------------------------------------------
+
+def _batch_norm_eval(cx: Ctx, x: Value, weight: Value | None, bias: Value | None,
+                     mean: Value, var: Value, eps: float) -> Value:
+    """``x * scale + shift`` per channel (dim 1), ``scale = weight * rsqrt(var + eps)``,
+    ``shift = bias - mean * scale``, computed in the statistics' dtype."""
+    lw = cx.lw
+    if x.rank < 2:
+        raise ProgramError(f"batch norm of x {list(x.shape)}: needs [N, C, ...]")
+    st = var.dtype if var.dtype in FLOAT_DTYPES else "float32"
+    var_e = lw.elementwise("add", [lw.cast(var, st), lw.scalar(float(eps), st)], part="var_eps")
+    scale = lw.elementwise("rsqrt", [var_e], part="invstd")
+    if weight is not None:
+        scale = lw.elementwise("mul", [scale, lw.cast(weight, st)], part="scale")
+    moved = lw.elementwise("mul", [lw.cast(mean, st), scale], part="mean_scale")
+    shift = (lw.elementwise("sub", [lw.cast(bias, st), moved], part="shift")
+             if bias is not None else lw.elementwise("neg", [moved], part="shift"))
+    for _ in range(x.rank - 2):
+        scale, shift = unsqueeze(scale, -1), unsqueeze(shift, -1)
+    out = cx.dtype()
+    y = lw.elementwise("mul", [lw.cast(x, st), scale], part="scaled")
+    y = lw.elementwise("add", [y, shift], part=None if st == out else "shifted")
+    return lw.cast(y, out)
+
+
+class _FirstOnly(tuple):  # type: ignore[type-arg]
+    """A node's results of which only the first is lowered: reading another is refused."""
+
+    what: str = ""
+
+    def __getitem__(self, i: Any) -> Any:
+        if i != 0:
+            raise ProgramError(f"result {i} of {self.what} is not lowered (only the first is)")
+        return super().__getitem__(i)
+
+
+def _first_only(v: Value, what: str) -> _FirstOnly:
+    out = _FirstOnly((v,))
+    out.what = what
+    return out
+
+
+@aten("_native_batch_norm_legit_no_training.default")
+def _bn_no_training(cx: Ctx, x: Value, weight: Value | None, bias: Value | None,
+                    mean: Value, var: Value, momentum: float, eps: float) -> _FirstOnly:
+    return _first_only(_batch_norm_eval(cx, x, weight, bias, mean, var, eps),
+                       "batch norm (the saved mean and rstd of training)")
+
+
+@aten("native_batch_norm.default", "_native_batch_norm_legit.default")
+def _native_bn(cx: Ctx, x: Value, weight: Value | None, bias: Value | None,
+               mean: Value | None, var: Value | None, training: bool, momentum: float,
+               eps: float) -> _FirstOnly:
+    if training or mean is None or var is None:
+        raise ProgramError("batch norm in training mode (statistics of the batch, updated "
+                           "running stats) is not lowered; export the model in eval mode")
+    return _bn_no_training(cx, x, weight, bias, mean, var, momentum, eps)
+
+
+@aten("batch_norm.default")
+def _batch_norm(cx: Ctx, x: Value, weight: Value | None, bias: Value | None,
+                mean: Value | None, var: Value | None, training: bool, momentum: float,
+                eps: float, cudnn_enabled: bool = False) -> Value:
+    return _native_bn(cx, x, weight, bias, mean, var, training, momentum, eps)[0]
+
+
+# --- pooling -----------------------------------------------------------------------------------
+
+def _pool_args(x: Value, n: int, kernel: Any, stride: Any, padding: Any, dilation: Any,
+               ceil_mode: bool, what: str) -> tuple[list[int], ...]:
+    if x.rank < n + 1:
+        raise ProgramError(f"{what} of x {list(x.shape)}: needs at least {n + 1} dims")
+    ks = _ints(kernel, n, "kernel")
+    ss = _ints(stride, n, "stride", default=0) if stride is not None else [0] * n
+    ss = [s or k for s, k in zip(ss, ks, strict=True)]  # no stride: the kernel's
+    ps = _ints(padding, n, "padding")
+    ds = _ints(dilation, n, "dilation")
+    if any(p * 2 > k for p, k in zip(ps, ks, strict=True)):
+        raise ProgramError(f"{what}: padding {ps} must be at most half the kernel {ks}")
+    spatial = x.shape[-n:]
+    outs = [_out_size(spatial[i], ks[i], ss[i], ps[i], ds[i], ceil_mode) for i in range(n)]
+    return ks, ss, ps, ds, outs
+
+
+def _window_op(cx: Ctx, fn: str, x: Value, ks: Sequence[int], ss: Sequence[int],
+               ds: Sequence[int], outs: Sequence[int], offsets: Sequence[int] | None = None,
+               part: str | None = None) -> Value:
+    """An op of kind ``fn`` over the windows of the last ``len(ks)`` dims of ``x`` (already
+    padded): ``y[.., o] = fn over k of x[.., s*o + d*k + offset]``; a window of one element
+    is a ``copy``."""
+    lw = cx.lw
+    n = len(ks)
+    lead = x.rank - n
+    if any(len(ds) > 1 for ds in x.digits[lead:]):  # a windowed dim is read through a sum
+        x = lw.plain(x)
+    space = _Space()
+    by: dict[int, Form] = {}
+    out: list[tuple[str | None, int]] = []
+    groups: list[int] = []
+    for j, digits in enumerate(x.digits[:lead]):  # a dim per digit: no copy of merged dims
+        for t, (u, size) in enumerate(digits):
+            name = space.dim(f"b{j}" if len(digits) == 1 else f"b{j}_{t}", size)
+            by[u] = _form((name, 1))
+            out.append((name, size))
+        if not digits:
+            out.append((None, 1))
+        groups.append(max(len(digits), 1))
+    od = [space.dim(f"o{i}", outs[i]) for i in range(n)]
+    kd = [space.dim(f"k{i}", ks[i]) for i in range(n)]
+    offs = offsets or [0] * n
+    forms: list[Form | None] = [None] * lead
+    forms += [_form((od[i], ss[i]), (kd[i], ds[i]), const=offs[i]) for i in range(n)]
+    out += [(od[i], outs[i]) for i in range(n)]
+    kind = fn if any(k is not None for k in kd) else "copy"
+    return _emit(lw, kind, space, out, [*groups, *([1] * n)], [_read(x, forms, by)], part)[1]
+
+
+def _max_pool(cx: Ctx, n: int, x: Value, kernel: Any, stride: Any = None, padding: Any = 0,
+              dilation: Any = 1, ceil_mode: bool = False) -> Value:
+    ks, ss, ps, ds, outs = _pool_args(x, n, kernel, stride, padding, dilation, ceil_mode,
+                                      f"max_pool{n}d")
+    low = -math.inf if x.dtype in FLOAT_DTYPES else float(np.iinfo(x.dtype).min)
+    pads = _window_pads(x.shape[-n:], outs, ks, ss, ps, ds)
+    return _window_op(cx, "max_pool", pad(cx.lw, x, pads, low), ks, ss, ds, outs)
+
+
+@aten("max_pool1d.default", "max_pool2d.default", "max_pool3d.default")
+def _max_pool_values(cx: Ctx, x: Value, kernel: Any, stride: Any = None, padding: Any = 0,
+                     dilation: Any = 1, ceil_mode: bool = False) -> Value:
+    n = int(str(cx.node.target).split("max_pool")[1][0])
+    return _max_pool(cx, n, x, kernel, stride, padding, dilation, ceil_mode)
+
+
+@aten("max_pool1d_with_indices.default", "max_pool2d_with_indices.default",
+      "max_pool3d_with_indices.default")
+def _max_pool_indices(cx: Ctx, x: Value, kernel: Any, stride: Any = None, padding: Any = 0,
+                      dilation: Any = 1, ceil_mode: bool = False) -> _FirstOnly:
+    n = int(str(cx.node.target).split("max_pool")[1][0])
+    return _first_only(_max_pool(cx, n, x, kernel, stride, padding, dilation, ceil_mode),
+                       f"max_pool{n}d_with_indices (the indices)")
+
+
+def _avg_divisors(size: int, out: int, k: int, s: int, p: int, include_pad: bool
+                  ) -> list[int]:
+    """torch's per-output count along one dim: the window clipped at the padded input, and
+    with ``count_include_pad=False`` at the input itself."""
+    counts = []
+    for o in range(out):
+        lo = o * s - p
+        hi = min(lo + k, size + p)
+        if not include_pad:
+            lo, hi = max(lo, 0), min(hi, size)
+        counts.append(hi - lo)
+    return counts
+
+
+@aten("avg_pool1d.default", "avg_pool2d.default", "avg_pool3d.default")
+def _avg_pool(cx: Ctx, x: Value, kernel: Any, stride: Any = None, padding: Any = 0,
+              ceil_mode: bool = False, count_include_pad: bool = True,
+              divisor_override: int | None = None) -> Value:
+    lw = cx.lw
+    n = int(str(cx.node.target).split("avg_pool")[1][0])
+    ks, ss, ps, ds, outs = _pool_args(x, n, kernel, stride, padding, 1, ceil_mode,
+                                      f"avg_pool{n}d")
+    dt = cx.dtype()
+    xp = pad(lw, lw.cast(x, dt), _window_pads(x.shape[-n:], outs, ks, ss, ps, ds), 0.0)
+    per_dim = [_avg_divisors(x.shape[-n + i], outs[i], ks[i], ss[i], ps[i], count_include_pad)
+               for i in range(n)]
+    counts = np.ones(outs, dtype=np.int64) * (divisor_override or 1)
+    if divisor_override is None:
+        for i, c in enumerate(per_dim):
+            counts = counts * np.asarray(c).reshape([-1 if j == i else 1 for j in range(n)])
+    if (counts == math.prod(ks)).all():  # every window divides by the kernel size: a mean
+        return _window_op(cx, "avg_pool", xp, ks, ss, ds, outs)
+    total = _window_op(cx, "sum", xp, ks, ss, ds, outs, part="sum")
+    if (counts == counts.flat[0]).all():
+        return lw.elementwise("div", [total, lw.scalar(float(counts.flat[0]), dt)])
+    divisor = lw.constant(f"{cx.node.name}.count", counts.astype(np.float64), dt)
+    return lw.elementwise("div", [total, divisor])
+
+
+def _adaptive_axis(cx: Ctx, x: Value, d: int, size_out: int, last: bool) -> Value:
+    """Adaptive average pooling of dim ``d`` to ``size_out``: torch's windows
+    ``[floor(o*L/O), ceil((o+1)*L/O))``. With ``g = gcd(L, O)`` and ``P = O/g``, the outputs
+    ``q*P + r`` of one residue ``r`` start at ``q*(L/g) + floor(r*L/O)`` with one length: one
+    ``avg_pool`` op per residue, interleaved by ``concat`` along a new inner dim."""
+    lw = cx.lw
+    size = x.shape[d]
+    if size == 1:  # every window is the one element: a broadcast, no op
+        return expand(x, [*x.shape[:d], size_out, *x.shape[d + 1:]])
+    g = math.gcd(size, size_out)
+    period, step = size_out // g, size // g
+    moved = [*range(d), *range(d + 1, x.rank), d]  # the pooled dim last
+    xl = permute(x, moved)
+    pieces = []
+    for r in range(period):
+        lo = r * size // size_out
+        hi = -(-(r + 1) * size // size_out)
+        part = None if period == 1 and last else \
+            f"adaptive{d}" + (f".r{r}" if period > 1 else "")
+        y = _window_op(cx, "avg_pool", xl, [hi - lo], [step], [1], [g], [lo], part=part)
+        back = permute(y, [moved.index(j) for j in range(x.rank)])
+        pieces.append(unsqueeze(back, d + 1))
+    if period == 1:
+        return squeeze(pieces[0], [d + 1])
+    stacked = concat(lw, pieces, d + 1, f"adaptive{d}.interleave")
+    merged = view(stacked, [*x.shape[:d], size_out, *x.shape[d + 1:]])
+    assert merged is not None, "merging the residue dim is a view"
+    return merged
+
+
+@aten("_adaptive_avg_pool1d.default", "_adaptive_avg_pool2d.default",
+      "_adaptive_avg_pool3d.default", "adaptive_avg_pool1d.default",
+      "adaptive_avg_pool2d.default", "adaptive_avg_pool3d.default")
+def _adaptive_avg_pool(cx: Ctx, x: Value, output_size: Any) -> Value:
+    target = str(cx.node.target)
+    n = int(target.split("avg_pool")[1][0])
+    if x.rank < n + 1:
+        raise ProgramError(f"adaptive_avg_pool{n}d of x {list(x.shape)}: needs at least "
+                           f"{n + 1} dims")
+    sizes = x.shape[-n:]
+    outs = [s if o is None else int(o) for o, s in
+            zip(_maybe_none(output_size, n), sizes, strict=True)]
+    if min(outs) < 1:
+        raise ProgramError(f"adaptive_avg_pool{n}d: output size {outs} must be positive")
+    x = cx.lw.cast(x, cx.dtype())
+    if all(s % o == 0 for s, o in zip(sizes, outs, strict=True)):  # even windows: one op
+        ks = [s // o for s, o in zip(sizes, outs, strict=True)]
+        if ks == [1] * n:
+            return x
+        return _window_op(cx, "avg_pool", x, ks, ks, [1] * n, outs)
+    todo = [i for i in range(n) if sizes[i] != outs[i]]
+    for i in todo:
+        x = _adaptive_axis(cx, x, x.rank - n + i, outs[i], last=i == todo[-1])
+    return x
+
+
+def _maybe_none(value: Any, n: int) -> list[int | None]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return [value] * n
+    values = list(value)
+    return values * n if len(values) == 1 else values
+
+
+# --- padding -----------------------------------------------------------------------------------
+
+@aten("constant_pad_nd.default")
+def _constant_pad(cx: Ctx, x: Value, pads: Sequence[int], value: float = 0) -> Value:
+    """torch's ``F.pad`` (constant mode): ``pads`` pairs from the last dim backwards; a negative
+    pad cuts (a slice)."""
+    if len(pads) % 2 or len(pads) // 2 > x.rank:
+        raise ProgramError(f"constant_pad_nd: pads {list(pads)} must be pairs, at most one per "
+                           f"dim of x {list(x.shape)}")
+    k = len(pads) // 2
+    pairs = [(int(pads[2 * (k - 1 - j)]), int(pads[2 * (k - 1 - j) + 1])) for j in range(k)]
+    for j, (lo, hi) in enumerate(pairs):  # cut first: negative pads
+        d = x.rank - k + j
+        start, end = max(0, -lo), x.shape[d] - max(0, -hi)
+        if end <= start:
+            raise ProgramError(f"constant_pad_nd: pads {list(pads)} leave dim {d} empty")
+        if (start, end) != (0, x.shape[d]):
+            x = _slice(cx.lw, x, d, start, end - start)
+    dt = cx.dtype()
+    return pad(cx.lw, cx.lw.cast(x, dt), [(max(lo, 0), max(hi, 0)) for lo, hi in pairs],
+               float(value))
