@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
+from apportion.frontend.torch_moe import DENSE_FORM, PARTS, MoeBlock
 from apportion.ir.program import Program
 from apportion.plans.plan import OpPlan, Plan
 from apportion.target.target import Target
@@ -215,11 +216,52 @@ def lowest_utilization(plan: Plan, labels: Mapping[str, str] | None = None, coun
     return out
 
 
+def moe_lines(plan: Plan, program: Program | None, parts: Mapping[str, tuple[str, MoeBlock]]
+              ) -> list[str]:
+    """The mixture-of-experts lines of a model report: the blocks and their dispatch form, then
+    the router's and the experts' ops, share of the work and of the predicted time, and what
+    the experts' matmuls cost over the tokens actually routed. ``parts``: op name -> (part,
+    block), as ``torch_moe.moe_parts`` gives them (a plan op split in two, ``.partial`` and
+    ``.combine``, counts as its op); none without a mixture of experts."""
+    if not parts:
+        return []
+    blocks = {b.path: b for _, b in parts.values()}
+    work = sum(op_work(o, program) for o in plan.ops) or 1
+    time = sum(o.predicted_time_us for o in plan.ops) or 1.0
+    mine = {o.name: parts.get(o.name.removesuffix(".partial").removesuffix(".combine"))
+            for o in plan.ops}
+    shown = ", ".join(f"{b.block} ({b.experts} experts, top-{b.top_k})"
+                      for b in list(blocks.values())[:2])
+    more = f" and {len(blocks) - 2} more" if len(blocks) > 2 else ""
+    out = [f"mixture of experts: {len(blocks)} block{'s' if len(blocks) > 1 else ''}, "
+           f"{shown}{more}; dispatch {DENSE_FORM}"]
+    names = {"router": "router", "experts": "experts", "shared": "shared experts and the rest"}
+    for part in PARTS:
+        ops = [o for o in plan.ops if (mine[o.name] or ("", None))[0] == part]
+        if not ops:
+            continue
+        line = (f"  {names[part]}: {len(ops)} ops, "
+                f"{sum(op_work(o, program) for o in ops) / work:.1%} of the work, "
+                f"{sum(o.predicted_time_us for o in ops) / time:.1%} of the predicted time")
+        if part == "experts":
+            mm = [(o, mine[o.name][1]) for o in ops if _family(o.kind) == "matmul"]  # type: ignore[index]
+            planned = sum(op_work(o, program) for o, _ in mm)
+            routed = sum(op_work(o, program) / b.dense_factor for o, b in mm)
+            factors = sorted({b.dense_factor for b in blocks.values()})
+            ratio = f"{factors[0]:.1f}x" if len(factors) == 1 else \
+                f"{factors[0]:.1f}x to {factors[-1]:.1f}x"
+            line += (f"; their matmuls {planned:,} multiply-adds for {round(routed):,} on the "
+                     f"tokens actually routed (experts / top-k = {ratio})")
+        out.append(line)
+    return out
+
+
 def print_model_report(plan: Plan, target: Target, labels: Mapping[str, str] | None = None,
                        console: Console | None = None, lowered: str | None = None,
-                       program: Program | None = None) -> None:
+                       program: Program | None = None, moe: Sequence[str] = ()) -> None:
     """The report of a whole model: the family table, the five least utilized ops with their
-    labels, ``lowered`` (a line on how many source nodes became planned ops) and the summary."""
+    labels, ``lowered`` (a line on how many source nodes became planned ops), ``moe`` (the
+    lines of ``moe_lines``) and the summary."""
     console = console or Console()
     console.print(family_table(plan, program))
     console.print("lowest utilization:", highlight=False)
@@ -227,6 +269,8 @@ def print_model_report(plan: Plan, target: Target, labels: Mapping[str, str] | N
         console.print(f"  {line}", highlight=False, soft_wrap=True)
     if lowered:
         console.print(lowered, highlight=False, soft_wrap=True)
+    for line in moe:
+        console.print(line, highlight=False, soft_wrap=True)
     total, _ = predicted_total_us(plan)
     console.print(f"{len(plan.ops)} ops on {target.name} ({plan.cores} cores, {plan.strategy}): "
                   f"predicted {total:.1f} us in all, mean utilization "

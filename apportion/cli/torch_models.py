@@ -197,14 +197,17 @@ def plan_model(tm: TorchModel, target: Any, strategy: str) -> PlannedProgram:
 
 def print_plan(tm: TorchModel, planned: PlannedProgram, fmt: str, plot_dir: Path | None,
                console: Console) -> None:
-    from apportion.cli.report import print_model_report
+    from apportion.cli.report import moe_lines, print_model_report
+    from apportion.frontend.torch_moe import moe_blocks, moe_parts
 
     if fmt == "json":
         print(planned.to_json())
     else:
+        parts = moe_parts(tm.lowered.origins, moe_blocks(tm.model))
         print_model_report(planned.plan, planned.target,
                            labels(tm.lowered, [o.name for o in planned.ops]), console,
-                           lowered_line(tm.lowered), planned.program)
+                           lowered_line(tm.lowered), planned.program,
+                           moe_lines(planned.plan, planned.program, parts))
     if plot_dir is not None:
         from apportion.cli.plot import plot_op, plot_utilization
         from apportion.cli.report import op_work

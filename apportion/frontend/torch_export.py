@@ -34,6 +34,7 @@ import numpy as np
 from apportion.errors import ApportionError, ProgramError
 from apportion.frontend.torch_aten import DROPPED, LOWERINGS, Ctx, static_shape, torch_dtype
 from apportion.frontend.torch_lower import Lowering, Origin, Value, is_fallback
+from apportion.frontend.torch_moe import static_experts
 from apportion.ir.program import Program, Symbol, with_symbols
 
 __all__ = ["NodeLowering", "Origin", "TorchProgram", "from_torch"]
@@ -138,7 +139,8 @@ def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = 
         ep = model
     elif isinstance(model, torch.nn.Module):
         try:
-            ep = torch.export.export(model, tuple(example_inputs), kwargs=dict(kwargs or {}))
+            with static_experts(model):  # experts modules in the dense, static form
+                ep = torch.export.export(model, tuple(example_inputs), kwargs=dict(kwargs or {}))
         except Exception as e:  # whatever export refuses is the model's, named here
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             raise ProgramError(f"from_torch: torch.export.export of "
@@ -159,8 +161,9 @@ def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shape
     import torch
 
     try:
-        ep = torch.export.export(model, tuple(example_inputs), kwargs=dict(kwargs or {}),
-                                 dynamic_shapes=dynamic_shapes)
+        with static_experts(model):
+            ep = torch.export.export(model, tuple(example_inputs), kwargs=dict(kwargs or {}),
+                                     dynamic_shapes=dynamic_shapes)
     except Exception as e:  # torch's verdict on the dynamic shapes, named here
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ProgramError(f"from_torch: torch.export.export with dynamic_shapes failed: "
