@@ -19,8 +19,9 @@ def _randomize_batch_norms(model: Any) -> Any:
             with torch.no_grad():
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
-                m.weight.uniform_(0.5, 1.5)
-                m.bias.uniform_(-0.5, 0.5)
+                if m.affine:
+                    m.weight.uniform_(0.5, 1.5)
+                    m.bias.uniform_(-0.5, 0.5)
     return model.eval()
 
 
