@@ -233,39 +233,102 @@ class _Step:
     axes: tuple[int, ...] = ()  # reduce: the reduced axes
     red_sizes: tuple[int, ...] = ()  # reduce: full sizes of the reduction dims
     free: tuple[str, ...] = ()
+    #: every box at once (``_lattice``): the grid of boxes (loop iterations, then workers),
+    #: each operand's view over the whole grid and the output's; empty where the boxes differ
+    lattice: tuple[int, ...] = ()
+    lattice_reads: tuple[View, ...] = ()
+    lattice_write: View = ((), (), 0)
 
     def box(self, env: Mapping[str, Any], out: Any, i: int) -> Partial | None:
         """Compute box ``i``: write it when it is alone in its output slice (None), else
         return its partial."""
         xs = [_strided(env[n], v) for n, v in zip(self.reads, self.box_reads[i], strict=True)]
+        return self._compute(xs, out, i, self.box_writes[i], (), self.solo[i])
+
+    def all_boxes(self, env: Mapping[str, Any], out: Any) -> None:
+        """Compute every box in one kernel call, each box a batch element of the lattice's
+        views (so each is still computed on its own), and write them: only for a step whose
+        boxes are all alone in their output slices (``lattice`` non-empty). A matmul runs
+        as ``_mm_lattice`` does."""
+        xs = [_strided(env[n], v) for n, v in zip(self.reads, self.lattice_reads, strict=True)]
+        if self.mode == "mm":
+            self._mm_lattice(xs, out)
+            return
+        self._compute(xs, out, 0, self.lattice_write, self.lattice, True)
+
+    def _mm_lattice(self, xs: list[Any], out: Any) -> None:
+        """A matmul's lattice of boxes: one GEMM per index of the lattice axes along which the
+        right operand moves, holding the boxes of the axes that move only the left operand as
+        one block of rows (a batched GEMM whose right operand repeats along a batch axis is
+        a copy of it per batch element, and runs slower than the boxes one by one)."""
+        a, b = (x if c is None else x.to(c) for x, c in zip(xs, self.casts, strict=True))
+        lat = self.lattice
+        nl = len(lat)
+        nb, nm, nk, nn = self.counts
+        rows_only = [i for i in range(nl) if b.stride(i) == 0 and a.stride(i) != 0]
+        rest = [i for i in range(nl) if i not in rows_only]
+        nr = len(rows_only)
+        dest = _strided(out, self.lattice_write)
+        for idx in itertools.product(*(range(lat[i]) for i in rest)):
+            at: list[Any] = [slice(None)] * nl
+            for i, k in zip(rest, idx, strict=True):
+                at[i] = k
+            on_b = [0 if i in rows_only else at[i] for i in range(nl)]
+            left = a[tuple(at)]  # [rows-only axes.., batch.., m.., k..]
+            right = b[tuple(on_b)]  # [batch.., k.., n..]
+            shape = left.shape
+            batch, lead, ms = shape[nr:nr + nb], shape[:nr], shape[nr + nb:nr + nb + nm]
+            # batch dims first, then the rows of every box: one [rows, k] @ [k, n] per batch
+            left = left.permute(*range(nr, nr + nb), *range(nr), *range(nr + nb, left.ndim))
+            flat_b = [math.prod(batch)] if nb else []
+            left = left.reshape(*flat_b, -1, math.prod(shape[nr + nb + nm:]))
+            right = right.reshape(*flat_b, math.prod(right.shape[nb:nb + nk]), -1)
+            part = torch.matmul(left, right)
+            if self.box_scales[0] != 1:
+                part = part * self.box_scales[0]
+            ns = dest.shape[nl + nb + nm:]
+            part = part.reshape(*batch, *lead, *ms, *ns)
+            part = part.permute(*range(nb, nb + nr), *range(nb), *range(nb + nr, part.ndim))
+            self.store(dest[tuple(at)], self.finished(part))
+
+    def _compute(self, xs: list[Any], out: Any, i: int, write: View, lead: tuple[int, ...],
+                 solo: bool) -> Partial | None:
+        """The kernel of box ``i`` (with ``lead`` leading batch axes: every box of the
+        lattice, all the size of box ``i``) on the operand views ``xs``; writes the result
+        through ``write`` when ``solo``, else returns the partial."""
         if self.mode == "copy":  # a copy or cast: one copy_
-            self.write(out, i, xs[0])
+            self.write(out, write, xs[0])
             return None
         xs = [x if c is None else x.to(c) for x, c in zip(xs, self.casts, strict=True)]
+        nl = len(lead)
         if self.mode == "elementwise":
             assert self.fn is not None
             part = self.fn(*xs)
         elif self.mode == "mm":  # (batch, m.., k..) @ (batch, k.., n..): BLAS without einsum
-            nb, nm, nk, nn = self.counts
+            nb, nm, nk, nn = (c + nl if j == 0 else c for j, c in enumerate(self.counts))
             a = xs[0].flatten(nb + nm, nb + nm + nk - 1).flatten(nb, nb + nm - 1)
             b = xs[1].flatten(nb + nk, nb + nk + nn - 1).flatten(nb, nb + nk - 1)
             part = torch.matmul(a, b)
             if self.box_scales[i] != 1:
                 part = part * self.box_scales[i]
-            part = part.reshape(self.box_writes[i][0])
+            part = part.reshape(write[0])
         elif self.mode == "matmul":
-            part = torch.einsum(self.equation, *xs)
+            equation = self.equation
+            if nl:  # the lattice's axes lead every operand and the result
+                lhs, rhs = equation.split("->")
+                equation = ",".join("..." + s for s in lhs.split(",")) + "->..." + rhs
+            part = torch.einsum(equation, *xs)
             if self.box_scales[i] != 1:  # the same product once per point of an unread dim
                 part = part * self.box_scales[i]
-            part = part.reshape(self.box_shapes[i])
+            part = part.reshape((*lead, *self.box_shapes[i]))
         else:
             reducer = self.op.kind.reducer
             assert reducer is not None
-            part = reduce(reducer, xs[0].expand(self.box_shapes[i]), self.axes,
-                           self.box_starts[i], self.red_sizes)
-        if not self.solo[i]:
+            part = reduce(reducer, xs[0].expand((*lead, *self.box_shapes[i])),
+                          tuple(a + nl for a in self.axes), self.box_starts[i], self.red_sizes)
+        if not solo:
             return part
-        self.write(out, i, self.finished(part))
+        self.write(out, write, self.finished(part))
         return None
 
     def finished(self, part: Partial) -> Any:
@@ -278,14 +341,19 @@ class _Step:
             part = part.to(torch.float64)
         return reducer.value(XP, part, math.prod(self.red_sizes))
 
-    def write(self, out: Any, i: int, value: Any) -> None:
-        """``value`` (over the parallel dims, broadcastable) into box ``i``'s piece of ``out``,
-        cast as ``kernels.to_storage`` casts."""
+    def write(self, out: Any, view: View, value: Any) -> None:
+        """``value`` (over the parallel dims, broadcastable) into the piece ``view`` of
+        ``out``, cast as ``kernels.to_storage`` casts."""
+        self.store(_strided(out, view), value)
+
+    def store(self, dest: Any, value: Any) -> None:
+        """``value`` copied into the view ``dest`` of the output, cast as
+        ``kernels.to_storage`` casts."""
         if self.out_dtype == "bool" and value.dtype != torch.bool:
             value = value != 0
         elif self.out_dtype in INTEGERS and value.is_floating_point():
             value = torch.trunc(value)
-        _strided(out, self.box_writes[i]).copy_(value)
+        dest.copy_(value)
 
 
 def _compute_dtype(dtypes: Sequence[str], kind: OpKind) -> Any:
@@ -441,13 +509,51 @@ def _step(item: Launch | Host, counts: Sequence[int], program: Program) -> _Step
                  box_starts=tuple(tuple(b[d][0] for d in red) for b in boxes), **common)
 
 
+def _lattice(step: _Step, launch: Launch, counts: Sequence[int]) -> _Step:
+    """``step`` with its boxes as one lattice where they form one: every box alone in its
+    output slice and as large as the others, and every operand's and the output's view of box
+    ``j`` the view of box 0 moved by a fixed offset per lattice axis (the loop levels that
+    move the launch, then its worker axes: the order ``_boxes`` lists them in). An even split
+    does; an uneven one (10 over 4: 3, 3, 2, 2), a tile smaller than planned, or a split
+    reduction does not, and keeps running box by box."""
+    modes = ("copy", "elementwise", "mm", "matmul", "reduce")
+    if step.mode not in modes or len(step.boxes) < 2 or not all(step.solo):
+        return step
+    shape = [c for level, c in enumerate(counts) if level in launch.moving and c > 1]
+    shape += [a.size for a in launch.axes if a.size > 1]
+    if math.prod(shape) != len(step.boxes):
+        return step  # a worker with nothing to do
+    per_box = [step.box_shapes, step.box_scales, step.box_starts]
+    if any(len(set(v)) > 1 for v in per_box if v):
+        return step
+    views = [*zip(*step.box_reads, strict=True), step.box_writes] if step.box_reads else [
+        step.box_writes]
+    if any(len({(v[0], v[1]) for v in vs}) > 1 for vs in views):
+        return step
+    unit = [math.prod(shape[a + 1:]) for a in range(len(shape))]
+    index = list(itertools.product(*(range(n) for n in shape)))
+    moved: list[View] = []
+    for vs in views:
+        base = vs[0][2]
+        strides = [vs[u][2] - base for u in unit]
+        if any(v[2] != base + sum(i * s for i, s in zip(ix, strides, strict=True))
+               for v, ix in zip(vs, index, strict=True)):
+            return step
+        moved.append(((*shape, *vs[0][0]), (*strides, *vs[0][1]), base))
+    reads = tuple(moved[:-1]) if step.box_reads else ()
+    return dataclasses.replace(step, lattice=tuple(shape), lattice_reads=reads,
+                               lattice_write=moved[-1])
+
+
 def _schedule(schedule: Schedule) -> tuple[_Step, ...]:
     """The torch steps of a schedule: one per launch and host step, in order, each with the
     tensors no later step reads (the schedule's lifetimes) to free after it."""
     steps: list[_Step] = []
     for item, loops in schedule.walk():
         if isinstance(item, Launch | Host):
-            steps.append(_step(item, [lp.count for lp in loops], schedule.program))
+            counts = [lp.count for lp in loops]
+            step = _step(item, counts, schedule.program)
+            steps.append(_lattice(step, item, counts) if isinstance(item, Launch) else step)
     keep = set(schedule.program.inputs) | set(schedule.program.outputs)
     dead: dict[int, list[str]] = {}
     for life in schedule.lifetimes:
@@ -546,22 +652,30 @@ class TorchExecutor:
     (torch.Size([256, 1024]), torch.float16)
     """
 
-    def __init__(self, program: Program, plan: Plan, threads: int = 1,
-                 grain: int = GRAIN, target: Target | str | None = None) -> None:
+    def __init__(self, program: Program, plan: Plan | Schedule, threads: int = 1,
+                 grain: int = GRAIN, target: Target | str | None = None,
+                 batched: bool = True) -> None:
         require_torch()
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ExecutionError(f"threads must be an int >= 1, got {threads!r}")
         if isinstance(grain, bool) or not isinstance(grain, int) or grain < 0:
             raise ExecutionError(f"grain must be an int >= 0, got {grain!r}")
         self.program = program
+        #: a schedule given already lowered (a device's segment of a mesh schedule, its loop
+        #: counts bound): run as it is, never lowered again
+        self.given = plan if isinstance(plan, Schedule) else None
         self.plan = plan
         #: the target, or its name: lowering a program with static shapes needs no more
         self.target = plan.target if target is None else target
         self.threads = threads
         self.grain = grain
+        #: run an op whose boxes form a lattice (``_lattice``) as one batched kernel call
+        #: where it runs on the calling thread; False: box by box, always
+        self.batched = batched
         self._steps: dict[tuple[tuple[str, int], ...], tuple[_Step, ...]] = {}
         self._pool: ThreadPoolExecutor | None = None
-        if not any(isinstance(c, str) for g in plan.groups for c in g.counts):
+        if isinstance(plan, Schedule) or \
+                not any(isinstance(c, str) for g in plan.groups for c in g.counts):
             self.schedule()  # a plan that does not fit the program fails here, not at a run
 
     def __enter__(self) -> TorchExecutor:
@@ -615,7 +729,14 @@ class TorchExecutor:
         return {name: env[name] for name in self.program.outputs}
 
     def lowered(self, params: Mapping[str, int] | None = None) -> Schedule:
-        """The plan's schedule at these symbolic loop counts (``schedule.lower``)."""
+        """The plan's schedule at these symbolic loop counts (``schedule.lower``); a schedule
+        given lowered is itself (its counts are bound: ``params`` are refused)."""
+        if self.given is not None:
+            if params:
+                raise ExecutionError(f"schedule of {self.program.name!r} given lowered, its loop "
+                                     f"counts bound: params {sorted(params)} are refused")
+            return self.given
+        assert isinstance(self.plan, Plan)
         return lower(self.program, self.plan, self.target, params=params)
 
     def schedule(self, params: Mapping[str, int] | None = None) -> tuple[_Step, ...]:
@@ -645,6 +766,9 @@ class TorchExecutor:
         n = len(step.boxes)
         pool = self._pool_for(step)
         try:
+            if pool is None and step.lattice and self.batched:
+                step.all_boxes(env, out)
+                return out
             if pool is None:
                 pending = _run_boxes(step, env, out, range(n), False)
             else:  # one task per thread: boxes j, j + k, j + 2k, ...
@@ -663,7 +787,8 @@ class TorchExecutor:
                 if reducer is None:
                     raise ExecutionError(f"op {op.name!r}: {len(g)} cores computed one slice "
                                          f"of a {op.category} op, which has nothing to combine")
-                step.write(out, g[0], step.finished(_combine(step, reducer, g, parts)))
+                step.write(out, step.box_writes[g[0]],
+                           step.finished(_combine(step, reducer, g, parts)))
         return out
 
 

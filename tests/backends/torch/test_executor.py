@@ -439,6 +439,13 @@ def test_cores_run_on_the_pool_threads_and_small_ops_on_the_calling_thread(monke
         return run_boxes(step, *args)
 
     monkeypatch.setattr(torch_exec, "_run_boxes", spy)
+    all_boxes = torch_exec._Step.all_boxes
+
+    def spy_batched(step, *args):  # a lattice of small boxes: one batched call
+        seen.setdefault(step.op.name, []).append(threading.current_thread().name)
+        return all_boxes(step, *args)
+
+    monkeypatch.setattr(torch_exec._Step, "all_boxes", spy_batched)
     xs = random_inputs(planned.program)
     here = [threading.current_thread().name]
     with TorchExecutor(planned.program, planned.plan, threads=4) as ex:
