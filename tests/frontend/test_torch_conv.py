@@ -94,6 +94,23 @@ def test_a_conv_divides_over_output_channels_and_spatial_dims():
     assert np.prod(list(splits.values())) == 32
 
 
+def test_a_target_whose_split_k_rules_split_the_channel_reduction_rewrites_the_conv():
+    # the gpu preset's split-K rule splits a long reduction over a small output: the conv
+    # becomes partial convs over channel slices and a sum combining them
+    conv = _seeded(lambda: nn.Conv1d(256, 8, 5, padding=2))
+    x = torch.randn(1, 256, 4)
+    tp = lowered(conv, x)
+    planned = ap.plan(tp.program, ap.targets.gpu())
+    by_name = {o.name: o for o in planned.plan.ops}
+    partial = by_name["convolution.conv.partial"]
+    assert partial.op == "conv" and partial.split_k.dims == ("c",)
+    assert partial.split_k.factor > 1 and by_name["convolution.conv.combine"].op == "sum"
+    want = eager(conv, x)
+    for backend in ("reference", "torch"):
+        got = tp.torch_outputs(planned.run(tp.inputs(x), backend=backend))
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5, err_msg=backend)
+
+
 def test_a_patch_embedding_is_one_conv_reading_the_image_at_stride_times_patch_plus_offset():
     model, xs = demo.patch_embed(size=16, patch=4, width=32)
     tp = lowered(model, *xs)
