@@ -818,7 +818,7 @@ def _gather_along(cx: Ctx, x: Value, dim: int, index: Value, *args: Any) -> Valu
 # --- constants and random numbers ------------------------------------------------------------
 
 def _fill(cx: Ctx, value: float | int | bool) -> Value:
-    return cx.lw.whole("full", [], cx.shape(), cx.dtype(), {"value": float(value)})
+    return cx.lw.fill(cx.shape(), cx.dtype(), float(value))
 
 
 aten("full.default", "full_like.default", "new_full.default")(

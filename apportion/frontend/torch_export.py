@@ -21,6 +21,7 @@ when this module is: ``import apportion`` works without torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 import os
 import re
@@ -32,16 +33,20 @@ from typing import Any
 import numpy as np
 
 from apportion.errors import ApportionError, ProgramError
+from apportion.frontend import torch_lower
 from apportion.frontend.torch_aten import DROPPED, LOWERINGS, Ctx, static_shape, torch_dtype
-from apportion.frontend.torch_lower import Lowering, Origin, Value, is_fallback
+from apportion.frontend.torch_lower import Lowering, Origin, Value, is_fallback, unsqueeze
 from apportion.frontend.torch_moe import static_experts
+from apportion.ir.dtypes import DTYPE_BYTES
 from apportion.ir.program import Program, Symbol, with_symbols
 
-__all__ = ["NodeLowering", "Origin", "TorchProgram", "from_torch"]
+__all__ = ["NodeLowering", "Origin", "TorchProgram", "Unsupported", "UnsupportedNodes",
+           "from_torch", "unsupported_table"]
 
 #: what became of an ATen node: ops that are not fallbacks (or index maps only), at least one
-#: fallback op, or nothing (a no-op assert)
-STATUSES = ("lowered", "fallback", "dropped")
+#: fallback op, nothing (a no-op assert), or nothing because apportion cannot lower it (left
+#: out of a ``partial`` program)
+STATUSES = ("lowered", "fallback", "dropped", "unsupported")
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,65 @@ class NodeLowering:
 
 
 @dataclass(frozen=True)
+class Unsupported:
+    """An ATen node apportion cannot lower: where it is (its ``Origin``), why (``reason``,
+    ``short`` for a table), the program inputs that stand in for its results in a ``partial``
+    program and the program outputs holding the operands it would read."""
+
+    origin: Origin
+    reason: str
+    short: str
+    inputs: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
+
+
+class UnsupportedNodes(ProgramError):
+    """Every ATen node of a model that apportion cannot lower, at once: the message's first
+    line names the first of them, the lines after it are ``unsupported_table``."""
+
+    def __init__(self, name: str, unsupported: Sequence[Unsupported], total: int) -> None:
+        self.unsupported = tuple(unsupported)
+        self.total = total
+        first = self.unsupported[0]
+        count = len(self.unsupported)
+        self.summary = (f"{count} ATen node{'s' if count != 1 else ''} of {name!r} cannot be "
+                        f"lowered ({count} of {total}); the first: {first.origin}: "
+                        f"{first.reason}")
+        super().__init__(f"{self.summary}\n{unsupported_table(self.unsupported, total)}\n"
+                         "a partial lowering (--partial, from_torch(..., partial=True)) plans "
+                         "the rest, these nodes' results its inputs")
+
+
+def unsupported_table(unsupported: Sequence[Unsupported], total: int) -> str:
+    """One row per ATen op apportion cannot lower: how many nodes, the first one's source line
+    and module path, and why; then their share of the ``total`` ATen nodes.
+
+    >>> u = [Unsupported(Origin("conv", "aten.convolution.default", "m.py:3", "conv"),
+    ...                  "apportion has no lowering", "no lowering")] * 2
+    >>> print(unsupported_table(u, 8))
+    ATen op                   count  first source line  module path  why
+    aten.convolution.default      2  m.py:3             conv         no lowering
+    2 of 8 ATen nodes (25.0%) cannot be lowered
+    """
+    rows: dict[str, list[str]] = {}
+    counts: dict[str, int] = {}
+    for u in unsupported:
+        o = u.origin
+        counts[o.target] = counts.get(o.target, 0) + 1
+        rows.setdefault(o.target, [o.target, "", o.source or "-", o.module or "-", u.short])
+    for target, row in rows.items():
+        row[1] = str(counts[target])
+    table = [["ATen op", "count", "first source line", "module path", "why"], *rows.values()]
+    widths = [max(len(r[i]) for r in table) for i in range(4)]
+    lines = ["  ".join([r[0].ljust(widths[0]), r[1].rjust(widths[1]), r[2].ljust(widths[2]),
+                        r[3].ljust(widths[3]), r[4]]) for r in table]
+    lines[0] = lines[0].replace("count".rjust(widths[1]), "count".ljust(widths[1]), 1)
+    share = len(unsupported) / total if total else 1.0
+    lines.append(f"{len(unsupported)} of {total} ATen nodes ({share:.1%}) cannot be lowered")
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
 class TorchProgram:
     """A PyTorch model as an apportion program.
 
@@ -66,6 +130,11 @@ class TorchProgram:
     row-major order; a dim merged from several, like heads times head width, may be held as
     several axes: ``torch_outputs`` reshapes). ``origins`` maps each op to the torch node it
     lowers, and ``nodes`` lists what became of every node.
+
+    A model on torch's meta device gives ``shapes_only``: its weights (and buffers) that are
+    program inputs of a shape and dtype with no value; the program plans and emits, but does not
+    run. A ``partial`` lowering lists in ``unsupported`` the nodes it left out: program inputs
+    stand in for their results, and the program also outputs what they read.
     """
 
     program: Program
@@ -77,6 +146,10 @@ class TorchProgram:
     nodes: tuple[NodeLowering, ...]
     #: per output, its torch axes whose size is a run-time size (``dynamic_shapes``)
     output_dynamic: tuple[tuple[int, ...], ...] = ()
+    #: weights, buffers and constants with a shape and dtype but no value (the meta device)
+    shapes_only: tuple[str, ...] = ()
+    #: the nodes a partial lowering left out
+    unsupported: tuple[Unsupported, ...] = ()
 
     @property
     def node_counts(self) -> dict[str, int]:
@@ -90,17 +163,51 @@ class TorchProgram:
     def lowered_share(self) -> float:
         """The share of the nodes that compute something lowered to non-fallback ops."""
         c = self.node_counts
-        total = c["lowered"] + c["fallback"]
+        total = c["lowered"] + c["fallback"] + c["unsupported"]
         return c["lowered"] / total if total else 1.0
+
+    def require_values(self) -> None:
+        """Refuse, in one line, to run a program whose inputs are not all known: weights with
+        shapes only (a meta-device model) or the results of nodes a partial lowering left out.
+
+        >>> import apportion as ap, torch                                # doctest: +SKIP
+        >>> from apportion.frontend.torch_models import llama3_tiny      # doctest: +SKIP
+        >>> ap.from_torch(*llama3_tiny()).require_values()               # doctest: +SKIP
+        Traceback (most recent call last):
+        ProgramError: program 'LlamaForCausalLM' has 21 weights with shapes only ...
+        """
+        if self.shapes_only:
+            shown = ", ".join(repr(n) for n in self.shapes_only[:2])
+            raise ProgramError(
+                f"program {self.program.name!r} has {len(self.shapes_only)} weights with shapes "
+                f"only ({shown}{', ...' if len(self.shapes_only) > 2 else ''}: the model is on "
+                "torch's meta device); running it needs weights: build the model on the cpu "
+                "(plan, emit and shard work from shapes alone)")
+        if self.unsupported:
+            stand = [n for u in self.unsupported for n in u.inputs]
+            raise ProgramError(
+                f"program {self.program.name!r} is the lowered part of a model: "
+                f"{len(self.unsupported)} ATen nodes apportion cannot lower were left out "
+                f"(first: {self.unsupported[0].origin.target}) and their results "
+                f"({', '.join(repr(n) for n in stand[:2]) or 'none'}"
+                f"{', ...' if len(stand) > 2 else ''}) are its inputs; running it would run "
+                "them eagerly between planned parts, which run does not support (plan and emit "
+                "work on the lowered part)")
 
     def inputs(self, *example_inputs: Any, **kwargs: Any) -> dict[str, np.ndarray]:
         """Every program input for these model inputs (given as to ``from_torch``): the user
         inputs as numpy arrays, then the constants; ready for ``PlannedProgram.run``."""
+        self.require_values()
         leaves = _tensor_leaves((tuple(example_inputs), dict(kwargs)))
         if len(leaves) != len(self.user_inputs):
             raise ProgramError(f"program {self.program.name!r} takes {len(self.user_inputs)} "
                                f"tensor inputs ({', '.join(self.user_inputs)}), got "
                                f"{len(leaves)}")
+        meta = [n for n, x in zip(self.user_inputs, leaves, strict=True)
+                if getattr(x, "is_meta", False)]
+        if meta:
+            raise ProgramError(f"input {meta[0]!r} is a tensor on torch's meta device (a shape, "
+                               "no values): running the program needs its values")
         out = {name: _numpy(x) for name, x in zip(self.user_inputs, leaves, strict=True)}
         out.update(self.constants)
         return out
@@ -113,8 +220,8 @@ class TorchProgram:
 
 
 def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = None, *,
-               kwargs: Mapping[str, Any] | None = None, name: str | None = None
-               ) -> TorchProgram:
+               kwargs: Mapping[str, Any] | None = None, name: str | None = None,
+               partial: bool = False) -> TorchProgram:
     """Export ``model`` (an ``nn.Module``, or an ``ExportedProgram``) on ``example_inputs``
     (and keyword inputs ``kwargs``), decompose it to core ATen ops and lower it.
 
@@ -126,6 +233,12 @@ def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = 
     from it). A graph whose ops change with the size, or an axis that moves otherwise (``seq +
     1``, a merge with another dim) is refused naming the torch node. Hugging Face models want
     ``use_cache=False`` in their config.
+
+    A model on torch's meta device (``with torch.device("meta"):``) lowers from shapes alone:
+    its weights are inputs with no value (``TorchProgram.shapes_only``), so it plans, emits and
+    shards, and refuses to run. Every node apportion cannot lower is named at once, in one
+    ``UnsupportedNodes`` error (a table: ATen op, count, first source line, module path);
+    ``partial=True`` lowers the rest instead, with inputs standing in for those nodes' results.
     """
     import torch
 
@@ -133,7 +246,8 @@ def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = 
         if not isinstance(model, torch.nn.Module):
             raise ProgramError("from_torch: dynamic_shapes needs the nn.Module, not an "
                                "ExportedProgram")
-        return _from_torch_dynamic(model, example_inputs, dynamic_shapes, kwargs, name)
+        return _from_torch_dynamic(model, example_inputs, dynamic_shapes, kwargs, name,
+                                   partial)
 
     if isinstance(model, torch.export.ExportedProgram):
         ep = model
@@ -151,11 +265,12 @@ def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = 
                            f"{type(model).__name__}")
     ep = ep.run_decompositions()
     label = name or type(model).__name__
-    return lower_exported(ep, re.sub(r"[^A-Za-z0-9_.\-]", "_", label) or "model")
+    return lower_exported(ep, re.sub(r"[^A-Za-z0-9_.\-]", "_", label) or "model", partial)
 
 
 def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any,
-                        kwargs: Mapping[str, Any] | None, name: str | None) -> TorchProgram:
+                        kwargs: Mapping[str, Any] | None, name: str | None,
+                        partial: bool = False) -> TorchProgram:
     """Export with ``dynamic_shapes`` to learn which input axes are symbolic and their bounds;
     lower a static export at the planning sizes; give the program its symbols."""
     import torch
@@ -199,7 +314,7 @@ def _from_torch_dynamic(model: Any, example_inputs: Sequence[Any], dynamic_shape
                        for x, found in zip(leaves, axes, strict=True)])
         args, kw = torch.utils._pytree.tree_map(
             lambda v: next(static) if isinstance(v, torch.Tensor | np.ndarray) else v, given)
-        return from_torch(model, args, kwargs=kw, name=name)
+        return from_torch(model, args, kwargs=kw, name=name, partial=partial)
 
     # the static export at the planning sizes is the program; one more per symbol, at another
     # size of it, tells which axes and dims that symbol sizes (those whose size moved with it)
@@ -299,8 +414,12 @@ def _bounded(name: str, ranges: Any) -> Symbol:
     return Symbol(name, hi, max(lo, 1))
 
 
-def lower_exported(ep: Any, name: str) -> TorchProgram:
-    """Lower an ``ExportedProgram`` whose graph holds core ATen ops."""
+def lower_exported(ep: Any, name: str, partial: bool = False) -> TorchProgram:
+    """Lower an ``ExportedProgram`` whose graph holds core ATen ops.
+
+    Every node apportion cannot lower is collected (program inputs stand in for its results, so
+    that the nodes after it lower too) and refused at once in one ``UnsupportedNodes`` error;
+    with ``partial`` the program is the rest, listing them in ``unsupported``."""
     import torch
 
     torch_dir = os.path.dirname(torch.__file__) + os.sep
@@ -309,19 +428,29 @@ def lower_exported(ep: Any, name: str) -> TorchProgram:
     lw = Lowering(name)
     env: dict[Any, Any] = {}
     user_inputs: list[str] = []
+    shapes_only: list[str] = []
     nodes: list[NodeLowering] = []
+    unsupported: list[Unsupported] = []
     outputs: list[str] = []
     shapes: list[tuple[int, ...]] = []
     for node in ep.graph.nodes:
         if node.op == "placeholder":
-            _placeholder(ep, lw, node, specs.get(node.name), env, user_inputs)
+            _placeholder(ep, lw, node, specs.get(node.name), env, user_inputs, shapes_only)
         elif node.op == "call_function":
             origin = _origin(node, torch_dir)
             lw.at(origin)
-            before = len(lw.ops)
+            mark = lw.mark()
             status = "dropped" if str(node.target) in DROPPED else "lowered"
-            env[node] = None if status == "dropped" else _lower_node(lw, node, origin, env)
-            made = lw.ops[before:]
+            made: list[Any] = []
+            try:
+                env[node] = None if status == "dropped" else _lower_node(lw, node, origin, env)
+                made = lw.ops[mark[0]:]
+            except _CannotLower as e:
+                lw.rollback(mark)  # what its lowering made before it refused
+                status = "unsupported"
+                env[node], inputs, reads = _stand_in(lw, node, env)
+                unsupported.append(Unsupported(origin, e.reason, e.short, tuple(inputs),
+                                               tuple(reads)))
             if any(is_fallback(o) for o in made):
                 status = "fallback"
             if node.target is not operator.getitem:  # picks a result: not an ATen node
@@ -329,23 +458,34 @@ def lower_exported(ep: Any, name: str) -> TorchProgram:
                                           tuple(o.name for o in made)))
         elif node.op == "output":
             lw.at(Origin("output", "output"))
-            _outputs(lw, sig, node, env, outputs, shapes)
+            try:
+                _outputs(lw, sig, node, env, outputs, shapes)
+            except ProgramError:
+                if unsupported:  # an output an unsupported node makes: the table says why
+                    raise UnsupportedNodes(name, unsupported, len(nodes)) from None
+                raise
         else:
             raise ProgramError(f"graph node {node.name!r} ({node.op} {node.target}) is not "
                                "supported; core ATen graphs hold placeholders, call_function "
                                "nodes and the output")
+    left = any(n.status in ("lowered", "fallback") for n in nodes)  # for partial to plan
+    if unsupported and not (partial and left):
+        raise UnsupportedNodes(name, unsupported, len(nodes))
+    # the operands of the nodes left out are outputs of the lowered part: they would be read
+    extra = tuple(dict.fromkeys(t for u in unsupported for t in u.reads if t not in outputs))
     try:
-        program = Program(name, tuple(lw.types.values()), tuple(lw.inputs), tuple(outputs),
-                          tuple(lw.ops))
+        program = Program(name, tuple(lw.types.values()), tuple(lw.inputs),
+                          (*outputs, *extra), tuple(lw.ops))
     except ProgramError as e:  # a lowering bug, not the model's: say so
         raise ProgramError(f"lowering {name!r} gave an invalid program: {e}") from None
     return TorchProgram(program, MappingProxyType(dict(lw.constants)), tuple(user_inputs),
                         tuple(outputs), tuple(shapes), MappingProxyType(dict(lw.origins)),
-                        tuple(nodes))
+                        tuple(nodes), shapes_only=tuple(shapes_only),
+                        unsupported=tuple(unsupported))
 
 
 def _placeholder(ep: Any, lw: Lowering, node: Any, spec: Any, env: dict[Any, Any],
-                 user_inputs: list[str]) -> None:
+                 user_inputs: list[str], shapes_only: list[str]) -> None:
     val = node.meta.get("val")
     kind = spec.kind.name if spec is not None else "USER_INPUT"
     if not hasattr(val, "shape"):  # a non-tensor input export kept: its example value
@@ -371,10 +511,96 @@ def _placeholder(ep: Any, lw: Lowering, node: Any, spec: Any, env: dict[Any, Any
     elif kind in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR"):
         target = spec.target
         value = ep.state_dict[target] if target in ep.state_dict else ep.constants[target]
-        env[node] = lw.input(node.name, dtype, shape, _numpy(value))
+        meta = getattr(value, "is_meta", False)  # a meta-device weight: shape and dtype only
+        rows = _block_rows(node, shape, dtype)
+        if rows is not None:  # an embedding table too large for one core: row blocks
+            array = None if meta else _numpy(value)
+            env[node] = _row_blocks(lw, node.name, dtype, shape, rows, array)
+            if meta:
+                shapes_only.extend(v.tensor for v in env[node].blocks)
+        elif meta:
+            env[node] = lw.input(node.name, dtype, shape)
+            shapes_only.append(node.name)
+        else:
+            env[node] = lw.input(node.name, dtype, shape, _numpy(value))
     else:
         raise ProgramError(f"{where} is a {kind.lower()} input; apportion lowers tensors only "
                            "(parameters, buffers, constants, user inputs)")
+
+
+@dataclass(frozen=True)
+class RowBlocks:
+    """A weight read only by embeddings, held as program inputs of consecutive rows: block
+    ``k`` holds rows ``offsets[k]`` onwards."""
+
+    blocks: tuple[Value, ...]
+    offsets: tuple[int, ...]
+
+
+def _block_rows(node: Any, shape: tuple[int, ...], dtype: str) -> int | None:
+    """Rows per block of a weight over ``torch_lower.BLOCK_BYTES`` (the most a gather, which
+    runs whole on one core, may address) that only embeddings read (as their table); None to
+    keep it whole. Llama-3-8B's table is 1 GiB in bfloat16: 8 blocks."""
+    limit = torch_lower.BLOCK_BYTES
+    if len(shape) != 2 or math.prod(shape) * DTYPE_BYTES[dtype] <= limit:
+        return None
+    if not all(u.op == "call_function" and str(u.target) == "aten.embedding.default"
+               and u.args[0] is node and node not in u.args[1:] for u in node.users):
+        return None
+    per_row = shape[1] * DTYPE_BYTES[dtype]
+    count = -(-shape[0] // max(1, limit // per_row))
+    return -(-shape[0] // count)  # blocks of even size: identical ops plan once
+
+
+def _row_blocks(lw: Lowering, name: str, dtype: str, shape: tuple[int, ...], rows: int,
+                array: np.ndarray | None) -> RowBlocks:
+    """The program inputs holding ``rows`` rows each of a ``shape`` weight (its value sliced
+    from ``array``, none for a meta-device weight)."""
+    blocks, offsets = [], []
+    for k, lo in enumerate(range(0, shape[0], rows)):
+        n = min(rows, shape[0] - lo)
+        value = None if array is None else array[lo:lo + n]
+        blocks.append(lw.input(f"{name}.rows{k}", dtype, (n, shape[1]), value))
+        offsets.append(lo)
+    return RowBlocks(tuple(blocks), tuple(offsets))
+
+
+def _embedding_blocks(lw: Lowering, table: RowBlocks, ids: Value) -> Value:
+    """An embedding from a table held as row blocks: each block gathers at the ids inside it
+    (the others read its row 0) and a ``where`` keeps, per id, the block holding it: exactly
+    the rows one gather of the whole table would pick."""
+    out: Value | None = None
+    for k, (block, lo) in enumerate(zip(table.blocks, table.offsets, strict=True)):
+        part = f"rows{k}"
+        hi = lw.scalar(lo + block.shape[0], ids.dtype)
+        inside = lw.elementwise("lt", [ids, hi], part=f"{part}.below")
+        local = ids
+        if lo:
+            above = lw.elementwise("ge", [ids, lw.scalar(lo, ids.dtype)], part=f"{part}.above")
+            inside = lw.elementwise("logical_and", [above, inside], part=f"{part}.inside")
+            local = lw.elementwise("sub", [ids, lw.scalar(lo, ids.dtype)], part=f"{part}.local")
+        safe = lw.elementwise("where", [inside, local, lw.scalar(0, ids.dtype)],
+                              part=f"{part}.ids")
+        rows = lw.whole("gather", [block, safe], ids.shape + block.shape[1:], part=part)
+        out = rows if out is None else lw.elementwise(
+            "where", [unsqueeze(inside, ids.rank), rows, out], part=f"{part}.pick")
+    assert out is not None, "a table has at least one block"
+    return out
+
+
+class _CannotLower(Exception):  # noqa: N818 -- internal: a node to list, not an error
+    """A node apportion cannot lower (no lowering, or its lowering refuses the arguments):
+    collected into the unsupported-node table rather than raised one at a time."""
+
+    def __init__(self, reason: str, short: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.short = short
+
+
+#: the value of an unsupported node's result that no program input can stand in for (not a
+#: tensor, or a tensor of a shape or dtype apportion has no type for)
+_MISSING = object()
 
 
 def _lower_node(lw: Lowering, node: Any, origin: Origin, env: dict[Any, Any]) -> Any:
@@ -382,24 +608,70 @@ def _lower_node(lw: Lowering, node: Any, origin: Origin, env: dict[Any, Any]) ->
 
     target = str(node.target)
     if node.target is operator.getitem:
-        return env[node.args[0]][node.args[1]]
+        parent = env[node.args[0]]
+        return _MISSING if parent is _MISSING else parent[node.args[1]]
+    missing = [n.name for n in node.all_input_nodes if env.get(n) is _MISSING]
+    if missing:
+        raise _CannotLower(f"it reads {missing[0]!r}, the result of an unsupported node that "
+                           "no program input can stand in for",
+                           f"reads unsupported {missing[0]!r}")
+    if isinstance(env.get(node.args[0]), RowBlocks):  # the one reader _block_rows allows
+        ids = env[node.args[1]]
+        if not isinstance(ids, Value):
+            raise _CannotLower("its ids are not a tensor", "ids not a tensor")
+        return _embedding_blocks(lw, env[node.args[0]], ids)
     fn = LOWERINGS.get(target)
     if fn is None:
-        raise ProgramError(f"{origin}: apportion has no lowering for {target}")
+        raise _CannotLower(f"apportion has no lowering for {target}", "no lowering")
     args = torch.fx.node.map_arg(node.args, lambda n: env[n])
     kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: env[n])
     try:
         value = fn(Ctx(lw, node), *args, **kwargs)
     except ApportionError as e:
-        raise type(e)(f"{origin}: {e}") from None
+        raise _CannotLower(str(e), str(e)) from None
     except (TypeError, ValueError, KeyError, IndexError, AssertionError) as e:
-        raise ProgramError(f"{origin}: cannot lower these arguments ({type(e).__name__}: "
-                           f"{e})") from e
-    try:
+        why = f"cannot lower these arguments ({type(e).__name__}: {e})"
+        raise _CannotLower(why, why) from e
+    try:  # a mismatch is a bug of apportion's lowering, not the model's: raised at once
         _check(node, value)
     except ProgramError as e:
         raise ProgramError(f"{origin}: {e}") from None
     return value
+
+
+def _stand_in(lw: Lowering, node: Any, env: dict[Any, Any]) -> tuple[Any, list[str], list[str]]:
+    """What the nodes after an unsupported ``node`` read in place of its result: a program
+    input per tensor result, of torch's shape and dtype (``_MISSING`` where there is no such
+    input). Also the program's tensors its tensor operands are in (copied to a tensor of their
+    own where a view reads them), which the lowered part outputs: the unsupported node would
+    read them from there."""
+    operands: list[Value] = []
+    for n in node.all_input_nodes:
+        v = env.get(n)
+        for x in (v if isinstance(v, tuple | list) else (v,)):
+            if isinstance(x, Value) and x not in operands:
+                operands.append(x)
+    reads = [lw.contiguous(v).tensor for v in operands if v.tensor not in lw.inputs]
+    made: list[str] = []
+
+    def one(meta: Any, name: str) -> Any:
+        if not hasattr(meta, "shape"):
+            return _MISSING
+        try:
+            shape, dtype = static_shape(meta.shape), torch_dtype(meta.dtype)
+        except ProgramError:  # a symbolic size or a dtype apportion has no type for
+            return _MISSING
+        if any(n == 0 for n in shape):
+            return _MISSING
+        made.append(name)
+        return lw.input(name, dtype, shape)
+
+    val = node.meta.get("val")
+    if isinstance(val, list | tuple):
+        value: Any = tuple(one(m, f"{node.name}.{i}") for i, m in enumerate(val))
+    else:
+        value = one(val, node.name)
+    return value, made, reads
 
 
 def _check(node: Any, value: Any) -> None:

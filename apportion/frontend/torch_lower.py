@@ -49,6 +49,12 @@ from apportion.ir.program import TensorType
 #: one digit of a torch dim: (id, size)
 Digit = tuple[int, int]
 
+#: the most bytes of one tensor a whole-tensor fallback may make or gather from: it runs whole,
+#: on one core, which must address all of it. Half Spyre's 256 MiB span limit, the smallest of
+#: any preset, leaving room for layout padding. Larger constants are planned ``fill`` ops
+#: (``Lowering.fill``); larger embedding tables are gathered in row blocks (``torch_export``).
+BLOCK_BYTES = 128 * 2**20
+
 _IDS = itertools.count()
 _ZERO = AffineExpr.constant(0)
 
@@ -375,6 +381,23 @@ class Lowering:
             self._scalars[key] = self.constant(f"scalar.{len(self._scalars)}", array, dtype)
         return self._scalars[key]
 
+    def mark(self) -> tuple[int, int]:
+        """Where the program stands now, for ``rollback``: its op and input counts."""
+        return len(self.ops), len(self.inputs)
+
+    def rollback(self, mark: tuple[int, int]) -> None:
+        """Forget the ops, inputs and constants made since ``mark``: what a node whose lowering
+        failed halfway left behind (the nodes after it must not read it)."""
+        ops, inputs = mark
+        for op in self.ops[ops:]:
+            del self.types[op.name]
+            self.origins.pop(op.name, None)
+        for name in self.inputs[inputs:]:
+            del self.types[name]
+            self.constants.pop(name, None)
+        del self.ops[ops:], self.inputs[inputs:]
+        self._scalars = {k: v for k, v in self._scalars.items() if v.tensor in self.types}
+
     def seed(self) -> int:
         """A seed for the next random op (runs are reproducible, not torch's numbers)."""
         return next(self._seeds)
@@ -529,6 +552,15 @@ class Lowering:
         op = Op(name, fn, out, accesses, tuple(sizes.items()), tuple(sorted(text.items())))
         dtype = self._add(op, tuple(shape))
         return plain_value(name, dtype, shape)
+
+    def fill(self, shape: Sequence[int], dtype: str, value: float) -> Value:
+        """A tensor of ``value``: a whole ``full`` fallback, or over ``BLOCK_BYTES`` (such as
+        an attention mask of a long sequence) a ``fill`` divided over cores like any pointwise
+        op (``fill`` takes finite values only: a larger non-finite one stays ``full``)."""
+        if math.prod(shape) * DTYPE_BYTES[dtype] <= BLOCK_BYTES or not math.isfinite(value):
+            return self.whole("full", [], shape, dtype, {"value": value})
+        axes = list(range(len(shape)))
+        return self.op("fill", shape, axes, [], {"value": _num(value), "dtype": dtype})
 
     # -- layouts ------------------------------------------------------------------------------
 

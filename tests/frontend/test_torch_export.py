@@ -102,7 +102,8 @@ def test_only_gathers_cumsum_constants_and_random_ops_are_fallbacks(which, reque
     _, _, tp = request.getfixturevalue(which)
     assert_lowered_but_fallback_kinds(tp)
     counts = tp.node_counts
-    assert set(counts) == {"lowered", "fallback", "dropped"}
+    assert set(counts) == {"lowered", "fallback", "dropped", "unsupported"}
+    assert counts["unsupported"] == 0
     assert sum(counts.values()) == len(tp.nodes) and counts["lowered"] > 150
     assert tp.lowered_share == counts["lowered"] / (counts["lowered"] + counts["fallback"])
     assert tp.lowered_share > 0.85
