@@ -184,6 +184,33 @@ def _topk(cx: Ctx, x: Value, k: int, dim: int = -1, largest: bool = True,
     return values, indices
 
 
+@aten("scatter.value")
+def _scatter_value(cx: Ctx, x: Value, dim: int, index: Value, value: float | int | bool
+                   ) -> Value:
+    """``x.scatter(dim, index, value)``: ``value`` where some ``index[..., m, ...]`` along
+    ``dim`` names the position, else ``x`` (routers' group and expert masks): a compare of
+    every index with the positions, an ``any`` over them and a ``where``, all planned."""
+    lw = cx.lw
+    d = dim_index(dim, x.rank)
+    if index.rank != x.rank or any(index.shape[e] != x.shape[e]
+                                   for e in range(x.rank) if e != d):
+        raise ProgramError(f"scatter along dim {d}: an index of shape {list(index.shape)} "
+                           f"for a tensor of shape {list(x.shape)}; only an index as large as "
+                           "the tensor in every other dim is supported")
+    perm = [e for e in range(x.rank) if e != d] + [d]
+    n = x.shape[d]
+    positions = lw.constant(f"{cx.node.name}.positions", np.arange(n, dtype=np.int64),
+                            "int64")
+    idx = lw.cast(permute(index, perm), "int64")
+    # torch wraps a negative index once (-1 is the last position)
+    wrapped = lw.elementwise("remainder", [idx, lw.scalar(n, "int64")], part="wrap")
+    hit = lw.elementwise("eq", [unsqueeze(wrapped, -1), positions], part="hit")  # [.., m, n]
+    named = lw.reduce("any", hit, [-2], False, part="named")
+    dt = cx.dtype()
+    out = lw.elementwise("where", [named, cx.operand(value, dt), lw.cast(permute(x, perm), dt)])
+    return permute(out, [perm.index(e) for e in range(x.rank)])
+
+
 # --- the dense expert dispatch -----------------------------------------------------------------
 
 def dense_experts_forward(self: Any, hidden_states: Any, top_k_index: Any,
@@ -304,6 +331,9 @@ def moe_blocks(model: Any) -> tuple[MoeBlock, ...]:
     return tuple(out)
 
 
+#: what Hugging Face calls a block's router module (its attribute name)
+ROUTER_NAMES = ("gate", "router")
+
 #: the parts of a mixture-of-experts block the report tells apart
 PARTS = ("router", "experts", "shared")
 
@@ -311,9 +341,10 @@ PARTS = ("router", "experts", "shared")
 def moe_parts(origins: Mapping[str, Origin], blocks: Sequence[MoeBlock]
               ) -> dict[str, tuple[str, MoeBlock]]:
     """Op name -> (part, block), ``part`` one of ``PARTS``: ``router`` (a module of the block
-    that computes a ``topk``: scores, softmax, selection, normalization), ``experts`` (the
-    experts module: the dense dispatch) or ``shared`` (the rest of the block: shared experts
-    and their gates, the sums); ops outside every block are not listed.
+    that computes a ``topk``, or is called one of ``ROUTER_NAMES``: scores, softmax,
+    selection, normalization), ``experts`` (the experts module: the dense dispatch) or
+    ``shared`` (the rest of the block: shared experts and their gates, the sums); ops outside
+    every block are not listed.
 
     >>> o = {"mm": Origin("mm", "aten.mm.default", module="l.0.mlp.gate"),
     ...      "topk": Origin("topk", "aten.topk.default", module="l.0.mlp.gate"),
@@ -323,6 +354,7 @@ def moe_parts(origins: Mapping[str, Origin], blocks: Sequence[MoeBlock]
     {'mm': 'router', 'topk': 'router', 'bmm': 'experts'}
     """
     routers = {o.module for o in origins.values() if o.target == "aten.topk.default" and o.module}
+    routers |= {f"{b.block}.{name}" for b in blocks for name in ROUTER_NAMES}
     out: dict[str, tuple[str, MoeBlock]] = {}
     for name, o in origins.items():
         module = o.module or ""

@@ -157,6 +157,30 @@ def test_topk_with_k_out_of_range_is_refused_naming_the_dim():
         topk_program((3, 4), "bool", 1, 1, True)
 
 
+def test_scatter_of_a_value_masks_the_positions_torch_does():
+    class GroupMask(torch.nn.Module):  # DeepSeek's group mask, PhiMoE's masked first expert
+        def forward(self, scores):
+            top = torch.topk(scores, 2, dim=-1)[1]
+            ones = torch.zeros_like(scores).scatter(1, top, 1.0)
+            return ones, torch.scatter(scores, -1, top[:, :1], float("-inf"))
+
+    x = torch.randn(12, 6)
+    tp = from_torch(GroupMask(), (x,))
+    assert tp.node_counts["fallback"] == 1  # zeros_like: a constant
+    got = tp.torch_outputs(run_unplanned(tp.program, tp.inputs(x)))
+    for g, w in zip(got, GroupMask()(x), strict=True):
+        np.testing.assert_array_equal(g, w.numpy())
+
+
+def test_scatter_with_a_narrower_index_is_refused_naming_the_shapes():
+    class Narrow(torch.nn.Module):
+        def forward(self, x, i):
+            return x.scatter(1, i, 0.0)
+
+    with pytest.raises(ProgramError, match=r"scatter along dim 1: an index of shape \[2, 1\]"):
+        from_torch(Narrow(), (torch.randn(4, 5), torch.zeros(2, 1, dtype=torch.int64)))
+
+
 # --- the dense dispatch ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("factory", [torch_moe.tiny_mixtral, torch_moe.tiny_qwen2_moe])
@@ -210,6 +234,46 @@ def test_moe_models_plan_and_run_against_eager_pytorch(spec, backend, capsys):
 def test_moe_models_match_eager_at_every_core_count_and_strategy(spec, cores, strategy, capsys):
     assert main(["run", "--torch", spec, "--check", "--cores", str(cores),
                  "--strategy", strategy]) == 0
+
+
+def _tiny(config, model, **kw):
+    """A one-layer model of ``transformers`` class ``model`` (config ``config``), width 32."""
+    def make():
+        torch.manual_seed(0)
+        cfg = getattr(transformers, config)(
+            vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, use_cache=False, **kw)
+        return getattr(transformers, model)(cfg).eval(), (torch.randint(0, 64, (1, 8)),)
+    return make
+
+
+OTHER_MOES = {
+    "qwen3_moe": _tiny("Qwen3MoeConfig", "Qwen3MoeForCausalLM", intermediate_size=64,
+                       moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                       head_dim=8),
+    "olmoe": _tiny("OlmoeConfig", "OlmoeForCausalLM", intermediate_size=32, num_experts=4,
+                   num_experts_per_tok=2),
+    "gpt_oss": _tiny("GptOssConfig", "GptOssForCausalLM", intermediate_size=32,
+                     num_local_experts=4, num_experts_per_tok=2, head_dim=8,
+                     layer_types=["full_attention"]),
+    "granitemoe": _tiny("GraniteMoeConfig", "GraniteMoeForCausalLM", intermediate_size=32,
+                        num_local_experts=4, num_experts_per_tok=2),
+    "phimoe": _tiny("PhimoeConfig", "PhimoeForCausalLM", intermediate_size=32,
+                    num_local_experts=4, num_experts_per_tok=2),
+}
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("name", sorted(OTHER_MOES))
+def test_other_hugging_face_moe_architectures_match_eager_pytorch(name):
+    model, (ids,) = OTHER_MOES[name]()
+    tp = from_torch(model, (ids,))
+    assert {p for p, _ in torch_moe.moe_parts(tp.origins, torch_moe.moe_blocks(model)).values()
+            } >= {"router", "experts"}
+    got = tp.torch_outputs(run_unplanned(tp.program, tp.inputs(ids)))[0]
+    with torch.no_grad():
+        want = model(ids).logits.numpy()
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
 
 
 def test_the_model_report_shows_router_and_expert_work_and_the_dense_cost(capsys):
