@@ -10,10 +10,11 @@ each op lowers to:
   is written ``[n, g, f, o]`` (the channel ``Fg*g+f`` as two digits, so the group and the filter
   within it split over cores like any output dim) and whose reduction is the input channels of
   the group times the kernel window; the bias is a broadcast ``add``;
-- padding (of a convolution, a pooling window, ``constant_pad_nd``): a concatenation of constant
-  pieces and the input along each padded axis (``where`` ops selecting by a one-hot row, or
-  ``concat`` fallbacks past ``PAD_CHUNKS`` chunks: the IR has neither a pad op nor a guarded
-  read, and both are exact for every value, inf and NaN included); only the padding a window
+- padding (of a convolution, a pooling window, ``constant_pad_nd``): the IR has neither a pad
+  op nor a guarded read (index constants are never negative), so each padded dim of size ``n``
+  is one ``where`` op writing blocks of ``n`` (the fill, the input, the fill) through a merged
+  axis, read back at an offset (``_pad_blocks``); a selection is exact for every value, inf
+  and NaN included. A padding wider than its dim is a concatenation. Only the padding a window
   actually reads is made;
 - ``_native_batch_norm_legit_no_training`` / ``batch_norm`` in eval: the running statistics,
   weight and bias folded into a per-channel ``scale = weight * rsqrt(var + eps)`` and
@@ -253,12 +254,16 @@ def concat(lw: Lowering, vals: Sequence[Value], d: int, part: str,
 def pad(lw: Lowering, x: Value, pads: Sequence[tuple[int, int]], value: float,
         part: str = "pad") -> Value:
     """``x`` with ``pads[j] = (before, after)`` elements of ``value`` around its last
-    ``len(pads)`` dims (both >= 0), one concatenation per padded dim."""
+    ``len(pads)`` dims (both >= 0): one ``where`` op per padded dim (``_pad_blocks``), or a
+    concatenation where a padding is wider than the dim."""
     first = x.rank - len(pads)
     for j, (lo, hi) in enumerate(pads):
         if lo == hi == 0:
             continue
         d = first + j
+        if max(lo, hi) <= x.shape[d]:
+            x = _pad_blocks(lw, x, d, lo, hi, value, f"{part}{j}")
+            continue
         pieces = []
         for n in (lo, None, hi):
             if n is None:
@@ -267,6 +272,66 @@ def pad(lw: Lowering, x: Value, pads: Sequence[tuple[int, int]], value: float,
                 pieces.append(_constant(lw, value, x.dtype, (*x.shape[:d], n, *x.shape[d + 1:])))
         x = concat(lw, pieces, d, f"{part}{j}", PAD_CHUNKS)
     return x
+
+
+def _pad_blocks(lw: Lowering, x: Value, d: int, lo: int, hi: int, value: float,
+                part: str) -> Value:
+    """Dim ``d`` of ``x`` (size ``n``, ``lo, hi <= n``) padded by one ``where`` op: blocks of
+    ``n`` along the dim, ``[value] x [value]`` (a block only for a side that is padded), each
+    element selected by its block, ``where(sel[c], x[.., r, ..], value)``, written through the
+    merge ``n*c + r``; the padded value is the slice ``[n - lo, 2n + hi)`` of it, an offset in
+    its readers' index maps. A read of ``x`` only by ``r`` never leaves ``x``, which is why the
+    padding cannot be written at an offset: the IR's index constants are never negative."""
+    n = x.shape[d]
+    blocks = [b for b, on in (("lo", lo > 0), ("x", True), ("hi", hi > 0)) if on]
+    if len(x.digits[d]) > 1:  # the padded dim is read by one dim
+        x = lw.plain(x)
+    sel = lw.constant(f"{lw.origin.node}.{part}.select",
+                      np.asarray([b == "x" for b in blocks]), "bool")
+    fill = lw.scalar(value, x.dtype)
+    space = _Space()
+    by: dict[int, Form] = {}
+    out_index: list[AffineExpr] = []
+    shape: list[int] = []
+    digits: list[tuple[Digit, ...]] = []
+    lins: list[Lin] = []
+    cd = rd = None
+    for j, dig in enumerate(x.digits):
+        if j == d:
+            cd = space.dim("c", len(blocks))
+            rd = space.dim("r", n)
+            out_index.append(AffineExpr(tuple((name, coeff) for name, coeff
+                                              in ((cd, n), (rd, 1)) if name is not None)))
+            shape.append(len(blocks) * n)
+            i = fresh()
+            digits.append(((i, len(blocks) * n),))
+            lins.append(Lin(((i, 1),)))
+            if dig:
+                by[dig[0][0]] = _form((rd, 1))
+            continue
+        ds: list[Digit] = []
+        for t, (u, size) in enumerate(dig):  # one op dim per digit
+            name = space.dim(f"b{j}" if len(dig) == 1 else f"b{j}_{t}", size)
+            by[u] = _form((name, 1))
+            out_index.append(AffineExpr.dim(name))  # type: ignore[arg-type]
+            shape.append(size)
+            i = fresh()
+            ds.append((i, size))
+            lins.append(Lin(((i, 1),)))
+        if not dig:
+            out_index.append(AffineExpr.constant(0))
+            shape.append(1)
+            lins.append(Lin())
+        digits.append(tuple(ds))
+    name = lw._fresh_name(f"{lw.origin.node}.{part}")
+    ins = (_read(sel, [_form((cd, 1))]), _read(x, [None] * x.rank, by), Access(fill.tensor, ()))
+    op = Op(name, "where", Access(name, tuple(out_index)), ins, tuple(space.dims))
+    dtype = lw._add(op, tuple(shape))
+    torch_shape = [*x.shape[:d], len(blocks) * n, *x.shape[d + 1:]]
+    blocked = Value(name, dtype, tuple(torch_shape), tuple(digits), tuple(lins))
+    padded = slice_dim(blocked, d, n - lo if lo else 0, n + lo + hi)
+    assert padded is not None, "a dim of one digit slices"
+    return padded
 
 
 # --- windows ---------------------------------------------------------------------------------

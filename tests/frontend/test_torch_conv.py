@@ -49,10 +49,9 @@ def lowered(model, *xs) -> TorchProgram:
     return from_torch(model.eval(), xs)
 
 
-def only_padding_falls_back(tp: TorchProgram) -> bool:
-    """Every op is divisible but the ``concat`` fallbacks of a wide padding."""
-    return all(op.category != "fallback" or op.fn == "concat" and ".pad" in op.name
-               for op in tp.program.ops)
+def no_fallbacks(tp: TorchProgram) -> bool:
+    """Every op divides over cores: none runs whole on one core."""
+    return all(op.category != "fallback" for op in tp.program.ops)
 
 
 def kinds(tp: TorchProgram) -> set[str]:
@@ -71,7 +70,8 @@ def _seeded(make):
 def test_demo_models_match_eager_pytorch_planned_on_spyre_cores(factory):
     model, xs = getattr(demo, factory)()
     tp = lowered(model, *xs)
-    assert only_padding_falls_back(tp)
+    assert no_fallbacks(tp)
+    assert all(n.status == "lowered" for n in tp.nodes)
     check_planned(tp, xs, eager(model, *xs))
 
 
@@ -79,8 +79,7 @@ def test_small_cnn_lowers_to_conv_pool_and_matmul_ops_without_fallbacks():
     model, xs = demo.small_cnn()
     tp = lowered(model, *xs)
     assert {"conv", "max_pool", "avg_pool", "matmul"} <= kinds(tp)
-    assert all(n.status in ("lowered", "fallback") for n in tp.nodes)
-    assert only_padding_falls_back(tp)
+    assert tp.lowered_share == 1.0 and no_fallbacks(tp)
 
 
 def test_a_conv_divides_over_output_channels_and_spatial_dims():
@@ -164,12 +163,26 @@ def test_a_padded_conv_is_exact_for_infinities_and_nan_in_its_input():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-def test_a_wide_padding_takes_concat_fallbacks_rather_than_a_chain_of_selects():
-    conv = _seeded(lambda: nn.Conv2d(2, 3, 3, padding=1))
+def test_padding_is_one_select_per_padded_dim_that_the_conv_reads_at_an_offset():
+    conv = _seeded(lambda: nn.Conv2d(2, 3, 3, padding=1, bias=False))
     x = torch.randn(1, 2, 12, 12)
     tp = lowered(conv, x)
-    assert [op.fn for op in tp.program.ops].count("concat") == 4  # before and after, per dim
+    assert [str(op) for op in tp.program.ops] == [
+        "convolution.pad0: convolution.pad0[0, b1, 12*c+r, b3] = where(convolution.pad0.select[c],"
+        " input[0, b1, r, b3], scalar.0[])",
+        "convolution.pad1: convolution.pad1[0, b1, b2, 12*c+r] = where(convolution.pad1.select[c],"
+        " convolution.pad0[0, b1, b2+11, r], scalar.0[])",
+        "convolution: convolution[0, 0, f, o0, o1] = conv(convolution.pad1[0, c, o0+k0, "
+        "o1+k1+11], p_weight[f, c, k0, k1])"]
     check_planned(tp, (x,), eager(conv, x), cases=[("balanced", 8, "reference")])
+
+
+def test_a_padding_wider_than_its_dim_is_a_concatenation():
+    model = Fn(lambda x: F.pad(x, (4, 5), value=2.0))
+    x = torch.randn(2, 3, 3)
+    tp = lowered(model, x)
+    assert "concat" in kinds(tp)  # 4, 3 and 5 elements: no common block
+    check_planned(tp, (x,), eager(model, x), cases=[("balanced", 8, "reference")])
 
 
 def test_a_transposed_convolution_is_refused_naming_the_node():
