@@ -303,7 +303,21 @@ def test_max_pool_indices_read_by_the_model_are_refused_naming_the_result():
 # --- the IREE backend --------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_the_small_cnn_runs_compiled_by_iree_and_matches_eager_pytorch():
-    model, xs = demo.small_cnn()
+@pytest.mark.parametrize("factory", ["small_cnn", "audio_frontend", "patch_embed",
+                                     "depthwise_block"])
+def test_demo_models_run_compiled_by_iree_and_match_eager_pytorch(factory):
+    model, xs = getattr(demo, factory)()
     tp = lowered(model, *xs)
     check_planned(tp, xs, eager(model, *xs), cases=[("balanced", 8, "iree")])
+
+
+@pytest.mark.slow
+def test_pooling_with_uneven_windows_runs_compiled_by_iree():
+    def pools(x):
+        return (F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False),
+                F.max_pool2d(x, 2, stride=2, dilation=2, ceil_mode=True),
+                F.adaptive_avg_pool2d(x, (4, 3)))
+
+    model = Fn(pools)
+    x = torch.randn(2, 3, 9, 10)
+    check_planned(lowered(model, x), (x,), eager(model, x), cases=[("balanced", 8, "iree")])
