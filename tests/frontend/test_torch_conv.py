@@ -253,6 +253,7 @@ POOLS = {
     "adaptive_global": lambda x: F.adaptive_avg_pool2d(x, 1),
     "adaptive1d": lambda x: F.adaptive_avg_pool1d(x.flatten(2), 7),
     "pad": lambda x: F.pad(x, (1, 2, 0, 3), value=-1.5),
+    "hardswish_hardsigmoid": lambda x: F.hardswish(x * 4) + F.hardsigmoid(x * 4),
     "pad_negative": lambda x: F.pad(x, (-1, 2, 1, -2)),
 }
 
