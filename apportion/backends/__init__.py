@@ -103,7 +103,8 @@ _MODULES: dict[str, str] = {
     "torch": "apportion.backends.torch.adapter",
     "iree": "apportion.backends.iree.adapter",
     "bundle": "apportion.backends.bundle.adapter",
-    "dtensor": "apportion.backends.dtensor.adapter",
+    # the sharding layer sits above the backends (it plans meshes); its runner stays there
+    "dtensor": "apportion.sharding.dtensor_backend",
 }
 
 

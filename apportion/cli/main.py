@@ -123,6 +123,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="a PyTorch model instead of a program file: a callable returning "
                         "(model, example_inputs), imported from the current directory or "
                         "PYTHONPATH (e.g. apportion.frontend.torch_demo:tiny_llama)")
+    p.add_argument("--partial", action="store_true",
+                   help="with --torch: plan the part of the model apportion can lower, the "
+                        "results of the nodes it cannot are inputs (their table on stderr); "
+                        "run refuses it")
     p.add_argument("--auto-tile", action="store_true",
                    help="choose each tiling group's loop counts: the lowest predicted time of "
                         "the group, weighing re-read weights against scratchpad savings")
@@ -230,7 +234,7 @@ def _torch_model(args: argparse.Namespace) -> Any:
     if args.program != DEFAULT:
         raise UsageError(f"give a program file or --torch, not both ({args.program!r} and "
                          f"--torch {args.torch!r})")
-    return load_model(args.torch)
+    return load_model(args.torch, partial=args.partial, run=args.command == "run")
 
 
 def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
@@ -502,7 +506,7 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
 
 #: the bench suites, by name: each module's ``SUITE`` (``cli/bench_harness.py``)
 BENCH_SUITES = ("workdiv", "tiling", "costmodel", "scale", "splitk", "e2e", "sharding",
-                "conformance")
+                "conformance", "fullsize")
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:

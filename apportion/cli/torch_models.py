@@ -16,7 +16,7 @@ import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import numpy as np
 
@@ -110,58 +110,83 @@ def _raised(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
-def load_model(spec: str) -> TorchModel:
-    """The factory's model lowered with ``from_torch``."""
-    from apportion.frontend.torch_export import from_torch
+def load_model(spec: str, partial: bool = False, run: bool = False,
+               err: TextIO | None = None) -> TorchModel:
+    """The factory's model lowered with ``from_torch``.
 
+    Nodes apportion cannot lower are refused all at once: their table (ATen op, count, first
+    source line, module path) on ``err`` (stderr) and one error line. With ``partial`` the rest
+    is lowered and the table of what was left out is printed on ``err`` instead. For a ``run``
+    (which needs every value), ``partial`` and a model on the meta device are refused, before
+    any planning.
+
+    >>> tm = load_model("apportion.frontend.torch_models:llama3_tiny")
+    >>> len(tm.lowered.shapes_only), tm.lowered.program.tensor("input_ids").shape
+    (22, (1, 16))
+    """
+    from apportion.frontend.torch_export import UnsupportedNodes, from_torch
+
+    err = err or sys.stderr
+    if run and partial:
+        raise FactoryError(f"--torch {spec!r}: run --partial would run the nodes apportion "
+                           "cannot lower eagerly between planned parts, which run does not "
+                           "support; --partial goes with plan, emit, schedule and shard")
     model, inputs = load_factory(spec)
     name = spec.partition(":")[2]
-    # torch.export's own deprecation notices are not the user's; what torch raises while it
-    # decomposes the graph (from_torch names export's own refusals) is the model's, one line
-    with warnings.catch_warnings(), _quiet_torch(), \
-            _failing(spec, "exporting and lowering the model"):
-        warnings.simplefilter("ignore", FutureWarning)
-        lowered = from_torch(model, inputs, name=name)
+    try:
+        with warnings.catch_warnings():  # torch.export's deprecation notices, not the user's
+            warnings.simplefilter("ignore", FutureWarning)
+            lowered = from_torch(model, inputs, name=name, partial=partial)
+    except UnsupportedNodes as e:  # the table, then one error line (main prints one line)
+        print(str(e).split("\n", 1)[1], file=err)
+        raise FactoryError(f"--torch {spec!r}: {e.summary}; all {len(e.unsupported)} in the "
+                           "table above; --partial plans the rest") from None
+    if partial and lowered.unsupported:
+        print(unsupported_text(lowered), file=err)
+    if run:
+        try:
+            lowered.require_values()
+        except ApportionError as e:
+            raise FactoryError(f"--torch {spec!r}: {e}") from None
     return TorchModel(spec, model, inputs, lowered)
+
+
+def unsupported_text(lowered: TorchProgram) -> str:
+    """What ``--partial`` left out: the unsupported-node table and its share of the nodes."""
+    from apportion.frontend.torch_export import unsupported_table
+
+    return (f"left out by --partial (their results are inputs of the planned part):\n"
+            f"{unsupported_table(lowered.unsupported, len(lowered.nodes))}")
 
 
 @contextlib.contextmanager
 def failures(tm: TorchModel, what: str) -> Iterator[None]:
     """Any exception but apportion's (and out-of-memory, which ``main`` names) raised while
-    ``what`` runs as a FactoryError naming it: ``run --torch`` never ends in a traceback, nor
-    in exit status 1, which means only that the numbers differ."""
-    with _failing(tm.spec, what):
-        yield
-
-
-@contextlib.contextmanager
-def _failing(spec: str, what: str) -> Iterator[None]:
+    ``what`` runs as a FactoryError naming it and the model's tensors of a dtype the run does
+    not support yet: ``run --torch`` never ends in a traceback or exit status 1 on a crash."""
     try:
         yield
     except (ApportionError, MemoryError):
         raise
     except Exception as e:
-        raise FactoryError(f"--torch {spec!r}: {what} failed: {_raised(e)}") from None
+        raise FactoryError(f"--torch {tm.spec!r}: {what} failed: {_raised(e)}"
+                           f"{_dtype_note(tm.lowered)}") from None
 
 
-@contextlib.contextmanager
-def _quiet_torch() -> Iterator[None]:
-    """What torch prints to stderr while it exports, held back and written out only if the
-    export succeeds (a failed export prints its partial graph there, which the one error line
-    replaces); torch's logged warnings, which name the same failures, are left out."""
-    import io
-    import logging
+#: dtypes a --torch model's run and --check do not support yet (numpy has no bfloat16)
+UNRUN_DTYPES = ("bfloat16",)
 
-    held = io.StringIO()
-    torch_log = logging.getLogger("torch")
-    level = torch_log.level
-    torch_log.setLevel(logging.ERROR)  # its handler holds the real stderr: not redirectable
-    try:
-        with contextlib.redirect_stderr(held):
-            yield
-    finally:
-        torch_log.setLevel(level)
-    sys.stderr.write(held.getvalue())  # only reached on success
+
+def _dtype_note(lowered: TorchProgram) -> str:
+    """``; tensors of dtype bfloat16: input 'x', ...`` for the dtypes in ``UNRUN_DTYPES``."""
+    p = lowered.program
+    names = [n for n in (*p.inputs, *p.outputs) if p.tensor(n).dtype in UNRUN_DTYPES]
+    if not names:
+        return ""
+    dtypes = sorted({p.tensor(n).dtype for n in names})
+    shown = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
+    return (f" (the model has {'/'.join(dtypes)} tensors: {shown}; run --torch does not "
+            "support them yet, plan --torch does)")
 
 
 def _origins(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, Any]:
@@ -189,15 +214,27 @@ def origins_doc(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, dict[str
 def lowered_line(lowered: TorchProgram) -> str:
     c = lowered.node_counts
     fallback = sorted({n.target for n in lowered.nodes if n.status == "fallback"})
+    left = (f", {c['unsupported']} left out by --partial ("
+            f"{', '.join(sorted({u.origin.target for u in lowered.unsupported}))})"
+            if c["unsupported"] else "")
+    weights = (f"; {len(lowered.shapes_only)} weights with shapes only (meta device)"
+               if lowered.shapes_only else "")
     return (f"ATen nodes: {c['lowered']} lowered to non-fallback ops, {c['fallback']} to "
-            f"fallbacks ({', '.join(fallback) or 'none'}), {c['dropped']} dropped; "
-            f"{lowered.lowered_share:.1%} lowered")
+            f"fallbacks ({', '.join(fallback) or 'none'}), {c['dropped']} dropped{left}; "
+            f"{lowered.lowered_share:.1%} lowered{weights}")
 
 
 def with_origins(planned: PlannedProgram, lowered: TorchProgram) -> PlannedProgram:
-    """``planned`` whose plan JSON carries each op's PyTorch origin."""
+    """``planned`` whose plan JSON carries each op's PyTorch origin (and, for a ``--partial``
+    lowering, the nodes left out: ``"unsupported"``)."""
     doc = origins_doc(lowered, [o.name for o in planned.ops])
-    plan = dataclasses.replace(planned.plan, extras=(*planned.plan.extras, ("origins", doc)))
+    extras: tuple[tuple[str, Any], ...] = (("origins", doc),)
+    if lowered.unsupported:
+        extras += (("unsupported", [
+            {**{k: v for k, v in dataclasses.asdict(u.origin).items() if v is not None},
+             "reason": u.reason, "inputs": list(u.inputs), "reads": list(u.reads)}
+            for u in lowered.unsupported]),)
+    plan = dataclasses.replace(planned.plan, extras=(*planned.plan.extras, *extras))
     return dataclasses.replace(planned, plan=plan)
 
 
@@ -236,13 +273,10 @@ def eager_outputs(tm: TorchModel) -> tuple[np.ndarray, ...]:
     """The model's outputs run eagerly on its example inputs, as numpy arrays."""
     import torch
 
-    from apportion.backends.torch.executor import from_torch_storage
-
     with torch.no_grad():
         out = tm.model(*tm.example_inputs)
     leaves = [x for x in _leaves(out) if isinstance(x, torch.Tensor)]
-    # as a run stores them: bfloat16 in float32 (numpy has none; torch's .numpy() refuses it)
-    return tuple(from_torch_storage(x) for x in leaves)
+    return tuple(x.detach().cpu().numpy() for x in leaves)
 
 
 def _leaves(tree: Any) -> list[Any]:
@@ -263,8 +297,7 @@ def check_model(tm: TorchModel, planned: PlannedProgram, backend: str = "referen
 def compare_eager(tm: TorchModel, run: Mapping[str, Any]) -> list[OutputCheck]:
     """Each output of a run of the lowered program (``run``: its tensors by name, such as a
     planned, sharded or distributed run gives them) compared with the model's own output,
-    run eagerly in PyTorch on the example inputs, within a tolerance that follows the least
-    precise float dtype the output is computed through (``reference.eager_tolerance``).
+    run eagerly in PyTorch on the example inputs.
 
     >>> tm = load_model("apportion.frontend.torch_demo:mlp")
     >>> from apportion.runtime.reference import run_unplanned
@@ -272,7 +305,7 @@ def compare_eager(tm: TorchModel, run: Mapping[str, Any]) -> list[OutputCheck]:
     >>> [c.ok for c in compare_eager(tm, run)]
     [True]
     """
-    from apportion.runtime.reference import compare, eager_tolerance
+    from apportion.runtime.reference import compare
 
     with failures(tm, "reading the run's outputs"):
         got = tm.lowered.torch_outputs(run)
@@ -285,9 +318,7 @@ def compare_eager(tm: TorchModel, run: Mapping[str, Any]) -> list[OutputCheck]:
     expected = {n: e for n, e in zip(names, eager, strict=True)}
     actual = {n: np.asarray(a).reshape(e.shape) for n, a, e in zip(names, got, eager,
                                                                     strict=True)}
-    # eager rounds to the model's dtypes op by op: the tolerance follows the least precise one
-    tolerances = {n: eager_tolerance(tm.lowered.program, n, e) for n, e in expected.items()}
-    return compare(expected, actual, _shaped(tm.lowered, eager), tolerances)
+    return compare(expected, actual, _shaped(tm.lowered, eager))
 
 
 def _shaped(lowered: TorchProgram, eager: Sequence[np.ndarray]) -> Any:
