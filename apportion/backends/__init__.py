@@ -103,8 +103,7 @@ _MODULES: dict[str, str] = {
     "torch": "apportion.backends.torch.adapter",
     "iree": "apportion.backends.iree.adapter",
     "bundle": "apportion.backends.bundle.adapter",
-    # the sharding layer sits above the backends (it plans meshes); its runner stays there
-    "dtensor": "apportion.sharding.dtensor_backend",
+    "dtensor": "apportion.backends.dtensor.adapter",
 }
 
 

@@ -73,7 +73,7 @@ LIMITS: tuple[Limit, ...] = (
     Limit("needs-pytorch",
           "the torch and dtensor backends need PyTorch (the torch extra)",
           ("torch", "dtensor")),
-    # -- dtensor: torch.distributed (sharding/dtensor.py)
+    # -- dtensor: torch.distributed (backends/dtensor)
     Limit("dtensor-needs-mesh",
           "the dtensor backend runs sharding plans over a mesh of devices (--mesh, "
           "ap.sharding); a plan for one device's cores is not one", ("dtensor",)),

@@ -373,12 +373,14 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
     if args.backend == "dtensor":
         import numpy as np
 
-        from apportion.sharding.dtensor import run_dtensor
+        from apportion.backends.dtensor.runner import run_mesh as run_dtensor
+        from apportion.sharding.lower import lower_plan
 
         # writable arrays: torch warns on every read-only one a rank unpickles (constants)
         given = {n: np.require(v, requirements="W") for n, v in inputs.items()}
         with failures(tm, "the distributed run"):
-            run = run_dtensor(plan, given, args.seed, args.timeout, device=args.device)
+            run = run_dtensor(lower_plan(plan), given, seed=args.seed, timeout_s=args.timeout,
+                              device=args.device)
         _print_dist(plan, run, console)
         if not args.check:
             console.print(f"ran {label}", highlight=False)
@@ -426,15 +428,15 @@ def _run_program(args: argparse.Namespace, plan: ShardingPlan, label: str, conso
     """``run PROG --mesh``: a program file's per-device programs against the unsharded
     program on random inputs."""
     if args.backend == "dtensor":
-        from apportion.runtime.reference import random_inputs
-        from apportion.sharding.dtensor import check_dtensor, run_dtensor
+        from apportion.backends.dtensor.runner import check_mesh, run_mesh
+        from apportion.sharding.lower import lower_plan
 
+        lowered = lower_plan(plan)
         if args.check:
-            checks, run = check_dtensor(plan, seed=args.seed, timeout_s=args.timeout,
-                                        device=args.device)
+            checks, run = check_mesh(lowered, seed=args.seed, timeout_s=args.timeout,
+                                     device=args.device)
         else:
-            run = run_dtensor(plan, random_inputs(plan.program, args.seed), args.seed,
-                              args.timeout, device=args.device)
+            run = run_mesh(lowered, seed=args.seed, timeout_s=args.timeout, device=args.device)
             checks = None
         _print_dist(plan, run, console)
         if checks is None:

@@ -134,7 +134,10 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
     model, inputs = load_factory(spec)
     name = spec.partition(":")[2]
     try:
-        with warnings.catch_warnings():  # torch.export's deprecation notices, not the user's
+        # torch.export's own deprecation notices are not the user's; what torch raises while it
+        # decomposes the graph (from_torch names export's own refusals) is the model's, one line
+        with warnings.catch_warnings(), _quiet_torch(), \
+                _failing(spec, "exporting and lowering the model"):
             warnings.simplefilter("ignore", FutureWarning)
             lowered = from_torch(model, inputs, name=name, partial=partial)
     except UnsupportedNodes as e:  # the table, then one error line (main prints one line)
@@ -162,31 +165,40 @@ def unsupported_text(lowered: TorchProgram) -> str:
 @contextlib.contextmanager
 def failures(tm: TorchModel, what: str) -> Iterator[None]:
     """Any exception but apportion's (and out-of-memory, which ``main`` names) raised while
-    ``what`` runs as a FactoryError naming it and the model's tensors of a dtype the run does
-    not support yet: ``run --torch`` never ends in a traceback or exit status 1 on a crash."""
+    ``what`` runs as a FactoryError naming it: ``run --torch`` never ends in a traceback, nor
+    in exit status 1, which means only that the numbers differ."""
+    with _failing(tm.spec, what):
+        yield
+
+
+@contextlib.contextmanager
+def _failing(spec: str, what: str) -> Iterator[None]:
     try:
         yield
     except (ApportionError, MemoryError):
         raise
     except Exception as e:
-        raise FactoryError(f"--torch {tm.spec!r}: {what} failed: {_raised(e)}"
-                           f"{_dtype_note(tm.lowered)}") from None
+        raise FactoryError(f"--torch {spec!r}: {what} failed: {_raised(e)}") from None
 
 
-#: dtypes a --torch model's run and --check do not support yet (numpy has no bfloat16)
-UNRUN_DTYPES = ("bfloat16",)
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """What torch prints to stderr while it exports, held back and written out only if the
+    export succeeds (a failed export prints its partial graph there, which the one error line
+    replaces); torch's logged warnings, which name the same failures, are left out."""
+    import io
+    import logging
 
-
-def _dtype_note(lowered: TorchProgram) -> str:
-    """``; tensors of dtype bfloat16: input 'x', ...`` for the dtypes in ``UNRUN_DTYPES``."""
-    p = lowered.program
-    names = [n for n in (*p.inputs, *p.outputs) if p.tensor(n).dtype in UNRUN_DTYPES]
-    if not names:
-        return ""
-    dtypes = sorted({p.tensor(n).dtype for n in names})
-    shown = ", ".join(repr(n) for n in names[:3]) + (", ..." if len(names) > 3 else "")
-    return (f" (the model has {'/'.join(dtypes)} tensors: {shown}; run --torch does not "
-            "support them yet, plan --torch does)")
+    held = io.StringIO()
+    torch_log = logging.getLogger("torch")
+    level = torch_log.level
+    torch_log.setLevel(logging.ERROR)  # its handler holds the real stderr: not redirectable
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        torch_log.setLevel(level)
+    sys.stderr.write(held.getvalue())  # only reached on success
 
 
 def _origins(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, Any]:
@@ -273,10 +285,13 @@ def eager_outputs(tm: TorchModel) -> tuple[np.ndarray, ...]:
     """The model's outputs run eagerly on its example inputs, as numpy arrays."""
     import torch
 
+    from apportion.backends.torch.executor import from_torch_storage
+
     with torch.no_grad():
         out = tm.model(*tm.example_inputs)
     leaves = [x for x in _leaves(out) if isinstance(x, torch.Tensor)]
-    return tuple(x.detach().cpu().numpy() for x in leaves)
+    # as a run stores them: bfloat16 in float32 (numpy has none; torch's .numpy() refuses it)
+    return tuple(from_torch_storage(x) for x in leaves)
 
 
 def _leaves(tree: Any) -> list[Any]:
@@ -297,7 +312,8 @@ def check_model(tm: TorchModel, planned: PlannedProgram, backend: str = "referen
 def compare_eager(tm: TorchModel, run: Mapping[str, Any]) -> list[OutputCheck]:
     """Each output of a run of the lowered program (``run``: its tensors by name, such as a
     planned, sharded or distributed run gives them) compared with the model's own output,
-    run eagerly in PyTorch on the example inputs.
+    run eagerly in PyTorch on the example inputs, within a tolerance that follows the least
+    precise float dtype the output is computed through (``reference.eager_tolerance``).
 
     >>> tm = load_model("apportion.frontend.torch_demo:mlp")
     >>> from apportion.runtime.reference import run_unplanned
@@ -305,7 +321,7 @@ def compare_eager(tm: TorchModel, run: Mapping[str, Any]) -> list[OutputCheck]:
     >>> [c.ok for c in compare_eager(tm, run)]
     [True]
     """
-    from apportion.runtime.reference import compare
+    from apportion.runtime.reference import compare, eager_tolerance
 
     with failures(tm, "reading the run's outputs"):
         got = tm.lowered.torch_outputs(run)
@@ -318,7 +334,9 @@ def compare_eager(tm: TorchModel, run: Mapping[str, Any]) -> list[OutputCheck]:
     expected = {n: e for n, e in zip(names, eager, strict=True)}
     actual = {n: np.asarray(a).reshape(e.shape) for n, a, e in zip(names, got, eager,
                                                                     strict=True)}
-    return compare(expected, actual, _shaped(tm.lowered, eager))
+    # eager rounds to the model's dtypes op by op: the tolerance follows the least precise one
+    tolerances = {n: eager_tolerance(tm.lowered.program, n, e) for n, e in expected.items()}
+    return compare(expected, actual, _shaped(tm.lowered, eager), tolerances)
 
 
 def _shaped(lowered: TorchProgram, eager: Sequence[np.ndarray]) -> Any:

@@ -354,21 +354,30 @@ def moe_parts(origins: Mapping[str, Origin], blocks: Sequence[MoeBlock]
     {'mm': 'router', 'topk': 'router', 'bmm': 'experts'}
     """
     routers = {o.module for o in origins.values() if o.target == "aten.topk.default" and o.module}
-    routers |= {f"{b.block}.{name}" for b in blocks for name in ROUTER_NAMES}
+    routers |= {_join(b.block, name) for b in blocks for name in ROUTER_NAMES}
     out: dict[str, tuple[str, MoeBlock]] = {}
     for name, o in origins.items():
         module = o.module or ""
         for b in blocks:
-            if not (module == b.block or module.startswith(b.block + ".")):
+            if not _within(module, b.block):
                 continue
-            if module == b.path or module.startswith(b.path + "."):
+            if _within(module, b.path):
                 out[name] = ("experts", b)
-            elif module in routers:
+            elif any(_within(module, r) for r in routers if _within(r, b.block)):
                 out[name] = ("router", b)
             else:
                 out[name] = ("shared", b)
             break
     return out
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _within(module: str, path: str) -> bool:
+    """``module`` is ``path`` or a submodule of it (every module is within the root, ``""``)."""
+    return not path or module == path or module.startswith(path + ".")
 
 
 # --- tiny models for tests, demos and --torch ---------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from apportion.errors import ProgramError
 
 #: dtype name -> size of one element in bytes
@@ -16,6 +18,22 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32"})
+
+#: float dtype -> its machine epsilon, the gap between 1.0 and the next value (2**-mantissa
+#: bits): the precision a comparison of results in that dtype follows
+FLOAT_EPS: dict[str, float] = {"bfloat16": 2.0**-7, "float16": 2.0**-10, "float32": 2.0**-23}
+
+
+def least_precise(dtypes: Iterable[str]) -> str | None:
+    """The float dtype of ``dtypes`` with the largest epsilon (None without floats).
+
+    >>> least_precise(["float32", "int64", "bfloat16", "float16"])
+    'bfloat16'
+    >>> least_precise(["int32"]) is None
+    True
+    """
+    floats = [d for d in dtypes if d in FLOAT_EPS]
+    return max(floats, key=FLOAT_EPS.__getitem__, default=None)
 
 
 def dtype_bytes(dtype: str) -> int:

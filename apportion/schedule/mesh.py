@@ -27,12 +27,14 @@ backends consume it without knowing the sharding package.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from apportion.errors import ExecutionError
+from apportion.ir.kinds import REDUCERS
 from apportion.ir.program import Program
 from apportion.plans.plan import Plan
 from apportion.target.target import Target
@@ -261,6 +263,53 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """How the mesh holds one value of a program tensor, as the shard dialect's sharding says
+    it: ``tensor`` (the program's tensor) under the local name ``local`` every device gives
+    it; ``split[i]`` the mesh axes that cut tensor dim ``i``, outermost cut first;
+    ``partial`` the axes over which each device holds a partial value still to be combined
+    by ``reducer`` (a name of ``ir.kinds.REDUCERS``: a mean waits as ``sum``, an argmax's
+    keys as ``argmax``); an axis named nowhere replicates the value. ``boxes`` is each
+    device's box of the tensor, in device order, as the plan cuts it (uneven cuts included),
+    so a runner whose own cut differs (DTensor's ``torch.chunk``) can tell.
+
+    >>> lay = Layout("h", "h", (("dp",), ("tp",)), boxes=((((0, 2), (0, 4))),) * 4)
+    >>> str(lay), lay.axis_placement("tp"), lay.axis_placement("pp")
+    ('h = h[dp, tp]', ('shard', 1), ('replicate', None))
+    """
+
+    tensor: str
+    local: str
+    split: tuple[tuple[str, ...], ...]
+    partial: tuple[str, ...] = ()
+    reducer: str | None = None
+    boxes: tuple[Box, ...] = ()
+
+    def __post_init__(self) -> None:
+        if bool(self.partial) != (self.reducer is not None):
+            raise ExecutionError(f"layout of {self.local!r} (tensor {self.tensor!r}): a partial "
+                                 "value needs its reducer, and only a partial one")
+        if self.reducer is not None and self.reducer not in REDUCERS:
+            raise ExecutionError(f"layout of {self.local!r} (tensor {self.tensor!r}): reducer "
+                                 f"{self.reducer!r} is not a reducer kind")
+
+    def axis_placement(self, axis: str) -> tuple[str, int | str | None]:
+        """What mesh axis ``axis`` does to the value: ``("shard", dim)``, ``("partial",
+        reducer)`` or ``("replicate", None)``."""
+        for i, axes in enumerate(self.split):
+            if axis in axes:
+                return ("shard", i)
+        if axis in self.partial:
+            return ("partial", self.reducer)
+        return ("replicate", None)
+
+    def __str__(self) -> str:
+        dims = ", ".join("*".join(axes) or "-" for axes in self.split)
+        part = f" partial {self.reducer}({', '.join(self.partial)})" if self.partial else ""
+        return f"{self.local} = {self.tensor}[{dims}]{part}"
+
+
+@dataclass(frozen=True)
 class Device:
     """One device of the mesh: its coordinates and where its shards of the program's inputs
     and outputs are (in the program's input and output order)."""
@@ -279,13 +328,17 @@ class MeshSchedule:
     """A program sharded over a mesh, lowered: ``program`` is the unsharded program (its
     signature; the reference a run is checked against), ``mesh`` the mesh as text and
     ``target`` each device's target; ``devices`` in device order and ``stages`` every device
-    runs, in order (see the module docstring)."""
+    runs, in order (see the module docstring). ``layouts`` says how the mesh holds every
+    value that is a program tensor laid out over it (``Layout``: the inputs as placed, each
+    op's result, each collective's source and result), by local name; values a device keeps
+    to itself (a split mean's or argmax's local parts) have none."""
 
     program: Program
     mesh: str
     target: Target
     devices: tuple[Device, ...]
     stages: tuple[MeshStage, ...]
+    layouts: tuple[Layout, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.devices)
@@ -295,6 +348,20 @@ class MeshSchedule:
             if count != n:
                 raise ExecutionError(f"mesh schedule of {self.program.name!r}: stage {s} has "
                                      f"{count} devices' parts, the mesh {n} devices")
+        for lay in self.layouts:
+            if len(lay.boxes) != n:
+                raise ExecutionError(f"mesh schedule of {self.program.name!r}: layout {lay} "
+                                     f"has {len(lay.boxes)} devices' boxes, the mesh {n} "
+                                     "devices")
+
+    def layout(self, local: str) -> Layout | None:
+        """How the mesh holds the value every device calls ``local`` (None: no layout, a
+        device's own part)."""
+        return self._layouts.get(local)
+
+    @functools.cached_property
+    def _layouts(self) -> dict[str, Layout]:
+        return {lay.local: lay for lay in self.layouts}
 
     def launches(self, device: int) -> tuple[DeviceLaunch, ...]:
         """Device ``device``'s segment programs in order, each with its core plan."""

@@ -1,5 +1,5 @@
 """Sharding over a device mesh: annotations, propagation, strategy search, per-device
-programs, and execution on ``torch.distributed``.
+programs, and their lowering to the mesh schedule every backend runs.
 
 Work division (``ap.plan``) splits one device's work over its cores; sharding splits a program
 over several devices. A ``ShardingPlan`` says for every tensor how it is laid out over the mesh
@@ -8,20 +8,19 @@ over several devices. A ``ShardingPlan`` says for every tensor how it is laid ou
 completes the user's annotations along the ops' indexing maps; ``search`` chooses every op's
 strategy as an integer program (HiGHS) for the least predicted time within each device's
 memory. ``unroll`` turns a plan into one ordinary program per device with collective steps
-between, runnable with the reference executor and numpy collectives; ``run_dtensor`` runs it
-with one process per device on ``torch.distributed``; ``per_device_mlir`` emits it. A mesh axis
+between, runnable with the reference executor and numpy collectives; ``per_device_mlir`` emits it
+(``lower.lower_plan`` lowers it to the mesh schedule the backends run, the dtensor backend with
+one process per device on ``torch.distributed``). A mesh axis
 size may be symbolic (``dp=N~4``): plans are made at its planning size, and ``unroll`` and
-``run_dtensor`` bind it (``sizes={"N": 2}``, ``ShardingPlan.bind``).
+``lower_plan`` bind it (``sizes={"N": 2}``, ``ShardingPlan.bind``).
 
 Modules: ``mesh`` (meshes, presets, TOML), ``spec`` (shardings, annotations, ``ap.shard``),
 ``collectives`` (resharding steps, their cost, numpy collectives), ``rules`` (per-op
 strategies), ``plan`` (the plan value, costs, memory), ``propagate``, ``search``, ``unroll``
-(per-device programs and the wrappers), ``dtensor`` (torch.distributed), ``mlir``.
+(per-device programs and the wrappers), ``lower`` (the mesh schedule), ``mlir``.
 """
 
 from apportion.sharding.collectives import Step as Step
-from apportion.sharding.dtensor import check_dtensor as check_dtensor
-from apportion.sharding.dtensor import run_dtensor as run_dtensor
 from apportion.sharding.mesh import PRESETS as PRESETS
 from apportion.sharding.mesh import Axis as Axis
 from apportion.sharding.mesh import Link as Link
@@ -51,6 +50,6 @@ from apportion.sharding.unroll import unroll as unroll
 
 __all__ = ["PRESETS", "Axis", "Collective", "DeviceProgram", "Finish", "Link", "Mesh", "Sharding",
            "ShardingPlan", "Step", "Strategy", "Transfer", "Unrolled", "annotations_of",
-           "check_dtensor", "load", "load_toml", "loads", "make_strategy", "op_strategies",
-           "parse_mesh", "per_device_mlir", "propagate", "resolve_mesh", "run_dtensor", "search",
+           "load", "load_toml", "loads", "make_strategy", "op_strategies",
+           "parse_mesh", "per_device_mlir", "propagate", "resolve_mesh", "search",
            "shard", "sharded_mlir", "unroll"]

@@ -36,6 +36,7 @@ from apportion.schedule.mesh import (
     Compute,
     Device,
     DeviceLaunch,
+    Layout,
     MeshFinish,
     MeshSchedule,
     MeshStage,
@@ -45,8 +46,9 @@ from apportion.schedule.mesh import (
 from apportion.sharding.collectives import Step, keyed
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import Finish
+from apportion.sharding.spec import Sharding
 from apportion.sharding.unroll import Collective as UnrolledCollective
-from apportion.sharding.unroll import DeviceProgram, Unrolled, unroll
+from apportion.sharding.unroll import DeviceProgram, Unrolled, _step_names, unroll
 from apportion.target.target import Target
 
 # what one device does at one stage, before planning: a run of ops (with the segment it is
@@ -99,7 +101,8 @@ def lower_mesh(unrolled: Unrolled, target: Target | None = None) -> MeshSchedule
                            tuple(Placement(t, local, box) for t, local, box in dev.inputs),
                            tuple(Placement(t, local, box) for t, local, box in dev.outputs))
                     for dev in unrolled.devices)
-    return MeshSchedule(plan.program, plan.mesh.spec(), tgt, devices, tuple(stages))
+    return MeshSchedule(plan.program, plan.mesh.spec(), tgt, devices, tuple(stages),
+                        _layouts(plan))
 
 
 def _slice_steps(plan: ShardingPlan) -> dict[str, tuple[str, Step]]:
@@ -200,4 +203,27 @@ def _collective(plan: ShardingPlan, items: list[Any], kind: str) -> Collective:
                       and not step.dst.partial)
 
 
+def _layouts(plan: ShardingPlan) -> tuple[Layout, ...]:
+    """How the mesh holds every value the devices name alike (``Layout``): the inputs as
+    placed, each op's result as its strategy writes it (an op split into local parts and a
+    finish: the finish's result), and each resharding step's result; the reads of an op are
+    among these (an input, an op's result or a transfer's)."""
+    shape = plan.program.tensor
+    sizes = {a.name: a.size for a in plan.mesh.axes}
+    coords = [plan.mesh.coords(d) for d in range(plan.mesh.devices)]
+    out: dict[str, Layout] = {}
 
+    def add(tensor: str, local: str, s: Sharding) -> None:
+        boxes = tuple(s.block(shape(tensor).shape, c, sizes) for c in coords)
+        out.setdefault(local, Layout(tensor, local, s.dims, s.partial, s.reducer, boxes))
+
+    for name, s in plan.inputs:
+        add(name, name, s)
+    for op, shard in zip(plan.program.ops, plan.ops, strict=True):
+        add(op.out.tensor, op.out.tensor, shard.strategy.out)
+    for t in plan.transfers:
+        for k, step in enumerate(t.steps):
+            src, dst = _step_names(t, k)
+            add(t.tensor, src, step.src)
+            add(t.tensor, dst, step.dst)
+    return tuple(out.values())

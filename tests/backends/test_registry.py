@@ -54,7 +54,7 @@ def test_importing_apportion_and_the_registry_imports_no_torch_iree_or_adapter()
     code = ("import sys, apportion, apportion.backends as b; list(b.BACKENDS); "
             "import apportion.cli.main; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'iree') "
-            "or m.endswith(('.adapter', '.dtensor_backend'))))")
+            "or m.endswith('.adapter')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
@@ -193,19 +193,22 @@ def test_run_returns_numpy_storage_arrays_on_every_running_backend():
         assert out["z"].dtype == run_unplanned(planned.program, xs)["z"].dtype
 
 
-def test_dtensor_takes_a_sharding_plan_and_names_the_limit_it_cannot_express():
+def test_dtensor_takes_a_mesh_schedule_and_names_the_limit_it_cannot_express():
     pytest.importorskip("torch")
+    from apportion.sharding.lower import lower_plan
     from apportion.sharding.mesh import parse
     from apportion.sharding.propagate import propagate
     from apportion.sharding.spec import Sharding
 
     program = ap.load(ROOT / "examples/mlp.json")
     plan = propagate(program, parse("tp=2"), annotations={"x": Sharding((("tp",), ()))})
-    assert get("dtensor").supports(plan) == ()
+    assert get("dtensor").supports(lower_plan(plan)) == ()
+    assert get("dtensor").supports(plan) == (LIMITS_BY_ID["dtensor-needs-mesh"],)  # unlowered
     # a dim split over two axes out of mesh order: DTensor nests the cuts in mesh order
     mesh = parse("a=2,b=2")
     out_of_order = propagate(program, mesh, annotations={"x": Sharding((("b", "a"), ()))})
-    assert get("dtensor").supports(out_of_order) == (LIMITS_BY_ID["dtensor-axes-in-mesh-order"],)
+    assert get("dtensor").supports(lower_plan(out_of_order)) == \
+        (LIMITS_BY_ID["dtensor-axes-in-mesh-order"],)
 
 
 def test_iree_runs_a_mesh_schedule_as_per_device_modules():

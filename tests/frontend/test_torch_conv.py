@@ -253,6 +253,7 @@ POOLS = {
     "adaptive_global": lambda x: F.adaptive_avg_pool2d(x, 1),
     "adaptive1d": lambda x: F.adaptive_avg_pool1d(x.flatten(2), 7),
     "pad": lambda x: F.pad(x, (1, 2, 0, 3), value=-1.5),
+    "hardswish_hardsigmoid": lambda x: F.hardswish(x * 4) + F.hardsigmoid(x * 4),
     "pad_negative": lambda x: F.pad(x, (-1, 2, 1, -2)),
 }
 
@@ -272,6 +273,32 @@ def test_pooling_and_padding_match_eager_pytorch(name):
     x = torch.randn(2, 3, 9, 10)
     tp = lowered(model, x)
     check_planned(tp, (x,), eager(model, x))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_poolings_match_eager_pytorch(data):
+    kind = data.draw(st.sampled_from(["max", "avg", "adaptive"]), "kind")
+    k = data.draw(st.integers(1, 4), "kernel")
+    stride = data.draw(st.integers(1, 3), "stride")
+    padding = data.draw(st.integers(0, k // 2), "padding")
+    ceil = data.draw(st.booleans(), "ceil_mode")
+    dilation = data.draw(st.integers(1, 2), "dilation") if kind == "max" else 1
+    size = data.draw(st.integers(dilation * (k - 1) + 1, 9), "input size")
+    if kind == "max":
+        def fn(x):
+            return F.max_pool2d(x, k, stride, padding, dilation, ceil_mode=ceil)
+    elif kind == "avg":
+        include = data.draw(st.booleans(), "count_include_pad")
+        def fn(x):
+            return F.avg_pool2d(x, k, stride, padding, ceil_mode=ceil, count_include_pad=include)
+    else:
+        out = data.draw(st.tuples(st.integers(1, 9), st.integers(1, 9)), "output size")
+        def fn(x):
+            return F.adaptive_avg_pool2d(x, out)
+    model = Fn(fn)
+    x = torch.randn(1, 2, size, size + 1)
+    check_planned(lowered(model, x), (x,), eager(model, x), cases=[("balanced", 4, "reference")])
 
 
 def test_max_pooling_pads_with_minus_infinity_and_keeps_nan():

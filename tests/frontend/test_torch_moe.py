@@ -276,6 +276,31 @@ def test_other_hugging_face_moe_architectures_match_eager_pytorch(name):
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.filterwarnings("ignore")
+def test_a_deepseek_v3_moe_block_alone_matches_eager_with_its_parts_told_apart():
+    # group-limited routing: topk of groups (sorted=False), a scattered group mask, a shared
+    # expert; the block is the root module
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+
+    cfg = transformers.DeepseekV3Config(
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=4, moe_intermediate_size=32,
+        n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1, n_shared_experts=1)
+    torch.manual_seed(0)
+    block = DeepseekV3MoE(cfg).eval()
+    with torch.no_grad():
+        for p in block.parameters():
+            p.normal_(std=0.2)
+    x = torch.randn(1, 8, 32)
+    tp = from_torch(block, (x,))
+    got = tp.torch_outputs(run_unplanned(tp.program, tp.inputs(x)))[0]
+    with torch.no_grad():
+        want = block(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    parts = torch_moe.moe_parts(tp.origins, torch_moe.moe_blocks(block))
+    assert {p for p, _ in parts.values()} == {"router", "experts", "shared"}
+    assert {tp.origins[n].module for n, (p, _) in parts.items() if p == "router"} == {"gate"}
+
+
 def test_the_model_report_shows_router_and_expert_work_and_the_dense_cost(capsys):
     assert main(["plan", "--torch", QWEN2_MOE]) == 0
     out = capsys.readouterr().out

@@ -85,10 +85,11 @@ def test_a_llama_with_a_mismatched_output_is_reported_not_hidden(llama):
 
 @pytest.mark.distributed
 def test_a_sharded_torch_mlp_on_two_gloo_processes_matches_the_model_run_eagerly(mlp):
-    from apportion.sharding.dtensor import run_dtensor
+    from apportion.backends.dtensor.runner import run_mesh
+    from apportion.sharding.lower import lower_plan
 
     plan = search(mlp.lowered.program, parse("tp=2"))
-    run = run_dtensor(plan, _inputs(mlp), timeout_s=180, device="cpu")
+    run = run_mesh(lower_plan(plan), _inputs(mlp), timeout_s=180, device="cpu")
     assert run.placement_checks >= len(plan.ops) + len(plan.program.inputs)
     _matches_eager(mlp, run.outputs)
 
@@ -97,8 +98,10 @@ def test_a_sharded_torch_mlp_on_two_gloo_processes_matches_the_model_run_eagerly
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", [LLAMA, GPT2])
 def test_a_sharded_transformer_on_two_gloo_processes_matches_the_model_run_eagerly(spec):
-    from apportion.sharding.dtensor import run_dtensor
+    from apportion.backends.dtensor.runner import run_mesh
+    from apportion.sharding.lower import lower_plan
 
     tm = load_model(spec)  # scalar constants (rank 0) are placed as DTensors too
     plan = search(tm.lowered.program, parse("tp=2"))
-    _matches_eager(tm, run_dtensor(plan, _inputs(tm), timeout_s=300, device="cpu").outputs)
+    _matches_eager(tm, run_mesh(lower_plan(plan), _inputs(tm), timeout_s=300,
+                                device="cpu").outputs)

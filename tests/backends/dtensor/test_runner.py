@@ -1,7 +1,7 @@
-"""Sharding plans run on torch.distributed: two gloo processes on loopback, DTensors placed
-and redistributed as planned, results equal to the single-device reference; a failing rank
-ends the run with a clear error naming the rank at fault (not a peer that saw the broken
-connection), never a hang; the run's temporary folder never outlives it."""
+"""Mesh schedules run on torch.distributed: two gloo processes on loopback, DTensors placed
+and redistributed as the schedule's layouts say, results equal to the single-device reference;
+a failing rank ends the run with a clear error naming the rank at fault (not a peer that saw
+the broken connection), never a hang; the run's temporary folder never outlives it."""
 
 from __future__ import annotations
 
@@ -17,13 +17,15 @@ import pytest
 from apportion.errors import ExecutionError, TargetError
 from apportion.frontend.json_format import from_dict
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse
 from apportion.sharding.propagate import propagate
 from apportion.sharding.spec import Sharding
 from tests.sharding.programs import attention, hard_inputs, reduction
 
 pytest.importorskip("torch")
-dtensor = pytest.importorskip("apportion.sharding.dtensor")
+runner = pytest.importorskip("apportion.backends.dtensor.runner")
+launch = pytest.importorskip("apportion.backends.dtensor.launch")
 
 pytestmark = pytest.mark.distributed
 
@@ -97,7 +99,7 @@ PLANS = {
         "wq": COLS, "wk": COLS, "wv": COLS, "wo": S((("tp",), ())), "x": REP, "y": REP}),
     "pointwise kinds": lambda: propagate(pointwise(), TP, annotations={
         "x": S((("tp",), ())), "y": S((("tp",), ())), "one": S((("tp",), ()))}),
-    # planned at N=4, run at N=2 (run_dtensor_many's sizes bind it)
+    # planned at N=4, lowered and run at N=2 (lower_plan's sizes bind it)
     "symbolic mesh": lambda: propagate(mlp(), parse("tp=N~4"), annotations={
         "x": REP, "w1": S(((), ("tp",))), "w2": S((("tp",), ())), "y": REP}),
 }
@@ -132,15 +134,15 @@ def _left_behind(folder: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(run_tmp):
-    """Every plan in one launch of two processes (torch imported once per rank), each output
-    compared with the reference executor's run of the unsharded program."""
+    """Every plan's schedule in one launch of two processes (torch imported once per rank),
+    each output compared with the reference executor's run of the unsharded program."""
     plans = {name: make() for name, make in PLANS.items()}
+    schedules = [lower_plan(p, {"N": 2} if p.mesh.symbolic else None) for p in plans.values()]
     inputs = [INPUTS.get(name, lambda p: random_inputs(p, 0))(p.program)
               for name, p in plans.items()]
     with pytest.MonkeyPatch.context() as mp:
         _in_temp(mp, run_tmp)
-        results = dtensor.run_dtensor_many(list(plans.values()), inputs, timeout_s=180,
-                                           sizes={"N": 2})
+        results = runner.run_mesh_many(schedules, inputs, timeout_s=180)
     return {name: (plan, compare(run_unplanned(plan.program, xs), run.outputs, plan.program),
                    run)
             for (name, plan), xs, run in zip(plans.items(), inputs, results, strict=True)}
@@ -151,9 +153,9 @@ def test_two_gloo_processes_match_the_single_device_result(runs, name):
     plan, checks, run = runs[name]
     assert plan.collectives_text() == COLLECTIVES[name]
     assert all(c.ok for c in checks), checks
-    # every op and step checked its placement; torch's own propagation placed the matmuls as
-    # the plan did (a split K gives Partial(sum)); those that read or write heads through a sum
-    # of dims ran on the local shards
+    # every input, op and step checked its placement; torch's own propagation placed the
+    # matmuls as the plan did (a split K gives Partial(sum)); those that read or write heads
+    # through a sum of dims ran on the local shards
     assert run.placement_checks >= len(plan.ops) + len(plan.program.inputs)
     plain = {o.name for o in plan.program.ops if o.kind.name == "matmul" and
              all(e.single_dim for a in o.operands for e in a.index)}
@@ -178,11 +180,11 @@ def test_a_split_mean_waits_as_a_sum_and_a_split_argmax_as_keys_then_gathers_exa
     assert str(plan.strategy("pv").out) == "[-, tp]"
 
 
-def test_an_unbound_symbolic_mesh_is_refused_before_launch():
+def test_an_unbound_symbolic_mesh_never_reaches_a_launch_its_schedule_is_lowered_bound():
     with pytest.raises(TargetError, match=r"axis 'tp' has symbolic size N \(planned at 4\)"):
-        dtensor.run_dtensor(PLANS["symbolic mesh"]())
-    with pytest.raises(TargetError, match=r"no mesh of the plans has a symbolic size 'K'"):
-        dtensor.run_dtensor(PLANS["symbolic mesh"](), sizes={"K": 2})
+        lower_plan(PLANS["symbolic mesh"]())
+    with pytest.raises(TargetError, match=r"has no size 'K'"):
+        lower_plan(PLANS["symbolic mesh"](), {"K": 2})
 
 
 def test_the_k_split_is_partial_then_all_reduced_or_reduce_scattered(runs):
@@ -207,7 +209,8 @@ def test_a_failing_rank_ends_the_whole_run_with_a_clear_error(how, match, tmp_pa
     op = "down" if how == "raise" else "act"
     _in_temp(monkeypatch, tmp_path)
     with pytest.raises(ExecutionError, match=match):
-        dtensor.run_dtensor(plan, timeout_s=120, fault={"rank": 1, "op": op, "how": how})
+        runner.run_mesh(lower_plan(plan), timeout_s=120,
+                        fault={"rank": 1, "op": op, "how": how})
     assert _left_behind(tmp_path) == []  # the run's folder went with it
 
 
@@ -225,9 +228,9 @@ def test_a_run_interrupted_while_it_waits_stops_its_ranks_and_removes_its_folder
         raise KeyboardInterrupt  # Ctrl-C while the parent waits for its ranks
 
     _in_temp(monkeypatch, tmp_path)
-    monkeypatch.setattr(dtensor, "_watch", interrupted)
+    monkeypatch.setattr(launch, "_watch", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        dtensor.run_dtensor(PLANS["megatron"](), timeout_s=120)
+        runner.run_mesh(lower_plan(PLANS["megatron"]()), timeout_s=120)
     assert len(started) == 2 and not any(p.is_alive() for p in started)
     assert [f[:18] for f in folders] == ["apportion-dtensor-"]  # the run's folder, now gone
     assert _left_behind(tmp_path) == []
@@ -235,7 +238,7 @@ def test_a_run_interrupted_while_it_waits_stops_its_ranks_and_removes_its_folder
 
 # --- attribution: which rank's failure is reported -----------------------------------------
 
-F = dtensor.RankFailure
+F = launch.RankFailure
 #: what gloo raises on a rank whose peer died (torch 2.13)
 RESET_TEXT = ("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
               "[127.0.0.1]:28890: Connection reset by peer")
@@ -247,8 +250,8 @@ def test_a_killed_rank_is_named_over_a_peer_whose_connection_error_is_dated_earl
     # recorded the reset the death caused
     peer = F(0, 10.0, "at all_reduce(sum, tp) of tensor 'y'", RESET, peer=True)
     killed = F(1, 12.0, "at op 'act'", exitcode=-signal.SIGKILL)
-    assert dtensor.root_cause([peer, killed]) is killed
-    assert dtensor.root_cause([killed, peer]) is killed
+    assert launch.root_cause([peer, killed]) is killed
+    assert launch.root_cause([killed, peer]) is killed
     assert killed.describe() == "was killed by signal SIGKILL at op 'act'"
 
 
@@ -256,25 +259,25 @@ def test_a_rank_that_raised_is_named_over_peers_and_the_earliest_own_failure_win
     peer = F(0, 1.0, "at all_reduce(sum, tp) of tensor 'y'", RESET, peer=True)
     raised = F(2, 3.0, "at op 'down'", "RuntimeError: injected fault at op 'down'")
     killed = F(1, 2.0, "at op 'act'", exitcode=-signal.SIGSEGV)
-    assert dtensor.root_cause([peer, raised]) is raised
-    assert dtensor.root_cause([peer, raised, killed]) is killed
+    assert launch.root_cause([peer, raised]) is raised
+    assert launch.root_cause([peer, raised, killed]) is killed
     assert raised.describe() == "failed at op 'down': RuntimeError: injected fault at op 'down'"
 
 
 def test_equal_times_go_to_the_lower_rank():
     a, b = F(3, 5.0, error="ValueError: x"), F(1, 5.0, exitcode=-signal.SIGABRT)
-    assert dtensor.root_cause([a, b]) is b
+    assert launch.root_cause([a, b]) is b
     p, q = F(1, 5.0, error=RESET, peer=True), F(0, 5.0, error=RESET, peer=True)
-    assert dtensor.root_cause([p, q]) is q
+    assert launch.root_cause([p, q]) is q
 
 
 def test_a_peer_error_is_named_only_when_no_rank_failed_on_its_own():
     late = F(0, 9.0, "at all_reduce(sum, tp) of tensor 'y'", RESET, peer=True)
     early = F(1, 4.0, "at all_gather(tp) of tensor 'h'", "RuntimeError: Timed out waiting "
               "120000ms for recv operation to complete", peer=True)
-    assert dtensor.root_cause([late, early]) is early
+    assert launch.root_cause([late, early]) is early
     with pytest.raises(ValueError, match="at least one failure"):
-        dtensor.root_cause([])
+        launch.root_cause([])
 
 
 def test_exit_statuses_and_unknown_signals_are_described_plainly():
@@ -301,14 +304,14 @@ def test_exit_statuses_and_unknown_signals_are_described_plainly():
 ])
 def test_connection_errors_and_timeouts_are_what_a_peer_sees_and_others_are_own(
         types, message, peer):
-    assert dtensor.is_peer_error(types, message) is peer
+    assert launch.is_peer_error(types, message) is peer
 
 
 # Fake ranks for the launcher's watch: plain spawned processes that play a rank's part
 # (write its records, exit, die by a signal, hang) without torch, in a fixed order.
 PEER_RESET = """
-from apportion.sharding import dtensor
-dtensor._record_failure(OUT, 0, "at all_reduce(sum, tp) of tensor 'y'", RuntimeError(RESET))
+from apportion.backends.dtensor import launch
+launch.record_failure(OUT, 0, "at all_reduce(sum, tp) of tensor 'y'", RuntimeError(RESET))
 import os
 os._exit(1)
 """
@@ -345,29 +348,29 @@ def test_the_launcher_waits_for_a_rank_killed_after_its_peer_reported_the_broken
         tmp_path, monkeypatch):
     # rank 0 exits first with the reset; the launcher must wait for rank 1's death (no grace
     # limit here, so the order cannot change the outcome) and name it
-    monkeypatch.setattr(dtensor, "GRACE_S", 3600.0)
+    monkeypatch.setattr(launch, "GRACE_S", 3600.0)
     procs = _fake_ranks(tmp_path, PEER_RESET, KILLED_AFTER_PEER)
     try:
         with pytest.raises(ExecutionError, match=r"^dtensor run of 'fake': rank 1 of 2 was "
                            r"killed by signal SIGKILL at op 'act'; the other ranks were "
                            r"stopped$"):
-            dtensor._watch(procs, tmp_path, time.monotonic() + 3600, 3600, "'fake'")
+            launch._watch(procs, tmp_path, time.monotonic() + 3600, 3600, "'fake'")
     finally:
-        dtensor._stop(procs)
+        launch._stop(procs)
     assert [p.exitcode for p in procs] == [1, -signal.SIGKILL]
 
 
 def test_a_killed_rank_whose_peer_hangs_ends_the_run_after_the_grace_period(
         tmp_path, monkeypatch):
-    monkeypatch.setattr(dtensor, "GRACE_S", 0.1)
+    monkeypatch.setattr(launch, "GRACE_S", 0.1)
     procs = _fake_ranks(tmp_path, HANGS, KILLED)
     try:
         with pytest.raises(ExecutionError, match=r"rank 1 of 2 was killed by signal SIGKILL "
                            r"at op 'act'; the other ranks were stopped$"):
-            dtensor._watch(procs, tmp_path, time.monotonic() + 3600, 3600, "'fake'")
+            launch._watch(procs, tmp_path, time.monotonic() + 3600, 3600, "'fake'")
         assert not procs[0].is_alive()  # the hanging rank was stopped, not waited for
     finally:
-        dtensor._stop(procs)
+        launch._stop(procs)
 
 
 def test_a_run_past_its_deadline_stops_every_rank_and_says_which_were_running(tmp_path):
@@ -375,45 +378,45 @@ def test_a_run_past_its_deadline_stops_every_rank_and_says_which_were_running(tm
     try:
         with pytest.raises(ExecutionError, match=r"timed out after 5 s; ranks \[0, 1\] were "
                            "still running and were stopped"):
-            dtensor._watch(procs, tmp_path, time.monotonic(), 5, "'fake'")
+            launch._watch(procs, tmp_path, time.monotonic(), 5, "'fake'")
         assert not any(p.is_alive() for p in procs)
     finally:
-        dtensor._stop(procs)
+        launch._stop(procs)
 
 
 def test_only_a_peer_error_is_named_as_such_when_the_peer_at_fault_left_no_trace(
         tmp_path, monkeypatch):
     # rank 1 hangs (stopped by the launcher, so not a failure of its own): the reset is all
     # there is, and the error says it is a communication error
-    monkeypatch.setattr(dtensor, "GRACE_S", 0.1)
+    monkeypatch.setattr(launch, "GRACE_S", 0.1)
     procs = _fake_ranks(tmp_path, PEER_RESET, HANGS)
     try:
         with pytest.raises(ExecutionError, match=r"rank 0 of 2 failed at all_reduce\(sum, tp\) "
                            r"of tensor 'y': RuntimeError: \[.*Connection reset by peer \(an "
                            r"error of communication with a peer, and no rank failed on its "
                            r"own\); the other ranks were stopped$"):
-            dtensor._watch(procs, tmp_path, time.monotonic() + 3600, 3600, "'fake'")
+            launch._watch(procs, tmp_path, time.monotonic() + 3600, 3600, "'fake'")
     finally:
-        dtensor._stop(procs)
+        launch._stop(procs)
 
 
 def test_a_dim_split_out_of_mesh_order_is_refused_before_launch():
     plan = propagate(matmul(), parse("a=1,b=2"), annotations={"x": S((("b", "a"), ()))})
     with pytest.raises(ExecutionError, match=r"dim 0 is split over b\*a, not in mesh order"):
-        dtensor.run_dtensor(plan)
+        runner.run_mesh(lower_plan(plan))
 
 
 def test_the_device_is_cpu_with_gloo_unless_there_is_a_gpu_per_rank():
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    assert dtensor.resolve_device("cpu", 2) == "cpu"
-    assert dtensor.resolve_device("auto", 2) == ("cuda" if gpus >= 2 else "cpu")
+    assert runner.resolve_device("cpu", 2) == "cpu"
+    assert runner.resolve_device("auto", 2) == ("cuda" if gpus >= 2 else "cpu")
     if gpus < 64:
         with pytest.raises(ExecutionError, match="the mesh has 64 devices, one process each"):
-            dtensor.resolve_device("cuda", 64)
+            runner.resolve_device("cuda", 64)
     with pytest.raises(ExecutionError, match="expected auto, cpu or cuda"):
-        dtensor.resolve_device("tpu", 2)
+        runner.resolve_device("tpu", 2)
 
 
 @pytest.mark.gpu
@@ -422,5 +425,17 @@ def test_megatron_on_nccl_with_one_gpu_per_rank_matches_the_single_device_result
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
-    checks, run = dtensor.check_dtensor(PLANS["megatron"](), timeout_s=120, device="cuda")
+    checks, run = runner.check_mesh(lower_plan(PLANS["megatron"]()), timeout_s=120,
+                                    device="cuda")
     assert run.backend == "nccl" and all(c.ok for c in checks), checks
+
+
+def test_the_registry_s_run_mesh_gives_the_program_s_outputs_by_name():
+    from apportion.backends import get
+
+    schedule = lower_plan(PLANS["k-split reduce-scatter"]())
+    xs = random_inputs(schedule.program, 3)
+    out = get("dtensor").run_mesh(schedule, xs, seed=3, timeout_s=120, device="cpu")
+    assert set(out) == set(schedule.program.outputs)
+    checks = compare(run_unplanned(schedule.program, xs), out, schedule.program)
+    assert all(c.ok for c in checks), checks

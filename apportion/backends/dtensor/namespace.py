@@ -1,0 +1,54 @@
+"""PyTorch under numpy's names: the array namespace the registry's pointwise formulas run on
+when torch runs them on DTensors (``rank.native``).
+
+>>> XP.power is XP.power   # looked up once
+True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+
+def _scalar_aware(both: str, one: str) -> Callable[[Any, Any], Any]:
+    # numpy's maximum(a, 0) takes a number; torch's maximum wants two tensors
+    def fn(a: Any, b: Any) -> Any:
+        import torch
+
+        return getattr(torch, both if isinstance(b, torch.Tensor) else one)(a, b)
+    return fn
+
+
+def _asarray(value: Any, dtype: Any = None) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value if dtype is None else value.to(dtype)
+    if dtype is None and isinstance(value, float | int) and not isinstance(value, bool):
+        dtype = torch.float64  # numpy's for a Python number
+    return torch.as_tensor(value, dtype=dtype)
+
+
+_RENAMED: dict[str, Any] = {
+    "equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt",
+    "greater_equal": "ge", "power": "pow", "asarray": _asarray,
+    "maximum": _scalar_aware("maximum", "clamp_min"),
+    "minimum": _scalar_aware("minimum", "clamp_max")}
+
+
+class _Torch:
+    """torch under numpy's names (``equal`` is elementwise, ``maximum`` takes a number,
+    ``power``, ``asarray``); torch is imported on first use, in the rank."""
+
+    def __getattr__(self, name: str) -> Any:
+        import torch
+
+        fn = _RENAMED.get(name, name)
+        fn = getattr(torch, fn) if isinstance(fn, str) else fn
+        setattr(self, name, fn)  # looked up once
+        return fn
+
+
+#: the namespace passed to the registry's pointwise formulas
+XP = _Torch()
