@@ -185,6 +185,29 @@ def test_a_padding_wider_than_its_dim_is_a_concatenation():
     check_planned(tp, (x,), eager(model, x), cases=[("balanced", 8, "reference")])
 
 
+class ChannelsLast(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 6, 3, padding=1, groups=2)
+        self.pool = nn.MaxPool2d(2, padding=1)
+
+    def forward(self, x):  # an NHWC input, then a slice with a step of the conv's result
+        y = self.conv(x.permute(0, 3, 1, 2))
+        return self.pool(y[:, :, 1:, ::2])
+
+
+def test_permuted_and_sliced_operands_are_read_through_their_index_maps_without_copies():
+    model = _seeded(ChannelsLast)
+    x = torch.randn(1, 5, 7, 4)
+    tp = lowered(model, x)
+    assert "copy" not in kinds(tp)
+    pad = tp.program.op("convolution.pad0")
+    assert str(pad.ins[1]) == "x[0, r, b3, b1]"  # the NHWC input read as NCHW
+    pool_pad = tp.program.op("max_pool2d_with_indices.pad0")
+    assert str(pool_pad.ins[1]) == "convolution[0, b1_0, b1_1, r+1, 2*b3]"
+    check_planned(tp, (x,), eager(model, x))
+
+
 def test_a_transposed_convolution_is_refused_naming_the_node():
     deconv = _seeded(lambda: nn.ConvTranspose2d(2, 3, 3))
     with pytest.raises(ProgramError, match=r"convolution.*transposed"):
