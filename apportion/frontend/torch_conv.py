@@ -18,8 +18,9 @@ each op lowers to:
   actually reads is made;
 - ``_native_batch_norm_legit_no_training`` / ``batch_norm`` in eval: the running statistics,
   weight and bias folded into a per-channel ``scale = weight * rsqrt(var + eps)`` and
-  ``shift = bias - mean * scale`` (small pointwise ops over the channels, as torch's CPU kernel
-  folds them), then ``x * scale + shift``;
+  ``shift = bias - mean * scale`` (as torch's CPU kernel folds them: two constants computed at
+  lowering when the statistics are the model's buffers, else small pointwise ops over the
+  channels), then ``x * scale + shift``;
 - ``max_pool*`` (padding with -inf, dilation, ceil mode): one ``max_pool`` op over the window;
   the indices output is not lowered (a node that reads it is refused);
 - ``avg_pool*``: one ``avg_pool`` op where every window divides by the kernel size, else a
@@ -500,24 +501,54 @@ def conv_nd(cx: Ctx, x: Value, w: Value, bias: Value | None, stride: Any,
 def _batch_norm_eval(cx: Ctx, x: Value, weight: Value | None, bias: Value | None,
                      mean: Value, var: Value, eps: float) -> Value:
     """``x * scale + shift`` per channel (dim 1), ``scale = weight * rsqrt(var + eps)``,
-    ``shift = bias - mean * scale``, computed in the statistics' dtype."""
+    ``shift = bias - mean * scale`` in the statistics' dtype: two constants when the statistics,
+    weight and bias are (a model's buffers and parameters), else small ops over the channels."""
     lw = cx.lw
     if x.rank < 2:
         raise ProgramError(f"batch norm of x {list(x.shape)}: needs [N, C, ...]")
     st = var.dtype if var.dtype in FLOAT_DTYPES else "float32"
-    var_e = lw.elementwise("add", [lw.cast(var, st), lw.scalar(float(eps), st)], part="var_eps")
-    scale = lw.elementwise("rsqrt", [var_e], part="invstd")
-    if weight is not None:
-        scale = lw.elementwise("mul", [scale, lw.cast(weight, st)], part="scale")
-    moved = lw.elementwise("mul", [lw.cast(mean, st), scale], part="mean_scale")
-    shift = (lw.elementwise("sub", [lw.cast(bias, st), moved], part="shift")
-             if bias is not None else lw.elementwise("neg", [moved], part="shift"))
+    folded = _folded_scale_shift(lw, weight, bias, mean, var, eps, st)
+    if folded is not None:
+        scale, shift = folded
+    else:
+        var_e = lw.elementwise("add", [lw.cast(var, st), lw.scalar(float(eps), st)],
+                               part="var_eps")
+        scale = lw.elementwise("rsqrt", [var_e], part="invstd")
+        if weight is not None:
+            scale = lw.elementwise("mul", [scale, lw.cast(weight, st)], part="scale")
+        moved = lw.elementwise("mul", [lw.cast(mean, st), scale], part="mean_scale")
+        shift = (lw.elementwise("sub", [lw.cast(bias, st), moved], part="shift")
+                 if bias is not None else lw.elementwise("neg", [moved], part="shift"))
     for _ in range(x.rank - 2):
         scale, shift = unsqueeze(scale, -1), unsqueeze(shift, -1)
     out = cx.dtype()
     y = lw.elementwise("mul", [lw.cast(x, st), scale], part="scaled")
     y = lw.elementwise("add", [y, shift], part=None if st == out else "shifted")
     return lw.cast(y, out)
+
+
+def _folded_scale_shift(lw: Lowering, weight: Value | None, bias: Value | None, mean: Value,
+                        var: Value, eps: float, dtype: str) -> tuple[Value, Value] | None:
+    """The scale and shift as constants, computed in float32 the way torch's CPU kernel does
+    (``invstd = 1 / sqrt(var + eps)``, ``alpha = invstd * weight``, ``beta = bias - mean *
+    alpha``), when every operand is a constant the lowering holds whole; None otherwise."""
+    vals = {}
+    for key, v in (("weight", weight), ("bias", bias), ("mean", mean), ("var", var)):
+        if v is None:
+            continue
+        if v.tensor not in lw.constants or not lw.is_plain(v):
+            return None
+        vals[key] = np.asarray(lw.constants[v.tensor], dtype=np.float32)
+    f32 = np.float32
+    scale = f32(1) / np.sqrt(vals["var"] + f32(eps))
+    if "weight" in vals:
+        scale = scale * vals["weight"]
+    shift = -(vals["mean"] * scale)
+    if "bias" in vals:
+        shift = vals["bias"] - vals["mean"] * scale
+    node = lw.origin.node
+    return (lw.constant(f"{node}.scale", scale, dtype),
+            lw.constant(f"{node}.shift", shift, dtype))
 
 
 class _FirstOnly(tuple):  # type: ignore[type-arg]

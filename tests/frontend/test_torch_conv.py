@@ -257,6 +257,27 @@ def test_batch_norm_in_eval_is_a_per_channel_scale_and_shift_from_the_running_st
     check_planned(tp, (x, v), eager(model, x, v))
 
 
+class StatsGiven(nn.Module):
+    def forward(self, x, mean, var, weight):  # statistics the caller passes: not constants
+        return F.batch_norm(x, mean, var, weight, None, training=False, eps=1e-3)
+
+
+def test_batch_norm_folds_its_buffers_into_two_constants_and_computes_given_statistics():
+    model = demo._randomize_batch_norms(_seeded(lambda: nn.BatchNorm2d(3)))
+    x = torch.randn(2, 3, 4, 5)
+    tp = lowered(model, x)
+    assert [op.fn for op in tp.program.ops] == ["mul", "add"]
+    scale = tp.constants[tp.program.ops[0].ins[1].tensor]
+    bn = model
+    want = bn.weight.detach().numpy() / np.sqrt(bn.running_var.numpy() + bn.eps)
+    np.testing.assert_allclose(scale, want, rtol=1e-6)
+    given_stats = (x, torch.rand(3), torch.rand(3) + 0.5, torch.rand(3))
+    tp = lowered(StatsGiven(), *given_stats)
+    assert {"rsqrt", "mul", "neg"} <= kinds(tp)
+    check_planned(tp, given_stats, eager(StatsGiven(), *given_stats),
+                  cases=[("balanced", 8, "reference")])
+
+
 POOLS = {
     "max": lambda x: F.max_pool2d(x, 2),
     "max_padded_strided": lambda x: F.max_pool2d(x, 3, stride=2, padding=1),
