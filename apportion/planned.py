@@ -157,9 +157,10 @@ class PlannedProgram:
         foralls of a loop group's tile (``backends.iree.forall``); one function for every run-time
         size (``backends.iree.forall_sizes``)."""
         from apportion.backends.iree.forall import forall_mlir, verify_mlir
+        from apportion.backends.iree.run import emitted
 
-        text = forall_mlir(self.program, self.plan, self.target,
-                           symbolic=self.given if self.symbols else None)
+        text = forall_mlir(emitted(self.program, self.plan, self.target,
+                                   self.given if self.symbols else None))
         verify_mlir(text)
         return text
 

@@ -49,6 +49,7 @@ from rich.table import Table
 
 from apportion.backends.iree import runtime as iree
 from apportion.backends.iree.forall import forall_mlir, mlir_type, symbol_name
+from apportion.backends.iree.run import emitted
 from apportion.cli import goals as bench_goals
 from apportion.cli.bench_harness import Outcome, Suite, interleaved
 from apportion.cli.usage import from_models
@@ -221,7 +222,7 @@ def prepare(m: int, n: int, k: int, k_full: int, factor: int) -> _Prepared:
         raise ExecutionError(f"{m}x{n}x{k}: split_k {factor} planned as {got} slices on "
                              f"{cores} cores")
     check = planned.check(backend="iree")[0]
-    text = forall_mlir(planned.program, planned.plan, planned.target)
+    text = forall_mlir(emitted(planned.program, planned.plan, planned.target))
     compiled = iree.compile_mlir(text)
     program = planned.program
     if any(mlir_type(program.tensor(t).dtype) != "f32" for t in program.inputs):

@@ -67,7 +67,9 @@ def lower(program: Program, plan: Plan, target: Target | str,
     """
     name = target if isinstance(target, str) else target.name
     bound: tuple[tuple[str, int], ...] = ()
+    given: Program | None = None
     if program.symbol_map:
+        given = program
         if isinstance(target, str):
             raise ExecutionError(f"program {program.name!r} has run-time sizes "
                                  f"({', '.join(program.symbol_map)}): binding them needs the "
@@ -88,7 +90,7 @@ def lower(program: Program, plan: Plan, target: Target | str,
                      params=tuple(sorted((params or {}).items())))
     return Schedule(program=program, target=name, cores=plan.cores, steps=steps,
                     buffers=plan.buffers, lifetimes=_lifetimes(program, sched),
-                    sizes=bound, params=sched.params)
+                    sizes=bound, params=sched.params, given=given)
 
 
 def planned_counts(plan: Plan) -> dict[str, int]:
@@ -223,7 +225,7 @@ class _Lowering:
             boxes=tuple(None if b is None else tuple(b[d] for d in dims) for b in boxes),
             steps=dim_steps, reads=tuple(operand(a) for a in op.ins), write=operand(op.out),
             combine=tuple(tuple(g) for g in by_slice.values() if len(g) > 1), mode=mode,
-            units=tuple(dict(op_plan.unit_elems)[d] for d in dims))
+            units=tuple(dict(op_plan.unit_elems)[d] for d in dims), split_k=op_plan.split_k)
 
     # --- loop groups -------------------------------------------------------------------------
 

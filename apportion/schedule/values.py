@@ -38,6 +38,7 @@ from typing import Union
 from apportion.errors import ExecutionError
 from apportion.ir.program import Program
 from apportion.plans.memory import Buffer
+from apportion.plans.plan import SplitK
 
 #: ``(start, stop)`` of one axis
 Interval = tuple[int, int]
@@ -199,6 +200,11 @@ class Launch:
     #: elements per planning unit of each dim (``dims`` order; a stick for stick dims): the
     #: workers cut the tile into whole units (``part``); empty where not given
     units: tuple[int, ...] = ()
+    #: the split of a reduction the plan records for the op (a split-K partial op's cut of its
+    #: base op's reduction: its ``select`` chain picks the slices from a run-time reduction
+    #: size, which an emitter of one function for every size computes as the chain does); None
+    #: where the plan records none
+    split_k: SplitK | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -408,7 +414,9 @@ class Schedule:
     """One device's plan over its cores, lowered: the concrete ``program`` (run-time sizes
     bound), the target's name and core count, the bound ``sizes`` and symbolic loop counts
     (``params``), the plan's ``buffers`` and every tensor's ``lifetimes``, and the ``steps``
-    in program order."""
+    in program order. ``given`` is the program as given, with its symbols, where it has
+    run-time sizes (``program`` is it bound at ``sizes``; split-K ops cut as the plan cuts
+    them): what an emitter of one function for every size reads (None: no run-time sizes)."""
 
     program: Program
     target: str
@@ -418,6 +426,7 @@ class Schedule:
     lifetimes: tuple[Lifetime, ...] = ()
     sizes: tuple[tuple[str, int], ...] = ()
     params: tuple[tuple[str, int], ...] = ()
+    given: Program | None = None
 
     def walk(self) -> Iterator[tuple[Step, tuple[Loop, ...]]]:
         """Every step at any depth, in order, with the loops enclosing it (outermost first)."""

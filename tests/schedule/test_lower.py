@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.frontend.json_format import from_dict
 from apportion.passes.bind import bind_plan
 from apportion.planned import PlannedProgram
 from apportion.plans.tiles import core_boxes, region, resolve_counts, tile_box
@@ -325,3 +326,28 @@ def test_a_plan_for_another_program_is_refused_naming_the_op():
     other = ap.plan(ap.load(ROOT / "examples/attention.json"), ap.targets.spyre(cores=8))
     with pytest.raises(ExecutionError, match="op 'gate': plan has no op 'gate'"):
         lower(planned.program, other.plan, planned.target)
+
+
+def test_a_program_with_run_time_sizes_keeps_the_program_as_given():
+    planned = ap.plan(ap.load(ROOT / "examples/dynamic_k.json"), ap.targets.spyre(cores=8))
+    sched = lower(planned.given, planned.plan, planned.target, sizes={"K": 256})
+    assert sched.given is planned.given and sched.given.tensor("x").symbols == {1: "K"}
+    assert sched.program.tensor("x").shape == (32, 256) and not sched.program.symbol_map
+    static = ap.plan(ap.load(ROOT / "examples/mlp.json"), ap.targets.spyre(cores=8))
+    assert lower(static.program, static.plan, static.target).given is None
+
+
+def test_a_split_k_partial_launch_carries_the_plans_split_and_its_select_chain():
+    doc = {"name": "dynk", "symbols": {"K": {"max": 65536}},
+           "tensors": {"x": {"shape": [32, "K"], "dtype": "float32"},
+                       "w": {"shape": ["K", 32], "dtype": "float32"}},
+           "inputs": ["x", "w"], "outputs": ["y"],
+           "ops": [{"name": "mm", "op": "matmul", "out": "y[m,n]",
+                    "ins": ["x[m,k]", "w[k,n]"]}]}
+    planned = ap.plan(from_dict(doc), ap.targets.resolve("gpu", None))
+    split = planned.plan.op("mm.partial").split_k
+    assert split is not None and split.select is not None  # a run-time K: a select chain
+    sched = lower(planned.given, planned.plan, planned.target)
+    launches = {s.op: s for s in sched.ops if isinstance(s, Launch)}
+    assert launches["mm.partial"].split_k == split
+    assert all(s.split_k == planned.plan.op(n).split_k for n, s in launches.items())

@@ -23,7 +23,7 @@ import numpy as np
 from apportion.backends import Backend, Planned
 from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.mesh import run_mesh
-from apportion.backends.iree.run import iree_run, modules
+from apportion.backends.iree.run import emitted, iree_run, modules
 from apportion.backends.limits import Limit, refusals
 from apportion.errors import ExecutionError
 from apportion.runtime.reference import bind_inputs
@@ -41,7 +41,7 @@ def supports(planned: Planned) -> tuple[Limit, ...]:
     def emit() -> None:
         for program, plan, given in modules(planned.program, planned.plan,
                                             planned.given if planned.symbols else None):
-            forall_mlir(program, plan, planned.target, symbolic=given)
+            forall_mlir(emitted(program, plan, planned.target, given))
 
     return refusals(emit)
 
@@ -50,7 +50,7 @@ def _emit_mesh(schedule: MeshSchedule) -> None:
     for stage in schedule.stages:
         if isinstance(stage, Compute):
             for launch in stage.launches:
-                forall_mlir(launch.program, launch.plan, schedule.target)
+                forall_mlir(emitted(launch.program, launch.plan, schedule.target))
 
 
 def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None,

@@ -1,10 +1,12 @@
-"""Thread-first parallel IR on tensors: a planned program as MLIR ``scf.forall`` loops.
+"""Thread-first parallel IR on tensors: a plan's schedule as MLIR ``scf.forall`` loops.
 
-``forall_mlir`` prints one ``func.func`` named after the program: it takes the program inputs as
-tensors (then one ``index`` argument per symbolic loop count, named after it) and returns the
-outputs. Every op is one ``scf.forall`` over its core grid, one induction variable per dim the
-plan splits (an op on one core has no forall). A thread's box of the iteration space is the
-plan's slice (``plans.views.dim_slices``: whole planning units, larger slices first): its start
+``forall_mlir`` reads one ``schedule.values.Schedule`` (the plan lowered by ``schedule.lower``;
+nothing of the plan itself) and prints one ``func.func`` named after its program: it takes the
+program inputs as tensors (then one ``index`` argument per symbolic loop count, named after it)
+and returns the outputs. Every launch is one ``scf.forall`` over its worker grid
+(``Launch.axes``), one induction variable per dim a worker axis splits (a launch of one worker
+has no forall). A thread's box of the iteration space is its slice in whole planning units
+(``Launch.units``; ``plans.views.dim_slices`` arithmetic: larger slices first): its start
 an ``affine.apply`` of the thread id, its size static where the slices are equal and an
 ``affine.min`` where they are not. Each operand is read as the ``tensor.extract_slice`` of its
 bounding box over the thread's box (``plans.tiles.region``; literal indices drop their axis) and
@@ -31,28 +33,32 @@ along the last axis of their input, with upstream linalg only: cumsum a running 
 wrongly), sort by rank (``O(n^2)`` per row: each element's rank counts the smaller ones, ties
 by position, NaN last, then each rank picks its element).
 
-A coarse-tiling loop group is ``scf.for`` loops in the tree its ops' loop paths make
-(``plans.tiles.loop_tree``, as the reference executor runs it): an op runs in the loop its path
-ends in, over its tile at those loops' ids (``plans.tiles.tile_box``; a symbolic count is its
-function argument), so an op at a lesser depth (``"depths"``) runs next to the inner loop of its
+A coarse-tiling loop group is ``scf.for`` loops as the schedule's ``Loop`` steps nest them (as
+the reference executor runs them): an op runs in the loop that encloses it, over its tile at
+those loops' ids (each level cuts the dims its launch steps along, ``Launch.steps``, into its
+count of parts; a symbolic count, ``Loop.symbol``, is its function argument), so an op at a
+lesser depth (``"depths"``) runs next to the inner loop of its
 neighbours, a shallower op between deeper ones makes sibling inner loops, and an op over two dims
 of one level runs its own inner loop. A tensor read outside the loop that writes it (after the
 group, or by a shallower op) is carried whole in ``iter_args`` by every loop around its writer,
 from a fill (IREE 3.13 fails at run time on loop-carried values that start from
 ``tensor.empty``: ``runtime.FLAGS``); a tensor read only inside that loop is one iteration's
 tile, a fresh tensor every iteration. A reduction tiled by a loop accumulates into a whole
-accumulator carried by every loop around it: reset to its identity before the loop that tiles
-the reduction (its tile of the loops outside), each tile's partial computed from its identity and
+accumulator carried by every loop around it (``Launch.mode`` ``accumulate``): reset to its
+identity before the loop that tiles the reduction (where its ``Init`` stands; its tile of the
+loops outside), each tile's partial computed from its identity and
 combined into it elementwise, as the reference executor does, and finished (cast, a mean
-divided) after that loop, where shallower ops read it. A fallback in a loop runs on its tile's
-region of its input, whole along the axis it works on. Static tile geometry is affine maps of the
-loop and thread ids; a symbolic count divides with ``arith.divui``, slices of a run-time tile
-size use ``arith`` on ``index``, and a forall's shared tensor keeps a static shape (the whole dim
-bounds a run-time tile: IREE cannot size a dynamic tensor carried through a loop).
+divided) after that loop (its ``Finish``), where shallower ops read it. A fallback in a loop
+(``Host``) runs on its tile's region of its input, whole along the axis it works on. Static
+tile geometry is affine maps of the loop and thread ids; a symbolic count divides with
+``arith.divui``, slices of a run-time tile size use ``arith`` on ``index``, and a forall's
+shared tensor keeps a static shape (the whole dim bounds a run-time tile: IREE cannot size a
+dynamic tensor carried through a loop).
 
-A program with run-time sizes (``symbolic``, the program as given) is one function for every
-size (``forall_sizes``): ``?`` for symbolic dims, their sizes read with ``tensor.dim``,
-each split-K op's slices an ``arith.select`` chain on its run-time reduction size, every op's
+A schedule of a program with run-time sizes (``Schedule.given``, the program as given) is one
+function for every size (``forall_sizes``): ``?`` for symbolic dims, their sizes read with
+``tensor.dim``, each split-K op's slices an ``arith.select`` chain on its run-time reduction
+size (the partial launch's ``Launch.split_k``), every op's
 slices cut from the run-time sizes as ``dim_slices`` cuts them (a thread past the last unit
 gets an empty slice), and a forall whose shared output has a run-time size one linear thread id
 (IREE cannot size a dynamic tensor that nested loops carry).
@@ -68,8 +74,9 @@ the kind and the backend; whole-tensor kinds (gathers, reshapes, constants, ...)
 inputs by computed index (``backends.iree.forall_fallback``).
 
 >>> import apportion as ap
+>>> from apportion.schedule.lower import lower
 >>> planned = ap.plan(ap.load("examples/mlp.json"), ap.targets.spyre(cores=8))
->>> text = forall_mlir(planned.program, planned.plan, planned.target)
+>>> text = forall_mlir(lower(planned.program, planned.plan, planned.target))
 >>> text.splitlines()[0]
 'func.func @mlp(%x: tensor<256x1024xf16>, %wg: tensor<1024x2816xf16>, \
 %wu: tensor<1024x2816xf16>, %wd: tensor<2816x1024xf16>) -> tensor<256x1024xf16> {'
@@ -95,7 +102,7 @@ from apportion.backends.iree.forall_sizes import Sizes
 from apportion.backends.iree.forall_split_reduction import _SplitReductions
 from apportion.backends.iree.forall_tensors import Box as Box
 from apportion.backends.iree.forall_tensors import TensorVal as TensorVal
-from apportion.backends.iree.forall_tensors import _Carried, _Env
+from apportion.backends.iree.forall_tensors import Work, _Carried, _Env
 from apportion.backends.iree.forall_types import INDEX_MAX as INDEX_MAX
 from apportion.backends.iree.forall_types import MLIR_TYPES as MLIR_TYPES
 from apportion.backends.iree.forall_types import mlir_type as mlir_type
@@ -107,23 +114,21 @@ from apportion.errors import EmitError
 from apportion.ir.kinds import Category, OpKind
 from apportion.ir.op import Op
 from apportion.ir.program import Program
-from apportion.plans.memory import GroupPlan
-from apportion.plans.plan import LoopInfo, OpPlan, Plan
-from apportion.plans.tiles import Loop, loop_tree
-from apportion.target.target import Target
+from apportion.schedule.values import Finish, Host, Init, Launch, Loop, Schedule, Step
 
 
-def forall_mlir(program: Program, plan: Plan, target: Target | None = None,
-                symbolic: Program | None = None) -> str:
-    """The planned program as thread-first parallel IR on tensors (MLIR text, not verified;
-    ``verify_mlir`` checks it). ``target`` is the plan's, for symmetry with the other emitters.
-    ``symbolic`` is the program as given when it has run-time sizes (``program`` and ``plan``
-    are then at its planning sizes, ``PlannedProgram.given``): the function covers every size
+def forall_mlir(schedule: Schedule) -> str:
+    """The schedule (``schedule.lower``: the plan lowered, its symbolic loop counts at the
+    values they were planned at, ``planned_counts``) as thread-first parallel IR on tensors
+    (MLIR text, not verified; ``verify_mlir`` checks it). Every decision comes from the
+    schedule: each op's worker grid and planning units (``Launch.axes``, ``Launch.units``),
+    its loops (``Loop`` steps; a symbolic count stays the function argument named after it)
+    and the dims each level tiles (the launch's nonzero steps), where accumulators reset and
+    finish (``Init``/``Finish`` steps) and the fallbacks (``Host``). A schedule of a program
+    with run-time sizes (``Schedule.given``) is one function for every size
     (``backends.iree.forall_sizes``).
     """
-    if target is not None and (plan.target, plan.cores) != (target.name, target.cores):
-        raise EmitError(f"plan is for {plan.target!r} with {plan.cores} cores, not "
-                        f"{target.name!r} with {target.cores}")
+    program, symbolic = schedule.program, schedule.given
     if symbolic is not None:
         if not symbolic.symbols:
             symbolic = None
@@ -137,7 +142,7 @@ def forall_mlir(program: Program, plan: Plan, target: Target | None = None,
     for op in program.ops:
         for d, n in op.sizes.items():
             check_index(n, f"op {op.name!r} dim {d!r} (size)")
-    return _Function(program, plan, symbolic).text()
+    return _Function(schedule, symbolic).text()
 
 
 def size_symbols(program: Program) -> tuple[str, ...]:
@@ -148,10 +153,19 @@ def size_symbols(program: Program) -> tuple[str, ...]:
     return tuple(s.name for s in program.symbols if s.name not in on_inputs)
 
 
-def symbols(plan: Plan) -> tuple[str, ...]:
+def symbols(schedule: Schedule) -> tuple[str, ...]:
     """The symbolic loop counts, in the order the emitted function takes them (after the
-    inputs)."""
-    return tuple(dict.fromkeys(c for g in plan.groups for c in g.counts if isinstance(c, str)))
+    inputs): as their loops first appear in the schedule.
+
+    >>> import apportion as ap
+    >>> from apportion.schedule.lower import lower, planned_counts
+    >>> planned = ap.plan(ap.load("examples/softmax_symbolic.json"), ap.targets.spyre(cores=8))
+    >>> symbols(lower(planned.program, planned.plan, planned.target,
+    ...               params=planned_counts(planned.plan)))
+    ('T',)
+    """
+    return tuple(dict.fromkeys(s.symbol for s, _ in schedule.walk()
+                               if isinstance(s, Loop) and s.symbol))
 
 
 def thread_slices(n: int, per: int, split: int, dynamic: bool = False) -> list[tuple[int, int]]:
@@ -176,8 +190,8 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
 
     # -- the whole function ---------------------------------------------------------------
 
-    def __init__(self, program: Program, plan: Plan, symbolic: Program | None = None) -> None:
-        super().__init__(program, plan)
+    def __init__(self, schedule: Schedule, symbolic: Program | None = None) -> None:
+        super().__init__(schedule)
         self.symbolic = symbolic
 
     def text(self) -> str:
@@ -186,7 +200,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         env = _Env()
         ssas = {name: self.names.fresh(name) for name in p.inputs}
         self.symbols: dict[str, str] = {}
-        for c in symbols(self.plan):
+        for c in symbols(self.schedule):
             self.symbols[c] = self.names.fresh(c)
         if self.symbolic is not None:
             self.sizes = Sizes.symbolic(p, self.symbolic, self.names)
@@ -198,23 +212,16 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         args += [f"{self.symbols[c]}: index" for c in self.symbols]
         if self.symbolic is not None:
             self.sizes.read(top, env.vals)
-            self.sizes.cut(top, self.plan)
+            self.sizes.cut(top, {s.op: s.split_k for s, _ in self.schedule.walk()
+                                 if isinstance(s, Launch) and s.split_k is not None})
             args += [f"{self.sizes.symbols[s]}: index" for s in self.sizes.arguments]
-        i = 0
-        while i < len(p.ops):
-            op = p.ops[i]
-            loop = self.op_plan(op).loop
-            if loop is None:
-                self.whole_op(top, op, env)
-                i += 1
-                continue
-            group = self.plan.group(loop.group)
-            names = tuple(o.name for o in p.ops[i:i + len(group.ops)])
-            if names != group.ops:
-                raise EmitError(f"loop group {list(group.path)} runs ops {list(group.ops)}, but "
-                                f"the program has {list(names)} there")
-            self.group(top, group, env)
-            i += len(group.ops)
+        for step in self.schedule.steps:
+            if isinstance(step, Launch | Host):
+                self.whole_op(top, p.op(step.op), env)
+            elif isinstance(step, Loop):
+                self.group(top, step, env)
+            # an Init or Finish outside loops is its loop group's: its accumulator starts
+            # filled with the identity (group) and is finished after the loop (nest_loop)
         outs = [env.vals[n] for n in p.outputs]
         types = ", ".join(v.type for v in outs)
         result = types if len(outs) == 1 else f"({types})"
@@ -226,16 +233,13 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
     # -- ops outside loops ----------------------------------------------------------------
 
     def whole_op(self, blk: _Block, op: Op, env: _Env) -> None:
-        opl = self.op_plan(op)
-        if opl.sizes != op.sizes:
-            raise EmitError(f"op {op.name!r}: plan's iteration space {opl.sizes} differs from "
-                            f"the op's {op.sizes}")
+        work = self.work(op)
         t = self.program.tensor(op.out.tensor)
         dest = self.empty(blk, op.out.tensor, self.sizes.shape(op.out.tensor),
                           mlir_type(t.dtype))
         tile = {d: (Ix(0), n) for d, n in self.sizes.of(op).items()}
         viewed, local = self.viewed(blk, op, env)
-        env.vals[op.out.tensor] = self.op(blk, viewed, opl, tile, dest, local, None)
+        env.vals[op.out.tensor] = self.op(blk, viewed, work, tile, dest, local, None)
 
     def viewed(self, blk: _Block, op: Op, env: _Env) -> tuple[Op, _Env]:
         """``op`` and the tensors it reads, with the inputs of a partial op whose slice length
@@ -273,24 +277,24 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
 
     # -- one op over a tile ---------------------------------------------------------------
 
-    def op(self, blk: _Block, op: Op, opl: OpPlan, tile: Box, dest: TensorVal, env: _Env,
+    def op(self, blk: _Block, op: Op, work: Work, tile: Box, dest: TensorVal, env: _Env,
            carried: _Carried | None) -> TensorVal:
         """Emit ``op`` over ``tile`` writing into ``dest`` (the accumulator when ``carried``
         accumulates); returns the new value of ``dest``."""
         if merges(op):  # the op writing the split view of dest (forall_merge)
             view = self.split_view(blk, op, dest)
-            new = self.op(blk, written(op), opl, tile, view, env, carried)
+            new = self.op(blk, written(op), work, tile, view, env, carried)
             return self.merge_view(blk, op, new, dest)
         kind = op.kind
         if kind.category is Category.FALLBACK:
             return self.fallback(blk, op, dest, env, tile)
         self.check_body(op)
-        splits = opl.split_map
-        per = dict(opl.unit_elems)
+        splits = work.splits
+        per = work.per
         split_dims = [d for d in op.dim_names if splits[d] > 1]
         red_split = [d for d in op.reduction_dims if splits[d] > 1]
         if red_split:
-            return self.split_reduction(blk, op, opl, tile, dest, env, carried, split_dims,
+            return self.split_reduction(blk, op, work, tile, dest, env, carried, split_dims,
                                         red_split)
         accumulate = carried is not None and carried.accumulates
         if not split_dims:
@@ -326,26 +330,17 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
 
     # -- loop groups --------------------------------------------------------------------------
 
-    def group(self, blk: _Block, group: GroupPlan, env: _Env) -> None:
-        """A loop group as the tree of loops its ops' loop paths make (``plans.tiles.loop_tree``):
-        an op runs in the loop its path ends in, ops at a lesser depth next to the inner loop of
-        their neighbours, an op with a loop of its own (two dims of one level) in that loop."""
+    def group(self, blk: _Block, loop: Loop, env: _Env) -> None:
+        """A loop group, the schedule's outermost ``loop``: an op runs in the loop that
+        encloses it there, ops at a lesser depth next to the inner loop of their neighbours, an
+        op with a loop of its own (two dims of one level) in that loop."""
         p = self.program
-        ops = [p.op(n) for n in group.ops]
-        plans = {op.name: self.op_plan(op) for op in ops}
-        loops: dict[str, LoopInfo] = {}
-        for op in ops:
-            loop = plans[op.name].loop
-            if loop is None or loop.group[:1] != group.path[:1]:
-                raise EmitError(f"op {op.name!r}: plan's loop {loop} is not in loop group "
-                                f"{list(group.path)}")
-            loops[op.name] = loop
-        accumulating = {c.op for c in group.combines}
-        for op in ops:
-            if op.name in accumulating and (op.kind.reducer is None or op.kind.reducer.pairs):
+        nest = _Nest.of(p, self.schedule, loop, self.works)
+        for name in nest.levels:
+            op = p.op(name)
+            if op.kind.reducer is None or op.kind.reducer.pairs:
                 raise EmitError(f"op {op.name!r}: {op.kind.name} cannot accumulate across "
                                 f"loop iterations {cite('iree-accumulate-kind')}")
-        nest = _Nest.of(p, group, ops, loops)
         state = _Scope(dict(env.vals), {})
         for t in nest.whole:  # carried whole through the loops that write them
             tt = p.tensor(t)
@@ -358,39 +353,39 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
             state.accs[name] = self.filled(blk, f"{op.out.tensor}_acc",
                                            self.sizes.shape(op.out.tensor),
                                            self.compute_type(op), op.kind.reducer.identity)
-        self.items(blk, nest, loop_tree(group.ops, loops), [], state)
+        self.items(blk, nest, [loop], [], state)
         for t in nest.whole:
             env.vals[t] = state.vals[t]
 
-    def tile(self, blk: _Block, op: Op, loop: LoopInfo, ivs: Sequence[Ix], counts: Sequence[Ix]
-             ) -> Box:
-        """The box of ``op`` at loop indices ``ivs`` (levels ``len(ivs)`` and deeper whole), as
-        ``plans.tiles.tile_box`` cuts it."""
+    def count(self, loop: Loop) -> Ix:
+        """A loop's count as an index value: a symbolic one is its function argument."""
+        return Ix.atom(self.symbols[loop.symbol]) if loop.symbol else Ix(loop.count)
+
+    def op_tile(self, blk: _Block, op: Op, ivs: Sequence[Ix]) -> Box:
+        """The box of ``op`` at the indices ``ivs`` of its outermost loops (deeper levels
+        whole): each level cuts the dims it tiles (its launch's nonzero steps there) into its
+        count of equal parts, as ``schedule.lower`` steps the tile."""
+        work = self.work(op)
         box = {d: (Ix(0), n) for d, n in self.sizes.of(op).items()}
         for level, iv in enumerate(ivs):
-            for d in loop.tiled_dims[level]:
+            count = self.count(work.loops[level])
+            for d in work.tiled(level):
                 lo, n = box[d]
-                step = blk.div(n, counts[level])
+                step = blk.div(n, count)
                 box[d] = (lo + blk.mul(iv, step), step)
         return box
 
-    def counts(self, counts: Sequence[int | str]) -> list[Ix]:
-        """Loop counts as index values: a symbolic one is its function argument."""
-        return [Ix.atom(self.symbols[c]) if isinstance(c, str) else Ix(c) for c in counts]
-
-    def op_tile(self, blk: _Block, op: Op, nest: _Nest, ivs: Sequence[Ix], depth: int) -> Box:
-        """``op``'s box at the loop indices ``ivs[:depth]`` of its own loops."""
-        loop = nest.loops[op.name]
-        return self.tile(blk, op, loop, ivs[:depth], self.counts(loop.count))
-
-    def items(self, blk: _Block, nest: _Nest, items: Sequence[str | Loop], ivs: list[Ix],
+    def items(self, blk: _Block, nest: _Nest, items: Sequence[Step], ivs: list[Ix],
               state: _Scope) -> None:
         """One loop body (or the group's top, ``ivs`` empty): its ops over their tiles and its
-        inner loops, in program order; ``state`` holds the values as the body runs."""
+        inner loops, in program order; ``state`` holds the values as the body runs. The
+        ``Init``, ``Finish`` and ``Copy`` steps need nothing here: an accumulator resets and
+        finishes around the loop at its level (``nest_loop``), and a tile is written into
+        the tensor carried whole as its op runs."""
         for item in items:
-            if isinstance(item, str):
-                self.nest_op(blk, nest, self.program.op(item), ivs, state)
-            else:
+            if isinstance(item, Launch | Host):
+                self.nest_op(blk, nest, self.program.op(item.op), ivs, state)
+            elif isinstance(item, Loop):
                 self.nest_loop(blk, nest, item, ivs, state)
 
     def nest_loop(self, blk: _Block, nest: _Nest, lp: Loop, ivs: list[Ix], state: _Scope
@@ -399,9 +394,9 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         carrying what its body writes that is read outside it, then those accumulators
         finished."""
         p = self.program
-        depth = lp.depth
-        names = lp.names()
-        key = nest.loops[names[0]].group[:depth + 1]
+        depth = len(ivs)
+        names = _ops_in(lp)
+        key = lp.path
         mine = [n for n in names if n in nest.levels]
         for name in mine:  # reset before the loop that tiles the reduction
             if nest.levels[name] == depth and depth > 0:
@@ -414,7 +409,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         args = [v.renamed(blk.fresh(f"{symbol_name(k[1])}_{'acc' if k[0] == 'acc' else 'it'}"))
                 for k, v in zip(keys, inits, strict=True)]
         types = ", ".join(a.type for a in args)
-        bound = blk.value(self.counts([lp.count])[0])
+        bound = blk.value(self.count(lp))
         head = f"{res}:{len(args)}" if len(args) > 1 else res
         loop_text = f"scf.for {iv} = {blk.value(0)} to {bound} step {blk.value(1)}"
         if args:
@@ -426,7 +421,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         local = state.copy()
         for k, a in zip(keys, args, strict=True):
             local.set(k, a)
-        self.items(inner, nest, lp.items, [*ivs, Ix.atom(iv)], local)
+        self.items(inner, nest, lp.body, [*ivs, Ix.atom(iv)], local)
         blk.extend(inner)
         if args:
             blk.emit(f"{INDENT}scf.yield {', '.join(local.get(k).ssa for k in keys)} : {types}")
@@ -442,7 +437,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         """The region of ``op``'s accumulator the loops outside its reduction's select, set to
         the reducer's identity."""
         acc = state.accs[op.name]
-        box = self.op_tile(blk, op, nest, ivs, len(ivs))
+        box = self.op_tile(blk, op, ivs)
         view = self.split_view(blk, op, acc)  # a merged write resets its split view
         region = self.out_region(written(op), box)
         shape = [ext for _, ext, lit in region if not lit]
@@ -456,7 +451,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         """``op``'s accumulator over the region the loops outside its reduction select,
         finished (cast, a mean divided) into its output."""
         acc = state.accs[op.name]
-        box = self.op_tile(blk, op, nest, ivs, len(ivs))
+        box = self.op_tile(blk, op, ivs)
         split = written(op)
         region = self.out_region(split, box)
         part = self.extract_out(blk, self.split_view(blk, op, acc), region,
@@ -496,21 +491,22 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
     def nest_op(self, blk: _Block, nest: _Nest, op: Op, ivs: list[Ix], state: _Scope) -> None:
         """``op`` over its tile at ``ivs``: combined into its accumulator, written into the
         tensor carried whole, or into a fresh tile read in this iteration only."""
-        opl = self.op_plan(op)
-        tile = self.op_tile(blk, op, nest, ivs, len(ivs))
+        work = self.work(op)
+        tile = self.op_tile(blk, op, ivs)
         env = _Env(state.vals)
         if op.name in nest.levels:
             carried = _Carried(op.out.tensor, op, True, state.accs[op.name],
                                nest.levels[op.name])
-            state.accs[op.name] = self.op(blk, op, opl, tile, state.accs[op.name], env, carried)
+            state.accs[op.name] = self.op(blk, op, work, tile, state.accs[op.name], env,
+                                          carried)
             return
         t = op.out.tensor
         if t in nest.whole:
-            state.vals[t] = self.op(blk, op, opl, tile, state.vals[t], env, None)
+            state.vals[t] = self.op(blk, op, work, tile, state.vals[t], env, None)
             return
         split = written(op)  # a merged write makes its tile split (forall_merge)
         _, dest = self.destination(blk, nest, op, self.out_region(split, tile), state)
-        piece = self.op(blk, split, opl, tile, dest, env, None)
+        piece = self.op(blk, split, work, tile, dest, env, None)
         self.store(blk, nest, op, None, piece, state)
 
 
@@ -534,37 +530,57 @@ class _Scope:
 
 @dataclasses.dataclass(frozen=True)
 class _Nest:
-    """What the emitter needs to know of a group before emitting it: each op's loop, the loop
-    depth at which each accumulating op resets and finishes (``levels``), where each tensor the
-    group makes gets its value (``writes``: the loop path of its op, or of the finish of its
-    accumulator), and the tensors carried whole through the loops that write them (``whole``:
-    read after the group, or by an op outside the loop that writes it); the others are one
-    iteration's tile, a fresh tensor in the body that writes them."""
+    """What the emitter needs to know of a group before emitting it: the loop depth at which
+    each accumulating op resets and finishes (``levels``: where its ``Init``, else its
+    ``Finish``, stands; 0 where it has neither), where each tensor the group makes gets its
+    value (``writes``: the path of its op's innermost loop, or of the loop its accumulator
+    finishes after), and the tensors carried whole through the loops that write them
+    (``whole``: read after the group, or by an op outside the loop that writes it); the
+    others are one iteration's tile, a fresh tensor in the body that writes them."""
 
-    loops: Mapping[str, LoopInfo]
     levels: Mapping[str, int]
     writes: Mapping[str, tuple[int, ...]]
     whole: tuple[str, ...]
 
     @staticmethod
-    def of(program: Program, group: GroupPlan, ops: Sequence[Op],
-           loops: Mapping[str, LoopInfo]) -> _Nest:
-        inits = {i.op: i.level for i in group.inits}
-        levels = {c.op: inits.get(c.op, 0) for c in group.combines}
-        names = set(group.ops)
+    def of(program: Program, schedule: Schedule, loop: Loop, works: Mapping[str, Work]
+           ) -> _Nest:
+        names = _ops_in(loop)
+        inits: dict[str, int] = {}
+        finishes: dict[str, int] = {}
+        for s, loops in schedule.walk():
+            if isinstance(s, Init):
+                inits.setdefault(s.op, len(loops))
+            elif isinstance(s, Finish):
+                finishes.setdefault(s.op, len(loops))
+        accumulating = [n for n in names if n in inits or n in finishes or (
+            isinstance(works[n].step, Launch) and works[n].step.mode == "accumulate")]
+        levels = {n: inits.get(n, finishes.get(n, 0)) for n in accumulating}
         writes: dict[str, tuple[int, ...]] = {}
-        for op in ops:
-            path = loops[op.name].group
-            writes[op.out.tensor] = path[:levels[op.name]] if op.name in levels else path
-        after = {a.tensor for o in program.ops if o.name not in names for a in o.ins} | set(
+        for n in names:
+            path = works[n].path
+            writes[program.op(n).out.tensor] = path[:levels[n]] if n in levels else path
+        inside = set(names)
+        after = {a.tensor for o in program.ops if o.name not in inside for a in o.ins} | set(
             program.outputs)
         reads: dict[str, list[tuple[int, ...]]] = {}
-        for op in ops:
-            for a in op.ins:
-                reads.setdefault(a.tensor, []).append(loops[op.name].group)
+        for n in names:
+            for a in program.op(n).ins:
+                reads.setdefault(a.tensor, []).append(works[n].path)
         whole = tuple(t for t, w in writes.items() if t in after or any(
             r[:len(w)] != w for r in reads.get(t, [])))
-        return _Nest(loops, levels, writes, whole)
+        return _Nest(levels, writes, whole)
+
+
+def _ops_in(loop: Loop) -> list[str]:
+    """The ops ``loop`` runs at any depth, in order."""
+    out: list[str] = []
+    for s in loop.body:
+        if isinstance(s, Launch | Host):
+            out.append(s.op)
+        elif isinstance(s, Loop):
+            out += _ops_in(s)
+    return out
 
 
 def supported(kind: OpKind) -> bool:

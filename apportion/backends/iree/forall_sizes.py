@@ -29,7 +29,7 @@ from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
-from apportion.plans.plan import Plan
+from apportion.plans.plan import SplitK
 from apportion.target.split_k import SelectChain
 
 
@@ -124,9 +124,10 @@ class Sizes:
                 done.add(sym)
         self.arguments = [s for s in self.symbols if s not in done]
 
-    def cut(self, blk: _Block, plan: Plan) -> None:
+    def cut(self, blk: _Block, split_k: Mapping[str, SplitK]) -> None:
         """Size every op: the given ops by their symbols, split-K partial and combine ops by
-        their cut (slices and step emitted into ``blk``), and the partials tensors."""
+        their cut (slices and step emitted into ``blk``; ``split_k``: op name -> the split
+        its launch records, ``schedule.values.Launch.split_k``), and the partials tensors."""
         given, program = self.given, self.program
         assert given is not None
         value = {s: Ix.atom(v) for s, v in self.symbols.items()}
@@ -153,7 +154,7 @@ class Sizes:
                 continue
             c = self.cuts.get(f"{stem}.partial") or self.cuts.get(f"{stem}.combine")
             if c is None:
-                c = self._cut(blk, plan, stem, base_sizes(stem))
+                c = self._cut(blk, split_k, stem, base_sizes(stem))
             self.cuts[op.name] = c
             sizes = {**base_sizes(stem), c.s: c.slices, c.k: c.step}
             self.dims[op.name] = {d: sizes[d] for d in op.dim_names}
@@ -179,12 +180,13 @@ class Sizes:
             return None
         return {d: found[d] for d in op.dim_names}
 
-    def _cut(self, blk: _Block, plan: Plan, stem: str, base: Mapping[str, Ix]) -> Cut:
+    def _cut(self, blk: _Block, split_k: Mapping[str, SplitK], stem: str,
+             base: Mapping[str, Ix]) -> Cut:
         partial = self.program.op(f"{stem}.partial")
-        split = plan.op(partial.name).split_k
+        split = split_k.get(partial.name)
         if split is None or len(split.dims) != 1:
-            raise EmitError(f"op {partial.name!r}: the plan records no split of one reduction "
-                            "dim")
+            raise EmitError(f"op {partial.name!r}: the schedule records no split of one "
+                            "reduction dim")
         s = partial.out.index[0].single_dim  # the partials' leading axis: the slice
         new = [d for d in partial.dim_names if d not in base]
         gone = [d for d in base if d not in partial.sizes]

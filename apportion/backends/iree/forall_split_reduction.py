@@ -10,22 +10,21 @@ from apportion.backends.iree.bodies import combine_of
 from apportion.backends.iree.forall_block import INDENT, _Block
 from apportion.backends.iree.forall_body import _apply, _Bodies
 from apportion.backends.iree.forall_index import Ix
-from apportion.backends.iree.forall_tensors import Box, TensorVal, _Carried, _Env
+from apportion.backends.iree.forall_tensors import Box, TensorVal, Work, _Carried, _Env
 from apportion.backends.mlir import symbol_name
 from apportion.ir.op import Op
-from apportion.plans.plan import OpPlan
 
 
 class _SplitReductions(_Bodies):
-    """Ops whose plan splits a reduction dim over cores."""
+    """Ops whose launch splits a reduction dim over cores."""
 
-    def split_reduction(self, blk: _Block, op: Op, opl: OpPlan, tile: Box, dest: TensorVal,
+    def split_reduction(self, blk: _Block, op: Op, work: Work, tile: Box, dest: TensorVal,
                         env: _Env, carried: _Carried | None, split_dims: list[str],
                         red_split: list[str]) -> TensorVal:
         """One partial per slice of the split reduction dims, written by a forall into a
         ``[slices, ...output dims]`` tensor, then combined by ``linalg.reduce``."""
-        splits = opl.split_map
-        per = dict(opl.unit_elems)
+        splits = work.splits
+        per = work.per
         ty = self.compute_type(op)
         integer = ty == "i64"
         reducer = op.kind.reducer

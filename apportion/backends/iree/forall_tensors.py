@@ -5,6 +5,7 @@ pieces written back with ``tensor.insert_slice`` or ``tensor.parallel_insert_sli
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -14,10 +15,9 @@ from apportion.backends.iree.forall_block import INDENT, _Block, _Emitter, slice
 from apportion.backends.iree.forall_index import Ix, IxLike, _map
 from apportion.backends.iree.forall_sizes import Sizes
 from apportion.backends.mlir import symbol_name
-from apportion.errors import ApportionError, EmitError
+from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
-from apportion.ir.program import Program
-from apportion.plans.plan import OpPlan, Plan
+from apportion.schedule.values import Host, Launch, Loop, Schedule
 
 
 def _ttype(shape: Sequence[IxLike], elt: str) -> str:
@@ -128,25 +128,85 @@ class _Env:
     vals: dict[str, TensorVal] = field(default_factory=dict)
 
 
-class _Tensors(_Emitter):
-    """The emitter of one program's function under its plan: the tensors it reads and
-    writes over boxes."""
+@dataclass(frozen=True)
+class Work:
+    """What the emitter reads of one op's step of the schedule: the step (a ``Launch`` over
+    its cores, or a ``Host`` fallback) and the loops enclosing it, outermost first. The
+    worker grid, the planning units and the dims each loop level tiles all come from it.
 
-    def __init__(self, program: Program, plan: Plan) -> None:
+    >>> import apportion as ap
+    >>> from apportion.schedule.lower import lower
+    >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
+    >>> works = Work.of(lower(planned.program, planned.plan, planned.target))
+    >>> w = works["add"]
+    >>> w.splits, [w.tiled(level) for level in range(len(w.loops))]
+    ({'m': 8, 'n': 1}, [('m',), ('n',)])
+    """
+
+    step: Launch | Host
+    dims: tuple[str, ...]
+    loops: tuple[Loop, ...] = ()
+
+    @staticmethod
+    def of(schedule: Schedule) -> dict[str, Work]:
+        """Op name -> its work, for every launch and host step of ``schedule``."""
+        out: dict[str, Work] = {}
+        for s, loops in schedule.walk():
+            if isinstance(s, Launch | Host):
+                op = schedule.program.op(s.op)
+                out[s.op] = Work(s, op.dim_names, loops)
+        return out
+
+    @property
+    def splits(self) -> dict[str, int]:
+        """Dim -> how many workers split it (1: none; a host step runs whole)."""
+        axes = self.step.axes if isinstance(self.step, Launch) else ()
+        return {d: math.prod(a.size for a in axes if a.name == d) for d in self.dims}
+
+    @property
+    def per(self) -> dict[str, int]:
+        """Dim -> elements in one planning unit (the workers cut whole units)."""
+        if isinstance(self.step, Host) or not self.step.units:
+            return dict.fromkeys(self.dims, 1)
+        return dict(zip(self.dims, self.step.units, strict=True))
+
+    @property
+    def path(self) -> tuple[int, ...]:
+        """The path of the innermost loop enclosing the op (empty outside loops)."""
+        return self.loops[-1].path if self.loops else ()
+
+    def tiled(self, level: int) -> tuple[str, ...]:
+        """The dims loop ``level`` (outermost 0) tiles: those its iterations move the op's
+        tile along (a nonzero step)."""
+        steps = self.step.steps
+        if level >= len(steps):
+            return ()
+        return tuple(d for d, v in zip(self.dims, steps[level], strict=True) if v)
+
+
+class _Tensors(_Emitter):
+    """The emitter of one schedule's function: the tensors it reads and writes over boxes."""
+
+    def __init__(self, schedule: Schedule) -> None:
         super().__init__()
-        self.program, self.plan = program, plan
-        if plan.program != program.name or [o.name for o in plan.ops] != [
-                o.name for o in program.ops]:
-            raise EmitError(f"plan of {plan.program!r} does not fit program {program.name!r}")
+        self.schedule = schedule
+        self.program = program = schedule.program
+        self.works = Work.of(schedule)
+        ran = [s.op for s in schedule.ops]
+        if ran != [o.name for o in program.ops]:
+            raise EmitError(f"schedule of {program.name!r} runs ops {ran}, not the program's "
+                            f"{[o.name for o in program.ops]} in order")
         #: every op dim and tensor axis as an index expression (run-time sizes: see
         #: ``backends.iree.forall_sizes``)
         self.sizes = Sizes(program)
 
-    def op_plan(self, op: Op) -> OpPlan:
-        try:
-            return self.plan.op(op.name)
-        except ApportionError as e:  # the plan lacks the op
-            raise EmitError(f"op {op.name!r}: {e}") from None
+    def work(self, op: Op) -> Work:
+        """``op``'s step of the schedule (and the loops around it)."""
+        found = self.works.get(op.name)
+        if found is None:
+            raise EmitError(f"op {op.name!r}: the schedule of {self.program.name!r} runs no "
+                            "such op")
+        return found
 
     def dtype(self, tensor: str) -> str:
         return self.program.tensor(tensor).dtype

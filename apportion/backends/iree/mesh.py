@@ -58,7 +58,7 @@ import numpy as np
 
 from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.forall_types import mlir_type
-from apportion.backends.iree.run import iree_run
+from apportion.backends.iree.run import emitted, iree_run
 from apportion.backends.mlir import SsaNames, symbol_name, verify_mlir
 from apportion.errors import EmitError, ExecutionError
 from apportion.ir.kinds import REDUCERS
@@ -663,7 +663,7 @@ def device_mlir(schedule: MeshSchedule, device: int) -> str:
         prog = replace(launch.program, name=launch.name)
         plan = replace(launch.plan, program=launch.name)
         parts.append(f"// segment {launch.name}")
-        parts.append(forall_mlir(prog, plan, schedule.target).rstrip("\n"))
+        parts.append(forall_mlir(emitted(prog, plan, schedule.target)).rstrip("\n"))
     parts.append(f"// device {device}: its segments in order, the collectives between them")
     parts.append(_DeviceFunction(schedule, device).text())
     return "\n".join(parts) + "\n"

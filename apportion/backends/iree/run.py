@@ -32,12 +32,10 @@ from apportion.backends.iree.forall import (
     verify_mlir,
 )
 from apportion.backends.limits import cite
-from apportion.errors import ExecutionError, ProgramError
+from apportion.errors import EmitError, ExecutionError, ProgramError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
-from apportion.passes.bind import bind_plan, infer_sizes
 from apportion.plans.plan import Plan
-from apportion.plans.tiles import core_boxes, resolve_counts, tile_box
 from apportion.runtime.reference import (
     OutputCheck,
     bind_inputs,
@@ -46,6 +44,8 @@ from apportion.runtime.reference import (
     random_inputs,
     run_unplanned,
 )
+from apportion.schedule.lower import infer_sizes, lower, planned_counts
+from apportion.schedule.values import Schedule
 from apportion.target.target import Target
 
 BACKENDS = ("reference", "iree")
@@ -63,22 +63,24 @@ class IreeRun:
     run_s: float
 
 
-def check_counts(program: Program, plan: Plan, params: Mapping[str, int] | None) -> None:
-    """Raise ExecutionError, as the reference executor would, when a loop count (symbolic ones
-    from ``params``) does not divide a tiled dim or cuts it into partial planning units."""
-    needed = symbols(plan)
-    extra = sorted(set(params or {}) - set(needed))
-    if extra:
-        raise ExecutionError(f"params {extra} given, but plan of {program.name!r} has no such "
-                             "symbolic loop count")
-    for g in plan.groups:
-        resolve_counts(g.counts, params)
-        for name in g.ops:
-            op, opl = program.op(name), plan.op(name)
-            # an op's own loops: fewer levels (a lesser depth) or more (a loop of its own)
-            counts = resolve_counts(opl.loop.count if opl.loop else (), params)
-            tile = tile_box(op.sizes, opl.loop, (0,) * len(counts), counts, op.name)
-            core_boxes(opl, tile)
+def emitted(program: Program, plan: Plan, target: Target, symbolic: Program | None = None
+            ) -> Schedule:
+    """The schedule a module is emitted from (``forall.forall_mlir``): ``plan`` lowered at the
+    values its symbolic loop counts were planned at (they stay the function's arguments), of
+    ``symbolic``, the program as given, where it has run-time sizes (``program`` and ``plan``
+    are then at its planning sizes): the function covers every size.
+
+    >>> import apportion as ap
+    >>> planned = ap.plan(ap.load("examples/dynamic_k.json"), ap.targets.spyre(cores=8))
+    >>> s = emitted(planned.program, planned.plan, planned.target, planned.given)
+    >>> s.given is planned.given, s.sizes
+    (True, (('K', 65536),))
+    """
+    if (plan.target, plan.cores) != (target.name, target.cores):
+        raise EmitError(f"plan is for {plan.target!r} with {plan.cores} cores, not "
+                        f"{target.name!r} with {target.cores}")
+    source = symbolic if symbolic is not None and symbolic.symbols else program
+    return lower(source, plan, target, params=planned_counts(plan) or None)
 
 
 def host_ops(program: Program) -> tuple[str, ...]:
@@ -224,31 +226,30 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
         if symbolic is not None and symbolic.symbols:
             symbolic = replace(symbolic, outputs=program.outputs)
     loop_params = dict(params or {})
-    bound_program, bound_plan = program, plan
     size_args: list[int] = []
     if symbolic is not None and symbolic.symbols:
         given = {**(sizes or {}), **{k: loop_params.pop(k) for k in list(loop_params)
                                      if k in symbolic.symbol_map}}
         found = infer_sizes(symbolic, inputs, given)
-        try:
-            bound_program, bound_plan = bind_plan(symbolic, plan, target, found)
-        except ProgramError as e:
-            raise ExecutionError(str(e)) from None
-        text = forall_mlir(program, plan, target, symbolic=symbolic)
+        # bound at the run's sizes and loop counts: every error of either raised here, as the
+        # reference executor raises it, before anything compiles
+        bound = lower(symbolic, plan, target, found, loop_params or None)
         at = {**symbolic.planning_sizes(), **found}
         size_args = [at[s] for s in size_symbols(symbolic)]
     elif sizes:
         raise ExecutionError(f"program {program.name!r} has no run-time sizes; got "
                              f"{sorted(sizes)}")
     else:
-        text = forall_mlir(program, plan, target)
+        bound = lower(program, plan, target, params=loop_params or None)
+    schedule = emitted(program, plan, target, symbolic)
+    text = forall_mlir(schedule)
     verify_mlir(text)
-    check_counts(bound_program, bound_plan, loop_params or None)
+    bound_program = bound.program
     env = bind_inputs(bound_program, inputs)
     check_gathers(bound_program, env)  # the indices the program takes, before compiling
     compiled = iree.compile_mlir(text, cache_dir)
     args = [(env[n], mlir_type(program.tensor(n).dtype)) for n in program.inputs]
-    args += [(int(loop_params[s]), "index") for s in symbols(plan)]
+    args += [(int(loop_params[s]), "index") for s in symbols(schedule)]
     args += [(n, "index") for n in size_args]
     results = [mlir_type(program.tensor(n).dtype) for n in program.outputs]
     run = iree.run_vmfb(compiled.vmfb, symbol_name(program.name), args, results)

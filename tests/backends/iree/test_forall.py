@@ -19,7 +19,6 @@ from apportion.backends.iree.forall import (
     Ix,
     TensorVal,
     _Function,
-    forall_mlir,
     supported,
     thread_slices,
     verify_mlir,
@@ -40,6 +39,8 @@ from apportion.runtime.reference import (
     random_inputs,
     run_op_boxes,
 )
+from apportion.schedule.lower import lower
+from tests.backends.iree.emitting import emit
 from tests.backends.merged import (
     EXAMPLE,
     looped_program,
@@ -243,7 +244,7 @@ def resplit_programs(draw) -> PlannedProgram:
 # --- text ------------------------------------------------------------------------------------
 
 def test_golden_text_verifies():
-    text = forall_mlir(golden().program, golden().plan, golden().target)
+    text = emit(golden().program, golden().plan, golden().target)
     assert text == GOLDEN
     verify_mlir(text)
 
@@ -366,7 +367,7 @@ def test_every_registry_kind_has_a_body():
 def test_a_plan_for_another_target_is_refused():
     planned = golden()
     with pytest.raises(EmitError, match="not 'spyre' with 8"):
-        forall_mlir(planned.program, planned.plan, ap.targets.spyre(cores=8))
+        emit(planned.program, planned.plan, ap.targets.spyre(cores=8))
 
 
 def test_cli_emit_forall(capsys):
@@ -439,7 +440,7 @@ def test_merged_writes_in_loop_nests_emit_verified_ir():
 
 def test_a_loop_tile_that_cuts_an_inner_digit_of_a_merge_is_refused():
     planned = ap.plan(from_dict(EXAMPLE), ap.targets.spyre(cores=8))
-    fn = _Function(planned.program, planned.plan)
+    fn = _Function(lower(planned.program, planned.plan, planned.target))
     blk = _Block(fn, 1)
     op = planned.program.op("m")
     # a tile of 2 values of h but half of d: no contiguous part of y's axis 1

@@ -19,7 +19,7 @@ import pytest
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.forall import forall_mlir, verify_mlir
+from apportion.backends.iree.forall import verify_mlir
 from apportion.backends.iree.forall_block import _Block, _Emitter
 from apportion.backends.iree.forall_index import Ix
 from apportion.backends.iree.forall_sizes import select
@@ -29,6 +29,7 @@ from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict
 from apportion.planned import PlannedProgram
 from apportion.target.split_k import Case, SelectChain
+from tests.backends.iree.emitting import emit
 from tests.backends.sums import DYNAMIC as SUMS
 
 ROOT = Path(__file__).parents[3]
@@ -126,7 +127,7 @@ def test_a_symbolic_reduction_emits_one_function_with_a_select_chain():
 def test_static_programs_emit_no_run_time_sizes():
     static = ap.plan(ap.load(ROOT / "examples/mlp.json"), ap.targets.spyre(cores=8))
     text = static.forall_mlir()
-    assert forall_mlir(static.program, static.plan, static.target, symbolic=static.program) \
+    assert emit(static.program, static.plan, static.target, symbolic=static.program) \
         == text
     assert "?" not in text and "tensor.dim" not in text
 

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.run import IreeRun, iree_check
-from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
+from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.planned import PlannedProgram
 from apportion.plans.tiles import loop_tree
+from tests.backends.iree.emitting import emit
 from tests.backends.iree.nests import nest_programs, plan_nest, reference_exact
 from tests.helpers import program
 
@@ -257,9 +257,10 @@ def test_a_plan_whose_op_sits_outside_its_group_is_refused_naming_the_op():
     bad = dataclasses.replace(planned.plan, ops=tuple(
         dataclasses.replace(o, loop=dataclasses.replace(o.loop, group=(5, 0)))
         if o.name == "mul" else o for o in planned.plan.ops))
-    with pytest.raises(EmitError, match=r"op 'mul': plan's loop group \[5, 0\].* is not in "
-                                        r"loop group \[0, 0\]"):
-        forall_mlir(planned.program, bad, planned.target)
+    # refused as the plan is lowered to the schedule the emitter reads
+    with pytest.raises(ExecutionError, match=r"op 'mul': plan's loop group \[5, 0\].* is not "
+                                             r"in group \[0, 0\]"):
+        emit(planned.program, bad, planned.target)
 
 
 # --- random nests -------------------------------------------------------------------------------

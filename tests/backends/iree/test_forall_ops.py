@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import apportion as ap
 import apportion.backends.bundle as bundle_backend
 from apportion.backends.iree import bodies
-from apportion.backends.iree.forall import forall_mlir, verify_mlir
+from apportion.backends.iree.forall import verify_mlir
 from apportion.backends.iree.run import (
     IreeRun,
     host_ops,
@@ -36,6 +36,7 @@ from apportion.ir.kinds import KINDS, kind
 from apportion.ir.op import Op
 from apportion.planned import PlannedProgram
 from apportion.runtime.reference import random_inputs, run_unplanned
+from tests.backends.iree.emitting import emit
 from tests.helpers import program
 
 DTYPES = ["float16", "bfloat16", "float32", "int8", "int32", "int64", "bool"]
@@ -100,7 +101,7 @@ def test_a_fill_value_an_integer_dtype_cannot_hold_is_refused_naming_op_value_an
     planned = plan(p)
     with pytest.raises(EmitError, match=r"op 'f': value 300.0 does not fit tensor 'c' of "
                                         r"dtype int8"):
-        forall_mlir(planned.program, planned.plan)
+        emit(planned.program, planned.plan)
 
 
 # --- 2. gathers, embeddings and the other whole-tensor kinds -------------------------------------
@@ -121,7 +122,7 @@ def test_an_embedding_is_parallel_ir_with_no_host_step(cores, cache):
     planned = plan(embedding_program(), cores)
     assert host_ops(planned.program) == ()
     assert segments(planned.program, planned.plan) == [(planned.program, planned.plan)]
-    text = forall_mlir(planned.program, planned.plan)
+    text = emit(planned.program, planned.plan)
     assert re.search(r"= tensor\.extract %ids\[", text)  # the index, read by computed position
     assert re.search(r"= tensor\.extract %t2\w*\[", text)  # the table row it picks
     inputs = random_inputs(planned.program, seed=1)
@@ -173,7 +174,7 @@ def test_float_indices_are_refused_naming_the_op_and_tensor():
     planned = plan(embedding_program("float32"))
     with pytest.raises(EmitError, match=r"op 'emb': gather reads indices from tensor 'ids' of "
                                         r"dtype float32"):
-        forall_mlir(planned.program, planned.plan)
+        emit(planned.program, planned.plan)
 
 
 def whole_kinds_program(dtype: str) -> ap.Program:
@@ -256,7 +257,7 @@ def test_random_numbers_are_refused_by_the_emitter_naming_kind_and_backend():
     with pytest.raises(EmitError, match=r"op 'noise': kind 'normal' has no MLIR body in the "
                                         r"iree backend \(numpy's random generator runs on the "
                                         r"host\)"):
-        forall_mlir(planned.program, planned.plan)
+        emit(planned.program, planned.plan)
     assert host_ops(planned.program) == ("noise",)
 
 
@@ -350,7 +351,7 @@ def test_dead_ops_anywhere_give_valid_ir_and_run(tiled, cache, monkeypatch):
     assert parts_of(planned) == ["noise", "srt", ["add", "dead1", "act", "dead2"]]
     for part, part_plan in (s for s in segments(planned.program, planned.plan)
                             if isinstance(s, tuple)):
-        text = forall_mlir(part, part_plan)
+        text = emit(part, part_plan)
         verify_mlir(text)
         assert not re.search(r"return\s*:", text)
     check(planned, cache)
@@ -399,7 +400,7 @@ def test_host_steps_run_between_modules_that_keep_their_loop_nests(noise_in_grou
     assert [t.ops for t in first[0].tiling] == [("mm", "act")]
     assert [g.ops for g in last[1].groups] == [("mix", "mx", "sub")]
     assert "r" in last[0].inputs  # the random numbers, made on the host before the modules
-    assert "scf.for" in forall_mlir(*first) and "scf.for" in forall_mlir(*last)
+    assert "scf.for" in emit(*first) and "scf.for" in emit(*last)
     check(planned, cache, seed=1)
 
 
@@ -449,7 +450,7 @@ def test_a_kind_the_table_lacks_is_refused_in_one_place_naming_kind_and_backend(
             assert not bodies.supported(kind(name))
             with pytest.raises(EmitError, match=rf"op '{op}': kind '{name}' has no MLIR body "
                                                 r"in the iree backend"):
-                forall_mlir(planned.program, planned.plan)
+                emit(planned.program, planned.plan)
 
 
 def test_the_integer_templates_follow_the_registry_s_exact_integers():

@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.forall import forall_mlir
-from apportion.backends.iree.run import IreeRun, check_counts, iree_check, iree_run
+from apportion.backends.iree.run import IreeRun, iree_check, iree_run
 from apportion.cli.main import main
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict
 from apportion.ir.kinds import KINDS, Category
 from apportion.planned import PlannedProgram
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from tests.backends.iree.emitting import emit
 from tests.backends.iree.test_forall import (
     golden,
     plan_small,
@@ -131,7 +131,8 @@ def test_coarse_tiled_with_an_accumulator_and_a_symbolic_count(cache):
     again = check(planned, cache, {"T": 4})  # one module for every value of T
     assert not first.cached and again.cached and again.compile_s == 0.0
     with pytest.raises(ExecutionError, match=r"count 3 \(symbolic 'T'\) does not divide"):
-        check_counts(planned.program, planned.plan, {"T": 3})
+        iree_run(planned.program, planned.plan, planned.target,
+                 random_inputs(planned.program), {"T": 3}, cache)
 
 
 def test_every_dtype_and_cast(cache):
@@ -338,7 +339,7 @@ def test_loop_tiles_read_through_sums_of_three_dims(cores, cache):
                                        "function-level scf.forall; runtime.iree lowers it first")
 def test_iree_compiles_the_raw_forall_form(tmp_path):
     planned = golden()
-    text = forall_mlir(planned.program, planned.plan, planned.target)
+    text = emit(planned.program, planned.plan, planned.target)
     compiled = iree.compile_mlir(text, tmp_path, lower=False)  # the crash raises here
     inputs = random_inputs(planned.program)
     run = iree.run_vmfb(compiled.vmfb, "golden", [(inputs["x"], "f16")], ["f16"])
@@ -351,7 +352,7 @@ def test_iree_compiles_the_raw_forall_form(tmp_path):
 
 def test_modules_are_cached_by_text_and_flags(cache):
     planned = ap.plan(ap.load(ROOT / "examples/fused.json"), ap.targets.spyre(cores=32))
-    text = forall_mlir(planned.program, planned.plan)  # compiled for the examples already
+    text = emit(planned.program, planned.plan)  # compiled for the examples already
     first = iree.compile_mlir(text, cache)
     second = iree.compile_mlir(text, cache)
     assert second.cached and second.compile_s == 0.0 and second.vmfb == first.vmfb
