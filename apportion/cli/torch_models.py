@@ -124,7 +124,7 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
     >>> len(tm.lowered.shapes_only), tm.lowered.program.tensor("input_ids").shape
     (22, (1, 16))
     """
-    from apportion.frontend.torch_export import UnsupportedNodes, from_torch
+    from apportion.frontend.torch_export import UnsupportedNodes, from_torch, unsupported_table
 
     err = err or sys.stderr
     if run and partial:
@@ -141,7 +141,7 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
             warnings.simplefilter("ignore", FutureWarning)
             lowered = from_torch(model, inputs, name=name, partial=partial)
     except UnsupportedNodes as e:  # the table, then one error line (main prints one line)
-        print(str(e).split("\n", 1)[1], file=err)
+        print(unsupported_table(e.unsupported, e.total), file=err)
         raise FactoryError(f"--torch {spec!r}: {e.summary}; all {len(e.unsupported)} in the "
                            "table above; --partial plans the rest") from None
     if partial and lowered.unsupported:
