@@ -19,8 +19,10 @@ from apportion.frontend import torch_cnn_demo as demo  # noqa: E402
 from apportion.frontend.torch_export import TorchProgram, from_torch  # noqa: E402
 from apportion.runtime import run_unplanned  # noqa: E402
 
-# torch.export deep-copies pytree specs, which warns inside torch
-pytestmark = pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning")
+# torch.export deep-copies pytree specs, which warns inside torch; torch warns that its own
+# padding="same" with an even kernel copies the input
+pytestmark = [pytest.mark.filterwarnings("ignore:.*LeafSpec.*:FutureWarning"),
+              pytest.mark.filterwarnings("ignore:Using padding='same':UserWarning")]
 
 #: (strategy, cores, backend) each model is planned and run with
 CASES = [("balanced", 8, "reference"), ("greedy", 32, "reference"), ("balanced", 32, "torch")]
@@ -131,13 +133,15 @@ CONVS = {
     "1x1": lambda: nn.Conv2d(4, 6, 1),
     "conv1d": lambda: nn.Conv1d(4, 6, 5, stride=3, padding=2, dilation=2),
     "conv1d_grouped": lambda: nn.Conv1d(4, 4, 3, groups=4),
+    "conv3d_pooled": lambda: nn.Sequential(nn.Conv3d(4, 6, 3, stride=(1, 2, 2), padding=1),
+                                           nn.MaxPool3d(2), nn.AvgPool3d(2, ceil_mode=True)),
 }
 
 
 @pytest.mark.parametrize("name", sorted(CONVS))
 def test_convolutions_match_eager_pytorch(name):
     conv = _seeded(CONVS[name])
-    shape = (2, 4, 11) if isinstance(conv, nn.Conv1d) else (2, 4, 9, 10)
+    shape = {"conv1d": (2, 4, 11), "conv3d": (1, 4, 6, 8, 8)}.get(name[:6], (2, 4, 9, 10))
     x = torch.randn(*shape)
     tp = lowered(conv, x)
     assert "conv" in kinds(tp)
