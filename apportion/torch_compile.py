@@ -16,6 +16,11 @@ No apportion error reaches the user's model. The backend keeps what became of ea
 Inference only: where autograd is on and an input needs its gradient, the graph runs eagerly,
 since the plan's results carry no autograd history.
 
+bfloat16 and float16 graphs (and graphs mixing them with float32) run in their dtypes: each
+tensor is held in torch's own dtype, each op computes in float32 and rounds its result to its
+dtype, as eager PyTorch's kernels do, so results agree with eager to a few of that dtype's
+epsilons at the output's scale (``reference.eager_tolerance``).
+
 torch is imported when a graph is compiled, not with this module (``ap.backend`` itself is
 imported on first use, so ``import apportion`` imports no torch).
 
