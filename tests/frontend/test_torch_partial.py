@@ -4,6 +4,8 @@ full-size model fit a core's span."""
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -178,6 +180,25 @@ def test_a_large_embedding_table_is_gathered_in_row_blocks_exactly(monkeypatch):
     np.testing.assert_array_equal(tp.torch_outputs(got)[0], want)
     planned = ap.plan(tp.program, ap.targets.spyre(cores=8))
     np.testing.assert_array_equal(tp.torch_outputs(planned.run(tp.inputs(ids)))[0], want)
+
+
+@settings(max_examples=8, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(2, 40), width=st.integers(1, 6), block_rows=st.integers(1, 12),
+       seed=st.integers(0, 2**16))
+def test_row_blocks_of_any_size_pick_exactly_the_rows_one_gather_would(
+        monkeypatch, rows, width, block_rows, seed):
+    # the block size in bytes that gives blocks of about block_rows rows (float32)
+    monkeypatch.setattr(torch_lower, "BLOCK_BYTES", block_rows * width * 4)
+    torch.manual_seed(seed)
+    emb = nn.Embedding(rows, width).eval()
+    ids = torch.randint(0, rows, (2, 7))
+    tp = from_torch(emb, (ids,))
+    blocks = [n for n in tp.program.inputs if n.startswith("p_weight.rows")]
+    assert bool(blocks) == (rows > block_rows)  # a table over the block size is split
+    assert sum(tp.program.tensor(n).shape[0] for n in blocks) == (rows if blocks else 0)
+    got = tp.torch_outputs(run_unplanned(tp.program, tp.inputs(ids)))[0]
+    np.testing.assert_array_equal(got, emb(ids).detach().numpy())
 
 
 def test_a_table_other_ops_read_too_stays_whole(monkeypatch):
