@@ -153,17 +153,15 @@ class _Space:
 
 
 def _emit(lw: Lowering, fn: str, space: _Space, out: Sequence[tuple[str | None, int]],
-          groups: Sequence[int], ins: Sequence[Access], part: str | None,
-          dtype_attr: str | None = None) -> tuple[str, Value]:
+          groups: Sequence[int], ins: Sequence[Access], part: str | None) -> Value:
     """An op of kind ``fn`` writing one tensor axis per entry of ``out`` (a dim, or None for a
     size-1 axis), grouped into torch dims by ``groups`` (how many entries each torch dim has,
-    outermost digit first). Returns the op's name and the torch value it writes."""
+    outermost digit first): the torch value it writes, in torch's row-major order."""
     base = lw.origin.node if part is None else f"{lw.origin.node}.{part}"
     name = lw._fresh_name(base)
     index = tuple(AffineExpr.dim(d) if d is not None else AffineExpr.constant(0)
                   for d, _ in out)
-    attrs = () if dtype_attr is None else (("dtype", dtype_attr),)
-    op = Op(name, fn, Access(name, index), tuple(ins), tuple(space.dims), attrs)
+    op = Op(name, fn, Access(name, index), tuple(ins), tuple(space.dims))
     dtype = lw._add(op, tuple(n if d is not None else 1 for d, n in out))
     digits: list[tuple[Digit, ...]] = []
     lins: list[Lin] = []
@@ -183,7 +181,7 @@ def _emit(lw: Lowering, fn: str, space: _Space, out: Sequence[tuple[str | None, 
         digits.append(tuple(ds))
         shape.append(size)
         pos += count
-    return name, Value(name, dtype, tuple(shape), tuple(digits), tuple(lins))
+    return Value(name, dtype, tuple(shape), tuple(digits), tuple(lins))
 
 
 # --- concatenation and padding -----------------------------------------------------------------
@@ -485,9 +483,8 @@ def conv_nd(cx: Ctx, x: Value, w: Value, bias: Value | None, stride: Any,
     w_forms += [_form((kd[i], 1)) for i in range(n)]
     out = [(nd, big_n), (gd, groups), (fd, f_out // groups),
            *((od[i], outs[i]) for i in range(n))]
-    _, y = _emit(lw, "conv", space, out, [1, 2, *([1] * n)],
-                 [_read(xv, x_forms), _read(wv, w_forms)],
-                 part=None if bias is None else "conv")
+    y = _emit(lw, "conv", space, out, [1, 2, *([1] * n)],
+              [_read(xv, x_forms), _read(wv, w_forms)], part=None if bias is None else "conv")
     if bias is None:
         return y
     b = lw.cast(bias, dt)
@@ -619,7 +616,7 @@ def _window_op(cx: Ctx, fn: str, x: Value, ks: Sequence[int], ss: Sequence[int],
     lw = cx.lw
     n = len(ks)
     lead = x.rank - n
-    if any(len(ds) > 1 for ds in x.digits[lead:]):  # a windowed dim is read through a sum
+    if any(len(dg) > 1 for dg in x.digits[lead:]):  # a windowed dim is read through a sum
         x = lw.plain(x)
     space = _Space()
     by: dict[int, Form] = {}
@@ -640,7 +637,7 @@ def _window_op(cx: Ctx, fn: str, x: Value, ks: Sequence[int], ss: Sequence[int],
     forms += [_form((od[i], ss[i]), (kd[i], ds[i]), const=offs[i]) for i in range(n)]
     out += [(od[i], outs[i]) for i in range(n)]
     kind = fn if any(k is not None for k in kd) else "copy"
-    return _emit(lw, kind, space, out, [*groups, *([1] * n)], [_read(x, forms, by)], part)[1]
+    return _emit(lw, kind, space, out, [*groups, *([1] * n)], [_read(x, forms, by)], part)
 
 
 def _max_pool(cx: Ctx, n: int, x: Value, kernel: Any, stride: Any = None, padding: Any = 0,
