@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+F = torch.nn.functional
 
 import apportion as ap  # noqa: E402
 from apportion.backends.torch.executor import from_torch_storage  # noqa: E402
@@ -146,3 +147,33 @@ def test_a_mixed_model_keeps_each_tensors_dtype_and_matches_eager_at_bf16_precis
     for strategy, cores in PLANS:
         planned = ap.plan(tp.program, ap.targets.spyre(cores=cores), strategy=strategy)
         assert_matches_eager(tp, tp.torch_outputs(planned.run(tp.inputs(x))), want)
+
+
+class DtypeOps(torch.nn.Module):
+    """The ATen ops where dtypes meet: dtype= arguments, casts between the narrow floats and
+    to and from float32 and integers, infinities and finfo masks, norms and attention."""
+
+    def forward(self, x, ids):
+        dt = x.dtype
+        other = torch.float16 if dt == torch.bfloat16 else torch.bfloat16
+        return (x.sum(-1, dtype=torch.float32), F.softmax(x, -1, dtype=torch.float32),
+                x.mean(-1, keepdim=True), (x @ x.transpose(-1, -2)).float(), x.to(other),
+                torch.where(x > 0, x, torch.tensor(float("-inf"), dtype=dt)).amax(-1),
+                torch.full_like(x, 0.1) * x, (x > 0).to(dt) + ids.to(dt)[:, None],
+                x.float().log_softmax(-1).to(dt), torch.cumsum(x, 0),
+                F.layer_norm(x, (x.shape[-1],)), F.rms_norm(x, (x.shape[-1],)),
+                x.clamp(min=-1e4) * 1e3, F.gelu(x, approximate="tanh"),
+                F.scaled_dot_product_attention(x[None], x[None], x[None], is_causal=True),
+                x.masked_fill(x < 0, torch.finfo(dt).min), x.int() + 3, x.pow(2).rsqrt())
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_casts_dtype_arguments_and_masks_in_a_narrow_float_match_eager(dtype, backend):
+    torch.manual_seed(7)
+    x, ids = torch.randn(8, 16).to(DTYPES[dtype]), torch.arange(8)
+    tp = from_torch(DtypeOps(), (x, ids))
+    want = eager(DtypeOps(), x, ids)
+    planned = ap.plan(tp.program, ap.targets.spyre(cores=8), strategy="balanced")
+    assert_matches_eager(tp, tp.torch_outputs(planned.run(tp.inputs(x, ids), backend=backend)),
+                         want)
