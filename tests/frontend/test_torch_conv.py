@@ -120,6 +120,16 @@ def test_a_patch_embedding_is_one_conv_reading_the_image_at_stride_times_patch_p
     assert dict(conv.dims) == {"f": 32, "o0": 4, "o1": 4, "c": 3, "k0": 4, "k1": 4}
 
 
+def test_a_cnn_compiled_with_the_apportion_backend_runs_planned_and_matches_eager():
+    model, xs = demo.small_cnn()
+    backend = ap.backend(target="spyre", cores=8)
+    fast = torch.compile(model, backend=backend)
+    with torch.no_grad():
+        got = fast(*xs)
+    assert [g.reason for g in backend.graphs] == [None]  # planned, not run eagerly
+    np.testing.assert_allclose(got.numpy(), eager(model, *xs)[0], rtol=1e-4, atol=1e-5)
+
+
 # --- convolutions ----------------------------------------------------------------------------
 
 CONVS = {
