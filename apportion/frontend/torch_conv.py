@@ -22,7 +22,8 @@ each op lowers to:
   lowering when the statistics are the model's buffers, else small pointwise ops over the
   channels), then ``x * scale + shift``;
 - ``max_pool*`` (padding with -inf, dilation, ceil mode): one ``max_pool`` op over the window;
-  the indices output is not lowered (a node that reads it is refused);
+  the indices, only where a node reads them, an ``argmax`` over the window turned into the flat
+  index in the input's spatial dims by integer pointwise ops;
 - ``avg_pool*``: one ``avg_pool`` op where every window divides by the kernel size, else a
   ``sum`` over the window divided by torch's per-position count (``count_include_pad``,
   ``ceil_mode`` windows clipped at the padded input, ``divisor_override``);
@@ -641,28 +642,92 @@ def _window_op(cx: Ctx, fn: str, x: Value, ks: Sequence[int], ss: Sequence[int],
 
 
 def _max_pool(cx: Ctx, n: int, x: Value, kernel: Any, stride: Any = None, padding: Any = 0,
-              dilation: Any = 1, ceil_mode: bool = False) -> Value:
+              dilation: Any = 1, ceil_mode: bool = False) -> tuple[Value, Callable[[], Value]]:
+    """The values of a max pooling, and a function making its indices (``_argmax_indices``)
+    from the same padded input."""
     ks, ss, ps, ds, outs = _pool_args(x, n, kernel, stride, padding, dilation, ceil_mode,
                                       f"max_pool{n}d")
     low = -math.inf if x.dtype in FLOAT_DTYPES else float(np.iinfo(x.dtype).min)
-    pads = _window_pads(x.shape[-n:], outs, ks, ss, ps, ds)
-    return _window_op(cx, "max_pool", pad(cx.lw, x, pads, low), ks, ss, ds, outs)
+    x_p = pad(cx.lw, x, _window_pads(x.shape[-n:], outs, ks, ss, ps, ds), low)
+    values = _window_op(cx, "max_pool", x_p, ks, ss, ds, outs)
+    origin = cx.lw.origin
+
+    def indices() -> Value:
+        at = cx.lw.origin  # made when a later node reads them: the ops are the pooling's
+        cx.lw.at(origin)
+        try:
+            return _argmax_indices(cx, x_p, x.shape[-n:], ks, ss, ps, ds, outs)
+        finally:
+            cx.lw.at(at)
+
+    return values, indices
 
 
 @aten("max_pool1d.default", "max_pool2d.default", "max_pool3d.default")
 def _max_pool_values(cx: Ctx, x: Value, kernel: Any, stride: Any = None, padding: Any = 0,
                      dilation: Any = 1, ceil_mode: bool = False) -> Value:
     n = int(str(cx.node.target).split("max_pool")[1][0])
-    return _max_pool(cx, n, x, kernel, stride, padding, dilation, ceil_mode)
+    return _max_pool(cx, n, x, kernel, stride, padding, dilation, ceil_mode)[0]
 
 
 @aten("max_pool1d_with_indices.default", "max_pool2d_with_indices.default",
       "max_pool3d_with_indices.default")
 def _max_pool_indices(cx: Ctx, x: Value, kernel: Any, stride: Any = None, padding: Any = 0,
-                      dilation: Any = 1, ceil_mode: bool = False) -> _FirstOnly:
+                      dilation: Any = 1, ceil_mode: bool = False) -> _Lazy:
     n = int(str(cx.node.target).split("max_pool")[1][0])
-    return _first_only(_max_pool(cx, n, x, kernel, stride, padding, dilation, ceil_mode),
-                       f"max_pool{n}d_with_indices (the indices)")
+    return _Lazy(*_max_pool(cx, n, x, kernel, stride, padding, dilation, ceil_mode))
+
+
+class _Lazy(tuple):  # type: ignore[type-arg]
+    """A node's (values, indices) whose indices are lowered only when a node reads them."""
+
+    def __new__(cls, values: Value, indices: Callable[[], Value]) -> _Lazy:
+        out = super().__new__(cls, (values,))
+        out.indices = indices  # type: ignore[attr-defined]
+        out.made = None  # type: ignore[attr-defined]
+        return out
+
+    def __getitem__(self, i: Any) -> Any:
+        if i == 1:
+            if self.made is None:  # type: ignore[attr-defined]
+                self.made = self.indices()  # type: ignore[attr-defined]
+            return self.made  # type: ignore[attr-defined]
+        return super().__getitem__(i)
+
+
+def _argmax_indices(cx: Ctx, x_p: Value, spatial: Sequence[int], ks: Sequence[int],
+                    ss: Sequence[int], ps: Sequence[int], ds: Sequence[int],
+                    outs: Sequence[int]) -> Value:
+    """torch's indices of a max pooling of ``x_p`` (its input padded): the flat index of each
+    window's first maximum in the input's ``spatial`` dims (``h * W + w``). An ``argmax`` over
+    the window gives the position in the window (row-major over its dims); each window dim's
+    offset is taken from it by integer division and remainder, and the flat index is a
+    constant per output position (where its window starts) plus the offsets times the
+    dilation and the input's strides."""
+    lw = cx.lw
+    n = len(ks)
+    strides = [math.prod(spatial[i + 1:]) for i in range(n)]
+    grids = np.meshgrid(*(np.arange(o) for o in outs), indexing="ij")
+    base = sum((ss[i] * grids[i] - ps[i]) * strides[i] for i in range(n))
+    flat = lw.constant(f"{lw.origin.node}.start", np.asarray(base, dtype=np.int64), "int64")
+    present = [i for i in range(n) if ks[i] > 1]
+    if not present:  # windows of one element: where each starts
+        return expand(flat, [*x_p.shape[:-n], *outs])
+    pos = _window_op(cx, "argmax", x_p, ks, ss, ds, outs, part="argmax")
+    inner = 1
+    for i in reversed(present):  # the window position's digits, innermost first
+        k = pos
+        if inner > 1:
+            k = lw.elementwise("floor_div", [k, lw.scalar(inner, "int64")], part=f"k{i}.div")
+        if i != present[0]:
+            k = lw.elementwise("remainder", [k, lw.scalar(ks[i], "int64")], part=f"k{i}.mod")
+        if ds[i] * strides[i] != 1:
+            k = lw.elementwise("mul", [k, lw.scalar(ds[i] * strides[i], "int64")],
+                               part=f"k{i}.scale")
+        flat = lw.elementwise("add", [k, flat],
+                              part="indices" if i == present[0] else f"indices.k{i}")
+        inner *= ks[i]
+    return flat
 
 
 def _avg_divisors(size: int, out: int, k: int, s: int, p: int, include_pad: bool

@@ -379,10 +379,33 @@ def test_uneven_adaptive_pooling_is_one_avg_pool_per_residue_of_the_output():
     check_planned(tp, (x,), eager(model, x), cases=[("balanced", 4, "reference")])
 
 
-def test_max_pool_indices_read_by_the_model_are_refused_naming_the_result():
-    model = Fn(lambda x: F.max_pool2d(x, 2, return_indices=True)[1].float())
-    with pytest.raises(ProgramError, match="result 1 of max_pool2d_with_indices"):
-        lowered(model, torch.randn(1, 2, 4, 4))
+class PoolIndices(nn.Module):
+    def __init__(self, **kw) -> None:
+        super().__init__()
+        self.kw = kw
+
+    def forward(self, x):
+        return F.max_pool2d(x, return_indices=True, **self.kw)
+
+
+@pytest.mark.parametrize("kw", [
+    {"kernel_size": 2}, {"kernel_size": 3, "stride": 2, "padding": 1},
+    {"kernel_size": (1, 3), "stride": 2, "dilation": 2, "ceil_mode": True},
+    {"kernel_size": (3, 1)}, {"kernel_size": 1, "stride": 2}])
+def test_max_pool_indices_read_by_the_model_are_torchs_flat_spatial_indices(kw):
+    model = PoolIndices(**kw)
+    x = torch.randn(2, 3, 9, 10)
+    tp = lowered(model, x)
+    assert kw["kernel_size"] == 1 or "argmax" in kinds(tp)
+    values, indices = eager(model, x)
+    assert indices.dtype == np.int64
+    check_planned(tp, (x,), [values, indices], cases=[("balanced", 8, "reference"),
+                                                      ("balanced", 8, "torch")], atol=0)
+
+
+def test_max_pool_indices_nobody_reads_make_no_ops():
+    model = Fn(lambda x: F.max_pool2d(x, 2))
+    assert "argmax" not in kinds(lowered(model, torch.randn(1, 2, 4, 4)))
 
 
 # --- the IREE backend --------------------------------------------------------------------------
@@ -400,7 +423,7 @@ def test_demo_models_run_compiled_by_iree_and_match_eager_pytorch(factory):
 def test_pooling_with_uneven_windows_runs_compiled_by_iree():
     def pools(x):
         return (F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False),
-                F.max_pool2d(x, 2, stride=2, dilation=2, ceil_mode=True),
+                *F.max_pool2d(x, 2, stride=2, dilation=2, ceil_mode=True, return_indices=True),
                 F.adaptive_avg_pool2d(x, (4, 3)))
 
     model = Fn(pools)
