@@ -703,7 +703,10 @@ def _argmax_indices(cx: Ctx, x_p: Value, spatial: Sequence[int], ks: Sequence[in
     the window gives the position in the window (row-major over its dims); each window dim's
     offset is taken from it by integer division and remainder, and the flat index is a
     constant per output position (where its window starts) plus the offsets times the
-    dilation and the input's strides."""
+    dilation and the input's strides. Ties go to the first maximum, as torch's; two cases
+    differ from torch's CPU kernel: a window with several NaN (torch: the last, here the first)
+    and a padded window whose input elements are all -inf (torch: its first input element,
+    here the padding before it)."""
     lw = cx.lw
     n = len(ks)
     strides = [math.prod(spatial[i + 1:]) for i in range(n)]
