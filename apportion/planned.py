@@ -289,11 +289,14 @@ def _runner(backend: Any, planned: PlannedProgram) -> Any:
     from apportion.backends import get, require
 
     found = get(backend)
-    if found.run is None:
+    if found.emit is not None:
         raise ExecutionError(f"backend {found.name!r} emits, it does not run: use "
                              f"planned.bundle_mlir() or planned.loopspec() (apportion emit "
                              f"--bundle) {cite('bundle-emits-only')}")
-    require(found, planned)
+    require(found, planned)  # a backend running meshes only cites what it needs here
+    if found.run is None:
+        raise ExecutionError(f"backend {found.name!r} runs programs sharded over a mesh "
+                             "(run_mesh), not a plan for one device's cores")
     return found.run
 
 

@@ -7,11 +7,16 @@ devices on torch.distributed). ``mlir`` holds the MLIR text helpers the emitters
 ``limits`` the documented limits every refusal cites.
 
 Each is a ``Backend``: its name, ``supports(planned)`` (the documented limits that stop it, empty
-when it takes the plan), and ``run`` or ``emit``. ``BACKENDS`` maps each name to its backend,
-imported on first use from its module path, so importing apportion imports no torch and no
-IREE, and no backend imports another (the ``backends-independent`` import contract).
-``PlannedProgram.run(backend=)``, ``check(backend=)`` and ``apportion run --backend`` take
-exactly these names.
+when it takes the plan), and ``run`` or ``emit``. A backend that runs a program sharded over a
+mesh of devices, lowered (``schedule.mesh.MeshSchedule``), has ``run_mesh`` too, and its
+``supports`` answers for a ``MeshSchedule`` as for a planned program: ``reference``, ``torch``
+and ``iree`` run every device's core schedule their own way, the data moving between devices
+by the schedule's own host movement (``schedule.mesh.execute``).
+
+``BACKENDS`` maps each name to its backend, imported on first use from its module path, so
+importing apportion imports no torch and no IREE, and no backend imports another (the
+``backends-independent`` import contract). ``PlannedProgram.run(backend=)``,
+``check(backend=)`` and ``apportion run --backend`` take exactly these names.
 
 >>> from apportion.backends import BACKENDS, get
 >>> list(BACKENDS)
@@ -35,6 +40,7 @@ if TYPE_CHECKING:
 
     from apportion.ir.program import Program
     from apportion.plans.plan import Plan
+    from apportion.schedule.mesh import MeshSchedule
     from apportion.target.target import Target
 
 __all__ = ["BACKENDS", "Backend", "Planned", "get", "require"]
@@ -69,11 +75,26 @@ class Planned(Protocol):
 Runner = Callable[..., "dict[str, np.ndarray]"]
 
 
+class MeshRunner(Protocol):
+    """``run_mesh(schedule, inputs, *, seed=0, timeout_s=None, device=None, threads=None)``:
+    a ``MeshSchedule`` run on the host ``inputs`` (by the program's input names); returns the
+    program's outputs by name as storage arrays. ``seed`` seeds whatever the run draws,
+    ``timeout_s`` and ``device`` are for runners that start processes or use accelerators,
+    ``threads`` for those that run an op's cores concurrently; a runner refuses (an
+    ``ExecutionError`` naming it) an option it cannot honour rather than ignoring it."""
+
+    def __call__(self, schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0,
+                 timeout_s: float | None = None, device: str | None = None,
+                 threads: int | None = None) -> dict[str, np.ndarray]: ...
+
+
 @dataclass(frozen=True)
 class Backend:
     """One backend: ``supports(planned)`` gives the documented limits that stop it (empty: it
-    takes the plan), and exactly one of ``run`` (inputs in, tensors out) and ``emit`` (text
-    out, checked to parse and verify).
+    takes the plan; asked of a ``MeshSchedule``, the limits that stop it running that), at
+    most one of ``run`` (inputs in, tensors out) and ``emit`` (text out, checked to parse and
+    verify), and ``run_mesh`` (a ``MeshSchedule`` run, ``MeshRunner``; None: the backend runs
+    no mesh), at least one of the three.
 
     >>> import apportion as ap
     >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
@@ -86,15 +107,18 @@ class Backend:
     supports: Callable[[Any], tuple[Limit, ...]]
     run: Runner | None = None
     emit: Callable[[Any], str] | None = None
+    run_mesh: MeshRunner | None = None
 
     def __post_init__(self) -> None:
-        if (self.run is None) == (self.emit is None):
-            raise ValueError(f"backend {self.name!r}: give run or emit, exactly one")
+        if self.run is not None and self.emit is not None:
+            raise ValueError(f"backend {self.name!r}: give run or emit, not both")
+        if self.run is None and self.emit is None and self.run_mesh is None:
+            raise ValueError(f"backend {self.name!r}: give run, emit or run_mesh")
 
     @property
     def does(self) -> str:
-        """``run`` or ``emit``."""
-        return "run" if self.run is not None else "emit"
+        """``emit`` for an emitter, else ``run`` (a program, a mesh schedule or both)."""
+        return "emit" if self.emit is not None else "run"
 
 
 #: name -> module whose ``BACKEND`` is that backend (imported on first use)

@@ -488,6 +488,10 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
     and boxes, loops, accumulator steps and buffers, at the ``--param`` sizes and counts."""
     from apportion.schedule.lower import lower
 
+    if args.mesh is not None:  # sharded over devices: the mesh schedule
+        from apportion.cli.shard import cmd_schedule_sharded
+
+        return cmd_schedule_sharded(args, console)
     if args.torch is not None:
         from apportion.cli.torch_models import plan_model
 
@@ -657,7 +661,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sc)
     sc.add_argument("--param", action="append", metavar="NAME=VALUE",
                     help="a symbolic loop count or run-time size to lower at, e.g. --param "
-                         "T=4 (repeatable)")
+                         "T=4 (repeatable); with --mesh, a symbolic mesh axis size too")
+    shard_cli.add_mesh_options(sc)
     sc.set_defaults(func=cmd_schedule)
     shard_cli.add_parser(sub, _common)
     b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCH_SUITES)}")

@@ -5,12 +5,17 @@
   it; then the outputs' resharding, a summary line and the per-device programs. ``--method
   propagate`` completes the program file's ``"shardings"`` annotations without search;
   ``--format json`` prints the plan (format ``apportion.sharding/1``).
-* ``apportion run PROG --mesh SPEC [--backend reference|dtensor] [--check]``: the per-device
-  programs run with the reference executor (each device's segments planned for its cores and
-  run core slice by core slice) and numpy collectives, or on ``torch.distributed`` with one
-  process per device (``dtensor``), and compared with the unsharded program.
-* ``apportion emit PROG --mesh SPEC --forall``: the per-device programs as parallel IR;
-  ``--shard`` asks for the shard dialect, which the MLIR bindings lack (the error says so).
+* ``apportion run PROG --mesh SPEC [--backend reference|torch|iree|dtensor] [--check]``: the
+  plan lowered to its mesh schedule (``sharding.lower.lower_plan``: each device's segments
+  planned for its cores and lowered) and run by the backend's ``run_mesh`` (each device's core
+  schedule in numpy, with torch kernels or as IREE modules, the data between devices moved on
+  the host by the schedule), or on ``torch.distributed`` with one process per device
+  (``dtensor``), and compared with the unsharded program.
+* ``apportion emit PROG --mesh SPEC --forall``: the per-device programs as parallel IR (the
+  mesh schedule emitted by ``backends.iree.mesh.mesh_mlir``); ``--shard`` asks for the shard
+  dialect, which the MLIR bindings lack (the error says so).
+* ``apportion schedule PROG --mesh SPEC``: the mesh schedule as text, each device's core
+  schedule nested under it.
 
 With ``--torch MODULE:FACTORY`` (a callable returning ``(model, example_inputs)``, as ``plan
 --torch`` takes it) the model lowered by ``from_torch`` is sharded: its program's inputs are
@@ -51,6 +56,7 @@ from apportion.target.target import Target
 if TYPE_CHECKING:
     from apportion.cli.torch_models import TorchModel
     from apportion.ir.program import Program
+    from apportion.schedule.mesh import MeshSchedule
     from apportion.sharding.mesh import Mesh
     from apportion.sharding.plan import ShardingPlan
     from apportion.sharding.spec import Sharding
@@ -351,11 +357,11 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
     """``run --mesh``: the per-device programs run and (``--check``) compared with the
     unsharded program, or for a ``--torch`` model with the model run eagerly in PyTorch on
     its example inputs; ``print_checks`` prints the comparison (``cli/main.py``'s)."""
-    if args.backend not in ("reference", "dtensor", "iree"):
+    if args.backend not in MESH_BACKENDS:
         raise ShardUsageError(f"--backend {args.backend} does not run sharded programs; with "
-                              "--mesh: reference, iree or dtensor")
+                              f"--mesh: {', '.join(MESH_BACKENDS)}")
     if args.backend in ("dtensor", "iree") and args.threads is not None:
-        raise ShardUsageError("--threads applies to the reference backend")
+        raise ShardUsageError("--threads applies to the reference and torch backends")
     planned, tm = sharded(args)
     sizes = mesh_sizes(planned, args)
     plan = planned.bind(sizes)
@@ -387,31 +393,15 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
             return 0
         return print_checks(compare_eager(tm, run.outputs), f"distributed run of {label}",
                             console, eager)
-    if args.backend == "iree":
-        from apportion.backends.iree.mesh import run_mesh
-        from apportion.sharding.lower import lower_plan
-
-        schedule = lower_plan(plan)
-        with failures(tm, "the per-device run in IREE"):
-            mesh_run = run_mesh(schedule, inputs)
-        _print_mesh_run(mesh_run, schedule, console)
-        if not args.check:
-            console.print(f"ran {label}", highlight=False)
-            return 0
-        return print_checks(compare_eager(tm, mesh_run.outputs), f"per-device modules of "
-                            f"{label} in IREE, collectives between them on the host,", console,
-                            eager)
-    from apportion.sharding.unroll import unroll
-
-    u = unroll(plan)
-    with failures(tm, "the per-device run"):
-        outputs = u.run(inputs, planned=True)
+    schedule = _lowered(args, plan)
+    with failures(tm, f"the per-device run ({args.backend})"), \
+            _running(args, console, plan, schedule):
+        outputs = _run_mesh(args, schedule, inputs)
+    _print_mesh_run(args, plan, label, schedule, console)
     if not args.check:
-        console.print(f"ran {label}: {len(u.devices)} devices, each segment planned for "
-                      f"{plan.target.cores} cores", highlight=False)
         return 0
-    return print_checks(compare_eager(tm, outputs), f"per-device programs of {label}, run "
-                        "core slice by core slice,", console, eager)
+    return print_checks(compare_eager(tm, outputs), _verdict(args.backend, label), console,
+                        eager)
 
 
 def _print_dist(plan: ShardingPlan, run: Any, console: Console) -> None:
@@ -443,20 +433,63 @@ def _run_program(args: argparse.Namespace, plan: ShardingPlan, label: str, conso
             console.print(f"ran {label}", highlight=False)
             return 0
         return print_checks(checks, f"distributed run of {label}", console)
-    if args.backend == "iree":
-        return _run_iree(args, plan, label, console, print_checks)
-    from apportion.sharding.unroll import unroll
+    from apportion.runtime.reference import compare, random_inputs, run_unplanned
 
-    u = unroll(plan)
-    counts = _counts(args, plan.program)
-    if not args.check:
-        u.run(planned=True, seed=args.seed, params=counts)
-        console.print(f"ran {label}: {len(u.devices)} devices, each segment planned for "
-                      f"{plan.target.cores} cores", highlight=False)
+    schedule = _lowered(args, plan)
+    inputs = random_inputs(plan.program, args.seed)
+    with _running(args, console, plan, schedule):
+        outputs = _run_mesh(args, schedule, inputs)
+        checks = compare(run_unplanned(plan.program, inputs), outputs, plan.program) \
+            if args.check else None
+    _print_mesh_run(args, plan, label, schedule, console)
+    if checks is None:
         return 0
-    checks = u.check(seed=args.seed, planned=True, params=counts)
-    return print_checks(checks, f"per-device programs of {label}, run core slice by core "
-                        "slice,", console)
+    return print_checks(checks, _verdict(args.backend, label), console)
+
+
+#: the backends that run a mesh schedule (their ``run_mesh``)
+MESH_BACKENDS = ("reference", "torch", "iree", "dtensor")
+
+
+def _verdict(backend: str, label: str) -> str:
+    """What ran, as the verdict line names it."""
+    if backend == "iree":
+        return f"per-device modules of {label} in IREE, collectives between them on the host,"
+    kernels = " with torch kernels" if backend == "torch" else ""
+    return f"per-device programs of {label}, run core slice by core slice{kernels},"
+
+
+def _lowered(args: argparse.Namespace, plan: ShardingPlan) -> MeshSchedule:
+    """The bound plan lowered to its mesh schedule at the ``--param`` loop counts (each
+    symbolic loop count the program keeps must be given: ``_counts``)."""
+    from apportion.sharding.lower import lower_plan
+
+    return lower_plan(plan, params=_counts(args, plan.program))
+
+
+def _run_mesh(args: argparse.Namespace, schedule: MeshSchedule, inputs: dict[str, Any]
+              ) -> dict[str, Any]:
+    """``schedule`` run on ``inputs`` by ``--backend`` through the registry's ``run_mesh``,
+    refused up front naming the documented limit where the backend does not take it."""
+    from apportion.backends import get, require
+
+    backend = get(args.backend)
+    require(backend, schedule)
+    assert backend.run_mesh is not None  # every backend of MESH_BACKENDS has one
+    return backend.run_mesh(schedule, inputs, seed=args.seed, threads=args.threads)
+
+
+def _running(args: argparse.Namespace, console: Console, plan: ShardingPlan,
+             schedule: MeshSchedule) -> Any:
+    """The progress line while IREE compiles the segments (other backends start at once)."""
+    import contextlib
+
+    if args.backend != "iree":
+        return contextlib.nullcontext()
+    from apportion.cli.progress import progress
+
+    return progress(console, f"compiling {plan.program.name}'s segments with IREE and running "
+                             f"them on {len(schedule.devices)} devices")
 
 
 def _counts(args: argparse.Namespace, program: Program) -> dict[str, int]:
@@ -473,55 +506,57 @@ def _counts(args: argparse.Namespace, program: Program) -> dict[str, int]:
     return {c: params[c] for c in counts}
 
 
-def _run_iree(args: argparse.Namespace, plan: ShardingPlan, label: str, console: Console,
-              print_checks: Callable[..., int]) -> int:
-    """``run PROG --mesh --backend iree``: every device's segments as IREE modules, the
-    collectives between them on the host (``backends.iree.mesh``), against the unsharded
-    program on random inputs."""
-    from apportion.backends.iree.mesh import check_mesh, run_mesh
-    from apportion.cli.progress import progress
-    from apportion.runtime.reference import random_inputs
-    from apportion.sharding.lower import lower_plan
-
-    _counts(args, plan.program)  # a symbolic loop count left: named, with --param to give it
-    schedule = lower_plan(plan)
-    with progress(console, f"compiling {plan.program.name}'s segments with IREE and running "
-                           f"them on {plan.mesh.devices} devices"):
-        if args.check:
-            checks, run = check_mesh(schedule, seed=args.seed)
-        else:
-            run = run_mesh(schedule, random_inputs(plan.program, args.seed))
-    _print_mesh_run(run, schedule, console)
-    if not args.check:
-        console.print(f"ran {label}", highlight=False)
-        return 0
-    return print_checks(checks, f"per-device modules of {label} in IREE, collectives between "
-                        "them on the host,", console)
-
-
-def _print_mesh_run(run: Any, schedule: Any, console: Console) -> None:
-    """The lines saying what a run of the per-device modules in IREE did (no times: they
-    vary from run to run)."""
+def _print_mesh_run(args: argparse.Namespace, plan: ShardingPlan, label: str,
+                    schedule: MeshSchedule, console: Console) -> None:
+    """The lines saying what ran (no times: they vary from run to run): for IREE, the
+    schedule's summary and how many segment launches and distinct modules; without
+    ``--check``, that the run is done."""
+    if args.backend != "iree":
+        if not args.check:
+            console.print(f"ran {label}: {len(schedule.devices)} devices, each segment planned "
+                          f"for {plan.target.cores} cores", highlight=False)
+        return
     console.print(schedule.summary(), highlight=False, soft_wrap=True, markup=False)
     launches = sum(len(schedule.launches(d)) for d in range(len(schedule.devices)))
-    n = run.modules
+    n = schedule.distinct()
     console.print(f"{launches} segment launches in IREE ({n} distinct module"
                   f"{'s' if n != 1 else ''}), the steps between them on the host",
                   highlight=False)
+    if not args.check:
+        console.print(f"ran {label}", highlight=False)
 
 
 def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
-    """``emit --mesh``: the per-device programs (``--forall``); ``--shard`` is refused."""
-    from apportion.sharding.mlir import per_device_mlir, sharded_mlir
+    """``emit --mesh``: the per-device programs (``--forall``: the plan lowered to its mesh
+    schedule, emitted by the IREE backend, ``backends.iree.mesh.mesh_mlir``); ``--shard`` is
+    refused."""
+    from apportion.sharding.lower import lower_plan
+    from apportion.sharding.mlir import sharded_mlir
     from apportion.sharding.unroll import unroll
 
     plan = sharding_plan(args)  # a --torch model's program too
-    u = unroll(plan, mesh_sizes(plan, args))
+    sizes = mesh_sizes(plan, args)
     if args.shard:
-        print(sharded_mlir(u), end="")
+        print(sharded_mlir(unroll(plan, sizes)), end="")
         return 0
     if not args.forall:
         raise ShardUsageError("with --mesh, emit --forall (the per-device programs as parallel "
                               "IR) or --shard")
-    print(per_device_mlir(u, plan.target), end="")
+    from apportion.backends.iree.mesh import mesh_mlir
+
+    print(mesh_mlir(lower_plan(plan, sizes)), end="")
+    return 0
+
+
+def cmd_schedule_sharded(args: argparse.Namespace, console: Console) -> int:
+    """``schedule --mesh``: the plan lowered to its mesh schedule, as text: every device's
+    placements, then every stage, a compute stage's core schedule nested under each device
+    (``schedule.mesh.MeshSchedule``), at the ``--param`` mesh sizes and loop counts."""
+    from apportion.sharding.lower import lower_plan
+
+    planned = sharding_plan(args)  # a --torch model's program too
+    sizes = mesh_sizes(planned, args)
+    plan = planned.bind(sizes)
+    counts = {k: v for k, v in _params(args).items() if k in loop_counts(plan.program)}
+    print(lower_plan(plan, params=counts or None))
     return 0

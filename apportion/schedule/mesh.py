@@ -2,8 +2,11 @@
 
 A sharded program runs as the same *stages* on every device, in the same order (SPMD):
 
-- ``Compute``: one ``DeviceLaunch`` per device, the device's segment program (its shards of
-  the ops between two communications) with the core plan it runs with on the device's cores;
+- ``Compute``: one ``DeviceLaunch`` per device, the device's segment (its shards of the ops
+  between two communications) planned over the device's cores and lowered to its core
+  ``Schedule`` (``schedule.lower``): the device's launches over its cores, so a launch's
+  workers are the mesh's device axes (``MeshSchedule.axes``) with the cores innermost
+  (``MeshSchedule.worker_axes``);
 - ``Collective``: data moving between groups of devices along one mesh axis: ``all_gather``,
   ``all_reduce`` (with its reducer), ``reduce_scatter``, ``all_to_all``, or a ``slice`` (each
   device keeps a part of what it holds, no communication). Every device's region of the
@@ -15,21 +18,29 @@ A sharded program runs as the same *stages* on every device, in the same order (
 
 A box is ``((start, stop), ...)`` per tensor dim, in the program's (global) coordinates. The
 program's inputs and outputs are placed per device (``Device.inputs``/``outputs``: the tensor,
-its local name and box), so a runner cuts host arrays into shards and puts outputs back
-together itself. ``apportion.sharding.lower`` builds a ``MeshSchedule`` from a sharding plan;
-backends consume it without knowing the sharding package.
+its local name and box). ``apportion.sharding.lower`` builds a ``MeshSchedule`` from a
+sharding plan; backends consume it without knowing the sharding package.
+
+The data movement on the host is here, backend-neutral, so every mesh runner moves data the
+same way: ``shard_inputs`` cuts host arrays into the devices' shards, ``Collective.move`` and
+``FinishPart.apply`` perform a step on the devices' local arrays, ``unshard_outputs`` puts the
+outputs back together, and ``execute`` runs the stages in order with a backend's own
+``compute`` for each device's launch.
 
 >>> c = Collective("all_gather", "x", "x", "x@1", "float32", "tp", ((0, 1),),
 ...                ((((0, 2), (0, 4))), (((2, 4), (0, 4)))), (((0, 4), (0, 4)),) * 2, dim=0)
 >>> str(c), c.rank(1), c.group(1)
 ('x@1 = all_gather(tp) dim 0(x)', 1, (0, 1))
+>>> parts = c.move([np.zeros((2, 4)), np.ones((2, 4))])
+>>> parts[0].sum(axis=1).tolist()
+[0.0, 0.0, 4.0, 4.0]
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,6 +48,9 @@ from apportion.errors import ExecutionError
 from apportion.ir.kinds import REDUCERS
 from apportion.ir.program import Program
 from apportion.plans.plan import Plan
+from apportion.runtime import kernels
+from apportion.runtime.reference import bind_inputs
+from apportion.schedule.values import Launch, Schedule, WorkerAxis
 from apportion.target.target import Target
 
 #: ``(start, stop)`` per tensor dim, in the program's coordinates
@@ -111,16 +125,29 @@ def within(inner: Box, outer: Box) -> Box:
     return tuple((lo - o, hi - o) for (lo, hi), (o, _) in zip(inner, outer, strict=True))
 
 
+def _sl(box: Box) -> tuple[slice, ...]:
+    return tuple(slice(lo, hi) for lo, hi in box)
+
+
+def _box_text(box: Box) -> str:
+    return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in box) + "]"
+
+
 @dataclass(frozen=True)
 class DeviceLaunch:
-    """One device's compute segment: ``program`` (its shards of a run of ops) run with the
-    core plan ``plan`` on the device's cores. ``name`` is the device's own name for it;
-    devices whose segments are equal share one ``program`` and ``plan`` (named after the first
-    of them), so a backend compiles or plans it once."""
+    """One device's compute segment, lowered: ``schedule`` is the segment (its shards of a
+    run of ops, ``schedule.program``) planned over the device's cores and lowered
+    (``schedule.lower``), every launch in it over the device's core worker axes. ``name`` is
+    the device's own name for it; devices whose segments are equal share one ``schedule``
+    (its program named after the first of them), so a backend compiles or plans it once.
+
+    ``plan`` is the core plan the schedule was lowered from, kept for the IREE emitter alone
+    while it still derives its boxes from a plan (issue 18 item 2); every other backend reads
+    ``schedule``. It takes no part in equality."""
 
     name: str
-    program: Program
-    plan: Plan
+    schedule: Schedule
+    plan: Plan = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -191,6 +218,72 @@ class Collective:
         """The index of ``device``'s group (what splits a channel into the groups)."""
         return self.groups.index(self.group(device))
 
+    def move(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """This step on every device's array (``arrays[d]``, device ``d``'s box
+        ``src_boxes[d]``, a storage array); each device's result, its box ``dst_boxes[d]``.
+        Gathers and all-to-alls copy each element from the group's device whose box holds
+        it; reductions combine the group's arrays in rank order with the reducer and cast
+        to the storage of ``dtype``; an argmax's keys reduce by max (``unpack``: to the
+        index they hold).
+
+        >>> c = Collective("all_reduce", "x", "x", "x@1", "float32", "tp", ((0, 1),),
+        ...                (((0, 2),),) * 2, (((0, 2),),) * 2, reducer="sum")
+        >>> [a.tolist() for a in c.move([np.array([1.0, 2.0]), np.array([3.0, 4.0])])]
+        [[4.0, 6.0], [4.0, 6.0]]
+        """
+        if len(arrays) != len(self.src_boxes):
+            raise ExecutionError(f"{self}: {len(arrays)} devices' arrays, the step has "
+                                 f"{len(self.src_boxes)} devices")
+        out: list[np.ndarray] = []
+        reduced: dict[tuple[int, ...], np.ndarray] = {}
+        for d, (src, dst) in enumerate(zip(self.src_boxes, self.dst_boxes, strict=True)):
+            if np.shape(arrays[d]) != box_shape(src):
+                raise ExecutionError(f"device {d}: {self.source!r} has shape "
+                                     f"{np.shape(arrays[d])}, its box {src} of tensor "
+                                     f"{self.tensor!r} needs {box_shape(src)}")
+            group = self.group(d)
+            if self.kind == "slice":
+                if intersect(dst, src) != dst:
+                    raise ExecutionError(f"device {d}: slice of tensor {self.tensor!r} keeps "
+                                         f"{dst}, outside what it holds, {src}")
+                out.append(arrays[d][_sl(within(dst, src))])
+            elif self.kind in ("all_gather", "all_to_all"):
+                out.append(self._gather(d, group, arrays))
+            else:
+                if group not in reduced:
+                    if any(self.src_boxes[p] != src for p in group):
+                        raise ExecutionError(f"{self.kind} of tensor {self.tensor!r} along axis "
+                                             f"{self.axis!r}: the partial arrays of group "
+                                             f"{group} cover different boxes")
+                    reduced[group] = self._reduce([np.asarray(arrays[p]) for p in group])
+                out.append(reduced[group][_sl(within(dst, src))])
+        return out
+
+    def _gather(self, d: int, group: tuple[int, ...], arrays: Sequence[np.ndarray]
+                ) -> np.ndarray:
+        dst = self.dst_boxes[d]
+        res = np.empty(box_shape(dst), dtype=np.asarray(arrays[d]).dtype)
+        seen = np.zeros(box_shape(dst), dtype=bool)
+        for p in group:
+            part = intersect(self.src_boxes[p], dst)
+            if part is not None:
+                res[_sl(within(part, dst))] = arrays[p][_sl(within(part, self.src_boxes[p]))]
+                seen[_sl(within(part, dst))] = True
+        if not seen.all():
+            raise ExecutionError(f"device {d}: {self.kind} of tensor {self.tensor!r} along axis "
+                                 f"{self.axis!r}: no device of group {group} holds part of its "
+                                 f"box {dst}")
+        return res
+
+    def _reduce(self, parts: list[np.ndarray]) -> np.ndarray:
+        assert self.reducer is not None
+        if self.reducer == "argmax":  # keys: the larger wins
+            keys = functools.reduce(np.maximum, parts)
+            return argmax_index(keys) if self.unpack else keys
+        r = REDUCERS[self.reducer]
+        total = functools.reduce(lambda p, q: r.combine(kernels.XP, p, q), parts)
+        return kernels.to_storage(np.asarray(total), self.dtype)
+
     def __str__(self) -> str:
         what = f"{self.reducer}, {self.axis}" if self.reducer else self.axis
         text = f"{self.result} = {self.kind}({what})"
@@ -222,6 +315,20 @@ class FinishPart:
         if self.kind not in FINISHES:
             raise ExecutionError(f"finish writing {self.result!r}: kind {self.kind!r}; valid: "
                                  f"{', '.join(FINISHES)}")
+
+    def apply(self, env: Mapping[str, np.ndarray]) -> np.ndarray:
+        """This device's finish on its local arrays ``env`` (storage arrays by local name):
+        the array ``result`` holds.
+
+        >>> FinishPart("scale", ("m",), "s", "float32", factor=0.5).apply(
+        ...     {"m": np.array([2.0, 4.0], np.float32)}).tolist()
+        [1.0, 2.0]
+        """
+        if self.kind == "scale":
+            x = np.asarray(env[self.sources[0]], dtype=np.float64)
+            return kernels.to_storage(x * self.factor, self.dtype)
+        return argmax_keys(np.asarray(env[self.sources[0]]),
+                           self.flat_index(np.asarray(env[self.sources[1]])))
 
     def flat_index(self, index: np.ndarray) -> np.ndarray:
         """A local flat index of the device's reduction box as the whole reduction's.
@@ -260,6 +367,9 @@ class Placement:
     tensor: str
     local: str
     box: Box
+
+    def __str__(self) -> str:
+        return f"{self.local} = {self.tensor}{_box_text(self.box)}"
 
 
 @dataclass(frozen=True)
@@ -364,8 +474,77 @@ class MeshSchedule:
         return {lay.local: lay for lay in self.layouts}
 
     def launches(self, device: int) -> tuple[DeviceLaunch, ...]:
-        """Device ``device``'s segment programs in order, each with its core plan."""
+        """Device ``device``'s segments in order, each lowered over its cores."""
         return tuple(s.launches[device] for s in self.stages if isinstance(s, Compute))
+
+    @property
+    def axes(self) -> tuple[WorkerAxis, ...]:
+        """The mesh's axes as the outer worker axes of every launch (level ``device``; an
+        axis's name is the mesh axis's), in the mesh's order.
+
+        >>> MeshSchedule(Program("p", (), (), (), ()), "tp=2", None,
+        ...              (Device(0, (("tp", 0),), (), ()), Device(1, (("tp", 1),), (), ())),
+        ...              ()).axes
+        (WorkerAxis(name='tp', size=2, level='device'),)
+        """
+        if not self.devices:
+            return ()
+        names = [a for a, _ in self.devices[0].coords]
+        return tuple(WorkerAxis(a, 1 + max(dict(dev.coords)[a] for dev in self.devices),
+                                "device") for a in names)
+
+    def worker_axes(self, launch: Launch) -> tuple[WorkerAxis, ...]:
+        """Every worker axis of ``launch`` (a launch of a device's schedule): the mesh's
+        device axes, then the launch's core axes, innermost."""
+        return (*self.axes, *launch.axes)
+
+    def distinct(self) -> int:
+        """How many distinct segment schedules the devices run (devices with equal shards
+        share one): what a backend compiles or lowers."""
+        return len({id(launch.schedule) for s in self.stages if isinstance(s, Compute)
+                    for launch in s.launches})
+
+    def __str__(self) -> str:
+        """The stages in order, each device's part of each: a compute stage's schedule over
+        the device's cores nested under the device (once per distinct schedule), a
+        collective's or finish's boxes per device."""
+        grid = " x ".join(map(str, self.axes)) or "1"
+        lines = [f"mesh schedule {self.program.name} over {self.mesh} "
+                 f"({getattr(self.target, 'name', self.target)}): {len(self.devices)} devices "
+                 f"on device axes {grid}, each device's launches over its cores innermost",
+                 "devices:"]
+        for dev in self.devices:
+            lines.append(f"  {dev}: in {', '.join(map(str, dev.inputs)) or '-'}; out "
+                         f"{', '.join(map(str, dev.outputs)) or '-'}")
+        lines.append("stages:")
+        for k, stage in enumerate(self.stages):
+            lines.append(f"  stage {k}: {stage}")
+            if isinstance(stage, Compute):
+                seen: dict[int, int] = {}
+                for d, launch in enumerate(stage.launches):
+                    first = seen.setdefault(id(launch.schedule), d)
+                    if first != d:
+                        lines.append(f"    device {d}: {launch.name}, the schedule of device "
+                                     f"{first}")
+                        continue
+                    lines.append(f"    device {d}: {launch.name}")
+                    lines += ["      " + line for line in str(launch.schedule).splitlines()]
+            elif isinstance(stage, MeshFinish):
+                for d, part in enumerate(stage.parts):
+                    what = (f"x {part.factor:.6g}" if part.kind == "scale" else
+                            f"reduction {'x'.join(map(str, part.local))} at "
+                            f"{', '.join(map(str, part.starts))} of "
+                            f"{'x'.join(map(str, part.sizes))}")
+                    lines.append(f"    device {d}: {what}")
+            else:
+                for d, (src, dst) in enumerate(zip(stage.src_boxes, stage.dst_boxes,
+                                                   strict=True)):
+                    group = stage.group(d)
+                    peers = "" if stage.kind == "slice" else \
+                        f" (rank {group.index(d)} of devices {list(group)})"
+                    lines.append(f"    device {d}: {stage.tensor}{_box_text(src)} -> "
+                                 f"{_box_text(dst)}{peers}")
+        return "\n".join(lines)
 
     @property
     def collectives(self) -> tuple[Collective, ...]:
@@ -395,3 +574,94 @@ def group_order(groups: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
     ((0, 2), (1, 3))
     """
     return tuple(sorted((tuple(g) for g in groups), key=lambda g: min(g)))
+
+
+def shard_inputs(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray]
+                 ) -> list[dict[str, np.ndarray]]:
+    """Each device's shards of the host inputs (checked and cast to their storage arrays:
+    ``runtime.reference.bind_inputs``), by local name: views of the storage arrays, no copy
+    per device."""
+    host = bind_inputs(schedule.program, inputs)
+    return [{p.local: host[p.tensor][_sl(p.box)] for p in dev.inputs}
+            for dev in schedule.devices]
+
+
+def unshard_outputs(schedule: MeshSchedule, envs: Sequence[Mapping[str, np.ndarray]]
+                    ) -> dict[str, np.ndarray]:
+    """Each program output put together from the devices' shards (``envs[d]``: device ``d``'s
+    local arrays); replicas must agree, and every element must be held by some device."""
+    out: dict[str, np.ndarray] = {}
+    program = schedule.program
+    for k, name in enumerate(program.outputs):
+        t = program.tensor(name)
+        whole = np.empty(t.shape, dtype=kernels.storage_dtype(t.dtype))
+        written = np.zeros(t.shape, dtype=bool)
+        for dev, env in zip(schedule.devices, envs, strict=True):
+            place = dev.outputs[k]
+            part = np.asarray(env[place.local])
+            sl = _sl(place.box)
+            if part.shape != whole[sl].shape:
+                raise ExecutionError(f"device {dev.index}: output {name!r} shard has shape "
+                                     f"{part.shape}, its box {place.box} needs "
+                                     f"{whole[sl].shape}")
+            seen = written[sl]
+            if seen.any() and not _same(whole[sl][seen], part[seen]):
+                raise ExecutionError(f"device {dev.index}: its replica of output {name!r} "
+                                     "differs from another device's")
+            whole[sl] = part
+            written[sl] = True
+        if not written.all():
+            raise ExecutionError(f"output {name!r}: no device holds some of its elements")
+        out[name] = whole
+    return out
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype.kind == "f":
+        return bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
+    return bool(np.array_equal(a, b))
+
+
+#: a backend's run of one device's launch: (the launch, the device, its local arrays) -> the
+#: segment's outputs by local name (at least ``launch.schedule.program.outputs``)
+ComputeFn = Callable[[DeviceLaunch, int, Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+
+
+def execute(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray], compute: ComputeFn
+            ) -> dict[str, np.ndarray]:
+    """Run ``schedule`` on the host inputs: the inputs sharded (``shard_inputs``), then every
+    stage in order, each device's launch by the backend's ``compute``, collectives and
+    finishes by ``Collective.move`` and ``FinishPart.apply``; returns the program's outputs
+    put back together (``unshard_outputs``). Devices run one after another.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.runtime.reference import random_inputs, run_unplanned
+    >>> from apportion.sharding.lower import lower_plan
+    >>> from apportion.sharding.mesh import parse
+    >>> from apportion.sharding.search import search
+    >>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
+    >>> def unplanned(launch, device, env):
+    ...     p = launch.schedule.program
+    ...     return run_unplanned(p, {n: env[n] for n in p.inputs})
+    >>> execute(s, random_inputs(s.program), unplanned)["y"].shape
+    (256, 1024)
+    """
+    envs = shard_inputs(schedule, inputs)
+    for stage in schedule.stages:
+        if isinstance(stage, Compute):
+            for d, (launch, env) in enumerate(zip(stage.launches, envs, strict=True)):
+                program = launch.schedule.program
+                done = compute(launch, d, {n: env[n] for n in program.inputs})
+                missing = [n for n in program.outputs if n not in done]
+                if missing:
+                    raise ExecutionError(f"device {d}: the run of segment {launch.name!r} gave "
+                                         f"no {', '.join(map(repr, missing))}")
+                env.update({n: done[n] for n in program.outputs})
+        elif isinstance(stage, MeshFinish):
+            for part, env in zip(stage.parts, envs, strict=True):
+                env[part.result] = part.apply(env)
+        else:
+            moved = stage.move([env[stage.source] for env in envs])
+            for env, res in zip(envs, moved, strict=True):
+                env[stage.result] = res
+    return unshard_outputs(schedule, envs)

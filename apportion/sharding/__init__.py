@@ -8,10 +8,10 @@ over several devices. A ``ShardingPlan`` says for every tensor how it is laid ou
 completes the user's annotations along the ops' indexing maps; ``search`` chooses every op's
 strategy as an integer program (HiGHS) for the least predicted time within each device's
 memory. ``unroll`` turns a plan into one ordinary program per device with collective steps
-between, runnable with the reference executor and numpy collectives; ``per_device_mlir`` emits it
-(``lower.lower_plan`` lowers it to the mesh schedule the backends run, the dtensor backend with
-one process per device on ``torch.distributed``). A mesh axis
-size may be symbolic (``dp=N~4``): plans are made at its planning size, and ``unroll`` and
+between, runnable with the reference executor and numpy collectives; ``lower_plan`` lowers it
+to the ``MeshSchedule`` every backend's ``run_mesh`` runs (the dtensor backend's with one
+process per device on ``torch.distributed``; the IREE backend emits it too). A mesh axis size
+may be symbolic (``dp=N~4``): plans are made at its planning size, and ``unroll`` and
 ``lower_plan`` bind it (``sizes={"N": 2}``, ``ShardingPlan.bind``).
 
 Modules: ``mesh`` (meshes, presets, TOML), ``spec`` (shardings, annotations, ``ap.shard``),
@@ -21,6 +21,7 @@ strategies), ``plan`` (the plan value, costs, memory), ``propagate``, ``search``
 """
 
 from apportion.sharding.collectives import Step as Step
+from apportion.sharding.lower import lower_plan as lower_plan
 from apportion.sharding.mesh import PRESETS as PRESETS
 from apportion.sharding.mesh import Axis as Axis
 from apportion.sharding.mesh import Link as Link
@@ -28,7 +29,6 @@ from apportion.sharding.mesh import Mesh as Mesh
 from apportion.sharding.mesh import load_toml as load_toml
 from apportion.sharding.mesh import parse as parse_mesh
 from apportion.sharding.mesh import resolve as resolve_mesh
-from apportion.sharding.mlir import per_device_mlir as per_device_mlir
 from apportion.sharding.mlir import sharded_mlir as sharded_mlir
 from apportion.sharding.plan import ShardingPlan as ShardingPlan
 from apportion.sharding.plan import Transfer as Transfer
@@ -51,5 +51,5 @@ from apportion.sharding.unroll import unroll as unroll
 __all__ = ["PRESETS", "Axis", "Collective", "DeviceProgram", "Finish", "Link", "Mesh", "Sharding",
            "ShardingPlan", "Step", "Strategy", "Transfer", "Unrolled", "annotations_of",
            "load", "load_toml", "loads", "make_strategy", "op_strategies",
-           "parse_mesh", "per_device_mlir", "propagate", "resolve_mesh", "search",
+           "lower_plan", "parse_mesh", "propagate", "resolve_mesh", "search",
            "shard", "sharded_mlir", "unroll"]

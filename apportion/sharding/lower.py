@@ -1,13 +1,20 @@
 """A sharding plan lowered to the device level of the schedule (``schedule.mesh``).
 
 ``lower_mesh(unrolled)`` turns the per-device programs of ``unroll`` into a ``MeshSchedule``:
-every device's compute segments, each with the core plan ``ap.plan`` makes for the device's
-cores (equal segments planned once and shared), and every resharding step as a
+every device's compute segments, each planned by ``ap.plan`` for the device's cores and
+lowered to its core ``Schedule`` (``schedule.lower``; equal segments planned and lowered once
+and shared), so the device's launches are over its cores, nested inside the device level
+(the two planners lower into one form), and every resharding step as a
 ``Collective`` carrying each device's box of the tensor before and after it, as the plan's
 shardings cut them (``Sharding.block``), with the groups of devices along its mesh axis. A
 ``slice`` step, which ``unroll`` runs as a local copy op inside a segment, becomes a stage of
 its own here, so that every data movement of the plan is a step a backend sees. The finish
 of a mean or argmax split over devices becomes a ``MeshFinish`` with each device's part.
+
+Symbolic loop counts of the program's tiling groups, which the segments keep, are bound when
+the segments are lowered: ``params`` gives them (``run --mesh --param T=16``); a count not
+given is lowered at the value its tiles were planned at (``schedule.lower.planned_counts``),
+the schedule an emitter keeping the count symbolic reads.
 
 Backends consume the ``MeshSchedule`` and never import ``apportion.sharding``.
 
@@ -19,6 +26,9 @@ Backends consume the ``MeshSchedule`` and never import ``apportion.sharding``.
 'mlp over tp=2: 2 devices, 2 stages (1 compute, 1 collectives: 1 reduce_scatter)'
 >>> s.collectives[0].dst_boxes
 (((0, 256), (0, 512)), ((0, 256), (512, 1024)))
+>>> launch = s.launches(0)[0]
+>>> launch.name, launch.schedule.cores, [str(a) for a in s.worker_axes(launch.schedule.steps[0])]
+('mlp.d0.s0', 32, ['tp:2', 'm:4', 'n:8'])
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from typing import Any
 from apportion.errors import PlanningError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
+from apportion.schedule.lower import lower, planned_counts
 from apportion.schedule.mesh import (
     Box,
     Collective,
@@ -57,19 +68,29 @@ _Entry = tuple[str, Any]
 
 
 def lower_plan(plan: ShardingPlan, sizes: Mapping[str, int] | None = None,
-               target: Target | None = None) -> MeshSchedule:
+               target: Target | None = None, params: Mapping[str, int] | None = None
+               ) -> MeshSchedule:
     """``plan`` unrolled (``sizes`` bind a symbolic mesh) and lowered; each segment planned
-    for ``target`` (default: the plan's)."""
-    return lower_mesh(unroll(plan, sizes), target)
+    for ``target`` (default: the plan's) and lowered at the symbolic loop counts ``params``."""
+    return lower_mesh(unroll(plan, sizes), target, params)
 
 
-def lower_mesh(unrolled: Unrolled, target: Target | None = None) -> MeshSchedule:
+def lower_mesh(unrolled: Unrolled, target: Target | None = None,
+               params: Mapping[str, int] | None = None) -> MeshSchedule:
     """The ``MeshSchedule`` of the per-device programs ``unrolled`` (see the module
-    docstring); each segment planned for ``target`` (default: the plan's)."""
+    docstring); each segment planned for ``target`` (default: the plan's) and lowered at the
+    symbolic loop counts ``params`` (one not given: at its planned value). A name in
+    ``params`` that is no loop count of the program is refused."""
     from apportion.planned import plan as plan_program
 
     plan = unrolled.plan
     tgt = target or plan.target
+    counts = dict(params or {})
+    unknown = sorted(set(counts) - set(unrolled.counts))
+    if unknown:
+        raise PlanningError(f"the per-device programs of {plan.program.name!r} have no symbolic "
+                            f"loop count {unknown[0]!r} (their counts: "
+                            f"{', '.join(unrolled.counts) or 'none'})")
     slices = _slice_steps(plan)
     per_device = [_entries(dev, slices) for dev in unrolled.devices]
     shapes = [[kind for kind, _ in entries] for entries in per_device]
@@ -78,7 +99,7 @@ def lower_mesh(unrolled: Unrolled, target: Target | None = None) -> MeshSchedule
                             "differ, so they cannot run in step")
     programs = [_segments(plan.program.name, dev, entries)
                 for dev, entries in zip(unrolled.devices, per_device, strict=True)]
-    planned: dict[Program, Any] = {}
+    lowered: dict[Program, DeviceLaunch] = {}
     stages: list[MeshStage] = []
     for k, (kind, _) in enumerate(per_device[0]):
         if kind == "ops":
@@ -86,10 +107,14 @@ def lower_mesh(unrolled: Unrolled, target: Target | None = None) -> MeshSchedule
             for d in range(len(unrolled.devices)):
                 seg = programs[d][k]
                 key = replace(seg, name=f"{plan.program.name}.s{k}")
-                if key not in planned:
-                    planned[key] = plan_program(seg, tgt)
-                pp = planned[key]
-                launches.append(DeviceLaunch(seg.name, pp.program, pp.plan))
+                if key not in lowered:
+                    pp = plan_program(seg, tgt)
+                    at = {**planned_counts(pp.plan),
+                          **{c: v for c, v in counts.items() if c in pp.params}}
+                    lowered[key] = DeviceLaunch(seg.name, lower(pp.program, pp.plan, tgt,
+                                                                params=at or None), pp.plan)
+                first = lowered[key]
+                launches.append(DeviceLaunch(seg.name, first.schedule, first.plan))
             stages.append(Compute(tuple(launches)))
         elif kind == "finish":
             fins = [per_device[d][k][1] for d in range(len(unrolled.devices))]

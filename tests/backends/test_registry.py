@@ -43,11 +43,18 @@ def test_an_unknown_backend_is_refused_listing_the_valid_names():
         fused().run(backend="tpu")
 
 
-def test_a_backend_has_run_or_emit_exactly_one():
-    with pytest.raises(ValueError, match="exactly one"):
+def test_a_backend_runs_or_emits_not_both_and_may_run_meshes_only():
+    with pytest.raises(ValueError, match="give run, emit or run_mesh"):
         Backend("x", "neither", lambda p: ())
-    with pytest.raises(ValueError, match="exactly one"):
+    with pytest.raises(ValueError, match="not both"):
         Backend("x", "both", lambda p: (), run=lambda *a, **k: {}, emit=lambda p: "")
+    assert Backend("x", "meshes", lambda p: (), run_mesh=lambda *a, **k: {}).does == "run"
+
+
+def test_reference_torch_and_iree_run_meshes_and_the_emitter_does_not():
+    assert [name for name in BACKENDS if BACKENDS[name].run_mesh is not None
+            and name != "dtensor"] == ["reference", "torch", "iree"]
+    assert get("bundle").run_mesh is None
 
 
 def test_importing_apportion_and_the_registry_imports_no_torch_iree_or_adapter():
@@ -222,7 +229,7 @@ def test_iree_runs_a_mesh_schedule_as_per_device_modules():
                                     annotations={"x": Sharding((("tp",), ()))}))
     assert get("iree").supports(schedule) == ()
     xs = random_inputs(program, seed=3)
-    got = get("iree").run(schedule, xs)
+    got = get("iree").run_mesh(schedule, xs)
     assert all(c.ok for c in compare(run_unplanned(program, xs), got, program))
-    with pytest.raises(ExecutionError, match="lowered at bound sizes"):
-        get("iree").run(schedule, xs, sizes={"T": 4})
+    with pytest.raises(ExecutionError, match="runs by run_mesh"):
+        get("iree").run(schedule, xs)

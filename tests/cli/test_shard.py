@@ -81,8 +81,8 @@ def test_a_mesh_whose_memory_cannot_hold_the_program_is_a_one_line_error(capsys,
 
 @pytest.mark.parametrize(("argv", "match"), [
     (["run", "examples/megatron.json", "--backend", "dtensor"], "--mesh"),
-    (["run", "examples/megatron.json", "--mesh", "tp=2", "--backend", "torch"],
-     "--backend torch does not run sharded programs"),
+    (["run", "examples/megatron.json", "--mesh", "tp=2", "--backend", "bundle"],
+     "--backend bundle emits, it does not run"),
     (["shard", "examples/megatron.json", "--mesh", "tp"], "'tp' is not AXIS=SIZE"),
     (["shard", "examples/megatron.json", "--mesh", "tp=2", "--auto-tile"],
      "--strategy and --auto-tile do not apply with --mesh"),

@@ -1,32 +1,47 @@
 """The device level of the schedule: MeshSchedule values refuse what cannot run in step
 (stages for the wrong number of devices, groups missing a device, a reduction without its
-reducer), box helpers, and the argmax key format a finish packs and a collective unpacks."""
+reducer), box helpers, the argmax key format a finish packs and a collective unpacks, the
+host data movement every mesh runner shares (equal to the planner's numpy collectives and
+finishes), and the text of a mesh schedule with each device's core schedule nested in it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import load
+from apportion.runtime import kernels
+from apportion.runtime.reference import random_inputs
 from apportion.schedule.mesh import (
     Collective,
     Compute,
     FinishPart,
+    MeshFinish,
     MeshSchedule,
     argmax_index,
     argmax_keys,
     box_shape,
+    execute,
     group_order,
     intersect,
+    shard_inputs,
+    unshard_outputs,
     within,
 )
 from apportion.sharding import collectives as reference_collectives
-from apportion.sharding.lower import lower_plan
+from apportion.sharding.lower import lower_mesh, lower_plan
 from apportion.sharding.mesh import parse
+from apportion.sharding.propagate import propagate
+from apportion.sharding.rules import Finish
 from apportion.sharding.search import search
+from apportion.sharding.spec import Sharding
+from apportion.sharding.unroll import Collective as StepStage
+from apportion.sharding.unroll import unroll
+from tests.sharding.programs import annotated
 
 
 def test_argmax_keys_order_values_then_the_lowest_index_as_numpy_does():
@@ -88,3 +103,86 @@ def test_intersect_and_within_agree_with_numpy_slicing(a, b):
 def test_groups_are_ordered_by_their_first_device():
     assert group_order([(3, 1), (2, 0)]) == ((2, 0), (3, 1))  # ranks keep their order
     assert group_order([[1, 3], [0, 2]]) == ((0, 2), (1, 3))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(annotated())
+def test_the_shared_host_movement_equals_the_planners_numpy_collectives_and_finishes(case):
+    program, mesh, ann = case
+    plan = propagate(program, mesh, annotations=ann)
+    u = unroll(plan)
+    s = lower_mesh(u)
+    steps = [x for x in u.devices[0].stages if isinstance(x, StepStage)]
+    ours = [c for c in s.collectives if c.kind != "slice"]
+    assert [str(x.step.kind) for x in steps] == [c.kind for c in ours]
+    rng = np.random.default_rng(0)
+    for x, c in zip(steps, ours, strict=True):
+        dtype = kernels.storage_dtype(c.dtype)
+        arrays = [(rng.integers(-50, 50, box_shape(b)) if c.dtype.startswith("int") else
+                   rng.standard_normal(box_shape(b))).astype(dtype) for b in c.src_boxes]
+        want = reference_collectives.apply(x.step, arrays, plan.mesh, c.dtype)
+        for got, w in zip(c.move(arrays), want, strict=True):
+            assert np.array_equal(got, w), c
+    # every device's finish as the schedule holds it computes what the planner's Finish does
+    finishes = [x for x in s.stages if isinstance(x, MeshFinish)]
+    theirs = [[x for x in dev.stages if isinstance(x, Finish)] for dev in u.devices]
+    for k, fin in enumerate(finishes):
+        for d, part in enumerate(fin.parts):
+            planner = theirs[d][k]
+            # a local value, and a local flat index within the device's reduction box
+            env = {n: rng.standard_normal((3, 1)).astype(np.float32) if i == 0 else
+                   rng.integers(0, int(np.prod(part.local)), (3, 1))
+                   for i, n in enumerate(planner.sources)}
+            assert np.array_equal(part.apply(env), planner.run(env))
+
+
+def test_a_mesh_schedule_prints_each_devices_core_schedule_nested_under_it_once():
+    s = lower_plan(propagate(load("examples/mlp.json"), parse("tp=3"),
+                             annotations={"x": Sharding(((), ())),
+                                          "h": Sharding((("tp",), ()))}))
+    text = str(s)
+    lines = text.splitlines()
+    assert lines[0] == ("mesh schedule mlp over tp=3 (spyre): 3 devices on device axes tp:3, "
+                        "each device's launches over its cores innermost")
+    assert "  device 2 (tp=2): in x = x[0:256, 0:1024]" in text
+    assert "  stage 1: a@1 = slice(tp) dim 0(a)" in lines
+    assert "    device 2: a[0:256, 0:2816] -> [171:256, 0:2816]" in lines  # 86, 85, 85 rows
+    # equal shards share one schedule: printed under the first device, named by the others
+    assert "    device 1: mlp.d1.s0, the schedule of device 0" in lines
+    assert "    device 2: mlp.d2.s3, the schedule of device 1" in lines
+    assert lines.count("      schedule mlp.d0.s0 on spyre, 32 cores") == 1
+    assert any(line.startswith("        launch gate (matmul) over ") and "(cores)" in line
+               for line in lines)
+    assert [str(a) for a in s.axes] == ["tp:3"] and s.distinct() == 3
+
+
+def test_the_schedule_command_prints_a_mesh_schedule(capsys):
+    assert main(["schedule", "examples/megatron.json", "--mesh", "tp=2", "--cores", "2"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("mesh schedule megatron over tp=2 (spyre): 2 devices on device axes "
+                          "tp:2, each device's launches over its cores innermost\n")
+    assert "      schedule megatron.d0.s0 on spyre, 2 cores" in out
+    assert "  stage 1: " in out and "(rank 1 of devices [0, 1])" in out
+
+
+def test_a_run_that_gives_no_segment_output_is_refused_naming_the_device_and_segment():
+    s = lower_plan(search(load("examples/megatron.json"), parse("tp=2")))
+    with pytest.raises(ExecutionError, match="device 0: the run of segment 'megatron.d0.s0' "
+                                             "gave no"):
+        execute(s, random_inputs(s.program), lambda launch, d, env: {})
+
+
+def test_inputs_cut_into_shards_and_put_back_together_round_trip():
+    s = lower_plan(search(load("examples/megatron.json"), parse("a=2,b=2")))
+    xs = random_inputs(s.program, 1)
+    shards = shard_inputs(s, xs)
+    assert [sorted(env) for env in shards] == [sorted(p.local for p in dev.inputs)
+                                               for dev in s.devices]
+    # an output every device holds whole: put back together, replicas agreeing
+    name = s.program.inputs[0]
+    y = s.program.outputs[0]
+    whole = np.zeros(s.program.tensor(y).shape, dtype=kernels.storage_dtype(
+        s.program.tensor(y).dtype))
+    envs = [{p.local: whole[tuple(slice(lo, hi) for lo, hi in p.box)] for p in dev.outputs}
+            for dev in s.devices]
+    assert np.array_equal(unshard_outputs(s, envs)[y], whole) and name in xs

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 
-from apportion.backends.iree.mesh import collective, finish, shard_inputs, unshard_outputs
 from apportion.frontend.json_format import load
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.mesh import (
     Collective,
-    Compute,
     MeshFinish,
     MeshSchedule,
+    execute,
 )
 from apportion.sharding.lower import lower_mesh, lower_plan
 from apportion.sharding.mesh import parse
@@ -29,20 +28,7 @@ ROWS, REP = Sharding((("tp",), ())), Sharding(((), ()))
 
 def _numpy_run(s: MeshSchedule, inputs):
     """The schedule run with the unplanned executor per segment and the host collectives."""
-    envs = shard_inputs(s, inputs)
-    for stage in s.stages:
-        if isinstance(stage, Compute):
-            for launch, env in zip(stage.launches, envs, strict=True):
-                prog = launch.program
-                env.update(run_unplanned(prog, {n: env[n] for n in prog.inputs}))
-        elif isinstance(stage, MeshFinish):
-            for part, env in zip(stage.parts, envs, strict=True):
-                env[part.result] = finish(part, env)
-        else:
-            for env, res in zip(envs, collective(stage, [e[stage.source] for e in envs]),
-                                strict=True):
-                env[stage.result] = res
-    return unshard_outputs(s, envs)
+    return execute(s, inputs, lambda launch, d, env: run_unplanned(launch.schedule.program, env))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -71,13 +57,20 @@ def test_every_collective_carries_each_devices_boxes_as_the_plan_cuts_them():
     assert [c.groups for c in s.collectives] == [((0, 2), (1, 3)), ((0, 1), (2, 3))]
 
 
-def test_each_segment_comes_with_the_core_plan_for_the_devices_cores():
+def test_each_segment_is_lowered_over_the_devices_cores_nested_in_the_device_axes():
     s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
     for d in range(2):
         (launch,) = s.launches(d)
         assert launch.name == f"mlp.d{d}.s0"
-        assert launch.plan.cores == s.target.cores == 32
-        assert [o.name for o in launch.plan.ops] == [o.name for o in launch.program.ops]
+        assert launch.schedule.cores == s.target.cores == 32
+        assert [o.op for o in launch.schedule.ops] == \
+            [o.name for o in launch.schedule.program.ops]
+        for step in launch.schedule.ops:
+            axes = s.worker_axes(step)
+            assert [a.level for a in axes] == ["device"] + ["core"] * len(step.axes)
+            assert axes[0].name == "tp" and axes[0].size == 2
+    # equal shards: one schedule, lowered once and shared
+    assert s.launches(0)[0].schedule is s.launches(1)[0].schedule and s.distinct() == 1
 
 
 def test_local_cuts_become_slice_stages_and_the_segment_is_cut_around_them():
@@ -87,8 +80,8 @@ def test_local_cuts_become_slice_stages_and_the_segment_is_cut_around_them():
     kinds = [st.kind if isinstance(st, Collective) else type(st).__name__ for st in s.stages]
     assert kinds == ["Compute", "slice", "slice", "Compute"]
     first, second = s.launches(2)
-    assert set(first.program.outputs) == {"a", "u"}
-    assert set(second.program.inputs) == {"a@1", "u@1", "wd"}
+    assert set(first.schedule.program.outputs) == {"a", "u"}
+    assert set(second.schedule.program.inputs) == {"a@1", "u@1", "wd"}
     rows = ROWS.block((256, 2816), plan.mesh.coords(2), {"tp": 3})[0]
     assert [c.dst_boxes[2][0] for c in s.collectives] == [rows, rows]  # as the plan cuts them
     assert rows[1] == 256 and rows[0] > 0

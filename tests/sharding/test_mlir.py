@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from apportion.backends.iree.mesh import mesh_mlir
 from apportion.errors import EmitError
 from apportion.frontend.json_format import load
+from apportion.sharding.lower import lower_mesh
 from apportion.sharding.mesh import parse
-from apportion.sharding.mlir import per_device_mlir, shard_dialect_available, sharded_mlir
+from apportion.sharding.mlir import shard_dialect_available, sharded_mlir
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding
 from apportion.sharding.unroll import unroll
@@ -25,7 +27,7 @@ def test_per_device_programs_are_emitted_as_verified_parallel_ir_with_collective
     rep = Sharding(((), ()))
     plan = search(load("examples/megatron.json"), parse("tp=2"),
                   annotations={"x": Sharding((("tp",), ())), "y": rep})
-    text = per_device_mlir(unroll(plan))
+    text = mesh_mlir(lower_mesh(unroll(plan)))
     modules = text.split("// -----\n")
     assert len(modules) == 2
     for d, module in enumerate(modules):

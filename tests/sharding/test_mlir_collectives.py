@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from apportion.backends.iree.mesh import collective, device_mlir, exchange, mesh_mlir
+from apportion.backends.iree.mesh import device_mlir, exchange, mesh_mlir
 from apportion.backends.mlir import verify_mlir
 from apportion.errors import EmitError
 from apportion.frontend.json_format import from_dict, load
@@ -215,7 +215,7 @@ def test_every_exchange_laid_out_for_iree_moves_what_the_host_collective_moves(c
         dtype = kernels.storage_dtype(c.dtype)
         arrays = [(rng.integers(-50, 50, box_shape(b)) if c.dtype.startswith("int") else
                    rng.standard_normal(box_shape(b))).astype(dtype) for b in c.src_boxes]
-        for got, want in zip(_iree(c, arrays), collective(c, arrays), strict=True):
+        for got, want in zip(_iree(c, arrays), c.move(arrays), strict=True):
             assert got.shape == want.shape and np.array_equal(got, want), c
 
 

@@ -3,8 +3,8 @@ parallel IR (``forall``) compiled by IREE for the CPU and run (``run.iree_run``)
 fallbacks on the host between modules. ``supports`` emits the parallel IR without compiling it,
 so what the emitter refuses is known before a compile, by the documented limit it cites.
 
-It also takes a program sharded over a mesh, lowered (``schedule.mesh.MeshSchedule``, from
-``sharding.lower.lower_plan``): every device's segments as IREE modules, the collectives
+Its ``run_mesh`` runs a program sharded over a mesh, lowered (``schedule.mesh.MeshSchedule``,
+from ``sharding.lower.lower_plan``): every device's segments as IREE modules, the collectives
 between them on the host (``mesh.run_mesh``).
 
 >>> import apportion as ap
@@ -26,7 +26,6 @@ from apportion.backends.iree.mesh import run_mesh
 from apportion.backends.iree.run import emitted, iree_run, modules
 from apportion.backends.limits import Limit, refusals
 from apportion.errors import ExecutionError
-from apportion.runtime.reference import bind_inputs
 from apportion.schedule.mesh import Compute, MeshSchedule
 
 
@@ -50,7 +49,7 @@ def _emit_mesh(schedule: MeshSchedule) -> None:
     for stage in schedule.stages:
         if isinstance(stage, Compute):
             for launch in stage.launches:
-                forall_mlir(emitted(launch.program, launch.plan, schedule.target))
+                forall_mlir(launch.schedule)
 
 
 def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None,
@@ -63,16 +62,29 @@ def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] |
     if threads is not None:
         raise ExecutionError("threads applies to the reference and torch backends; IREE runs "
                              "with its own task pool")
-    if isinstance(planned, MeshSchedule):  # its sizes were bound when the plan was lowered
-        if params or sizes:
-            raise ExecutionError(f"the mesh schedule of {planned.program.name!r} is lowered at "
-                                 "bound sizes: params and sizes are refused")
-        env = bind_inputs(planned.program, inputs)
-        return {**env, **run_mesh(planned, env).outputs}
+    if isinstance(planned, MeshSchedule):
+        raise ExecutionError(f"the mesh schedule of {planned.program.name!r} runs by run_mesh")
     return iree_run(planned.program, planned.plan, planned.target, inputs, params,
                     symbolic=planned.given if planned.symbols else None,
                     sizes=sizes or None).tensors
 
 
+def run_mesh_schedule(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0,
+                      timeout_s: float | None = None, device: str | None = None,
+                      threads: int | None = None) -> dict[str, np.ndarray]:
+    """Every device's segments compiled (or taken from the cache) and run in IREE, the
+    collectives and finishes between them on the host (``mesh.run_mesh``); returns the
+    program's outputs as storage arrays. The schedule is lowered at bound sizes and counts;
+    IREE runs with its own task pool on the CPU in this process: ``threads``, ``timeout_s``
+    and ``device`` are refused (``seed`` is unused: nothing is drawn at random)."""
+    if threads is not None:
+        raise ExecutionError("threads applies to the reference and torch backends; IREE runs "
+                             "with its own task pool")
+    if timeout_s is not None or device not in (None, "cpu"):
+        raise ExecutionError("IREE runs the mesh's modules in this process on the CPU: "
+                             "timeout_s and device apply to the dtensor backend")
+    return run_mesh(schedule, inputs).outputs
+
+
 BACKEND = Backend("iree", "the parallel IR (emit --forall) compiled and run by IREE on the CPU",
-                  supports, run=run)
+                  supports, run=run, run_mesh=run_mesh_schedule)

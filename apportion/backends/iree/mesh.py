@@ -27,8 +27,9 @@ Every module is parsed and verified with the compiler's MLIR bindings before it 
 
 ``run_mesh`` runs each device's segments with ``backends.iree.run.iree_run`` (compiled once per
 distinct segment; the module cache keeps them) and performs every collective and finish on the
-host with numpy, moving data by the schedule's boxes; ``check_mesh`` compares the outputs with
-the unplanned program's. The host stands in for the channel because IREE's CPU driver has no
+host with the schedule's own data movement (``schedule.mesh.execute``: ``Collective.move``,
+``FinishPart.apply``), as every mesh runner does; ``check_mesh`` compares the outputs with the
+unplanned program's. The host stands in for the channel because IREE's CPU driver has no
 collectives: the device modules compile for ``llvm-cpu``, but creating their channel fails
 at run time (``hal.channel.create``: "collectives not implemented" in ``local_task``).
 
@@ -46,7 +47,6 @@ True
 
 from __future__ import annotations
 
-import functools
 import os
 import re
 import struct
@@ -58,15 +58,12 @@ import numpy as np
 
 from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.forall_types import mlir_type
-from apportion.backends.iree.run import emitted, iree_run
+from apportion.backends.iree.run import iree_run
 from apportion.backends.mlir import SsaNames, symbol_name, verify_mlir
-from apportion.errors import EmitError, ExecutionError
-from apportion.ir.kinds import REDUCERS
+from apportion.errors import EmitError
 from apportion.ir.program import TensorType
-from apportion.runtime import kernels
 from apportion.runtime.reference import (
     OutputCheck,
-    bind_inputs,
     compare,
     random_inputs,
     run_unplanned,
@@ -80,9 +77,8 @@ from apportion.schedule.mesh import (
     FinishPart,
     MeshFinish,
     MeshSchedule,
-    argmax_index,
-    argmax_keys,
     box_shape,
+    execute,
     intersect,
     within,
 )
@@ -115,145 +111,33 @@ class MeshRun:
     host_s: float
 
 
-def _sl(box: Box) -> tuple[slice, ...]:
-    return tuple(slice(lo, hi) for lo, hi in box)
-
-
-def collective(c: Collective, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """``c`` on every device's array (``arrays[d]``, device ``d``'s box ``c.src_boxes[d]``);
-    each device's result, its box ``c.dst_boxes[d]``. Gathers and all-to-alls copy each
-    element from the group's device whose box holds it; reductions combine the group's arrays
-    in rank order with the reducer, as the reference's numpy collectives do."""
-    out: list[np.ndarray] = []
-    reduced: dict[tuple[int, ...], np.ndarray] = {}
-    for d, (src, dst) in enumerate(zip(c.src_boxes, c.dst_boxes, strict=True)):
-        if np.shape(arrays[d]) != box_shape(src):
-            raise ExecutionError(f"device {d}: {c.source!r} has shape {np.shape(arrays[d])}, "
-                                 f"its box {src} of tensor {c.tensor!r} needs {box_shape(src)}")
-        group = c.group(d)
-        if c.kind == "slice":
-            if intersect(dst, src) != dst:
-                raise ExecutionError(f"device {d}: slice of tensor {c.tensor!r} keeps {dst}, "
-                                     f"outside what it holds, {src}")
-            out.append(arrays[d][_sl(within(dst, src))])
-        elif c.kind in ("all_gather", "all_to_all"):
-            res = np.empty(box_shape(dst), dtype=arrays[d].dtype)
-            seen = np.zeros(box_shape(dst), dtype=bool)
-            for p in group:
-                part = intersect(c.src_boxes[p], dst)
-                if part is not None:
-                    res[_sl(within(part, dst))] = arrays[p][_sl(within(part, c.src_boxes[p]))]
-                    seen[_sl(within(part, dst))] = True
-            if not seen.all():
-                raise ExecutionError(f"device {d}: {c.kind} of tensor {c.tensor!r} along axis "
-                                     f"{c.axis!r}: no device of group {group} holds part of "
-                                     f"its box {dst}")
-            out.append(res)
-        else:
-            if group not in reduced:
-                if any(c.src_boxes[p] != src for p in group):
-                    raise ExecutionError(f"{c.kind} of tensor {c.tensor!r} along axis "
-                                         f"{c.axis!r}: the partial arrays of group {group} "
-                                         "cover different boxes")
-                reduced[group] = _reduce(c, [arrays[p] for p in group])
-            out.append(reduced[group][_sl(within(dst, src))])
-    return out
-
-
-def _reduce(c: Collective, parts: list[np.ndarray]) -> np.ndarray:
-    assert c.reducer is not None
-    if c.reducer == "argmax":  # keys: the larger wins
-        keys = functools.reduce(np.maximum, parts)
-        return argmax_index(keys) if c.unpack else keys
-    r = REDUCERS[c.reducer]
-    total = functools.reduce(lambda p, q: r.combine(kernels.XP, p, q), parts)
-    return kernels.to_storage(np.asarray(total), c.dtype)
-
-
-def finish(part: FinishPart, env: Mapping[str, np.ndarray]) -> np.ndarray:
-    """One device's finish on its local arrays ``env``."""
-    if part.kind == "scale":
-        x = np.asarray(env[part.sources[0]], dtype=np.float64)
-        return kernels.to_storage(x * part.factor, part.dtype)
-    return argmax_keys(np.asarray(env[part.sources[0]]),
-                       part.flat_index(np.asarray(env[part.sources[1]])))
-
-
-def shard_inputs(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray]
-                 ) -> list[dict[str, np.ndarray]]:
-    """Each device's shards of the host inputs (views of their storage arrays)."""
-    host = bind_inputs(schedule.program, inputs)
-    return [{p.local: host[p.tensor][_sl(p.box)] for p in dev.inputs}
-            for dev in schedule.devices]
-
-
-def unshard_outputs(schedule: MeshSchedule, envs: Sequence[Mapping[str, np.ndarray]]
-                    ) -> dict[str, np.ndarray]:
-    """Each output put together from the devices' shards; replicas must agree."""
-    out: dict[str, np.ndarray] = {}
-    program = schedule.program
-    for k, name in enumerate(program.outputs):
-        t = program.tensor(name)
-        whole = np.empty(t.shape, dtype=kernels.storage_dtype(t.dtype))
-        written = np.zeros(t.shape, dtype=bool)
-        for dev, env in zip(schedule.devices, envs, strict=True):
-            place = dev.outputs[k]
-            part = np.asarray(env[place.local])
-            sl = _sl(place.box)
-            if part.shape != whole[sl].shape:
-                raise ExecutionError(f"device {dev.index}: output {name!r} shard has shape "
-                                     f"{part.shape}, its box {place.box} needs "
-                                     f"{whole[sl].shape}")
-            seen = written[sl]
-            if seen.any() and not _same(whole[sl][seen], part[seen]):
-                raise ExecutionError(f"device {dev.index}: its replica of output {name!r} "
-                                     "differs from another device's")
-            whole[sl] = part
-            written[sl] = True
-        if not written.all():
-            raise ExecutionError(f"output {name!r}: no device holds some of its elements")
-        out[name] = whole
-    return out
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.dtype.kind == "f":
-        return bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
-    return bool(np.array_equal(a, b))
-
-
 def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
              cache_dir: str | os.PathLike[str] | None = None) -> MeshRun:
     """Every device's segments run in IREE, the collectives and finishes between them on the
-    host; returns the outputs by name (see the module docstring)."""
-    envs = shard_inputs(schedule, inputs)
-    compile_s = run_s = host_s = 0.0
+    host by the schedule's own data movement (``schedule.mesh.execute``); returns the outputs
+    by name (see the module docstring)."""
+    compile_s = run_s = inside_s = 0.0
     cached = True
     modules: set[int] = set()
-    for stage in schedule.stages:
-        if isinstance(stage, Compute):
-            for launch, env in zip(stage.launches, envs, strict=True):
-                prog = launch.program
-                done = iree_run(prog, launch.plan, schedule.target,
-                                {n: env[n] for n in prog.inputs}, cache_dir=cache_dir)
-                env.update({n: done.tensors[n] for n in prog.outputs})
-                if id(prog) not in modules:
-                    modules.add(id(prog))
-                    compile_s += done.compile_s
-                    cached = cached and done.cached
-                run_s += done.run_s
-            continue
+
+    def compute(launch: DeviceLaunch, device: int, env: Mapping[str, np.ndarray]
+                ) -> dict[str, np.ndarray]:
+        nonlocal compile_s, run_s, inside_s, cached
         start = time.perf_counter()
-        if isinstance(stage, MeshFinish):
-            for part, env in zip(stage.parts, envs, strict=True):
-                env[part.result] = finish(part, env)
-        else:
-            for env, res in zip(envs, collective(stage, [env[stage.source] for env in envs]),
-                                strict=True):
-                env[stage.result] = res
-        host_s += time.perf_counter() - start
-    return MeshRun(unshard_outputs(schedule, envs), len(modules), compile_s, cached, run_s,
-                   host_s)
+        prog = launch.schedule.program
+        done = iree_run(prog, launch.plan, schedule.target, env, cache_dir=cache_dir)
+        if id(launch.schedule) not in modules:
+            modules.add(id(launch.schedule))
+            compile_s += done.compile_s
+            cached = cached and done.cached
+        run_s += done.run_s
+        inside_s += time.perf_counter() - start
+        return {n: done.tensors[n] for n in prog.outputs}
+
+    start = time.perf_counter()
+    outputs = execute(schedule, inputs, compute)
+    return MeshRun(outputs, len(modules), compile_s, cached, run_s,
+                   time.perf_counter() - start - inside_s)
 
 
 def check_mesh(schedule: MeshSchedule, seed: int = 0,
@@ -350,7 +234,8 @@ class _DeviceFunction:
 
     def text(self) -> str:
         s, dev = self.s, self.s.devices[self.d]
-        types = {t.name: t for launch in s.launches(self.d) for t in launch.program.tensors}
+        types = {t.name: t for launch in s.launches(self.d)
+                 for t in launch.schedule.program.tensors}
         args = []
         for place in dev.inputs:
             t = s.program.tensor(place.tensor)
@@ -373,7 +258,7 @@ class _DeviceFunction:
         return "\n".join([head, *self.lines, ret, "}"])
 
     def call(self, launch: DeviceLaunch, types: Mapping[str, TensorType]) -> None:
-        prog = launch.program
+        prog = launch.schedule.program
         ins = [self.values[n] for n in prog.inputs]
         outs = []
         for n in prog.outputs:
@@ -660,10 +545,10 @@ def device_mlir(schedule: MeshSchedule, device: int) -> str:
     coords = ", ".join(f"{a}={c}" for a, c in dev.coords)
     parts = [f"// device {device} ({coords}) of mesh {schedule.mesh}"]
     for launch in schedule.launches(device):
-        prog = replace(launch.program, name=launch.name)
-        plan = replace(launch.plan, program=launch.name)
+        seg = replace(launch.schedule, program=replace(launch.schedule.program,
+                                                       name=launch.name))
         parts.append(f"// segment {launch.name}")
-        parts.append(forall_mlir(emitted(prog, plan, schedule.target)).rstrip("\n"))
+        parts.append(forall_mlir(seg).rstrip("\n"))
     parts.append(f"// device {device}: its segments in order, the collectives between them")
     parts.append(_DeviceFunction(schedule, device).text())
     return "\n".join(parts) + "\n"

@@ -1,6 +1,8 @@
 """The reference backend behind the one backend interface (``apportion.backends``): the plan
 run core slice by core slice in numpy (``execute.run_planned``). It takes every plan: it is what
-a plan means, and every other backend is checked against it.
+a plan means, and every other backend is checked against it. ``run_mesh`` runs a program
+sharded over a mesh, lowered (``schedule.mesh.MeshSchedule``): each device's core schedule as
+one device's is run, the data between devices moved by the schedule (``mesh.run_mesh``).
 
 >>> import apportion as ap
 >>> from apportion.runtime import random_inputs
@@ -19,10 +21,13 @@ import numpy as np
 from apportion.backends import Backend, Planned
 from apportion.backends.limits import Limit
 from apportion.backends.reference.execute import run_planned
+from apportion.backends.reference.mesh import run_mesh
+from apportion.schedule.mesh import MeshSchedule
 
 
-def supports(planned: Planned) -> tuple[Limit, ...]:
-    """No limits: the reference runs every plan the planner makes."""
+def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
+    """No limits: the reference runs every plan the planner makes, and every mesh schedule
+    (``run_mesh``)."""
     return ()
 
 
@@ -37,4 +42,4 @@ def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] |
 
 
 BACKEND = Backend("reference", "numpy, core slice by core slice (loop nests in simulated "
-                  "memory): what a plan means", supports, run=run)
+                  "memory): what a plan means", supports, run=run, run_mesh=run_mesh)

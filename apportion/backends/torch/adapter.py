@@ -1,6 +1,9 @@
 """The torch backend behind the one backend interface (``apportion.backends``): the plan run
 core slice by core slice with PyTorch kernels, an op's cores on a thread pool
 (``executor.run_torch``); torch is imported with the executor, when the backend is first used.
+``run_mesh`` runs a program sharded over a mesh, lowered (``schedule.mesh.MeshSchedule``):
+each device's core schedule by the same executor, the data between devices moved by the
+schedule (``mesh.run_mesh``).
 
 >>> import apportion as ap
 >>> from apportion.runtime import random_inputs
@@ -20,9 +23,11 @@ import numpy as np
 
 from apportion.backends import Backend, Planned
 from apportion.backends.limits import LIMITS_BY_ID, Limit
+from apportion.backends.torch.mesh import run_mesh
 from apportion.ir.program import Program
 from apportion.plans.plan import Plan
 from apportion.runtime.reference import bind_inputs
+from apportion.schedule.mesh import MeshSchedule
 
 
 @dataclass(frozen=True)
@@ -33,8 +38,9 @@ class _Bound:
     plan: Plan
 
 
-def supports(planned: Planned) -> tuple[Limit, ...]:
-    """The torch backend runs every plan the reference runs, once PyTorch is installed."""
+def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
+    """The torch backend runs every plan and every mesh schedule the reference runs, once
+    PyTorch is installed."""
     if importlib.util.find_spec("torch") is None:
         return (LIMITS_BY_ID["needs-pytorch"],)
     return ()
@@ -56,4 +62,4 @@ def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] |
 
 
 BACKEND = Backend("torch", "PyTorch kernels, an op's core slices on a thread pool", supports,
-                  run=run)
+                  run=run, run_mesh=run_mesh)

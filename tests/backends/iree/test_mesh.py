@@ -1,7 +1,8 @@
 """Sharded programs run in IREE: every device's segments compiled and run as IREE modules,
-the collectives and finishes between them on the host by the schedule's boxes, compared with
-the unplanned program. Meshes of 2 and 4 devices, 2x2, uneven splits; the host collectives
-equal the reference's numpy collectives. Modules are cached in a folder of the session."""
+the collectives and finishes between them on the host by the schedule's own data movement,
+compared with the unplanned program, through the module's ``run_mesh`` and the registry's.
+Meshes of 2 and 4 devices, 2x2, uneven splits. Modules are cached in a folder of the
+session."""
 
 from __future__ import annotations
 
@@ -11,27 +12,19 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from apportion.backends import get
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.mesh import (
-    check_mesh,
-    collective,
-    device_mlir,
-    run_mesh,
-    unshard_outputs,
-)
+from apportion.backends.iree.mesh import check_mesh, device_mlir, run_mesh
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict, load
-from apportion.runtime import kernels
-from apportion.runtime.reference import random_inputs, run_unplanned
-from apportion.schedule.mesh import MeshSchedule, box_shape
-from apportion.sharding.collectives import apply
+from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from apportion.schedule.mesh import Collective, MeshSchedule, box_shape, unshard_outputs
 from apportion.sharding.lower import lower_mesh, lower_plan
 from apportion.sharding.mesh import parse
 from apportion.sharding.propagate import propagate
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding
-from apportion.sharding.unroll import Collective as StepStage
 from apportion.sharding.unroll import unroll
 from tests.sharding.programs import annotated, hard_inputs, reduction
 
@@ -109,29 +102,9 @@ def test_a_segment_equal_on_every_device_is_one_launch_value(cache):
     s = lower_mesh(unroll(search(load("examples/megatron.json"), parse("tp=2"),
                                  annotations={"x": ROWS, "y": REP})))
     firsts = s.launches(0)
-    assert all(a.program is b.program for a, b in zip(firsts, s.launches(1), strict=True))
+    assert all(a.schedule is b.schedule for a, b in zip(firsts, s.launches(1), strict=True))
     assert [launch.name for launch in s.launches(1)] == ["megatron.d1.s1"]
     _ok(s, cache)
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(annotated())
-def test_host_collectives_by_the_boxes_equal_the_reference_numpy_collectives(case):
-    program, mesh, ann = case
-    plan = propagate(program, mesh, annotations=ann)
-    u = unroll(plan)
-    s = lower_mesh(u)
-    steps = [st for st in u.devices[0].stages if isinstance(st, StepStage)]
-    ours = [c for c in s.collectives if c.kind != "slice"]
-    assert [str(st.step.kind) for st in steps] == [c.kind for c in ours]
-    rng = np.random.default_rng(0)
-    for st, c in zip(steps, ours, strict=True):
-        dtype = kernels.storage_dtype(c.dtype)
-        arrays = [(rng.integers(-50, 50, box_shape(b)) if c.dtype.startswith("int") else
-                   rng.standard_normal(box_shape(b))).astype(dtype) for b in c.src_boxes]
-        want = apply(st.step, arrays, plan.mesh, c.dtype)
-        for got, w in zip(collective(c, arrays), want, strict=True):
-            assert np.array_equal(got, w), c
 
 
 def test_replicas_that_disagree_are_an_execution_error():
@@ -155,11 +128,9 @@ def test_run_mesh_backend_iree_check_matches_and_exits_0(cache, capsys, monkeypa
 
 
 def test_a_wrong_collective_is_a_mismatch_and_exits_1(cache, capsys, monkeypatch):
-    from apportion.backends.iree import mesh
-
     monkeypatch.setenv("HOME", str(cache.parent))
-    real = mesh.collective
-    monkeypatch.setattr(mesh, "collective",
+    real = Collective.move
+    monkeypatch.setattr(Collective, "move",
                         lambda c, arrays: [np.zeros_like(a) for a in real(c, arrays)])
     assert main(["run", "examples/mlp.json", "--mesh", "tp=2", "--backend", "iree",
                  "--check"]) == 1
@@ -202,4 +173,17 @@ def test_run_mesh_backend_iree_without_check_runs_and_threads_are_refused(cache,
         in out and "ran mlp over tp=2 (tp=2, 2 devices) (search, iree)" in out
     assert main(["run", "examples/mlp.json", "--mesh", "tp=2", "--backend", "iree",
                  "--threads", "2"]) == 2
-    assert "--threads applies to the reference backend" in capsys.readouterr().err
+    assert "--threads applies to the reference and torch backends" in capsys.readouterr().err
+
+
+def test_the_registrys_run_mesh_runs_the_schedule_in_iree_and_refuses_threads(cache):
+    s = lower_plan(propagate(_exp(10, 6), parse("tp=4"), annotations={"x": ROWS, "y": COLS}))
+    iree_backend = get("iree")
+    assert iree_backend.supports(s) == ()
+    xs = random_inputs(s.program, 2)
+    got = iree_backend.run_mesh(s, xs)
+    assert all(c.ok for c in compare(run_unplanned(s.program, xs), got, s.program))
+    with pytest.raises(ExecutionError, match="threads applies to the reference and torch"):
+        iree_backend.run_mesh(s, xs, threads=2)
+    with pytest.raises(ExecutionError, match="runs by run_mesh"):
+        iree_backend.run(s, xs)
