@@ -47,7 +47,11 @@ host array, no copy per device); ``unshard_outputs`` assembles each output from 
 shards (checking that replicas agree); ``run`` (or calling the value) does the three with the
 reference executor and numpy collectives (``collectives.apply``), and returns the outputs by
 their names, so the caller keeps the program's signature. ``run(planned=True)`` runs each
-device's segments as ``ap.plan`` plans them for its cores (core slice by core slice).
+device's segments as ``ap.plan`` plans them for its cores (core slice by core slice). These
+runs check the unrolled programs themselves (the tests' cross-check, the segments run
+unplanned too); what runs a sharded program is the plan lowered to its mesh schedule
+(``sharding.lower.lower_plan``) and a backend's ``run_mesh``, whose reference runner gives
+bit for bit what ``run(planned=True)`` gives.
 
 >>> from apportion.frontend.json_format import load
 >>> from apportion.sharding.mesh import parse
