@@ -27,6 +27,7 @@ from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding
 from apportion.sharding.unroll import unroll
 from tests.sharding.programs import annotated, hard_inputs, reduction
+from tests.sharding.test_uneven import ALL, _inputs
 
 ROWS, COLS, REP = Sharding((("tp",), ())), Sharding(((), ("tp",))), Sharding(((), ()))
 
@@ -176,7 +177,9 @@ def test_run_mesh_backend_iree_without_check_runs_and_threads_are_refused(cache,
     assert "--threads applies to the reference and torch backends" in capsys.readouterr().err
 
 
-def test_the_registrys_run_mesh_runs_the_schedule_in_iree_and_refuses_threads(cache):
+def test_the_registrys_run_mesh_runs_the_schedule_in_iree_and_refuses_threads(cache,
+                                                                            monkeypatch):
+    monkeypatch.setenv("HOME", str(cache.parent))  # the backend takes the default module cache
     s = lower_plan(propagate(_exp(10, 6), parse("tp=4"), annotations={"x": ROWS, "y": COLS}))
     iree_backend = get("iree")
     assert iree_backend.supports(s) == ()
@@ -187,3 +190,21 @@ def test_the_registrys_run_mesh_runs_the_schedule_in_iree_and_refuses_threads(ca
         iree_backend.run_mesh(s, xs, threads=2)
     with pytest.raises(ExecutionError, match="runs by run_mesh"):
         iree_backend.run(s, xs)
+
+
+#: a few uneven meshes in every run (an all-to-all, argmax keys reduce-scattered, rows cut
+#: 4, 3, 3 with an all-reduce over the other axis); the rest in the slow sweep
+FAST = ("all-to-all", "argmax reduce-scatter", "3x2 rows and k")
+
+
+@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in ALL])
+def test_uneven_meshes_run_through_the_registrys_run_mesh_in_iree_and_match(name, cache,
+                                                                           monkeypatch):
+    monkeypatch.setenv("HOME", str(cache.parent))  # the backend takes the default module cache
+    plan = ALL[name]()
+    s = lower_plan(plan)
+    xs = _inputs(name, plan.program)
+    got = get("iree").run_mesh(s, xs)
+    checks = compare(run_unplanned(plan.program, xs), got, plan.program)
+    assert checks and all(c.ok for c in checks), checks
