@@ -125,7 +125,9 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
         nonlocal compile_s, run_s, inside_s, cached
         start = time.perf_counter()
         prog = launch.schedule.program
-        done = iree_run(prog, launch.plan, schedule.target, env, cache_dir=cache_dir)
+        # the symbolic loop counts the segment was lowered at: the module's count arguments
+        done = iree_run(prog, launch.plan, schedule.target, env,
+                        params=dict(launch.schedule.params) or None, cache_dir=cache_dir)
         if id(launch.schedule) not in modules:
             modules.add(id(launch.schedule))
             compile_s += done.compile_s

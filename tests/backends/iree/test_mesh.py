@@ -208,3 +208,10 @@ def test_uneven_meshes_run_through_the_registrys_run_mesh_in_iree_and_match(name
     got = get("iree").run_mesh(s, xs)
     checks = compare(run_unplanned(plan.program, xs), got, plan.program)
     assert checks and all(c.ok for c in checks), checks
+
+
+def test_a_symbolic_loop_count_runs_in_iree_at_the_value_the_schedule_was_lowered_at(cache):
+    plan = search(load("examples/softmax_symbolic.json"), parse("tp=2"))
+    s = lower_plan(plan, params={"T": 16})
+    assert s.launches(0)[0].schedule.params == (("T", 16),)
+    _ok(s, cache)
