@@ -57,6 +57,19 @@ def test_reference_torch_and_iree_run_meshes_and_the_emitter_does_not():
     assert get("bundle").run_mesh is None
 
 
+def test_every_backend_answers_for_a_mesh_schedule_and_the_emitter_cites_its_limit():
+    from apportion.sharding.lower import lower_plan
+    from apportion.sharding.mesh import parse
+    from apportion.sharding.search import search
+
+    schedule = lower_plan(search(ap.load(ROOT / "examples/megatron.json"), parse("tp=2")))
+    for name in ("reference", "torch", "iree"):
+        assert get(name).supports(schedule) == (), name
+    assert get("bundle").supports(schedule) == (LIMITS_BY_ID["bundle-emits-only"],)
+    with pytest.raises(Unsupported, match="limit bundle-emits-only"):
+        require(get("bundle"), schedule)
+
+
 def test_importing_apportion_and_the_registry_imports_no_torch_iree_or_adapter():
     code = ("import sys, apportion, apportion.backends as b; list(b.BACKENDS); "
             "import apportion.cli.main; "

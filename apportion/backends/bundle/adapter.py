@@ -16,11 +16,15 @@ from apportion.backends.bundle.bundle import render_bundle
 from apportion.backends.bundle.loopspec import loopspec
 from apportion.backends.limits import LIMITS_BY_ID, Limit, refusals
 from apportion.backends.mlir import verify_mlir
+from apportion.schedule.mesh import MeshSchedule
 
 
-def supports(planned: Planned) -> tuple[Limit, ...]:
+def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
     """The documented limits that stop the bundle: run-time sizes not yet bound, and what the
-    LoopSpec builder refuses (it is built to find out; an error citing no limit propagates)."""
+    LoopSpec builder refuses (it is built to find out; an error citing no limit propagates).
+    A program sharded over a mesh (a ``MeshSchedule``) is for a backend that runs meshes."""
+    if isinstance(planned, MeshSchedule):
+        return (LIMITS_BY_ID["bundle-emits-only"],)
     if planned.symbols:
         return (LIMITS_BY_ID["bundle-static-sizes"],)
     return refusals(lambda: loopspec(planned.program, planned.plan, planned.target))
