@@ -141,9 +141,10 @@ class DeviceLaunch:
     the device's own name for it; devices whose segments are equal share one ``schedule``
     (its program named after the first of them), so a backend compiles or plans it once.
 
-    ``plan`` is the core plan the schedule was lowered from, kept for the IREE emitter alone
-    while it still derives its boxes from a plan (issue 18 item 2); every other backend reads
-    ``schedule``. It takes no part in equality."""
+    ``plan`` is the core plan the schedule was lowered from, kept for the IREE runner alone
+    (``backends.iree.run.iree_run`` still cuts a program at its host ops and lowers each part
+    from its plan; the IREE emitter, like every other backend, reads ``schedule``). It takes
+    no part in equality."""
 
     name: str
     schedule: Schedule
