@@ -13,8 +13,25 @@ error that cites a documented limit, or fails: wrong numbers, an error that cite
 a crash. Each failure is listed with its seed; ``apportion.frontend.random_programs.case(seed)``
 gives the case back.
 
+Mesh case ``s`` (the same ``s``) is ``frontend.random_meshes.mesh_case(s)``: a random program
+(one of ``case``'s families, or one made for meshes) sharded over a random mesh of 1 or 2 axes
+(sizes 2 to 4, uneven cuts included, sometimes a symbolic axis bound at run), its annotations
+completed by propagation or the strategy search, and lowered (``sharding.lower.lower_plan``:
+every device's segments planned for the case's target); a plan the planner refuses counts as
+not planned. The reference's ``run_mesh`` runs the mesh schedule against the unplanned program,
+then every other backend that runs meshes (``run_mesh``) does, refusing (up front or while
+running, naming a documented limit), matching, or failing as above; ``dtensor``, which starts
+one process per device, runs only the first ``--dtensor N`` (default 2) the reference runs
+exactly. The table counts each backend's rows as the programs' table does and says how many
+plans hold each resharding step (``all_gather``, ``all_reduce``, ``reduce_scatter``,
+``all_to_all``, ``slice``), each finish (a mean's, an argmax's) and uneven shards.
+
 Goals: ``torch`` and ``iree`` run and match every plan the reference runs exactly (issue 18);
-the reference itself matches the unplanned program on every plan.
+the reference itself matches the unplanned program on every plan and every sharded plan; no
+mesh backend mismatches or crashes on a sharded plan it claims.
+
+The ``--json`` document holds a ``Record`` per program case (``programs``) and a
+``MeshRecord`` per mesh case (``meshes``).
 
 >>> row = Tally("iree")
 >>> row.add(Outcome("iree", "refused", "iree-host-op-in-loop-group"))
@@ -41,16 +58,29 @@ from apportion.backends.limits import cited
 from apportion.cli import goals as bench_goals
 from apportion.cli.bench_harness import Outcome as SuiteOutcome
 from apportion.cli.bench_harness import Suite
-from apportion.errors import ApportionError, PlanningError, ProgramError
+from apportion.errors import ApportionError, PlanningError, ProgramError, TargetError
+from apportion.frontend.random_meshes import MeshCase, mesh_case
 from apportion.frontend.random_programs import Case, case
+from apportion.ir.program import Program
+from apportion.schedule.mesh import Collective, MeshFinish, MeshSchedule, box_shape
 
 #: cases run when ``--n`` is not given
 DEFAULT_N = 100
-#: the backends each plan goes through after the reference (dtensor runs sharding plans over
-#: meshes, one process per device: its conformance is in tests/conformance, marked distributed)
+#: the backends each plan goes through after the reference (dtensor runs sharding plans: the
+#: mesh cases)
 CHECKED = ("torch", "iree", "bundle")
 #: the backends whose goal is every plan the reference runs (issue 18)
 GOAL_BACKENDS = ("torch", "iree")
+#: the mesh backends that run only the first few sharded plans (``--dtensor``): dtensor starts
+#: one process per device, tens of seconds a plan
+FIRST_FEW = ("dtensor",)
+#: sharded plans the reference runs exactly that dtensor runs when ``--dtensor`` is not given
+DEFAULT_DTENSOR = 2
+#: the resharding steps and finishes a sharded plan may hold, as ``steps_of`` names them
+MESH_STEPS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice",
+              "mean finish", "argmax finish", "uneven")
+#: the strategy search's time limit (seconds; a random program's solve takes milliseconds)
+SEARCH_SECONDS = 20.0
 
 
 @dataclass(frozen=True)
@@ -127,6 +157,15 @@ def _outputs_match(c: Case, planned: Any, want: dict[str, np.ndarray],
     return ", ".join(bad)
 
 
+def _raised(backend: str, e: Exception, took: float) -> Outcome:
+    """What ``backend`` raising ``e`` counts as: refused by the documented limit an apportion
+    error cites, else failed with the error's first line."""
+    limit = cited(str(e)) if isinstance(e, ApportionError) else None
+    if limit is not None:
+        return Outcome(backend, "refused", limit.id, took)
+    return Outcome(backend, "failed", _first_line(e), took)
+
+
 def run_backend(backend: Backend, c: Case, planned: Any, inputs: dict[str, np.ndarray],
                 want: dict[str, np.ndarray]) -> Outcome:
     """``backend`` on one plan: refused up front, run (or emitted) and compared, refused while
@@ -143,11 +182,7 @@ def run_backend(backend: Backend, c: Case, planned: Any, inputs: dict[str, np.nd
         got = backend.run(planned, inputs, params=None, sizes=dict(c.sizes) or None)
         bad = _outputs_match(c, planned, want, got)
     except Exception as e:  # a crash of a backend is a finding, not the end of the bench
-        limit = cited(str(e)) if isinstance(e, ApportionError) else None
-        took = time.perf_counter() - start
-        if limit is not None:
-            return Outcome(backend.name, "refused", limit.id, took)
-        return Outcome(backend.name, "failed", _first_line(e), took)
+        return _raised(backend.name, e, time.perf_counter() - start)
     took = time.perf_counter() - start
     if bad:
         return Outcome(backend.name, "failed", f"wrong numbers: {bad}", took)
@@ -258,14 +293,227 @@ def goals(records: list[Record], backends: tuple[str, ...] = CHECKED) -> list[be
     return out
 
 
+# -- meshes ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class MeshRecord:
+    """One mesh case: its seed, family, what it exercises, mesh and bound sizes, chooser,
+    target, whether it planned (and lowered), the resharding steps and finishes its schedule
+    holds, and what the reference and each mesh backend did."""
+
+    seed: int
+    family: str
+    features: tuple[str, ...]
+    mesh: str
+    sizes: dict[str, int]
+    chooser: str
+    target: str
+    cores: int
+    planned: str
+    steps: tuple[str, ...] = ()
+    outcomes: tuple[Outcome, ...] = ()
+
+
+def mesh_backends() -> tuple[str, ...]:
+    """The backends besides the reference that run a program sharded over a mesh (those with
+    ``run_mesh``), in the registry's order."""
+    return tuple(name for name in BACKENDS
+                 if name != "reference" and BACKENDS[name].run_mesh is not None)
+
+
+def run_mesh_backend(backend: Backend, program: Program, schedule: MeshSchedule,
+                     inputs: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> Outcome:
+    """``backend`` on one mesh schedule: refused up front (``supports``), run (``run_mesh``)
+    and compared with the unplanned program's outputs ``want``, refused while running (an
+    error citing a documented limit), or failed (wrong numbers, an error citing none, a
+    crash)."""
+    from apportion.runtime import compare
+
+    assert backend.run_mesh is not None
+    start = time.perf_counter()
+    try:
+        limits = backend.supports(schedule)
+        if limits:
+            return Outcome(backend.name, "refused", limits[0].id, up_front=True)
+        got = backend.run_mesh(schedule, inputs)
+        bad = ", ".join(f"{x.tensor} (max abs err {x.max_abs_err:.3g})"
+                        for x in compare(want, got, program) if not x.ok)
+    except Exception as e:  # a crash of a backend is a finding, not the end of the bench
+        return _raised(backend.name, e, time.perf_counter() - start)
+    took = time.perf_counter() - start
+    if bad:
+        return Outcome(backend.name, "failed", f"wrong numbers: {bad}", took)
+    return Outcome(backend.name, "match", seconds=took)
+
+
+def steps_of(schedule: MeshSchedule) -> tuple[str, ...]:
+    """The kinds of resharding step and finish ``schedule`` holds (``mean finish``,
+    ``argmax finish``), and ``uneven`` where some tensor's devices hold boxes of different
+    shapes, in a fixed order."""
+    seen: set[str] = set()
+    layouts: list[tuple[Any, ...]] = []
+    for stage in schedule.stages:
+        if isinstance(stage, Collective):
+            seen.add(stage.kind)
+            layouts += [stage.src_boxes, stage.dst_boxes]
+        elif isinstance(stage, MeshFinish):
+            seen.add({"scale": "mean finish", "pack": "argmax finish"}[stage.parts[0].kind])
+    for k in range(len(schedule.program.inputs)):
+        layouts.append(tuple(dev.inputs[k].box for dev in schedule.devices))
+    for k in range(len(schedule.program.outputs)):
+        layouts.append(tuple(dev.outputs[k].box for dev in schedule.devices))
+    if any(len({box_shape(b) for b in boxes}) > 1 for boxes in layouts):
+        seen.add("uneven")
+    return tuple(k for k in MESH_STEPS if k in seen)
+
+
+def plan_mesh_case(c: MeshCase) -> MeshSchedule:
+    """``c``'s sharding plan (propagated from its annotations, or searched within them) for
+    its mesh, lowered at its bound sizes with every device's segments planned for its target;
+    the planner's refusals propagate."""
+    from apportion.sharding.lower import lower_plan
+    from apportion.sharding.mesh import parse
+    from apportion.sharding.propagate import propagate
+    from apportion.sharding.search import search
+    from apportion.sharding.spec import Sharding
+
+    mesh = parse(c.mesh)
+    ann = {name: Sharding(dims) for name, dims in c.shardings.items()}
+    if c.chooser == "search":
+        plan = search(c.program, mesh, c.target, annotations=ann, time_limit=SEARCH_SECONDS)
+    else:
+        plan = propagate(c.program, mesh, c.target, annotations=ann)
+    return lower_plan(plan, dict(c.sizes) or None, c.target)
+
+
+def run_mesh_case(seed: int, backends: tuple[str, ...] | None = None) -> MeshRecord:
+    """Mesh case ``seed`` sharded and lowered, run by the reference against the unplanned
+    program, then by each of ``backends`` (default: every backend that runs meshes) against
+    it too; numpy's warnings silenced as ``run_case`` silences them."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return _run_mesh_case(seed, mesh_backends() if backends is None else backends)
+
+
+def _run_mesh_case(seed: int, backends: tuple[str, ...]) -> MeshRecord:
+    from apportion.runtime import random_inputs, run_unplanned
+
+    c = mesh_case(seed)
+    head = dict(seed=seed, family=c.family, features=c.features, mesh=c.mesh,
+                sizes=dict(c.sizes), chooser=c.chooser, target=c.target.name,
+                cores=c.target.cores)
+    try:
+        schedule = plan_mesh_case(c)
+    except (PlanningError, ProgramError, TargetError) as e:
+        return MeshRecord(**head, planned=f"refused: {_first_line(e)}")
+    inputs = random_inputs(c.program, seed)
+    want = run_unplanned(c.program, inputs)
+    outcomes = [run_mesh_backend(BACKENDS["reference"], c.program, schedule, inputs, want)]
+    if outcomes[0].status == "match":  # the others only on plans the reference runs exactly
+        outcomes += [run_mesh_backend(BACKENDS[name], c.program, schedule, inputs, want)
+                     for name in backends]
+    return MeshRecord(**head, planned="yes", steps=steps_of(schedule),
+                      outcomes=tuple(outcomes))
+
+
+def run_meshes(n: int, console: Console, dtensor: int = DEFAULT_DTENSOR,
+               backends: tuple[str, ...] | None = None) -> list[MeshRecord]:
+    """Mesh cases 0 .. n-1 through the reference and every backend that runs meshes
+    (``backends``, default ``mesh_backends()``), dtensor only on the first ``dtensor`` cases
+    the reference runs exactly; prints their table."""
+    names = mesh_backends() if backends is None else backends
+    records: list[MeshRecord] = []
+    exact = 0
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("meshes", total=n)
+        for seed in range(n):
+            progress.update(task, description=f"mesh case {seed}")
+            records.append(run_mesh_case(seed, tuple(
+                name for name in names if name not in FIRST_FEW or exact < dtensor)))
+            exact += bool(records[-1].outcomes) and records[-1].outcomes[0].status == "match"
+            progress.advance(task)
+    show_meshes(records, console, dtensor, names)
+    return records
+
+
+def show_meshes(records: list[MeshRecord], console: Console, dtensor: int = DEFAULT_DTENSOR,
+                backends: tuple[str, ...] | None = None) -> None:
+    """The mesh cases' table: one row per backend as the programs' table has, the steps the
+    plans hold, the limits hit, every failure with its seed, and the goals."""
+    planned = [r for r in records if r.planned == "yes"]
+    families = Counter(r.family for r in records)
+    mix = ", ".join(f"{k} {v}" for k, v in sorted(families.items()))
+    console.print(f"{len(records)} random programs sharded over random meshes ({mix}); "
+                  f"{len(planned)} planned, {len(records) - len(planned)} refused by the "
+                  "planner", highlight=False, soft_wrap=True)
+    steps = Counter(k for r in planned for k in r.steps)
+    console.print("plans holding each step: " + (", ".join(
+        f"{k} {steps[k]}" for k in MESH_STEPS if steps[k]) or "none"), highlight=False,
+        soft_wrap=True)
+    names = mesh_backends() if backends is None else backends
+    rows = {name: Tally(name) for name in ("reference", *names)}
+    for r in records:
+        for o in r.outcomes:
+            rows[o.backend].add(o)
+    table = Table(title=f"mesh conformance: {rows['reference'].matched} sharded plans the "
+                        "reference runs exactly")
+    for col in ("backend", "plans", "claims", "runs and matches", "refused (limit)", "fails",
+                "share matched"):
+        table.add_column(col, justify="left" if col == "backend" else "right")
+    for name, t in rows.items():
+        share = f"{t.matched / t.plans:.1%}" if t.plans else "-"
+        label = name + (f" (first {dtensor})" if name in FIRST_FEW else "")
+        table.add_row(label, str(t.plans), str(t.claimed), str(t.matched), str(t.refused),
+                      str(t.failed), share)
+    console.print(table)
+    for name, t in rows.items():
+        if t.limits:
+            console.print(f"{name} refused by: " + ", ".join(
+                f"{k} {v}" for k, v in t.limits.most_common()), highlight=False, soft_wrap=True)
+    for r in records:
+        for o in r.outcomes:
+            if o.status == "failed":
+                console.print(f"FAIL {o.backend} mesh seed {r.seed} ({r.family} over {r.mesh}"
+                              + "".join(f", {k}={v}" for k, v in r.sizes.items())
+                              + f", {r.chooser}): {o.detail}", highlight=False, soft_wrap=True,
+                              markup=False)
+    bench_goals.show(mesh_goals(records, names), console)
+
+
+def mesh_goals(records: list[MeshRecord], backends: tuple[str, ...] | None = None
+               ) -> list[bench_goals.Goal]:
+    """The reference's per-device run matches the unplanned program on every sharded plan;
+    no mesh backend mismatches or crashes on a sharded plan it claims (a refusal naming a
+    documented limit is no failure)."""
+    planned = [r for r in records if r.planned == "yes"]
+    exact = [r for r in planned if r.outcomes[0].status == "match"]
+    out = [bench_goals.count("reference: the per-device run matches the unplanned program on "
+                             "every sharded plan",
+                             [f"mesh seed {r.seed}" for r in planned if r not in exact],
+                             len(planned))]
+    for name in mesh_backends() if backends is None else backends:
+        given = [o for r in exact for o in r.outcomes if o.backend == name]
+        if not given:
+            continue
+        missed = [f"mesh seed {r.seed} ({o.detail})" for r in exact for o in r.outcomes
+                  if o.backend == name and o.status == "failed"]
+        out.append(bench_goals.count(f"{name} matches or names a documented limit on every "
+                                     "sharded plan the reference runs exactly", missed,
+                                     len(given)))
+    return out
+
+
 def _suite(args: argparse.Namespace, console: Console) -> SuiteOutcome:
     n = getattr(args, "n", None) or DEFAULT_N
     if getattr(args, "limit", None) is not None:  # --limit N: the first N programs of --n
         n = min(n, args.limit)
+    dtensor = getattr(args, "dtensor", None)
     records = run(n, console)
-    doc = [asdict(r) for r in records]
-    return SuiteOutcome(doc, goals(records))
+    meshes = run_meshes(n, console, DEFAULT_DTENSOR if dtensor is None else dtensor)
+    doc = {"programs": [asdict(r) for r in records], "meshes": [asdict(r) for r in meshes]}
+    return SuiteOutcome(doc, goals(records) + mesh_goals(meshes))
 
 
-SUITE = Suite("conformance", frozenset({"n"}),
-              "random programs through every backend, compared with the reference", _suite)
+SUITE = Suite("conformance", frozenset({"n", "dtensor"}),
+              "random programs, on one device and sharded over meshes, through every backend, "
+              "compared with the reference", _suite)

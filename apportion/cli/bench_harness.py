@@ -45,6 +45,7 @@ OPTIONS: dict[str, str] = {
     "measurements": "--measurements",
     "target": "--target",
     "n": "--n",
+    "dtensor": "--dtensor",
 }
 
 

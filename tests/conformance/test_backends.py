@@ -1,5 +1,5 @@
 """Conformance: random programs (every op kind of the registry, tiled and not, writes through a
-merge of dims, run-time sizes; meshes for dtensor) planned, run by the reference against the
+merge of dims, run-time sizes; meshes in test_meshes.py) planned, run by the reference against the
 unplanned program, then through every backend that claims to support them and compared with
 the reference. A backend either matches or refuses up front or while running naming a
 documented limit (``docs/limits.md``); wrong numbers, an error citing no limit, or a crash
@@ -11,7 +11,7 @@ import importlib.util
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, event, given, settings
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 import apportion as ap
@@ -20,26 +20,11 @@ from apportion.backends.limits import LIMITS_BY_ID
 from apportion.cli.bench_conformance import Outcome, run_backend, run_case
 from apportion.errors import PlanningError, ProgramError
 from apportion.frontend.random_programs import KIND_NAMES, Case, random_case, single, target
-from apportion.runtime import compare, random_inputs, run_unplanned
+from apportion.runtime import random_inputs, run_unplanned
+from tests.conformance.draws import HypothesisDraw, conformance
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="needs the torch extra")
-
-
-class HypothesisDraw:
-    """``random_programs.Draw`` over hypothesis's ``draw``: failing cases shrink."""
-
-    def __init__(self, draw: Any) -> None:
-        self._draw = draw
-
-    def integers(self, low: int, high: int) -> int:
-        return self._draw(st.integers(low, high))
-
-    def sampled_from(self, values: Any) -> Any:
-        return self._draw(st.sampled_from(values))
-
-    def booleans(self) -> bool:
-        return self._draw(st.booleans())
 
 
 @st.composite
@@ -74,12 +59,6 @@ def conform(c: Case, backend: str) -> Outcome:
     if out.status == "refused":
         assert out.detail in LIMITS_BY_ID and backend in LIMITS_BY_ID[out.detail].backends
     return out
-
-
-def conformance(examples: int) -> settings:
-    """A modest, derandomized number of examples (no test fails by chance), no deadline."""
-    return settings(derandomize=True, deadline=None, database=None, max_examples=examples,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
 @needs_torch
@@ -137,50 +116,3 @@ def test_a_bench_case_is_reproduced_from_its_seed():
     assert (a.family, a.features, a.target, a.cores, a.strategy) == (
         b.family, b.features, b.target, b.cores, b.strategy)
     assert [o.status for o in a.outcomes] == [o.status for o in b.outcomes]
-
-
-@pytest.mark.slow
-@pytest.mark.distributed
-@needs_torch
-@conformance(3)
-@given(st.data())
-def test_dtensor_matches_the_reference_on_random_sharded_programs(data):
-    from apportion.sharding.propagate import propagate
-    from tests.sharding.programs import annotated
-
-    program, mesh, annotations = data.draw(annotated())
-    try:
-        plan = propagate(program, mesh, annotations=annotations)
-    except (PlanningError, ProgramError):
-        assume(False)
-    backend = BACKENDS["dtensor"]
-    limits = backend.supports(plan)
-    if limits:
-        assert all("dtensor" in lim.backends for lim in limits)
-        return
-    inputs = random_inputs(program, seed=4)
-    got = backend.run(plan, inputs, timeout_s=120.0, device="cpu")
-    assert all(c.ok for c in compare(run_unplanned(program, inputs), got, program))
-
-
-@pytest.mark.slow
-@conformance(6)
-@given(st.data())
-def test_iree_runs_random_sharded_programs_per_device_as_the_reference(data):
-    from apportion.sharding.lower import lower_plan
-    from apportion.sharding.propagate import propagate
-    from tests.sharding.programs import annotated
-
-    program, mesh, annotations = data.draw(annotated())
-    try:
-        schedule = lower_plan(propagate(program, mesh, annotations=annotations))
-    except (PlanningError, ProgramError):
-        assume(False)
-    backend = BACKENDS["iree"]
-    limits = backend.supports(schedule)
-    if limits:
-        assert all("iree" in lim.backends for lim in limits)
-        return
-    inputs = random_inputs(program, seed=4)
-    got = backend.run(schedule, inputs)
-    assert all(c.ok for c in compare(run_unplanned(program, inputs), got, program))

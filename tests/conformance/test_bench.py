@@ -34,13 +34,15 @@ def test_goals_count_what_torch_and_iree_miss_of_the_reference_exact_plans():
 
 def test_the_bench_runs_seeded_cases_writes_json_and_meets_its_goals(tmp_path, capsys):
     out = tmp_path / "conf.json"
-    assert main(["bench", "conformance", "--n", "4", "--json", str(out), "--check"]) == 0
+    assert main(["bench", "conformance", "--n", "4", "--dtensor", "0", "--json", str(out),
+                 "--check"]) == 0
     text = capsys.readouterr().out
     assert "conformance:" in text and "goal met: torch runs and matches every plan" in text
     doc = json.loads(out.read_text())
-    assert [r["seed"] for r in doc] == [0, 1, 2, 3]
-    assert {o["backend"] for r in doc for o in r["outcomes"]} <= {"reference", "torch", "iree",
-                                                                  "bundle"}
+    assert [r["seed"] for r in doc["programs"]] == [0, 1, 2, 3]
+    assert {o["backend"] for r in doc["programs"] for o in r["outcomes"]} <= {
+        "reference", "torch", "iree", "bundle"}
+    assert [r["seed"] for r in doc["meshes"]] == [0, 1, 2, 3]
 
 
 def test_the_bench_lists_a_failure_with_its_seed():
@@ -55,6 +57,8 @@ def test_the_bench_lists_a_failure_with_its_seed():
 @pytest.mark.parametrize("argv, message", [
     (["bench", "conformance", "--n", "0"], "--n: must be an integer >= 1"),
     (["bench", "workdiv", "--n", "3"], "--n is not an option of the workdiv suite"),
+    (["bench", "conformance", "--dtensor", "x"], "--dtensor: expected an integer >= 0"),
+    (["bench", "workdiv", "--dtensor", "1"], "--dtensor is not an option of the workdiv suite"),
     (["bench", "conformance", "--cores", "8"], "--cores is not an option of the conformance"),
 ])
 def test_bad_options_are_one_line_and_status_2(argv, message, capsys):
