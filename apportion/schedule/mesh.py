@@ -652,6 +652,11 @@ def execute(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray], compute: C
         if isinstance(stage, Compute):
             for d, (launch, env) in enumerate(zip(stage.launches, envs, strict=True)):
                 program = launch.schedule.program
+                absent = [n for n in program.inputs if n not in env]
+                if absent:
+                    raise ExecutionError(f"device {d}: segment {launch.name!r} reads "
+                                         f"{', '.join(map(repr, absent))}, which no earlier "
+                                         "stage gave the device")
                 done = compute(launch, d, {n: env[n] for n in program.inputs})
                 missing = [n for n in program.outputs if n not in done]
                 if missing:

@@ -6,6 +6,8 @@ finishes), and the text of a mesh schedule with each device's core schedule nest
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -170,6 +172,12 @@ def test_a_run_that_gives_no_segment_output_is_refused_naming_the_device_and_seg
     with pytest.raises(ExecutionError, match="device 0: the run of segment 'megatron.d0.s0' "
                                              "gave no"):
         execute(s, random_inputs(s.program), lambda launch, d, env: {})
+    # a device that is given no shard of an input its segment reads
+    dev = s.devices[0]
+    broken = replace(s, devices=(replace(dev, inputs=dev.inputs[1:]), *s.devices[1:]))
+    with pytest.raises(ExecutionError, match=f"device 0: segment 'megatron.d0.s0' reads "
+                                             f"'{dev.inputs[0].local}', which no earlier stage"):
+        execute(broken, random_inputs(s.program), lambda launch, d, env: {})
 
 
 def test_inputs_cut_into_shards_and_put_back_together_round_trip():
