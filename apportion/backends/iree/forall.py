@@ -18,8 +18,10 @@ range). A read through a sum that IREE 3.13 crashes on (three dims or more, ``64
 tensor of one axis per dim that the generic reads through a projection. The body is the
 backend's (``backends.iree.bodies``): value inputs convert to the compute type (``f32`` for
 float16, bfloat16 and bool operands, as the reference executor computes; ``f32`` for float32
-too, where the reference uses float64; ``i64`` for integers; ``f64`` where integers meet floats
-or a kind has no integer body), the result converts once to the output type. Each thread
+too, where the reference uses float64, but ``f64`` for a float32 sum, mean or product, whose
+float32 error a later op can multiply by a row's length; ``i64`` for integers; ``f64`` where
+integers meet floats or a kind has no integer body; IREE keeps ``f64``, its default demotion to
+``f32`` off: ``runtime.FLAGS``), the result converts once to the output type. Each thread
 writes its piece with ``tensor.parallel_insert_slice``.
 
 Reductions and matmul accumulate into a ``linalg.fill`` of the reducer's identity (``f32`` for
@@ -29,9 +31,10 @@ makes the forall write one partial per slice into a ``[slices, ...output dims]``
 pairs: the greater value wins, equal values the lower flat index, so any order gives numpy's
 first maximum); ``mean`` divides by its count after. Fallbacks (sort, cumsum, flip) run whole
 along the last axis of their input, with upstream linalg only: cumsum a running combine over
-``j <= i``, flip a gather (``tensor.extract`` at ``n-1-i``: IREE tiles a reversed indexing map
-wrongly), sort by rank (``O(n^2)`` per row: each element's rank counts the smaller ones, ties
-by position, NaN last, then each rank picks its element).
+``j <= i`` (float32 summed in ``f64``, as the reference sums it: a long row's error grows), flip a
+gather (``tensor.extract`` at ``n-1-i``: IREE tiles a reversed indexing map wrongly), sort by
+rank (``O(n^2)`` per row: each element's rank counts the smaller ones, ties by position, NaN
+last, then each rank picks its element).
 
 A coarse-tiling loop group is ``scf.for`` loops as the schedule's ``Loop`` steps nest them (as
 the reference executor runs them): an op runs in the loop that encloses it, over its tile at

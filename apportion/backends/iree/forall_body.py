@@ -112,6 +112,11 @@ def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mappin
     return [names[r] for r in results]
 
 
+#: the reducers a float32 op accumulates in f64 (``_Bodies.compute_type``); max, min and the
+#: argument reductions are exact in any float type
+_WIDE_REDUCERS = frozenset({"sum", "mean", "prod"})
+
+
 class _Bodies(_Tensors):
     """A thread's computation of an op over its box, typed as the module docstring of
     ``backends.iree.forall`` says."""
@@ -134,7 +139,13 @@ class _Bodies(_Tensors):
         if all(d in _INTS | {"bool"} for d in values) and kind.exact_integers:
             return "i64"
         if all(d in FLOAT_DTYPES | {"bool"} for d in values):
-            return "f32"
+            # a float32 sum, mean or product accumulates in f64, as the reference does: a row
+            # mean's float32 error (a few ulps of the row's sum) recurs in every element the
+            # mean is subtracted from, and a later sum of them multiplies it by the row's length
+            # (conformance seed 142: a mean 4.7e-7 off gave a cumsum 6e-5 off)
+            wide = kind.category is Category.REDUCTION and kind.reducer is not None and \
+                kind.reducer.name in _WIDE_REDUCERS  # a matmul stays f32: IREE's kernels
+            return "f64" if wide and "float32" in values else "f32"
         return "f64"
 
     def inputs_to(self, blk: _Block, op: Op, args: Sequence[str], ty: str) -> list[str]:

@@ -53,9 +53,12 @@ log = logging.getLogger(__name__)
 #: command buffers whose indirect bindings it then rejects at run time (``OUT_OF_RANGE: indirect
 #: buffer reference slot 0 is out range of the declared binding capacity`` in
 #: ``hal.command_buffer.copy_buffer``); the emitter starts such values from fills, not
-#: ``tensor.empty``, for the same reason
+#: ``tensor.empty``, for the same reason. IREE demotes f64 to f32 by default; the emitter's f64
+#: (integers meeting floats, constants, float32 sums and means, the reference's float64) must stay
+#: f64, or a float32 row mean loses the digits the reference keeps
 FLAGS: tuple[str, ...] = ("--iree-llvmcpu-target-cpu=host", "--iree-opt-const-expr-hoisting=false",
-                          "--iree-hal-indirect-command-buffers=false")
+                          "--iree-hal-indirect-command-buffers=false",
+                          "--iree-input-demote-f64-to-f32=false")
 BACKEND = "llvm-cpu"
 LOWERING = "builtin.module(func.func(iree-codegen-forall-to-for))"
 
