@@ -53,6 +53,8 @@ SLOW: dict[str, str] = {
     "apportion run --torch apportion.frontend.torch_demo:tiny_llama --mesh tp=2 --check":
         "exports a Llama and plans every device's segments",
     "apportion bench conformance --n 60": "plans 60 random programs and runs them in IREE",
+    "apportion plan --torch apportion.frontend.torch_models:llama3_8b | tail -2":
+        "exports and plans Llama-3-8B from the meta device: 35-100 s",
     "apportion bench scale": "plans a 160-layer forward pass and a 20,000-op chain, 3 times",
     "apportion bench sharding": "the sharding search on every model and mesh",
     "apportion bench tiling": "plans every block of models.json twice",

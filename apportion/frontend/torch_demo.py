@@ -58,3 +58,32 @@ def mlp(tokens: int = 64, hidden: int = 256) -> tuple[Any, tuple[Any, ...]]:
 
     torch.manual_seed(0)
     return GatedMLP().eval(), (torch.randn(tokens, hidden),)
+
+
+def tiny_llama_bf16(layers: int = 2, hidden: int = 256, seq: int = SEQ
+                    ) -> tuple[Any, tuple[Any, ...]]:
+    """``tiny_llama`` with its weights in bfloat16 (eager PyTorch then computes in bfloat16)."""
+    import torch
+
+    model, ids = tiny_llama(layers, hidden, seq)
+    return model.to(torch.bfloat16), ids
+
+
+def special_functions(tokens: int = 8, width: int = 64) -> tuple[Any, tuple[Any, ...]]:
+    """A block with nodes apportion has no lowering for (``floor``, the Bessel function
+    ``i0``, a ``sort``) between ordinary ones: what ``--partial`` and the unsupported-node table
+    show."""
+    import torch
+
+    class Special(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(width, width)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.proj(x)
+            h = torch.floor(h * 4) / 4 + torch.i0(h).floor()
+            return torch.sort(h, dim=-1).values.softmax(-1)
+
+    torch.manual_seed(0)
+    return Special().eval(), (torch.randn(tokens, width),)
