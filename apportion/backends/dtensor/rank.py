@@ -224,7 +224,7 @@ def run_native(op: Op, program: Program, ins: list[Any]) -> Any:
     """``op`` (``native_form`` not None) as torch ops on the DTensors ``ins``."""
     import torch
 
-    from apportion.backends.dtensor.namespace import XP
+    from apportion.runtime.torch_xp import XP
 
     if native_form(op, program) == "matmul":
         return torch.matmul(ins[0], ins[1])

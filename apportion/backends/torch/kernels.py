@@ -31,6 +31,7 @@ from typing import Any
 from apportion.backends.limits import cite
 from apportion.errors import ExecutionError
 from apportion.ir.kinds import KINDS, Category, OpKind, Partial, Reducer
+from apportion.runtime.torch_xp import XP as XP
 
 try:
     import torch
@@ -49,43 +50,7 @@ def require_torch() -> None:
                              f"{cite('needs-pytorch')}")
 
 
-# --- the array namespace -----------------------------------------------------------------------
-
-def _scalar_aware(both: Callable[[Any, Any], Any], one: str) -> Callable[[Any, Any], Any]:
-    # numpy's maximum(a, 0) takes a number; torch's maximum wants two tensors
-    def fn(a: Any, b: Any) -> Any:
-        if isinstance(b, torch.Tensor):
-            return both(a, b)
-        return getattr(torch, one)(a, b)
-    return fn
-
-
-def _asarray(value: Any, dtype: Any = None) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value if dtype is None else value.to(dtype)
-    if dtype is None and isinstance(value, float | int) and not isinstance(value, bool):
-        dtype = torch.float64  # numpy's for a Python number
-    return torch.as_tensor(value, dtype=dtype)
-
-
-class _Torch:
-    """The array namespace the registry's semantics run on here: torch under numpy's names
-    (``equal`` is elementwise, ``maximum`` takes a number, ``power``, ``asarray``)."""
-
-    def __getattr__(self, name: str) -> Any:
-        require_torch()
-        renamed = {"equal": torch.eq, "not_equal": torch.ne, "less": torch.lt,
-                   "less_equal": torch.le, "greater": torch.gt, "greater_equal": torch.ge,
-                   "power": torch.pow, "asarray": _asarray,
-                   "maximum": _scalar_aware(torch.maximum, "clamp_min"),
-                   "minimum": _scalar_aware(torch.minimum, "clamp_max")}
-        fn = renamed[name] if name in renamed else getattr(torch, name)
-        setattr(self, name, fn)  # looked up once
-        return fn
-
-
-#: the namespace passed to the registry's semantics and reducers
-XP = _Torch()
+# --- the array namespace: torch under numpy's names (``runtime.torch_xp``) ------------------
 
 
 def _clamp(a: Any, min: float | None = None, max: float | None = None) -> Any:

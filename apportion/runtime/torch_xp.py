@@ -1,5 +1,7 @@
-"""PyTorch under numpy's names: the array namespace the registry's pointwise formulas run on
-when torch runs them on DTensors (``rank.native``).
+"""PyTorch under numpy's names: the array namespace the registry's formulas (``ir.kinds``,
+written against numpy's names) run on when torch runs them: the torch backend's kernels and the
+dtensor backend's ops on DTensors. torch is imported on first use, so importing this module
+imports no torch.
 
 >>> XP.power is XP.power   # looked up once
 True
@@ -39,7 +41,7 @@ _RENAMED: dict[str, Any] = {
 
 class _Torch:
     """torch under numpy's names (``equal`` is elementwise, ``maximum`` takes a number,
-    ``power``, ``asarray``); torch is imported on first use, in the rank."""
+    ``power``, ``asarray``); torch is imported on first use."""
 
     def __getattr__(self, name: str) -> Any:
         import torch
@@ -50,5 +52,5 @@ class _Torch:
         return fn
 
 
-#: the namespace passed to the registry's pointwise formulas
+#: the namespace passed to the registry's formulas and reducers
 XP = _Torch()
