@@ -91,11 +91,13 @@ def _core_work() -> None:
 
 def _mesh_work() -> None:
     import apportion as ap
-    from apportion.sharding import parse_mesh, search, unroll
+    from apportion.backends import get
+    from apportion.runtime.reference import random_inputs
+    from apportion.sharding import lower_plan, parse_mesh, search
 
     program = ap.load(str(ROOT / "examples" / "mlp.json"))
-    unrolled = unroll(search(program, parse_mesh("tp=2")))
-    unrolled.check(planned=True)
+    schedule = lower_plan(search(program, parse_mesh("tp=2")))
+    get("reference").run_mesh(schedule, random_inputs(program))
 
 
 WALKS: dict[str, tuple[frozenset[str], Callable[[], None]]] = {
