@@ -119,10 +119,18 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="balanced (default): the exact search, uneven splits included; greedy: "
                         "the reference design's rule; greedy-multiples: its older variant "
                         "(a span-forced split grows only to multiples of itself)")
-    p.add_argument("--torch", metavar="MODULE:FACTORY", default=None,
+    p.add_argument("--torch", metavar="MODULE:FACTORY|FILE.pt2", default=None,
                    help="a PyTorch model instead of a program file: a callable returning "
-                        "(model, example_inputs), imported from the current directory or "
-                        "PYTHONPATH (e.g. apportion.frontend.torch_demo:tiny_llama)")
+                        "(model, args), (model, args, kwargs) or (model, {'args': ..., "
+                        "'kwargs': ..., 'dynamic_shapes': ...}), imported from the current "
+                        "directory or PYTHONPATH (e.g. apportion.frontend.torch_demo:"
+                        "tiny_llama); or a file torch.export.save wrote")
+    p.add_argument("--dynamic", action="append", metavar="INPUT:DIM=SYMBOL:MIN..MAX",
+                   help="with --torch: dim DIM of input INPUT (a parameter of forward) is a "
+                        "run-time size SYMBOL in MIN..MAX, as torch.export.Dim; another input "
+                        "of that size names the symbol again, bounds left out (e.g. --dynamic "
+                        "input_ids:1=seq:2..64 --dynamic attention_mask:1=seq); run binds it "
+                        "with --param seq=40")
     p.add_argument("--partial", action="store_true",
                    help="with --torch: plan the part of the model apportion can lower, the "
                         "results of the nodes it cannot are inputs (their table on stderr); "
@@ -234,7 +242,8 @@ def _torch_model(args: argparse.Namespace) -> Any:
     if args.program != DEFAULT:
         raise UsageError(f"give a program file or --torch, not both ({args.program!r} and "
                          f"--torch {args.torch!r})")
-    return load_model(args.torch, partial=args.partial, run=args.command == "run")
+    return load_model(args.torch, partial=args.partial, run=args.command == "run",
+                      dynamic=args.dynamic or ())
 
 
 def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
@@ -258,26 +267,39 @@ def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
 
 def cmd_run_torch(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli.progress import progress
-    from apportion.cli.torch_models import check_model, failures, plan_model
+    from apportion.cli.torch_models import at_sizes, check_model, failures, model_inputs, plan_model
 
-    if args.param:
-        raise UsageError("--param applies to program files; a --torch model has static sizes")
+    params = _params(args.param)
     with progress(console, f"exporting {args.torch} with torch.export and lowering it"):
         tm = _torch_model(args)
+    sizes = tm.lowered.program.symbol_map
+    for name, value in params.items():
+        if name not in sizes:
+            raise UsageError(f"--param {name}={value}: {name!r} is not a run-time size of "
+                             f"--torch {args.torch} (its sizes: {', '.join(sizes) or 'none'}"
+                             "; --dynamic makes one)")
+        sym = sizes[name]
+        if value < sym.min or (sym.max is not None and value > sym.max):
+            top = "" if sym.max is None else sym.max
+            raise UsageError(f"--param {name}={value}: outside {name}'s bounds "
+                             f"{sym.min}..{top}")
+    if params:
+        tm = at_sizes(tm, params)
     with progress(console, f"planning {len(tm.lowered.program.ops)} ops"):
         planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)
     running = ("compiling the plan with IREE and running it" if args.backend == "iree" else
                f"running the plan ({args.backend})")
+    at = "".join(f", {k}={v}" for k, v in params.items())
     label = (f"{planned.program.name} from --torch {args.torch} ({args.strategy}, "
-             f"{planned.plan.cores} cores, {args.backend})")
+             f"{planned.plan.cores} cores, {args.backend}{at})")
     if not args.check:
         with failures(tm, "the planned run"), progress(console, running):
-            planned.run(tm.lowered.inputs(*tm.example_inputs), threads=args.threads,
-                        backend=args.backend)
+            planned.run(model_inputs(tm), threads=args.threads, backend=args.backend,
+                        params=params)
         console.print(f"ran {len(planned.ops)} ops of {label}", highlight=False)
         return 0
     with progress(console, f"{running}, then the model eagerly in PyTorch"):
-        checks = check_model(tm, planned, args.backend, args.threads)
+        checks = check_model(tm, planned, args.backend, args.threads, params)
     return print_checks(checks, f"planned run of {label}", console,
                         "the model run eagerly in PyTorch")
 
@@ -766,6 +788,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     probe = _Console()
     console = probe if probe.is_terminal else _Console(width=160)
     try:
+        if getattr(args, "dynamic", None) and getattr(args, "torch", None) is None:
+            raise UsageError(f"--dynamic {args.dynamic[0]!r}: applies to a --torch model (a "
+                             "program file names its run-time sizes itself)")
         status = args.func(args, console)
         sys.stdout.flush()  # a closed pipe shows here rather than at interpreter exit
         return status

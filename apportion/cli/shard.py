@@ -238,7 +238,8 @@ def _torch_model(args: argparse.Namespace) -> TorchModel | None:
         raise ShardUsageError(f"give a program file or --torch, not both ({args.program!r} and "
                               f"--torch {spec!r})")
     return load_model(spec, partial=getattr(args, "partial", False),
-                      run=getattr(args, "command", None) == "run")
+                      run=getattr(args, "command", None) == "run",
+                      dynamic=getattr(args, "dynamic", None) or ())
 
 
 def sharding_plan(args: argparse.Namespace) -> ShardingPlan:
@@ -372,9 +373,9 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
     label = f"{plan.program.name}{source} over {plan.mesh} ({plan.method}, {args.backend})"
     if tm is None:
         return _run_program(args, plan, label, console, print_checks)
-    from apportion.cli.torch_models import compare_eager, failures
+    from apportion.cli.torch_models import compare_eager, failures, model_inputs
 
-    inputs = tm.lowered.inputs(*tm.example_inputs)
+    inputs = model_inputs(tm)
     eager = "the model run eagerly in PyTorch"
     if args.backend == "dtensor":
         import numpy as np

@@ -1,9 +1,22 @@
 """``--torch module:factory``: PyTorch models on the command line (plan and run).
 
-A factory is a Python callable returning ``(model, example_inputs)``; it is imported from the
-current directory or ``PYTHONPATH``. ``plan --torch`` prints the model report (op families, the
-least utilized ops with their PyTorch names, the share of ATen nodes lowered to non-fallback
-ops); ``run --torch --check`` runs the plan and compares it with the model run eagerly.
+A factory is a Python callable, imported from the current directory or ``PYTHONPATH``, that
+returns one of:
+
+- ``(model, args)``: positional example inputs (a tuple, or one tensor);
+- ``(model, args, kwargs)``: and keyword inputs (a dict, such as ``{"attention_mask": mask}``);
+- ``(model, {"args": ..., "kwargs": ..., "dynamic_shapes": ...})``: any of the three keys, the
+  ``dynamic_shapes`` as ``torch.export.export`` takes them.
+
+``--dynamic INPUT:DIM=SYMBOL:MIN..MAX`` makes dim DIM of input INPUT (a parameter name of the
+model's ``forward``) a run-time size, as ``torch.export.Dim(SYMBOL, min=MIN, max=MAX)`` does;
+another input sized by the same symbol names it again, bounds left out. ``--torch FILE.pt2``
+reads a program saved by ``torch.export.save`` instead, with the example inputs torch stored.
+
+``plan --torch`` prints the model report (op families, the least utilized ops with their PyTorch
+names, the share of ATen nodes lowered to non-fallback ops, the run-time sizes); ``run --torch
+--check`` runs the plan and compares it with the model run eagerly (``--param seq=40``: at that
+size, the example inputs cut or repeated to it).
 """
 
 from __future__ import annotations
@@ -12,6 +25,7 @@ import contextlib
 import dataclasses
 import importlib
 import os
+import re
 import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,16 +50,143 @@ class FactoryError(ApportionError):
 
 @dataclasses.dataclass(frozen=True)
 class TorchModel:
-    """A model, its example inputs, and the program lowered from it."""
+    """A model, its example inputs (positional and keyword), and the program lowered from it.
+    ``example_inputs`` is None for a ``.pt2`` file that stored none (it plans, not runs)."""
 
     spec: str
     model: Any
-    example_inputs: tuple[Any, ...]
+    example_inputs: tuple[Any, ...] | None
     lowered: TorchProgram
+    example_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInputs:
+    """What a factory gives besides its model: example ``args``, keyword ``kwargs``, and
+    ``dynamic_shapes`` for ``torch.export`` (None: every size static)."""
+
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    dynamic_shapes: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicDim:
+    """One ``--dynamic INPUT:DIM=SYMBOL:MIN..MAX`` (bounds None where left out)."""
+
+    text: str
+    input: str
+    dim: int
+    symbol: str
+    min: int | None
+    max: int | None
+
+
+_DYNAMIC = re.compile(r"(?P<input>[^:=]*):(?P<dim>[^=]*)=(?P<symbol>[^:]*)(?::(?P<bounds>.*))?")
+
+
+def parse_dynamic(texts: Sequence[str]) -> tuple[DynamicDim, ...]:
+    """``--dynamic`` values, checked for form: ``INPUT:DIM=SYMBOL:MIN..MAX``, the bounds given
+    with the first use of a symbol (a later use may leave them out, or repeat them).
+
+    >>> parse_dynamic(["input_ids:1=seq:2..64", "attention_mask:1=seq"])[1].max
+    64
+    """
+    out: list[DynamicDim] = []
+    bounds: dict[str, tuple[int, int]] = {}
+    for text in texts:
+        m = _DYNAMIC.fullmatch(text)
+        if m is None:
+            raise FactoryError(f"--dynamic {text!r}: expected INPUT:DIM=SYMBOL:MIN..MAX, such "
+                               "as --dynamic input_ids:1=seq:2..64")
+        name, dim, symbol = m["input"], m["dim"], m["symbol"]
+        where = f"--dynamic {text!r}: input {name!r} dim {dim}"
+        if not name.isidentifier():
+            raise FactoryError(f"--dynamic {text!r}: input {name!r} is not a parameter name "
+                               "of the model's forward")
+        if not dim.isdigit():
+            raise FactoryError(f"{where}: the dim must be a non-negative integer")
+        if not symbol.isidentifier():
+            raise FactoryError(f"{where}: symbol {symbol!r} is not a name (letters, digits, _)")
+        lo = hi = None
+        if m["bounds"] is not None:
+            low, dots, high = m["bounds"].partition("..")
+            if not dots or not low.isdigit() or not high.isdigit():
+                raise FactoryError(f"{where}: bounds {m['bounds']!r} are not MIN..MAX (two "
+                                   "integers, such as 2..64)")
+            lo, hi = int(low), int(high)
+            if not 2 <= lo <= hi:
+                raise FactoryError(f"{where}: bounds {lo}..{hi} need 2 <= MIN <= MAX (torch "
+                                   "specializes sizes 0 and 1)")
+            if bounds.get(symbol, (lo, hi)) != (lo, hi):
+                was = bounds[symbol]
+                raise FactoryError(f"{where}: symbol {symbol!r} was given bounds "
+                                   f"{was[0]}..{was[1]} before, {lo}..{hi} here")
+            bounds[symbol] = (lo, hi)
+        elif symbol not in bounds:
+            raise FactoryError(f"{where}: symbol {symbol!r} needs bounds where it is first "
+                               f"named ({text}:MIN..MAX)")
+        if any(d.input == name and d.dim == int(dim) for d in out):
+            raise FactoryError(f"{where}: given twice")
+        out.append(DynamicDim(text, name, int(dim), symbol, *bounds[symbol]))
+    return tuple(out)
+
+
+def dynamic_shapes(spec: str, model: Any, inputs: ModelInputs,
+                   dims: Sequence[DynamicDim]) -> dict[str, Any]:
+    """The ``dynamic_shapes`` of ``--dynamic`` dims for ``torch.export``: a dict keyed by the
+    model's ``forward`` parameter names, each example input checked to have the dim, its size
+    within the bounds.
+
+    >>> import torch                                                    # doctest: +SKIP
+    >>> dynamic_shapes("m:f", torch.nn.Linear(4, 4), ModelInputs((torch.ones(8, 4),)),
+    ...                parse_dynamic(["input:0=rows:2..16"]))         # doctest: +SKIP
+    {'input': {0: Dim('rows', min=2, max=16)}}
+    """
+    import inspect
+
+    import torch
+
+    try:
+        params = list(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError, AttributeError):
+        params = []
+    given = dict(zip(params, inputs.args, strict=False)) | dict(inputs.kwargs)
+    symbols = {d.symbol: torch.export.Dim(d.symbol, min=d.min, max=d.max) for d in dims}
+    out: dict[str, Any] = {name: None for name in given}
+    for d in dims:
+        where = f"--dynamic {d.text!r}: input {d.input!r} dim {d.dim}"
+        if d.input not in given:
+            raise FactoryError(f"{where}: {spec} gives no input {d.input!r} (its inputs: "
+                               f"{', '.join(given) or 'none'})")
+        x = given[d.input]
+        if not isinstance(x, torch.Tensor):
+            raise FactoryError(f"{where}: the input is a {type(x).__name__}, not a tensor")
+        if d.dim >= x.dim():
+            raise FactoryError(f"{where}: the input has {x.dim()} dims (shape "
+                               f"{tuple(x.shape)})")
+        size = int(x.shape[d.dim])
+        assert d.min is not None and d.max is not None  # parse_dynamic gives every dim bounds
+        if not d.min <= size <= d.max:
+            raise FactoryError(f"{where}: the example input's size {size} is outside "
+                               f"{d.symbol}'s bounds {d.min}..{d.max}")
+        out[d.input] = {**(out[d.input] or {}), d.dim: symbols[d.symbol]}
+    return out
 
 
 def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
-    """Import ``module:factory`` (the current directory first on the path) and call it.
+    """``load_inputs``, for callers that take positional example inputs only: a factory that
+    gives keyword inputs or dynamic shapes is refused, naming them."""
+    model, inputs = load_inputs(spec)
+    if inputs.kwargs or inputs.dynamic_shapes is not None:
+        raise FactoryError(f"--torch {spec!r}: gives keyword inputs or dynamic shapes, which "
+                           "this command does not take (positional example inputs only)")
+    return model, inputs.args
+
+
+def load_inputs(spec: str) -> tuple[Any, ModelInputs]:
+    """Import ``module:factory`` (the current directory first on the path) and call it; its
+    result, in any of the forms the module docstring lists, as the model and its inputs.
 
     The current directory is on ``sys.path`` only while the factory's module is imported and
     the factory runs (it may import its neighbours lazily), and is taken off again whatever
@@ -70,13 +211,35 @@ def load_factory(spec: str) -> tuple[Any, tuple[Any, ...]]:
     finally:
         if added and cwd in sys.path:  # ours only (the first one): not a copy the module added
             sys.path.remove(cwd)
-    if not (isinstance(made, tuple | list) and len(made) == 2):
-        raise FactoryError(f"--torch {spec!r}: {attr}() must return (model, example_inputs), "
-                           f"got {type(made).__name__}")
-    model, inputs = made
-    if not isinstance(inputs, tuple | list):
-        inputs = (inputs,)
-    return model, tuple(inputs)
+    return _model_inputs(f"--torch {spec!r}: {attr}()", made)
+
+
+_KEYS = ("args", "kwargs", "dynamic_shapes")
+
+
+def _model_inputs(who: str, made: Any) -> tuple[Any, ModelInputs]:
+    """A factory's result as (model, ModelInputs); a malformed one named in one line."""
+    forms = ("(model, example_inputs): (model, args), (model, args, kwargs) or (model, "
+             "{'args': ..., 'kwargs': ..., 'dynamic_shapes': ...})")
+    if not (isinstance(made, tuple | list) and len(made) in (2, 3)):
+        got = f"a {len(made)}-tuple" if isinstance(made, tuple | list) else type(made).__name__
+        raise FactoryError(f"{who} must return {forms}, got {got}")
+    model, given, *rest = made
+    if isinstance(given, dict) and not rest:  # the keyed form
+        unknown = sorted(set(given) - set(_KEYS), key=str)
+        if unknown:
+            raise FactoryError(f"{who} returned inputs with key {unknown[0]!r}; the keys are "
+                               f"{', '.join(_KEYS)}")
+        args, kwargs = given.get("args", ()), given.get("kwargs") or {}
+        shapes = given.get("dynamic_shapes")
+    else:
+        args, kwargs, shapes = given, (rest[0] if rest else {}), None
+    if not isinstance(args, tuple | list):
+        args = (args,)
+    if not (isinstance(kwargs, Mapping) and all(isinstance(k, str) for k in kwargs)):
+        raise FactoryError(f"{who}: keyword inputs must be a dict of names to inputs, got "
+                           f"{type(kwargs).__name__}")
+    return model, ModelInputs(tuple(args), dict(kwargs), shapes)
 
 
 def _call_factory(spec: str, module_name: str, attr: str) -> Any:
@@ -111,14 +274,15 @@ def _raised(e: BaseException) -> str:
 
 
 def load_model(spec: str, partial: bool = False, run: bool = False,
-               err: TextIO | None = None) -> TorchModel:
+               err: TextIO | None = None, dynamic: Sequence[str] = ()) -> TorchModel:
     """The factory's model lowered with ``from_torch``.
 
     Nodes apportion cannot lower are refused all at once: their table (ATen op, count, first
     source line, module path) on ``err`` (stderr) and one error line. With ``partial`` the rest
     is lowered and the table of what was left out is printed on ``err`` instead. For a ``run``
     (which needs every value), ``partial`` and a model on the meta device are refused, before
-    any planning.
+    any planning. ``dynamic`` holds ``--dynamic`` specs (``parse_dynamic``); a ``spec``
+    ending in ``.pt2`` is a file ``torch.export.save`` wrote (``load_exported``).
 
     >>> tm = load_model("apportion.frontend.torch_models:llama3_tiny")
     >>> len(tm.lowered.shapes_only), tm.lowered.program.tensor("input_ids").shape
@@ -131,15 +295,25 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
         raise FactoryError(f"--torch {spec!r}: run --partial would run the nodes apportion "
                            "cannot lower eagerly between planned parts, which run does not "
                            "support; --partial goes with plan, emit, schedule and shard")
-    model, inputs = load_factory(spec)
+    dims = parse_dynamic(dynamic)
+    if spec.endswith(".pt2"):
+        return _load_pt2(spec, partial, run, err, dims)
+    model, inputs = load_inputs(spec)
     name = spec.partition(":")[2]
+    shapes = inputs.dynamic_shapes
+    if dims:
+        if shapes is not None:
+            raise FactoryError(f"--torch {spec!r}: the factory gives dynamic_shapes and "
+                               "--dynamic is given too; give the dynamic sizes one way")
+        shapes = dynamic_shapes(spec, model, inputs, dims)
     try:
         # torch.export's own deprecation notices are not the user's; what torch raises while it
         # decomposes the graph (from_torch names export's own refusals) is the model's, one line
         with warnings.catch_warnings(), _quiet_torch(), \
                 _failing(spec, "exporting and lowering the model"):
             warnings.simplefilter("ignore", FutureWarning)
-            lowered = from_torch(model, inputs, name=name, partial=partial)
+            lowered = from_torch(model, inputs.args, shapes, kwargs=inputs.kwargs, name=name,
+                                 partial=partial)
     except UnsupportedNodes as e:  # the table, then one error line (main prints one line)
         print(unsupported_table(e.unsupported, e.total), file=err)
         raise FactoryError(f"--torch {spec!r}: {e.summary}; all {len(e.unsupported)} in the "
@@ -151,7 +325,81 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
             lowered.require_values()
         except ApportionError as e:
             raise FactoryError(f"--torch {spec!r}: {e}") from None
-    return TorchModel(spec, model, inputs, lowered)
+    return TorchModel(spec, model, inputs.args, lowered, inputs.kwargs)
+
+
+def _load_pt2(spec: str, partial: bool, run: bool, err: TextIO,
+              dims: Sequence[DynamicDim]) -> TorchModel:
+    """``--torch FILE.pt2``: the saved program, lowered; its module runs eagerly for --check."""
+    from apportion.frontend.torch_export import (
+        UnsupportedNodes,
+        from_exported,
+        load_exported,
+        unsupported_table,
+    )
+
+    if dims:
+        raise FactoryError(f"--dynamic {dims[0].text!r}: --torch {spec!r} is a saved program, "
+                           "whose dynamic sizes are the ones it was exported with")
+    with warnings.catch_warnings(), _quiet_torch(), _failing(spec, "reading the .pt2 file"):
+        warnings.simplefilter("ignore", FutureWarning)
+        try:
+            saved = load_exported(spec)
+        except ApportionError as e:
+            raise FactoryError(f"--torch {e}") from None
+    if run and saved.args is None:
+        raise FactoryError(f"--torch {spec!r}: the file stores no example inputs to run on "
+                           "(torch.export.save keeps the ones a program was exported on; this "
+                           "program had none); plan, emit and shard work from its shapes")
+    name = Path(spec).stem
+    try:
+        with warnings.catch_warnings(), _quiet_torch(), \
+                _failing(spec, "lowering the exported program"):
+            warnings.simplefilter("ignore", FutureWarning)
+            lowered = from_exported(saved, name, partial=partial)
+    except UnsupportedNodes as e:
+        print(unsupported_table(e.unsupported, e.total), file=err)
+        raise FactoryError(f"--torch {spec!r}: {e.summary}; all {len(e.unsupported)} in the "
+                           "table above; --partial plans the rest") from None
+    if partial and lowered.unsupported:
+        print(unsupported_text(lowered), file=err)
+    if run:
+        try:
+            lowered.require_values()
+        except ApportionError as e:
+            raise FactoryError(f"--torch {spec!r}: {e}") from None
+    return TorchModel(spec, saved.exported.module(), saved.args, lowered, dict(saved.kwargs))
+
+
+def at_sizes(tm: TorchModel, sizes: Mapping[str, int]) -> TorchModel:
+    """``tm`` with its example inputs at run-time sizes ``sizes`` (symbol -> size): each
+    dynamic axis cut to the size, or its values repeated up to it (token ids and masks stay
+    valid), for ``run --param seq=40``.
+
+    >>> tm = load_model("apportion.frontend.torch_demo:mlp", dynamic=["x:0=rows:2..128"])
+    >>> at_sizes(tm, {"rows": 100}).example_inputs[0].shape[0]
+    100
+    """
+    import torch
+    import torch.utils._pytree as pytree
+
+    program = tm.lowered.program
+    axes = [program.tensor(n).symbols for n in tm.lowered.user_inputs]
+    found = iter(axes)
+
+    def resized(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor):
+            return x
+        for axis, sym in next(found).items():
+            n, have = sizes.get(sym), x.shape[axis]
+            if n is not None:
+                reps = [1] * x.dim()
+                reps[axis] = -(-n // have)
+                x = x.repeat(*reps).narrow(axis, 0, n)
+        return x
+
+    args, kwargs = pytree.tree_map(resized, (tm.example_inputs or (), dict(tm.example_kwargs)))
+    return dataclasses.replace(tm, example_inputs=tuple(args), example_kwargs=kwargs)
 
 
 def unsupported_text(lowered: TorchProgram) -> str:
@@ -236,6 +484,24 @@ def lowered_line(lowered: TorchProgram) -> str:
             f"{lowered.lowered_share:.1%} lowered{weights}")
 
 
+def sizes_line(lowered: TorchProgram) -> str:
+    """The program's run-time sizes, their bounds, planning size and the inputs they size
+    (empty for a static program): ``run-time sizes: seq in 2..64, planned at 64 (input_ids
+    dim 1, attention_mask dim 1); run --param seq=N``."""
+    program = lowered.program
+    parts = []
+    for sym in program.symbols:
+        where = ", ".join(f"{n} dim {axis}" for n in lowered.user_inputs
+                          for axis, s in program.tensor(n).symbols.items() if s == sym.name)
+        top = "" if sym.max is None else str(sym.max)
+        parts.append(f"{sym.name} in {sym.min}..{top}, planned at {sym.planning_size}"
+                     + (f" ({where})" if where else ""))
+    if not parts:
+        return ""
+    flags = " ".join(f"--param {s.name}=N" for s in program.symbols)
+    return f"run-time sizes: {'; '.join(parts)}; run {flags}"
+
+
 def with_origins(planned: PlannedProgram, lowered: TorchProgram) -> PlannedProgram:
     """``planned`` whose plan JSON carries each op's PyTorch origin (and, for a ``--partial``
     lowering, the nodes left out: ``"unsupported"``)."""
@@ -269,6 +535,9 @@ def print_plan(tm: TorchModel, planned: PlannedProgram, fmt: str, plot_dir: Path
                            labels(tm.lowered, [o.name for o in planned.ops]), console,
                            lowered_line(tm.lowered), planned.program,
                            moe_lines(planned.plan, planned.program, parts))
+        line = sizes_line(tm.lowered)
+        if line:
+            console.print(line, highlight=False)
     if plot_dir is not None:
         from apportion.cli.plot import plot_op, plot_utilization
         from apportion.cli.report import op_work
@@ -288,7 +557,7 @@ def eager_outputs(tm: TorchModel) -> tuple[np.ndarray, ...]:
     from apportion.backends.torch.executor import from_torch_storage
 
     with torch.no_grad():
-        out = tm.model(*tm.example_inputs)
+        out = tm.model(*(tm.example_inputs or ()), **tm.example_kwargs)
     leaves = [x for x in _leaves(out) if isinstance(x, torch.Tensor)]
     # as a run stores them: bfloat16 in float32 (numpy has none; torch's .numpy() refuses it)
     return tuple(from_torch_storage(x) for x in leaves)
@@ -300,12 +569,19 @@ def _leaves(tree: Any) -> list[Any]:
     return list(pytree.tree_leaves(tree))
 
 
+def model_inputs(tm: TorchModel) -> dict[str, np.ndarray]:
+    """Every program input for the model's example inputs (positional and keyword)."""
+    return tm.lowered.inputs(*(tm.example_inputs or ()), **tm.example_kwargs)
+
+
 def check_model(tm: TorchModel, planned: PlannedProgram, backend: str = "reference",
-                threads: int | None = None) -> list[OutputCheck]:
-    """Run the plan on the example inputs and compare each output with the eager model's."""
+                threads: int | None = None, params: Mapping[str, int] | None = None
+                ) -> list[OutputCheck]:
+    """Run the plan on the example inputs (at run-time sizes ``params``, given already in
+    them: ``at_sizes``) and compare each output with the eager model's."""
     with failures(tm, "the planned run"):
-        run = planned.run(tm.lowered.inputs(*tm.example_inputs), threads=threads,
-                          backend=backend)
+        run = planned.run(model_inputs(tm), threads=threads, backend=backend,
+                          params=dict(params or {}))
     return compare_eager(tm, run)
 
 
@@ -317,7 +593,7 @@ def compare_eager(tm: TorchModel, run: Mapping[str, Any]) -> list[OutputCheck]:
 
     >>> tm = load_model("apportion.frontend.torch_demo:mlp")
     >>> from apportion.runtime.reference import run_unplanned
-    >>> run = run_unplanned(tm.lowered.program, tm.lowered.inputs(*tm.example_inputs))
+    >>> run = run_unplanned(tm.lowered.program, model_inputs(tm))
     >>> [c.ok for c in compare_eager(tm, run)]
     [True]
     """

@@ -40,8 +40,8 @@ from apportion.frontend.torch_moe import static_experts
 from apportion.ir.dtypes import DTYPE_BYTES
 from apportion.ir.program import Program, Symbol, with_symbols
 
-__all__ = ["NodeLowering", "Origin", "TorchProgram", "Unsupported", "UnsupportedNodes",
-           "from_torch", "unsupported_table"]
+__all__ = ["NodeLowering", "Origin", "SavedProgram", "TorchProgram", "Unsupported",
+           "UnsupportedNodes", "from_exported", "from_torch", "load_exported", "unsupported_table"]
 
 #: what became of an ATen node: ops that are not fallbacks (or index maps only), at least one
 #: fallback op, nothing (a no-op assert), or nothing because apportion cannot lower it (left
@@ -765,3 +765,112 @@ def _numpy(x: Any) -> np.ndarray:
     if str(t.dtype) == "torch.bfloat16":
         t = t.float()
     return t.numpy().copy()
+
+
+@dataclass(frozen=True)
+class SavedProgram:
+    """A program saved by ``torch.export.save`` (a ``.pt2`` file), read back: the
+    ``ExportedProgram`` and the example inputs torch stored with it (``args`` is None when the
+    file holds none: the program plans from its shapes and does not run)."""
+
+    exported: Any
+    args: tuple[Any, ...] | None
+    kwargs: Mapping[str, Any]
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether an input has a size torch exported as a symbol (``torch.export.Dim``)."""
+        return any(_sym_axes(v) for v in _user_values(self.exported))
+
+
+def load_exported(path: str) -> SavedProgram:
+    """Read a ``.pt2`` file with ``torch.export.load``, with the example inputs torch keeps
+    in its metadata (``ExportedProgram.example_inputs``) where it kept them.
+
+    >>> saved = load_exported("mlp.pt2")                                # doctest: +SKIP
+    >>> saved.args[0].shape, saved.dynamic                              # doctest: +SKIP
+    (torch.Size([64, 256]), False)
+    """
+    import torch
+
+    if not os.path.isfile(path):
+        raise ProgramError(f"{path!r}: no such .pt2 file")
+    try:
+        ep = torch.export.load(path)
+    except Exception as e:  # torch's reason, one line: not a .pt2, another torch's format
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ProgramError(f"{path!r}: torch.export.load cannot read it: "
+                           f"{type(e).__name__}: {first}") from None
+    stored = getattr(ep, "example_inputs", None)
+    if not stored:
+        return SavedProgram(ep, None, MappingProxyType({}))
+    args, kwargs = stored
+    return SavedProgram(ep, tuple(args), MappingProxyType(dict(kwargs or {})))
+
+
+def from_exported(saved: SavedProgram, name: str, partial: bool = False) -> TorchProgram:
+    """Lower a program read by ``load_exported``. A static one lowers as exported; one saved
+    with dynamic shapes keeps its symbols (named as torch stored them, ``s77``, with their
+    bounds): its module is exported again per size, as ``from_torch`` does with
+    ``dynamic_shapes``, on the stored example inputs or, without them, on zeros of the
+    planning sizes (shapes are all an export reads).
+
+    >>> tp = from_exported(load_exported("mlp_dynamic.pt2"), "mlp")  # doctest: +SKIP
+    >>> [(s.name, s.min, s.max) for s in tp.program.symbols]          # doctest: +SKIP
+    [('s77', 2, 128)]
+    """
+    import torch
+
+    ep = saved.exported
+    if not saved.dynamic:
+        return from_torch(ep, saved.args or (), name=name, partial=partial)
+    values = _user_values(ep)
+    dims: dict[str, Any] = {}
+    specs: list[dict[int, Any] | None] = []
+    for v in values:
+        found = {}
+        for axis, expr in _sym_axes(v).items():
+            if str(expr) not in dims:
+                r = ep.range_constraints.get(expr)
+                lo = int(r.lower) if r is not None and str(r.lower).isdigit() else None
+                hi = int(r.upper) if r is not None and str(r.upper).isdigit() else None
+                dims[str(expr)] = torch.export.Dim(_symbol_name(str(expr)), min=lo, max=hi)
+            found[axis] = dims[str(expr)]
+        specs.append(found or None)
+    if saved.args is not None:
+        args, kwargs = saved.args, dict(saved.kwargs)
+    else:  # zeros at the planning sizes: a static export reads only their shapes
+        sizes = {k: _bounded(d.__name__, ep.range_constraints.get(_expr(ep, k))).planning_size
+                 for k, d in dims.items()}
+        zeros = [torch.zeros([sizes[str(n.node.expr)] if isinstance(n, torch.SymInt) else n
+                              for n in v.shape], dtype=v.dtype)
+                 if isinstance(v, torch.Tensor) else v for v in values]
+        args, kwargs = torch.utils._pytree.tree_unflatten(zeros, ep.call_spec.in_spec)
+        args, kwargs = tuple(args), dict(kwargs)
+    # one spec per top-level input (args, then kwargs): each input here is one tensor leaf
+    if len(_tensor_leaves((tuple(args), kwargs))) != len(args) + len(kwargs):
+        raise ProgramError(f"program {name!r}: a .pt2 program with dynamic shapes is read when "
+                           "each input is one tensor (no nested inputs)")
+    return _from_torch_dynamic(ep.module(), tuple(args), tuple(specs), kwargs, name, partial)
+
+
+def _user_values(ep: Any) -> list[Any]:
+    """The example values (fake tensors) of an exported program's user inputs, in order."""
+    import torch
+
+    user = {sp.arg.name for sp in ep.graph_signature.input_specs
+            if sp.kind == torch.export.graph_signature.InputKind.USER_INPUT}
+    return [n.meta.get("val") for n in ep.graph.nodes
+            if n.op == "placeholder" and n.name in user]
+
+
+def _sym_axes(value: Any) -> dict[int, Any]:
+    """Axis -> sympy expression of each symbolic size of a fake tensor."""
+    import torch
+
+    shape = getattr(value, "shape", ())
+    return {i: n.node.expr for i, n in enumerate(shape) if isinstance(n, torch.SymInt)}
+
+
+def _expr(ep: Any, text: str) -> Any:
+    return next((e for e in ep.range_constraints if str(e) == text), None)

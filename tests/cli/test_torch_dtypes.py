@@ -192,7 +192,7 @@ FAILURES = [
     ("data_dependent", [], None, 2, "torch.export.export of DataDependent failed"),
     ("float64", [], None, 2, "dtype float64 is not supported"),
     ("int16", [], None, 2, "dtype int16 is not supported"),
-    ("tiny", ["--param", "n=2"], None, 2, "--param applies to program files"),
+    ("tiny", ["--param", "n=2"], None, 2, "--param n=2: 'n' is not a run-time size of --torch"),
     ("tiny", ["--backend", "bundle"], None, 2, "--backend bundle emits"),
     ("tiny", [], ("export", _crash), 2,
      "exporting and lowering the model failed: RuntimeError: a kernel crashed"),

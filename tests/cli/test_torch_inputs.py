@@ -1,0 +1,230 @@
+"""``--torch``: keyword inputs (each return form of a factory), ``--dynamic`` run-time sizes
+bound by ``run --param``, and programs saved by ``torch.export.save`` (``.pt2``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from apportion.cli.main import main
+from apportion.cli.torch_models import (
+    FactoryError,
+    at_sizes,
+    load_factory,
+    load_inputs,
+    load_model,
+    parse_dynamic,
+)
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+F = "tests.cli.torch_input_factories"
+MLP = "apportion.frontend.torch_demo:mlp"
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+# --- keyword inputs -----------------------------------------------------------------------
+
+def test_the_three_return_forms_give_args_kwargs_and_dynamic_shapes():
+    _, pos = load_inputs(MLP)
+    assert len(pos.args) == 1 and not pos.kwargs and pos.dynamic_shapes is None
+    _, kw = load_inputs(f"{F}:gpt2_masked")
+    assert len(kw.args) == 1 and list(kw.kwargs) == ["attention_mask"]
+    _, keyed = load_inputs(f"{F}:llama_keyed")
+    assert set(keyed.dynamic_shapes) == {"input_ids", "attention_mask"}
+    _, only_kw = load_inputs(f"{F}:mlp_keyword")
+    assert only_kw.args == () and list(only_kw.kwargs) == ["x"]
+
+
+def test_load_factory_keeps_positional_inputs_and_refuses_keyword_ones():
+    _, args = load_factory(MLP)
+    assert len(args) == 1
+    with pytest.raises(FactoryError, match="keyword inputs or dynamic shapes"):
+        load_factory(f"{F}:gpt2_masked")
+
+
+@pytest.mark.parametrize("factory", ["gpt2_masked", "llama_masked", "mlp_keyword"])
+def test_run_check_with_keyword_inputs_matches_eager(factory, capsys):
+    assert main(["run", "--torch", f"{F}:{factory}", "--check", "--cores", "8"]) == 0
+    assert "matches the model run eagerly in PyTorch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("factory", "message"), [
+    ("four_things", "must return (model, example_inputs): (model, args), (model, args, "
+                    "kwargs) or (model, {'args': ..., 'kwargs': ..., 'dynamic_shapes': ...}), "
+                    "got a 4-tuple"),
+    ("bad_key", "key 'shapes'; the keys are args, kwargs, dynamic_shapes"),
+    ("bad_kwargs", "keyword inputs must be a dict of names to inputs, got list"),
+])
+def test_a_malformed_factory_result_is_one_error_line_and_exit_2(factory, message, capsys):
+    assert main(["plan", "--torch", f"{F}:{factory}"]) == 2
+    assert message in _one_error_line(capsys)
+
+
+# --- dynamic sizes from the command line ---------------------------------------------------
+
+@given(st.sampled_from(["x", "input_ids", "attention_mask"]), st.integers(0, 5),
+       st.sampled_from(["seq", "rows", "b_1"]), st.integers(2, 100), st.integers(0, 100))
+@settings(max_examples=50, deadline=None)
+def test_a_well_formed_dynamic_spec_parses_to_its_parts(name, dim, symbol, lo, extra):
+    d, again = parse_dynamic([f"{name}:{dim}={symbol}:{lo}..{lo + extra}",
+                              f"other:{dim}={symbol}"])
+    assert (d.input, d.dim, d.symbol, d.min, d.max) == (name, dim, symbol, lo, lo + extra)
+    assert (again.input, again.min, again.max) == ("other", lo, lo + extra)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("x", "expected INPUT:DIM=SYMBOL:MIN..MAX"),
+    ("x:a=rows:2..8", "input 'x' dim a: the dim must be a non-negative integer"),
+    ("x:0=2rows:2..8", "symbol '2rows' is not a name"),
+    ("x:0=rows", "symbol 'rows' needs bounds where it is first named"),
+    ("x:0=rows:8", "bounds '8' are not MIN..MAX"),
+    ("x:0=rows:1..8", "bounds 1..8 need 2 <= MIN <= MAX"),
+    ("x:0=rows:9..8", "bounds 9..8 need 2 <= MIN <= MAX"),
+    ("x:0=rows:2..8", "input 'x' dim 0: the example input's size 64 is outside rows's bounds"),
+    ("y:0=rows:2..128", "input 'y' dim 0: apportion.frontend.torch_demo:mlp gives no input "
+                        "'y' (its inputs: x)"),
+    ("x:5=rows:2..128", "input 'x' dim 5: the input has 2 dims (shape (64, 256))"),
+])
+def test_a_malformed_dynamic_spec_is_one_error_line_and_exit_2(spec, message, capsys):
+    assert main(["plan", "--torch", MLP, "--dynamic", spec]) == 2
+    line = _one_error_line(capsys)
+    assert line.startswith(f"apportion: error: --dynamic {spec!r}") and message in line
+
+
+def test_a_symbol_given_two_bounds_is_refused():
+    with pytest.raises(FactoryError, match="symbol 'seq' was given bounds 2..64 before, 2..32"):
+        parse_dynamic(["a:1=seq:2..64", "b:1=seq:2..32"])
+
+
+def test_dynamic_without_torch_is_refused(capsys):
+    assert main(["plan", "--dynamic", "x:0=rows:2..8"]) == 2
+    assert "applies to a --torch model" in _one_error_line(capsys)
+
+
+def test_dynamic_with_a_factorys_own_dynamic_shapes_is_refused(capsys):
+    assert main(["plan", "--torch", f"{F}:llama_keyed", "--dynamic",
+                 "input_ids:1=seq:2..64"]) == 2
+    assert "give the dynamic sizes one way" in _one_error_line(capsys)
+
+
+def test_plan_shows_the_dynamic_size_its_bounds_and_the_inputs_it_sizes(capsys):
+    assert main(["plan", "--torch", MLP, "--dynamic", "x:0=rows:2..128", "--cores", "8"]) == 0
+    assert ("run-time sizes: rows in 2..128, planned at 128 (x dim 0); run --param rows=N"
+            in capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("rows", [3, 64, 100])
+def test_run_param_runs_at_that_size_against_eager_at_that_size(rows, capsys):
+    assert main(["run", "--torch", MLP, "--dynamic", "x:0=rows:2..128", "--param",
+                 f"rows={rows}", "--check", "--cores", "8"]) == 0
+    out = capsys.readouterr().out
+    assert f"rows={rows})" in out and "matches the model run eagerly in PyTorch" in out
+
+
+def test_hugging_face_llama_with_a_mask_runs_at_a_dynamic_sequence_length(capsys):
+    assert main(["run", "--torch", f"{F}:llama_masked", "--dynamic", "input_ids:1=seq:2..64",
+                 "--dynamic", "attention_mask:1=seq", "--param", "seq=40", "--check",
+                 "--cores", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "seq=40)" in out and "matches the model run eagerly in PyTorch" in out
+
+
+def test_a_factorys_dynamic_shapes_run_at_a_param_size(capsys):
+    assert main(["run", "--torch", f"{F}:llama_keyed", "--param", "seq=5", "--check",
+                 "--cores", "8"]) == 0
+    assert "matches the model run eagerly in PyTorch" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("param", "message"), [
+    ("rows=200", "--param rows=200: outside rows's bounds 2..128"),
+    ("seq=4", "--param seq=4: 'seq' is not a run-time size of --torch"),
+])
+def test_a_param_outside_the_bounds_or_unknown_is_refused(param, message, capsys):
+    assert main(["run", "--torch", MLP, "--dynamic", "x:0=rows:2..128", "--param", param,
+                 "--check"]) == 2
+    assert message in _one_error_line(capsys)
+
+
+@given(st.integers(2, 200))
+@settings(max_examples=20, deadline=None)
+def test_inputs_at_a_size_are_the_example_values_cut_or_repeated(rows):
+    tm = _mlp_rows()
+    x = tm.example_inputs[0]
+    got = at_sizes(tm, {"rows": rows}).example_inputs[0]
+    assert got.shape == (rows, x.shape[1])
+    assert torch.equal(got, x.repeat(-(-rows // x.shape[0]), 1)[:rows])
+
+
+_CACHE: dict[str, object] = {}
+
+
+def _mlp_rows():
+    if "tm" not in _CACHE:  # one export for every hypothesis example
+        _CACHE["tm"] = load_model(MLP, dynamic=["x:0=rows:2..256"])
+    return _CACHE["tm"]
+
+
+# --- .pt2 files ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def pt2(tmp_path_factory) -> dict[str, Path]:
+    """The demo MLP saved static, with a dynamic row count, and with no example inputs."""
+    from apportion.frontend.torch_demo import mlp
+
+    model, (x,) = mlp()
+    folder = tmp_path_factory.mktemp("pt2")
+    rows = torch.export.Dim("rows", min=2, max=128)
+    dynamic = torch.export.export(model, (x,), dynamic_shapes=({0: rows},))
+    torch.export.save(torch.export.export(model, (x,)), folder / "mlp.pt2")
+    torch.export.save(dynamic, folder / "mlp_rows.pt2")
+    dynamic._example_inputs = None  # as a program exported with no inputs kept is saved
+    torch.export.save(dynamic, folder / "mlp_bare.pt2")
+    return {p.stem: p for p in folder.iterdir()}
+
+
+def test_a_static_pt2_runs_on_its_stored_inputs_against_eager(pt2, capsys):
+    assert main(["run", "--torch", str(pt2["mlp"]), "--check", "--cores", "8"]) == 0
+    assert "matches the model run eagerly in PyTorch" in capsys.readouterr().out
+
+
+def test_a_dynamic_pt2_keeps_its_symbol_and_runs_at_a_param_size(pt2, capsys):
+    tm = load_model(str(pt2["mlp_rows"]))
+    (sym,) = tm.lowered.program.symbols
+    assert (sym.min, sym.max) == (2, 128)
+    assert tm.lowered.program.tensor("x").symbols == {0: sym.name}
+    assert main(["run", "--torch", str(pt2["mlp_rows"]), "--param", f"{sym.name}=37",
+                 "--check", "--cores", "8"]) == 0
+    assert "matches the model run eagerly in PyTorch" in capsys.readouterr().out
+
+
+def test_a_pt2_without_example_inputs_plans_and_refuses_run(pt2, capsys):
+    assert main(["plan", "--torch", str(pt2["mlp_bare"]), "--cores", "8"]) == 0
+    assert "run-time sizes: " in capsys.readouterr().out
+    assert main(["emit", "--torch", str(pt2["mlp_bare"]), "--forall", "--cores", "8"]) == 0
+    capsys.readouterr()
+    assert main(["run", "--torch", str(pt2["mlp_bare"]), "--check"]) == 2
+    assert "the file stores no example inputs to run on" in _one_error_line(capsys)
+
+
+def test_a_missing_or_unreadable_pt2_is_one_error_line(tmp_path, capsys):
+    assert main(["plan", "--torch", str(tmp_path / "none.pt2")]) == 2
+    assert "no such .pt2 file" in _one_error_line(capsys)
+    (tmp_path / "bad.pt2").write_text("not a zip")
+    assert main(["plan", "--torch", str(tmp_path / "bad.pt2")]) == 2
+    assert "torch.export.load cannot read it" in _one_error_line(capsys)
+
+
+def test_dynamic_with_a_pt2_is_refused(pt2, capsys):
+    assert main(["plan", "--torch", str(pt2["mlp"]), "--dynamic", "x:0=r:2..64"]) == 2
+    assert "is a saved program" in _one_error_line(capsys)
