@@ -364,6 +364,11 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
     if args.backend in ("dtensor", "iree") and args.threads is not None:
         raise ShardUsageError("--threads applies to the reference and torch backends")
     planned, tm = sharded(args)
+    if tm is not None:  # a run-time size (--dynamic) bound by --param: the inputs at that size
+        from apportion.cli.torch_models import at_sizes
+
+        bound = {k: v for k, v in _params(args).items() if k in tm.lowered.program.symbol_map}
+        tm = at_sizes(tm, bound) if bound else tm
     sizes = mesh_sizes(planned, args)
     plan = planned.bind(sizes)
     if planned.mesh.symbolic:

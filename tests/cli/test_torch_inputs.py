@@ -228,3 +228,9 @@ def test_a_missing_or_unreadable_pt2_is_one_error_line(tmp_path, capsys):
 def test_dynamic_with_a_pt2_is_refused(pt2, capsys):
     assert main(["plan", "--torch", str(pt2["mlp"]), "--dynamic", "x:0=r:2..64"]) == 2
     assert "is a saved program" in _one_error_line(capsys)
+
+
+def test_run_mesh_binds_a_dynamic_size_and_checks_against_eager_at_that_size(capsys):
+    assert main(["run", "--torch", MLP, "--dynamic", "x:0=rows:2..128", "--mesh", "dp=2",
+                 "--param", "rows=40", "--check"]) == 0
+    assert "matches the model run eagerly in PyTorch" in capsys.readouterr().out
