@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -15,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 import apportion as ap  # noqa: E402
 from apportion.frontend import torch_demo  # noqa: E402
 from apportion.runtime.reference import TOLERANCES  # noqa: E402
-from apportion.torch_compile import _Specializing  # noqa: E402
+from apportion.torch_compile import _partition, _Specializing  # noqa: E402
 
 TOL = TOLERANCES["float32"]
 
@@ -188,3 +190,39 @@ def test_generate_with_a_static_cache_plans_all_but_the_cache_writes():
     assert len(b.graphs) == 4 and all(g.split for g in b.graphs), b.graphs
     assert all(g.nodes_eager == 2 and g.share > 0.95 for g in b.graphs)  # keys, values
     assert all("aten.index_put.default" in (g.reason or "") for g in b.graphs)
+
+
+# --- the partition -----------------------------------------------------------------------------
+
+@st.composite
+def flagged_graphs(draw):
+    """A random DAG of call nodes over one input, and the names of the nodes flagged eager."""
+    graph = torch.fx.Graph()
+    nodes = [graph.placeholder("x")]
+    for _ in range(draw(st.integers(1, 12))):
+        a, b = (draw(st.sampled_from(nodes)) for _ in range(2))
+        nodes.append(graph.call_function(torch.add, (a, b)))
+    graph.output(nodes[-1])
+    calls = [n.name for n in nodes[1:]]
+    return graph, set(draw(st.lists(st.sampled_from(calls), unique=True)))
+
+
+def unsupported_ancestor(node, eager):
+    return any(m.name in eager or unsupported_ancestor(m, eager)
+               for m in node.all_input_nodes if m.op != "placeholder")
+
+
+@settings(max_examples=60, deadline=None)
+@given(flagged_graphs())
+def test_subgraphs_hold_one_flag_and_every_edge_between_them_runs_forward(case):
+    graph, eager = case
+    part = _partition(graph, eager)
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        assert part[node.name] % 2 == (node.name in eager)  # one flag per subgraph
+        for m in node.all_input_nodes:
+            if m.op == "call_function":  # an operand's subgraph runs first, or is the same
+                assert part[m.name] <= part[node.name]
+        if node.name not in eager and not unsupported_ancestor(node, eager):
+            assert part[node.name] == 0  # all of these run in the first planned subgraph
