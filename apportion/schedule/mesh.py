@@ -172,7 +172,10 @@ class Collective:
     destination dim. ``reducer`` combines an all-reduce's or reduce-scatter's arrays (a name
     of ``ir.kinds.REDUCERS``; ``argmax`` reduces keys by max); ``unpack``: the reduction ends
     the argmax's last pending axis, so the result is the index in the keys (``argmax_index``).
-    ``dtype`` is the arrays' element dtype."""
+    ``dtype`` is the element dtype of the arrays it moves: a partial value's is its partial
+    dtype (a float16 sum's partials travel in float32, the accumulator dtype, so they round
+    once); ``result_dtype``, where it differs, is the dtype a reduction casts its total to (the
+    tensor's own, once the value is whole; None: ``dtype``)."""
 
     kind: str
     tensor: str
@@ -187,9 +190,13 @@ class Collective:
     to_dim: int | None = None
     reducer: str | None = None
     unpack: bool = False
+    result_dtype: str | None = None
 
     def __post_init__(self) -> None:
         what = f"collective on tensor {self.tensor!r} along axis {self.axis!r}"
+        if self.result_dtype not in (None, self.dtype) and self.kind not in REDUCING:
+            raise ExecutionError(f"{what}: a {self.kind} moves its {self.dtype} elements as "
+                                 f"they are; only a reduction casts (to {self.result_dtype})")
         if self.kind not in KINDS:
             raise ExecutionError(f"{what}: kind {self.kind!r}; valid: {', '.join(KINDS)}")
         if (self.reducer is not None) != (self.kind in REDUCING):
@@ -224,7 +231,7 @@ class Collective:
         ``src_boxes[d]``, a storage array); each device's result, its box ``dst_boxes[d]``.
         Gathers and all-to-alls copy each element from the group's device whose box holds
         it; reductions combine the group's arrays in rank order with the reducer and cast
-        to the storage of ``dtype``; an argmax's keys reduce by max (``unpack``: to the
+        to the storage of ``out_dtype``; an argmax's keys reduce by max (``unpack``: to the
         index they hold).
 
         >>> c = Collective("all_reduce", "x", "x", "x@1", "float32", "tp", ((0, 1),),
@@ -283,7 +290,18 @@ class Collective:
             return argmax_index(keys) if self.unpack else keys
         r = REDUCERS[self.reducer]
         total = functools.reduce(lambda p, q: r.combine(kernels.XP, p, q), parts)
-        return kernels.to_storage(np.asarray(total), self.dtype)
+        return kernels.to_storage(np.asarray(total), self.out_dtype)
+
+    @property
+    def out_dtype(self) -> str:
+        """The element dtype of the result: ``result_dtype``, else ``dtype``.
+
+        >>> Collective("all_reduce", "x", "x", "x@1", "float32", "tp", ((0, 1),),
+        ...            (((0, 2),),) * 2, (((0, 2),),) * 2, reducer="sum",
+        ...            result_dtype="float16").out_dtype
+        'float16'
+        """
+        return self.result_dtype or self.dtype
 
     def __str__(self) -> str:
         what = f"{self.reducer}, {self.axis}" if self.reducer else self.axis
@@ -382,7 +400,9 @@ class Layout:
     by ``reducer`` (a name of ``ir.kinds.REDUCERS``: a mean waits as ``sum``, an argmax's
     keys as ``argmax``); an axis named nowhere replicates the value. ``boxes`` is each
     device's box of the tensor, in device order, as the plan cuts it (uneven cuts included),
-    so a runner whose own cut differs (DTensor's ``torch.chunk``) can tell.
+    so a runner whose own cut differs (DTensor's ``torch.chunk``) can tell. ``dtype`` is the
+    element dtype the devices hold it in where it is not the tensor's (a partial float16 sum's
+    float32, see ``Collective``; None: the tensor's).
 
     >>> lay = Layout("h", "h", (("dp",), ("tp",)), boxes=((((0, 2), (0, 4))),) * 4)
     >>> str(lay), lay.axis_placement("tp"), lay.axis_placement("pp")
@@ -395,6 +415,7 @@ class Layout:
     partial: tuple[str, ...] = ()
     reducer: str | None = None
     boxes: tuple[Box, ...] = ()
+    dtype: str | None = None
 
     def __post_init__(self) -> None:
         if bool(self.partial) != (self.reducer is not None):

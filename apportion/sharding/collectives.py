@@ -15,7 +15,8 @@ each, in this order:
 A partial ``argmax`` waits as int64 keys, each packing a (value, global flat index) pair so that
 the larger key is the larger value, then the lower index (``argmax_keys``): its reductions are
 reductions by max of 8-byte elements, priced as such, and the step that reduces its last
-partial axis unpacks the index (``argmax_index``).
+partial axis unpacks the index (``argmax_index``). Other partials move in their partial dtype
+(``spec.partial_dtype``: a float16 or bfloat16 sum's in float32) and are priced in it.
 
 A step's time is that of a ring collective over the axis's devices, ``n - 1`` messages (twice
 for an all-reduce) plus the bytes each device receives over the axis's link bandwidth: an
@@ -181,8 +182,10 @@ def _priced(kind: str, axis: str, src: Sharding, dst: Sharding, dim: int | None,
             to_dim: int | None, reducer: str | None, shape: Sequence[int], dtype: str,
             mesh: Mesh) -> Step:
     sizes = {a.name: a.size for a in mesh.axes}
-    before = src.local_bytes(shape, dtype, sizes)
-    after = dst.local_bytes(shape, dtype, sizes)
+    # a partial value moves in its partial dtype (``Sharding.held_dtype``): a float16 sum's
+    # partials are float32 on the wire, twice the bytes
+    before = src.local_bytes(shape, src.held_dtype(dtype), sizes)
+    after = dst.local_bytes(shape, dst.held_dtype(dtype), sizes)
     n = mesh.size(axis)
     link = mesh.link(axis)
     remote = mesh.axis(axis).peered
@@ -248,7 +251,9 @@ def _reduce(step: Step, parts: list[np.ndarray], dtype: str) -> np.ndarray:
 def apply(step: Step, arrays: Sequence[np.ndarray], mesh: Mesh, dtype: str
           ) -> list[np.ndarray]:
     """``step`` run on every device's local array (``arrays[d]`` for device ``d``), as the
-    devices would run it; returns each device's result."""
+    devices would run it; returns each device's result. ``dtype``: what the result holds
+    (``step.dst.held_dtype``): a reduction combines the partials as they are held and casts
+    the total to it."""
     n = mesh.size(step.axis)
     out: list[np.ndarray] = []
     done: dict[tuple[int, ...], np.ndarray] = {}

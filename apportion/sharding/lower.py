@@ -10,6 +10,10 @@ shardings cut them (``Sharding.block``), with the groups of devices along its me
 ``slice`` step, which ``unroll`` runs as a local copy op inside a segment, becomes a stage of
 its own here, so that every data movement of the plan is a step a backend sees. The finish
 of a mean or argmax split over devices becomes a ``MeshFinish`` with each device's part.
+A collective moving a partial value moves it in its partial dtype (``Collective.dtype``: float32
+for a float16 sum's partials) and the reduction that makes it whole says the tensor's dtype
+(``Collective.result_dtype``); a partial value's ``Layout.dtype`` says the dtype the devices hold
+it in.
 
 Symbolic loop counts of the program's tiling groups, which the segments keep, are bound when
 the segments are lowered: ``params`` gives them (``run --mesh --param T=16``); a count not
@@ -222,10 +226,13 @@ def _collective(plan: ShardingPlan, items: list[Any], kind: str) -> Collective:
         step, tensor, source, result = c.step, c.tensor, c.source, c.result
     src, dst = _boxes(plan, step, tensor)
     groups = group_order({mesh.group(d, step.axis) for d in range(mesh.devices)})
-    return Collective(step.kind, tensor, source, result, plan.program.tensor(tensor).dtype,
-                      step.axis, groups, src, dst, step.dim, step.to_dim, step.reducer,
+    # partials move in their partial dtype; the reduction that makes them whole casts
+    dtype = plan.program.tensor(tensor).dtype
+    moved, made = step.src.held_dtype(dtype), step.dst.held_dtype(dtype)
+    return Collective(step.kind, tensor, source, result, moved, step.axis, groups, src, dst,
+                      step.dim, step.to_dim, step.reducer,
                       unpack=step.reducer is not None and keyed(step.reducer)
-                      and not step.dst.partial)
+                      and not step.dst.partial, result_dtype=made if made != moved else None)
 
 
 def _layouts(plan: ShardingPlan) -> tuple[Layout, ...]:
@@ -239,8 +246,11 @@ def _layouts(plan: ShardingPlan) -> tuple[Layout, ...]:
     out: dict[str, Layout] = {}
 
     def add(tensor: str, local: str, s: Sharding) -> None:
-        boxes = tuple(s.block(shape(tensor).shape, c, sizes) for c in coords)
-        out.setdefault(local, Layout(tensor, local, s.dims, s.partial, s.reducer, boxes))
+        t = shape(tensor)
+        boxes = tuple(s.block(t.shape, c, sizes) for c in coords)
+        held = s.held_dtype(t.dtype)
+        out.setdefault(local, Layout(tensor, local, s.dims, s.partial, s.reducer, boxes,
+                                     held if held != t.dtype else None))
 
     for name, s in plan.inputs:
         add(name, name, s)

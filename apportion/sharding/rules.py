@@ -320,7 +320,9 @@ def local_op(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
     Input ``k`` reads the local tensor ``names[k]`` (default: its own name), which holds that
     device's shard of ``strategy.ins[k]``; each access is shifted by where the device's part of
     the iteration space starts less where its shard of the tensor starts. The output is the
-    device's shard of ``strategy.out`` (partial where that is)."""
+    device's shard of ``strategy.out``; a partial one is held in its partial dtype
+    (``spec.partial_dtype``: a float16 sum's partials in float32), cast to the tensor's dtype
+    by the collective that makes it whole."""
     sizes = _sizes(mesh)
     ranges = local_ranges(op, strategy, mesh, coords)
     start = {d: lo for d, (lo, _) in ranges.items()}
@@ -338,7 +340,8 @@ def local_op(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
                                    f"{acc.tensor!r} dim {j} before its shard {block[j]}")
             index.append(AffineExpr(e.terms, const))
         shape = tuple(hi - lo for lo, hi in block)
-        types.setdefault(name, TensorType(name, shape, t.dtype))
+        # a partial output is held in its partial dtype (``Sharding.held_dtype``)
+        types.setdefault(name, TensorType(name, shape, s.held_dtype(t.dtype)))
         return Access(name, tuple(index))
 
     ins = tuple(local(acc, s, acc.tensor if names is None else names[k])

@@ -104,6 +104,30 @@ def dim_block(n: int, axes: Sequence[str], coords: Mapping[str, int],
     return start, start + size
 
 
+#: partial reducers whose combine selects one of its operands (it rounds nothing): their
+#: partials wait in the tensor's own dtype; every other widening reducer's wait in its
+#: accumulator dtype
+_EXACT_COMBINES = frozenset({"max", "min"})
+
+
+def partial_dtype(reducer: str, dtype: str) -> str:
+    """The dtype a partial value of a ``dtype`` tensor waiting on ``reducer`` is held and
+    moved in until it is whole: the reducer's accumulator dtype (``Reducer.accumulator_dtype``:
+    float32 for float16 and bfloat16 sums), so that the partials round once, when the
+    reduction across devices is done, as a split-K on one device rounds its slices' partials
+    (a cancellation after a float16 sum would magnify a rounding per device). A max or min
+    combines exactly and keeps ``dtype``.
+
+    >>> partial_dtype("sum", "float16"), partial_dtype("max", "float16")
+    ('float32', 'float16')
+    >>> partial_dtype("sum", "int8"), partial_dtype("argmax", "int64")
+    ('int8', 'int64')
+    """
+    if reducer in _EXACT_COMBINES:
+        return dtype
+    return REDUCERS[reducer].accumulator_dtype(dtype)
+
+
 def shard_sizes(n: int, axes: Sequence[str], sizes: Mapping[str, int]) -> set[int]:
     """Every shard size a dim of ``n`` split over ``axes`` takes."""
     out = {n}
@@ -183,7 +207,19 @@ class Sharding:
         """The shard of the device at every coordinate 0: no other shard is larger."""
         return self.local_shape(shape, dict.fromkeys(sizes, 0), sizes)
 
+    def held_dtype(self, dtype: str) -> str:
+        """The dtype each device holds its shard of a ``dtype`` tensor in: a partial value's
+        ``partial_dtype``, else ``dtype``.
+
+        >>> Sharding(((),), ("dp",), "sum").held_dtype("float16"), Sharding(((),)).held_dtype(
+        ...     "float16")
+        ('float32', 'float16')
+        """
+        return dtype if self.reducer is None else partial_dtype(self.reducer, dtype)
+
     def local_bytes(self, shape: Sequence[int], dtype: str, sizes: Mapping[str, int]) -> int:
+        """Bytes of the largest shard of a tensor of ``dtype`` elements (a collective's price
+        passes ``held_dtype``'s)."""
         n = dtype_bytes(dtype)
         for s in self.largest_shape(shape, sizes):
             n *= s

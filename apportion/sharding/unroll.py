@@ -13,6 +13,12 @@ the device: the local mean scaled to its share of the whole count, or the argmax
 global index packed into keys), between segments. Devices may differ in their shapes (uneven
 shards) and offsets, so each device has its own programs.
 
+A partial value (a device's part of a sum split over devices, waiting for its reduction) is
+held in its partial dtype (``Sharding.held_dtype``: a float16 or bfloat16 sum's or mean's in
+float32, the accumulator dtype), in the segment that makes it and in every step that moves it
+while it is partial; the reduction that makes it whole casts it to the tensor's dtype, so it
+rounds once, as the unplanned program's accumulator does.
+
 A plan on a mesh with symbolic axis sizes unrolls once they are bound: ``unroll(plan,
 sizes={"N": 4})`` binds them (``ShardingPlan.bind``) and refuses a mesh left unbound, naming
 the axis.
@@ -58,7 +64,7 @@ bit for bit what ``run(planned=True)`` gives.
 >>> from apportion.sharding.search import search
 >>> u = unroll(search(load("examples/mlp.json"), parse("tp=2"), outputs="replicated"))
 >>> [type(s).__name__ for s in u.devices[0].stages]
-['Program', 'Collective']
+['Program', 'Collective', 'Program', 'Collective']
 >>> all(c.ok for c in u.check())
 True
 """
@@ -224,7 +230,8 @@ def _slice_op(t: Transfer, k: int, step: Step, src_name: str, dst_name: str,
     dims = tuple((f"d{j}", hi - lo) for j, (lo, hi) in enumerate(dst_block))
     index = tuple(AffineExpr(((f"d{j}", 1),), dst_block[j][0] - src_block[j][0])
                   for j in range(len(dims)))
-    types[dst_name] = TensorType(dst_name, tuple(n for _, n in dims), tensor.dtype)
+    types[dst_name] = TensorType(dst_name, tuple(n for _, n in dims),
+                                 step.dst.held_dtype(tensor.dtype))
     out = Access(dst_name, tuple(AffineExpr.dim(d) for d, _ in dims))
     return Op(f"reshard.{t.name}.{k}", "copy", out, (Access(src_name, index),), dims)
 
@@ -286,8 +293,10 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
             entries.append(_slice_op(t, k, step, src, dst, plan, coords, types))
         else:
             tt = p.tensor(t.tensor)
+            # a reduction leaving the value whole casts it to the tensor's dtype; one
+            # leaving it partial keeps the partial dtype (``Sharding.held_dtype``)
             types[dst] = TensorType(dst, step.dst.local_shape(tt.shape, coords, sizes),
-                                    tt.dtype)
+                                    step.dst.held_dtype(tt.dtype))
             entries.append(Collective(t.tensor, src, dst, step))
     outs = []
     for name, s, local in plan.outputs:
@@ -429,7 +438,7 @@ class Unrolled:
                 continue
             if isinstance(first, Collective):
                 arrays = [env[first.source] for env in envs]
-                dtype = self.program.tensor(first.tensor).dtype
+                dtype = first.step.dst.held_dtype(self.program.tensor(first.tensor).dtype)
                 for env, res in zip(envs, apply(first.step, arrays, self.plan.mesh, dtype),
                                     strict=True):
                     env[first.result] = res

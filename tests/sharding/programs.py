@@ -3,6 +3,7 @@ the unroll and distributed tests share (a reduction, attention with its heads me
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -167,3 +168,10 @@ def attention(h: int = 4, d: int = 64, t: int = 8, n: int = 64) -> Program:
                 {"name": "pv", "op": "matmul", "out": f"o[t,{d}*h+e]",
                  "ins": ["p[h,t,c]", f"v[c,{d}*h+e]"], "dims": {"h": h, "e": d}},
                 {"name": "proj", "op": "matmul", "out": "y[t,n]", "ins": ["o[t,j]", "wo[j,n]"]}]})
+
+
+def as_float32(p: Program) -> Program:
+    """``p`` with every tensor float32: a float16 sum's partials move in float32
+    (``spec.partial_dtype``), so an all-reduce of them costs what a float32 one does, and a
+    test of the plan a float32 model gets (Megatron's one all-reduce) reads it from this."""
+    return replace(p, tensors=tuple(replace(t, dtype="float32") for t in p.tensors))

@@ -46,7 +46,9 @@ def test_ring_costs_follow_the_bytes_each_device_receives():
     [ar] = steps((1024, 1024), "float16", S(((), ()), ("tp",), "sum"), S(((), ())), m)
     [rs] = steps((1024, 1024), "float16", S(((), ()), ("tp",), "sum"), S((("tp",), ())), m)
     [cut] = steps((1024, 1024), "float16", S(((), ())), S((("tp",), ())), m)
-    assert ag.bytes == rs.bytes == 3 * full // 4 and ar.bytes == 2 * 3 * full // 4
+    # a float16 sum's partials move in float32, twice the bytes of the float16 gather
+    assert ag.bytes == 3 * full // 4
+    assert rs.bytes == 2 * 3 * full // 4 and ar.bytes == 2 * 2 * 3 * full // 4
     assert cut.bytes == 0 and cut.time_us == 0 and not cut.communicates
     link = m.link("tp")
     assert ar.time_us == pytest.approx(6 * link.latency_us + ar.bytes / link.bandwidth * 1e6)
@@ -129,3 +131,12 @@ def test_argmax_partials_wait_as_keys_combined_by_max_and_unpacked_when_reduced(
     assert [o.tolist() for o in out] == [[3, 2, 0, 4]] * 2
     (rs,) = steps((4,), "int64", src, Sharding((("tp",),)), m)
     assert [o.tolist() for o in apply(rs, [keys[0], keys[1]], m, "int64")] == [[3, 2], [0, 4]]
+
+
+def test_partial_sums_of_float16_are_priced_in_float32_and_maxes_in_float16():
+    m = parse("tp=4")
+    half = (1024 * 1024 * 2) * 3 // 4  # what a float16 reduce-scatter would receive
+    [rs16] = steps((1024, 1024), "float16", S(((), ()), ("tp",), "sum"), S((("tp",), ())), m)
+    [rs32] = steps((1024, 1024), "float32", S(((), ()), ("tp",), "sum"), S((("tp",), ())), m)
+    [mx16] = steps((1024, 1024), "float16", S(((), ()), ("tp",), "max"), S((("tp",), ())), m)
+    assert rs16.bytes == rs32.bytes == 2 * half and mx16.bytes == half

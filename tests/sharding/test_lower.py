@@ -21,7 +21,7 @@ from apportion.sharding.propagate import propagate
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding
 from apportion.sharding.unroll import unroll
-from tests.sharding.programs import annotated, reduction
+from tests.sharding.programs import annotated, as_float32, reduction
 
 ROWS, REP = Sharding((("tp",), ())), Sharding(((), ()))
 
@@ -42,7 +42,7 @@ def test_lowered_schedules_run_with_host_collectives_equal_the_unsharded_program
 
 
 def test_every_collective_carries_each_devices_boxes_as_the_plan_cuts_them():
-    plan = search(load("examples/mlp.json"), parse("dp=2,tp=2"))
+    plan = search(as_float32(load("examples/mlp.json")), parse("dp=2,tp=2"))
     s = lower_plan(plan)
     u = unroll(plan)
     steps = [st.step for st in u.devices[0].stages if not isinstance(st, type(u.program))]

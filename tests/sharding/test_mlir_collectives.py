@@ -74,14 +74,17 @@ def test_an_all_to_all_sends_one_part_per_peer_and_receives_one_from_each():
     assert "func.func @e.d0(%x: tensor<4x8xf32>) -> (tensor<8x4xf32>)" in text
 
 
-def test_a_reduce_scatter_by_sum_in_float16_and_its_result_shard():
+def test_a_reduce_scatter_of_float16_sums_moves_float32_and_truncates_its_shard():
     s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
     (c,) = s.collectives
-    assert (c.kind, c.reducer) == ("reduce_scatter", "sum")
+    assert (c.kind, c.reducer, c.dtype, c.out_dtype) == ("reduce_scatter", "sum", "float32",
+                                                         "float16")
     text = mesh_mlir(s)
-    (op,) = _ops(text.split("// -----\n")[1], "reduce_scatter")
-    assert op.startswith("%exchanged = flow.collective.reduce_scatter sum, f16, %recv, ")
-    assert "(tensor<1x256x512xf16>, tensor<2x256x512xf16>, !flow.channel)" in op
+    device = text.split("// -----\n")[1]
+    (op,) = _ops(device, "reduce_scatter")
+    assert op.startswith("%exchanged = flow.collective.reduce_scatter sum, f32, %recv, ")
+    assert "(tensor<1x256x512xf32>, tensor<2x256x512xf32>, !flow.channel)" in op
+    assert "arith.truncf" in device.split("flow.collective.reduce_scatter")[1]
     assert "-> (tensor<256x512xf16>)" in text
 
 
@@ -243,5 +246,8 @@ def test_split_reductions_of_every_dtype_emit_modules_that_verify(fn, dtype):
     elt = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int8": "si8",
            "int32": "si32"}[dtype]
     elt = "si64" if fn == "argmax" else elt  # argmax keys travel as int64
+    if fn in ("mean", "sum") and dtype in ("float16", "bfloat16"):
+        elt = "f32"  # their partials travel in the accumulator dtype, truncated once whole
+        assert "arith.truncf" in text.split("flow.collective.all_reduce")[1]
     assert f"flow.collective.all_reduce {'sum' if fn in ('mean', 'sum') else 'maximum'}, " \
            f"{elt}, " in text

@@ -227,6 +227,9 @@ def run_native(op: Op, program: Program, ins: list[Any]) -> Any:
     from apportion.runtime.torch_xp import XP
 
     if native_form(op, program) == "matmul":
+        out = _torch_dtype(program.tensor(op.out.tensor).dtype)
+        if any(t.dtype != out for t in ins):  # a partial held wider: sum in its dtype
+            ins = [t.to(out) for t in ins]
         return torch.matmul(ins[0], ins[1])
     wide = [t.to(torch.float32) for t in ins]  # as the reference, not in float16
     res = op.kind.compute(XP, *wide, **op.kind.numeric_attrs(dict(op.attrs)))
@@ -324,7 +327,8 @@ class Rank:
         return torch_agrees(self.program.tensor(lay.tensor).shape, lay, self.axes, self.devices)
 
     def dtype(self, lay: Layout) -> str:
-        return self.program.tensor(lay.tensor).dtype
+        """The dtype the devices hold the value in (a partial sum's accumulator dtype)."""
+        return lay.dtype or self.program.tensor(lay.tensor).dtype
 
     def placed(self, local: Any, lay: Layout) -> Any:
         """This rank's box as a DTensor of ``lay``'s placements, global shape given."""
@@ -461,9 +465,13 @@ class Rank:
             group = self.dmesh.get_group(c.axis)
             self._check_group(c, group)
             local = own_collective(c, self.dts[c.source].to_local(), self.rank, group)
+            if c.out_dtype != c.dtype:  # the reduced partials, whole: the tensor's dtype
+                local = local.to(_torch_dtype(c.out_dtype))
             dt = self.placed(local, dst)
         else:
             dt = self.dts[c.source].redistribute(self.dmesh, self.placements(dst))
+            if c.out_dtype != c.dtype:
+                dt = dt.to(_torch_dtype(c.out_dtype))
             if c.unpack:
                 keys = dt
                 index = argmax_index(keys.to_local().cpu().numpy())

@@ -38,8 +38,9 @@ at run time (``hal.channel.create``: "collectives not implemented" in ``local_ta
 >>> from apportion.sharding.mesh import parse
 >>> from apportion.sharding.search import search
 >>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
->>> "flow.collective.reduce_scatter sum, f16" in mesh_mlir(s)
-True
+>>> text = mesh_mlir(s)  # float16 partial sums move as f32, truncated once reduced
+>>> "flow.collective.reduce_scatter sum, f32" in text, "arith.truncf" in text
+(True, True)
 >>> checks, run = check_mesh(s)  # doctest: +SKIP
 >>> all(c.ok for c in checks)    # doctest: +SKIP
 True
@@ -373,7 +374,23 @@ class _DeviceFunction:
             res = self._exchange(c, src_name, dtype, elt, reduction, ch)
         if c.unpack:
             res = self._unpack(res, box_shape(dst))
+        if c.out_dtype != dtype:  # partials reduced in their partial dtype, now whole
+            res = self._narrow(c, res, box_shape(dst), dtype)
+            dst_ty = TensorType(c.result, box_shape(dst), c.out_dtype)
         self.values[c.result] = (self._named(res, c.result), dst_ty)
+
+    def _narrow(self, c: Collective, value: str, shape: Sequence[int], dtype: str) -> str:
+        """A reduction's total cast from the dtype its partials moved in to ``c.out_dtype``
+        (a float16 sum's float32 partials, reduced, rounded once to float16)."""
+        wide, narrow = mlir_type(dtype), mlir_type(c.out_dtype)
+        floats = ("float", "bfloat")
+        if not (dtype.startswith(floats) and c.out_dtype.startswith(floats)):
+            raise EmitError(f"{c.kind} of tensor {c.tensor!r} along axis {c.axis!r}: its "
+                            f"{dtype} total has no cast to {c.out_dtype} here (partials widen "
+                            "only for float reductions)")
+        body = [f"%n = arith.truncf %x : {wide} to {narrow}"]
+        return self._generic("narrowed", [(value, dtype)], shape, c.out_dtype, body,
+                             ["%x", "%unused"], "%n")
 
     def _exchange(self, c: Collective, src_name: str, dtype: str, elt: str, reduction: str,
                   ch: str) -> str:
