@@ -1,6 +1,7 @@
 """Small PyTorch models for demos, tests and ``--torch`` (random weights, seeded, no download).
 
-Each factory returns ``(model, example_inputs)``, the form ``--torch module:factory`` takes:
+Each factory returns ``(model, example_inputs)`` (or ``(model, args, kwargs)``), the form
+``--torch module:factory`` takes:
 ``apportion plan --torch apportion.frontend.torch_demo:tiny_llama``.
 """
 
@@ -87,3 +88,13 @@ def special_functions(tokens: int = 8, width: int = 64) -> tuple[Any, tuple[Any,
 
     torch.manual_seed(0)
     return Special().eval(), (torch.randn(tokens, width),)
+
+
+def tiny_llama_masked(layers: int = 1, hidden: int = 128, seq: int = SEQ
+                      ) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """``tiny_llama`` given its attention mask by keyword, the ``(model, args, kwargs)`` form
+    of a factory: with the mask, its graph runs at any sequence length (``--dynamic``)."""
+    import torch
+
+    model, (ids,) = tiny_llama(layers, hidden, seq)
+    return model, (ids,), {"attention_mask": torch.ones_like(ids)}
