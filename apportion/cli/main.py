@@ -782,6 +782,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if nul is not None:  # no path or value holds one; the file loaders would choke on it
         return _fail(f"argument {nul!r} contains a NUL character")
     args = build_parser().parse_args(argv)
+    program = getattr(args, "program", None)
+    if isinstance(program, str) and program.endswith(".pt2") and \
+            getattr(args, "torch", None) is None:
+        # a saved torch.export program is a PyTorch model: PROG.pt2 reads as --torch PROG.pt2
+        args.torch, args.program = program, DEFAULT
     if sys.stdout is None:  # started with file descriptor 1 closed (``apportion ... >&-``)
         return _fail("standard output is closed; give the command somewhere to write")
     # Reports are wide tables: do not squeeze them to 80 columns when piped.
