@@ -28,7 +28,7 @@ import os
 import re
 import sys
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -288,7 +288,7 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
     >>> len(tm.lowered.shapes_only), tm.lowered.program.tensor("input_ids").shape
     (22, (1, 16))
     """
-    from apportion.frontend.torch_export import UnsupportedNodes, from_torch, unsupported_table
+    from apportion.frontend.torch_export import from_torch
 
     err = err or sys.stderr
     if run and partial:
@@ -306,14 +306,27 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
             raise FactoryError(f"--torch {spec!r}: the factory gives dynamic_shapes and "
                                "--dynamic is given too; give the dynamic sizes one way")
         shapes = dynamic_shapes(spec, model, inputs, dims)
+    # what torch raises while it decomposes the graph (from_torch names export's own refusals)
+    # is the model's, one line
+    lowered = _lowered(spec, "exporting and lowering the model", partial, run, err,
+                       lambda: from_torch(model, inputs.args, shapes, kwargs=inputs.kwargs,
+                                          name=name, partial=partial))
+    return TorchModel(spec, model, inputs.args, lowered, inputs.kwargs)
+
+
+def _lowered(spec: str, doing: str, partial: bool, run: bool, err: TextIO,
+             lower: Callable[[], Any]) -> Any:
+    """``lower()`` (a ``TorchProgram``) with torch's own notices held back, a failure while
+    ``doing`` it one line, every node apportion cannot lower refused at once (their table on
+    ``err``, then one error line), what ``partial`` left out shown on ``err``, and, for a
+    ``run``, a model without weights refused."""
+    from apportion.frontend.torch_export import UnsupportedNodes, unsupported_table
+
     try:
-        # torch.export's own deprecation notices are not the user's; what torch raises while it
-        # decomposes the graph (from_torch names export's own refusals) is the model's, one line
-        with warnings.catch_warnings(), _quiet_torch(), \
-                _failing(spec, "exporting and lowering the model"):
+        # torch.export's own deprecation notices are not the user's
+        with warnings.catch_warnings(), _quiet_torch(), _failing(spec, doing):
             warnings.simplefilter("ignore", FutureWarning)
-            lowered = from_torch(model, inputs.args, shapes, kwargs=inputs.kwargs, name=name,
-                                 partial=partial)
+            lowered = lower()
     except UnsupportedNodes as e:  # the table, then one error line (main prints one line)
         print(unsupported_table(e.unsupported, e.total), file=err)
         raise FactoryError(f"--torch {spec!r}: {e.summary}; all {len(e.unsupported)} in the "
@@ -325,18 +338,13 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
             lowered.require_values()
         except ApportionError as e:
             raise FactoryError(f"--torch {spec!r}: {e}") from None
-    return TorchModel(spec, model, inputs.args, lowered, inputs.kwargs)
+    return lowered
 
 
 def _load_pt2(spec: str, partial: bool, run: bool, err: TextIO,
               dims: Sequence[DynamicDim]) -> TorchModel:
     """``--torch FILE.pt2``: the saved program, lowered; its module runs eagerly for --check."""
-    from apportion.frontend.torch_export import (
-        UnsupportedNodes,
-        from_exported,
-        load_exported,
-        unsupported_table,
-    )
+    from apportion.frontend.torch_export import from_exported, load_exported
 
     if dims:
         raise FactoryError(f"--dynamic {dims[0].text!r}: --torch {spec!r} is a saved program, "
@@ -352,22 +360,8 @@ def _load_pt2(spec: str, partial: bool, run: bool, err: TextIO,
                            "(torch.export.save keeps the ones a program was exported on; this "
                            "program had none); plan, emit and shard work from its shapes")
     name = Path(spec).stem
-    try:
-        with warnings.catch_warnings(), _quiet_torch(), \
-                _failing(spec, "lowering the exported program"):
-            warnings.simplefilter("ignore", FutureWarning)
-            lowered = from_exported(saved, name, partial=partial)
-    except UnsupportedNodes as e:
-        print(unsupported_table(e.unsupported, e.total), file=err)
-        raise FactoryError(f"--torch {spec!r}: {e.summary}; all {len(e.unsupported)} in the "
-                           "table above; --partial plans the rest") from None
-    if partial and lowered.unsupported:
-        print(unsupported_text(lowered), file=err)
-    if run:
-        try:
-            lowered.require_values()
-        except ApportionError as e:
-            raise FactoryError(f"--torch {spec!r}: {e}") from None
+    lowered = _lowered(spec, "lowering the exported program", partial, run, err,
+                       lambda: from_exported(saved, name, partial=partial))
     return TorchModel(spec, saved.exported.module(), saved.args, lowered, dict(saved.kwargs))
 
 
