@@ -198,6 +198,13 @@ def test_a_static_pt2_runs_on_its_stored_inputs_against_eager(pt2, capsys):
     assert "matches the model run eagerly in PyTorch" in capsys.readouterr().out
 
 
+def test_a_pt2_file_given_as_the_program_reads_as_torch(pt2, capsys):
+    assert main(["plan", str(pt2["mlp"]), "--cores", "8"]) == 0
+    assert "6 ops on spyre (8 cores" in capsys.readouterr().out
+    assert main(["run", str(pt2["mlp"]), "--check", "--cores", "8"]) == 0
+    assert "matches the model run eagerly" in capsys.readouterr().out
+
+
 def test_a_dynamic_pt2_keeps_its_symbol_and_runs_at_a_param_size(pt2, capsys):
     tm = load_model(str(pt2["mlp_rows"]))
     (sym,) = tm.lowered.program.symbols
