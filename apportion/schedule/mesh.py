@@ -612,23 +612,33 @@ def unshard_outputs(schedule: MeshSchedule, envs: Sequence[Mapping[str, np.ndarr
                     ) -> dict[str, np.ndarray]:
     """Each program output put together from the devices' shards (``envs[d]``: device ``d``'s
     local arrays); replicas must agree, and every element must be held by some device."""
+    return assemble_outputs(schedule.program,
+                            [[(p.local, p.box) for p in dev.outputs] for dev in schedule.devices],
+                            [dev.index for dev in schedule.devices], envs)
+
+
+def assemble_outputs(program: Program, places: Sequence[Sequence[tuple[str, Box]]],
+                     devices: Sequence[int], envs: Sequence[Mapping[str, np.ndarray]]
+                     ) -> dict[str, np.ndarray]:
+    """Each output of ``program`` put together from every device's shard: ``places[d][k]`` is
+    the local name and the box of output ``k`` on device ``d`` (numbered ``devices[d]`` in
+    errors), ``envs[d]`` its local arrays. Replicas must agree (NaN alike), and every element
+    must be held by some device."""
     out: dict[str, np.ndarray] = {}
-    program = schedule.program
     for k, name in enumerate(program.outputs):
         t = program.tensor(name)
         whole = np.empty(t.shape, dtype=kernels.storage_dtype(t.dtype))
         written = np.zeros(t.shape, dtype=bool)
-        for dev, env in zip(schedule.devices, envs, strict=True):
-            place = dev.outputs[k]
-            part = np.asarray(env[place.local])
-            sl = _sl(place.box)
+        for device, place, env in zip(devices, places, envs, strict=True):
+            local, box = place[k]
+            part = np.asarray(env[local])
+            sl = _sl(box)
             if part.shape != whole[sl].shape:
-                raise ExecutionError(f"device {dev.index}: output {name!r} shard has shape "
-                                     f"{part.shape}, its box {place.box} needs "
-                                     f"{whole[sl].shape}")
+                raise ExecutionError(f"device {device}: output {name!r} shard has shape "
+                                     f"{part.shape}, its box {box} needs {whole[sl].shape}")
             seen = written[sl]
             if seen.any() and not _same(whole[sl][seen], part[seen]):
-                raise ExecutionError(f"device {dev.index}: its replica of output {name!r} "
+                raise ExecutionError(f"device {device}: its replica of output {name!r} "
                                      "differs from another device's")
             whole[sl] = part
             written[sl] = True

@@ -82,7 +82,6 @@ from apportion.errors import ApportionError, ExecutionError, PlanningError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
 from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
-from apportion.runtime import kernels
 from apportion.runtime.reference import (
     OutputCheck,
     bind_inputs,
@@ -90,6 +89,7 @@ from apportion.runtime.reference import (
     random_inputs,
     run_unplanned,
 )
+from apportion.schedule.mesh import assemble_outputs
 from apportion.sharding.collectives import Step, apply
 from apportion.sharding.plan import ShardingPlan, Transfer, transfer_point
 from apportion.sharding.rules import Finish, local_ops
@@ -391,29 +391,10 @@ class Unrolled:
 
     def unshard_outputs(self, envs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """Each output assembled from the devices' shards; replicas must agree."""
-        out: dict[str, np.ndarray] = {}
-        for k, name in enumerate(self.program.outputs):
-            t = self.program.tensor(name)
-            whole = np.empty(t.shape, dtype=kernels.storage_dtype(t.dtype))
-            written = np.zeros(t.shape, dtype=bool)
-            for dev, env in zip(self.devices, envs, strict=True):
-                _, local, block = dev.outputs[k]
-                sl = tuple(slice(lo, hi) for lo, hi in block)
-                part = np.asarray(env[local])
-                if part.shape != whole[sl].shape:
-                    raise ExecutionError(f"device {dev.device}: output {name!r} shard has shape "
-                                         f"{part.shape}, its block {block} needs "
-                                         f"{whole[sl].shape}")
-                seen = written[sl]
-                if seen.any() and not _same(whole[sl][seen], part[seen]):
-                    raise ExecutionError(f"device {dev.device}: its replica of output {name!r} "
-                                         "differs from another device's")
-                whole[sl] = part
-                written[sl] = True
-            if not written.all():
-                raise ExecutionError(f"output {name!r}: no device holds some of its elements")
-            out[name] = whole
-        return out
+        return assemble_outputs(self.program,
+                                [[(local, block) for _, local, block in dev.outputs]
+                                 for dev in self.devices],
+                                [dev.device for dev in self.devices], envs)
 
     # -- running --------------------------------------------------------------------------------
 
@@ -571,12 +552,6 @@ def _run_text(c: GroupCarry, runs: int) -> str:
 def _key(seg: Program) -> Program:
     """A segment without its device in its name: devices with equal shards share its plan."""
     return replace(seg, name=seg.name.split(".d")[0] + ".s" + seg.name.rsplit(".s", 1)[1])
-
-
-def _same(a: np.ndarray, b: np.ndarray) -> bool:
-    if a.dtype.kind == "f":
-        return bool(np.all((a == b) | (np.isnan(a) & np.isnan(b))))
-    return bool(np.array_equal(a, b))
 
 
 def unroll(plan: ShardingPlan, sizes: Mapping[str, int] | None = None) -> Unrolled:
