@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3.11 -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,torch]'
+	$(PY) -m pip install --quiet -e '.[dev,torch,mlir]'
 	touch $(STAMP)
 
 run: $(STAMP)
