@@ -1,13 +1,17 @@
 """Pass `coarse_tile`: loop nests around the program's tiling groups, and per-iteration sizes.
 
 A group (``Program.tiling``) is a contiguous run of ops inside nested counted loops, outermost
-first. An op sits in every level of its nest unless the group gives it a lesser depth
-(``TilingGroup.depths``): it then runs once per iteration of the outer levels it sits in, next
-to the inner loop its deeper neighbours share (consecutive ops deeper than it share one inner
-loop; a shallower op between two runs of deeper ops makes two sibling inner loops). At a level an
-op is tiled on the level's dims it has, and an op without any of them computes the same box every
-iteration of that level (redundant work, never a wrong value: its inputs do not change along
-that level). Levels divide a dim outermost first, so a dim tiled at two levels is divided twice.
+first. An op at a lesser depth than the nest's runs once per iteration of the outer levels it
+sits in, next to the inner loop its deeper neighbours share (consecutive ops deeper than it
+share one inner loop; a shallower op between two runs of deeper ops makes two sibling inner
+loops). The group may give an op its depth (``TilingGroup.depths``); otherwise the planner places
+it (``placed_depths``): at most as deep as the innermost level tiling one of its dims, and out of
+a reduction's loop when it reads that reduction's accumulator (a matmul tiled over M then K,
+then an add of its result: the add runs once per M tile, after the K loop). At a level an op is
+tiled on the level's dims it has, and an op without any of them that stays in it (the outer
+level, or one its neighbours share) computes the same box every iteration of that level
+(redundant work, never a wrong value: its inputs do not change along that level). Levels divide
+a dim outermost first, so a dim tiled at two levels is divided twice.
 
 One loop variable steps the dims of a level that different ops use. An op that has two (or more)
 of one level's dims gets them one after the other: the level's loop steps the first, and the op
@@ -34,7 +38,8 @@ and the stick.
 
 Tiling a reduction dim makes the op accumulate: its output is an accumulator over the loops
 outside the one tiling the reduction (see pass ``buffers``), complete only after that loop, so
-an op of the group may read it only from outside that loop (at a lesser depth).
+an op of the group may read it only from outside that loop (at a lesser depth, where the planner
+places a reader whose dims allow it).
 ``argmax`` tiled over its reduction dims is not supported (its accumulator would need indices).
 
 Symbolic counts are run-time parameters. Plan time cannot know the tile, so a dim tiled by a
@@ -334,7 +339,8 @@ def _tile_group(program: Program, gi: int, group: TilingGroup,
     _, planned = _divide(group, ops, owner, op_layouts, max_count)
     values = [lv.count if isinstance(lv.count, int) else planned[i]
               for i, lv in enumerate(group.loops)]
-    chains = {op.name: _chain(op, group) for op in ops}
+    depths = placed_depths(group, ops)
+    chains = {op.name: _chain(op, group, depths[op.name]) for op in ops}
     paths = _paths(gi, group.ops, chains)
     path = (gi,) + (0,) * (len(group.loops) - 1)
     counts = tuple(lv.count for lv in group.loops)
@@ -352,10 +358,9 @@ def _tile_group(program: Program, gi: int, group: TilingGroup,
 Link = tuple[tuple, int, tuple[str, ...]]
 
 
-def _chain(op: Op, group: TilingGroup) -> list[Link]:
-    """The loops ``op`` sits in, outermost first: one per group level up to its depth, a level
+def _chain(op: Op, group: TilingGroup, depth: int) -> list[Link]:
+    """The loops ``op`` sits in, outermost first: one per group level up to ``depth``, a level
     with several of its dims making one loop per dim (the first shared, the rest its own)."""
-    depth = group.depth(op.name)
     fixed = _untiled(op)
     out: list[Link] = []
     own = False  # once the op has a loop of its own, every loop inside it is its own
@@ -369,6 +374,75 @@ def _chain(op: Op, group: TilingGroup) -> list[Link]:
             key = ("own", level, j, part) if own else ("level", level)
             out.append((key, level, part))
     return out
+
+
+def placed_depths(group: TilingGroup, ops: list[Op]) -> dict[str, int]:
+    """How many of the group's levels each op sits in: the depth ``depths`` gives it, else the
+    depth its dims allow where that is needed or free.
+
+    An op's dims allow the levels up to the innermost one tiling a dim it has (at least one:
+    every op of a group sits in its outer level). An op that reads an accumulator inside the
+    loop tiling that reduction must leave the loop, and does when its dims allow (a matmul
+    tiled over M then K, then an add of its result: the add runs once per M tile, after the K
+    loop). Any other op leaves the inner levels that tile none of its dims when it can do so
+    without splitting a loop its neighbours share (its depth stays at least the lesser of its
+    neighbours'): it computes its tile once instead of once per iteration of those levels, and
+    no tensor needs a larger buffer for it.
+
+    >>> from apportion.frontend.json_format import loads
+    >>> p = loads('{"format": "apportion.program/1", "name": "t", "tensors": {'
+    ...   '"x": {"shape": [64, 256], "dtype": "float32"}, '
+    ...   '"w": {"shape": [256, 64], "dtype": "float32"}}, "inputs": ["x", "w"], '
+    ...   '"outputs": ["y"], "ops": [{"name": "mm", "op": "matmul", "out": "h[m,n]", '
+    ...   '"ins": ["x[m,k]", "w[k,n]"]}, {"name": "act", "op": "relu", "out": "y[m,n]", '
+    ...   '"ins": ["h[m,n]"]}], "tiling": [{"ops": ["mm", "act"], "loops": ['
+    ...   '{"count": 2, "dims": ["m"]}, {"count": 4, "dims": ["k"]}]}]}')
+    >>> placed_depths(p.tiling[0], list(p.ops))
+    {'mm': 2, 'act': 1}
+    """
+    given = dict(group.depths)
+    full = len(group.loops)
+    allowed = {}
+    for op in ops:
+        mine = set(op.sizes) - _untiled(op)
+        levels = [k + 1 for k, lv in enumerate(group.loops) if mine & set(lv.dims)]
+        allowed[op.name] = max(levels, default=1)
+    depth = {op.name: given.get(op.name, full) for op in ops}
+    fixed = set(given)
+    made = {op.out.tensor: op for op in ops}
+    for op in ops:
+        if op.name in fixed:
+            continue
+        for acc in op.ins:
+            prod = made.get(acc.tensor)
+            level = None if prod is None else _reduction_level(prod, group, depth[prod.name])
+            if level is not None and allowed[op.name] <= level:
+                # it reads the accumulator only once complete: after the reduction's loop
+                depth[op.name] = min(depth[op.name], allowed[op.name])
+                fixed.add(op.name)
+    names = [op.name for op in ops]
+    changed = True
+    while changed:
+        changed = False
+        for i, name in enumerate(names):
+            if name in fixed:
+                continue
+            before = depth[names[i - 1]] if i > 0 else 0
+            after = depth[names[i + 1]] if i + 1 < len(names) else 0
+            # the loops the neighbours share go at most min(before, after) deep: staying that
+            # deep keeps them one loop
+            new = max(allowed[name], min(before, after))
+            if new < depth[name]:
+                depth[name] = new
+                changed = True
+    return depth
+
+
+def _reduction_level(op: Op, group: TilingGroup, depth: int) -> int | None:
+    """The outermost group level (of the ``depth`` ``op`` sits in) tiling one of its
+    reduction dims: where it starts to accumulate (None when none is tiled)."""
+    red = set(op.reduction_dims) - _untiled(op)
+    return next((k for k, lv in enumerate(group.loops[:depth]) if red & set(lv.dims)), None)
 
 
 def _untiled(op: Op) -> frozenset[str]:
@@ -554,10 +628,19 @@ def _check_reductions(program: Program, group: TilingGroup, ops: list[Op],
                     f"level {inner}: it would add each tile {tile.loop.count[inner]} times")
         tile_of = {t.op: t for t in tiles}
         for reader in ops:
+            rl = tile_of[reader.name].loop
             if any(a.tensor == op.out.tensor for a in reader.ins) and \
-                    common_depth(tile.loop, tile_of[reader.name].loop) > level:
+                    common_depth(tile.loop, rl) > level:
+                inner = [d for ds in rl.tiled_dims[level:] for d in ds]
+                if level == 0:  # every op of a group sits in its outer loop
+                    fix = ""
+                elif reader.name in dict(group.depths) or not inner:
+                    fix = f"put {reader.name!r} at a lesser depth (after the loop), "
+                else:  # it was left at the depth its dims need
+                    fix = (f"{reader.name!r} has dim {inner[0]!r}, tiled inside that loop, so "
+                           "it cannot run after it; ")
                 raise PlanningError(
                     f"{where}: op {reader.name!r} reads {op.out.tensor!r} inside the loop over "
                     f"{dims[0]!r} (loop level {level}) in which {op.name!r} accumulates it; it "
-                    f"is complete only after that loop; put {reader.name!r} at a lesser depth "
-                    "(after the loop), move it out of the group or tile another dim")
+                    f"is complete only after that loop; {fix}move it out of the group or tile "
+                    "another dim")

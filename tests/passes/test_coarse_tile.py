@@ -196,10 +196,11 @@ def test_tiled_softmax_over_its_reduction_dim_is_refused():
 
 
 def test_accumulating_op_must_be_tiled_at_every_inner_level():
+    # r is given the inner level over p, which it lacks (left to the planner, it would leave it)
     readers = [{"name": "g", "op": "neg", "out": "g[p]", "ins": ["h[p]"]}]
     p = program({"x": ([64, 256], "float32"), "h": ([64], "float32")},
                 [{"name": "r", "op": "sum", "out": "s[m,0]", "ins": ["x[m,n]"]}, *readers],
-                ["s", "g"], tiling=[{"ops": ["r", "g"], "loops": [
+                ["s", "g"], tiling=[{"ops": ["r", "g"], "depths": {"r": 2}, "loops": [
                     {"count": 2, "dims": ["n"]}, {"count": 2, "dims": ["p"]}]}])
     with pytest.raises(PlanningError, match=r"op 'r' accumulates over 'n'.*add each tile 2 times"):
         coarse_tile(p)
