@@ -2,9 +2,11 @@
 
 ``reference`` (numpy, core by core, simulated memory), ``torch`` (PyTorch kernels on a thread
 pool), ``iree`` (parallel IR compiled and run by IREE), ``bundle`` (LoopSpec/OpSpec values and
-the MLIR loop bundle; it emits, it does not run) and ``dtensor`` (a sharding plan over a mesh of
-devices on torch.distributed). ``mlir`` holds the MLIR text helpers the emitters share;
-``limits`` the documented limits every refusal cites.
+the MLIR loop bundle; it emits, it does not run), ``dtensor`` (a sharding plan over a mesh of
+devices on torch.distributed) and ``openmp`` (the parallel IR lowered by upstream MLIR, each
+``scf.forall`` an OpenMP loop, run on this machine's cores; the ``mlir`` extra). ``mlir``
+holds the MLIR text helpers the emitters share; ``limits`` the documented limits every refusal
+cites.
 
 Each is a ``Backend``: its name, ``supports(planned)`` (the documented limits that stop it, empty
 when it takes the plan), and ``run`` or ``emit``. A backend that runs a program sharded over a
@@ -20,7 +22,7 @@ importing apportion imports no torch and no IREE, and no backend imports another
 
 >>> from apportion.backends import BACKENDS, get
 >>> list(BACKENDS)
-['reference', 'torch', 'iree', 'bundle', 'dtensor']
+['reference', 'torch', 'iree', 'bundle', 'dtensor', 'openmp']
 >>> get("reference").does
 'run'
 """
@@ -128,6 +130,7 @@ _MODULES: dict[str, str] = {
     "iree": "apportion.backends.iree.adapter",
     "bundle": "apportion.backends.bundle.adapter",
     "dtensor": "apportion.backends.dtensor.adapter",
+    "openmp": "apportion.backends.openmp.adapter",
 }
 
 
@@ -158,7 +161,7 @@ def get(name: object) -> Backend:
     Traceback (most recent call last):
     ...
     apportion.errors.ExecutionError: unknown backend 'numpy'; valid: reference, torch, iree, \
-bundle, dtensor
+bundle, dtensor, openmp
     """
     if not isinstance(name, str) or name not in _MODULES:
         raise ExecutionError(f"unknown backend {name!r}; valid: {', '.join(_MODULES)}")

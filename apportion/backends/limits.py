@@ -35,22 +35,23 @@ class Limit:
 
 
 LIMITS: tuple[Limit, ...] = (
-    # -- iree: the parallel IR (backends/iree/forall*.py) and its run (backends/iree/run.py)
+    # -- iree: the parallel IR (backends/iree/forall*.py) and its run (backends/iree/run.py);
+    # -- openmp runs the same IR, so the emitter's limits bind it too
     Limit("iree-kind-without-mlir",
           "an op kind with no MLIR construction in the parallel IR (a pointwise body, a "
           "reducer's combine, or a fallback's construction) cannot be emitted; the kind is "
-          "named", ("iree",)),
+          "named", ("iree", "openmp")),
     Limit("iree-accumulate-kind",
           "a reduction tiled by a loop whose kind cannot accumulate across loop iterations "
-          "(no running combine in MLIR) is not emitted", ("iree",)),
+          "(no running combine in MLIR) is not emitted", ("iree", "openmp")),
     Limit("iree-runtime-split-read",
           "a run-time split of a reduction dim (split-K over a run-time size) is emitted only "
           "where every operand reads the split dim alone, whole, through one axis",
-          ("iree",)),
+          ("iree", "openmp")),
     Limit("iree-merged-write-destination",
           "a write through a merge of dims is emitted only where the destination holds the "
           "whole merged axis, at a static extent, cut by the loop tile into whole digits",
-          ("iree",)),
+          ("iree", "openmp")),
     Limit("iree-host-op-in-loop-group",
           "an op IREE runs on the host between its modules that reads tensors (a kind its "
           "table lacks that has inputs: none in the registry today) cannot sit inside a loop "

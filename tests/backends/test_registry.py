@@ -27,17 +27,17 @@ def fused(cores: int = 8):
 
 
 def test_the_registry_names_every_backend_once_in_order():
-    assert list(BACKENDS) == ["reference", "torch", "iree", "bundle", "dtensor"]
-    assert len(BACKENDS) == 5 and "numpy" not in BACKENDS
+    assert list(BACKENDS) == ["reference", "torch", "iree", "bundle", "dtensor", "openmp"]
+    assert len(BACKENDS) == 6 and "numpy" not in BACKENDS
     for name, backend in BACKENDS.items():
         assert isinstance(backend, Backend) and backend.name == name
-    assert [get(n).does for n in BACKENDS] == ["run", "run", "run", "emit", "run"]
+    assert [get(n).does for n in BACKENDS] == ["run", "run", "run", "emit", "run", "run"]
 
 
 def test_an_unknown_backend_is_refused_listing_the_valid_names():
     for bad in ("tpu", None, 3, "Reference"):
         with pytest.raises(ExecutionError, match="unknown backend .*; valid: reference, torch, "
-                                                 "iree, bundle, dtensor"):
+                                                 "iree, bundle, dtensor, openmp"):
             get(bad)
     with pytest.raises(ExecutionError, match="unknown backend 'tpu'; valid: reference, torch"):
         fused().run(backend="tpu")

@@ -62,7 +62,8 @@ def test_each_limit_is_one_line_naming_known_backends():
     for lim in LIMITS:
         assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)+", lim.id), lim.id
         assert lim.statement and "\n" not in lim.statement and "|" not in lim.statement
-        assert set(lim.backends) <= {"reference", "torch", "iree", "bundle", "dtensor"}
+        assert set(lim.backends) <= {"reference", "torch", "iree", "bundle", "dtensor",
+                                      "openmp"}
         assert lim.backends and "reference" not in lim.backends  # the reference defines meaning
 
 
