@@ -8,8 +8,12 @@ A sharded program runs as the same *stages* on every device, in the same order (
   workers are the mesh's device axes (``MeshSchedule.axes``) with the cores innermost
   (``MeshSchedule.worker_axes``);
 - ``Collective``: data moving between groups of devices along one mesh axis: ``all_gather``,
-  ``all_reduce`` (with its reducer), ``reduce_scatter``, ``all_to_all``, or a ``slice`` (each
-  device keeps a part of what it holds, no communication). Every device's region of the
+  ``all_reduce`` (with its reducer), ``reduce_scatter``, ``all_to_all``, a ``slice`` (each
+  device keeps a part of what it holds, no communication), or, along an axis whose devices
+  read one another's memory, a ``halo`` (a device reads the rows of the window an op reads
+  beyond its shard, and only those, from the peers holding them) or a ``peer_read`` (an op
+  reads another sharding of a tensor from its peers' memory in place of a resharded copy;
+  only the elements the device lacks cross the link). Every device's region of the
   tensor before (``src_boxes``) and after (``dst_boxes``) is listed as the plan cuts it, so a
   backend moves data by those boxes and never recomputes how a dim is cut;
 - ``MeshFinish``: elementwise on each device, what a mean or argmax split over devices does
@@ -56,7 +60,12 @@ from apportion.target.target import Target
 #: ``(start, stop)`` per tensor dim, in the program's coordinates
 Box = tuple[tuple[int, int], ...]
 
-KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice")
+KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice", "halo",
+         "peer_read")
+#: the kinds where each device reads exactly its result box from its group's devices (a
+#: ``halo``: the rows of a window beyond its shard; a ``peer_read``: what an op reads of a
+#: peer's memory in place of a resharded copy), only the elements it lacks crossing a link
+READS = ("halo", "peer_read")
 #: the kinds that combine the group's arrays with a reducer
 REDUCING = ("all_reduce", "reduce_scatter")
 FINISHES = ("scale", "pack")
@@ -226,6 +235,21 @@ class Collective:
         """The index of ``device``'s group (what splits a channel into the groups)."""
         return self.groups.index(self.group(device))
 
+    def lacked(self, p: int, q: int) -> Box | None:
+        """What device ``q`` reads of device ``p`` in a read (``READS``): the part of its
+        result box that ``p`` holds, unless ``q`` holds it itself (along one mesh axis the
+        devices' boxes are one and the same or apart), so only elements ``q`` lacks move.
+
+        >>> c = Collective("halo", "x", "x", "x@1", "float32", "tp", ((0, 1),),
+        ...                (((0, 4),), ((4, 8),)), (((0, 5),), ((3, 8),)), dim=0)
+        >>> c.lacked(1, 0), c.lacked(0, 1), c.lacked(0, 0)
+        (((4, 5),), ((3, 4),), None)
+        """
+        part = intersect(self.src_boxes[p], self.dst_boxes[q])
+        if part is None or intersect(part, self.src_boxes[q]) == part:
+            return None
+        return part
+
     def move(self, arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
         """This step on every device's array (``arrays[d]``, device ``d``'s box
         ``src_boxes[d]``, a storage array); each device's result, its box ``dst_boxes[d]``.
@@ -255,7 +279,7 @@ class Collective:
                     raise ExecutionError(f"device {d}: slice of tensor {self.tensor!r} keeps "
                                          f"{dst}, outside what it holds, {src}")
                 out.append(arrays[d][_sl(within(dst, src))])
-            elif self.kind in ("all_gather", "all_to_all"):
+            elif self.kind in ("all_gather", "all_to_all", *READS):
                 out.append(self._gather(d, group, arrays))
             else:
                 if group not in reduced:

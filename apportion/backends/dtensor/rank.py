@@ -55,6 +55,7 @@ from apportion.ir.program import Program
 from apportion.runtime import kernels
 from apportion.runtime.reference import evaluate_op
 from apportion.schedule.mesh import (
+    READS,
     Box,
     Collective,
     Device,
@@ -62,6 +63,8 @@ from apportion.schedule.mesh import (
     Layout,
     argmax_index,
     box_shape,
+    intersect,
+    within,
 )
 
 #: DTensor's ``Partial`` reduce op for each elementwise combine of a collective
@@ -127,6 +130,8 @@ def own_collective(c: Collective, local: Any, device: int, group: Any) -> Any:
     have = list(c.src_boxes[device])
     want = c.dst_boxes[device]
     x = local
+    if c.kind in READS:
+        return _read(c, local, device, group)
     if c.kind in ("all_gather", "all_to_all"):
         assert c.dim is not None
         dim = c.dim
@@ -156,6 +161,44 @@ def own_collective(c: Collective, local: Any, device: int, group: Any) -> Any:
                                      f"within what it holds, {tuple(have)}")
             x = x.narrow(j, wlo - lo, whi - wlo)
     return x.contiguous()
+
+
+def _read(c: Collective, local: Any, device: int, group: Any) -> Any:
+    """A ``halo`` or ``peer_read`` by point-to-point messages over ``group``: the rank sends
+    each peer exactly the part of its box that peer lacks (``Collective.lacked``), receives
+    what it lacks of its own result box, and copies the part it holds itself. Gloo and NCCL
+    have no one-sided reads of a peer's memory; these messages move the same elements."""
+    import torch
+    import torch.distributed as dist
+
+    src, dst = c.src_boxes[device], c.dst_boxes[device]
+    out = local.new_empty(box_shape(dst))
+    mine = intersect(src, dst)
+    if mine is not None:
+        out[_slices(within(mine, dst))] = local[_slices(within(mine, src))]
+    ops, recvs = [], []
+    for p in c.group(device):
+        if p == device:
+            continue
+        send = c.lacked(device, p)
+        if send is not None:
+            ops.append(dist.P2POp(dist.isend, local[_slices(within(send, src))].contiguous(),
+                                  p, group))
+        got = c.lacked(p, device)
+        if got is not None:
+            buf = local.new_empty(box_shape(got))
+            ops.append(dist.P2POp(dist.irecv, buf, p, group))
+            recvs.append((got, buf))
+    if ops:
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
+    for got, buf in recvs:
+        out[_slices(within(got, dst))] = buf
+    return torch.as_tensor(out).contiguous()
+
+
+def _slices(box: Box) -> tuple[slice, ...]:
+    return tuple(slice(lo, hi) for lo, hi in box)
 
 
 def _torch_dtype(dtype: str) -> Any:
@@ -461,7 +504,7 @@ class Rank:
         self.at(f"at {c} of tensor {c.tensor!r}")
         src = self.layout(c.source, str(c))
         dst = self.layout(c.result, str(c))
-        if not (self.agrees(src) and self.agrees(dst)):
+        if c.kind in READS or not (self.agrees(src) and self.agrees(dst)):
             group = self.dmesh.get_group(c.axis)
             self._check_group(c, group)
             local = own_collective(c, self.dts[c.source].to_local(), self.rank, group)

@@ -71,6 +71,7 @@ from apportion.runtime.reference import (
 )
 from apportion.schedule.mesh import (
     MAX_KEYED_INDEX,
+    READS,
     Box,
     Collective,
     Compute,
@@ -175,12 +176,16 @@ class Exchange:
     gives it a buffer of ``slots_in`` slots; ``recvs`` says which slot holds which box of its
     result. An all-gather sends one slot to all and receives one per rank; an all-to-all
     sends slot ``k`` to rank ``k`` and receives one per rank; a reduce-scatter sends slot
-    ``k`` for rank ``k`` to reduce and receives the one reduced slot of its rank."""
+    ``k`` for rank ``k`` to reduce and receives the one reduced slot of its rank. A ``halo``
+    or ``peer_read`` is an all-to-all of exactly the parts each peer lacks (slots padded to
+    the largest such part, not to a shard): ``keep`` is the part of its result the device
+    holds already, copied locally, and it sends itself nothing."""
 
     pad: tuple[int, ...]
     sends: tuple[Box | None, ...]
     slots_in: int
     recvs: tuple[tuple[int, Box], ...]
+    keep: Box | None = None
 
 
 def exchange(c: Collective, device: int) -> Exchange:
@@ -192,10 +197,19 @@ def exchange(c: Collective, device: int) -> Exchange:
     >>> e.pad, e.sends, e.slots_in, e.recvs[1]
     ((2,), (((4, 5),),), 3, (1, ((2, 4),)))
     """
-    if c.kind not in ("all_gather", "all_to_all", "reduce_scatter"):
+    if c.kind not in ("all_gather", "all_to_all", "reduce_scatter", *READS):
         raise EmitError(f"{c} exchanges no parts")
     group = c.group(device)
     src, dst = c.src_boxes[device], c.dst_boxes[device]
+    if c.kind in READS:  # only what a peer lacks crosses; each keeps its own part
+        parts = [b for p in group for q in group
+                 if p != q and (b := c.lacked(p, q)) is not None]
+        pad = tuple(max((box_shape(b)[i] for b in parts), default=1) for i in range(len(src)))
+        return Exchange(pad, tuple(None if q == device else c.lacked(device, q)
+                                   for q in group), len(group),
+                        tuple((k, b) for k, p in enumerate(group)
+                              if p != device and (b := c.lacked(p, device)) is not None),
+                        intersect(src, dst))
     if c.kind == "all_gather":
         parts: list[Box] = [c.src_boxes[p] for p in group]
         sends: tuple[Box | None, ...] = (src,)
@@ -414,12 +428,22 @@ class _DeviceFunction:
                               dtype)
         target = self.empty("recv", recv_shape, dtype, False)
         got = self.names.fresh("exchanged")
-        self.lines.append(f"  {got} = flow.collective.{c.kind} {reduction}{elt}, {target}, "
+        kind = "all_to_all" if c.kind in READS else c.kind
+        self.lines.append(f"  {got} = flow.collective.{kind} {reduction}{elt}, {target}, "
                           f"{buf}, {ch} : ({_tensor(recv_shape, dtype)}, "
                           f"{_tensor(send_shape, dtype)}, !flow.channel) -> {target} as "
                           f"{_tensor(recv_shape, dtype)}")
         dst_shape = box_shape(dst)
         out = None
+        if lay.keep is not None:  # a read: the part the device holds, copied locally
+            shape = box_shape(lay.keep)
+            piece = src_name if lay.keep == src else self.extract(
+                src_name, src_shape, [lo for lo, _ in within(lay.keep, src)], shape, shape,
+                dtype)
+            if lay.keep == dst:
+                return piece
+            out = self.insert(piece, shape, self.empty(c.result, dst_shape, dtype, False),
+                              dst_shape, [lo for lo, _ in within(lay.keep, dst)], shape, dtype)
         for k, part in lay.recvs:
             shape = box_shape(part)
             piece = self.extract(got, recv_shape, [k] + [0] * rank, [1, *shape], shape, dtype)
