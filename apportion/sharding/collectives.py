@@ -12,6 +12,13 @@ each, in this order:
    ``all_reduce``;
 4. ``slice``: a dim ``dst`` splits further than the data is is cut locally (no communication).
 
+A ``dst`` read through windows (``spec.Window``: what an op reads of a dim across shard
+boundaries on a peered axis) is reached through its shards, then per windowed dim a ``halo``:
+each device reads the rows of its window beyond its shard, and only those, from the peers
+holding them (a ``slice`` of the window where the dim was not cut along that axis yet). A
+``peer_read`` is not made here: it is what ``plan.in_place_read`` makes of a single gather,
+all-to-all or halo on a peered axis when the reader reads the source in place.
+
 A partial ``argmax`` waits as int64 keys, each packing a (value, global flat index) pair so that
 the larger key is the larger value, then the lower index (``argmax_keys``): its reductions are
 reductions by max of 8-byte elements, priced as such, and the step that reduces its last
@@ -23,7 +30,9 @@ for an all-reduce) plus the bytes each device receives over the axis's link band
 all-gather receives the ``(n - 1) / n`` of the result it lacks, a reduce-scatter and an
 all-to-all ``(n - 1) / n`` of what it holds, an all-reduce ``2 (n - 1) / n``. Along an axis with
 peered memory the same bytes are read remotely with one latency (two for an all-reduce: a
-reduce-scatter by reads, then an all-gather by reads). Sizes are those of the largest shard.
+reduce-scatter by reads, then an all-gather by reads). Sizes are those of the largest shard. A
+``halo`` or ``peer_read`` receives the elements of its box the device does not hold
+(``halo_elements``, the most of any device), with one latency.
 
 >>> from apportion.sharding.mesh import parse
 >>> from apportion.sharding.spec import Sharding
@@ -42,6 +51,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from apportion.errors import PlanningError
+from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.kinds import REDUCERS, SplitFinish
 from apportion.runtime import kernels
 from apportion.schedule.mesh import MAX_KEYED_INDEX as MAX_KEYED_INDEX
@@ -50,7 +60,8 @@ from apportion.schedule.mesh import argmax_keys as argmax_keys
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.spec import Sharding, chunk
 
-KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice")
+KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice", "halo",
+         "peer_read")
 
 # the argmax key format (``argmax_keys``, ``argmax_index``, ``MAX_KEYED_INDEX``) is the
 # schedule's, where a finish packs keys and a collective unpacks them: imported above, one
@@ -119,6 +130,10 @@ def _with(cur: Sharding, dims: list[tuple[str, ...]] | None = None,
 def steps(shape: Sequence[int], dtype: str, src: Sharding, dst: Sharding, mesh: Mesh
           ) -> tuple[Step, ...]:
     """The steps from ``src`` to ``dst`` (see the module docstring), each priced."""
+    if src.windows:
+        raise PlanningError(f"cannot reshard from {src}: a window is only ever read")
+    if dst.windows:
+        return _windowed(shape, dtype, src, dst, mesh)
     extra = [a for a in dst.partial if a not in src.partial]
     if extra:
         raise PlanningError(f"cannot reshard {src} to {dst}: a value cannot become partial "
@@ -178,6 +193,52 @@ def steps(shape: Sequence[int], dtype: str, src: Sharding, dst: Sharding, mesh: 
                  for kind, a, s, d, i, j in out)
 
 
+def _windowed(shape: Sequence[int], dtype: str, src: Sharding, dst: Sharding, mesh: Mesh
+              ) -> tuple[Step, ...]:
+    """The steps to a sharding read through windows (a halo read, ``spec.Window``): to its
+    shards first, then per windowed dim a ``halo`` (each device reads the rows of its window
+    beyond its shard from the peers that hold them) or, where the data is not yet cut along
+    that axis, a ``slice`` of the window out of what the device holds (no communication)."""
+    cut = list(dst.dims)
+    for j, w in enumerate(dst.windows):
+        if w is not None and src.dims[j] != dst.dims[j]:
+            cut[j] = ()  # not cut along this axis yet: the window is sliced out locally
+    pre = Sharding(tuple(cut), dst.partial, dst.reducer)
+    out = list(steps(shape, dtype, src, pre, mesh)) if src != pre else []
+    cur = pre
+    for j, w in enumerate(dst.windows):
+        if w is None:
+            continue
+        done = {k for k, v in enumerate(cur.windows) if v is not None} | {j}
+        windows = tuple(v if k in done else None for k, v in enumerate(dst.windows))
+        dims = tuple(dst.dims[k] if k in done else cur.dims[k] for k in range(len(shape)))
+        new = Sharding(dims, cur.partial, cur.reducer, windows)
+        kind = "halo" if cur.dims[j] == dst.dims[j] else "slice"
+        out.append(_priced(kind, dst.dims[j][0], cur, new, j, None, None, shape, dtype, mesh))
+        cur = new
+    if cur != dst:  # unreachable: every windowed dim was read
+        raise PlanningError(f"cannot reshard {src} to {dst}: reached {cur}")
+    return tuple(out)
+
+
+def halo_elements(shape: Sequence[int], src: Sharding, dst: Sharding, mesh: Mesh) -> int:
+    """The most elements one device reads from its peers when its shard of ``src`` becomes
+    its box of ``dst`` (what it holds less what it held, box by box)."""
+    sizes = {a.name: a.size for a in mesh.axes}
+    most = 0
+    for d in range(mesh.devices):
+        c = mesh.coords(d)
+        want, have = dst.block(shape, c, sizes), src.block(shape, c, sizes)
+        total = 1
+        for lo, hi in want:
+            total *= hi - lo
+        kept = 1
+        for (lo, hi), (p, q) in zip(want, have, strict=True):
+            kept *= max(0, min(hi, q) - max(lo, p))
+        most = max(most, total - kept)
+    return most
+
+
 def _priced(kind: str, axis: str, src: Sharding, dst: Sharding, dim: int | None,
             to_dim: int | None, reducer: str | None, shape: Sequence[int], dtype: str,
             mesh: Mesh) -> Step:
@@ -197,6 +258,10 @@ def _priced(kind: str, axis: str, src: Sharding, dst: Sharding, dim: int | None,
     elif kind == "all_reduce":
         received = 2 * before * (n - 1) // n
         messages *= 2
+    elif kind in ("halo", "peer_read"):
+        # the rows beyond the device's shard, read from the peers holding them at once
+        received = halo_elements(shape, src, dst, mesh) * dtype_bytes(src.held_dtype(dtype))
+        messages = 1
     else:
         received, messages = 0, 0
     time = messages * link.latency_us + received / link.bandwidth * 1e6
@@ -248,12 +313,46 @@ def _reduce(step: Step, parts: list[np.ndarray], dtype: str) -> np.ndarray:
     return kernels.to_storage(np.asarray(total), dtype)
 
 
-def apply(step: Step, arrays: Sequence[np.ndarray], mesh: Mesh, dtype: str
-          ) -> list[np.ndarray]:
+def _read_boxes(step: Step, arrays: Sequence[np.ndarray], mesh: Mesh, shape: Sequence[int]
+                ) -> list[np.ndarray]:
+    """A ``halo`` or ``peer_read`` (or the ``slice`` of a window): each device's box of
+    ``step.dst`` filled element by element from the devices of its group whose box of
+    ``step.src`` holds it (its own first): only the rows it lacks cross the link."""
+    sizes = {a.name: a.size for a in mesh.axes}
+    boxes = [step.src.block(shape, mesh.coords(d), sizes) for d in range(mesh.devices)]
+    out = []
+    for d in range(mesh.devices):
+        want = step.dst.block(shape, mesh.coords(d), sizes)
+        res = np.empty(tuple(hi - lo for lo, hi in want), dtype=np.asarray(arrays[d]).dtype)
+        seen = np.zeros(res.shape, dtype=bool)
+        group = mesh.group(d, step.axis) if step.kind != "slice" else (d,)
+        for p in sorted(group, key=lambda q: q != d):
+            part = tuple((max(lo, a), min(hi, b)) for (lo, hi), (a, b)
+                         in zip(want, boxes[p], strict=True))
+            if any(lo >= hi for lo, hi in part):
+                continue
+            at = tuple(slice(lo - w, hi - w) for (lo, hi), (w, _) in zip(part, want, strict=True))
+            res[at] = arrays[p][tuple(slice(lo - b, hi - b) for (lo, hi), (b, _)
+                                      in zip(part, boxes[p], strict=True))]
+            seen[at] = True
+        if not seen.all():
+            raise PlanningError(f"{step}: device {d} reads {want}, which its group does not "
+                                "hold")
+        out.append(res)
+    return out
+
+
+def apply(step: Step, arrays: Sequence[np.ndarray], mesh: Mesh, dtype: str,
+          shape: Sequence[int] | None = None) -> list[np.ndarray]:
     """``step`` run on every device's local array (``arrays[d]`` for device ``d``), as the
     devices would run it; returns each device's result. ``dtype``: what the result holds
     (``step.dst.held_dtype``): a reduction combines the partials as they are held and casts
-    the total to it."""
+    the total to it. ``shape``: the tensor's, which a read through windows (``halo``,
+    ``peer_read``, a window's ``slice``) cuts its boxes by."""
+    if step.kind in ("halo", "peer_read") or step.dst.windows:
+        if shape is None:
+            raise PlanningError(f"{step}: a read through windows needs the tensor's shape")
+        return _read_boxes(step, arrays, mesh, shape)
     n = mesh.size(step.axis)
     out: list[np.ndarray] = []
     done: dict[tuple[int, ...], np.ndarray] = {}

@@ -8,6 +8,14 @@ of ``collectives.steps``, shared by every later reader that needs the same shard
 annotated tensor is resharded to its annotation as soon as it is made; each program output is
 handed back in its chosen sharding.
 
+Reads in place: where a reader needs another sharding than the tensor has and the
+resharding is one gather, all-to-all or halo along an axis with peered memory, the reader may
+instead read the tensor as it is from its peers' memory (``in_place_read``): no copy is
+written or held, but every read of an element it lacks crosses the link (a matmul re-reads its
+operand once per output column, ``reuse``). ``read_us`` prices both, the copy with its write
+into device memory (``copy_write_us``), and the plan takes the cheaper: such a ``Transfer`` is
+``in_place``, its one step a ``peer_read`` read by that op alone, and it holds no memory.
+
 Times: each op's compute is apportion's cost model on the largest device's part of the op
 (``CostModel``: the op over that device's shard of the iteration space, split over the
 device's cores as the ``balanced`` work division splits it); each transfer's time is the sum of
@@ -35,19 +43,21 @@ from functools import cached_property
 from typing import Any
 
 from apportion.errors import PlanningError, ProgramError, TargetError
+from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TensorType
 from apportion.passes.geometry import OpContext
 from apportion.passes.layouts import op_layout, tensor_layouts
 from apportion.passes.strategy import Balanced
 from apportion.passes.work_distribution import distribute, greedy
-from apportion.sharding.collectives import Step, cached_steps
+from apportion.sharding.collectives import Step, cached_steps, halo_elements, reshard_time
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.rules import (
     Strategy,
     finish_kind,
     local_op,
     local_ops,
+    local_ranges,
     make_strategy,
     op_strategies,
 )
@@ -134,6 +144,93 @@ def _input_names(op: Op, strategy: Strategy) -> list[str]:
     for k, (acc, s) in enumerate(zip(op.ins, strategy.ins, strict=True)):
         names.append(seen.setdefault((acc.tensor, s), f"i{k}"))
     return names
+
+
+def reuse(op: Op, pos: int, strategy: Strategy, mesh: Mesh) -> int:
+    """How many times the largest device's part of ``op`` reads each element of its input
+    ``pos``: the product of its sizes of the op dims that input's access does not name (a
+    matmul reads ``x[m, k]`` once per ``n``; a pointwise op once). A read in place from a
+    peer's memory pays its link that many times: nothing is kept between the reads.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.sharding.mesh import parse
+    >>> p = load("examples/mlp.json")
+    >>> m = parse("tp=2")
+    >>> st = make_strategy(p.op("gate"), p, m, {"n": ("tp",)})
+    >>> reuse(p.op("gate"), 0, st, m), reuse(p.op("act"), 0,
+    ...                                      make_strategy(p.op("act"), p, m, {}), m)
+    (1408, 1)
+    """
+    named = {d for e in op.ins[pos].index for d in e.dims}
+    ranges = local_ranges(op, strategy, mesh, dict.fromkeys(mesh.names, 0))
+    n = 1
+    for d, (lo, hi) in ranges.items():
+        if d not in named:
+            n *= hi - lo
+    return n
+
+
+#: the resharding steps a reader may replace by reading the source in place from its peers
+IN_PLACE_KINDS = ("all_gather", "all_to_all", "halo")
+
+
+def in_place_read(shape: tuple[int, ...], dtype: str, src: Sharding, dst: Sharding,
+                  mesh: Mesh, reads: int) -> Step | None:
+    """The ``peer_read`` an op makes when it reads ``src`` in place where it needs ``dst``,
+    reading each element ``reads`` times (``reuse``): None unless the resharding is one
+    gather, all-to-all or halo along a peered axis (its devices address one another's
+    memory). Its time is one latency plus ``reads`` times the bytes the device lacks over the
+    link: no copy is written, and none is held.
+
+    >>> from apportion.sharding.mesh import parse
+    >>> m = parse("tp=2@chiplet:peered")
+    >>> st = in_place_read((8, 4), "float32", Sharding((("tp",), ())), Sharding(((), ())), m, 1)
+    >>> str(st), st.bytes
+    ('peer_read(tp) dim 0 by remote reads', 64)
+    >>> in_place_read((8, 4), "float32", Sharding((("tp",), ())), Sharding(((), ())),
+    ...               parse("tp=2"), 1) is None  # not peered: the data must move
+    True
+    """
+    if src == dst:
+        return None
+    steps = cached_steps(shape, dtype, src, dst, mesh)
+    if len(steps) != 1 or steps[0].kind not in IN_PLACE_KINDS or not steps[0].remote:
+        return None
+    step = steps[0]
+    received = halo_elements(shape, src, dst, mesh) * dtype_bytes(dtype)
+    link = mesh.link(step.axis)
+    time = link.latency_us + reads * received / link.bandwidth * 1e6
+    return replace(step, kind="peer_read", bytes=received, time_us=time)
+
+
+def copy_write_us(shape: tuple[int, ...], dtype: str, dst: Sharding, mesh: Mesh,
+                  target: Target) -> float:
+    """Predicted time of writing a resharded copy into the device's memory: its largest shard
+    over ``target.mem_bandwidth`` (none given: free). What a read in place saves."""
+    if target.mem_bandwidth <= 0:
+        return 0.0
+    sizes = {a.name: a.size for a in mesh.axes}
+    return dst.local_bytes(shape, dst.held_dtype(dtype), sizes) / target.mem_bandwidth * 1e6
+
+
+def read_us(program: Program, op: Op, pos: int, strategy: Strategy, src: Sharding,
+            mesh: Mesh, target: Target) -> tuple[float, Step | None]:
+    """What it costs ``op`` under ``strategy`` to read its input ``pos`` from a tensor held
+    as ``src``, and the read in place that does it (None: a resharded copy, or nothing to
+    move). A read in place (``in_place_read``, with the op's ``reuse``) is taken where it
+    costs less than the copy's steps and writing the copy (``copy_write_us``); a copy costs
+    its steps, as it always has (the link figures price the same bytes either way, so the
+    write is what tells the two apart)."""
+    t = program.tensor(op.ins[pos].tensor)
+    dst = strategy.ins[pos]
+    copy = reshard_time(t.shape, t.dtype, src, dst, mesh)
+    if copy == 0.0:
+        return 0.0, None
+    peer = in_place_read(t.shape, t.dtype, src, dst, mesh, reuse(op, pos, strategy, mesh))
+    if peer is not None and peer.time_us < copy + copy_write_us(t.shape, t.dtype, dst, mesh,
+                                                                target):
+        return peer.time_us, peer
+    return copy, None
 
 
 def tiled_counts(program: Program) -> dict[str, dict[str, int]]:
@@ -234,6 +331,9 @@ class Transfer:
     why: str = "read"
     #: the local name of what it copies (the tensor, or its annotated copy)
     source: str = ""
+    #: no copy is made: the reader reads ``src`` in place from its peers' memory (one
+    #: ``peer_read`` step, see ``in_place_read``); the device holds nothing for it
+    in_place: bool = False
 
     @property
     def bytes(self) -> int:
@@ -396,6 +496,7 @@ class ShardingPlan:
             "transfers": [{"tensor": t.tensor, "copy": t.name, "before": t.reader,
                            "from": t.src.to_json(), "to": t.dst.to_json(),
                            "steps": [str(s) for s in t.steps], "bytes": t.bytes,
+                           "in_place": t.in_place,
                            "time_us": round(t.time_us, 4)} for t in self.transfers],
         }
 
@@ -442,7 +543,8 @@ def build_plan(program: Program, mesh: Mesh, target: Target,
     transfers: list[Transfer] = []
     used_names = set(program.tensor_map)
 
-    def ensure(tensor: str, need: Sharding, at: int, reader: str | None, why: str) -> str:
+    def ensure(tensor: str, need: Sharding, at: int, reader: str | None, why: str,
+               pos: int | None = None) -> str:
         base, have = current[tensor]
         if have == need:
             return base
@@ -450,16 +552,28 @@ def build_plan(program: Program, mesh: Mesh, target: Target,
         if key in copies and copies[key][1] >= at - 1:  # read by this op or the one before
             copies[key] = (copies[key][0], at)
             return copies[key][0]
+        peer = None
+        if pos is not None and reader is not None:  # an op's read: in place where it wins
+            op = program.op(reader)
+            _, peer = read_us(program, op, pos, strategies[reader], have, mesh, target)
+        if peer is not None:  # never shared: each reader reads its peers itself
+            name = fresh(tensor)
+            transfers.append(Transfer(tensor, name, at, reader, have, need, (peer,), why,
+                                      base, in_place=True))
+            return name
         t = program.tensor(tensor)
-        k = 1
-        while f"{tensor}@{k}" in used_names:
-            k += 1
-        name = f"{tensor}@{k}"
-        used_names.add(name)
+        name = fresh(tensor)
         transfers.append(Transfer(tensor, name, at, reader, have, need,
                                   cached_steps(t.shape, t.dtype, have, need, mesh), why, base))
         copies[key] = (name, at)
         return name
+
+    def fresh(tensor: str) -> str:
+        k = 1
+        while f"{tensor}@{k}" in used_names:
+            k += 1
+        used_names.add(f"{tensor}@{k}")
+        return f"{tensor}@{k}"
 
     shards = []
     zero = dict.fromkeys(mesh.names, 0)
@@ -467,7 +581,7 @@ def build_plan(program: Program, mesh: Mesh, target: Target,
         st = strategies.get(op.name)
         if st is None:
             raise PlanningError(f"op {op.name!r} has no strategy")
-        reads = tuple(ensure(acc.tensor, st.ins[k], i, op.name, "read")
+        reads = tuple(ensure(acc.tensor, st.ins[k], i, op.name, "read", k)
                       for k, acc in enumerate(op.ins))
         time = compute[op.name] if compute is not None and op.name in compute else \
             cost.compute_us(op, st)
@@ -542,6 +656,9 @@ def lifetimes(plan: ShardingPlan) -> list[tuple[int, int, str, str, Sharding]]:
         for r in o.reads:
             last[r] = max(last.get(r, i), i)
     for t in plan.transfers:
+        if t.in_place:  # read from the peers' memory by its reader: nothing held
+            last[t.source] = max(last.get(t.source, 0), min(t.at, n))
+            continue
         made = transfer_point(p, t)
         born[t.name] = (made, t.tensor, t.dst)
         last.setdefault(t.name, min(t.at, n))

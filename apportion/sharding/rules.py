@@ -22,9 +22,14 @@ What each input must look like (``Strategy.ins``) follows from its access. A ten
 one op dim ``d`` alone (and of ``d``'s size) is split like ``d``. A dim read through a sum of
 dims, ``q[t, 128*h+d]``, is split like ``h`` when ``h`` is its outermost term, the others cover
 the rest exactly (``128 = size of d``) and the shards line up (``h``'s shards times 128 are the
-column shards): the heads of attention. Any other read of a split dim (an inner term, a
-leading slice, an offset) needs that tensor dim replicated, and each device reads its part of
-it through offsets in its access. The output is split like its dims; literal-0 axes stay whole.
+column shards): the heads of attention. Any other read of a split dim (an inner term, a leading
+slice, an offset) needs that tensor dim replicated, and each device reads its part of it
+through offsets in its access; but where the dim is split over one mesh axis with *peered*
+memory and it is the read's outermost term (a convolution's ``x[h + kh]``, a shifted slice's
+``x[i + 1]``, a leading slice), the tensor dim stays split over that axis and each device reads
+its ``Window`` of it (``read_window``): its rows, exact for uneven cuts, and the neighbours'
+rows the window reaches, which a ``halo`` fetches from the peers (``collectives``) rather than
+an all-gather of the whole dim. The output is split like its dims; literal-0 axes stay whole.
 An output axis written through a merge of dims, ``o[t, 64*h+d]`` (``Op.out_digits``), is split
 like its outermost digit of size above 1 when that digit alone is split and its shards, times
 its stride, are the axis's own cuts (always so for even splits; uneven ones are checked device
@@ -60,7 +65,7 @@ from apportion.runtime import kernels
 from apportion.schedule.mesh import FinishPart
 from apportion.sharding.collectives import KEYED_DTYPES, MAX_KEYED_INDEX, argmax_keys
 from apportion.sharding.mesh import Mesh, combos
-from apportion.sharding.spec import PARTIAL_REDUCERS, Sharding, dim_block, shard_sizes
+from apportion.sharding.spec import PARTIAL_REDUCERS, Sharding, Window, dim_block, shard_sizes
 
 #: what each category allows, for reports and docs
 RULES: dict[Category, str] = {
@@ -183,20 +188,51 @@ def _aligned(e: AffineExpr, n: int, op: Op, split: str, axes: tuple[str, ...],
     return True
 
 
+def read_window(op: Op, e: AffineExpr, n: int, split: str, axes: tuple[str, ...],
+                mesh: Mesh) -> Window | None:
+    """The ``Window`` a device reads of a tensor dim of ``n`` read through ``e`` when op dim
+    ``split`` is split over ``axes`` and ``e`` is not aligned with it: None unless ``axes`` is
+    one *peered* mesh axis (its devices read one another's memory, so a device fetches only
+    the rows beyond its shard, a halo; elsewhere the dim is read replicated, all-gathered),
+    ``split`` is ``e``'s outermost term and the window of some device is smaller than the
+    dim (else a halo is a gather)."""
+    if len(axes) != 1 or not mesh.axis(axes[0]).peered:
+        return None
+    c = e.coeff(split)
+    if c != max(k for _, k in e.terms):
+        return None
+    sizes = op.sizes
+    w = Window(sizes[split], c, e.const,
+               sum(k * (sizes[d] - 1) for d, k in e.terms if d != split))
+    msizes = _sizes(mesh)
+    rows = [w.rows(axes, {axes[0]: i}, msizes) for i in range(msizes[axes[0]])]
+    if any(lo < 0 or hi > n for lo, hi in rows) or all(hi - lo >= n for lo, hi in rows):
+        return None
+    return w
+
+
 def access_sharding(op: Op, acc: Access, shape: Sequence[int],
                     splits: Mapping[str, tuple[str, ...]], mesh: Mesh) -> Sharding:
-    """The sharding operand ``acc`` (of ``shape``) must have under ``splits``."""
+    """The sharding operand ``acc`` (of ``shape``) must have under ``splits``: a dim read
+    alike split alike, a dim read across shard boundaries on a peered axis split with the
+    ``Window`` each device reads (``read_window``), any other dim replicated."""
     dims: list[tuple[str, ...]] = []
+    windows: list[Window | None] = []
     used: set[str] = set()
     for e, n in zip(acc.index, shape, strict=True):
         split = [d for d in e.dims if d in splits]
         axes: tuple[str, ...] = ()
-        if len(split) == 1 and _aligned(e, n, op, split[0], splits[split[0]], mesh) \
-                and not used & set(splits[split[0]]):
-            axes = splits[split[0]]
+        w = None
+        if len(split) == 1 and not used & set(splits[split[0]]):
+            if _aligned(e, n, op, split[0], splits[split[0]], mesh):
+                axes = splits[split[0]]
+            else:
+                w = read_window(op, e, n, split[0], splits[split[0]], mesh)
+                axes = splits[split[0]] if w is not None else ()
         used |= set(axes)
         dims.append(axes)
-    return Sharding(tuple(dims))
+        windows.append(w)
+    return Sharding(tuple(dims), windows=tuple(windows))
 
 
 def out_axes(op: Op, j: int, n: int, splits: Mapping[str, tuple[str, ...]], mesh: Mesh

@@ -15,7 +15,10 @@ The integer program (solved by HiGHS through ``highspy``):
 * the objective: each op's compute time under its strategy on the largest device
   (``plan.CostModel``: apportion's cost model over the device's cores) plus, per edge, the time
   of resharding the tensor from what its maker gives to what its reader needs
-  (``collectives.steps``, priced by the mesh's links), one resharding per reader;
+  (``collectives.steps``, priced by the mesh's links, and writing the copy), one resharding
+  per reader, or, along a peered axis, of the reader reading the tensor in place from its
+  peers' memory where that is cheaper (``plan.read_us``: no copy, but the link paid on every
+  read of an element);
 * with a per-device memory capacity (``Mesh.memory_bytes``), at every program point the bytes
   a device holds, its shard of every input, of every tensor live there and of every resharded
   copy read there, stay within the capacity.
@@ -76,6 +79,7 @@ from apportion.sharding.plan import (
     ShardingPlan,
     build_plan,
     default_target,
+    read_us,
     tiled_granules,
     tiling_strategies,
 )
@@ -313,8 +317,13 @@ def search(program: Any, mesh: Mesh, target: Target | None = None,
         cs, cd, pos = key
         src, dst = nodes[members[cs][0]], nodes[members[cd][0]]
         t = prog.tensor(es[0].tensor)
-        mat = np.array([[reshard_time(t.shape, t.dtype, o, need[pos], mesh)
-                         for need in dst.ins] for o in src.outs])
+        if dst.kind == "op":  # a copy, or a read in place from the peers where cheaper
+            op = prog.op(dst.name)
+            mat = np.array([[read_us(prog, op, pos, st, o, mesh, tgt)[0]
+                             for st in dst.strategies] for o in src.outs])
+        else:
+            mat = np.array([[reshard_time(t.shape, t.dtype, o, need[pos], mesh)
+                             for need in dst.ins] for o in src.outs])
         matrices[key] = mat
         m = len(es)
         if cs == cd:

@@ -104,6 +104,37 @@ def dim_block(n: int, axes: Sequence[str], coords: Mapping[str, int],
     return start, start + size
 
 
+@dataclass(frozen=True)
+class Window:
+    """The rows of one tensor dim a device *reads* when an op's dim split over mesh axes reads
+    that tensor dim through an offset or a sum (a convolution's ``x[h + kh]``, a shifted
+    slice's ``x[i + 1]``): the device computing op rows ``[lo, hi)`` of the op dim (of
+    ``size``, cut as ``dim_block`` cuts it) reads tensor rows ``[coeff * lo + const,
+    coeff * (hi - 1) + const + extent + 1)``, where ``extent`` is what the access's other
+    terms add at their largest. Each device's window is exact, uneven cuts included; it may
+    reach into its neighbours' shards on both sides (their *halo*).
+
+    >>> w = Window(8, 1, 0, 2)  # y[h] = sum over kh < 3 of x[h + kh], h of 8
+    >>> [w.rows(("tp",), {"tp": c}, {"tp": 3}) for c in range(3)]
+    [(0, 5), (3, 8), (6, 10)]
+    """
+
+    size: int
+    coeff: int
+    const: int
+    extent: int
+
+    def rows(self, axes: Sequence[str], coords: Mapping[str, int],
+             sizes: Mapping[str, int]) -> tuple[int, int]:
+        """The rows the device at ``coords`` reads when ``axes`` split the op dim."""
+        lo, hi = dim_block(self.size, axes, coords, sizes)
+        return self.coeff * lo + self.const, self.coeff * (hi - 1) + self.const + self.extent + 1
+
+    def __str__(self) -> str:
+        start = f"{self.coeff}*i" if self.coeff != 1 else "i"
+        return f"{start}+{self.const}..+{self.extent}"
+
+
 #: partial reducers whose combine selects one of its operands (it rounds nothing): their
 #: partials wait in the tensor's own dtype; every other widening reducer's wait in its
 #: accumulator dtype
@@ -147,8 +178,23 @@ class Sharding:
     dims: tuple[tuple[str, ...], ...]
     partial: tuple[str, ...] = ()
     reducer: str | None = None
+    #: per dim the ``Window`` a reader's device reads of it (a halo read), or None; empty:
+    #: no windows. Only what an op reads has windows, never what a tensor is made as
+    windows: tuple[Window | None, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.windows:
+            if len(self.windows) != len(self.dims):
+                raise ProgramError(f"a sharding of {len(self.dims)} dims has "
+                                   f"{len(self.windows)} windows")
+            for i, w in enumerate(self.windows):
+                if w is not None and len(self.dims[i]) != 1:
+                    raise ProgramError(f"dim {i}: a window reads a dim split by one mesh axis, "
+                                       f"not {self.dims[i] or 'none'}")
+                if w is not None and self.partial:
+                    raise ProgramError("a partial value is never read through a window")
+            if not any(w is not None for w in self.windows):
+                object.__setattr__(self, "windows", ())
         seen: dict[str, str] = {}
         for i, axes in enumerate(self.dims):
             for a in axes:
@@ -193,9 +239,22 @@ class Sharding:
     def without_partial(self) -> Sharding:
         return Sharding(self.dims)
 
+    @property
+    def base(self) -> Sharding:
+        """This sharding without its windows: the shards the windows read around."""
+        return Sharding(self.dims, self.partial, self.reducer) if self.windows else self
+
+    def window(self, dim: int) -> Window | None:
+        return self.windows[dim] if self.windows else None
+
     def block(self, shape: Sequence[int], coords: Mapping[str, int],
               sizes: Mapping[str, int]) -> tuple[tuple[int, int], ...]:
-        """``(start, stop)`` per dim of the shard the device at ``coords`` holds."""
+        """``(start, stop)`` per dim of the shard the device at ``coords`` holds (a windowed
+        dim: the window it reads)."""
+        if self.windows:
+            return tuple(dim_block(n, axes, coords, sizes) if w is None else
+                         w.rows(axes, coords, sizes)
+                         for n, axes, w in zip(shape, self.dims, self.windows, strict=True))
         return tuple(dim_block(n, axes, coords, sizes)
                      for n, axes in zip(shape, self.dims, strict=True))
 
@@ -204,8 +263,18 @@ class Sharding:
         return tuple(hi - lo for lo, hi in self.block(shape, coords, sizes))
 
     def largest_shape(self, shape: Sequence[int], sizes: Mapping[str, int]) -> tuple[int, ...]:
-        """The shard of the device at every coordinate 0: no other shard is larger."""
-        return self.local_shape(shape, dict.fromkeys(sizes, 0), sizes)
+        """The shard of the device at every coordinate 0: no other shard is larger (a
+        windowed dim: the widest window of any device)."""
+        out = self.local_shape(shape, dict.fromkeys(sizes, 0), sizes)
+        if not self.windows:
+            return out
+        widest = list(out)
+        for j, w in enumerate(self.windows):
+            if w is not None:
+                (a,) = self.dims[j]
+                widest[j] = max(hi - lo for c in range(sizes[a])
+                                for lo, hi in (w.rows((a,), {a: c}, sizes),))
+        return tuple(widest)
 
     def held_dtype(self, dtype: str) -> str:
         """The dtype each device holds its shard of a ``dtype`` tensor in: a partial value's
@@ -253,6 +322,10 @@ class Sharding:
         """``[["dp"], []]``; a partial one as ``{"dims": ..., "partial": [...], "reducer":
         ...}``."""
         dims = [list(a) for a in self.dims]
+        if self.windows:
+            return {"dims": dims, "windows": [None if w is None else
+                                              [w.size, w.coeff, w.const, w.extent]
+                                              for w in self.windows]}
         if not self.partial:
             return dims
         return {"dims": dims, "partial": list(self.partial), "reducer": self.reducer}
@@ -260,13 +333,25 @@ class Sharding:
     @staticmethod
     def from_json(doc: Any, where: str = "sharding") -> Sharding:
         if isinstance(doc, dict):
-            if set(doc) - {"dims", "partial", "reducer"}:
-                raise ProgramError(f"{where}: a sharding object has dims, partial and reducer")
+            if set(doc) - {"dims", "partial", "reducer", "windows"}:
+                raise ProgramError(f"{where}: a sharding object has dims, partial, reducer "
+                                   "and windows")
             base = Sharding.parse(doc.get("dims", []), where)
             partial = doc.get("partial", [])
             if not isinstance(partial, list) or not all(isinstance(a, str) for a in partial):
                 raise ProgramError(f"{where}: partial must be a list of mesh axis names")
-            return Sharding(base.dims, tuple(partial), doc.get("reducer"))
+            windows = doc.get("windows", [])
+            if not isinstance(windows, list) or not all(
+                    w is None or (isinstance(w, list) and len(w) == 4 and all(
+                        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in w))
+                    for w in windows):
+                raise ProgramError(f"{where}: windows must be a list of null or [size, coeff, "
+                                   "const, extent] (integers >= 0) per dim")
+            try:
+                return Sharding(base.dims, tuple(partial), doc.get("reducer"),
+                                tuple(None if w is None else Window(*w) for w in windows))
+            except ProgramError as e:
+                raise ProgramError(f"{where}: {e}") from None
         return Sharding.parse(doc, where)
 
     @staticmethod
@@ -299,7 +384,9 @@ class Sharding:
             raise ProgramError(f"{where}: {e}") from None
 
     def __str__(self) -> str:
-        body = ", ".join("*".join(a) if a else "-" for a in self.dims)
+        body = ", ".join(("*".join(a) if a else "-") + (f" window {w}" if w else "")
+                         for a, w in zip(self.dims, self.windows or (None,) * self.rank,
+                                         strict=True))
         text = f"[{body}]"
         if self.partial:
             text += f" partial {self.reducer} over {'*'.join(self.partial)}"

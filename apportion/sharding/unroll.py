@@ -420,8 +420,9 @@ class Unrolled:
             if isinstance(first, Collective):
                 arrays = [env[first.source] for env in envs]
                 dtype = first.step.dst.held_dtype(self.program.tensor(first.tensor).dtype)
-                for env, res in zip(envs, apply(first.step, arrays, self.plan.mesh, dtype),
-                                    strict=True):
+                shape = self.program.tensor(first.tensor).shape
+                for env, res in zip(envs, apply(first.step, arrays, self.plan.mesh, dtype,
+                                                shape), strict=True):
                     env[first.result] = res
                 continue
             for dev, env in zip(self.devices, envs, strict=True):
