@@ -670,9 +670,12 @@ def build_parser() -> argparse.ArgumentParser:
     form.add_argument("--forall", action="store_true",
                       help="MLIR: thread-first parallel IR on tensors (scf.forall per op); "
                            "with --mesh, every device's programs")
-    form.add_argument("--shard", action="store_true",
-                      help="with --mesh: the sharded program in MLIR's shard dialect (the "
-                           "MLIR bindings lack it: refused, see docs/architecture.md)")
+    form.add_argument("--shard-form", dest="shard", default=None,
+                      choices=("annotated", "propagated", "partitioned", "unrolled"),
+                      help="with --mesh: the sharded program in upstream MLIR's shard dialect, "
+                           "verified by upstream MLIR 22 (the mlir extra): the user's "
+                           "annotations, every tensor's sharding, the SPMD form with "
+                           "collectives, or one function per device with wrappers")
     shard_cli.add_mesh_options(e)
     e.add_argument("--param", action="append", metavar="NAME=SIZE",
                    help="a run-time size to emit the loop bundle or LoopSpec at, e.g. "

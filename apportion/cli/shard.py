@@ -12,8 +12,8 @@
   the host by the schedule), or on ``torch.distributed`` with one process per device
   (``dtensor``), and compared with the unsharded program.
 * ``apportion emit PROG --mesh SPEC --forall``: the per-device programs as parallel IR (the
-  mesh schedule emitted by ``backends.iree.mesh.mesh_mlir``); ``--shard`` asks for the shard
-  dialect, which the MLIR bindings lack (the error says so).
+  mesh schedule emitted by ``backends.iree.mesh.mesh_mlir``); ``--shard-form FORM`` the
+  program in upstream MLIR's shard dialect (``apportion.shard_mlir``), verified upstream.
 * ``apportion schedule PROG --mesh SPEC``: the mesh schedule as text, each device's core
   schedule nested under it.
 
@@ -534,20 +534,32 @@ def _print_mesh_run(args: argparse.Namespace, plan: ShardingPlan, label: str,
 
 def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
     """``emit --mesh``: the per-device programs (``--forall``: the plan lowered to its mesh
-    schedule, emitted by the IREE backend, ``backends.iree.mesh.mesh_mlir``); ``--shard`` is
-    refused."""
+    schedule, emitted by the IREE backend, ``backends.iree.mesh.mesh_mlir``), or
+    ``--shard-form FORM``: the program in upstream MLIR's shard dialect (``apportion.shard_mlir``:
+    ``annotated``, ``propagated``, ``partitioned``, ``unrolled``), verified upstream."""
     from apportion.sharding.lower import lower_plan
-    from apportion.sharding.mlir import sharded_mlir
-    from apportion.sharding.unroll import unroll
 
+    if args.shard and args.mesh is None and not getattr(args, "target", None):
+        raise ShardUsageError("--shard-form needs a mesh: give --mesh (e.g. --mesh tp=2)")
     plan = sharding_plan(args)  # a --torch model's program too
     sizes = mesh_sizes(plan, args)
     if args.shard:
-        print(sharded_mlir(unroll(plan, sizes)), end="")
+        from apportion import shard_mlir
+
+        if args.shard == "annotated":
+            text = shard_mlir.annotated_mlir(plan.program, plan.mesh, dict(plan.annotations))
+        elif args.shard == "propagated":
+            text = shard_mlir.propagated_mlir(plan)
+        elif args.shard == "partitioned":
+            text = shard_mlir.partitioned_mlir(plan.bind(sizes))
+        else:
+            bound = plan.bind(sizes)
+            text = shard_mlir.unrolled_mlir(lower_plan(bound), bound.mesh)
+        print(text, end="")
         return 0
     if not args.forall:
         raise ShardUsageError("with --mesh, emit --forall (the per-device programs as parallel "
-                              "IR) or --shard")
+                              "IR) or --shard-form FORM")
     from apportion.backends.iree.mesh import mesh_mlir
 
     print(mesh_mlir(lower_plan(plan, sizes)), end="")

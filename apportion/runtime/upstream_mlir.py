@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import subprocess
+import sys
+import tempfile
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from apportion.errors import EmitError
 
@@ -108,3 +112,128 @@ def verify_upstream(text: str) -> None:
     """Parse and verify ``text`` with upstream MLIR 22 (every dialect it registers, ``shard``
     included); raise EmitError with its diagnostics when it fails."""
     mlir_opt(text)
+
+
+#: tensor dtype -> (MLIR element type, numpy storage the execution engine passes)
+_RUN_TYPES = {"float16": ("f16", "float16"), "bfloat16": ("bf16", "uint16"),
+              "float32": ("f32", "float32"), "float64": ("f64", "float64"),
+              "int8": ("i8", "int8"), "int32": ("i32", "int32"), "int64": ("i64", "int64"),
+              "bool": ("i1", "bool")}
+
+#: the lowering of a module of linalg on tensors to LLVM that ``run_function`` compiles
+LOWERING = ("builtin.module(func.func(convert-elementwise-to-linalg), "
+            "one-shot-bufferize{bufferize-function-boundaries "
+            "function-boundary-type-conversion=identity-layout-map}, canonicalize, "
+            "func.func(convert-linalg-to-loops), expand-strided-metadata, lower-affine, "
+            "convert-scf-to-cf, arith-expand, convert-to-llvm, reconcile-unrealized-casts)")
+
+
+def _type(shape: Sequence[int], element: str, kind: str) -> str:
+    return f"{kind}<{''.join(f'{n}x' for n in shape)}{element}>"
+
+
+def run_function(text: str, name: str, inputs: Sequence[Any],
+                 outputs: Sequence[tuple[Sequence[int], str]],
+                 input_dtypes: Sequence[str] | None = None) -> list[Any]:
+    """Compile ``text`` (a module whose function ``@name`` takes and returns tensors) with
+    upstream MLIR (bufferized, linalg to loops, to LLVM) and run ``@name`` on ``inputs``
+    (numpy arrays, as the reference executor holds them: bfloat16 values in float32) through
+    MLIR's execution engine; ``outputs`` gives each result's shape and dtype,
+    ``input_dtypes`` each input's (default: the arrays' own). Returns the
+    results as numpy arrays (bfloat16 ones widened to float32).
+
+    >>> import numpy as np
+    >>> if available():
+    ...     f = ("func.func @twice(%x: tensor<2xf32>) -> tensor<2xf32> {\\n"
+    ...          "  %y = arith.addf %x, %x : tensor<2xf32>\\n  return %y : tensor<2xf32>\\n}")
+    ...     out = run_function(f, "twice", [np.array([1.0, 2.0], np.float32)],
+    ...                        [((2,), "float32")])
+    ...     assert out[0].tolist() == [2.0, 4.0]
+    """
+    import numpy as np
+
+    ins = [np.asarray(a) for a in inputs]
+    dtypes = list(input_dtypes) if input_dtypes is not None else [_dtype_name(a) for a in ins]
+    in_types = [_RUN_TYPES[d] for d in dtypes]
+    out_types = [_RUN_TYPES[d] for _, d in outputs]
+    args, lines, call_args = [], [], []
+    for k, (a, (e, _)) in enumerate(zip(ins, in_types, strict=True)):
+        args.append(f"%a{k}: {_type(a.shape, e, 'memref')}")
+        lines.append(f"  %t{k} = bufferization.to_tensor %a{k} restrict : "
+                     f"{_type(a.shape, e, 'memref')} to {_type(a.shape, e, 'tensor')}")
+        call_args.append(f"%t{k}")
+    for k, ((shape, _), (e, _)) in enumerate(zip(outputs, out_types, strict=True)):
+        args.append(f"%o{k}: {_type(shape, e, 'memref')}")
+    res_t = [_type(s, e, "tensor") for (s, _), (e, _) in zip(outputs, out_types, strict=True)]
+    arg_t = [_type(a.shape, e, "tensor") for a, (e, _) in zip(ins, in_types, strict=True)]
+    lhs = "%r" if len(outputs) == 1 else f"%r:{len(outputs)}"
+    lines.append(f"  {lhs} = func.call @\"{name}\"({', '.join(call_args)}) : "
+                 f"({', '.join(arg_t)}) -> ({', '.join(res_t)})")
+    for k, ((shape, _), (e, _)) in enumerate(zip(outputs, out_types, strict=True)):
+        r = "%r" if len(outputs) == 1 else f"%r#{k}"
+        lines.append(f"  bufferization.materialize_in_destination {r} in restrict writable "
+                     f"%o{k} : ({_type(shape, e, 'tensor')}, {_type(shape, e, 'memref')}) "
+                     "-> ()")
+    entry = (f"func.func @apportion_entry({', '.join(args)}) attributes "
+             f"{{llvm.emit_c_interface}} {{\n" + "\n".join(lines) + "\n  return\n}\n")
+    # a grid declares devices, no code: LLVM has nothing to translate it to
+    code = "\n".join(line for line in text.splitlines() if not line.startswith("shard.grid "))
+    lowered = mlir_opt(code + "\n" + entry, [f"--pass-pipeline={LOWERING}"])
+
+    def storage(a: Any, dtype: str) -> Any:
+        if dtype == "bfloat16":  # the reference's bfloat16 values are exact in float32
+            return np.ascontiguousarray(
+                (a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16))
+        return np.ascontiguousarray(a.astype(_RUN_TYPES[dtype][1]))
+
+    arrays = [storage(a, d) for a, d in zip(ins, dtypes, strict=True)]
+    # in a child process: upstream's bindings and IREE's cannot both load in one process
+    # (their nanobind runtimes clash), and apportion verifies and runs IREE in this one
+    with tempfile.TemporaryDirectory() as tmp:
+        place = Path(tmp)
+        (place / "module.mlir").write_text(lowered)
+        np.savez(place / "in.npz", *arrays)
+        (place / "out.json").write_text(json.dumps(
+            [[list(shape), _RUN_TYPES[d][1]] for shape, d in outputs]))
+        done = subprocess.run([sys.executable, "-c", _CHILD, tmp,
+                               str(runner_library("mlir_c_runner_utils"))],
+                              capture_output=True, text=True, check=False, timeout=600)
+        if done.returncode != 0:
+            raise EmitError(f"upstream MLIR's execution engine failed running @{name}: "
+                            f"{' '.join(done.stderr.split())[-2000:]}")
+        with np.load(place / "out.npz") as f:
+            results = [f[f"arr_{k}"] for k in range(len(outputs))]
+    out = []
+    for r, (_, d) in zip(results, outputs, strict=True):
+        out.append((r.astype(np.uint32) << 16).view(np.float32) if d == "bfloat16" else r)
+    return out
+
+
+#: the child process of ``run_function``: loads the lowered module, runs its entry on the
+#: arrays of ``in.npz`` into zeroed arrays of ``out.json``'s shapes, saves them in ``out.npz``
+_CHILD = """
+import ctypes, json, sys
+from pathlib import Path
+import numpy as np
+from mlir import ir
+from mlir.execution_engine import ExecutionEngine
+from mlir.runtime import get_ranked_memref_descriptor
+place, lib = Path(sys.argv[1]), sys.argv[2]
+with np.load(place / "in.npz") as f:
+    ins = [np.ascontiguousarray(f[f"arr_{k}"]) for k in range(len(f.files))]
+outs = [np.zeros(tuple(s), dtype=d) for s, d in json.loads((place / "out.json").read_text())]
+with ir.Context():
+    module = ir.Module.parse((place / "module.mlir").read_text())
+    engine = ExecutionEngine(module, opt_level=2, shared_libs=[lib])
+    ptrs = [ctypes.pointer(ctypes.pointer(get_ranked_memref_descriptor(a)))
+            for a in (*ins, *outs)]
+    engine.invoke("apportion_entry", *ptrs)
+np.savez(place / "out.npz", *outs)
+"""
+
+
+def _dtype_name(a: Any) -> str:
+    name = str(a.dtype)
+    if name not in _RUN_TYPES:
+        raise EmitError(f"an array of dtype {name} has no MLIR element type to run with")
+    return name

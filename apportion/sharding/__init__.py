@@ -29,7 +29,6 @@ from apportion.sharding.mesh import Mesh as Mesh
 from apportion.sharding.mesh import load_toml as load_toml
 from apportion.sharding.mesh import parse as parse_mesh
 from apportion.sharding.mesh import resolve as resolve_mesh
-from apportion.sharding.mlir import sharded_mlir as sharded_mlir
 from apportion.sharding.plan import ShardingPlan as ShardingPlan
 from apportion.sharding.plan import Transfer as Transfer
 from apportion.sharding.propagate import propagate as propagate
@@ -52,4 +51,4 @@ __all__ = ["PRESETS", "Axis", "Collective", "DeviceProgram", "Finish", "Link", "
            "ShardingPlan", "Step", "Strategy", "Transfer", "Unrolled", "annotations_of",
            "load", "load_toml", "loads", "make_strategy", "op_strategies",
            "lower_plan", "parse_mesh", "propagate", "resolve_mesh", "search",
-           "shard", "sharded_mlir", "unroll"]
+           "shard", "unroll"]

@@ -1,60 +1,117 @@
-"""Sharded programs as MLIR: the ``shard`` dialect, which the bindings lack.
+"""The sharding package's values in upstream MLIR's ``shard`` dialect (MLIR 22): a ``Mesh`` as
+a ``shard.grid``, a ``Sharding`` as a ``shard.sharding``.
 
-MLIR's ``shard`` dialect (formerly ``mesh``: ``shard.grid``, ``shard.sharding``,
-``shard.shard``) would carry a sharded program as one module. The MLIR Python bindings that
-iree-base-compiler 3.13.0 ships do not register it (nor ``mesh``): parsing ``shard.grid``
-fails with "Dialect `shard' not found" (``shard_dialect_available`` probes this), and
-apportion verifies every MLIR text it emits with those bindings. So no shard-dialect form is
-emitted; ``sharded_mlir`` says why. The per-device programs are emitted by the IREE backend
-from the plan lowered to a ``MeshSchedule`` (``sharding.lower.lower_plan``, then
-``backends.iree.mesh.mesh_mlir``): one module per device, each compute segment's parallel IR
-and the device's function calling them with every collective between as IREE's own
-``flow.collective.*`` ops. This package imports no backend.
+IREE 3.13's bindings lack the dialect; upstream MLIR 22 (the ``mlir`` extra,
+``runtime.upstream_mlir``) registers it, and ``apportion.shard_mlir`` emits whole programs in
+its forms and verifies each with it. This module writes only the dialect's vocabulary for the
+values of this package (it imports no backend, so the op bodies live in ``shard_mlir``).
 
->>> from apportion.frontend.json_format import load
+What upstream's attributes cannot say travels as discardable ``apportion.*`` attributes, which
+upstream keeps and ignores:
+
+* a grid's axis names, levels and peered axes (``apportion.axes``, ``apportion.levels``,
+  ``apportion.peered``: upstream grids have numbered axes and no notion of one device reading
+  another's memory), and a symbolic axis's name and planning size (``apportion.symbols``,
+  ``apportion.planned_at``: upstream writes the size ``?``);
+* a partial value (``apportion.partial_axes``, ``apportion.reducer``: upstream 22's
+  ``shard.sharding`` has no partial axes; its partitioner reduces a split reduction at once).
+
+Uneven shards are exact: where a dim's cut is not even, the sharding lists every shard's
+offsets (``sharded_dims_offsets``, in device order along the dim's axes, outer first), as
+apportion cuts them (the larger shards first; ``spec.chunk``).
+
 >>> from apportion.sharding.mesh import parse
->>> from apportion.sharding.search import search
->>> from apportion.sharding.unroll import unroll
->>> sharded_mlir(unroll(search(load("examples/mlp.json"), parse("tp=2"))))
-Traceback (most recent call last):
-...
-apportion.errors.EmitError: the MLIR Python bindings of iree-base-compiler 3.13.0 do not \
-register the shard dialect (shard.grid, shard.sharding, shard.shard) nor its older name mesh, \
-so a sharded module could not be verified; emit the per-device programs instead (apportion \
-emit PROG --mesh SPEC --forall)
+>>> from apportion.sharding.spec import Sharding
+>>> m = parse("dp=2,tp=N~4:peered")
+>>> print(grid_op(m))
+shard.grid @mesh(shape = 2x?) {apportion.axes = ["dp", "tp"], apportion.levels = ["device", \
+"device"], apportion.peered = ["tp"], apportion.symbols = {tp = "N"}, apportion.planned_at = [2, 4]}
+>>> sharding_op("%s", Sharding(((), ("dp",))), m, (4, 10))
+'%s = shard.sharding @mesh split_axes = [[], [0]] : !shard.sharding'
+>>> sharding_op("%s", Sharding(((), ("dp",))), parse("dp=4"), (4, 10))
+'%s = shard.sharding @mesh split_axes = [[], [0]] sharded_dims_offsets = [0, 3, 6, 8, 10] : \
+!shard.sharding'
 """
 
 from __future__ import annotations
 
-from apportion.errors import EmitError
-from apportion.sharding.unroll import Unrolled
+from collections.abc import Sequence
 
-PROBE = "shard.grid @probe(shape = 2)"
+from apportion.sharding.mesh import Mesh
+from apportion.sharding.spec import Sharding, dim_block
+
+#: the symbol every emitted module names its grid by
+GRID = "mesh"
 
 
-def shard_dialect_available() -> bool:
-    """True when the MLIR bindings parse a ``shard.grid`` (or the older ``mesh.mesh``)."""
-    try:
-        from iree.compiler import ir
-    except ImportError:
-        return False
-    for text in (PROBE, "mesh.mesh @probe(shape = 2)"):
-        try:
-            with ir.Context() as ctx:
-                ir.Module.parse(text, ctx)
-            return True
-        except Exception:  # noqa: BLE001 - an MLIRError: the dialect is not registered
+def grid_op(mesh: Mesh, name: str = GRID) -> str:
+    """The mesh as a ``shard.grid``: static sizes, ``?`` for a symbolic axis, the axis names,
+    levels, peered axes and symbols as discardable attributes."""
+    shape = "x".join("?" if a.symbolic else str(a.size) for a in mesh.axes)
+    attrs = [f"apportion.axes = [{', '.join(_q(a.name) for a in mesh.axes)}]",
+             f"apportion.levels = [{', '.join(_q(a.level) for a in mesh.axes)}]"]
+    peered = [a.name for a in mesh.axes if a.peered]
+    if peered:
+        attrs.append(f"apportion.peered = [{', '.join(map(_q, peered))}]")
+    if mesh.symbolic:
+        syms = ", ".join(f"{a.name} = {_q(a.symbol or '')}" for a in mesh.axes if a.symbolic)
+        attrs.append(f"apportion.symbols = {{{syms}}}")
+        attrs.append(f"apportion.planned_at = [{', '.join(str(a.size) for a in mesh.axes)}]")
+    return f"shard.grid @{name}(shape = {shape}) {{{', '.join(attrs)}}}"
+
+
+def split_axes(sharding: Sharding, mesh: Mesh) -> str:
+    """``[[0], [], [1, 2]]``: per tensor dim the grid axes (by index) splitting it, outer
+    first; ``[[]]`` for a rank-0 tensor (upstream needs one sub-array)."""
+    dims = [f"[{', '.join(str(mesh.index(a)) for a in axes)}]" for axes in sharding.dims]
+    return f"[{', '.join(dims) or '[]'}]"
+
+
+def offsets(sharding: Sharding, mesh: Mesh, shape: Sequence[int]) -> list[int] | None:
+    """Every shard's start along each split dim and the dim's end (upstream's
+    ``sharded_dims_offsets``), when some split dim is cut unevenly on a static mesh; None when
+    every cut is even (upstream's own rule then gives the same shards) or the mesh is
+    symbolic."""
+    if mesh.symbolic:
+        return None
+    sizes = {a.name: a.size for a in mesh.axes}
+    out: list[int] = []
+    uneven = False
+    for n, axes in zip(shape, sharding.dims, strict=True):
+        if not axes:
             continue
-    return False
+        coords_list = _coords(axes, sizes)
+        starts = [dim_block(n, axes, c, sizes)[0] for c in coords_list]
+        widths = {dim_block(n, axes, c, sizes)[1] - dim_block(n, axes, c, sizes)[0]
+                  for c in coords_list}
+        uneven |= len(widths) > 1
+        out += [*starts, n]
+    return out if uneven else None
 
 
-def sharded_mlir(unrolled: Unrolled) -> str:
-    """The sharded program in the ``shard`` dialect: refused, the bindings lack the dialect."""
-    if shard_dialect_available():
-        raise EmitError("the MLIR bindings know the shard dialect, but apportion has no "
-                        "shard-dialect emitter yet; emit the per-device programs")
-    raise EmitError("the MLIR Python bindings of iree-base-compiler 3.13.0 do not register the "
-                    "shard dialect (shard.grid, shard.sharding, shard.shard) nor its older name "
-                    "mesh, so a sharded module could not be verified; emit the per-device "
-                    "programs instead (apportion emit PROG --mesh SPEC --forall)")
+def _coords(axes: Sequence[str], sizes: dict[str, int]) -> list[dict[str, int]]:
+    """Every coordinate of ``axes``, the first axis outermost."""
+    out: list[dict[str, int]] = [{}]
+    for a in axes:
+        out = [{**c, a: k} for c in out for k in range(sizes[a])]
+    return out
 
+
+def sharding_op(result: str, sharding: Sharding, mesh: Mesh, shape: Sequence[int],
+                name: str = GRID) -> str:
+    """``RESULT = shard.sharding @mesh split_axes = ... : !shard.sharding`` for a tensor of
+    ``shape`` (exact offsets where a cut is uneven); a partial sharding's axes and reducer
+    as discardable attributes."""
+    text = f"{result} = shard.sharding @{name} split_axes = {split_axes(sharding, mesh)}"
+    offs = offsets(sharding, mesh, shape)
+    if offs is not None:
+        text += f" sharded_dims_offsets = [{', '.join(map(str, offs))}]"
+    if sharding.partial:
+        axes = ", ".join(str(mesh.index(a)) for a in sharding.partial)
+        text += (f" {{apportion.partial_axes = array<i64: {axes}>, "
+                 f"apportion.reducer = {_q(sharding.reducer or '')}}}")
+    return text + " : !shard.sharding"
+
+
+def _q(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -52,8 +52,9 @@ def test_a_target_file_may_carry_the_mesh(capsys, tmp_path):
 def test_emit_with_a_mesh(capsys):
     status, out, _ = run(capsys, "emit", "examples/megatron.json", "--mesh", "tp=2", "--forall")
     assert status == 0 and out.count("// -----") == 1 and "scf.forall" in out
-    status, _, err = run(capsys, "emit", "examples/megatron.json", "--mesh", "tp=2", "--shard")
-    one_line_error(status, err, "do not register the shard dialect")
+    status, out, _ = run(capsys, "emit", "examples/megatron.json", "--mesh", "tp=2",
+                         "--shard-form", "annotated")
+    assert status == 0 and out.startswith("shard.grid @mesh(shape = 2)")
 
 
 @pytest.mark.parametrize(("shardings", "mesh", "match"), [

@@ -1,0 +1,401 @@
+"""The sharding proposal's forms of a program in upstream MLIR's ``shard`` dialect.
+
+* ``annotated_mlir(program, mesh, annotations)``: the input form, the program as
+  ``linalg.generic`` ops on whole tensors with the user's annotations: each annotated tensor's
+  value passes through ``shard.shard %v to %sharding`` (the sharding of the value), the grid
+  says the mesh (static sizes, ``?`` for a symbolic axis, peered axes as an attribute). What
+  upstream's ``--sharding-propagation`` reads.
+* ``propagated_mlir(plan)``: every tensor annotated as apportion's propagation or search made
+  it (each op's result with its strategy's output sharding, each operand ``annotate_for_users``
+  with the sharding the op reads it in, so a reshard shows as two annotations of one value),
+  what upstream's ``--shard-partition`` reads.
+* ``partitioned_mlir(plan)``: the SPMD form every device runs: per-shard tensor types (a dim
+  whose shards differ in size is ``?``), each op on the device's shards, and apportion's
+  resharding steps as ``shard`` collectives (``all_gather``, ``all_reduce``,
+  ``reduce_scatter``, ``all_to_all``, ``all_slice``); where devices run different local code
+  (uneven shards, a device reading at its own offset, a split mean's share), an
+  ``scf.index_switch`` on ``shard.process_linear_index`` holds each distinct variant.
+
+Each text is verified by upstream MLIR 22 (``runtime.upstream_mlir.verify_upstream``) before it
+is returned. Partial values carry ``apportion.partial_axes``/``apportion.reducer`` (see
+``sharding.mlir``); a peered step's collective carries ``apportion.remote``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from apportion.backends.mlir import symbol_name
+from apportion.errors import EmitError
+from apportion.ir.program import Program, TensorType
+from apportion.runtime.upstream_mlir import verify_upstream
+from apportion.shard_mlir.body import (
+    Block,
+    convert,
+    declarations,
+    elt,
+    generic,
+    render_op,
+    tensor_type,
+)
+from apportion.shard_mlir.finish import LOW, finish_op, identity_map
+from apportion.sharding.collectives import Step
+from apportion.sharding.mesh import Mesh
+from apportion.sharding.mlir import grid_op, sharding_op
+from apportion.sharding.plan import ShardingPlan
+from apportion.sharding.rules import local_ops
+from apportion.sharding.spec import Sharding
+
+#: upstream's reduction kinds for apportion's reducers across devices (``any`` over truth
+#: values is a bitwise or; an argmax's keys reduce by max)
+REDUCTIONS = {"sum": "sum", "max": "max", "min": "min", "prod": "product", "any": "bitwise_or",
+              "argmax": "max"}
+
+
+def _module(mesh: Mesh, blk: Block, name: str, args: Sequence[tuple[str, str]],
+            results: Sequence[str], ret: Sequence[str], attrs: str = "") -> str:
+    sig = ", ".join(f"{a}: {t}" for a, t in args)
+    head = f"func.func @{_sym(name)}({sig}) -> ({', '.join(results)}){attrs} {{"
+    lines = [grid_op(mesh), *declarations(blk), head, blk.text(),
+             f"  return {', '.join(ret)} : {', '.join(results)}" if ret else "  return", "}"]
+    text = "\n".join(line for line in lines if line) + "\n"
+    verify_upstream(text)
+    return text
+
+
+def _sym(name: str) -> str:
+    s = symbol_name(name)
+    return s if s.replace("_", "").replace(".", "").isalnum() else f'"{s}"'
+
+
+def _ttype(t: TensorType) -> str:
+    return tensor_type(t.shape, elt(t.dtype))
+
+
+def _annotate(blk: Block, value: str, t: TensorType, sharding: Sharding, mesh: Mesh,
+              users: bool = False) -> str:
+    s = blk.fresh(f"s_{t.name}")
+    blk.emit(sharding_op(s, sharding, mesh, t.shape))
+    out = blk.fresh(t.name)
+    blk.emit(f"{out} = shard.shard {value} to {s}{' annotate_for_users' if users else ''} : "
+             f"{_ttype(t)}")
+    return out
+
+
+def _annotate_typed(blk: Block, value: str, ty: str, t: TensorType, sharding: Sharding,
+                    mesh: Mesh, users: bool = False) -> str:
+    """``_annotate`` of a value of type ``ty`` laid out like tensor ``t`` (an op's destination:
+    its accumulator type may differ from the tensor's)."""
+    s = blk.fresh(f"s_{t.name}")
+    blk.emit(sharding_op(s, sharding, mesh, t.shape))
+    out = blk.fresh(f"{t.name}_dest")
+    blk.emit(f"{out} = shard.shard {value} to {s}{' annotate_for_users' if users else ''} : "
+             f"{ty}")
+    return out
+
+
+def annotated_mlir(program: Program, mesh: Mesh, annotations: Mapping[str, Sharding]) -> str:
+    """The program with the user's annotations (form 1), verified upstream.
+
+    >>> from apportion.sharding.spec import load
+    >>> from apportion.sharding.mesh import parse
+    >>> prog, ann = load("examples/megatron.json")
+    >>> text = annotated_mlir(prog, parse("tp=2"), ann)   # doctest: +SKIP
+    """
+    for name, s in annotations.items():
+        s.check(mesh, program.tensor(name).shape, name)
+    blk = Block()
+    vals: dict[str, str] = {}
+    args = []
+    for name in program.inputs:
+        t = program.tensor(name)
+        arg = blk.fresh(f"arg_{name}")
+        args.append((arg, _ttype(t)))
+        vals[name] = arg
+        if name in annotations:
+            vals[name] = _annotate(blk, arg, t, annotations[name], mesh)
+    for op in program.ops:
+        out = render_op(blk, op, program.tensor_map, vals)
+        t = program.tensor(op.out.tensor)
+        vals[op.out.tensor] = _annotate(blk, out, t, annotations[t.name], mesh) \
+            if t.name in annotations else out
+    outs = [_ttype(program.tensor(n)) for n in program.outputs]
+    return _module(mesh, blk, program.name, args, outs, [vals[n] for n in program.outputs],
+                   " attributes {apportion.form = \"annotated\"}")
+
+
+def propagated_mlir(plan: ShardingPlan) -> str:
+    """Every tensor's sharding as ``plan`` chose it (form 2), verified upstream."""
+    program, mesh = plan.program, plan.mesh
+    blk = Block()
+    vals: dict[str, str] = {}
+    args = []
+    placed = dict(plan.inputs)
+    for name in program.inputs:
+        t = program.tensor(name)
+        arg = blk.fresh(f"arg_{name}")
+        args.append((arg, _ttype(t)))
+        vals[name] = _annotate(blk, arg, t, placed[name], mesh)
+    for op in program.ops:
+        st = plan.strategy(op.name)
+        reads = dict(vals)
+        for acc, s in zip(op.ins, st.ins, strict=True):
+            reads[acc.tensor] = _annotate(blk, vals[acc.tensor], program.tensor(acc.tensor), s,
+                                          mesh, users=True)
+        out_t = program.tensor(op.out.tensor)
+        whole = st.out.without_partial()
+
+        def mark(b: Block, value: str, ty: str, t: TensorType = out_t, s: Sharding = whole
+                 ) -> str:
+            # a destination is laid out as the op's output (a split reduction's
+            # replicated: upstream zeroes it on all but one device), as upstream's
+            # propagation annotates it: its result, then for its user
+            made = _annotate_typed(b, value, ty, t, s, mesh)
+            return _annotate_typed(b, made, ty, t, s, mesh, users=True)
+
+        blk.mark_init = mark
+        out = render_op(blk, op, program.tensor_map, reads)
+        blk.mark_init = None
+        vals[op.out.tensor] = _annotate(blk, out, out_t, st.out, mesh)
+    ret = []
+    for name, s, _local in plan.outputs:
+        ret.append(_annotate(blk, vals[name], program.tensor(name), s, mesh, users=True))
+    outs = [_ttype(program.tensor(n)) for n in program.outputs]
+    return _module(mesh, blk, program.name, args, outs, ret,
+                   f" attributes {{apportion.form = \"propagated\", apportion.method = "
+                   f"\"{plan.method}\"}}")
+
+
+# -- the partitioned (SPMD) form -------------------------------------------------------------
+
+
+class _Spmd:
+    """The SPMD function being written: every local value's SSA name and its type on every
+    device (a dim whose devices' sizes differ is ``?``)."""
+
+    def __init__(self, plan: ShardingPlan) -> None:
+        if plan.mesh.symbolic:
+            raise EmitError(f"mesh {plan.mesh.spec} has symbolic axis sizes "
+                            f"({', '.join(plan.mesh.symbols)}): the partitioned form needs the "
+                            "devices' shard shapes; bind the sizes (--param NAME=SIZE)")
+        self.plan, self.program, self.mesh = plan, plan.program, plan.mesh
+        self.sizes = {a.name: a.size for a in self.mesh.axes}
+        self.coords = [self.mesh.coords(d) for d in range(self.mesh.devices)]
+        self.blk = Block()
+        self.vals: dict[str, str] = {}
+        self.types: dict[str, tuple[TensorType, ...]] = {}  # per device
+        self.linear: str | None = None
+
+    def spmd_type(self, name: str) -> str:
+        ts = self.types[name]
+        shape = tuple(ts[0].shape[i] if len({t.shape[i] for t in ts}) == 1 else None
+                      for i in range(len(ts[0].shape)))
+        return tensor_type(shape, elt(ts[0].dtype))
+
+    def shard_types(self, tensor: str, local: str, s: Sharding) -> tuple[TensorType, ...]:
+        t = self.program.tensor(tensor)
+        return tuple(TensorType(local, s.local_shape(t.shape, c, self.sizes),
+                                s.held_dtype(t.dtype)) for c in self.coords)
+
+    def lin(self) -> str:
+        if self.linear is None:
+            self.linear = "%device"
+            self.blk.emit(f"{self.linear} = shard.process_linear_index on @mesh : index")
+        return self.linear
+
+    # one op's local code on every device ------------------------------------------------
+
+    def local(self, results: Sequence[str], write: list) -> None:
+        """Run ``write(blk, device, vals)`` for every device (it renders that device's code
+        with static local types and returns {name: (ssa, TensorType)} for ``results``); the
+        same code on every device is emitted once, else an ``scf.index_switch``."""
+        variants: dict[str, list[int]] = {}
+        texts: dict[int, tuple[Block, dict]] = {}
+        for d in range(len(self.coords)):
+            b = Block(indent=0, taken=dict(self.blk.taken),
+                      declarations=dict(self.blk.declarations), used=set(self.blk.used))
+            outs = write(b, d)
+            key = b.text() + repr(sorted((k, v[0], v[1].shape) for k, v in outs.items()))
+            variants.setdefault(key, []).append(d)
+            texts[d] = (b, outs)
+        if len(variants) == 1:
+            b, outs = texts[0]
+            for line in b.lines:
+                self.blk.emit(line)
+            self.blk.taken, self.blk.declarations, self.blk.used = \
+                b.taken, b.declarations, b.used
+            for name in results:
+                self.vals[name] = outs[name][0]
+                self.types[name] = tuple(texts[d][1][name][1] for d in range(len(self.coords)))
+            return
+        for name in results:
+            self.types[name] = tuple(texts[d][1][name][1] for d in range(len(self.coords)))
+        lin = self.lin()
+        rtypes = [self.spmd_type(n) for n in results]
+        names = [self.blk.fresh(n) for n in results]
+        lhs = names[0] if len(names) == 1 else f"{names[0]}:{len(names)}"
+        groups = sorted(variants.values(), key=len)
+        default = groups[-1]
+        self.blk.emit(f"{lhs} = scf.index_switch {lin} -> {', '.join(rtypes)}")
+        for g in [*[[d] for grp in groups[:-1] for d in grp], default]:
+            d = g[0]
+            b, outs = texts[d]
+            self.blk.emit(f"case {d} {{" if g is not default else "default {")
+            self.blk.indent += 1
+            for line in b.lines:
+                self.blk.emit(line)
+            yields = []
+            for n, rt in zip(results, rtypes, strict=True):
+                ssa, t = outs[n]
+                if _ttype(t) != rt:
+                    c = self.blk.fresh(f"{n}_spmd")
+                    self.blk.emit(f"{c} = tensor.cast {ssa} : {_ttype(t)} to {rt}")
+                    ssa = c
+                yields.append(ssa)
+            self.blk.emit(f"scf.yield {', '.join(yields)} : {', '.join(rtypes)}")
+            self.blk.indent -= 1
+            self.blk.emit("}")
+            for k, v in b.taken.items():  # names stay unique across cases
+                self.blk.taken[k] = max(self.blk.taken.get(k, 0), v)
+            self.blk.declarations.update(b.declarations)
+            self.blk.used |= b.used
+        for n, ssa in zip(results, names, strict=True):
+            self.vals[n] = ssa if len(names) == 1 else f"{names[0]}#{results.index(n)}"
+
+    def operand(self, b: Block, name: str, d: int) -> str:
+        """The value ``name`` in device ``d``'s code, cast to its static local type."""
+        t = self.types[name][d]
+        if self.spmd_type(name) == _ttype(t):
+            return self.vals[name]
+        c = b.fresh(f"{name}_local")
+        b.emit(f"{c} = tensor.cast {self.vals[name]} : {self.spmd_type(name)} to {_ttype(t)}")
+        return c
+
+    def op(self, op_name: str) -> None:
+        op = self.program.op(op_name)
+        shard = self.plan.op(op_name)
+        out = op.out.tensor
+
+        def write(b: Block, d: int) -> dict:
+            lops, types, finish = local_ops(op, self.program, self.mesh, shard.strategy,
+                                            self.coords[d], list(shard.reads), out)
+            vals = {r: self.operand(b, r, d) for r in dict.fromkeys(shard.reads)}
+            for lop in lops:
+                vals[lop.out.tensor] = render_op(b, lop, types, vals)
+            if finish is not None:
+                vals[out] = finish_op(b, finish, types, vals)
+            return {out: (vals[out], types[out])}
+
+        self.local([out], write)
+
+    # the collectives -------------------------------------------------------------------------
+
+    def step(self, tensor: str, src: str, result: str, step: Step) -> None:
+        """One resharding step of ``tensor``'s value ``src`` into the new value ``result``."""
+        axis = self.mesh.index(step.axis)
+        self.types[result] = self.shard_types(tensor, result, step.dst)
+        before, after = self.spmd_type(src), self.spmd_type(result)
+        for i in {step.dim, step.to_dim} - {None}:
+            if None in (self._shape(src)[i], self._shape(result)[i]):  # type: ignore[index]
+                raise EmitError(
+                    f"tensor {tensor!r} dim {i}: {step.kind} along axis {step.axis!r} moves "
+                    "uneven shards, and upstream MLIR 22's collectives need the dim divisible "
+                    "by the group size; the unrolled form (--shard-form unrolled) moves them "
+                    "by their boxes")
+        v = self.vals[src]
+        res = self.blk.fresh(result)
+        remote = " {apportion.remote}" if step.remote else ""
+        kind = step.kind
+        held_after = self.types[result][0].dtype
+        if kind in ("all_reduce", "reduce_scatter"):
+            red = REDUCTIONS[step.reducer or "sum"]
+            after_held = tensor_type(self._shape(result), elt(self.types[src][0].dtype))
+            scatter = f" scatter_axis = {step.dim}" if kind == "reduce_scatter" else ""
+            self.blk.emit(f"{res} = shard.{kind} {v} on @mesh grid_axes = [{axis}] reduction = "
+                          f"{red}{scatter}{remote} : {before} -> {after_held}")
+            self.vals[result] = self._after_reduce(res, result, step, after_held,
+                                                   self.types[src][0].dtype, held_after)
+            return
+        if kind == "all_gather":
+            what = f"gather_axis = {step.dim}"
+        elif kind == "slice":
+            kind, what = "all_slice", f"slice_axis = {step.dim}"
+        elif kind == "all_to_all":
+            what = f"split_axis = {step.to_dim} concat_axis = {step.dim}"
+        else:
+            raise EmitError(f"tensor {tensor!r}: resharding step {step} along axis "
+                            f"{step.axis!r} has no shard-dialect collective in upstream MLIR 22")
+        self.blk.emit(f"{res} = shard.{kind} {v} on @mesh grid_axes = [{axis}] {what}{remote} "
+                      f": {before} -> {after}")
+        self.vals[result] = res
+
+    def _shape(self, name: str) -> tuple[int | None, ...]:
+        ts = self.types[name]
+        return tuple(ts[0].shape[i] if len({t.shape[i] for t in ts}) == 1 else None
+                     for i in range(len(ts[0].shape)))
+
+    def _after_reduce(self, res: str, result: str, step: Step, held: str, src_dtype: str,
+                      dst_dtype: str) -> str:
+        """A reduction's total cast to the dtype the devices hold next (a float16 sum's float32
+        partials become float16 once whole), an argmax's keys unpacked to the index once no
+        axis is pending."""
+        unpack = step.reducer == "argmax" and not step.dst.partial
+        if src_dtype == dst_dtype and not unpack:
+            return res
+        shape = self._shape(result)
+        rank = len(shape)
+        ident = identity_map(rank)
+        src_e, dst_e = elt(src_dtype), elt(dst_dtype)
+        dyn = []
+        for i, n in enumerate(shape):  # a size the devices differ in: the reduced value's
+            if n is None:
+                c = self.blk.const(i, "index")
+                size = self.blk.fresh(f"{result}_size")
+                self.blk.emit(f"{size} = tensor.dim {res}, {c} : {held}")
+                dyn.append(size)
+        init = self.blk.fresh(f"{result}_init")
+        self.blk.emit(f"{init} = tensor.empty({', '.join(dyn)}) : {tensor_type(shape, dst_e)}")
+
+        def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
+            if unpack:
+                low = b.const(LOW, "i64")
+                m = b.fresh("low")
+                b.emit(f"{m} = arith.andi {args[0]}, {low} : i64")
+                i = b.fresh("index")
+                b.emit(f"{i} = arith.subi {low}, {m} : i64")
+                return [convert(b, i, "i64", dst_e)]
+            return [convert(b, args[0], src_e, dst_e)]
+
+        return generic(self.blk, [f"p{i}" for i in range(rank)], (),
+                       [(res, held, src_e, ident)],
+                       [(init, tensor_type(shape, dst_e), dst_e, ident)], body,
+                       f"{result}_whole")[0]
+
+
+def partitioned_mlir(plan: ShardingPlan) -> str:
+    """The SPMD form every device runs (form 3), verified upstream (a static mesh: bind a
+    symbolic one first, ``plan.bind``)."""
+    sp = _Spmd(plan)
+    program = plan.program
+    args = []
+    for name, s in plan.inputs:
+        sp.types[name] = sp.shard_types(name, name, s)
+        arg = sp.blk.fresh(f"arg_{name}")
+        sp.vals[name] = arg
+        args.append((arg, sp.spmd_type(name)))
+    by_point: dict[int, list] = {}
+    for t in plan.transfers:
+        by_point.setdefault(t.at, []).append(t)
+    for i, op in enumerate([*program.ops, None]):
+        for t in by_point.get(i, []):
+            src = t.source or t.tensor
+            for k, step in enumerate(t.steps):
+                dst = t.name if k == len(t.steps) - 1 else f"{t.name}.{k}"
+                sp.step(t.tensor, src, dst, step)
+                src = dst
+        if op is not None:
+            sp.op(op.name)
+    ret = [sp.vals[local] for _, _, local in plan.outputs]
+    outs = [sp.spmd_type(local) for _, _, local in plan.outputs]
+    return _module(plan.mesh, sp.blk, program.name, args, outs, ret,
+                   " attributes {apportion.form = \"partitioned\"}")
