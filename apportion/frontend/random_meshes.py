@@ -65,11 +65,14 @@ class MeshCase:
     features: tuple[str, ...] = ()
 
 
-def sharded(d: Draw) -> Program:
+def sharded(d: Draw, windows: bool = False) -> Program:
     """2 to 6 ops over 2-D float32 tensors of 3 to 8 elements a dim: pointwise ops (broadcasts
     too), transposes, matmuls, reductions kept as ``[n, 1]`` (sum, max, min, a mean, an argmax
     giving int64 that no op reads), a fallback (cumsum), and heads read through ``D*h+d`` and
-    summed or merged back into columns (the random sharded programs of ``tests/sharding``)."""
+    summed or merged back into columns (the random sharded programs of ``tests/sharding``).
+    ``windows``: also reads across shard boundaries, a shifted slice ``src[i + c, j]``, a
+    three-point stencil summed over ``src[i + k, j]`` and a 1-D convolution of three taps
+    (what a peered axis reads as a halo)."""
     tensors: dict[str, tuple[list[Any], str]] = {}
     inputs: list[str] = []
     made: list[str] = []
@@ -88,7 +91,8 @@ def sharded(d: Draw) -> Program:
         src = d.sampled_from(pool)
         a, b = tensors[src][0]
         kind = d.sampled_from(("unary", "binary", "bcast", "transpose", "matmul", "reduce",
-                               "mean", "argmax", "fallback", "heads"))
+                               "mean", "argmax", "fallback", "heads",
+                               *(("shift", "stencil", "conv") if windows else ())))
         name = f"o{i}"
         if kind == "unary":
             out = new([a, b])
@@ -118,6 +122,26 @@ def sharded(d: Draw) -> Program:
             fn = kind if kind != "reduce" else d.sampled_from(("sum", "max", "min"))
             out = new([a, 1], dtype="int64" if fn == "argmax" else "float32")
             ops.append({"name": name, "op": fn, "out": f"{out}[i,0]", "ins": [f"{src}[i,k]"]})
+        elif kind == "shift":
+            c = d.integers(1, 2)
+            if a <= c:  # shifted slices before left too few rows
+                continue
+            out = new([a - c, b])
+            ops.append({"name": name, "op": "copy", "out": f"{out}[i,j]",
+                        "ins": [f"{src}[i+{c},j]"], "dims": {"i": a - c}})
+        elif kind == "stencil":
+            if a <= 2:
+                continue
+            out = new([a - 2, b])
+            ops.append({"name": name, "op": "sum", "out": f"{out}[i,j]",
+                        "ins": [f"{src}[i+k,j]"], "dims": {"i": a - 2, "k": 3}})
+        elif kind == "conv":  # a 1-D convolution over the rows: y[i, n] = x[i + k, c] w[k, c, n]
+            if a <= 2:
+                continue
+            w = new([3, b, d.integers(3, 8)], source=True)
+            out = new([a - 2, tensors[w][0][2]])
+            ops.append({"name": name, "op": "matmul", "out": f"{out}[i,n]",
+                        "ins": [f"{src}[i+k,c]", f"{w}[k,c,n]"], "dims": {"i": a - 2}})
         elif kind == "fallback":
             out = new([a, b])
             ops.append({"name": name, "op": "cumsum", "out": f"{out}[i,j]",
@@ -147,10 +171,11 @@ def sharded(d: Draw) -> Program:
     return _doc(tensors, ops, outputs, inputs=inputs, name="sharded")
 
 
-def mesh(d: Draw) -> tuple[str, dict[str, int], dict[str, int]]:
+def mesh(d: Draw, peered: bool = False) -> tuple[str, dict[str, int], dict[str, int]]:
     """A mesh spec of 1 or 2 axes of 2 to 4 devices, one axis symbolic sometimes
     (``dp=N~2..4``: planned at 4, bound at 2 to 4); returns the spec, each axis's planning size
-    and the symbol's bound size (empty when no axis is symbolic).
+    and the symbol's bound size (empty when no axis is symbolic). ``peered``: each axis is
+    a chiplet axis with peered memory half the time (``tp=3@chiplet:peered``).
 
     >>> spec, planning, bound = mesh(Seeded(1))
     >>> set(planning) <= set(AXES) and all(2 <= n <= 4 for n in planning.values())
@@ -170,6 +195,8 @@ def mesh(d: Draw) -> tuple[str, dict[str, int], dict[str, int]]:
         else:
             planning[name] = d.integers(2, 4)
             parts.append(f"{name}={planning[name]}")
+        if peered and d.booleans():
+            parts[-1] += "@chiplet:peered"
     return ",".join(parts), planning, bound
 
 
@@ -212,22 +239,25 @@ def reduction_split(d: Draw, program: Program, sizes: Mapping[str, int]) -> dict
     return {tensor: tuple((axis,) if k == pos else () for k in range(rank))}
 
 
-def random_mesh_case(d: Draw, seed: int | None = None) -> MeshCase:
+def random_mesh_case(d: Draw, seed: int | None = None, peered: bool = False) -> MeshCase:
     """A program (``sharded`` half the time, else one of ``random_case``'s families bound at
-    its run-time sizes), a mesh, annotations, a chooser and a target for each device."""
+    its run-time sizes), a mesh, annotations, a chooser and a target for each device.
+    ``peered``: axes with peered memory drawn too, and ``sharded`` programs that read across
+    shard boundaries (halos; seeded cases without it are as they were)."""
     if d.booleans():
-        program, family, tgt = sharded(d), "sharded", target(d)
+        program, family, tgt = sharded(d, peered), "sharded", target(d)
     else:
         c = random_case(d)
         program = c.program.bind(dict(c.sizes)) if c.program.symbols else c.program
         family, tgt = c.family, c.target
-    spec, planning, bound = mesh(d)
+    spec, planning, bound = mesh(d, peered)
     ann = shardings(d, program, planning)
     if d.booleans():  # a reduction over devices: partial values, finishes
         ann |= reduction_split(d, program, planning)
     chooser = d.sampled_from(CHOOSERS)
     features = tuple(f for f, on in (
         (f"{len(planning)}-axis mesh", True), ("symbolic axis", bool(bound)),
+        ("peered", "peered" in spec),
         ("annotated", bool(ann)), (chooser, True), ("tiled", bool(program.tiling))) if on)
     return MeshCase(program, spec, ann, chooser, tgt, family, seed, bound, features)
 
