@@ -21,7 +21,15 @@ from apportion.errors import ProgramError
 from apportion.ir import jsondoc
 from apportion.ir.kinds import KINDS
 from apportion.ir.op import Access, Op
-from apportion.ir.program import LoopLevel, Program, Symbol, TensorType, TilingGroup
+from apportion.ir.program import (
+    SPLIT_K_AUTO,
+    LoopLevel,
+    Program,
+    SplitKPin,
+    Symbol,
+    TensorType,
+    TilingGroup,
+)
 
 FORMAT = "apportion.program/1"
 #: the fields each object of a program document may have; any other key is an error
@@ -237,8 +245,10 @@ def from_dict(doc: Any) -> Program:
                 raise ProgramError(f"{where}: split of dim {_show(d)} must be an integer, "
                                    f"got {_show(n)}")
         pins.append((op_name, tuple(splits.items())))
-    split_k = _mapping(doc, "split_k", _is_str, _is_int,
-                       "an object mapping op names to slices of their reduction", "program")
+    split_k = {op_name: _split_k_pin(v) for op_name, v in _mapping(
+        doc, "split_k", _is_str, _is_split_k_pin,
+        "an object mapping op names to slices of their reduction, \"?\" (the target decides), "
+        "{\"tile\": n} or {\"slices\"|\"tile\": {dim: n}}", "program").items()}
     return Program(
         name=name,
         tensors=tuple(tensors.values()),
@@ -250,6 +260,28 @@ def from_dict(doc: Any) -> Program:
         split_k=tuple(split_k.items()),
         symbols=tuple(symbols.values()),
     )
+
+
+def _is_split_k_pin(v: Any) -> bool:
+    """A split-K pin: slices (an int), "?", ``{"tile": n}`` or ``{"slices"|"tile": {dim: n}}``
+    (the ints are checked with the op, by ``Program``)."""
+    if _is_int(v) or v == SPLIT_K_AUTO:
+        return True
+    if not isinstance(v, dict) or len(v) != 1 or next(iter(v)) not in ("slices", "tile"):
+        return False
+    (key, inner), = v.items()
+    if key == "tile" and _is_int(inner):
+        return True
+    return isinstance(inner, dict) and bool(inner) and all(
+        _is_str(d) and _is_int(n) for d, n in inner.items())
+
+
+def _split_k_pin(v: Any) -> int | str | SplitKPin:
+    if not isinstance(v, dict):
+        return v
+    (key, inner), = v.items()
+    given = (("", inner),) if not isinstance(inner, dict) else tuple(inner.items())
+    return SplitKPin(tiles=given) if key == "tile" else SplitKPin(slices=given)
 
 
 def _is_symbol(v: Any) -> bool:
@@ -484,7 +516,8 @@ def to_dict(p: Program) -> dict[str, Any]:
     if p.work_division:
         doc["work_division"] = {op: dict(s) for op, s in p.work_division}
     if p.split_k:
-        doc["split_k"] = dict(p.split_k)
+        doc["split_k"] = {op: v.to_doc() if isinstance(v, SplitKPin) else v
+                          for op, v in p.split_k}
     if p.symbols:
         doc["symbols"] = {s.name: {k: v for k, v in (("min", s.min), ("max", s.max))
                                    if v is not None and (k, v) != ("min", 1)}

@@ -178,6 +178,31 @@ class TilingGroup:
         return dict(self.depths).get(op, len(self.loops))
 
 
+#: the ``split_k`` pin meaning "the target's resolver decides"
+SPLIT_K_AUTO = "?"
+
+
+@dataclass(frozen=True)
+class SplitKPin:
+    """A split-K pin given per reduction dim: its slices, or its tile size (the elements in one
+    slice). Dim ``""`` is the dim the split-K pass would split (the op's widest reduction dim),
+    as in ``{"mm": {"tile": 512}}``; ``{"conv": {"slices": {"c": 4, "kh": 3}}}`` names dims.
+
+    >>> SplitKPin(tiles=(("", 512),)).to_doc(), SplitKPin(slices=(("c", 4),)).to_doc()
+    ({'tile': 512}, {'slices': {'c': 4}})
+    """
+
+    slices: tuple[tuple[str, int], ...] = ()
+    tiles: tuple[tuple[str, int], ...] = ()
+
+    def to_doc(self) -> dict[str, object]:
+        """The pin as the program format writes it."""
+        if self.tiles:
+            return {"tile": self.tiles[0][1]} if self.tiles[0][0] == "" else {
+                "tile": dict(self.tiles)}
+        return {"slices": dict(self.slices)}
+
+
 @dataclass(frozen=True)
 class Program:
     """An ordered list of ops over named tensors.
@@ -198,8 +223,9 @@ class Program:
     ops: tuple[Op, ...]
     tiling: tuple[TilingGroup, ...] = ()
     work_division: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = field(default=())
-    #: pinned split-K factors: op -> slices of its reduction (the target decides the others)
-    split_k: tuple[tuple[str, int], ...] = ()
+    #: pinned split-K factors: op -> slices of its reduction, ``"?"`` (the target's resolver
+    #: decides) or a ``SplitKPin`` (slices or tile sizes per dim); the target decides the others
+    split_k: tuple[tuple[str, int | str | SplitKPin], ...] = ()
     #: dim sizes known only at run time (``TensorType.dynamic`` names them)
     symbols: tuple[Symbol, ...] = ()
 
@@ -279,7 +305,7 @@ class Program:
         return {op: dict(splits) for op, splits in self.work_division}
 
     @cached_property
-    def split_k_pins(self) -> dict[str, int]:
+    def split_k_pins(self) -> dict[str, int | str | SplitKPin]:
         return dict(self.split_k)
 
     @cached_property
@@ -370,9 +396,12 @@ def validate(p: Program) -> None:
     for op_name, factor in p.split_k:
         if op_name not in names:
             raise ProgramError(f"split_k pins unknown op {op_name!r}")
-        if isinstance(factor, bool) or not isinstance(factor, int) or factor < 1:
-            raise ProgramError(f"split_k for op {op_name!r} must be an int >= 1, got "
-                               f"{factor!r}")
+        if isinstance(factor, SplitKPin):
+            _check_split_k_pin(p.op_map[op_name], factor)
+        elif factor != SPLIT_K_AUTO and (isinstance(factor, bool) or not isinstance(factor, int)
+                                         or factor < 1):
+            raise ProgramError(f"split_k for op {op_name!r} must be an int >= 1, \"?\" or "
+                               f"{{\"tile\": n}}, got {factor!r}")
         if op_name in p.pins:
             raise ProgramError(f"op {op_name!r} is pinned by both work_division and split_k; "
                                "give its reduction split in one of them")
@@ -511,3 +540,29 @@ def _leading_slice(op: Op, dim: str, t: TensorType, axis: int, read: bool) -> bo
     read boxes; outputs are written whole and fallbacks read whole tensors."""
     return (read and op.kind.divisible and op.sizes[dim] < t.shape[axis]
             and axis not in t.symbols)
+
+
+def _check_split_k_pin(op: Op, pin: SplitKPin) -> None:
+    """A per-dim split-K pin names reduction dims of the op, once each, with ints >= 1 no
+    larger than the dim (its sizes may be symbolic: their bounds are checked by the pass)."""
+    where = f"split_k for op {op.name!r}"
+    if bool(pin.slices) == bool(pin.tiles):
+        raise ProgramError(f"{where}: give either slices or tile sizes per dim, got {pin!r}")
+    what = "tile" if pin.tiles else "slices"
+    given = pin.tiles or pin.slices
+    seen: set[str] = set()
+    for d, n in given:
+        if d == "" and what == "tile" and len(given) == 1:
+            pass
+        elif d not in op.reduction_dims:
+            raise ProgramError(f"{where}: {what} of dim {d!r}: not a reduction dim of the op "
+                               f"(its reduction dims: {', '.join(op.reduction_dims) or 'none'})")
+        if d in seen:
+            raise ProgramError(f"{where}: dim {d!r} is given twice")
+        seen.add(d)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ProgramError(f"{where}: {what} of dim {d or 'K'!r} must be an int >= 1, got "
+                               f"{n!r}")
+        size = op.sizes.get(d) if d else None
+        if isinstance(size, int) and n > size:
+            raise ProgramError(f"{where}: {what} {n} of dim {d!r} exceeds its size {size}")

@@ -39,13 +39,30 @@ class SplitK:
     slices, and who decided (a target resolver's name, ``user``, or ``pinned``).
 
     For a reduction size known only at run time, ``select`` chooses the slices from the size
-    (first matching case) and ``factor`` is its choice at the planning size.
+    (first matching case) and ``factor`` is its choice at the planning size. Where more than one
+    dim is cut, ``factors`` holds each dim's slices and ``factor`` their product.
+
+    >>> SplitK(("c", "kh"), 12, "gpu", factors=(4, 3)).per_dim
+    {'c': 4, 'kh': 3}
     """
 
     dims: tuple[str, ...]
     factor: int
     by: str
     select: SelectChain | None = None
+    factors: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.dims) > 1 and (len(self.factors) != len(self.dims)
+                                   or math.prod(self.factors) != self.factor):
+            raise PlanningError(f"split-K of dims {self.dims}: factors {self.factors} must give "
+                                f"each dim's slices, their product {self.factor}")
+
+    @property
+    def per_dim(self) -> dict[str, int]:
+        """Each cut dim's slices."""
+        return dict(zip(self.dims, self.factors, strict=True)) if len(self.dims) > 1 else {
+            d: self.factor for d in self.dims}
 
     def factor_at(self, size: int) -> int:
         """The slices for a run-time reduction size ``size``."""

@@ -30,7 +30,8 @@ def op_to_dict(o: OpPlan) -> dict[str, Any]:
         "split_k": None if o.split_k is None else {
             "dims": list(o.split_k.dims), "by": o.split_k.by,
             "factor": o.split_k.factor if o.split_k.select is None else
-            select_to_dict(o.split_k.select, o.split_k.factor)},
+            select_to_dict(o.split_k.select, o.split_k.factor),
+            **({"factors": list(o.split_k.factors)} if len(o.split_k.dims) > 1 else {})},
     }
 
 
@@ -57,7 +58,7 @@ def _split_k_from_dict(d: dict[str, Any]) -> SplitK:
     if isinstance(factor, dict):
         chain, planned = select_from_dict(factor)
         return SplitK(tuple(d["dims"]), planned, d["by"], chain)
-    return SplitK(tuple(d["dims"]), factor, d["by"])
+    return SplitK(tuple(d["dims"]), factor, d["by"], factors=tuple(d.get("factors", ())))
 
 
 def op_from_dict(d: dict[str, Any]) -> OpPlan:

@@ -13,18 +13,50 @@ resolver in ``Target.split_k``:
 
 A program may pin a factor per op (``"split_k": {"mm": 8}``) whatever the resolver.
 
-IREE's GPU heuristic (``SetSplitReductionSizes.cpp``, ``getMatmulLikeReductionSizes``, for the
-data-center class of GPUs): skip outputs larger than 2048 x 4096 elements (enough workgroups
-already); skip when K < 18000 and K / sqrt(M N) / batch < 48 (too little reduction to pay for
-the combine); otherwise allow at most 2048 slices when the output is at most 16 x 16 or K > 1e7,
-128 when it is at most 64 x 64 or K > 1e6, 64 up to 128 x 128, 32 up to 256 x 256, 16 up to
-512 x 512, else min(8, K); and take the smallest tile size that divides K and gives at most
-that many slices.
+The ``gpu`` resolver is IREE's split-reduction pass (``SetSplitReductionSizes.cpp`` in
+``compiler/src/iree/compiler/DispatchCreation``), which sorts an op into one of four families and
+asks the family's rule, in this order (the first family that takes the op decides). IREE gives
+tile sizes (elements per slice) per reduction dim; here they are slices (dim size / tile). The
+constants were fitted by IREE on data-center GPUs (the CDNA path; the small-GPU rules IREE adds
+for targets with fewer than 4096 concurrent workgroups are not carried over). ``TARGET_SIZE`` is
+the pass option ``splitReductionTargetSize`` as IREE's own tests run it (a 4096-element
+arg-compare is cut into tiles of 1024).
+
+* **outer reduction** (``getOuterReductionSizes``; e.g. batch norm's statistics): the reduction
+  dim is outermost in the input. Skipped when all reduction dims hold fewer than ``TARGET_SIZE``
+  elements; else the target tile is ``min(TARGET_SIZE, max(4, ceil(sqrt(total))))`` and the
+  dims are tiled innermost first, each with the smallest divisor of its size at least the
+  target still missing (a dim tiled after the target is met is cut into single elements).
+* **convolution** (``getConvolutionReductionSizes``): a matmul-like op whose first input reads
+  a window pair (an output image dim plus a filter dim, ``h+kh``) and that has a batch, an output
+  channel and a filter dim. Skipped when output channels x the main distributed size (the image
+  for batch-first outputs, else the batch) reach 640000, or when the reduction is at most 64 x
+  sqrt of that and under 8192 elements. The output size (channels x batch x image x depth) caps
+  the slices: under 32 x 32: 2048; under 128 x 128: 128; under 256 x 256: 64; under 512 x 512:
+  16; else min(8, the first tiled dim). Dims are tiled innermost first for batch-first outputs,
+  else outermost first, each with the smallest divisor at least size / cap; the cap shrinks by
+  each dim's slices and a dim left with tiles above one element ends the walk (the data of inner
+  dims would not be contiguous).
+* **matmul-like** (``getMatmulLikeReductionSizes``): a contraction with two or more parallel
+  dims. Skipped for outputs larger than 2048 x 4096 elements (enough workgroups already) and when
+  K < 18000 and K / sqrt(M N) / batch < 48 (too little reduction to pay for the combine);
+  otherwise at most 2048 slices when the output is at most 16 x 16 or K > 1e7, 128 when it is at
+  most 64 x 64 or K > 1e6, 64 up to 128 x 128, 32 up to 256 x 256, 16 up to 512 x 512, else
+  min(8, the outermost reduction dim); the reduction dims are tiled outermost first as for a
+  convolution. A plain reduction over inner dims (``sum(x[m, k])``) is no IREE family (IREE's
+  reduction codegen spreads it within workgroups); apportion asks it the matmul-like rule with
+  its output as M and N = 1, as it always has (family ``inner_reduction``).
+* **arg-compare** (``getArgCompareReductionSizes``; argmax, argmin): a reduction of at least
+  ``TARGET_SIZE`` elements is cut into tiles of the smallest divisor at least ``TARGET_SIZE``.
+
+Every divisor search is IREE's trial division from the lower bound up to min(size, 2^15).
 
 >>> gpu_slices(ReductionShape(batch=1, m=32, n=32, k=40960))   # 128 slices of 320
 128
 >>> gpu_slices(ReductionShape(batch=1, m=4096, n=4096, k=8192)) is None   # output too large
 True
+>>> gpu_split(ReductionShape(1, 1, 1, 4096, family="arg_compare"))   # tiles of 1024
+{'k': 4}
 """
 
 from __future__ import annotations
@@ -35,7 +67,7 @@ from dataclasses import dataclass
 
 from apportion.errors import TargetError
 
-#: IREE's constants (see the module docstring)
+#: IREE's matmul-like constants (see the module docstring)
 GPU_LARGE_OUTPUT = 2048 * 4096
 GPU_LARGE_K = 18000
 GPU_RATIO_THRESHOLD = 48
@@ -43,17 +75,34 @@ GPU_RATIO_THRESHOLD = 48
 GPU_LIMITS = ((16 * 16, 1e7, 2048), (64 * 64, 1e6, 128), (128 * 128, None, 64),
               (256 * 256, None, 32), (512 * 512, None, 16))
 GPU_DEFAULT_LIMIT = 8
-#: IREE bounds its divisor search by trial division to this many candidates
+#: IREE bounds its divisor search by trial division up to this size
 GPU_MAX_TILE_SEARCH = 1 << 15
+#: IREE's ``splitReductionTargetSize`` (outer reductions and arg-compare)
+TARGET_SIZE = 1024
+#: IREE's outer-reduction floor on the scaled target tile
+OUTER_MIN_TILE = 4
+#: IREE's convolution constants: parallel size that skips, reduction size and ratio that split
+CONV_LARGE_PARALLEL = 640000
+CONV_LARGE_REDUCTION = 8192
+CONV_RATIO_THRESHOLD = 64
+#: (output below) -> most slices, checked in order; else min(8, the first tiled dim)
+CONV_LIMITS = ((32 * 32, 2048), (128 * 128, 128), (256 * 256, 64), (512 * 512, 16))
 
 RESOLVERS = ("cost", "gpu", "table", "none")
+#: the families an op's reduction is sorted into (``passes.split_k.family``)
+FAMILIES = ("outer_reduction", "convolution", "matmul_like", "inner_reduction", "arg_compare")
 
 
 @dataclass(frozen=True)
 class ReductionShape:
     """What a resolver sees of an op: output extents split into batch, M and N (products of
     the dims only the first input, only the second, or both inputs index; all output dims count
-    as M for a plain reduction), the reduction extent K, the reduction dim and dtype."""
+    as M for a plain reduction), the reduction extent K, the reduction dim and dtype.
+
+    The family rules also see the op's ``family`` (``FAMILIES``), its reduction dims outermost
+    first with their sizes (``reduction``; empty: ``dim`` alone, of size ``k``) and, for a
+    convolution, its output channels, image, depth and batch extents and whether the batch is
+    the output's outermost dim."""
 
     batch: int
     m: int
@@ -64,35 +113,141 @@ class ReductionShape:
     op: str = ""
     #: the symbol naming K when K is known only at run time (``k`` is then its planning size)
     symbol: str | None = None
+    family: str = "matmul_like"
+    reduction: tuple[tuple[str, int], ...] = ()
+    channels: int = 1
+    image: int = 1
+    depth: int = 1
+    conv_batch: int = 1
+    batch_first: bool = True
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise TargetError(f"reduction shape of op {self.op!r}: family must be one of "
+                              f"{', '.join(FAMILIES)}, got {self.family!r}")
 
     @property
     def output(self) -> int:
         return self.batch * self.m * self.n
 
+    @property
+    def dims(self) -> tuple[tuple[str, int], ...]:
+        """The reduction dims, outermost first, with their sizes."""
+        return self.reduction or ((self.dim, self.k),)
+
 
 def _smallest_tile(k: int, lower: int) -> int | None:
     """The smallest divisor of ``k`` at least ``lower`` (None past IREE's search bound)."""
-    for tile in range(max(lower, 1), min(k, lower + GPU_MAX_TILE_SEARCH) + 1):
+    for tile in range(max(lower, 1), min(k, GPU_MAX_TILE_SEARCH) + 1):
         if k % tile == 0:
             return tile
     return None
 
 
-def gpu_slices(shape: ReductionShape) -> int | None:
-    """Slices of K under IREE's GPU heuristic, or None where it leaves K whole."""
+def _matmul_limit(out: int, k: int, first: int) -> int:
+    return next((lim for most, big_k, lim in GPU_LIMITS
+                 if out <= most or (big_k is not None and k > big_k)),
+                min(GPU_DEFAULT_LIMIT, first))
+
+
+def _walk(dims: tuple[tuple[str, int], ...], limit: int) -> dict[str, int] | None:
+    """IREE's tiling walk of the convolution and matmul-like rules: each dim in turn takes the
+    smallest tile giving at most ``limit`` slices, the limit shrinks by its slices, and a dim
+    left with tiles of more than one element ends the walk. Slices per dim (those above 1)."""
+    out: dict[str, int] = {}
+    for d, size in dims:
+        tile = _smallest_tile(size, -(-size // max(limit, 1)))
+        if tile is None:
+            return None
+        if size // tile > 1:
+            out[d] = size // tile
+        limit //= size // tile
+        if tile > 1:
+            break
+    return out or None
+
+
+def matmul_like_split(shape: ReductionShape) -> dict[str, int] | None:
+    """IREE's matmul-like rule (also asked for inner reductions): slices per reduction dim."""
     out, k = shape.output, shape.k
     if out > GPU_LARGE_OUTPUT:
         return None
     ratio = k / math.sqrt(shape.m * shape.n) / shape.batch
     if k < GPU_LARGE_K and ratio < GPU_RATIO_THRESHOLD:
         return None
-    limit = next((lim for most, big_k, lim in GPU_LIMITS
-                  if out <= most or (big_k is not None and k > big_k)),
-                 min(GPU_DEFAULT_LIMIT, k))
-    tile = _smallest_tile(k, -(-k // limit))
-    if tile is None or tile == k:
+    return _walk(shape.dims, _matmul_limit(out, k, shape.dims[0][1]))
+
+
+def outer_reduction_split(shape: ReductionShape, target: int = TARGET_SIZE
+                          ) -> dict[str, int] | None:
+    """IREE's outer-reduction rule: slices per reduction dim.
+
+    >>> outer_reduction_split(ReductionShape(1, 64, 1, 100000, family="outer_reduction"))
+    {'k': 250}
+    """
+    total = math.prod(size for _, size in shape.dims)
+    if total < target:
         return None
-    return k // tile
+    scaled = min(target, max(OUTER_MIN_TILE, math.ceil(math.sqrt(total))))
+    out, done = {}, 1
+    for d, size in reversed(shape.dims):  # innermost first
+        tile = _smallest_tile(size, -(-scaled // done)) or size
+        if size // tile > 1:
+            out[d] = size // tile
+        done *= tile
+    return {d: out[d] for d, _ in shape.dims if d in out} or None
+
+
+def convolution_split(shape: ReductionShape) -> dict[str, int] | None:
+    """IREE's convolution rule: slices per reduction dim.
+
+    >>> convolution_split(ReductionShape(1, 1, 1, 2304, family="convolution",
+    ...     reduction=(("c", 256), ("kh", 3), ("kw", 3)), channels=8, image=16))
+    {'c': 128, 'kh': 3, 'kw': 3}
+    """
+    main = shape.image if shape.batch_first else shape.conv_batch
+    parallel = shape.channels * main
+    if parallel >= CONV_LARGE_PARALLEL:
+        return None
+    total = math.prod(size for _, size in shape.dims)
+    if int(total / math.sqrt(parallel)) <= CONV_RATIO_THRESHOLD and \
+            total < CONV_LARGE_REDUCTION:
+        return None
+    out = shape.channels * shape.conv_batch * shape.image * shape.depth
+    dims = tuple(reversed(shape.dims)) if shape.batch_first else shape.dims
+    limit = next((lim for below, lim in CONV_LIMITS if out < below),
+                 min(GPU_DEFAULT_LIMIT, dims[0][1]))
+    split = _walk(dims, limit)
+    return None if split is None else {d: split[d] for d, _ in shape.dims if d in split}
+
+
+def arg_compare_split(shape: ReductionShape, target: int = TARGET_SIZE
+                      ) -> dict[str, int] | None:
+    """IREE's arg-compare rule: tiles of the smallest divisor at least ``target``."""
+    (d, size), = shape.dims[-1:]
+    if size < target:
+        return None
+    tile = _smallest_tile(size, target) or size
+    return {d: size // tile} if size // tile > 1 else None
+
+
+#: each family's rule
+FAMILY_RULES = {"outer_reduction": outer_reduction_split, "convolution": convolution_split,
+                "matmul_like": matmul_like_split, "inner_reduction": matmul_like_split,
+                "arg_compare": arg_compare_split}
+
+
+def gpu_split(shape: ReductionShape) -> dict[str, int] | None:
+    """The ``gpu`` resolver: slices per reduction dim by the rule of the op's family (None:
+    left whole)."""
+    return FAMILY_RULES[shape.family](shape)
+
+
+def gpu_slices(shape: ReductionShape) -> int | None:
+    """The slices of the ``gpu`` resolver in all (the product over the dims it splits), or None
+    where it leaves the reduction whole."""
+    split = gpu_split(shape)
+    return None if split is None else math.prod(split.values())
 
 
 @dataclass(frozen=True)
@@ -241,7 +396,10 @@ def gpu_chain(shape: ReductionShape, unit: int = 1, cap: int | None = None
     for start, stop, limit in regions:
         most = limit if cap is None else min(limit, cap)
         for f in _power_of_two_factors(most):
-            cases.append(Case(f, lo=max(start, lo), hi=stop, multiple=f * unit))
+            # IREE's divisor search stops at 2^15: a larger tile leaves K whole
+            top = f * GPU_MAX_TILE_SEARCH if stop is None else min(stop, f * GPU_MAX_TILE_SEARCH)
+            if max(start, lo) <= top:
+                cases.append(Case(f, lo=max(start, lo), hi=top, multiple=f * unit))
     return SelectChain(shape.symbol or shape.dim, tuple(cases), 1)
 
 

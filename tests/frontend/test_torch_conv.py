@@ -96,15 +96,16 @@ def test_a_conv_divides_over_output_channels_and_spatial_dims():
 
 
 def test_a_target_whose_split_k_rules_split_the_channel_reduction_rewrites_the_conv():
-    # the gpu preset's split-K rule splits a long reduction over a small output: the conv
-    # becomes partial convs over channel slices and a sum combining them
+    # the gpu preset's split-K rule (IREE's convolution family) splits a long reduction over a
+    # small output: the conv becomes partial convs over channel and filter-tap slices (every
+    # one of the 5 taps, then every channel: 1280 slices) and a sum combining them
     conv = _seeded(lambda: nn.Conv1d(256, 8, 5, padding=2))
     x = torch.randn(1, 256, 4)
     tp = lowered(conv, x)
     planned = ap.plan(tp.program, ap.targets.gpu())
     by_name = {o.name: o for o in planned.plan.ops}
     partial = by_name["convolution.conv.partial"]
-    assert partial.op == "conv" and partial.split_k.dims == ("c",)
+    assert partial.op == "conv" and partial.split_k.dims == ("c", "k0")
     assert partial.split_k.factor > 1 and by_name["convolution.conv.combine"].op == "sum"
     want = eager(conv, x)
     for backend in ("reference", "torch"):

@@ -61,13 +61,18 @@ def test_a_pinned_factor_is_honoured_under_both_strategies_and_runs(strategy):
     assert all(c.ok for c in planned.check())
 
 
-@pytest.mark.parametrize(("pins", "match"), [
-    ({"mm": 1000}, r"op 'mm': split_k 1000 of reduction dim 'k' exceeds its 64 sticks"),
-    ({"mm": 64}, r"or the target's 32 cores"),
-])
-def test_a_pinned_factor_that_cannot_be_honoured_names_op_dim_and_factor(pins, match):
-    with pytest.raises(PlanningError, match=match):
-        ap.plan(matmul(64, 4096, 256, split_k=pins))
+def test_a_pinned_factor_that_cannot_be_honoured_names_op_dim_and_factor():
+    with pytest.raises(PlanningError, match=r"op 'mm': split_k 1000 of reduction dim 'k' "
+                                            r"exceeds its 64 sticks"):
+        ap.plan(matmul(64, 4096, 256, split_k={"mm": 1000}))
+    # argmax keeps its split inside the op: at most one slice per core
+    am = program({"x": ([8, 4096], "float32")},
+                 [{"name": "r", "op": "argmax", "out": "s[i]", "ins": ["x[i,k]"]}], ["s"],
+                 split_k={"r": 64})
+    with pytest.raises(PlanningError, match=r"op 'r': split_k 64 of reduction dim 'k' exceeds "
+                                            r"the target's 32 cores; more slices than cores "
+                                            r"need partial and combine ops, and argmax's"):
+        ap.plan(am)
 
 
 def test_split_k_pins_are_checked_in_the_program():
@@ -197,14 +202,16 @@ def test_work_division_pins_follow_an_op_the_gpu_resolver_splits():
 
 
 @pytest.mark.parametrize("out", ["y[]", "y[0]"])
-def test_a_reduction_of_two_dims_to_a_scalar_splits_on_gpu_one_slice_per_core(out):
-    """A scalar's partials are ``[slices, 1]``: the slice axis is no stick dim, so each core
-    takes one slice (it was ``[slices]``, whose whole-stick splits cannot hold the factor)."""
+def test_a_reduction_of_two_dims_to_a_scalar_splits_both_dims_on_gpu(out):
+    """A scalar's partials are ``[slices..., 1]``: the slice axes are no stick dim, so the cores
+    take whole slices. IREE's outer-reduction rule tiles b by 512 (sqrt of the 262144
+    elements) and cuts a into single rows: 256 x 2 slices, 256 cores running 2 each."""
     p = program({"x": ([256, 1024], "float32")},
                 [{"name": "red", "op": "sum", "out": out, "ins": ["x[a,b]"]}], ["y"])
     planned = ap.plan(p, ap.targets.gpu())
     partial = planned.op("red.partial")
-    assert partial.split_k is not None and partial.split_map["a_slice"] == 256
-    assert planned.program.tensor("y.partials").shape == (256, 1)
+    assert partial.split_k == partial.split_k.__class__(("a", "b"), 512, "gpu", factors=(256, 2))
+    assert partial.split_map["a_slice"] == 256 and partial.split_map["b_slice"] == 1
+    assert planned.program.tensor("y.partials").shape == (256, 2, 1)
     for backend in ("reference", "iree"):
         assert all(c.ok for c in planned.check(backend=backend))
