@@ -42,6 +42,7 @@ from apportion.sharding.plan import (
     ShardingPlan,
     build_plan,
     default_target,
+    read_us,
     tiled_granules,
     tiling_strategies,
 )
@@ -60,9 +61,8 @@ def _cost(program: Program, mesh: Mesh, op: Op, s: Strategy, known: Mapping[str,
           out_want: Sharding | None, cost: CostModel) -> tuple[float, float, int]:
     moved = 0.0
     for k, acc in enumerate(op.ins):
-        if acc.tensor in known:
-            t = program.tensor(acc.tensor)
-            moved += reshard_time(t.shape, t.dtype, known[acc.tensor], s.ins[k], mesh)
+        if acc.tensor in known:  # a copy, or a read in place from the peers where cheaper
+            moved += read_us(program, op, k, s, known[acc.tensor], mesh, cost.target)[0]
     if out_want is not None:
         t = program.tensor(op.out.tensor)
         if not out_want.partial:
