@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -138,6 +139,50 @@ def openmp_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str
     check_gathers(bound_program, tensors)
     tensors = {n: a for n, a in tensors.items() if n in env or n in given_outputs}
     return OpenmpRun(tensors, 0.0 if cached else engine.compile_s, cached, call.run_s, team)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A program without run-time sizes ready to call many times (a benchmark's loop): its
+    module compiled, the function's name, its arguments and its results' shapes and types."""
+
+    engine: omp.Engine
+    function: str
+    args: tuple[tuple[Any, str], ...]
+    results: tuple[tuple[tuple[int, ...], str], ...]
+    outputs: tuple[str, ...]
+
+    def call(self, threads: int | None = None) -> omp.Call:
+        """One call with ``threads`` OpenMP threads (None: the runtime's default)."""
+        return self.engine.call(self.function, self.args, self.results, threads)
+
+
+def prepare(program: Program, plan: Plan, target: Target, inputs: Mapping[str, np.ndarray],
+            params: Mapping[str, int] | None = None,
+            lowering: omp.Lowering = omp.PARALLEL) -> Prepared:
+    """``plan`` emitted, lowered by ``lowering`` and compiled (or taken from the cache), its
+    arguments bound to ``inputs`` once: ``Prepared.call`` then times the module alone.
+
+    >>> import apportion as ap
+    >>> from apportion.runtime import upstream_mlir
+    >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
+    >>> if upstream_mlir.available():
+    ...     ready = prepare(planned.program, planned.plan, planned.target,
+    ...                     random_inputs(planned.program, 0))
+    ...     assert ready.call(threads=1).outputs[0].shape == (1024, 4096)
+    """
+    if program.symbols:
+        raise ExecutionError(f"program {program.name!r} has run-time sizes: run it with "
+                             "openmp_run, which binds them")
+    bound = lower(program, plan, target, params=params or None)
+    env = bind_inputs(bound.program, inputs)
+    engine, _ = omp.ENGINES.get(parallel_ir(program, plan, target), lowering)
+    schedule = emitted(program, plan, target)
+    args = [(env[n], mlir_type(program.tensor(n).dtype)) for n in program.inputs]
+    args += [(int((params or {})[s]), "index") for s in symbols(schedule)]
+    results = tuple((bound.program.tensor(n).shape, mlir_type(program.tensor(n).dtype))
+                    for n in program.outputs)
+    return Prepared(engine, symbol_name(program.name), tuple(args), results, program.outputs)
 
 
 def openmp_check(program: Program, plan: Plan, target: Target, seed: int = 0,

@@ -1,0 +1,224 @@
+"""`apportion bench forall`: the plan's ``scf.forall`` IR run in parallel on this machine's cores
+through upstream MLIR (``backends.openmp``) against the same IR run sequentially, in one run.
+
+Each case is a program planned for ``spyre`` with ``--cores`` workers (default
+``DEFAULT_WORKERS``: the forall grid, the workers a parallel loop shares out), emitted as parallel
+IR once and lowered twice by upstream MLIR 22: each forall an OpenMP work-sharing loop
+(``engine.PARALLEL``) and each forall an ``scf.for`` (``engine.SEQUENTIAL``). Three columns time
+the same emitted IR: the ``scf.for`` lowering, the OpenMP module on one thread and the same
+module on ``--threads`` threads (default: the OpenMP runtime's, the machine's cores). The
+speed-up is one thread's time over N threads' (the same compiled code, only the team size
+differs). Every case's parallel output is checked against the unplanned program (a mismatch is
+a wrong result: exit status 1, ``--check`` or not).
+
+Timing: interleaved rounds (``bench_harness.interleaved``: every column of a case once per
+round, in alternating order), one warm-up call each, ``--repeat`` rounds (default
+``DEFAULT_REPEAT``); the fastest call is reported (a stall elsewhere only lengthens a call).
+
+Goal (``--check``), stated where ``--threads`` is at least 2: on the large cases (tens of
+milliseconds or more of work: ``Case.large``) the geometric mean of the speed-up is at least
+``GOAL`` (parallel no slower than sequential). It is modest on purpose: the machine this is
+checked on has two cores that other work shares, and the kernels are scalar loops whose speed
+is bound by memory as much as by arithmetic.
+
+>>> [c.name for c in cases()][:2]
+['pointwise', 'softmax']
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from apportion.cli import goals as bench_goals
+from apportion.cli.bench_harness import Outcome, Suite, interleaved
+from apportion.frontend.json_format import from_dict
+from apportion.ir.program import Program
+
+#: workers of the plan (the forall grid) when --cores is not given
+DEFAULT_WORKERS = 8
+#: timed rounds when --repeat is not given
+DEFAULT_REPEAT = 5
+#: the least geometric-mean speed-up of the large cases, N threads over one
+GOAL = 1.0
+#: a forall's grid in the emitted IR: ``scf.forall (%i, %j) in (2, 4)``
+_GRID = re.compile(r"scf\.forall \([^)]*\) in \(([^)]*)\)")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One program of the bench: its name, what it computes (for the table) and whether it is
+    large enough for its speed-up to count towards the goal."""
+
+    name: str
+    what: str
+    program: Program
+    large: bool
+
+
+def _program(name: str, tensors: dict[str, tuple[list[int], str]],
+             ops: list[dict[str, Any]], outputs: list[str]) -> Program:
+    return from_dict({"format": "apportion.program/1", "name": name,
+                      "tensors": {n: {"shape": s, "dtype": d} for n, (s, d) in tensors.items()},
+                      "inputs": list(tensors), "outputs": outputs, "ops": ops})
+
+
+def cases() -> list[Case]:
+    """The bench's programs, small ones first (their parallel loops are short: the OpenMP
+    fork and join show), then the large ones the goal reads."""
+    return [
+        Case("pointwise", "a*b+c 256x1024 f16", _program(
+            "pointwise", {"a": ([256, 1024], "float16"), "b": ([256, 1024], "float16"),
+                          "c": ([256, 1024], "float16")},
+            [{"name": "mul", "op": "mul", "out": "y[m,n]", "ins": ["a[m,n]", "b[m,n]"]},
+             {"name": "add", "op": "add", "out": "z[m,n]", "ins": ["y[m,n]", "c[m,n]"]}],
+            ["z"]), False),
+        Case("softmax", "row softmax 128x2048 f32", _program(
+            "softmax", {"x": ([128, 2048], "float32")},
+            [{"name": "mx", "op": "max", "out": "m[r]", "ins": ["x[r,c]"]},
+             {"name": "sub", "op": "sub", "out": "d[r,c]", "ins": ["x[r,c]", "m[r]"]},
+             {"name": "exp", "op": "exp", "out": "e[r,c]", "ins": ["d[r,c]"]},
+             {"name": "sum", "op": "sum", "out": "s[r]", "ins": ["e[r,c]"]},
+             {"name": "div", "op": "div", "out": "y[r,c]", "ins": ["e[r,c]", "s[r]"]}],
+            ["y"]), False),
+        Case("gelu", "gelu 2048x4096 f32", _program(
+            "gelu", {"x": ([2048, 4096], "float32")},
+            [{"name": "g", "op": "gelu", "out": "y[r,c]", "ins": ["x[r,c]"]}], ["y"]), True),
+        Case("rowsum", "sum(exp) 2048x4096 f32", _program(
+            "rowsum", {"x": ([2048, 4096], "float32")},
+            [{"name": "exp", "op": "exp", "out": "e[r,c]", "ins": ["x[r,c]"]},
+             {"name": "sum", "op": "sum", "out": "s[r]", "ins": ["e[r,c]"]}], ["s"]), True),
+        Case("matmul", "matmul 256x512x512 f32", _program(
+            "matmul", {"a": ([256, 512], "float32"), "b": ([512, 512], "float32")},
+            [{"name": "mm", "op": "matmul", "out": "c[m,n]", "ins": ["a[m,k]", "b[k,n]"]}],
+            ["c"]), True),
+    ]
+
+
+@dataclass(frozen=True)
+class Result:
+    """One case: the forall grids of its launches, the fastest call of each column (ms), the
+    speed-up (one thread / N threads) and how its parallel output compares with the
+    unplanned program."""
+
+    case: str
+    what: str
+    large: bool
+    grids: tuple[str, ...]
+    compile_s: float
+    for_ms: float
+    one_ms: float
+    many_ms: float
+    threads: int
+    speedup: float
+    ok: bool
+    max_rel_err: float
+
+
+def run_case(case: Case, workers: int, threads: int, repeat: int) -> Result:
+    """``case`` planned on ``workers`` spyre cores, lowered both ways, checked and timed."""
+    from apportion.backends.openmp import engine
+    from apportion.backends.openmp.run import prepare
+    from apportion.planned import plan
+    from apportion.runtime.reference import compare, random_inputs, run_unplanned
+    from apportion.target.presets import spyre
+
+    planned = plan(case.program, spyre(cores=workers))
+    p = planned.program
+    inputs = random_inputs(p, 0)
+    par = prepare(p, planned.plan, planned.target, inputs)
+    seq = prepare(p, planned.plan, planned.target, inputs, lowering=engine.SEQUENTIAL)
+    got = dict(inputs)
+    got.update(zip(par.outputs, par.call(threads).outputs, strict=True))
+    checks = compare(run_unplanned(p, inputs), got, p)
+    inner: list[list[float]] = [[], [], []]
+
+    def timed(column: int, ready: Any, team: int) -> None:
+        # the call's own clock: the time inside the module, not the descriptors made around it
+        inner[column].append(ready.call(team).run_s)
+
+    interleaved([lambda: timed(0, seq, 1), lambda: timed(1, par, 1),
+                 lambda: timed(2, par, threads)], repeat=repeat, warmup=1, alternate=True)
+    for_s, one_s, many_s = (min(ts[1:]) for ts in inner)  # the first call is the warm-up
+    from apportion.backends.openmp.run import parallel_ir
+
+    grids = tuple("x".join(g.split(", ")) for g in _GRID.findall(
+        parallel_ir(p, planned.plan, planned.target)))
+    worst = max((c.max_rel_err for c in checks), default=0.0)
+    return Result(case.name, case.what, case.large, grids,
+                  round(par.engine.compile_s + seq.engine.compile_s, 3),
+                  for_s * 1e3, one_s * 1e3, many_s * 1e3, threads,
+                  one_s / many_s if many_s > 0 else math.inf, all(c.ok for c in checks), worst)
+
+
+def run(cases_: Sequence[Case], workers: int, threads: int | None, repeat: int,
+        console: Console) -> list[Result]:
+    """Every case run and timed; prints the table and the goal's line."""
+    from apportion.backends.openmp import engine
+
+    team = threads if threads is not None else engine.max_threads()
+    results = []
+    with console.status("") as status:
+        for c in cases_:
+            status.update(f"{c.name}: lowering with upstream MLIR, compiling, timing")
+            results.append(run_case(c, workers, team, repeat))
+    console.print(table(results, workers, repeat))
+    bench_goals.show(goals(results), console)
+    return results
+
+
+def goals(results: Sequence[Result]) -> list[bench_goals.Goal]:
+    """The suite's goal (module docstring): stated where N threads is at least 2 and there is
+    a large case."""
+    large = [r for r in results if r.large]
+    if not large or large[0].threads < 2:
+        return []
+    mean = math.exp(sum(math.log(r.speedup) for r in large) / len(large))
+    worst = min(large, key=lambda r: r.speedup)
+    return [bench_goals.at_least(
+        f"{large[0].threads} OpenMP threads no slower than one on the large cases (geometric "
+        f"mean speed-up >= {GOAL:g}x; lowest {worst.speedup:.2f}x, {worst.case})", mean, GOAL,
+        "{:.2f}x")]
+
+
+def table(results: Sequence[Result], workers: int, repeat: int) -> Table:
+    threads = results[0].threads if results else 0
+    t = Table(title=f"scf.forall IR through upstream MLIR: sequential loops, OpenMP on 1 and "
+                    f"{threads} threads (plans on {workers} workers; fastest of {repeat})")
+    for col in ("case", "program", "foralls (grids)", "scf.for ms", "1 thread ms",
+                f"{threads} threads ms", "speed-up", "vs unplanned"):
+        t.add_column(col, justify="left" if col in ("case", "program", "foralls (grids)")
+                     else "right")
+    for r in results:
+        shown = ", ".join(dict.fromkeys(r.grids))
+        t.add_row(r.case + (" *" if r.large else ""), r.what, f"{len(r.grids)} ({shown})",
+                  f"{r.for_ms:.1f}", f"{r.one_ms:.1f}", f"{r.many_ms:.1f}",
+                  f"{r.speedup:.2f}x", "ok" if r.ok else f"WRONG ({r.max_rel_err:.2g})")
+    return t
+
+
+def _suite(args: argparse.Namespace, console: Console) -> Outcome:
+    from apportion.cli.usage import UsageError
+    from apportion.runtime import upstream_mlir
+
+    if args.cores and len(args.cores) > 1:
+        raise UsageError("bench forall takes one --cores (the plans' workers)")
+    workers = args.cores[0] if args.cores else DEFAULT_WORKERS
+    upstream_mlir.require()  # the mlir extra, named, before any case
+    chosen = cases()[:args.limit] if args.limit else cases()
+    results = run(chosen, workers, args.threads, args.repeat or DEFAULT_REPEAT, console)
+    console.print("* large: the cases the goal reads", highlight=False)
+    return Outcome([asdict(r) for r in results], goals(results),
+                   failed=not all(r.ok for r in results))
+
+
+SUITE = Suite("forall", frozenset({"cores", "threads", "repeat"}),
+              "the scf.forall IR run in parallel (OpenMP) against the same IR run sequentially",
+              _suite)

@@ -1,0 +1,60 @@
+"""`apportion bench forall`: the same scf.forall IR run sequentially and on OpenMP threads, every
+case checked against the unplanned program, the goal stated only where it means something (no
+timed assertion: the goal's arithmetic is checked on made-up results)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from apportion.cli import bench_forall
+from apportion.cli.bench_forall import GOAL, Result, goals
+from apportion.cli.main import main
+from apportion.runtime import upstream_mlir
+
+needs_mlir = pytest.mark.skipif(not upstream_mlir.available() or
+                                upstream_mlir.openmp_library() is None,
+                                reason="needs the mlir extra (upstream MLIR 22 and libiomp5)")
+
+
+def result(case: str, speedup: float, large: bool = True, threads: int = 2) -> Result:
+    return Result(case, case, large, ("8",), 0.1, 10.0, 10.0, 10.0 / speedup, threads,
+                  speedup, True, 0.0)
+
+
+def test_the_goal_reads_the_geometric_mean_of_the_large_cases_only():
+    [g] = goals([result("a", 4.0), result("b", 0.5), result("tiny", 0.01, large=False)])
+    assert g.met and g.figure.startswith("1.41x")  # sqrt(4 * 0.5); the small case left out
+    [g] = goals([result("a", 0.8), result("b", 1.1)])
+    assert not g.met and "lowest 0.80x, a" in g.what and f">= {GOAL:g}x" in g.what
+
+
+def test_no_goal_is_stated_on_one_thread_or_without_a_large_case():
+    assert goals([result("a", 1.0, threads=1)]) == []
+    assert goals([result("a", 0.5, large=False)]) == []
+
+
+def test_the_cases_are_small_first_and_every_large_one_is_marked():
+    cs = bench_forall.cases()
+    assert [c.large for c in cs] == sorted(c.large for c in cs)
+    assert {c.name for c in cs if c.large} == {"gelu", "rowsum", "matmul"}
+
+
+@needs_mlir
+def test_the_bench_times_three_columns_of_the_same_ir_and_checks_each_case(tmp_path, capsys):
+    out = tmp_path / "forall.json"
+    assert main(["bench", "forall", "--limit", "2", "--repeat", "1", "--threads", "2",
+                 "--cores", "4", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "scf.for ms" in text and "1 thread ms" in text and "2 threads ms" in text
+    doc = json.loads(out.read_text())
+    assert [d["case"] for d in doc] == ["pointwise", "softmax"]
+    assert all(d["ok"] and d["threads"] == 2 and d["grids"] for d in doc)
+    assert all(d["for_ms"] > 0 and d["one_ms"] > 0 and d["many_ms"] > 0 for d in doc)
+
+
+def test_bench_forall_takes_one_core_count_and_no_foreign_options(capsys):
+    assert main(["bench", "forall", "--cores", "4", "8"]) == 2
+    assert main(["bench", "forall", "--n", "3"]) == 2
+    assert "--n is not an option of the forall suite" in capsys.readouterr().err
