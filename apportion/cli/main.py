@@ -532,7 +532,7 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
 
 #: the bench suites, by name: each module's ``SUITE`` (``cli/bench_harness.py``)
 BENCH_SUITES = ("workdiv", "tiling", "costmodel", "scale", "splitk", "e2e", "sharding",
-                "conformance", "fullsize")
+                "conformance", "fullsize", "forall")
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -649,7 +649,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", choices=tuple(BACKENDS), default="reference",
                    help="reference: numpy, core slice by core slice; torch: PyTorch kernels, "
                         "an op's core slices on --threads threads; iree: the parallel IR "
-                        "(emit --forall) compiled and run by IREE on the CPU; dtensor (with "
+                        "(emit --forall) compiled and run by IREE on the CPU; openmp: the same IR "
+                        "lowered by upstream MLIR, each forall an OpenMP loop on --threads "
+                        "threads (the mlir extra); dtensor (with "
                         "--mesh): one process per device on torch.distributed; bundle emits "
                         "(emit --bundle) and is refused here. Limits: docs/limits.md")
     shard_cli.add_mesh_options(r)
@@ -694,15 +696,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("suite", choices=BENCH_SUITES)
     b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
                    help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling "
-                        "and e2e)")
+                        "and e2e; forall: the plans' workers, default 8)")
     b.add_argument("--models", default=None, help="models.json (default: the packaged copy)")
     b.add_argument("--limit", type=_int_at_least(1), default=None,
                    help="only the first N op shapes (workdiv), blocks (tiling), rows (scale) "
                         "or models (e2e: mlp, llama, gpt2)")
     b.add_argument("--threads", type=_int_at_least(1), default=None,
-                   help="e2e: threads of the torch executor and of eager PyTorch (default 1)")
+                   help="e2e: threads of the torch executor and of eager PyTorch (default 1); "
+                        "forall: OpenMP threads of the parallel run (default: the cores)")
     b.add_argument("--repeat", type=_int_at_least(1), default=None,
-                   help="e2e: timed runs per side, the fastest and median reported (default 5)")
+                   help="e2e: timed runs per side, the fastest and median reported (default 5); "
+                        "forall: timed rounds (default 5)")
     b.add_argument("--n", type=_int_at_least(1), default=None,
                    help="conformance: random programs to run (seeds 0..N-1; default 100), on "
                         "one device and sharded over a random mesh")
