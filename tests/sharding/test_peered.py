@@ -162,6 +162,39 @@ def test_the_search_prefers_the_halo_on_a_peered_axis():
     runs_match(plan)
 
 
+def test_a_strided_convolution_reads_every_other_row_of_its_window():
+    """``y[i, n] = sum x[2 i + k, c] w[k, c, n]``: 11 outputs of 23 rows, cut 4, 4, 3 and
+    8, 8, 7 rows; device 1 computes i in 4..8 and reads rows 8..17, one beyond its shard."""
+    p = from_dict({
+        "name": "strided", "inputs": ["x", "w"], "outputs": ["y"],
+        "tensors": {"x": {"shape": [23, 4], "dtype": "float32"},
+                    "w": {"shape": [3, 4, 40], "dtype": "float32"}},
+        "ops": [{"name": "c", "op": "matmul", "out": "y[i,n]", "ins": ["x[2*i+k,c]", "w[k,c,n]"],
+                 "dims": {"i": 11}}]})
+    plan = plan_of(p, PEERED, {"c": {"i": "tp"}},
+                   {"x": Sharding((("tp",), ())), "w": Sharding.replicated(3)})
+    (t,) = plan.transfers
+    assert [s.kind for s in t.steps] == ["halo"] and t.dst.window(0) == Window(11, 2, 0, 2)
+    c = only(runs_match(plan))
+    assert [b[0] for b in c.dst_boxes] == [(0, 9), (8, 17), (16, 23)]
+
+
+def test_a_leading_slice_reads_its_rows_from_the_device_that_holds_them():
+    """``y[t, c] = exp(x[t, c])`` over the first 10 of 16 rows: the rows of a device's part of
+    ``t`` lie partly in its neighbour's shard (10 over 3 is 4, 3, 3; 16 over 3 is 6, 5, 5)."""
+    p = from_dict({
+        "name": "lead", "inputs": ["x"], "outputs": ["y"],
+        "tensors": {"x": {"shape": [16, 4], "dtype": "float32"}},
+        "ops": [{"name": "e", "op": "exp", "out": "y[t,c]", "ins": ["x[t,c]"],
+                 "dims": {"t": 10}}]})
+    plan = plan_of(p, PEERED, {"e": {"t": "tp"}}, {"x": Sharding((("tp",), ()))})
+    (t,) = plan.transfers
+    assert t.in_place and [s.kind for s in t.steps] == ["peer_read"]
+    c = only(runs_match(plan))
+    assert [b[0] for b in c.dst_boxes] == [(0, 4), (4, 7), (7, 10)]
+    assert c.lacked(0, 1) == ((4, 6), (0, 4)) and c.lacked(1, 2) == ((7, 10), (0, 4))
+
+
 def test_a_multi_axis_split_of_the_read_dim_keeps_the_replicated_read():
     """A window is read along one peered axis; a dim split over two axes reads as before."""
     p = conv_program(h=40)
