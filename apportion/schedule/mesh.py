@@ -588,6 +588,10 @@ class MeshSchedule:
                     group = stage.group(d)
                     peers = "" if stage.kind == "slice" else \
                         f" (rank {group.index(d)} of devices {list(group)})"
+                    if stage.kind in READS:  # what crosses: the rows it lacks, by peer
+                        got = [f"{_box_text(b)} of device {p}" for p in group if p != d
+                               for b in [stage.lacked(p, d)] if b is not None]
+                        peers += f" reads {', '.join(got) or 'nothing'}"
                     lines.append(f"    device {d}: {stage.tensor}{_box_text(src)} -> "
                                  f"{_box_text(dst)}{peers}")
         return "\n".join(lines)
