@@ -295,13 +295,17 @@ class _Spmd:
         axis = self.mesh.index(step.axis)
         self.types[result] = self.shard_types(tensor, result, step.dst)
         before, after = self.spmd_type(src), self.spmd_type(result)
-        for i in {step.dim, step.to_dim} - {None}:
-            if None in (self._shape(src)[i], self._shape(result)[i]):  # type: ignore[index]
-                raise EmitError(
-                    f"tensor {tensor!r} dim {i}: {step.kind} along axis {step.axis!r} moves "
-                    "uneven shards, and upstream MLIR 22's collectives need the dim divisible "
-                    "by the group size; the unrolled form (--shard-form unrolled) moves them "
-                    "by their boxes")
+        if step.kind in ("halo", "peer_read"):
+            raise EmitError(f"tensor {tensor!r}: a {step.kind} along peered axis {step.axis!r} "
+                            "reads a window of its neighbours' shards in place, which upstream "
+                            "MLIR 22's shard collectives do not say; the unrolled form "
+                            "(--shard-form unrolled) moves it by its boxes")
+        if step.kind != "all_reduce" and any(
+                len({b[i] for b in boxes}) > 1 or len(set(self._lens(tensor, boxes, i))) > 1
+                for i in {step.dim, step.to_dim} - {None}
+                for boxes in (self._boxes(tensor, step.src), self._boxes(tensor, step.dst))):
+            self._uneven(tensor, src, result, step)
+            return
         v = self.vals[src]
         res = self.blk.fresh(result)
         remote = " {apportion.remote}" if step.remote else ""
@@ -328,6 +332,117 @@ class _Spmd:
         self.blk.emit(f"{res} = shard.{kind} {v} on @mesh grid_axes = [{axis}] {what}{remote} "
                       f": {before} -> {after}")
         self.vals[result] = res
+
+    def _boxes(self, tensor: str, s: Sharding) -> list[tuple[tuple[int, int], ...]]:
+        shape = self.program.tensor(tensor).shape
+        return [s.block(shape, c, self.sizes) for c in self.coords]
+
+    @staticmethod
+    def _lens(tensor: str, boxes: Sequence[tuple[tuple[int, int], ...]], i: int) -> list[int]:
+        return [b[i][1] - b[i][0] for b in boxes]
+
+    def _uneven(self, tensor: str, src: str, result: str, step: Step) -> None:
+        """A step over uneven shards, with upstream's collectives on even ones: each device
+        pads its shard into equal slots (a dim gathered: its piece padded to the largest
+        piece; a dim cut: every piece moved to a slot of the largest piece's size), the
+        collective moves the slots, and each device keeps the rows of its own pieces."""
+        kind, axis = step.kind, step.axis
+        k = self.mesh.size(axis)
+        concat = step.dim if kind in ("all_gather", "all_to_all") else None
+        split = step.to_dim if kind == "all_to_all" else \
+            step.dim if kind in ("slice", "reduce_scatter") else None
+        sb, db = self._boxes(tensor, step.src), self._boxes(tensor, step.dst)
+        m_c = max(self._lens(tensor, sb, concat)) if concat is not None else 0
+        m_s = max(self._lens(tensor, db, split)) if split is not None else 0
+        held = self.types[src][0].dtype
+        e = elt(held)
+
+        def group(d: int) -> list[int]:
+            return [self.mesh.device({**self.coords[d], axis: r}) for r in range(k)]
+
+        def padded_shape(d: int) -> tuple[int, ...]:
+            shape = list(self.types[src][d].shape)
+            if concat is not None:
+                shape[concat] = m_c
+            if split is not None:
+                shape[split] = k * m_s
+            return tuple(shape)
+
+        pre = f"{result}.slots"
+
+        def write_pre(b: Block, d: int) -> dict:
+            v = self.operand(b, src, d)
+            t = self.types[src][d]
+            out_shape = padded_shape(d)
+            acc = _zeros(b, pre, out_shape, e)
+            if split is None:
+                acc = _insert(b, v, t.shape, acc, out_shape, [0] * len(out_shape), e)
+            else:
+                for r, p in enumerate(group(d)):  # piece r of the cut dim into slot r
+                    lo = db[p][split][0] - sb[d][split][0]
+                    n = db[p][split][1] - db[p][split][0]
+                    offs = [0] * len(t.shape)
+                    offs[split] = lo
+                    size = list(t.shape)
+                    size[split] = n
+                    piece = _extract(b, v, t.shape, offs, size, e)
+                    at = [0] * len(t.shape)
+                    at[split] = r * m_s
+                    acc = _insert(b, piece, size, acc, out_shape, at, e)
+            return {pre: (acc, TensorType(pre, out_shape, held))}
+
+        self.local([pre], write_pre)
+        moved = f"{result}.moved"
+        self.types[moved] = tuple(
+            TensorType(moved, tuple(k * m_c if i == concat else m_s if i == split else n
+                                    for i, n in enumerate(padded_shape(d))), held)
+            for d in range(len(self.coords)))
+        grid_axis = self.mesh.index(axis)
+        remote = " {apportion.remote}" if step.remote else ""
+        res = self.blk.fresh(moved)
+        if kind == "all_gather":
+            what = f"all_gather {self.vals[pre]} on @mesh grid_axes = [{grid_axis}] " \
+                   f"gather_axis = {concat}"
+        elif kind == "slice":
+            what = f"all_slice {self.vals[pre]} on @mesh grid_axes = [{grid_axis}] " \
+                   f"slice_axis = {split}"
+        elif kind == "all_to_all":
+            what = f"all_to_all {self.vals[pre]} on @mesh grid_axes = [{grid_axis}] " \
+                   f"split_axis = {split} concat_axis = {concat}"
+        else:
+            red = REDUCTIONS[step.reducer or "sum"]
+            what = f"reduce_scatter {self.vals[pre]} on @mesh grid_axes = [{grid_axis}] " \
+                   f"reduction = {red} scatter_axis = {split}"
+        self.blk.emit(f"{res} = shard.{what}{remote} : {self.spmd_type(pre)} -> "
+                      f"{self.spmd_type(moved)}")
+        self.vals[moved] = res
+        kept = result if kind != "reduce_scatter" else f"{result}.kept"
+
+        def write_post(b: Block, d: int) -> dict:
+            w = self.operand(b, moved, d)
+            mt = self.types[moved][d]
+            out_shape = tuple(hi - lo for lo, hi in db[d])
+            acc = _zeros(b, kept, out_shape, e)
+            pieces = list(enumerate(group(d))) if concat is not None else [(0, d)]
+            for r, p in pieces:
+                offs = [0] * len(out_shape)
+                size = list(out_shape)
+                at = [0] * len(out_shape)
+                if concat is not None:
+                    offs[concat] = r * m_c
+                    size[concat] = sb[p][concat][1] - sb[p][concat][0]
+                    at[concat] = sb[p][concat][0] - db[d][concat][0]
+                piece = _extract(b, w, mt.shape, offs, size, e)
+                acc = _insert(b, piece, size, acc, out_shape, at, e)
+            return {kept: (acc, TensorType(kept, out_shape, held))}
+
+        self.local([kept], write_post)
+        if kind == "reduce_scatter":
+            self.vals[result] = self._after_reduce(
+                self.vals[kept], result, step, self.spmd_type(kept), held,
+                self.types[result][0].dtype)
+        else:
+            self.vals[result] = self.vals[kept]
 
     def _shape(self, name: str) -> tuple[int | None, ...]:
         ts = self.types[name]
@@ -370,6 +485,36 @@ class _Spmd:
                        [(res, held, src_e, ident)],
                        [(init, tensor_type(shape, dst_e), dst_e, ident)], body,
                        f"{result}_whole")[0]
+
+
+def _zeros(b: Block, stem: str, shape: Sequence[int], e: str) -> str:
+    init = b.fresh(f"{stem}_init")
+    ty = tensor_type(shape, e)
+    b.emit(f"{init} = tensor.empty() : {ty}")
+    c = b.const(0, e) if e not in ("f16", "bf16", "f32", "f64") else b.const(0.0, e)
+    out = b.fresh(stem)
+    b.emit(f"{out} = linalg.fill ins({c} : {e}) outs({init} : {ty}) -> {ty}")
+    return out
+
+
+def _extract(b: Block, v: str, shape: Sequence[int], offs: Sequence[int], size: Sequence[int],
+             e: str) -> str:
+    if list(offs) == [0] * len(shape) and list(size) == list(shape):
+        return v
+    out = b.fresh("piece")
+    b.emit(f"{out} = tensor.extract_slice {v}[{', '.join(map(str, offs))}] "
+           f"[{', '.join(map(str, size))}] [{', '.join('1' for _ in shape)}] : "
+           f"{tensor_type(shape, e)} to {tensor_type(size, e)}")
+    return out
+
+
+def _insert(b: Block, piece: str, size: Sequence[int], acc: str, shape: Sequence[int],
+            at: Sequence[int], e: str) -> str:
+    out = b.fresh("placed")
+    b.emit(f"{out} = tensor.insert_slice {piece} into {acc}[{', '.join(map(str, at))}] "
+           f"[{', '.join(map(str, size))}] [{', '.join('1' for _ in shape)}] : "
+           f"{tensor_type(size, e)} into {tensor_type(shape, e)}")
+    return out
 
 
 def partitioned_mlir(plan: ShardingPlan) -> str:

@@ -14,7 +14,9 @@ upstream keeps and ignores:
   another's memory), and a symbolic axis's name and planning size (``apportion.symbols``,
   ``apportion.planned_at``: upstream writes the size ``?``);
 * a partial value (``apportion.partial_axes``, ``apportion.reducer``: upstream 22's
-  ``shard.sharding`` has no partial axes; its partitioner reduces a split reduction at once).
+  ``shard.sharding`` has no partial axes; its partitioner reduces a split reduction at once);
+* the windows an op reads a split dim through (``apportion.windows``, a convolution's halo:
+  exact per device, where upstream's ``halo_sizes`` give every shard the same pair).
 
 Uneven shards are exact: where a dim's cut is not even, the sharding lists every shard's
 offsets (``sharded_dims_offsets``, in device order along the dim's axes, outer first), as
@@ -106,10 +108,16 @@ def sharding_op(result: str, sharding: Sharding, mesh: Mesh, shape: Sequence[int
     offs = offsets(sharding, mesh, shape)
     if offs is not None:
         text += f" sharded_dims_offsets = [{', '.join(map(str, offs))}]"
+    attrs = []
     if sharding.partial:
         axes = ", ".join(str(mesh.index(a)) for a in sharding.partial)
-        text += (f" {{apportion.partial_axes = array<i64: {axes}>, "
-                 f"apportion.reducer = {_q(sharding.reducer or '')}}}")
+        attrs += [f"apportion.partial_axes = array<i64: {axes}>",
+                  f"apportion.reducer = {_q(sharding.reducer or '')}"]
+    windows = getattr(sharding, "windows", ())
+    if windows:  # exact per device (upstream's halo_sizes are one pair for every shard)
+        attrs.append(f"apportion.windows = [{', '.join(_q(str(w) if w else '') for w in windows)}]")
+    if attrs:
+        text += f" {{{', '.join(attrs)}}}"
     return text + " : !shard.sharding"
 
 
