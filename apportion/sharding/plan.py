@@ -535,6 +535,8 @@ def build_plan(program: Program, mesh: Mesh, target: Target,
         s = annotations.get(name, inputs.get(name))
         if s is None:
             raise PlanningError(f"input {name!r} has no placement")
+        if s.windows:  # a window is what an op reads, never how a tensor is held
+            raise PlanningError(f"input {name!r} cannot be placed as a window ({s})")
         current[name] = (name, s)
         placed[name] = s
     # a copy is shared by the readers of consecutive ops (the search counts one per reader,
@@ -599,8 +601,9 @@ def build_plan(program: Program, mesh: Mesh, target: Target,
         want = annotations.get(name, outputs.get(name))
         if want is None:
             want = current[name][1].without_partial()
-        if want.partial:
-            raise PlanningError(f"output {name!r} cannot be handed back partial ({want})")
+        if want.partial or want.windows:
+            raise PlanningError(f"output {name!r} cannot be handed back "
+                                f"{'partial' if want.partial else 'as a window'} ({want})")
         outs.append((name, want, ensure(name, want, len(program.ops), None, "output")))
     plan = ShardingPlan(program, mesh, target, tuple(shards), tuple(placed.items()),
                         tuple(outs), tuple(transfers), tuple(annotations.items()), method,

@@ -408,6 +408,8 @@ def check_annotations(program: Program, annotations: Mapping[str, Sharding], mes
                                f"{program.name!r} does not have")
         if s.partial:
             raise ProgramError(f"tensor {name!r}: an annotation cannot be partial")
+        if s.windows:  # a window is what an op reads, never how a tensor is held
+            raise ProgramError(f"tensor {name!r}: an annotation cannot have windows ({s})")
         t = program.tensor(name)
         if t.dynamic:
             raise ProgramError(f"tensor {name!r} has a symbolic size; sharding needs static "

@@ -303,3 +303,17 @@ def test_a_window_is_never_wider_than_the_largest_device_reads():
     widest = max(hi - lo for c in range(3) for lo, hi in s.block((21,), {"tp": c}, sizes))
     assert s.largest_shape((21,), sizes) == (widest,) == (9,)
     assert halo_elements((21,), Sharding((("tp",),)), s, parse(PEERED)) == 2
+
+
+def test_a_window_is_never_how_a_tensor_is_annotated_placed_or_handed_back():
+    from apportion.sharding.spec import check_annotations
+
+    p = shift_program()
+    w = Sharding((("tp",), ()), windows=(Window(21, 1, 2, 0), None))
+    mesh = parse(PEERED)
+    with pytest.raises(ProgramError, match="tensor 'x': an annotation cannot have windows"):
+        check_annotations(p, {"x": w}, mesh)
+    with pytest.raises(PlanningError, match="input 'x' cannot be placed as a window"):
+        plan_of(p, PEERED, {}, {"x": w})
+    with pytest.raises(PlanningError, match="output 'y' cannot be handed back as a window"):
+        plan_of(p, PEERED, {}, {"x": Sharding.replicated(2)}, {"y": w})
