@@ -18,3 +18,22 @@ def sencores(environ: Mapping[str, str] | None = None) -> int | None:
         return int(raw)
     except ValueError:
         raise TargetError(f"SENCORES={raw!r} is not an integer core count") from None
+
+
+#: ``APPORTION_CPU_SPLIT_K``'s values: the host's measured table, or the shipped one
+CPU_SPLIT_K_SOURCES = ("host", "shipped")
+
+
+def cpu_split_k(environ: Mapping[str, str] | None = None) -> str:
+    """Where the ``cpu`` target's split-K table comes from: ``APPORTION_CPU_SPLIT_K``, ``host``
+    (the default: measured on this machine, ``target/host.py``) or ``shipped``.
+
+    >>> cpu_split_k({}), cpu_split_k({"APPORTION_CPU_SPLIT_K": "shipped"})
+    ('host', 'shipped')
+    """
+    env = os.environ if environ is None else environ
+    raw = env.get("APPORTION_CPU_SPLIT_K", "").strip() or "host"
+    if raw not in CPU_SPLIT_K_SOURCES:
+        raise TargetError(f"APPORTION_CPU_SPLIT_K={raw!r}: valid values are "
+                          f"{', '.join(CPU_SPLIT_K_SOURCES)}")
+    return raw

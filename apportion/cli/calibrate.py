@@ -366,6 +366,10 @@ def command(measurements_path: str | None, target: Target, preset: str | None,
                       highlight=False)
         measurements = tuple(measure(target, counts, console))
         source = "this machine"
+        if target.name == "cpu":  # the stock cpu target's split-K table, measured here too
+            from apportion.targets.host_splitk import measure_table_again
+
+            measure_table_again(console)
         if save is not None:
             _write(save, "--save", dumps_measurements(measurements))
             console.print(f"wrote {save} ({len(measurements)} measurements)", highlight=False)

@@ -11,6 +11,7 @@ from typing import Any
 
 from apportion.errors import TargetError
 from apportion.settings import sencores
+from apportion.target.host import host_table
 from apportion.target.split_k import TableRow
 from apportion.target.target import Target, describe, finite, is_int, is_real
 
@@ -90,6 +91,9 @@ CPU_COST = {
 # slower), and K whole for a 32x32 output (every split slower). Each row's bounds are inclusive;
 # only matmul-like shapes match (every row asks N >= 8, a plain reduction's N is 1), and a shape
 # no row holds is left to the cost model's search. Splits of K are capped at the target's cores.
+# It is the shipped table, the same on every machine (``APPORTION_CPU_SPLIT_K=shipped``, what the
+# test suite plans with); the stock ``cpu`` target reads the table measured on the host it runs
+# on instead (``target/host.py``, measured on first use by ``targets/host_splitk.py``).
 CPU_SPLIT_K = (
     # matrix-vector (M = 1): about 512 of K per slice
     TableRow(32, k=(8192, None), m=(1, 1), n=(1024, None)),
@@ -102,16 +106,26 @@ CPU_SPLIT_K = (
 )
 
 
-def cpu(cores: int | None = None) -> Target:
+def cpu(cores: int | None = None, split_k_table: tuple[TableRow, ...] | None = None
+        ) -> Target:
     """This machine's CPU: all its cores, 64-byte cache lines as sticks, no span limit, split-K
-    by the measured table ``CPU_SPLIT_K``."""
+    by ``split_k_table``, by default this host's table (``target/host.py``: measured here on
+    first use and cached per host; ``APPORTION_CPU_SPLIT_K=shipped``: ``CPU_SPLIT_K``).
+
+    >>> cpu(cores=2, split_k_table=CPU_SPLIT_K).split_k_table == CPU_SPLIT_K
+    True
+    """
+    if split_k_table is None:
+        measured = host_table()
+        split_k_table = CPU_SPLIT_K if measured is None else measured.rows
     n = os.cpu_count() or 1
     return Target(
         # a bad cores is left for Target to name; max() would fail on it first
         name="cpu", cores=n if cores is None else cores,
         max_cores=max(n, cores) if is_int(cores) else n,
         span_limit=1 << 62, stick_bytes=64, scratchpad_bytes=1 * MiB, scratchpad_reserve=0.25,
-        split_k="table", split_k_table=CPU_SPLIT_K, **CPU_COST,
+        # no rows (a host table of no shapes): every split of K is the cost model's
+        split_k="table" if split_k_table else "cost", split_k_table=split_k_table, **CPU_COST,
     )
 
 

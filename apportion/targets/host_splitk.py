@@ -1,0 +1,416 @@
+"""Measuring this host's split-K table: matmuls with K split every way, planned by the stock
+``cpu`` target, compiled by IREE and timed here (``target/host.py`` keeps the table; the ``cpu``
+preset reads it).
+
+Each shape ``y[m,n] = x[m,k] @ w[k,n]`` (float32) is planned by the ``cpu`` preset as it stands
+on this machine (all its cores) with its K split into each factor of ``FACTORS`` (pinned with
+the program's ``split_k``; a factor is measured where its slices hold at least ``LEAST_SLICE``
+of K and the target plans it): exactly the plan the target runs when its table names that
+factor, more slices than cores included (a core then runs several). Each plan is emitted as
+parallel IR, compiled by IREE (llvm-cpu, cached), checked once against the unplanned program (a
+mismatch is an ExecutionError: a wrong result is no timing), then timed (``time_rounds``):
+``WARMUP`` untimed calls, then rounds that call every factor once, in reverse order every other
+round (a drift of the machine's speed, or another process's load, falls on all factors alike),
+at least ``REPEATS`` rounds and more while a shape's rounds take under ``BUDGET_S`` (up to
+``MAX_ROUNDS``); a factor more than ``WARMUP_DROP`` times slower than the fastest in the
+warm-up, or ``DROP`` times after ``FIRST_ROUNDS`` rounds, stops being timed (it can be neither
+the fastest nor near it). A factor's time is
+the least of its rounds: load from other work only ever adds time, so the least is the one
+least disturbed (the median is kept beside it).
+
+The shapes measured by default (``default_shapes``) are the skinny-output split-K shapes of the
+packaged models file (``split_k_shapes_MNK``, output ``M*N <= SKINNY_OUTPUT``, K halved until
+``2*M*N*K <= MAX_FLOP``): the matmuls of the models apportion plans whose outputs are too small
+to occupy the cores without a split of K.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from apportion.backends.iree import runtime as iree
+from apportion.backends.iree.forall import forall_mlir, symbol_name
+from apportion.backends.iree.run import emitted, iree_run
+from apportion.errors import ExecutionError, PlanningError
+from apportion.frontend.json_format import from_dict
+from apportion.frontend.models import load_models
+from apportion.ir.program import Program
+from apportion.passes.pipeline import plan
+from apportion.plans.plan import Plan
+from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from apportion.target.host import HostKey, HostTable, ShapeTimes, host_table
+from apportion.target.presets import CPU_SPLIT_K, cpu
+from apportion.target.target import Target
+
+log = logging.getLogger(__name__)
+
+#: the factors of K measured
+FACTORS = (1, 2, 4, 8, 16, 32, 64)
+#: a factor is measured where each slice holds at least this much of K
+LEAST_SLICE = 16
+#: measured shapes: output M*N at most this
+SKINNY_OUTPUT = 256 * 256
+#: measured shapes: K is halved until 2*M*N*K is at most this
+MAX_FLOP = 2e9
+#: untimed calls of each factor, then at least this many timed rounds
+WARMUP, REPEATS = 2, 15
+#: more rounds while a shape's rounds took under this many seconds, up to MAX_ROUNDS
+BUDGET_S, MAX_ROUNDS = 1.5, 200
+#: after FIRST_ROUNDS rounds, factors over DROP times the fastest's least time stop; after the
+#: warm-up calls, those over WARMUP_DROP times the fastest warm-up call are not timed at all
+FIRST_ROUNDS, DROP, WARMUP_DROP = 3, 2.0, 5.0
+
+
+def matmul_program(m: int, n: int, k: int, dtype: str = "float32", factor: int | None = None
+                   ) -> Program:
+    """``y[m,n] = x[m,k] @ w[k,n]``, its K split pinned to ``factor`` when given.
+
+    >>> matmul_program(32, 32, 4096, "float32", 4).split_k
+    (('mm', 4),)
+    """
+    doc: dict[str, Any] = {
+        "name": "splitk",
+        "tensors": {"x": {"shape": [m, k], "dtype": dtype}, "w": {"shape": [k, n], "dtype": dtype}},
+        "inputs": ["x", "w"], "outputs": ["y"],
+        "ops": [{"name": "mm", "op": "matmul", "out": "y[m,n]", "ins": ["x[m,k]", "w[k,n]"]}],
+    }
+    if factor is not None:
+        doc["split_k"] = {"mm": factor}
+    return from_dict(doc)
+
+
+def measured_k(m: int, n: int, k: int, max_flop: float = MAX_FLOP) -> int | None:
+    """K as measured (halved until 2*M*N*K <= ``max_flop``), or None where the output is not
+    skinny (M*N > ``SKINNY_OUTPUT``).
+
+    >>> measured_k(128, 256, 131072), measured_k(768, 768, 65536)
+    (16384, None)
+    """
+    if m * n > SKINNY_OUTPUT:
+        return None
+    while 2 * m * n * k > max_flop and k % 2 == 0:
+        k //= 2
+    return k
+
+
+def factors_of(k: int, factors: Sequence[int] = FACTORS) -> list[int]:
+    """The factors measured for a K: 1, and those cutting it into whole slices of at least
+    ``LEAST_SLICE``.
+
+    >>> factors_of(1024)
+    [1, 2, 4, 8, 16, 32, 64]
+    >>> factors_of(96)
+    [1, 2, 4]
+    """
+    return [f for f in factors if f == 1 or (k % f == 0 and k // f >= LEAST_SLICE)]
+
+
+def default_shapes(models: dict[str, Any] | None = None) -> list[tuple[int, int, int]]:
+    """The skinny split-K shapes of the models file, K as measured (see the module docstring).
+
+    >>> default_shapes({"split_k_shapes_MNK": [[1, 4096, 14336], [768, 768, 65536]]})
+    [(1, 4096, 14336)]
+    """
+    rows = (models or load_models())["split_k_shapes_MNK"]
+    out = []
+    for m, n, k in rows:
+        kk = measured_k(m, n, k)
+        if kk is not None:
+            out.append((m, n, kk))
+    return out
+
+
+def factor_target() -> Target:
+    """The cpu preset as it stands on this machine, with the shipped split table (the pinned
+    factor decides, and no host table is measured to make the target that measures one)."""
+    return cpu(split_k_table=CPU_SPLIT_K)
+
+
+def split_of(plan_: Plan) -> tuple[int, int]:
+    """The matmul's slices of K and the cores its partial op runs on (1, cores: not split)."""
+    names = [o.name for o in plan_.ops]
+    if "mm.partial" in names:
+        partial = plan_.op("mm.partial")
+        assert partial.split_k is not None
+        return partial.split_k.factor, partial.cores
+    return 1, plan_.op("mm").cores
+
+
+def _timer(vmfb: bytes, function: str, arrays: Sequence[np.ndarray]) -> Callable[[], None]:
+    """A callable that runs ``function`` once on ``arrays`` (uploaded once, to the runtime's
+    device buffers) and copies its result to the host: what one timed call is."""
+    import iree.runtime as rt
+
+    config = rt.Config("local-task")
+    ctx = rt.SystemContext(config=config)
+    ctx.add_vm_module(rt.VmModule.copy_buffer(ctx.instance, vmfb))
+    fn = ctx.modules.module[function]
+    args = [rt.asdevicearray(config.device, np.ascontiguousarray(a)) for a in arrays]
+
+    def once() -> None:
+        np.asarray(fn(*args).to_host())
+
+    return once
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One way of computing a shape, ready to time: its factor of K (0: IREE's own compile of
+    the unsplit matmul), the compile's seconds (0.0: cached), the check against the unplanned
+    program and the timed call."""
+
+    m: int
+    n: int
+    k: int
+    factor: int
+    compile_s: float
+    cached: bool
+    max_abs_err: float
+    once: Callable[[], None]
+
+
+@dataclass(frozen=True)
+class Operands:
+    """One shape's random inputs and the unplanned program's output on them, made once and
+    shared by every way of computing the shape."""
+
+    program: Program
+    inputs: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+
+
+def operands(m: int, n: int, k: int) -> Operands:
+    """The float32 matmul's random inputs and its unplanned output."""
+    program = matmul_program(m, n, k)
+    inputs = {name: np.asarray(v) for name, v in random_inputs(program).items()}
+    return Operands(program, inputs, run_unplanned(program, inputs))
+
+
+def _checked(what: str, ops: Operands, got: dict[str, Any]) -> float:
+    """The largest error of ``got`` against the unplanned output; ExecutionError on a
+    mismatch (a wrong result is no timing)."""
+    check = compare(ops.expected, got, ops.program)[0]
+    if not check.ok:
+        raise ExecutionError(f"{what} differs in IREE from the unplanned program (max abs err "
+                             f"{check.max_abs_err:.3g})")
+    return float(check.max_abs_err)
+
+
+def prepare(m: int, n: int, k: int, factor: int, ops: Operands | None = None) -> Prepared:
+    """Plan the float32 matmul with K split ``factor`` ways (``factor_target``; PlanningError
+    where it cannot), run it once in
+    IREE against the unplanned program (ExecutionError on a mismatch), compile it (cached) and
+    load it with its inputs (``ops``, else fresh ones) for timing."""
+    ops = ops or operands(m, n, k)
+    program = matmul_program(m, n, k, "float32", factor)
+    target = factor_target()
+    result = plan(program, target)
+    planned = result.rewritten if result.rewritten is not None else program
+    got, cores = split_of(result)
+    if got != factor:
+        raise ExecutionError(f"split-K measurement {m}x{n}x{k}: split_k {factor} planned as "
+                             f"{got} slices on {cores} cores")
+    run = iree_run(planned, result, target, ops.inputs)
+    err = _checked(f"{m}x{n}x{k} with K split {factor} ways", ops, run.tensors)
+    compiled = iree.compile_mlir(forall_mlir(emitted(planned, result, target)))
+    once = _timer(compiled.vmfb, symbol_name(planned.name),
+                  [ops.inputs[name] for name in program.inputs])
+    return Prepared(m, n, k, factor, run.compile_s, run.cached, err, once)
+
+
+def unsplit_iree_text(m: int, n: int, k: int) -> str:
+    """IREE's own input for the unsplit float32 matmul: a plain ``linalg.matmul`` into a zero
+    fill, no plan (IREE tiles and threads it itself).
+
+    >>> "linalg.matmul" in unsplit_iree_text(1, 64, 128)
+    True
+    """
+    x, w, y = (f"tensor<{m}x{k}xf32>", f"tensor<{k}x{n}xf32>", f"tensor<{m}x{n}xf32>")
+    return (f"func.func @mm(%x: {x}, %w: {w}) -> {y} {{\n"
+            f"  %zero = arith.constant 0.0 : f32\n"
+            f"  %empty = tensor.empty() : {y}\n"
+            f"  %init = linalg.fill ins(%zero : f32) outs(%empty : {y}) -> {y}\n"
+            f"  %y = linalg.matmul ins(%x, %w : {x}, {w}) outs(%init : {y}) -> {y}\n"
+            f"  return %y : {y}\n}}\n")
+
+
+def prepare_unsplit_iree(m: int, n: int, k: int, ops: Operands | None = None) -> Prepared:
+    """IREE's own compile of the unsplit matmul (``unsplit_iree_text``), checked once against
+    the unplanned program and loaded for timing (``factor`` 0)."""
+    ops = ops or operands(m, n, k)
+    compiled = iree.compile_mlir(unsplit_iree_text(m, n, k), lower=False)
+    arrays = [ops.inputs[name] for name in ops.program.inputs]
+    got = iree.run_vmfb(compiled.vmfb, "mm", [(a, "f32") for a in arrays], ["f32"]).outputs[0]
+    err = _checked(f"IREE's unsplit matmul {m}x{n}x{k}", ops, {"y": got})
+    return Prepared(m, n, k, 0, compiled.compile_s, compiled.cached, err,
+                    _timer(compiled.vmfb, "mm", arrays))
+
+
+def time_rounds(calls: Sequence[Callable[[], None]], warmup: int = WARMUP,
+                repeats: int = REPEATS, budget_s: float = BUDGET_S,
+                clock: Callable[[], float] | None = None) -> list[list[float]]:
+    """Each call's seconds over the rounds (see the module docstring: every live call once a
+    round, in reverse order every other round; at least ``repeats`` rounds, more while they
+    took under ``budget_s``; slow calls dropped after ``FIRST_ROUNDS``), after ``warmup``
+    calls of each (not counted; a call ``WARMUP_DROP`` times slower than the fastest there is
+    not timed: its list is its warm-up's least).
+
+    >>> [len(t) for t in time_rounds([lambda: None, lambda: None], 0, 3, budget_s=0.0)]
+    [3, 3]
+    """
+    import time
+
+    tick = clock or time.perf_counter
+    warm = [float("inf")] * len(calls)
+    for i, call in enumerate(calls):
+        for _ in range(warmup):
+            start = tick()
+            call()
+            warm[i] = min(warm[i], tick() - start)
+    times: list[list[float]] = [[] for _ in calls]
+    # a call many times slower than the fastest even while warming up is out at once: each
+    # of its rounds would cost as much as many of the others'
+    live = [i for i in range(len(calls))
+            if not warmup or warm[i] <= WARMUP_DROP * min(warm)]
+    spent, r = 0.0, 0
+    while r < repeats or (spent < budget_s and r < MAX_ROUNDS):
+        for i in live[::-1] if r % 2 else live:
+            start = tick()
+            calls[i]()
+            took = tick() - start
+            times[i].append(took)
+            spent += took
+        r += 1
+        if r == FIRST_ROUNDS:
+            fastest = min(min(times[i]) for i in live)
+            live = [i for i in live if min(times[i]) <= DROP * fastest]
+    return [t or [warm[i]] for i, t in enumerate(times)]
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One way of computing one shape, timed: ``Prepared``'s fields and its seconds."""
+
+    m: int
+    n: int
+    k: int
+    factor: int
+    compile_s: float
+    cached: bool
+    max_abs_err: float
+    seconds: tuple[float, ...]
+
+    @property
+    def least(self) -> float:
+        return min(self.seconds)
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.seconds))
+
+
+def measure_shape(m: int, n: int, k: int, factors: Sequence[int] = FACTORS,
+                  warmup: int = WARMUP, repeats: int = REPEATS, with_iree: bool = False,
+                  step: Callable[[str], None] | None = None) -> list[Timed]:
+    """Every factor of ``factors_of(k, factors)`` the target plans (and, ``with_iree``, IREE's
+    own unsplit compile, factor 0) prepared, then timed in interleaved rounds (``time_rounds``).
+    ``step`` hears each stage."""
+    say = step or (lambda _: None)
+    say(f"{m}x{n}x{k}: inputs and the unplanned output")
+    ops = operands(m, n, k)
+    prepared = []
+    for f in factors_of(k, factors):
+        say(f"{m}x{n}x{k}: K split {f}: plan, compile, check")
+        try:
+            prepared.append(prepare(m, n, k, f, ops))
+        except PlanningError as e:  # the target cannot plan this factor: it is no choice
+            if f == 1:
+                raise
+            log.info("split-K measurement %sx%sx%s: factor %s not planned: %s", m, n, k, f, e)
+    if with_iree:
+        say(f"{m}x{n}x{k}: IREE's unsplit matmul: compile, check")
+        prepared.append(prepare_unsplit_iree(m, n, k, ops))
+    say(f"{m}x{n}x{k}: timing {len(prepared)} ways")
+    times = time_rounds([p.once for p in prepared], warmup, repeats)
+    return [Timed(p.m, p.n, p.k, p.factor, p.compile_s, p.cached, p.max_abs_err, tuple(t))
+            for p, t in zip(prepared, times, strict=True)]
+
+
+def shape_times(timed: Sequence[Timed]) -> ShapeTimes:
+    """The host table's record of one shape's timings (IREE's own compile left out)."""
+    first = timed[0]
+    return ShapeTimes(first.m, first.n, first.k,
+                      tuple((t.factor, t.least) for t in timed if t.factor > 0))
+
+
+def measure(shapes: Sequence[tuple[int, int, int]], console: Console | None = None,
+            factors: Sequence[int] = FACTORS, warmup: int = WARMUP, repeats: int = REPEATS
+            ) -> list[ShapeTimes]:
+    """Time every factor of each shape (``measure_shape``) under a progress bar."""
+    console = console or Console(stderr=True)
+    out = []
+    # redrawn between steps only: a refresh thread would share the cores being timed
+    with Progress(console=console, transient=True, auto_refresh=False) as progress:
+        task = progress.add_task("split-K table", total=len(shapes))
+
+        def step(what: str) -> None:
+            progress.update(task, description=f"measuring this host's split-K table: {what}")
+            progress.refresh()
+
+        for m, n, k in shapes:
+            out.append(shape_times(measure_shape(m, n, k, factors, warmup, repeats,
+                                                 step=step)))
+            progress.advance(task)
+            progress.refresh()
+    return out
+
+
+def measure_host(key: HostKey) -> list[ShapeTimes]:
+    """The measurer ``apportion.targets`` registers: the default shapes on this host, with a
+    progress bar on stderr."""
+    console = Console(stderr=True)
+    shapes = default_shapes()
+    console.print(f"measuring the split-K table of this host ({key.model}, {key.cores} cores, "
+                  f"IREE {key.iree}): {len(shapes)} matmul shapes, once per host",
+                  highlight=False)
+    return measure(shapes, console)
+
+
+def host_table_view(table: HostTable) -> Table:
+    """A host table as a rich table: per shape the least ms of each factor, the factor chosen
+    and the shapes its row holds."""
+    factors = sorted({f for s in table.shapes for f, _ in s.seconds})
+    t = Table(title=f"split-K table of this host ({table.key.model}, {table.key.cores} cores, "
+                    f"IREE {table.key.iree}): least ms per factor of K, the stock cpu target's "
+                    "plans", title_justify="left")
+    t.add_column("M x N x K")
+    for f in factors:
+        t.add_column(str(f), justify="right")
+    t.add_column("chosen", justify="right")
+    t.add_column("row holds (M, N, K)")
+    for s, row in zip(table.shapes, table.rows, strict=True):
+        by = dict(s.seconds)
+        t.add_row(f"{s.m} x {s.n} x {s.k}",
+                  *(f"{by[f] * 1e3:.2f}" if f in by else "-" for f in factors), str(s.factor),
+                  ", ".join(f"{lo}..{hi}" for lo, hi in (row.m, row.n, row.k)))
+    return t
+
+
+def measure_table_again(console: Console) -> HostTable | None:
+    """``calibrate --measure``'s part: this host's split-K table measured (again, unless this
+    process just measured it), cached and printed (None: ``APPORTION_CPU_SPLIT_K=shipped``)."""
+    table = host_table(measure_again=True)
+    if table is None:
+        console.print("split-K table: APPORTION_CPU_SPLIT_K=shipped, the shipped table applies; "
+                      "not measured", highlight=False)
+        return None
+    console.print(host_table_view(table))
+    return table
