@@ -1,9 +1,13 @@
 """`apportion bench costmodel`: the cost model against measured kernel times.
 
 For a device target (default ``spyre``): one row per measured shape of a measurements file
-(default: the packaged Spyre measurements): the measured-best split and its time, the split
-``balanced`` picks, the predicted time of both, and the rank of the measured-best split among
-every feasible candidate split.
+(default: the packaged measurements of the target): the measured-best split and its time, the
+split ``balanced`` picks, the predicted time of both, and the rank of the measured-best split
+among every feasible candidate split (1 + the candidates predicted faster or exactly as fast:
+a tie counts against the model). Then the same shapes left out: for each shape, the target's
+default fit (``cost/calibrate.py``'s ``DEFAULT_FIT``) of every other shape's records predicts
+it, an honest test of the model on a shape it was not fitted to; a shape with only one measured
+split is flagged (nothing measured shows its split is the fastest).
 
 For the ``cpu`` target: a set of matmul, norm (mean then mul) and MLP programs planned for this
 machine, run one thread per core, and timed in the same run with the same timing function as
@@ -13,8 +17,9 @@ the measured one. Both print the geometric mean of predicted over measured time.
 Goals (``goals``, checked by ``--check``): for measured kernels, the measured-best split ranks
 first among the candidates by predicted time on every shape (``balanced`` would pick it), and
 its predicted time is within ``SHAPE_ERROR_GOAL`` of the measured one (the bound
-``tests/passes/test_measured_shapes.py`` holds Spyre to); for the programs timed here, every
-predicted time is within a factor ``PROGRAM_FACTOR_GOAL`` of the measured one either way.
+``tests/passes/test_measured_shapes.py`` holds Spyre to), both under the target as given and
+with each shape left out of the fit; for the programs timed here, every predicted time is within
+a factor ``PROGRAM_FACTOR_GOAL`` of the measured one either way.
 """
 
 from __future__ import annotations
@@ -34,16 +39,19 @@ from rich.table import Table
 from apportion.cli import goals as bench_goals
 from apportion.cli.bench_harness import Outcome, Suite
 from apportion.cli.calibrate import (
+    ShapeCheck,
     best_records,
+    check_table,
     geometric_mean,
     load,
     packaged_path,
     rank_split,
+    shape_checks,
     time_program,
     with_cores,
 )
 from apportion.cli.report import predicted_total_us
-from apportion.cost.calibrate import split_text
+from apportion.cost.calibrate import by_shape, default_fit, split_text
 from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
 from apportion.target.target import Target
@@ -66,8 +74,10 @@ class ShapeRow:
     predicted_us: float  # the measured-best split's predicted time
     balanced_split: dict[str, int]
     balanced_us: float  # predicted
-    rank: int
+    rank: int  # 1 + candidates predicted faster or as fast
     candidates: int
+    measured: int = 0  # splits measured for the shape
+    tied: int = 0  # candidates predicted exactly as fast as the measured best
 
 
 @dataclass(frozen=True)
@@ -81,23 +91,28 @@ class ProgramRow:
 
 
 def shape_rows(target: Target, measurements_path: str | Path) -> list[ShapeRow]:
+    """One row per measured shape: its measured-best split under ``target``."""
+    records = load(measurements_path)
+    groups = by_shape(records)
     rows = []
-    for m in best_records(load(measurements_path)):
+    for m in best_records(records):
         r = rank_split(target, m)
         rows.append(ShapeRow(m.shape, m.cores, dict(m.splits), m.time_us, r.predicted_us,
-                             r.pick, r.pick_us, r.rank, r.candidates))
+                             r.pick, r.pick_us, r.rank, r.candidates, len(groups[m.key]),
+                             r.tied))
     return rows
 
 
 def shape_table(rows: Sequence[ShapeRow], label: str, source: str) -> Table:
     t = Table(title=f"cost model of {label} against measured kernels ({source})",
               title_justify="left")
-    for col in ("shape", "cores", "measured best", "measured us", "predicted us", "error",
-                "balanced picks", "its predicted us", "rank of best"):
+    for col in ("shape", "cores", "splits measured", "measured best", "measured us",
+                "predicted us", "error", "balanced picks", "its predicted us", "rank of best"):
         t.add_column(col, justify="left" if col in ("shape", "measured best",
                                                       "balanced picks") else "right")
     for r in rows:
-        t.add_row(r.shape, str(r.cores), split_text(r.measured_split), f"{r.measured_us:.1f}",
+        t.add_row(r.shape, str(r.cores), f"{r.measured}{' (only one)' if r.measured == 1 else ''}",
+                  split_text(r.measured_split), f"{r.measured_us:.1f}",
                   f"{r.predicted_us:.1f}", f"{r.predicted_us / r.measured_us - 1:+.1%}",
                   split_text(r.balanced_split), f"{r.balanced_us:.1f}",
                   f"{r.rank} of {r.candidates}")
@@ -181,7 +196,8 @@ def run(target: Target, measurements: str | None = None, cores: Sequence[int] | 
     label = label or target.name
     results: list[Any] = []
     cpu = target.name == "cpu"
-    path = measurements if measurements is not None or cpu else str(packaged_path("spyre"))
+    path = measurements if measurements is not None else \
+        str(packaged_path("cpu" if cpu else "spyre"))
     if path is not None:
         rows = shape_rows(target, path)
         source = Path(path).name
@@ -189,9 +205,10 @@ def run(target: Target, measurements: str | None = None, cores: Sequence[int] | 
         console.print(f"geometric mean of predicted/measured: "
                       f"{geometric_mean([r.predicted_us / r.measured_us for r in rows]):.3f}; "
                       f"measured-best split ranked first on {sum(r.rank == 1 for r in rows)} of "
-                      f"{len(rows)} shapes", highlight=False)
-        bench_goals.show(shape_goals(rows), console)
-        results += rows
+                      f"{len(rows)} shapes (ties counted against the model)", highlight=False)
+        checks = left_out(target, path, rows, console)
+        bench_goals.show(shape_goals(rows) + check_goals(checks), console)
+        results += rows + checks
     if cpu:
         counts = list(cores or [os.cpu_count() or 1])
         rows_p = program_rows(target, counts, cpu_programs()[:limit], console)
@@ -202,6 +219,44 @@ def run(target: Target, measurements: str | None = None, cores: Sequence[int] | 
         bench_goals.show(program_goals(rows_p), console)
         results += rows_p
     return results
+
+
+def left_out(target: Target, path: str, rows: Sequence[ShapeRow], console: Console
+             ) -> list[ShapeCheck]:
+    """Each shape predicted by the target's default fit of the other shapes (printed), or
+    nothing (said) where the file has one shape."""
+    if len(rows) < 2:
+        console.print("leave-one-out: the measurements hold one shape; nothing is left to fit "
+                      "without it", highlight=False)
+        return []
+    names = default_fit(target)
+    checks = shape_checks(load(path), target, target, names, console)
+    console.print(check_table(checks, f"each shape left out: {', '.join(names)} of "
+                              f"{target.name} fitted to the other shapes' records",
+                              SHAPE_ERROR_GOAL))
+    single = sum(c.single for c in checks)
+    console.print(f"left out: the fastest split picked on {sum(c.rank == 1 for c in checks)} "
+                  f"of {len(checks)} shapes, time within {SHAPE_ERROR_GOAL:.0%} on "
+                  f"{sum(abs(c.loo_error) <= SHAPE_ERROR_GOAL for c in checks)}; {single} "
+                  f"shape(s) with only one measured split", highlight=False)
+    return checks
+
+
+def check_goals(checks: Sequence[ShapeCheck]) -> list[bench_goals.Goal]:
+    """The goals of the left-out shapes: each one's fastest split picked and its time within
+    ``SHAPE_ERROR_GOAL`` by the fit that did not see it."""
+    if not checks:
+        return []
+    worst = max(checks, key=lambda c: abs(c.loo_error))
+    return [
+        bench_goals.count("left out of the fit, the measured-best split ranks first",
+                          [f"{c.shape}@{c.cores} ranks {c.rank} of {c.candidates} (balanced "
+                           f"picks {split_text(c.pick)})" for c in checks if c.rank != 1],
+                          len(checks)),
+        bench_goals.at_most(f"left out of the fit, predicted within {SHAPE_ERROR_GOAL:.0%} of "
+                            "measured (worst |error|)", abs(worst.loo_error), SHAPE_ERROR_GOAL,
+                            "{:.1%}", f"{worst.shape}@{worst.cores}"),
+    ]
 
 
 def shape_goals(rows: Sequence[ShapeRow]) -> list[bench_goals.Goal]:
@@ -239,6 +294,7 @@ def program_goals(rows: Sequence[ProgramRow]) -> list[bench_goals.Goal]:
 def goals(rows: Sequence[Any]) -> list[bench_goals.Goal]:
     """Every goal over ``run``'s rows (measured kernels and programs timed here)."""
     return (shape_goals([r for r in rows if isinstance(r, ShapeRow)])
+            + check_goals([r for r in rows if isinstance(r, ShapeCheck)])
             + program_goals([r for r in rows if isinstance(r, ProgramRow)]))
 
 

@@ -4,14 +4,18 @@ Two sources of measurements:
 
 * a measurements file (``apportion/cost/calibrate.py`` describes the format; the Spyre
   measurements ship as ``frontend/data/spyre_measurements.json``);
-* ``--measure``: kernels timed on this machine with the planned executor, one thread per core
-  (matmul, pointwise exp and mul, sum reductions, a handful of shapes each, on one core and on
-  all of them), the way ``apportion/frontend/data/cpu_measurements.json`` was made.
+* ``--measure``: kernels timed on this machine with the planned executor, one thread per core:
+  every split ``balanced`` searches (1 up to all the cores: none, m, n and k of a matmul on two
+  cores) of matmuls, pointwise exp and mul and sum reductions, a kernel's splits timed in
+  interleaved rounds, the way ``apportion/frontend/data/cpu_measurements.json`` was made.
 
 The model's prediction of a record is the op's ``OpContext.time_us`` under the record's split
 (``predictor``); the fit itself lives in the cost layer. After the fit, each record marked
 ``best`` is checked against the search ``balanced`` makes: the rank of the measured-best split
-among every feasible candidate split, by the fitted model's predicted time.
+among every feasible candidate split, by the fitted model's predicted time, a tie counting
+against the model (``rank_split``). Then each shape is left out in turn: the same coefficients
+fitted to the other shapes' records predict it (``shape_checks``), and the table says where the
+fastest split is missed, the time is off by more than 30%, or only one split was measured.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from apportion.cost.calibrate import (
     Calibration,
     Measurement,
     Predictor,
+    by_shape,
     default_fit,
     dumps_measurements,
     fit,
@@ -51,6 +56,8 @@ from apportion.passes.work_distribution import candidates, ranked
 from apportion.target.presets import PRESETS
 from apportion.target.target import Target
 
+#: a shape left out of the fit is predicted within this fraction of its measured time
+LOO_ERROR_GOAL = 0.30
 #: the packaged measurements, by preset name
 PACKAGED = {"spyre": "data/spyre_measurements.json", "cpu": "data/cpu_measurements.json"}
 
@@ -110,28 +117,44 @@ class Rank:
     """Where the measured-best split of a record stands in ``balanced``'s search."""
 
     measurement: Measurement
-    rank: int  # 1: no feasible candidate is predicted faster
+    rank: int  # 1 + candidates predicted faster or as fast (ties count against the model)
     candidates: int  # feasible candidate splits searched
     predicted_us: float  # the measured-best split's predicted time
     pick: dict[str, int]  # the split balanced picks
     pick_us: float
+    tied: int = 0  # other candidates predicted exactly as fast
 
     @property
     def first(self) -> bool:
         return self.rank == 1
 
 
+#: two predicted times this close (relative) are a tie
+TIE = 1e-9
+
+
 def rank_split(target: Target, m: Measurement) -> Rank:
     """The rank of ``m``'s split among every feasible split ``balanced`` searches, by predicted
-    time (ties share the better rank)."""
+    time: 1 + the number of other candidates predicted faster or exactly as fast. A tie counts
+    against the model: a model that cannot tell the measured best from another split has not
+    picked it (balanced's tie-break is not a prediction).
+
+    >>> from apportion.target import spyre
+    >>> m = load(packaged_path("spyre"))[0]
+    >>> rank_split(spyre(), m).rank
+    1
+    """
     ctx = context(target, m)
     ones = {d: 1 for d in ctx.sizes}
-    times = [ctx.time_us(s) for s in candidates(ctx, ones) if ctx.feasible(s)]
-    mine = ctx.time_us(dict(m.splits))
-    rank = 1 + sum(t < mine * (1 - 1e-9) for t in times)
+    mine_split = dict(m.splits)
+    others = [ctx.time_us(s) for s in candidates(ctx, ones)
+              if s != mine_split and ctx.feasible(s)]
+    mine = ctx.time_us(mine_split)
+    faster = sum(t < mine * (1 - TIE) for t in others)
+    tied = sum(abs(t - mine) <= mine * TIE for t in others)
     best = ranked(ctx, ones, 1)
-    pick = best[0] if best else dict(m.splits)
-    return Rank(m, rank, len(times), mine, pick, ctx.time_us(pick))
+    pick = best[0] if best else mine_split
+    return Rank(m, 1 + faster + tied, len(others) + 1, mine, pick, ctx.time_us(pick), tied)
 
 
 def best_records(measurements: Sequence[Measurement]) -> list[Measurement]:
@@ -144,6 +167,96 @@ def best_records(measurements: Sequence[Measurement]) -> list[Measurement]:
         marked = [m for m in group if m.best]
         out += marked or [min(group, key=lambda m: m.time_us)]
     return out
+
+
+@dataclass(frozen=True)
+class ShapeCheck:
+    """One measured shape against the model: its measured-best record predicted by the model
+    that was fitted with it (``model_us``) and by a fit that never saw the shape (leave one
+    out: ``loo_us``, and the rank and pick of that fit's search)."""
+
+    shape: str
+    cores: int
+    measured: int  # splits measured for the shape
+    best_split: dict[str, int]
+    measured_us: float
+    model_us: float  # predicted by the model fitted with every shape
+    model_rank: int
+    loo_us: float  # predicted by the fit without this shape
+    rank: int  # of the measured best in the leave-one-out fit's search, ties against it
+    candidates: int
+    tied: int
+    pick: dict[str, int]  # the split balanced picks under the leave-one-out fit
+    pick_us: float
+
+    @property
+    def loo_error(self) -> float:
+        """Leave-one-out predicted / measured - 1."""
+        return self.loo_us / self.measured_us - 1
+
+    @property
+    def single(self) -> bool:
+        """Only one split of the shape was measured: nothing measured shows it is the fastest,
+        so its rank tests the model against the record's claim, not against a measurement."""
+        return self.measured == 1
+
+    def missed(self, error_goal: float) -> bool:
+        """The leave-one-out fit does not pick the measured best or is off by more than
+        ``error_goal``."""
+        return self.rank != 1 or abs(self.loo_error) > error_goal
+
+
+def shape_checks(measurements: Sequence[Measurement], target: Target, base: Target,
+                 names: Sequence[str], console: Console | None = None) -> list[ShapeCheck]:
+    """Every shape of ``measurements`` checked: ``target`` (the model fitted with them all)
+    and, for each shape, ``names`` of ``base`` fitted to the other shapes' records."""
+    from apportion.cost.calibrate import leave_one_out
+
+    predict = predictor()
+    groups = by_shape(measurements)
+    best = {m.key: m for m in best_records(measurements)}
+    with Progress(console=console or Console(), transient=True) as progress:
+        task = progress.add_task("leave one out", total=len(groups))
+
+        def step(key: tuple[str, int]) -> None:
+            progress.update(task, description=f"fitting without {key[0]} on {key[1]} cores")
+            progress.advance(task)
+
+        held = leave_one_out(measurements, base, predict, names, progress=step)
+    out = []
+    for h in held:
+        m = best[h.key]
+        r = rank_split(h.calibration.target, m)
+        full = rank_split(target, m)
+        out.append(ShapeCheck(m.shape, m.cores, len(groups[h.key]), dict(m.splits), m.time_us,
+                              full.predicted_us, full.rank, r.predicted_us, r.rank,
+                              r.candidates, r.tied, r.pick, r.pick_us))
+    return out
+
+
+def check_table(rows: Sequence[ShapeCheck], title: str, error_goal: float) -> Table:
+    """The leave-one-out table: each shape predicted by a fit that did not see it. Its notes:
+    a shape with one measured split (nothing measured can beat it: its rank is untested by the
+    device), splits tied with the measured best (ranked ahead of it), a miss."""
+    t = Table(title=title, title_justify="left")
+    for col in ("shape", "cores", "splits", "measured best", "measured us", "model us",
+                "left out: us", "error", "balanced picks", "rank", "note"):
+        t.add_column(col, justify="left" if col in ("shape", "measured best", "balanced picks",
+                                                      "note") else "right",
+                     no_wrap=col != "note")
+    for r in rows:
+        note = []
+        if r.single:
+            note.append("1 split measured: untested")
+        if r.tied:
+            note.append(f"{r.tied} tied, ranked ahead")
+        if r.missed(error_goal):
+            note.append("MISS")
+        t.add_row(r.shape, str(r.cores), str(r.measured), split_text(r.best_split),
+                  f"{r.measured_us:.1f}", f"{r.model_us:.1f}", f"{r.loo_us:.1f}",
+                  f"{r.loo_error:+.1%}", split_text(r.pick), f"{r.rank} of {r.candidates}",
+                  "; ".join(note))
+    return t
 
 
 # --- timing on this machine ----------------------------------------------------------------------
@@ -257,28 +370,73 @@ def time_program(program: Program, target: Target, repeats: int = 5, seed: int =
     return Timed(planned, target.cores, time_planned(planned, inputs, target.cores, repeats))
 
 
+#: at most this many splits of one kernel are timed before only the even ones are
+MAX_SPLITS = 64
+
+
+def kernel_splits(program: Program, target: Target, limit: int = MAX_SPLITS
+                  ) -> list[dict[str, int]]:
+    """Every split of ``program``'s op that ``balanced`` searches on ``target`` (1 up to all
+    its cores), valid and feasible, fewest cores first; past ``limit`` of them, only the even
+    ones (each dim cut into equal slices), so a many-core machine times a sane number.
+
+    >>> from apportion.target import cpu
+    >>> p = from_dict(matmul_document({"M": 64, "K": 64, "N": 64, "dtype": "float32"}))
+    >>> [split_text(s) for s in kernel_splits(p, cpu(cores=2))]
+    ['m1 n1 k1', 'm1 n1 k2', 'm1 n2 k1', 'm2 n1 k1']
+    """
+    op = program.ops[0]
+    lay = layouts(program, target)
+    ctx = OpContext(op, program, target, lay.ops[op.name], lay.tensors, dict(op.sizes))
+    ones = {d: 1 for d in ctx.sizes}
+    found = [s for s in candidates(ctx, ones) if ctx.valid(s)]
+    if len(found) > limit:
+        found = [s for s in found if all(ctx.units[d] % n == 0 for d, n in s.items())]
+    return sorted(found, key=lambda s: math.prod(s.values()))
+
+
+def pinned(program: Program, splits: Mapping[str, int]) -> Program:
+    """``program`` with its only op pinned to ``splits``."""
+    return replace(program, work_division=((program.ops[0].name, tuple(splits.items())),))
+
+
 def measure(target: Target, core_counts: Sequence[int], console: Console | None = None,
             kernels: Sequence[tuple[str, tuple[int, ...]]] = KERNELS, repeats: int = 7
             ) -> list[Measurement]:
-    """Time every kernel on this machine with each core count (``target`` with that many
-    cores, one thread per core); one record each, its split the one ``balanced`` planned."""
+    """Time every split (1 up to ``max(core_counts)`` cores, ``kernel_splits``) of every kernel
+    on this machine, ``target`` with that many cores, one thread per core; one record per
+    split. A kernel's splits are timed in interleaved rounds, so load elsewhere on the machine
+    slows each of them alike rather than one of them."""
+    from apportion.cli.bench_harness import interleaved
+    from apportion.planned import plan
+    from apportion.runtime import random_inputs
+
     console = console or Console()
+    n = max(core_counts)
+    t = with_cores(target, n)
     out: list[Measurement] = []
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("timing kernels", total=len(kernels) * len(core_counts))
-        for kind, shape in kernels:
-            spec_kind, spec = kernel_spec(kind, shape)
-            doc = matmul_document(spec) if spec_kind == "matmul" else spec
-            program = from_dict(doc)
-            op = program.ops[0]
-            for n in core_counts:
-                progress.update(task, description=f"timing {kind} {'x'.join(map(str, shape))} "
-                                f"on {n} core{'s' if n > 1 else ''}")
-                timed = time_program(program, with_cores(target, n), repeats)
-                splits = timed.planned.op(op.name).split_map
-                out.append(Measurement(program, op.name, n, splits, round(timed.time_us, 1),
+    work = []
+    for kind, shape in kernels:
+        spec_kind, spec = kernel_spec(kind, shape)
+        program = from_dict(matmul_document(spec) if spec_kind == "matmul" else spec)
+        work.append((kind, shape, spec_kind, spec, program, kernel_splits(program, t)))
+    # redrawn between kernels only: a refresh thread would share the cores being timed
+    with Progress(console=console, transient=True, auto_refresh=False) as progress:
+        task = progress.add_task("timing kernels", total=sum(len(w[-1]) for w in work))
+        for kind, shape, spec_kind, spec, program, splits in work:
+            progress.update(task, description=f"timing {kind} {'x'.join(map(str, shape))}: "
+                            f"{len(splits)} splits on up to {n} cores")
+            progress.refresh()
+            inputs = random_inputs(program, 0)
+            runs = [plan(pinned(program, s), t) for s in splits]
+            calls = [lambda r=r, x=inputs: r.run(x, threads=n) for r in runs]
+            with one_blas_thread():
+                timings = interleaved(calls, repeats, warmup=1, alternate=True)
+            op = program.ops[0].name
+            for s, timing in zip(splits, timings, strict=True):
+                out.append(Measurement(program, op, n, s, round(timing.min * 1e6, 1),
                                        False, (spec_kind, spec)))
-                progress.advance(task)
+            progress.advance(task, len(splits))
     return out
 
 
@@ -342,7 +500,7 @@ def rank_lines(target: Target, measurements: Sequence[Measurement]) -> list[str]
             continue
         r = rank_split(target, m)
         verdict = "first" if r.first else f"NOT first (balanced picks {split_text(r.pick)} at " \
-            f"{r.pick_us:.1f} us)"
+            f"{r.pick_us:.1f} us{f'; {r.tied} tied, counted against it' if r.tied else ''})"
         lines.append(f"{m.shape} on {m.cores} cores: measured-best {m.split_text} ranks "
                      f"{r.rank} of {r.candidates} candidate splits ({r.predicted_us:.1f} us): "
                      f"{verdict}")
@@ -360,11 +518,9 @@ def command(measurements_path: str | None, target: Target, preset: str | None,
         source = measurements_path
     else:
         n = cores or os.cpu_count() or 1
-        counts = sorted({1, n})
-        console.print(f"timing {len(KERNELS)} kernels on this machine with "
-                      f"{' and '.join(map(str, counts))} core(s), one thread per core",
-                      highlight=False)
-        measurements = tuple(measure(target, counts, console))
+        console.print(f"timing every split of {len(KERNELS)} kernels on this machine, on 1 to "
+                      f"{n} core(s), one thread per core", highlight=False)
+        measurements = tuple(measure(target, [n], console))
         source = "this machine"
         if target.name == "cpu":  # the stock cpu target's split-K table, measured here too
             from apportion.targets.host_splitk import measure_table_again
@@ -389,6 +545,14 @@ def command(measurements_path: str | None, target: Target, preset: str | None,
                   highlight=False)
     for line in rank_lines(cal.target, measurements):
         console.print(line, highlight=False)
+    if len(by_shape(measurements)) > 1:
+        checks = shape_checks(measurements, cal.target, target, names, console)
+        console.print(check_table(checks, f"each shape left out: {', '.join(names)} fitted to "
+                                  "the other shapes' records", LOO_ERROR_GOAL))
+        console.print(f"left out: the fastest split picked on "
+                      f"{sum(c.rank == 1 for c in checks)} of {len(checks)} shapes, time within "
+                      f"{LOO_ERROR_GOAL:.0%} on "
+                      f"{sum(abs(c.loo_error) <= LOO_ERROR_GOAL for c in checks)}", highlight=False)
     if out is not None:
         comment = [f"fitted by apportion calibrate to {len(measurements)} measurements "
                    f"({source}); RMS log error {cal.rms_log_error:.3f}"]

@@ -58,7 +58,8 @@ SPYRE_PEAK_MAC_RATE = 98.304e12 / 2 / 32 / 1e6
 #: what each preset's fit adjusts by default. Spyre's matrix-unit rate and memory bandwidth are
 #: published peaks, and its measured kernels are all memory-bound in the model, so they pin only
 #: one combination of compute rate and overlap: the fit holds the peaks and adjusts the overlap
-#: (``--fit mac_rate,mem_bandwidth,overlap`` searches the whole, flat valley)
+#: (``--fit mac_rate,mem_bandwidth,overlap`` searches the whole, flat valley); the batch drain
+#: is a published per-core rate, held too
 DEFAULT_FIT: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "spyre": ("overlap",),
     "cpu": ("mac_rate", "sfp_rate", "reduce_rate", "mem_bandwidth", "core_bandwidth",
@@ -111,6 +112,11 @@ class Measurement:
     @property
     def split_text(self) -> str:
         return split_text(self.splits)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        """What makes two records one shape: the shape timed and the cores it ran on."""
+        return (self.shape, self.cores)
 
     def to_record(self) -> dict[str, Any]:
         """The record as the measurements file holds it."""
@@ -517,6 +523,58 @@ def _identifiable(jac: Any, names: Sequence[str]
 
 def _rms(values: Sequence[float]) -> float:
     return math.sqrt(sum(v * v for v in values) / len(values)) if values else 0.0
+
+
+# --- leave one shape out ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One shape left out of the fit: the calibration of every other shape's records, and this
+    shape's records as that calibration predicts them (none of them was fitted)."""
+
+    key: tuple[str, int]  # (shape, cores): Measurement.key
+    calibration: Calibration
+    records: tuple[RecordFit, ...]
+
+    @property
+    def worst_error(self) -> float:
+        """The held-out record furthest off: predicted / measured - 1."""
+        return max((r.rel_error for r in self.records), key=abs)
+
+
+def by_shape(measurements: Sequence[Measurement]) -> dict[tuple[str, int], list[Measurement]]:
+    """The records of each shape (``Measurement.key``), in first-seen order."""
+    out: dict[tuple[str, int], list[Measurement]] = {}
+    for m in measurements:
+        out.setdefault(m.key, []).append(m)
+    return out
+
+
+def leave_one_out(measurements: Sequence[Measurement], base: Target, predict: Predictor,
+                  names: Sequence[str] | None = None,
+                  bounds: Mapping[str, tuple[float, float]] | None = None,
+                  caps: Mapping[str, float] | None = None,
+                  progress: Callable[[tuple[str, int]], None] | None = None
+                  ) -> tuple[HeldOut, ...]:
+    """For each shape: ``fit`` every other shape's records (all records of the shape are left
+    out, not one record), then predict the shape's records with that fit, an honest estimate
+    of the model on a shape it has not seen. ``progress`` is called with each shape's key
+    before its fit. Example: ``leave_one_out(read_measurements(path, from_dict), spyre(),
+    predict)`` gives one ``HeldOut`` per shape of the file, in the file's order.
+    """
+    groups = by_shape(measurements)
+    if len(groups) < 2:
+        raise CalibrationError(f"leave-one-out needs records of at least 2 shapes, got "
+                               f"{len(groups)}")
+    out = []
+    for key, held in groups.items():
+        if progress is not None:
+            progress(key)
+        rest = [m for k, g in groups.items() if k != key for m in g]
+        cal = fit(rest, base, predict, names, bounds, caps)
+        records = tuple(RecordFit(m, predict(cal.target, m), predict(base, m)) for m in held)
+        out.append(HeldOut(key, cal, records))
+    return tuple(out)
 
 
 # --- the fitted target as a TOML file ------------------------------------------------------------

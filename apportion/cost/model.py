@@ -23,6 +23,14 @@ any of them. The terms, for one op whose cores each compute at most the largest 
 * **batch split**: splitting a matmul's batch dims (output dims both inputs have) over ``b``
   cores multiplies that by ``batch_split_factor ** log2(b)``: iterating a batch within a core
   keeps the weights of consecutive batches streaming, splitting it does not.
+* **batch drain**: a core iterating the batch elements of a batched matmul writes each
+  element's output slice back before the next one starts (the next element's partial sums need
+  its space), through its own port and hidden behind nothing: ``batch_drain_us_per_byte`` per
+  byte of the core's output slice over every element it iterates. A matmul without batch dims
+  keeps its output streaming and pays none.
+* **core sync**: every core an op uses beyond the first costs ``core_sync_us`` to start and
+  join (a host thread on the CPU; zero on a device whose cores run one program in lock step),
+  so a small op can be fastest on one core.
 * **combine**: a reduction split ``k`` ways sends partial results around the ring, one hop per
   extra slice: ``(k - 1)`` times a core's output elements times ``ring_us_per_element``.
 * **stick split**: cutting a tensor's stick dim (its innermost) ``s`` ways makes every byte of
@@ -64,12 +72,15 @@ class OpCost:
     stick_us: float = 0.0
     batch_factor: float = 1.0
     overlap: float = 0.0
+    batch_us: float = 0.0  # output slices drained between the batch elements a core iterates
+    sync_us: float = 0.0  # starting and joining the cores beyond the first
 
     @property
     def time_us(self) -> float:
         busy = max(self.compute_us, self.memory_us) + \
             self.overlap * min(self.compute_us, self.memory_us)
-        return busy * self.batch_factor + self.combine_us + self.stick_us
+        return busy * self.batch_factor + self.combine_us + self.stick_us + self.batch_us + \
+            self.sync_us
 
 
 def largest_slice(sizes: Mapping[str, int], unit_elems: Mapping[str, int],
@@ -114,6 +125,8 @@ def op_cost(op: Op, program: Program, target: Target, sizes: Mapping[str, int],
         stick_us=_stick_us(op, program, target, sizes, splits),
         batch_factor=_batch_factor(op, target, splits),
         overlap=target.overlap,
+        batch_us=_batch_us(op, program, target, largest),
+        sync_us=(cores - 1) * target.core_sync_us,
     )
 
 
@@ -203,3 +216,11 @@ def _stick_us(op: Op, program: Program, target: Target, sizes: Mapping[str, int]
 def _batch_factor(op: Op, target: Target, splits: Mapping[str, int]) -> float:
     b = math.prod(splits.get(d, 1) for d in batch_dims(op))
     return target.batch_split_factor ** math.log2(b) if b > 1 else 1.0
+
+
+def _batch_us(op: Op, program: Program, target: Target, largest: Mapping[str, int]) -> float:
+    if not batch_dims(op) or target.batch_drain_us_per_byte == 0:
+        return 0.0
+    # the slice over the core's batch elements: every element it iterates drains its own
+    drained = slice_bytes(op.out, program, target, largest)
+    return drained * target.batch_drain_us_per_byte

@@ -37,13 +37,21 @@ SPYRE_COST = {
     # as (cohort / 8) ** 0.75
     "broadcast_cohort": 8.0, "broadcast_exponent": 0.75,
     # fitted (apportion calibrate on the shipped measurements): compute and memory overlap,
-    # leaving 0.8 of the shorter one exposed
+    # leaving 0.8 of the shorter one exposed (the non-batched kernels' fit; with the batched
+    # ones too the fit moves to 0.91 for an RMS log error of 0.176 instead of 0.180, within
+    # the data's scatter, and would move non-batched plans: kept)
     "overlap": 0.80,
     # K split in 2 added about 3.4 ms to a kernel with 8.4 M output elements: on 32 cores that is
     # 16 output slices of 524,288 elements, one hop each: 3400 / 524288 us per element
     "ring_us_per_element": 3400 / 524288,
     # splitting a batch dim measured about 1.2x slower per extra batch slice (large-K bmm)
     "batch_split_factor": 1.2,
+    # a batched matmul drains each element's output slice through the core's own port, shared
+    # with no other core: at the 2.3 GB/s per core torch-spyre measured for a matmul's unshared
+    # traffic (published, not fitted; the MoE and bmm kernels of torch-spyre's perf suite in the
+    # shipped measurements, b x m x k x n 8x128x2048x8192, 8x128x8192x2048, 8x512x4096x512 and
+    # 8x512x64x512, are predicted within 30% with it)
+    "batch_drain_us_per_byte": 1e6 / 2.3e9,
     # a small per-byte cost for splitting a stick dim
     "stick_split_us_per_byte": 4.5e-7,
 }

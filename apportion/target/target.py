@@ -31,6 +31,8 @@ FLOAT_FIELDS: tuple[tuple[str, float, bool, float | None], ...] = (
     ("overlap", 0.0, True, 1.0),
     ("ring_us_per_element", 0.0, True, None),
     ("batch_split_factor", 1.0, True, None),
+    ("batch_drain_us_per_byte", 0.0, True, None),
+    ("core_sync_us", 0.0, True, None),
     ("stick_split_us_per_byte", 0.0, True, None),
 )
 #: fields whose upper bound is allowed: overlap 1 is no overlap at all (the cpu preset's)
@@ -100,6 +102,8 @@ class Target:
     overlap: float = 0.0  # share of the shorter of compute and memory not hidden
     ring_us_per_element: float = 0.0  # partial-sum hop per output element per extra slice
     batch_split_factor: float = 1.0  # slowdown per doubling of a matmul batch split
+    batch_drain_us_per_byte: float = 0.0  # a batch element's output slice written back, unhidden
+    core_sync_us: float = 0.0  # start and join of each core beyond the first
     stick_split_us_per_byte: float = 0.0  # gather cost per byte per halving of a stick dim
     split_padded_reduction: bool = True  # may a reduction dim with a padded last stick split?
     split_k: str = "cost"  # the split-K resolver: cost, gpu, table or none (target/split_k.py)

@@ -156,8 +156,9 @@ def test_costmodel_misses_a_program_predicted_off_by_more_than_its_factor():
 
 
 def test_bench_costmodel_check_fails_on_kernels_the_model_mispredicts(tmp_path, capsys):
-    assert main(["bench", "costmodel", "--check"]) == 0  # the packaged Spyre kernels
-    capsys.readouterr()
+    assert main(["bench", "costmodel"]) == 0  # the packaged Spyre kernels
+    assert "goal met: predicted time of the measured-best split within 30%" in \
+        capsys.readouterr().out
     # the packaged 512x4096x1024 kernel, its time tripled: the model is now 68% off
     doc = [{"matmul": {"M": 512, "K": 4096, "N": 1024, "dtype": "float16"}, "cores": 32,
             "splits": {"m": 8, "n": 4, "k": 1}, "time_us": 342.0, "best": True}]

@@ -4,6 +4,7 @@ ranks of the measured-best splits, the TOML written, and bad input refused in on
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import fields
 from pathlib import Path
 
@@ -56,6 +57,7 @@ def test_the_shipped_spyre_data_fits_and_ranks_every_best_split_first(tmp_path, 
     for shape in ("512x4096x4096", "512x4096x1024", "512x4096x12800"):
         assert f"{shape} on 32 cores: measured-best m8 n4 k1 ranks 1 of" in text
     assert "NOT first" not in text
+    assert "left out: the fastest split picked on" in text
     fitted = load_toml(out)
     records = cal_cli.load(SPYRE_DATA)
     cal = cal_cost.fit(records, spyre(), cal_cli.predictor())
@@ -91,10 +93,41 @@ def test_bench_costmodel_prints_one_row_per_measured_shape(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "costmodel", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "ranked first on 3 of 3 shapes" in text
-    rows = json.loads(out.read_text())
-    assert [r["shape"] for r in rows] == ["512x4096x4096", "512x4096x1024", "512x4096x12800"]
+    assert "ranked first on 7 of 7 shapes (ties counted against the model)" in text
+    assert "left out: the fastest split picked on" in text
+    rows = [r for r in json.loads(out.read_text()) if "balanced_split" in r]
+    assert [r["shape"] for r in rows] == ["512x4096x4096", "512x4096x1024", "512x4096x12800",
+                                          "8x128x2048x8192", "8x128x8192x2048",
+                                          "8x512x4096x512", "8x512x64x512"]
     assert all(r["rank"] == 1 and r["balanced_split"] == r["measured_split"] for r in rows)
+    assert [r["measured"] for r in rows] == [2, 1, 1, 1, 1, 1, 1]
+
+
+def test_ties_count_against_the_model(monkeypatch):
+    # a model that predicts every split the same time cannot pick the measured best: every
+    # other candidate is tied with it, and each tie counts against it
+    m = cal_cli.load(SPYRE_DATA)[2]
+    monkeypatch.setattr(cal_cli.OpContext, "time_us", lambda self, splits, resident=None: 1.0)
+    r = cal_cli.rank_split(spyre(), m)
+    assert r.tied == r.candidates - 1 and r.rank == r.candidates and not r.first
+
+
+def test_a_shape_with_one_measured_split_is_flagged(tmp_path, capsys):
+    assert main(["bench", "costmodel", "--json", str(tmp_path / "b.json")]) == 0
+    checks = [r for r in json.loads((tmp_path / "b.json").read_text()) if "loo_us" in r]
+    assert [c["measured"] for c in checks] == [2, 1, 1, 1, 1, 1, 1]
+    assert "6 shape(s) with only one measured split" in capsys.readouterr().out
+
+
+def test_bench_costmodel_check_fails_when_a_left_out_shape_misses(tmp_path, capsys):
+    # two shapes fitted well together, but the second, left out, is predicted from the first
+    # alone: its time (tripled) is 68% off, and --check fails on the left-out goal
+    doc = json.loads(Path(SPYRE_DATA).read_text())[:3]
+    doc[2]["time_us"] *= 3
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps(doc))
+    assert main(["bench", "costmodel", "--measurements", str(path), "--check"]) == 1
+    assert "goal MISSED: left out of the fit, predicted within 30%" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(("argv", "parts"), [
@@ -150,8 +183,11 @@ def test_measure_times_this_machine_and_writes_measurements_and_target(tmp_path,
     text = capsys.readouterr().out
     assert "sfp_rate" in text and "reduce_rate" in text
     records = cal_cli.load(saved)
-    assert len(records) == 2 * len(cal_cli.KERNELS)
-    assert {m.cores for m in records} == {1, 2}
+    # every split on 1 or 2 cores: 4 of a matmul (none, m, n, k), 3 of the others
+    matmuls = sum(kind == "matmul" for kind, _ in cal_cli.KERNELS)
+    assert len(records) == 4 * matmuls + 3 * (len(cal_cli.KERNELS) - matmuls)
+    assert {m.cores for m in records} == {2}
+    assert {math.prod(m.splits.values()) for m in records} == {1, 2}
     fitted = load_toml(out)
     assert fitted.name == "cpu"
 
