@@ -12,11 +12,10 @@ mismatch is an ExecutionError: a wrong result is no timing), then timed (``time_
 ``WARMUP`` untimed calls, then rounds that call every factor once, in reverse order every other
 round (a drift of the machine's speed, or another process's load, falls on all factors alike),
 at least ``REPEATS`` rounds and more while a shape's rounds take under ``BUDGET_S`` (up to
-``MAX_ROUNDS``); a factor more than ``WARMUP_DROP`` times slower than the fastest in the
-warm-up, or ``DROP`` times after ``FIRST_ROUNDS`` rounds, stops being timed (it can be neither
-the fastest nor near it). A factor's time is
-the least of its rounds: load from other work only ever adds time, so the least is the one
-least disturbed (the median is kept beside it).
+``MAX_ROUNDS``); a factor more than ``DROP`` times slower than the fastest after
+``FIRST_ROUNDS`` rounds stops being timed (it can be neither the fastest nor near it). A
+factor's time is the least of its rounds: load from other work only ever adds time, so the
+least is the one least disturbed (the median is kept beside it).
 
 The shapes measured by default (``default_shapes``) are the skinny-output split-K shapes of the
 packaged models file (``split_k_shapes_MNK``, output ``M*N <= SKINNY_OUTPUT``, K halved until
@@ -64,9 +63,9 @@ MAX_FLOP = 2e9
 WARMUP, REPEATS = 2, 15
 #: more rounds while a shape's rounds took under this many seconds, up to MAX_ROUNDS
 BUDGET_S, MAX_ROUNDS = 1.5, 200
-#: after FIRST_ROUNDS rounds, factors over DROP times the fastest's least time stop; after the
-#: warm-up calls, those over WARMUP_DROP times the fastest warm-up call are not timed at all
-FIRST_ROUNDS, DROP, WARMUP_DROP = 3, 2.0, 5.0
+#: after FIRST_ROUNDS rounds, factors over DROP times the fastest's least time stop (the first
+#: calls are no guide: a cold call can take twenty times a warm one)
+FIRST_ROUNDS, DROP = 2, 2.0
 
 
 def matmul_program(m: int, n: int, k: int, dtype: str = "float32", factor: int | None = None
@@ -260,8 +259,7 @@ def time_rounds(calls: Sequence[Callable[[], None]], warmup: int = WARMUP,
     """Each call's seconds over the rounds (see the module docstring: every live call once a
     round, in reverse order every other round; at least ``repeats`` rounds, more while they
     took under ``budget_s``; slow calls dropped after ``FIRST_ROUNDS``), after ``warmup``
-    calls of each (not counted; a call ``WARMUP_DROP`` times slower than the fastest there is
-    not timed: its list is its warm-up's least).
+    untimed calls of each.
 
     >>> [len(t) for t in time_rounds([lambda: None, lambda: None], 0, 3, budget_s=0.0)]
     [3, 3]
@@ -269,17 +267,11 @@ def time_rounds(calls: Sequence[Callable[[], None]], warmup: int = WARMUP,
     import time
 
     tick = clock or time.perf_counter
-    warm = [float("inf")] * len(calls)
-    for i, call in enumerate(calls):
+    for call in calls:
         for _ in range(warmup):
-            start = tick()
             call()
-            warm[i] = min(warm[i], tick() - start)
     times: list[list[float]] = [[] for _ in calls]
-    # a call many times slower than the fastest even while warming up is out at once: each
-    # of its rounds would cost as much as many of the others'
-    live = [i for i in range(len(calls))
-            if not warmup or warm[i] <= WARMUP_DROP * min(warm)]
+    live = list(range(len(calls)))
     spent, r = 0.0, 0
     while r < repeats or (spent < budget_s and r < MAX_ROUNDS):
         for i in live[::-1] if r % 2 else live:
@@ -292,7 +284,7 @@ def time_rounds(calls: Sequence[Callable[[], None]], warmup: int = WARMUP,
         if r == FIRST_ROUNDS:
             fastest = min(min(times[i]) for i in live)
             live = [i for i in live if min(times[i]) <= DROP * fastest]
-    return [t or [warm[i]] for i, t in enumerate(times)]
+    return times
 
 
 @dataclass(frozen=True)
