@@ -49,6 +49,8 @@ def plan_table(plan: Plan, target: Target) -> Table:
         worst = max((s for _, s in o.span_bytes), default=0)
         kind = o.kind + ("" if o.kind == o.op else f" ({o.op})")
         loop = "-" if o.loop is None else " x ".join(str(c) for c in o.loop.count)
+        if o.loop is not None and o.loop.tile_sizes:  # tiles of run-time sizes: expressions
+            loop += " (" + " ".join(f"{d}={e}" for d, e in o.loop.tile_sizes) + ")"
         table.add_row(o.name, kind, space, ",".join(o.stick_dims) or "-", splits, str(o.cores),
                       f"{o.utilization:.1%}",
                       f"{_mib(worst)} / {span_limit_text(target.span_limit)}",

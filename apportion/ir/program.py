@@ -499,13 +499,6 @@ def _check_symbols(p: Program, tmap: Mapping[str, TensorType]) -> None:
                         f"op {op.name!r}: dim {used[0]!r} has symbolic size {syms[used[0]]!r} "
                         f"but indexes dim {i} of tensor {acc.tensor!r}, whose size is static; "
                         f"give that dim the size {syms[used[0]]!r} too")
-    grouped = {n for g in p.tiling for n in g.ops}
-    for op in p.ops:
-        syms = _op_symbols(op, tmap)
-        if syms and op.name in grouped:
-            d = next(iter(syms))
-            raise ProgramError(f"op {op.name!r}: dim {d!r} has symbolic size {syms[d]!r}; ops "
-                               "in a tiling group need static sizes")
 
 
 def _check_access(op: Op, tensor: str, index: tuple, t: TensorType, read: bool = False) -> None:

@@ -57,13 +57,6 @@ def bind_plan(source: Program, plan: Plan, target: Target, sizes: Mapping[str, i
     """``source`` (the program as given, with symbols) and its ``plan`` at run-time ``sizes``:
     the concrete program as the plan divides it (split-K ops cut with their chains' choices)
     and the plan of each of its ops at those sizes."""
-    if plan.groups and source.symbols:
-        # tiles and buffers sized at the planning sizes would run past smaller bound tensors
-        # (the planner makes no loops for such a program; a plan read back might have them)
-        raise ExecutionError(f"program {source.name!r} has run-time sizes "
-                             f"({', '.join(source.symbol_map)}), but its plan has loop groups "
-                             f"(ops {', '.join(plan.groups[0].ops)}); a program with run-time "
-                             "sizes is planned without loop groups")
     concrete = source.bind(sizes)
     split = {}
     for o in plan.ops:
@@ -97,10 +90,14 @@ def bind_plan(source: Program, plan: Plan, target: Target, sizes: Mapping[str, i
 
 
 def _bound_op(o: OpPlan, sizes: Mapping[str, int], split: object) -> OpPlan:
-    if o.loop is not None or dict(o.iteration_space) == dict(sizes):
+    # in a loop, a tiled dim's tile is cut from the bound size at run time (lowering); a dim
+    # no level tiles is whole in every tile, so it takes the bound size as an untiled op's does
+    tiled = {d for dims in o.loop.tiled_dims for d in dims} if o.loop is not None else set()
+    space = tuple((d, n if d in tiled else sizes[d]) for d, n in o.iteration_space)
+    if space == o.iteration_space:
         return o if split is None else replace(o, split_k=split)
     per = dict(o.unit_elems)
-    space = tuple((d, sizes[d]) for d, _ in o.iteration_space)
-    splits = tuple((d, min(n, -(-sizes[d] // per[d]))) for d, n in o.splits)
+    splits = tuple((d, n if d in tiled else min(n, -(-sizes[d] // per[d])))
+                   for d, n in o.splits)
     return replace(o, iteration_space=space, splits=splits,
                    split_k=o.split_k if split is None else split)

@@ -201,7 +201,8 @@ class TileMemo:
         return found[1]
 
     def group(self, program: Program, gi: int, group: TilingGroup,
-              op_layouts: Mapping[str, OpLayout] | None, max_count: int | None
+              op_layouts: Mapping[str, OpLayout] | None, max_count: int | None,
+              dim_symbols: Mapping[str, Mapping[str, str]] | None = None
               ) -> GroupTiling | Exception:
         key = (id(program.ops), gi, id(group))
         found = self._groups.get(key)
@@ -209,7 +210,8 @@ class TileMemo:
             outcome: GroupTiling | Exception
             try:
                 _check_contiguous(program, group)
-                outcome = _tile_group(program, gi, group, op_layouts, max_count)
+                outcome = _tile_group(program, gi, group, op_layouts, max_count,
+                                      dim_symbols or {})
             except (ProgramError, PlanningError) as e:
                 outcome = e
             found = self._groups[key] = ((program.ops, group), outcome)
@@ -217,11 +219,15 @@ class TileMemo:
 
 
 def coarse_tile(program: Program, op_layouts: Mapping[str, OpLayout] | None = None,
-                max_count: int | None = None, memo: TileMemo | None = None) -> Tiling:
+                max_count: int | None = None, memo: TileMemo | None = None,
+                dim_symbols: Mapping[str, Mapping[str, str]] | None = None) -> Tiling:
     """Loop nests of the program's tiling groups; with ``op_layouts``, tiles hold whole sticks;
     with ``max_count`` (the target's ``max_loop_count``), no integer count exceeds it.
     ``memo`` keeps each group's result for the next program differing in loop counts only
-    (its ``op_layouts`` and ``max_count`` must be the same).
+    (its ``op_layouts``, ``max_count`` and ``dim_symbols`` must be the same).
+    ``dim_symbols`` (op -> dim -> symbol, ``Program.dim_symbols`` of the program before its
+    run-time sizes were bound) names the dims whose size is known only at run time: their tile
+    sizes are kept as expressions in ``LoopInfo.tile_sizes``, as are those of a symbolic count.
 
     >>> from apportion.frontend.json_format import load
     >>> t = coarse_tile(load("examples/fused.json"))
@@ -237,7 +243,7 @@ def coarse_tile(program: Program, op_layouts: Mapping[str, OpLayout] | None = No
         # the per-op checks of a group come before its contiguity and tiling, as they ran
         if first is not None and first[0] == gi:
             raise first[1]
-        outcome = memo.group(program, gi, group, op_layouts, max_count)
+        outcome = memo.group(program, gi, group, op_layouts, max_count, dim_symbols)
         if isinstance(outcome, Exception):
             raise outcome
         groups.append(outcome)
@@ -245,13 +251,14 @@ def coarse_tile(program: Program, op_layouts: Mapping[str, OpLayout] | None = No
 
 
 def tile_group(program: Program, index: int, op_layouts: Mapping[str, OpLayout] | None = None,
-               max_count: int | None = None, memo: TileMemo | None = None) -> GroupTiling:
+               max_count: int | None = None, memo: TileMemo | None = None,
+               dim_symbols: Mapping[str, Mapping[str, str]] | None = None) -> GroupTiling:
     """Tiling group ``index`` of ``program`` alone, as ``coarse_tile`` tiles it, for a program
     whose groups' op lists are known to be valid and whose other groups are known to tile (a
     whole ``coarse_tile`` of it raises only what this raises): what an auto-tiling trial of
     that group needs, at the cost of that group."""
     outcome = (memo or TileMemo()).group(program, index, program.tiling[index], op_layouts,
-                                         max_count)
+                                         max_count, dim_symbols)
     if isinstance(outcome, Exception):
         raise outcome
     return outcome
@@ -311,7 +318,8 @@ def _check_contiguous(program: Program, group: TilingGroup) -> None:
 
 
 def _tile_group(program: Program, gi: int, group: TilingGroup,
-                op_layouts: Mapping[str, OpLayout] | None, max_count: int | None) -> GroupTiling:
+                op_layouts: Mapping[str, OpLayout] | None, max_count: int | None,
+                dim_symbols: Mapping[str, Mapping[str, str]]) -> GroupTiling:
     ops = [program.op(n) for n in group.ops]
     where = f"tiling group {list(group.ops)}"
     for level, lv in enumerate(group.loops):
@@ -345,7 +353,7 @@ def _tile_group(program: Program, gi: int, group: TilingGroup,
     path = (gi,) + (0,) * (len(group.loops) - 1)
     counts = tuple(lv.count for lv in group.loops)
     tiles = tuple(_op_tile(op, chains[op.name], paths[op.name], counts, values, op_layouts,
-                           where) for op in ops)
+                           where, dim_symbols.get(op.name, {})) for op in ops)
     _check_letters(program, group, ops, tiles)
     _check_reductions(program, group, ops, tiles)
     symbolic = tuple((lv.count, lv.min, lv.max, planned[i]) for i, lv in enumerate(group.loops)
@@ -532,9 +540,11 @@ def _smallest_value(where: str, level: int, lv: LoopLevel, ops: list[Op], sizes:
 
 
 def _op_tile(op: Op, chain: list[Link], path: tuple[int, ...], counts: tuple[int | str, ...],
-             values: list[int], op_layouts: Mapping[str, OpLayout] | None, where: str) -> OpTile:
+             values: list[int], op_layouts: Mapping[str, OpLayout] | None, where: str,
+             symbols: Mapping[str, str]) -> OpTile:
     """The op's loop info and per-iteration sizes (``counts``: each group level's count;
-    ``values``: the same with a symbolic one at its planned value)."""
+    ``values``: the same with a symbolic one at its planned value; ``symbols``: the op's dims
+    whose size is a run-time symbol)."""
     per = dict(op_layouts[op.name].unit_elems) if op_layouts is not None else {}
     written = set(op.out.index[-1].dims) if op.out.index else set()
     sizes = dict(op.sizes)
@@ -553,11 +563,53 @@ def _op_tile(op: Op, chain: list[Link], path: tuple[int, ...], counts: tuple[int
                     f"dim, so the count must divide its {-(-n // unit)} sticks (a tile of part "
                     "of a stick is allowed only for a dim the op reads)")
     loop = LoopInfo(path, tuple(counts[lv] for _, lv, _ in chain),
-                    tuple(dims for _, _, dims in chain))
+                    tuple(dims for _, _, dims in chain),
+                    symbolic_tile_sizes(op, [(counts[lv], dims) for _, lv, dims in chain],
+                                        symbols))
     red = set(op.reduction_dims)
     red_levels = [i for i, (_, _, dims) in enumerate(chain) if red & set(dims)]
     return OpTile(op.name, loop, tuple((d, sizes[d]) for d, _ in op.dims),
                   red_levels[0] if red_levels else None)
+
+
+def symbolic_tile_sizes(op: Op, levels: list[tuple[int | str, tuple[str, ...]]],
+                        symbols: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """Per-iteration sizes of ``op``'s dims that depend on a run-time value, as expressions:
+    its size (a run-time symbol from ``symbols``, or the number) over the product of the
+    counts of the ``levels`` (count, dims tiled) that tile it, symbolic counts by name. Dims
+    whose tile size is a plain number are left out.
+
+    >>> from apportion.frontend.json_format import loads
+    >>> op = loads('{"name": "t", "tensors": {"x": {"shape": [1024, 512], "dtype": "float32"}},'
+    ...   '"inputs": ["x"], "outputs": ["y"], "ops": [{"name": "e", "op": "exp", '
+    ...   '"out": "y[m,n]", "ins": ["x[m,n]"]}]}').op("e")
+    >>> symbolic_tile_sizes(op, [(4, ("m",)), ("T", ("n",))], {"m": "S"})
+    (('m', 'S/4'), ('n', '512/T'))
+    >>> symbolic_tile_sizes(op, [(2, ("m",)), ("T", ("m",))], {"m": "S"})
+    (('m', 'S/(2*T)'),)
+    """
+    out = []
+    for d, n in op.dims:
+        factor, names = 1, []
+        for count, dims in levels:
+            if d in dims:
+                if isinstance(count, str):
+                    names.append(count)
+                else:
+                    factor *= count
+        base = symbols.get(d)
+        if base is None and not names:
+            continue
+        parts = ([str(factor)] if factor > 1 else []) + names
+        if base is None:
+            base = str(n)
+        if not parts:
+            out.append((d, base))
+        elif len(parts) == 1:
+            out.append((d, f"{base}/{parts[0]}"))
+        else:
+            out.append((d, f"{base}/({'*'.join(parts)})"))
+    return tuple(out)
 
 
 def common_depth(a: LoopInfo, b: LoopInfo) -> int:

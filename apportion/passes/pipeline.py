@@ -115,10 +115,6 @@ def _plan(program: Program, target: Target, strategy: Strategy, debug: Stage | N
     # sizes known only at run time are planned at their planning sizes (the bound, if any);
     # split-K still sees which reductions are symbolic and may decide by a select chain
     planned_at = tuple(program.planning_sizes().items())
-    if program.symbols and program.tiling:
-        raise PlanningError(f"program {program.name!r} has symbolic sizes "
-                            f"({', '.join(program.symbol_map)}) and tiling groups; a program "
-                            "with run-time sizes is planned without loop groups")
     # 0. relayout: an explicit re-layout op before each op that reads a tensor transposed
     #    (another stick dim); the planned program is then the rewritten one. It runs before
     #    binding so that a copy of a run-time axis is symbolic too; binding sizes
@@ -128,6 +124,7 @@ def _plan(program: Program, target: Target, strategy: Strategy, debug: Stage | N
         dump("relayout", copies)
     symbols = {op: {d: program.symbol_map[sym] for d, sym in dims.items()}
                for op, dims in program.dim_symbols.items()}
+    dim_symbols = program.dim_symbols  # tile sizes of run-time dims stay expressions in them
     sized = program if planned_at else None
     program = program.bind()
     # 1. layouts: device layout of every tensor; stick dims and planning units of every op
@@ -146,7 +143,7 @@ def _plan(program: Program, target: Target, strategy: Strategy, debug: Stage | N
         dump("span_tiling", spanned)
         program = spanned.program
     # 3. coarse_tile: loop nests of the tiling groups and every op's per-iteration sizes
-    tiling = coarse_tile(program, lay.ops, target.max_loop_count)
+    tiling = coarse_tile(program, lay.ops, target.max_loop_count, dim_symbols=dim_symbols)
     dump("coarse_tile", tiling)
     loops = {op.name: _loop(tiling, op.name) for op in program.ops}
     ctxs = contexts(program, target, lay, {op.name: tiling.sizes(op) for op in program.ops},

@@ -19,11 +19,13 @@ output indexes (a tiled reduction dim accumulates), then to outer dims. A reduct
 candidate only when its kind accumulates across loop iterations (``Reducer.tileable``).
 
 Fallback ops (one core, whole) and ops already in a tiling group are left alone, and an op no
-single-dim loop fits keeps the strategy's error. A program with run-time sizes (``symbolic``) is
-planned without loop groups: its plan keeps each op's slices at every bound size, and a loop
-sized at the planning size would run past a smaller bound tensor. There an op that needs a loop
-is refused, naming the op, the tensor, the run-time size and the limit, and where a smaller
-bound of the size fits, the largest such bound. The added groups are
+single-dim loop fits keeps the strategy's error. In a program with run-time sizes
+(``symbolic``, planned at its planning sizes) the loop cuts a dim of static size only: its count
+divides that dim at every run-time size, and the tile planned at the largest size bounds every
+smaller one. An op whose only fitting loops would cut a run-time size (which would restrict the
+sizes a run may take to multiples of the count) is refused, naming the op, the tensor, the
+run-time size and the limit, and where a smaller bound of the size fits, the largest such
+bound. The added groups are
 appended to the program's ``tiling`` (paths after the program's own groups) and named in the
 result, so that the plan's ``GroupPlan.added`` says why each exists (plan format ``added``; the
 report's loop-group line).
@@ -133,9 +135,10 @@ def span_tiling(program: Program, target: Target, lay: Layouts, strategy: Strate
         ctx = OpContext(op, program, target, lay.ops[op.name], lay.tensors, dict(op.sizes))
         if fits(ctx, strategy):
             continue
-        if symbolic is not None:
+        run_time = frozenset(symbolic.dim_symbols.get(op.name, {})) if symbolic else frozenset()
+        choice = choose_loop(ctx, strategy, target.max_loop_count, cache, run_time)
+        if choice is None and symbolic is not None and run_time:
             raise PlanningError(_run_time_refusal(ctx, strategy, symbolic, target))
-        choice = choose_loop(ctx, strategy, target.max_loop_count, cache)
         if choice is None:
             continue  # no single-dim loop fits: the strategy's own error stands
         d, count = choice
@@ -169,13 +172,15 @@ def loop_candidates(op: Op, per: Mapping[str, int], max_count: int) -> list[tupl
 
 
 def choose_loop(ctx: OpContext, strategy: Strategy, max_count: int,
-                cache: PlanCache | None = None) -> tuple[str, int] | None:
-    """The dim and count of the loop around ``ctx.op`` (see the module docstring), or None."""
+                cache: PlanCache | None = None, keep: frozenset[str] = frozenset()
+                ) -> tuple[str, int] | None:
+    """The dim and count of the loop around ``ctx.op`` (see the module docstring), or None;
+    dims in ``keep`` (run-time sizes) are never cut."""
     op = ctx.op
     per = ctx.per
     best_count: dict[str, int] = {}
     for d, c in loop_candidates(op, per, max_count):
-        if d in best_count or any(c > b for b in best_count.values()):
+        if d in keep or d in best_count or any(c > b for b in best_count.values()):
             continue  # this dim already fits at a smaller count, or another dim does
         tile = _tile_ctx(ctx, d, c)
         if fits(tile, strategy):
@@ -225,11 +230,6 @@ def _run_time_refusal(ctx: OpContext, strategy: Strategy, symbolic: Program,
     except PlanningError as e:
         detail = str(e).removeprefix(f"op {op.name!r}: ")
     dims = symbolic.dim_symbols.get(op.name, {})
-    names = ", ".join(dict.fromkeys(symbolic.symbol_map))
-    if not dims:
-        return (f"op {op.name!r} fits the span limit only in a loop (its sizes are static), and "
-                f"program {symbolic.name!r} has run-time sizes ({names}), which are planned "
-                f"without loop groups: {detail}")
     hints = []
     for sym in dict.fromkeys(dims.values()):
         s = symbolic.symbol_map[sym]
@@ -238,8 +238,9 @@ def _run_time_refusal(ctx: OpContext, strategy: Strategy, symbolic: Program,
         hints.append(f"run-time size {sym!r} ({used}) is planned at {s.planning_size}; "
                      + (f"no size from its min {s.min} fits" if top is None else
                         f"bound it with a max of at most {top}"))
-    return (f"op {op.name!r}: {detail}; a program with run-time sizes is planned without "
-            f"loop groups, so no loop may cut it: {'; '.join(hints)}")
+    return (f"op {op.name!r}: {detail}; no loop over its dims of static size fits, and a loop "
+            f"of last resort never cuts a run-time size (a run would then take only multiples "
+            f"of its count): {'; '.join(hints)}")
 
 
 def _largest_fitting(ctx: OpContext, strategy: Strategy, symbolic: Program, sym: str,

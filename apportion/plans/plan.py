@@ -16,11 +16,19 @@ Pairs = tuple[tuple[str, int], ...]
 
 @dataclass(frozen=True)
 class LoopInfo:
-    """Where an op sits in a coarse-tiling loop nest: group path, counts, tiled dims per level."""
+    """Where an op sits in a coarse-tiling loop nest: group path, counts, tiled dims per level.
+
+    ``tile_sizes`` gives the per-iteration size of each dim whose size is known only at run
+    time, as an expression in its symbols: a run-time dim size ``S`` tiled by 4 is ``S/4``, a
+    dim of 2048 tiled by a symbolic count ``T`` is ``2048/T`` (the plan's iteration space has
+    the size at the planning values).
+    """
 
     group: tuple[int, ...]
     count: tuple[int | str, ...]
     tiled_dims: tuple[tuple[str, ...], ...]
+    # left out of the repr, which messages and docs show for static nests
+    tile_sizes: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if not (len(self.group) == len(self.count) == len(self.tiled_dims)):

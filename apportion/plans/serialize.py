@@ -24,7 +24,8 @@ def op_to_dict(o: OpPlan) -> dict[str, Any]:
         "predicted_time_us": o.predicted_time_us, "span_bytes": dict(o.span_bytes),
         "loop": None if o.loop is None else {
             "group": list(o.loop.group), "count": list(o.loop.count),
-            "tiled_dims": [list(t) for t in o.loop.tiled_dims]},
+            "tiled_dims": [list(t) for t in o.loop.tiled_dims],
+            **({"tile_sizes": dict(o.loop.tile_sizes)} if o.loop.tile_sizes else {})},
         "unit_elems": dict(o.unit_elems), "span_splits": dict(o.span_splits),
         "even": all(o.is_even(d) for d, _ in o.splits),
         "split_k": None if o.split_k is None else {
@@ -73,7 +74,8 @@ def op_from_dict(d: dict[str, Any]) -> OpPlan:
             predicted_time_us=d["predicted_time_us"], span_bytes=tuple(d["span_bytes"].items()),
             loop=None if loop is None else LoopInfo(
                 tuple(loop["group"]), tuple(loop["count"]),
-                tuple(tuple(t) for t in loop["tiled_dims"])),
+                tuple(tuple(t) for t in loop["tiled_dims"]),
+                tuple(loop.get("tile_sizes", {}).items())),
             span_splits=tuple(d.get("span_splits", {}).items()),
             split_k=None if d.get("split_k") is None else _split_k_from_dict(d["split_k"]),
         )

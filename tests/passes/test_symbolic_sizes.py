@@ -83,10 +83,12 @@ def test_bad_symbolic_programs_are_refused_naming_op_tensor_and_symbol(edit, mat
         from_dict(doc)
 
 
-def test_a_symbolic_program_with_tiling_groups_is_refused_naming_its_symbols():
+def test_a_symbolic_program_with_tiling_groups_keeps_its_tile_sizes_symbolic_and_runs():
+    # more in tests/passes/test_symbolic_tiles.py
     doc = reduction_doc() | {"tiling": [{"ops": ["e"], "loops": [{"count": 2, "dims": ["r"]}]}]}
-    with pytest.raises((PlanningError, ProgramError), match="tiling group"):
-        ap.plan(from_dict(doc), ap.targets.spyre(cores=4))
+    planned = ap.plan(from_dict(doc), ap.targets.spyre(cores=4))
+    assert dict(planned.plan.op("e").loop.tile_sizes) == {"t": "T"}
+    assert all(c.ok for c in planned.check(params={"T": 100}))
 
 
 def test_the_gpu_resolver_decides_a_select_chain_and_runs_take_different_branches():
