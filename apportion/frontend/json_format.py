@@ -1,5 +1,11 @@
 """Program format v1 (JSON): parse into the IR and print back.
 
+The optional ``split_k`` object pins how ops' reductions are split (pass ``split_k``): per op
+name, a slice count of the op's widest reduction dim (``{"mm": 8}``), ``"?"`` (the target's
+resolver decides), a tile size of that dim in elements (``{"mm": {"tile": 512}}``), or slices
+or tile sizes per reduction dim (``{"conv": {"slices": {"c": 4, "kh": 3}}}``, ``{"conv":
+{"tile": {"c": 64}}}``). The dims must be the op's reduction dims; a tile must divide its dim.
+
 >>> p = loads(open("examples/mlp.json").read())          # doctest: +SKIP
 >>> dumps(p) == dumps(loads(dumps(p)))                    # doctest: +SKIP
 True
