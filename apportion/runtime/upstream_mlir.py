@@ -140,7 +140,9 @@ def run_function(text: str, name: str, inputs: Sequence[Any],
     (numpy arrays, as the reference executor holds them: bfloat16 values in float32) through
     MLIR's execution engine; ``outputs`` gives each result's shape and dtype,
     ``input_dtypes`` each input's (default: the arrays' own). Returns the
-    results as numpy arrays (bfloat16 ones widened to float32).
+    results as numpy arrays (bfloat16 ones widened to float32). Upstream 22's lowering of
+    stores to ``i1`` memrefs asserts (``MemRefToLLVM``: width >= 8), so a module holding
+    bool tensors does not run.
 
     >>> import numpy as np
     >>> if available():

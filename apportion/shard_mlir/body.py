@@ -258,7 +258,7 @@ def render_op(blk: Block, op: Op, types: Mapping[str, TensorType], vals: Mapping
     kind = op.kind
     out_t = types[op.out.tensor]
     out_elt = elt(out_t.dtype)
-    if kind.category is Category.FALLBACK or kind.whole or _construction(op):
+    if opaque(op):
         return _call(blk, op, types, vals)
     dims = list(op.dim_names)
     ins = [_read(blk, a, types[a.tensor], vals[a.tensor], dims, op.sizes) for a in op.ins]
@@ -328,6 +328,17 @@ def _read(blk: Block, acc: Access, t: TensorType, value: str, dims: Sequence[str
         index[j:j + 1] = [AffineExpr.dim(d) for d in digits]
     return (value, tensor_type(shape, e_t), e_t,
             affine_map(dims, Access(acc.tensor, tuple(index))))
+
+
+def opaque(op: Op) -> bool:
+    """True when ``op`` is written as a call of an opaque function (a fallback, a whole-tensor
+    kind, a kind the IREE templates run by a construction), not as a ``linalg.generic``.
+
+    >>> from apportion.frontend.json_format import load
+    >>> [op.name for op in load("examples/rmsnorm_argmax.json").ops if opaque(op)]
+    ['rank']
+    """
+    return op.kind.category is Category.FALLBACK or op.kind.whole or _construction(op)
 
 
 def _construction(op: Op) -> bool:
