@@ -146,11 +146,12 @@ def _input_names(op: Op, strategy: Strategy) -> list[str]:
     return names
 
 
-def reuse(op: Op, pos: int, strategy: Strategy, mesh: Mesh) -> int:
-    """How many times the largest device's part of ``op`` reads each element of its input
-    ``pos``: the product of its sizes of the op dims that input's access does not name (a
-    matmul reads ``x[m, k]`` once per ``n``; a pointwise op once). A read in place from a
-    peer's memory pays its link that many times: nothing is kept between the reads.
+def reuse(op: Op, pos: int, strategy: Strategy, mesh: Mesh) -> float:
+    """How many times, on average, the largest device's part of ``op`` reads each element of
+    its input ``pos``: its iteration points over the elements its access reaches (a matmul
+    reads ``x[m, k]`` once per ``n``; a pointwise op once; a three-point stencil's
+    ``x[i + k]`` about three times, its windows overlapping). A read in place from a peer's
+    memory pays its link that many times: nothing is kept between the reads.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.sharding.mesh import parse
@@ -159,15 +160,17 @@ def reuse(op: Op, pos: int, strategy: Strategy, mesh: Mesh) -> int:
     >>> st = make_strategy(p.op("gate"), p, m, {"n": ("tp",)})
     >>> reuse(p.op("gate"), 0, st, m), reuse(p.op("act"), 0,
     ...                                      make_strategy(p.op("act"), p, m, {}), m)
-    (1408, 1)
+    (1408.0, 1.0)
     """
-    named = {d for e in op.ins[pos].index for d in e.dims}
     ranges = local_ranges(op, strategy, mesh, dict.fromkeys(mesh.names, 0))
-    n = 1
-    for d, (lo, hi) in ranges.items():
-        if d not in named:
-            n *= hi - lo
-    return n
+    size = {d: hi - lo for d, (lo, hi) in ranges.items()}
+    points = 1
+    for n in size.values():
+        points *= n
+    reached = 1  # per tensor dim the span its expression covers over the device's part
+    for e in op.ins[pos].index:
+        reached *= sum(c * (size[d] - 1) for d, c in e.terms) + 1
+    return points / reached
 
 
 #: the resharding steps a reader may replace by reading the source in place from its peers
@@ -175,7 +178,7 @@ IN_PLACE_KINDS = ("all_gather", "all_to_all", "halo")
 
 
 def in_place_read(shape: tuple[int, ...], dtype: str, src: Sharding, dst: Sharding,
-                  mesh: Mesh, reads: int) -> Step | None:
+                  mesh: Mesh, reads: float) -> Step | None:
     """The ``peer_read`` an op makes when it reads ``src`` in place where it needs ``dst``,
     reading each element ``reads`` times (``reuse``): None unless the resharding is one
     gather, all-to-all or halo along a peered axis (its devices address one another's

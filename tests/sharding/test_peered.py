@@ -101,7 +101,8 @@ def test_a_convolution_split_over_a_peered_axis_reads_its_window_and_the_halo_be
     plan = plan_of(p, PEERED, {"conv": {"h": "tp"}}, {"x": ROWS4, "w": Sharding.replicated(4)})
     (t,) = plan.transfers
     assert [s.kind for s in t.steps] == ["halo"] and not t.in_place  # co re-reads x: a copy
-    assert reuse(p.op("conv"), 0, plan.strategy("conv"), plan.mesh) == 32
+    # 2*7*4 outputs x 32 channels x 3*3*4 taps over the 2*9*6*4 elements of the window
+    assert reuse(p.op("conv"), 0, plan.strategy("conv"), plan.mesh) == 2 * 7 * 4 * 32 * 36 / 432
     assert t.dst.window(1) == Window(19, 1, 0, 2)
     s = runs_match(plan)
     c = only(s)
@@ -145,9 +146,10 @@ def test_a_window_read_from_a_replicated_tensor_is_cut_locally():
     runs_match(plan)
 
 
-def test_a_convolution_with_few_output_channels_reads_its_halo_in_place():
-    """Each row read five times from the peer costs less than a copy written locally."""
-    p = conv_program(co=5)
+def test_a_convolution_with_one_output_channel_reads_its_halo_in_place():
+    """Each element read under five times from the peer costs less than a copy written
+    locally."""
+    p = conv_program(co=1)
     plan = plan_of(p, PEERED, {"conv": {"h": "tp"}}, {"x": ROWS4, "w": Sharding.replicated(4)})
     (t,) = plan.transfers
     assert t.in_place and [s.kind for s in t.steps] == ["peer_read"]
@@ -193,6 +195,24 @@ def test_a_leading_slice_reads_its_rows_from_the_device_that_holds_them():
     c = only(runs_match(plan))
     assert [b[0] for b in c.dst_boxes] == [(0, 4), (4, 7), (7, 10)]
     assert c.lacked(0, 1) == ((4, 6), (0, 4)) and c.lacked(1, 2) == ((7, 10), (0, 4))
+
+
+def test_a_stencil_reads_each_element_about_three_times_and_its_halo_matches():
+    """``y[i, j] = sum over k < 3 of x[i + k, j]``: 17 rows out of 19, cut 6, 6, 5 and 7, 6,
+    6; each device's window overlaps its neighbours' by two rows."""
+    p = from_dict({
+        "name": "stencil", "inputs": ["x"], "outputs": ["y"],
+        "tensors": {"x": {"shape": [19, 5], "dtype": "float32"}},
+        "ops": [{"name": "s", "op": "sum", "out": "y[i,j]", "ins": ["x[i+k,j]"],
+                 "dims": {"i": 17, "k": 3}}]})
+    rows = Sharding((("tp",), ()))
+    plan = plan_of(p, PEERED, {"s": {"i": "tp"}}, {"x": rows})
+    assert reuse(p.op("s"), 0, plan.strategy("s"), plan.mesh) == 6 * 3 * 5 / (8 * 5)
+    (t,) = plan.transfers
+    # 2.25 reads of 40 bytes over the link cost less than writing the 180-byte window
+    assert t.in_place and [s.kind for s in t.steps] == ["peer_read"] and t.bytes == 40
+    c = only(runs_match(plan))
+    assert [b[0] for b in c.dst_boxes] == [(0, 8), (6, 14), (12, 19)]
 
 
 def test_a_multi_axis_split_of_the_read_dim_keeps_the_replicated_read():
