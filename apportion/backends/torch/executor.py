@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import math
 import string
@@ -100,9 +101,19 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from apportion.backends.torch.kernels import WHOLE, XP, kernel, reduce, require_torch, torch
+from apportion.backends.torch.kernels import (
+    DIRECT,
+    ROUNDED_ONCE,
+    SCANS,
+    WHOLE,
+    XP,
+    kernel,
+    reduce,
+    require_torch,
+    torch,
+)
 from apportion.errors import ExecutionError
-from apportion.ir.kinds import INTEGERS, Category, OpKind, Partial, Reducer
+from apportion.ir.kinds import FLOATS, INTEGERS, Category, OpKind, Partial, Reducer
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
 from apportion.plans.plan import Plan
@@ -215,13 +226,57 @@ def _strided(t: Any, v: View) -> Any:
     return t.as_strided(v[0], v[1], t.storage_offset() + v[2])
 
 
+def _shaped(t: Any, shape: tuple[int, ...]) -> Any:
+    """A stored tensor in its own shape: a step's result may be held in the shape it was
+    computed in (a lattice's), row-major like the tensor, which every strided view reads
+    alike."""
+    return t if t.shape == shape else t.view(shape)
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    """A matmul lattice as one ``torch.matmul``: the lattice axes that move both operands
+    join the batch, those that move only the left operand stack their boxes as rows, those
+    that move only the right one as columns (a GEMM computes every row and column of its
+    result on its own, from that row and column alone, so each box is still computed from its
+    own views). ``a`` and ``b`` are the operands' views over the lattice with their axes in
+    that order (batch, rows, k; batch, k, columns), reshaped to ``shape_a`` and ``shape_b``;
+    the product, split back into ``write``'s sizes, goes through ``write``, the output's view
+    in the same order."""
+
+    a: View
+    shape_a: tuple[int, ...]
+    b: View
+    shape_b: tuple[int, ...]
+    write: View
+
+
+@dataclass(frozen=True)
+class _Lattice:
+    """Boxes of one step that form a lattice (``_lattices``): equal boxes whose every view is
+    the first one's moved by a fixed offset per lattice axis. ``box`` is that first box (its
+    sizes, scale and starts are every box's), ``shape`` the lattice's axes, ``reads`` and
+    ``write`` each operand's and the output's view over the lattice (its axes first).
+    ``whole``: the write view is the whole output in row-major order, so the result, cast,
+    is the output itself (no copy)."""
+
+    box: int
+    shape: tuple[int, ...]
+    reads: tuple[View, ...]
+    write: View
+    whole: bool = False
+    gemm: _Gemm | None = None
+    #: each read as (tensor, sizes, strides, offset, the dtype it converts to or None)
+    operands: tuple[tuple[str, tuple[int, ...], tuple[int, ...], int, Any], ...] = ()
+
+
 @dataclass(frozen=True)
 class _Step:
     """One op of the schedule: how it runs (``mode``), its boxes with every operand's view,
     which boxes combine (a split reduction), and the tensors no later op reads (``free``)."""
 
     op: Op
-    mode: str  # copy, elementwise, mm, matmul, reduce, whole, numpy
+    mode: str  # copy, elementwise, mm, matmul, reduce, whole, scan, numpy
     boxes: tuple[Box, ...]
     groups: tuple[tuple[int, ...], ...]  # box indices per output slice, in box order
     solo: tuple[bool, ...]  # the box is alone in its output slice
@@ -234,7 +289,9 @@ class _Step:
     out_dtype: str
     out_shape: tuple[int, ...]
     compute: Any  # torch dtype of the computation
-    fn: Callable[..., Any] | None = None  # elementwise: the kind's function, attributes bound
+    out_torch: Any = None  # torch dtype of the output
+    in_shapes: tuple[tuple[int, ...], ...] = ()  # each input's shape
+    fn: Callable[..., Any] | None = None  # elementwise and whole: the function, attrs bound
     equation: str = ""  # matmul: the einsum
     counts: tuple[int, int, int, int] = (0, 0, 0, 0)  # mm: batch, m, k and n dims
     box_shapes: tuple[tuple[int, ...], ...] = ()  # matmul: result shape; reduce: the box's
@@ -243,86 +300,116 @@ class _Step:
     axes: tuple[int, ...] = ()  # reduce: the reduced axes
     red_sizes: tuple[int, ...] = ()  # reduce: full sizes of the reduction dims
     free: tuple[str, ...] = ()
-    #: every box at once (``_lattice``): the grid of boxes (loop iterations, then workers),
-    #: each operand's view over the whole grid and the output's; empty where the boxes differ
-    lattice: tuple[int, ...] = ()
-    lattice_reads: tuple[View, ...] = ()
-    lattice_write: View = ((), (), 0)
+    #: the boxes batched (``_lattices``): one lattice per set of equal boxes forming one, and
+    #: the boxes in none (``loose``), run one by one; no lattices where boxes combine
+    lattices: tuple[_Lattice, ...] = ()
+    loose: tuple[int, ...] = ()
 
     def box(self, env: Mapping[str, Any], out: Any, i: int) -> Partial | None:
         """Compute box ``i``: write it when it is alone in its output slice (None), else
         return its partial."""
         xs = [_strided(env[n], v) for n, v in zip(self.reads, self.box_reads[i], strict=True)]
-        return self._compute(xs, out, i, self.box_writes[i], (), self.solo[i])
-
-    def all_boxes(self, env: Mapping[str, Any], out: Any) -> None:
-        """Compute every box in one kernel call, each box a batch element of the lattice's
-        views (so each is still computed on its own), and write them: only for a step whose
-        boxes are all alone in their output slices (``lattice`` non-empty). A matmul runs
-        as ``_mm_lattice`` does."""
-        xs = [_strided(env[n], v) for n, v in zip(self.reads, self.lattice_reads, strict=True)]
-        if self.mode == "mm":
-            self._mm_lattice(xs, out)
-            return
-        self._compute(xs, out, 0, self.lattice_write, self.lattice, True)
-
-    def _mm_lattice(self, xs: list[Any], out: Any) -> None:
-        """A matmul's lattice of boxes: one GEMM per index of the lattice axes along which the
-        right operand moves, holding the boxes of the axes that move only the left operand as
-        one block of rows (a batched GEMM whose right operand repeats along a batch axis is
-        a copy of it per batch element, and runs slower than the boxes one by one)."""
-        a, b = (x if c is None else x.to(c) for x, c in zip(xs, self.casts, strict=True))
-        lat = self.lattice
-        nl = len(lat)
-        nb, nm, nk, nn = self.counts
-        rows_only = [i for i in range(nl) if b.stride(i) == 0 and a.stride(i) != 0]
-        rest = [i for i in range(nl) if i not in rows_only]
-        nr = len(rows_only)
-        dest = _strided(out, self.lattice_write)
-        for idx in itertools.product(*(range(lat[i]) for i in rest)):
-            at: list[Any] = [slice(None)] * nl
-            for i, k in zip(rest, idx, strict=True):
-                at[i] = k
-            on_b = [0 if i in rows_only else at[i] for i in range(nl)]
-            left = a[tuple(at)]  # [rows-only axes.., batch.., m.., k..]
-            right = b[tuple(on_b)]  # [batch.., k.., n..]
-            shape = left.shape
-            batch, lead, ms = shape[nr:nr + nb], shape[:nr], shape[nr + nb:nr + nb + nm]
-            # batch dims first, then the rows of every box: one [rows, k] @ [k, n] per batch
-            left = left.permute(*range(nr, nr + nb), *range(nr), *range(nr + nb, left.ndim))
-            flat_b = [math.prod(batch)] if nb else []
-            left = left.reshape(*flat_b, -1, math.prod(shape[nr + nb + nm:]))
-            right = right.reshape(*flat_b, math.prod(right.shape[nb:nb + nk]), -1)
-            part = torch.matmul(left, right)
-            if self.box_scales[0] != 1:
-                part = part * self.box_scales[0]
-            ns = dest.shape[nl + nb + nm:]
-            part = part.reshape(*batch, *lead, *ms, *ns)
-            part = part.permute(*range(nb, nb + nr), *range(nb), *range(nb + nr, part.ndim))
-            self.store(dest[tuple(at)], self.finished(part))
-
-    def _compute(self, xs: list[Any], out: Any, i: int, write: View, lead: tuple[int, ...],
-                 solo: bool) -> Partial | None:
-        """The kernel of box ``i`` (with ``lead`` leading batch axes: every box of the
-        lattice, all the size of box ``i``) on the operand views ``xs``; writes the result
-        through ``write`` when ``solo``, else returns the partial."""
         if self.mode == "copy":  # a copy or cast: one copy_
-            self.write(out, write, xs[0])
+            self.write(out, self.box_writes[i], xs[0])
             return None
+        part = self._part(xs, i, (), self.box_writes[i][0])
+        if not self.solo[i]:
+            return part
+        self.write(out, self.box_writes[i], self.finished(part))
+        return None
+
+    def all_boxes(self, env: Mapping[str, Any]) -> Any:
+        """The output, every lattice computed in one kernel call (each box a batch element of
+        the lattice's views, so each is still computed on its own), the loose boxes one by
+        one: only for a step whose boxes are all alone in their output slices (``lattices``
+        non-empty). One lattice writing the whole output row-major gives the output itself."""
+        lat = self.lattices[0]
+        if lat.whole and self.mode == "elementwise":  # the most common step, in one place
+            xs = []
+            for name, size, stride, offset, cast in lat.operands:
+                t = env[name]
+                x = t.as_strided(size, stride, t.storage_offset() + offset)
+                xs.append(x if cast is None else x.to(cast))
+            value = self.fn(*xs)  # type: ignore[misc]
+            if value.dtype != self.out_torch:
+                value = self.stored(value)
+            if value.shape == lat.write[0] and value.is_contiguous() and \
+                    not value._is_view() and all(value is not x for x in xs):
+                return value  # a new tensor laid out as the output: the output (``_shaped``)
+            out = torch.empty(self.out_shape, dtype=self.out_torch)
+            self.write(out, lat.write, value)
+            return out
+        if lat.whole:
+            return self._lattice(env, lat, None)
+        out = torch.empty(self.out_shape, dtype=self.out_torch)
+        for lat in self.lattices:
+            self._lattice(env, lat, out)
+        for i in self.loose:
+            self.box(env, out, i)
+        return out
+
+    def _lattice(self, env: Mapping[str, Any], lat: _Lattice, out: Any) -> Any:
+        """Compute the boxes of ``lat`` and write them into ``out``; with ``out`` None (a
+        whole lattice), return the result as the output."""
+        if lat.gemm is not None:
+            return self._gemm(env, lat, out)
+        xs = [_strided(env[n], v) for n, v in zip(self.reads, lat.reads, strict=True)]
+        if self.mode == "copy":
+            if out is None:
+                out = torch.empty(self.out_shape, dtype=self.out_torch)
+            self.write(out, lat.write, xs[0])
+            return out
+        value = self.finished(self._part(xs, lat.box, lat.shape, lat.write[0]))
+        if out is None:
+            value = self.stored(value)
+            # the result itself, where it is a new tensor laid out as the output (kept in
+            # the lattice's shape: every read is a strided view of the storage, and
+            # ``_shaped`` gives it the output's shape where a whole tensor is read)
+            if value.shape == lat.write[0] and value.is_contiguous() and \
+                    not value._is_view() and all(value is not x for x in xs):
+                return value
+            out = torch.empty(self.out_shape, dtype=self.out_torch)
+        self.write(out, lat.write, value)
+        return out
+
+    def _gemm(self, env: Mapping[str, Any], lat: _Lattice, out: Any) -> Any:
+        """A matmul lattice as one ``torch.matmul`` (``_Gemm``)."""
+        g = lat.gemm
+        assert g is not None
+        a, b = (_strided(env[n], v) for n, v in zip(self.reads, (g.a, g.b), strict=True))
+        if self.casts[0] is not None:
+            a = a.to(self.casts[0])
+        if self.casts[1] is not None:
+            b = b.to(self.casts[1])
+        part = torch.matmul(a.reshape(g.shape_a), b.reshape(g.shape_b))
+        scale = self.box_scales[lat.box]
+        if scale != 1:  # the same product once per point of a reduction dim no input reads
+            part = part * scale
+        part = self.stored(part)
+        if out is None:  # the output, in the product's shape (``_shaped``)
+            return part
+        _strided(out, g.write).copy_(part.view(g.write[0]))
+        return out
+
+    def _part(self, xs: list[Any], i: int, lead: tuple[int, ...], shape: tuple[int, ...]
+              ) -> Partial:
+        """The partial of box ``i`` (with ``lead`` leading batch axes: every box of a
+        lattice, all the size of box ``i``) from the operand views ``xs``; ``shape``: the
+        output view's (a matmul's product is reshaped to it)."""
         xs = [x if c is None else x.to(c) for x, c in zip(xs, self.casts, strict=True)]
         nl = len(lead)
         if self.mode == "elementwise":
             assert self.fn is not None
-            part = self.fn(*xs)
-        elif self.mode == "mm":  # (batch, m.., k..) @ (batch, k.., n..): BLAS without einsum
+            return self.fn(*xs)
+        if self.mode == "mm":  # (batch, m.., k..) @ (batch, k.., n..): BLAS without einsum
             nb, nm, nk, nn = (c + nl if j == 0 else c for j, c in enumerate(self.counts))
             a = xs[0].flatten(nb + nm, nb + nm + nk - 1).flatten(nb, nb + nm - 1)
             b = xs[1].flatten(nb + nk, nb + nk + nn - 1).flatten(nb, nb + nk - 1)
             part = torch.matmul(a, b)
             if self.box_scales[i] != 1:
                 part = part * self.box_scales[i]
-            part = part.reshape(write[0])
-        elif self.mode == "matmul":
+            return part.reshape(shape)
+        if self.mode == "matmul":
             equation = self.equation
             if nl:  # the lattice's axes lead every operand and the result
                 lhs, rhs = equation.split("->")
@@ -330,16 +417,11 @@ class _Step:
             part = torch.einsum(equation, *xs)
             if self.box_scales[i] != 1:  # the same product once per point of an unread dim
                 part = part * self.box_scales[i]
-            part = part.reshape((*lead, *self.box_shapes[i]))
-        else:
-            reducer = self.op.kind.reducer
-            assert reducer is not None
-            part = reduce(reducer, xs[0].expand((*lead, *self.box_shapes[i])),
-                          tuple(a + nl for a in self.axes), self.box_starts[i], self.red_sizes)
-        if not solo:
-            return part
-        self.write(out, write, self.finished(part))
-        return None
+            return part.reshape((*lead, *self.box_shapes[i]))
+        reducer = self.op.kind.reducer
+        assert reducer is not None
+        return reduce(reducer, xs[0].expand((*lead, *self.box_shapes[i])),
+                      tuple(a + nl for a in self.axes), self.box_starts[i], self.red_sizes)
 
     def finished(self, part: Partial) -> Any:
         reducer = self.op.kind.reducer
@@ -356,6 +438,17 @@ class _Step:
         ``out``, cast as ``kernels.to_storage`` casts."""
         self.store(_strided(out, view), value)
 
+    def stored(self, value: Any) -> Any:
+        """``value`` in the output's dtype, cast as ``kernels.to_storage`` casts: floats to
+        integers truncate toward zero, anything to bool is ``!= 0``."""
+        if value.dtype == self.out_torch:
+            return value
+        if self.out_dtype == "bool":
+            return value != 0
+        if self.out_dtype in INTEGERS and value.is_floating_point():
+            value = torch.trunc(value)
+        return value.to(self.out_torch)
+
     def store(self, dest: Any, value: Any) -> None:
         """``value`` copied into the view ``dest`` of the output, cast as
         ``kernels.to_storage`` casts."""
@@ -366,14 +459,19 @@ class _Step:
         dest.copy_(value)
 
 
-def _compute_dtype(dtypes: Sequence[str], kind: OpKind) -> Any:
+def _compute_dtype(dtypes: Sequence[str], kind: OpKind, out_dtype: str) -> Any:
     """The torch dtype an op of ``kind`` computes in, from its value operands' ``dtypes``:
     int64 for integers (and bools) where the kind has integer semantics, as the reference
-    (``kernels.compute_dtype``); float64 for other integer operands and, outside matmuls,
-    float32 ones (as the reference: chains of exp and sin computed in float32 drift past the
-    float32 tolerance); float32 otherwise."""
+    (``kernels.compute_dtype``); float32 for float operands of a kind whose float32 result is
+    the reference's exactly (``kernels.ROUNDED_ONCE``: one correctly rounded operation, as
+    eager PyTorch computes it) into a float or bool output; float64 for other integer operands
+    and, outside matmuls, float32 ones (as the reference: chains of exp and sin computed in
+    float32 drift past the float32 tolerance); float32 otherwise."""
     if kernels.compute_dtype(dtypes, kind) == np.int64:
         return torch.int64
+    if kind.category is Category.POINTWISE and kind.name in ROUNDED_ONCE and \
+            out_dtype not in INTEGERS and all(d in FLOATS for d in dtypes):
+        return torch.float32
     matmul = kind.category is Category.MATMUL
     wide = any(d in INTEGERS or (d == "float32" and not matmul) for d in dtypes)
     return torch.float64 if wide else torch.float32
@@ -382,27 +480,42 @@ def _compute_dtype(dtypes: Sequence[str], kind: OpKind) -> Any:
 def _elementwise(op: Op) -> Callable[..., Any]:
     kind = op.kind
     attrs = kind.numeric_attrs(dict(op.attrs))
+    if kind.name in DIRECT and not attrs:
+        return getattr(torch, DIRECT[kind.name])
     fused = kernel(kind).fn
     if fused is not None:
-        return lambda *xs: fused(*xs, **attrs)
+        return functools.partial(fused, **attrs) if attrs else fused
     compute = kind.compute
     assert compute is not None, f"op kind {kind.name!r} has no semantics"
-    return lambda *xs: compute(XP, *xs, **attrs)
+    return functools.partial(compute, XP, **attrs)
 
 
-def _boxes(launch: Launch, counts: Sequence[int]) -> tuple[list[Box], list[int]]:
+#: where a box sits in its launch's grid: its index along each loop level that moves the
+#: launch (more than one iteration), then along each worker axis of more than one worker
+Position = tuple[int, ...]
+
+
+def _boxes(launch: Launch, counts: Sequence[int]) -> tuple[list[Box], list[int], list[Position]]:
     """Every worker's box of a launch over every iteration of its enclosing loops (of
-    ``counts``), in loop order, and the iteration of each: the schedule's boxes at each loop
-    index. A level that moves none of the launch's boxes recomputes the same tile each
-    iteration: the same numbers once."""
+    ``counts``), in loop order, the iteration of each and its position in the grid: the
+    schedule's boxes at each loop index. A level that moves none of the launch's boxes
+    recomputes the same tile each iteration: the same numbers once."""
     once = [c if level in launch.moving else 1 for level, c in enumerate(counts)]
-    boxes, iters = [], []
+    levels = [level for level, c in enumerate(once) if c > 1]
+    sizes = [a.size for a in launch.axes]
+    split = [j for j, n in enumerate(sizes) if n > 1]
+    boxes, iters, where = [], [], []
     for k, index in enumerate(itertools.product(*(range(c) for c in once))):
-        for b in launch.boxes_at(index):
-            if b is not None:  # a core with nothing of a tile smaller than planned
-                boxes.append(b)
-                iters.append(k)
-    return boxes, iters
+        for w, b in enumerate(launch.boxes_at(index)):
+            if b is None:  # a core with nothing of a tile smaller than planned
+                continue
+            worker, rest = [0] * len(sizes), w
+            for j in reversed(range(len(sizes))):  # row-major, the last axis fastest
+                rest, worker[j] = divmod(rest, sizes[j])
+            boxes.append(b)
+            iters.append(k)
+            where.append((*(index[level] for level in levels), *(worker[j] for j in split)))
+    return boxes, iters, where
 
 
 def _mm_orders(op: Op) -> tuple[list[str], list[str], list[str], tuple[int, int, int, int]
@@ -436,9 +549,9 @@ def _mm_orders(op: Op) -> tuple[list[str], list[str], list[str], tuple[int, int,
         (len(batch), len(m), len(k), len(n))
 
 
-def _step(item: Launch | Host, counts: Sequence[int], program: Program) -> _Step:
-    """How the torch backend runs one launch or host step of a schedule (inside loops of
-    ``counts``)."""
+def _step(item: Launch | Host, boxed: tuple[list[Box], list[int]], program: Program) -> _Step:
+    """How the torch backend runs one launch or host step of a schedule; ``boxed``: a
+    launch's boxes and the loop iteration of each (``_boxes``)."""
     op = program.op(item.op)
     how = kernel(op.kind).how
     kind = op.kind
@@ -448,11 +561,12 @@ def _step(item: Launch | Host, counts: Sequence[int], program: Program) -> _Step
     # contiguous output; the same strides as the merge's terms)
     written, written_shape = op.split_out, op.split_shape(out_t.shape)
     values = kind.value_inputs(len(in_types))
-    compute = _compute_dtype([in_types[i].dtype for i in values], kind)
+    compute = _compute_dtype([in_types[i].dtype for i in values], kind, out_t.dtype)
     # conditions are read as bools (a float condition of 0.5 is true in an int64 op too)
     wants = [compute if i in values else torch.bool for i in range(len(in_types))]
     common = {"op": op, "reads": tuple(a.tensor for a in op.ins), "out": op.out.tensor,
               "out_dtype": out_t.dtype, "out_shape": out_t.shape, "compute": compute,
+              "out_torch": _dtype(out_t.dtype), "in_shapes": tuple(t.shape for t in in_types),
               "casts": tuple(None if _dtype(t.dtype) == want else want
                              for t, want in zip(in_types, wants, strict=True))}
     if isinstance(item, Host):
@@ -462,9 +576,16 @@ def _step(item: Launch | Host, counts: Sequence[int], program: Program) -> _Step
         # whole, in a loop nest too: a fallback works on whole rows, so its tiles' results
         # are the whole op's
         whole = ({d: (0, n) for d, n in op.dims},)
+        fn = None
+        if how == "whole":  # its attributes and shape bound once
+            fn = functools.partial(WHOLE[kind.name], shape=out_t.shape,
+                                   **kind.numeric_attrs(dict(op.attrs)))
+        scan = _scan(op, program)
+        if scan is not None:
+            return scan
         return _Step(mode=how, boxes=whole, groups=((0,),), solo=(True,), iters=(0,),
-                     box_reads=(), box_writes=(), **common)
-    listed, iters = _boxes(item, counts)
+                     box_reads=(), box_writes=(), fn=fn, **common)
+    listed, iters = boxed
     boxes = tuple(listed)
     check_cover(op, boxes)
     dims, par = op.dim_names, op.parallel_dims
@@ -519,40 +640,116 @@ def _step(item: Launch | Host, counts: Sequence[int], program: Program) -> _Step
                  box_starts=tuple(tuple(b[d][0] for d in red) for b in boxes), **common)
 
 
-def _lattice(step: _Step, launch: Launch, counts: Sequence[int]) -> _Step:
-    """``step`` with its boxes as one lattice where they form one: every box alone in its
-    output slice and as large as the others, and every operand's and the output's view of box
-    ``j`` the view of box 0 moved by a fixed offset per lattice axis (the loop levels that
-    move the launch, then its worker axes: the order ``_boxes`` lists them in). An even split
-    does; an uneven one (10 over 4: 3, 3, 2, 2), a tile smaller than planned, or a split
-    reduction does not, and keeps running box by box."""
-    modes = ("copy", "elementwise", "mm", "matmul", "reduce")
-    if step.mode not in modes or len(step.boxes) < 2 or not all(step.solo):
-        return step
-    shape = [c for level, c in enumerate(counts) if level in launch.moving and c > 1]
-    shape += [a.size for a in launch.axes if a.size > 1]
-    if math.prod(shape) != len(step.boxes):
-        return step  # a worker with nothing to do
-    per_box = [step.box_shapes, step.box_scales, step.box_starts]
-    if any(len(set(v)) > 1 for v in per_box if v):
-        return step
-    views = [*zip(*step.box_reads, strict=True), step.box_writes] if step.box_reads else [
-        step.box_writes]
-    if any(len({(v[0], v[1]) for v in vs}) > 1 for vs in views):
-        return step
-    unit = [math.prod(shape[a + 1:]) for a in range(len(shape))]
-    index = list(itertools.product(*(range(n) for n in shape)))
+def _is_whole(view: View, shape: Sequence[int]) -> bool:
+    """``view`` is every element of a contiguous tensor of ``shape``, in row-major order."""
+    sizes, strides, offset = view
+    step = 1
+    for n, s in reversed([(n, s) for n, s in zip(sizes, strides, strict=True) if n != 1]):
+        if s != step:
+            return False
+        step *= n
+    return offset == 0 and step == math.prod(shape) and math.prod(sizes) == step
+
+
+def _gemm_of(step: _Step, shape: Sequence[int], reads: Sequence[View], write: View
+          ) -> _Gemm | None:
+    """A matmul lattice as one GEMM (``_Gemm``); None where a lattice axis moves neither
+    operand."""
+    nl = len(shape)
+    nb, nm, nk, nn = step.counts
+    (size_a, stride_a, _), (size_b, stride_b, _) = reads
+    both = [i for i in range(nl) if stride_a[i] and stride_b[i]]
+    rows = [i for i in range(nl) if stride_a[i] and not stride_b[i]]
+    cols = [i for i in range(nl) if stride_b[i] and not stride_a[i]]
+    if len(both) + len(rows) + len(cols) != nl:
+        return None
+    batch = list(range(nl, nl + nb))
+    m = list(range(nl + nb, nl + nb + nm))  # in the left operand and the output
+    k = list(range(nl + nb + nm, nl + nb + nm + nk))  # in the left operand
+    kb = list(range(nl + nb, nl + nb + nk))  # in the right operand
+    n_b = list(range(nl + nb + nk, nl + nb + nk + nn))  # in the right operand
+    n_out = list(range(nl + nb + nm, nl + nb + nm + nn))  # in the output
+
+    def count(sizes: Sequence[int], *groups: list[int]) -> int:
+        return math.prod(sizes[j] for g in groups for j in g)
+
+    def view(v: View, *groups: list[int]) -> View:
+        order = [j for g in groups for j in g]
+        return tuple(v[0][j] for j in order), tuple(v[1][j] for j in order), v[2]
+
+    lead = count(size_a, both, batch)
+    lead_shape = () if lead == 1 else (lead,)
+    return _Gemm(a=view(reads[0], both, batch, rows, m, k),
+                 shape_a=(*lead_shape, count(size_a, rows, m), count(size_a, k)),
+                 b=view(reads[1], both, batch, kb, cols, n_b),
+                 shape_b=(*lead_shape, count(size_b, kb), count(size_b, cols, n_b)),
+                 write=view(write, both, batch, rows, m, cols, n_out))
+
+
+def _sub_lattice(step: _Step, members: Sequence[int], where: Sequence[Position],
+                 views: Sequence[Sequence[View]]) -> _Lattice | None:
+    """The lattice the boxes ``members`` (equal boxes) form, or None: their positions fill
+    a block of the grid, and every view of each is the first box's moved by a fixed offset
+    per grid axis along which the block is more than one box long."""
+    pos = [where[i] for i in members]
+    if len(set(pos)) != len(pos):
+        return None
+    nd = len(pos[0])
+    lo = [min(p[a] for p in pos) for a in range(nd)]
+    ext = [max(p[a] for p in pos) - lo[a] + 1 for a in range(nd)]
+    if math.prod(ext) != len(members):
+        return None
+    at = dict(zip(pos, members, strict=True))
+    axes = [a for a in range(nd) if ext[a] > 1]
+    first = at[tuple(lo)]
+    nexts = [at[tuple(lo[b] + (b == a) for b in range(nd))] for a in axes]
     moved: list[View] = []
-    for vs in views:
-        base = vs[0][2]
-        strides = [vs[u][2] - base for u in unit]
-        if any(v[2] != base + sum(i * s for i, s in zip(ix, strides, strict=True))
-               for v, ix in zip(vs, index, strict=True)):
-            return step
-        moved.append(((*shape, *vs[0][0]), (*strides, *vs[0][1]), base))
-    reads = tuple(moved[:-1]) if step.box_reads else ()
-    return dataclasses.replace(step, lattice=tuple(shape), lattice_reads=reads,
-                               lattice_write=moved[-1])
+    for v, view in enumerate(views[first]):
+        base = view[2]
+        strides = [views[j][v][2] - base for j in nexts]
+        if any(s < 0 for s in strides):
+            return None  # torch takes no negative stride
+        for i, p in zip(members, pos, strict=True):
+            if views[i][v][2] != base + sum((p[a] - lo[a]) * s
+                                            for a, s in zip(axes, strides, strict=True)):
+                return None
+        moved.append(((*(ext[a] for a in axes), *view[0]), (*strides, *view[1]), base))
+    shape = tuple(ext[a] for a in axes)
+    reads, write = tuple(moved[:-1]), moved[-1]
+    gemm = _gemm_of(step, shape, reads, write) if step.mode == "mm" else None
+    whole = _is_whole(write if gemm is None else gemm.write, step.out_shape)
+    operands = tuple((n, *v, c) for n, v, c in zip(step.reads, reads, step.casts, strict=True))
+    return _Lattice(first, shape, reads, write, whole, gemm, operands)
+
+
+def _lattices(step: _Step, where: Sequence[Position]) -> _Step:
+    """``step`` with its boxes batched where they form lattices: the boxes grouped by their
+    sizes (and scale and starts), each group a lattice where its positions fill a block of
+    the grid and every view moves by a fixed offset per grid axis (``_sub_lattice``). An even
+    split is one lattice; an uneven one (10 over 4: 3, 3, 2, 2) one per size; boxes in none
+    run one by one (``loose``). A split reduction's boxes combine and run box by box."""
+    modes = ("copy", "elementwise", "mm", "matmul", "reduce")
+    if step.mode not in modes or not step.boxes or not all(step.solo):
+        return step
+    views = [(*r, w) for r, w in zip(step.box_reads, step.box_writes, strict=True)]
+    groups: dict[Any, list[int]] = {}
+    for i, vs in enumerate(views):
+        key = (tuple(v[:2] for v in vs),
+               *(per[i] for per in (step.box_shapes, step.box_scales, step.box_starts) if per))
+        groups.setdefault(key, []).append(i)
+    lattices: list[_Lattice] = []
+    loose: list[int] = []
+    for members in groups.values():
+        lat = _sub_lattice(step, members, where, views)
+        if lat is None:
+            loose += members
+        else:
+            lattices.append(lat)
+    if not lattices:
+        return step
+    if len(lattices) > 1 or loose:
+        lattices = [dataclasses.replace(lat, whole=False) for lat in lattices]
+    return dataclasses.replace(step, lattices=tuple(lattices), loose=tuple(sorted(loose)))
 
 
 def _schedule(schedule: Schedule) -> tuple[_Step, ...]:
@@ -560,10 +757,11 @@ def _schedule(schedule: Schedule) -> tuple[_Step, ...]:
     tensors no later step reads (the schedule's lifetimes) to free after it."""
     steps: list[_Step] = []
     for item, loops in schedule.walk():
-        if isinstance(item, Launch | Host):
-            counts = [lp.count for lp in loops]
-            step = _step(item, counts, schedule.program)
-            steps.append(_lattice(step, item, counts) if isinstance(item, Launch) else step)
+        if isinstance(item, Host):
+            steps.append(_step(item, ([], []), schedule.program))
+        elif isinstance(item, Launch):
+            boxes, iters, where = _boxes(item, [lp.count for lp in loops])
+            steps.append(_lattices(_step(item, (boxes, iters), schedule.program), where))
     keep = set(schedule.program.inputs) | set(schedule.program.outputs)
     dead: dict[int, list[str]] = {}
     for life in schedule.lifetimes:
@@ -606,20 +804,53 @@ def _run_boxes(step: _Step, env: Mapping[str, Any], out: Any, indices: Sequence[
 
 def _run_whole(step: _Step, env: Mapping[str, Any]) -> Any:
     op = step.op
-    attrs = op.kind.numeric_attrs(dict(op.attrs))
+    assert step.fn is not None
     try:
-        res = WHOLE[op.kind.name](*(env[n] for n in step.reads), shape=step.out_shape,
-                                   **attrs)
+        res = step.fn(*(_shaped(env[n], s) for n, s in zip(step.reads, step.in_shapes,
+                                                           strict=True)))
         res = res.reshape(step.out_shape)
     except (IndexError, RuntimeError, ValueError) as e:
         raise ExecutionError(f"op {op.name!r}: {op.kind.name} failed: {e}") from None
     return _cast(res, step.out_dtype).contiguous()
 
 
+def _scan(op: Op, program: Program) -> _Step | None:
+    """A fallback scan (``kernels.SCANS``) run in torch where it computes in float64 or int64
+    (as the reference: the whole stored input along its last axis, the result read through
+    the input's access over the whole space and written through the output's), else None."""
+    if op.kind.name not in SCANS or len(op.ins) != 1 or op.reduction_dims:
+        return None
+    src = op.ins[0]
+    in_t, out_t = program.tensor(src.tensor), program.tensor(op.out.tensor)
+    compute = {np.float64: torch.float64, np.int64: torch.int64}.get(
+        kernels.compute_dtype([in_t.dtype], op.kind))
+    if compute is None:
+        return None
+    whole = {d: (0, n) for d, n in op.dims}
+    dims = op.dim_names
+    return _Step(op=op, mode="scan", boxes=(whole,), groups=((0,),), solo=(True,), iters=(0,),
+                 reads=(src.tensor,), casts=(None if _dtype(in_t.dtype) == compute else compute,),
+                 box_reads=((_view(src, in_t.shape, dims, whole),),),
+                 box_writes=(_view(op.split_out, op.split_shape(out_t.shape), dims, whole),),
+                 out=op.out.tensor, out_dtype=out_t.dtype, out_shape=out_t.shape,
+                 compute=compute, out_torch=_dtype(out_t.dtype), in_shapes=(in_t.shape,),
+                 fn=SCANS[op.kind.name])
+
+
+def _run_scan(step: _Step, env: Mapping[str, Any]) -> Any:
+    assert step.fn is not None
+    x = _shaped(env[step.reads[0]], step.in_shapes[0])
+    res = step.fn(x if step.casts[0] is None else x.to(step.casts[0]))
+    out = torch.empty(step.out_shape, dtype=step.out_torch)
+    step.write(out, step.box_writes[0], _strided(res, step.box_reads[0][0]))
+    return out
+
+
 def _run_numpy(step: _Step, program: Program, env: Mapping[str, Any]) -> Any:
     """The op through the reference executor: its operands to numpy and the result back."""
     op = step.op
-    arrays = {n: from_torch_storage(env[n]) for n in step.reads}
+    arrays = {n: from_torch_storage(_shaped(env[n], s))
+              for n, s in zip(step.reads, step.in_shapes, strict=True)}
     if op.kind.divisible:
         res = run_op_boxes(op, program, arrays, step.boxes)
     else:
@@ -684,6 +915,11 @@ class TorchExecutor:
         self.batched = batched
         self._steps: dict[tuple[tuple[str, int], ...], tuple[_Step, ...]] = {}
         self._pool: ThreadPoolExecutor | None = None
+        #: results of steps with no inputs (``full``, ``arange``), by tensor
+        self._constants: dict[str, Any] = {}
+        #: each input: name, shape and the torch dtype that stores it
+        self._inputs = tuple((n, program.tensor(n).shape, _dtype(program.tensor(n).dtype))
+                             for n in program.inputs)
         if isinstance(plan, Schedule) or \
                 not any(isinstance(c, str) for g in plan.groups for c in g.counts):
             self.schedule()  # a plan that does not fit the program fails here, not at a run
@@ -713,15 +949,18 @@ class TorchExecutor:
             raise ExecutionError(f"{extra[0]!r} is not an input of program {program.name!r}; "
                                  f"inputs: {', '.join(program.inputs)}")
         env: dict[str, Any] = {}
-        for name in program.inputs:
-            t = program.tensor(name)
+        for name, shape, dtype in self._inputs:
             if name not in inputs:
                 raise ExecutionError(f"input {name!r} of program {program.name!r} is missing")
             value = inputs[name]
-            if tuple(value.shape) != t.shape:
+            if tuple(value.shape) != shape:
                 raise ExecutionError(f"input {name!r} has shape {tuple(value.shape)}, expected "
-                                     f"{t.shape}")
-            env[name] = to_torch_storage(value, t.dtype)
+                                     f"{shape}")
+            if isinstance(value, torch.Tensor) and value.dtype == dtype and \
+                    value.is_contiguous() and not value.requires_grad:
+                env[name] = value  # stored as the executor stores it: read as it is
+            else:
+                env[name] = to_torch_storage(value, program.tensor(name).dtype)
         return env
 
     def run(self, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None
@@ -736,7 +975,12 @@ class TorchExecutor:
                 env[step.out] = self._run_step(step, env)
                 for name in step.free:
                     env.pop(name, None)
-        return {name: env[name] for name in self.program.outputs}
+        outs = {}
+        for name in self.program.outputs:
+            t = _shaped(env[name], self.program.tensor(name).shape)
+            # a cached constant is the executor's: the caller gets a copy to keep
+            outs[name] = t.clone() if any(t is c for c in self._constants.values()) else t
+        return outs
 
     def lowered(self, params: Mapping[str, int] | None = None) -> Schedule:
         """The plan's schedule at these symbolic loop counts (``schedule.lower``); a schedule
@@ -768,17 +1012,26 @@ class TorchExecutor:
 
     def _run_step(self, step: _Step, env: Mapping[str, Any]) -> Any:
         op = step.op
+        if step.lattices and self.batched and self._pool_for(step) is None:
+            try:
+                return step.all_boxes(env)
+            except RuntimeError as e:  # a torch kernel refused (shapes, dtypes, bounds)
+                raise ExecutionError(f"op {op.name!r}: torch failed: {e}") from None
         if step.mode == "numpy":
             return _run_numpy(step, self.program, env)
+        if step.mode == "scan":
+            return _run_scan(step, env)
         if step.mode == "whole":
-            return _run_whole(step, env)
-        out = torch.empty(step.out_shape, dtype=_dtype(step.out_dtype))
-        n = len(step.boxes)
+            if step.reads:
+                return _run_whole(step, env)
+            # a constant (full, arange): made once per executor, as a compiler folds it
+            if step.out not in self._constants:
+                self._constants[step.out] = _run_whole(step, env)
+            return self._constants[step.out]
         pool = self._pool_for(step)
+        out = torch.empty(step.out_shape, dtype=step.out_torch)
+        n = len(step.boxes)
         try:
-            if pool is None and step.lattice and self.batched:
-                step.all_boxes(env, out)
-                return out
             if pool is None:
                 pending = _run_boxes(step, env, out, range(n), False)
             else:  # one task per thread: boxes j, j + k, j + 2k, ...

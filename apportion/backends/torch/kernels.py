@@ -69,6 +69,20 @@ FUSED: dict[str, Callable[..., Any]] = {
 }
 
 
+#: kinds whose registry formula is one torch function once condition operands are bools (the
+#: executor reads them as bools): that function, called directly (the same kernel, without the
+#: formula's Python around it; ``logical_and(a != 0, b != 0)`` is ``logical_and(a, b)``)
+DIRECT: dict[str, str] = {
+    "add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "maximum",
+    "min": "minimum", "pow": "pow", "floor_div": "floor_divide", "remainder": "remainder",
+    "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+    "logical_and": "logical_and", "logical_or": "logical_or", "logical_not": "logical_not",
+    "where": "where", "neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt",
+    "tanh": "tanh", "square": "square", "reciprocal": "reciprocal", "sin": "sin", "cos": "cos",
+    "erf": "erf", "sign": "sign",
+}
+
+
 # --- reductions --------------------------------------------------------------------------------
 
 def _flat(x: Any, axes: tuple[int, ...]) -> Any:
@@ -167,8 +181,31 @@ _FORMULA = ("add", "sub", "mul", "div", "max", "min", "pow", "floor_div", "remai
             "erf", "sign", "fill")
 #: reductions with a torch partial (``reduce``), by kind
 _REDUCTIONS = ("sum", "mean", "avg_pool", "max", "max_pool", "min", "prod", "any", "argmax")
+#: pointwise kinds whose float32 result is the reference's exactly: one correctly rounded IEEE
+#: operation (or a selection or comparison, which rounds nothing), so computing it in float32,
+#: as eager PyTorch does, gives the float64 result rounded once to float32; and rounding that
+#: to float16 or bfloat16 gives the float64 result rounded once to them too (a format of p bits
+#: holds a double rounding to one of q bits harmless where p >= 2q + 2). The transcendental
+#: kinds (exp, tanh, pow, rsqrt's two roundings, ...) are not: their float32 results are
+#: within an ulp of the float64 ones, and chains of them drift apart. Nor is sqrt: torch's
+#: vectorized float32 sqrt is not correctly rounded (1 in 6 normal numbers differ by an ulp)
+ROUNDED_ONCE = frozenset({
+    "add", "sub", "mul", "div", "max", "min", "eq", "ne", "lt", "le", "gt", "ge",
+    "logical_and", "logical_or", "logical_not", "where", "neg", "abs", "relu", "square",
+    "reciprocal", "sign", "clamp",
+})
+
 #: fallbacks run through the reference executor
 _NUMPY = ("sort", "cumsum", "flip", "topk", "uniform", "normal")
+
+#: of those, the scans along the last axis torch runs with numpy's numbers where they compute
+#: in float64 or int64 (torch's cumsum adds in order there, as numpy's does; in float32 it adds
+#: in float64, so a float16 or bfloat16 cumsum stays with the reference): the whole stored input
+#: in, its result read through the input's access, as the reference does
+SCANS: dict[str, Callable[[Any], Any]] = {
+    "cumsum": lambda x: torch.cumsum(x, dim=-1),
+    "flip": lambda x: torch.flip(x, dims=(-1,)),
+}
 
 #: (category, kind name) -> its kernel
 KERNELS: dict[tuple[Category, str], Kernel] = {

@@ -154,6 +154,28 @@ def test_fallbacks_and_whole_tensor_kinds():
         check(ap.plan(p, ap.targets.spyre(cores=8)), threads)
 
 
+def test_float64_and_int64_scans_run_in_torch_with_the_references_numbers():
+    """cumsum and flip of float32 (computed in float64) and int64 run in torch, equal to the
+    reference bit for bit, also read and written through a transpose; a float16 cumsum, which
+    the reference adds in float32 (torch would add in float64), stays with the reference."""
+    p = program({"x": ([4, 64], "float32"), "n": ([5, 9], "int64"), "h": ([3, 16], "float16")},
+                [{"name": "cs", "op": "cumsum", "out": "cs[i,j]", "ins": ["x[i,j]"]},
+                 {"name": "ct", "op": "cumsum", "out": "ct[j,i]", "ins": ["x[i,j]"]},
+                 {"name": "ci", "op": "cumsum", "out": "ci[a,b]", "ins": ["n[a,b]"]},
+                 {"name": "fl", "op": "flip", "out": "fl[a,b]", "ins": ["n[a,b]"]},
+                 {"name": "ch", "op": "cumsum", "out": "ch[c,d]", "ins": ["h[c,d]"]}],
+                ["cs", "ct", "ci", "fl", "ch"])
+    planned = ap.plan(p, ap.targets.spyre(cores=8))
+    modes = {s.op.name: s.mode for s in TorchExecutor(planned.program, planned.plan).schedule()}
+    assert modes == {"cs": "scan", "ct": "scan", "ci": "scan", "fl": "scan", "ch": "numpy"}
+    xs = random_inputs(p, 3)
+    want = run_unplanned(p, xs)
+    got = numpy_outputs(run_torch(planned, xs))
+    for name in ("cs", "ct", "ci", "fl"):
+        np.testing.assert_array_equal(got[name], want[name])
+    check(planned, 1)
+
+
 def test_fill_conv_pooling_topk_and_relayout():
     """A constant over cores, 1-d and strided 2-d convolutions (windows read through index
     sums: overlapping strided views), max and average pooling, top-k on one core, and the

@@ -1,6 +1,7 @@
 """The torch executor's batched path: an op whose boxes form a lattice (equal boxes, every
 operand's view moved by a fixed offset per loop level and worker axis) runs as one batched
-kernel call, each box a batch element, and gives the numbers the box-by-box path gives."""
+kernel call, each box a batch element, and gives the numbers the box-by-box path gives; an
+uneven split runs one lattice per box size; a matmul lattice is one GEMM."""
 
 from __future__ import annotations
 
@@ -52,23 +53,45 @@ def pointwise_and_matmul(rows: int) -> ap.Program:
                    ["y"])
 
 
-def test_even_splits_run_as_one_lattice():
+def test_even_splits_run_as_one_lattice_that_is_the_output():
     planned = ap.plan(pointwise_and_matmul(64), ap.targets.spyre(cores=8))
     ex = both_ways(planned)
-    lattices = {s.op.name: s.lattice for s in ex.schedule()}
+    steps = {s.op.name: s for s in ex.schedule()}
     for op in planned.plan.ops:
         if op.cores > 1:
-            assert lattices[op.name] == tuple(n for _, n in op.splits if n > 1), op
+            step = steps[op.name]
+            assert [lat.shape for lat in step.lattices] == \
+                [tuple(n for _, n in op.splits if n > 1)], op
+            assert step.loose == ()
+            # the split follows the output's row-major order: the result is the output
+            assert step.lattices[0].whole, op
 
 
-def test_uneven_splits_run_box_by_box():
+def test_a_single_core_op_runs_as_a_lattice_of_one_box():
+    planned = ap.plan(pointwise_and_matmul(64), ap.targets.spyre(cores=1))
+    ex = both_ways(planned)
+    for step in ex.schedule():
+        assert [lat.shape for lat in step.lattices] == [()], step.op.name
+
+
+def test_uneven_splits_run_one_lattice_per_box_size():
     planned = ap.plan(pointwise_and_matmul(10), ap.targets.spyre(cores=4))
     planned = resplit(planned, {"e": {"i": 4}})  # 10 rows over 4 cores: 3, 3, 2, 2
     ex = both_ways(planned)
-    assert {s.op.name: s.lattice for s in ex.schedule()}["e"] == ()
+    e = {s.op.name: s for s in ex.schedule()}["e"]
+    assert [lat.shape for lat in e.lattices] == [(2,), (2,)]
+    assert e.loose == ()
+    assert not any(lat.whole for lat in e.lattices)  # each writes its part of the output
 
 
-def test_a_matmul_lattice_runs_one_gemm_per_column_block(monkeypatch):
+def test_a_split_reduction_runs_box_by_box():
+    planned = ap.plan(pointwise_and_matmul(64), ap.targets.spyre(cores=4))
+    planned = resplit(planned, {"mm": {"k": 4}})  # the partials combine
+    ex = both_ways(planned)
+    assert {s.op.name: s for s in ex.schedule()}["mm"].lattices == ()
+
+
+def test_a_matmul_lattice_runs_as_one_gemm_rows_and_column_blocks_stacked(monkeypatch):
     planned = ap.plan(pointwise_and_matmul(64), ap.targets.spyre(cores=32))
     mm = planned.plan.op("mm")
     cols = dict(mm.splits).get("n", 1)
@@ -84,7 +107,8 @@ def test_a_matmul_lattice_runs_one_gemm_per_column_block(monkeypatch):
     xs = random_inputs(planned.program)
     monkeypatch.setattr(torch, "matmul", counting)
     ex.run(xs)
-    assert len(calls) == cols
+    # one [64, 128] @ [128, 256]: every row block and column block of the lattice at once
+    assert calls == [((64, 128), (128, 256))]
 
 
 @settings(max_examples=40, deadline=None,
