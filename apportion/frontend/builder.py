@@ -34,7 +34,14 @@ from apportion.ir.affine import AffineExpr
 from apportion.ir.dtypes import check_dtype, check_name
 from apportion.ir.kinds import Category, OpKind, builder_kinds, kind
 from apportion.ir.op import Access, Op
-from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
+from apportion.ir.program import (
+    SPLIT_K_AUTO,
+    LoopLevel,
+    Program,
+    SplitKPin,
+    TensorType,
+    TilingGroup,
+)
 
 __all__ = [
     "BinaryOp", "Dim", "Hint", "ProgramBuilder", "Reduction", "Tensor", "UnaryOp",
@@ -148,7 +155,9 @@ class Hint:
 
     def __init__(self, slices: Mapping[Dim, int | str] | None = None,
                  work_division: Mapping[Dim, int] | None = None,
-                 min: int | None = None, max: int | None = None) -> None:
+                 min: int | None = None, max: int | None = None,
+                 split_k: int | str | Mapping[Dim, int] | None = None,
+                 split_k_tile: int | Mapping[Dim, int] | None = None) -> None:
         for arg, value in (("slices", slices), ("work_division", work_division)):
             if value is not None and not isinstance(value, Mapping):
                 raise ProgramError(f"hint {arg} must be a dict of dims made with ap.dim to "
@@ -156,8 +165,10 @@ class Hint:
                                    f"got {type(value).__name__} {value!r}"[:200])
         self.slices = dict(slices or {})
         self.work_division = dict(work_division or {})
-        if not self.slices and not self.work_division:
-            raise ProgramError("hint needs slices={dim: count} or work_division={dim: splits}")
+        self.split_k = _split_k_hint(split_k, split_k_tile)
+        if not self.slices and not self.work_division and self.split_k is None:
+            raise ProgramError("hint needs slices={dim: count}, work_division={dim: splits} or "
+                               "split_k")
         for d in (*self.slices, *self.work_division):
             if not isinstance(d, Dim):
                 raise ProgramError(f"hint keys must be dims made with ap.dim, got {d!r}")
@@ -189,7 +200,7 @@ class Hint:
             raise ProgramError("ap.hint must be used inside `with ap.program(...)`")
         if self.builder is not None:
             raise ProgramError("a hint scope is single use; call ap.hint(...) again")
-        for d in (*self.slices, *self.work_division):
+        for d in (*self.slices, *self.work_division, *self.split_k_dims):
             builder._register(d, "hint")
         self.builder = builder
         self._token = _HINTS.set((*_HINTS.get(), self))
@@ -200,6 +211,36 @@ class Hint:
             _HINTS.reset(self._token)
             self._token = None
 
+    @property
+    def split_k_dims(self) -> tuple[Dim, ...]:
+        pin = self.split_k
+        return tuple(d for d, _ in (pin[1] if isinstance(pin, tuple) else ()))
+
+
+#: a hint's split-K pin: slices, "?", or ("slices" | "tile", ((dim, n), ...)) per dim ("" dim:
+#: the op's widest reduction dim)
+_SplitKHint = int | str | tuple[str, tuple[tuple[Any, int], ...]]
+
+
+def _split_k_hint(split_k: object, tile: object) -> _SplitKHint | None:
+    """A hint's split-K pin, checked (the values again with each op, by ``Program``)."""
+    if split_k is not None and tile is not None:
+        raise ProgramError("hint takes split_k (slices) or split_k_tile (elements per slice), "
+                           "not both")
+    if tile is not None:
+        if isinstance(tile, Mapping):
+            if not tile or not all(isinstance(d, Dim) for d in tile):
+                raise ProgramError(f"hint split_k_tile must map dims made with ap.dim to tile "
+                                   f"sizes, got {tile!r}"[:200])
+            return ("tile", tuple(tile.items()))
+        return ("tile", (("", tile),))
+    if split_k is None or split_k == SPLIT_K_AUTO or isinstance(split_k, int):
+        return split_k  # type: ignore[return-value]
+    if isinstance(split_k, Mapping) and split_k and all(isinstance(d, Dim) for d in split_k):
+        return ("slices", tuple(split_k.items()))
+    raise ProgramError(f"hint split_k must be slices (an int), \"?\" (the target decides) or "
+                       f"a dict of dims made with ap.dim to slices, got {split_k!r}"[:200])
+
 
 def _hint_text(slices: Mapping[Dim, Any]) -> str:
     return "{" + ", ".join(f"{d.name}: {n!r}" for d, n in slices.items()) + "}"
@@ -207,16 +248,21 @@ def _hint_text(slices: Mapping[Dim, Any]) -> str:
 
 def hint(slices: Mapping[Dim, int | str] | None = None,
          work_division: Mapping[Dim, int] | None = None,
-         min: int | None = None, max: int | None = None) -> Hint:
+         min: int | None = None, max: int | None = None,
+         split_k: int | str | Mapping[Dim, int] | None = None,
+         split_k_tile: int | Mapping[Dim, int] | None = None) -> Hint:
     """Tile the ops made inside: ``with ap.hint(slices={A: 2}): ...`` loops twice over rows of A.
 
     Nested hints are nested loop levels, outermost first; consecutive ops with the same hint
     scopes form one tiling group. A count is an int or a symbol name; ``min`` and ``max`` bound
     a symbolic count (``ap.hint(slices={A: "T"}, min=4)``: tiles are planned for T = 4, the
     smallest it may be). ``work_division={A: 4}`` pins the split of A for each op made inside
-    that uses A.
+    that uses A. ``split_k`` pins the reduction split of each reducing op made inside (the
+    program's ``split_k``): slices of its widest reduction dim (``split_k=8``), ``"?"`` (the
+    target's resolver decides) or slices per dim (``split_k={K: 4}``); ``split_k_tile`` gives
+    tile sizes instead (``split_k_tile=512``: slices of 512 elements; ``{K: 512}`` per dim).
     """
-    return Hint(slices, work_division, min, max)
+    return Hint(slices, work_division, min, max, split_k, split_k_tile)
 
 
 @dataclass(frozen=True)
@@ -304,7 +350,8 @@ class ProgramBuilder:
         produced = [self._types[r.op.out.tensor] for r in self._records]
         return Program(self.name, tuple(self._types[n] for n in self._inputs) + tuple(produced),
                        tuple(self._inputs), tuple(self._outputs),
-                       tuple(r.op for r in self._records), self._tiling(), self._pins())
+                       tuple(r.op for r in self._records), self._tiling(), self._pins(),
+                       self._split_k())
 
     # -- internals -------------------------------------------------------------------------
 
@@ -445,6 +492,26 @@ class ProgramBuilder:
             if merged:
                 pins.append((r.op.name, tuple(merged.items())))
         return tuple(pins)
+
+    def _split_k(self) -> tuple[tuple[str, int | str | SplitKPin], ...]:
+        """The split-K pins of the ops made in ``split_k`` hints (the innermost hint wins): each
+        op with reduction dims, its dims named by the op's letters."""
+        out = []
+        scopes = dict.fromkeys(s for r in self._records for s in r.scopes if s.split_k is not None)
+        for s in scopes:
+            if not any(r.op.reduction_dims for r in self._records if s in r.scopes):
+                raise ProgramError("hint split_k: no op inside reduces a dim")
+        for r in self._records:
+            pin = next((s.split_k for s in reversed(r.scopes) if s.split_k is not None), None)
+            if pin is None or not r.op.reduction_dims:
+                continue
+            if isinstance(pin, tuple):
+                what, given = pin
+                dims = tuple((d if d == "" else self._letters.get((d.name, 0), d.name), n)
+                             for d, n in given)
+                pin = SplitKPin(tiles=dims) if what == "tile" else SplitKPin(slices=dims)
+            out.append((r.op.name, pin))
+        return tuple(out)
 
 
 def _nests(chain: list[Hint], scopes: list[Hint]) -> bool:
