@@ -19,11 +19,12 @@ sm_90 when it is loaded (PTX runs on later architectures).
     .venv/bin/python tools/gpu_splitk_compile.py              # every shape
     .venv/bin/python tools/gpu_splitk_compile.py --shapes 32x32x40960 128x134x16800000
 
-Before it is carried, put the IREE runtime wheel for the GPU machine's Python 3.12 beside the
-modules (the folder must stay under 60 MiB; the script reports its size)::
+Before it is carried, put the IREE runtime wheel for the GPU machine's Python 3.12 and its
+``ml_dtypes`` dependency beside the modules (the folder must stay under 60 MiB; the script
+reports its size)::
 
     .venv/bin/pip download --no-deps --only-binary=:all: --python-version 3.12 \\
-        --platform manylinux_2_28_x86_64 iree-base-runtime==3.13.0 -d out/gpu_splitk
+        --platform manylinux_2_28_x86_64 iree-base-runtime==3.13.0 ml_dtypes -d out/gpu_splitk
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@ of K, the ``gpu`` resolver's pick and fastest / pick.
 
 Runs on a machine with Python 3 and numpy but no IREE and no apportion: it reads only the
 folder ``tools/gpu_splitk_compile.py`` filled (``out/gpu_splitk``: ``manifest.json``, the
-``.vmfb`` modules and the ``iree_base_runtime`` wheel for that machine's Python), installs the
-wheel into ``<folder>/site`` when ``iree.runtime`` is missing, and runs every module on the
+``.vmfb`` modules and the ``iree_base_runtime`` and ``ml_dtypes`` wheels for that machine's
+Python), unpacks the wheels into ``<folder>/site`` when ``iree.runtime`` is missing, and runs
+every module on the
 ``cuda`` driver:
 
     python3 tools/gpu_splitk_run.py out/gpu_splitk [--budget-s 400]
@@ -25,9 +26,9 @@ import argparse
 import glob
 import json
 import os
-import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -47,11 +48,19 @@ def runtime(folder: Path):  # noqa: ANN201 - the iree.runtime module, typed only
         pass
     site = folder / "site"
     if not (site / "iree").exists():
-        wheels = sorted(glob.glob(str(folder / "iree_base_runtime-*.whl")))
-        if not wheels:
+        wheels = sorted(glob.glob(str(folder / "*.whl")))
+        if not any(Path(w).name.startswith("iree_base_runtime-") for w in wheels):
             sys.exit(f"no iree.runtime and no iree_base_runtime wheel in {folder}")
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index",
-                        "--target", str(site), wheels[-1]], check=True)
+        # a wheel is a zip of the installed files: unpacked as is, no pip needed (its bundled
+        # libraries sit beside the package, found through their relative rpaths); the
+        # runtime's ml_dtypes comes as a wheel too
+        for wheel in wheels:
+            with zipfile.ZipFile(wheel) as whl:
+                for info in whl.infolist():
+                    path = Path(whl.extract(info, site))
+                    mode = info.external_attr >> 16
+                    if mode:
+                        path.chmod(mode & 0o777)
     sys.path.insert(0, str(site))
     import iree.runtime as rt
     return rt
