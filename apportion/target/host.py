@@ -7,8 +7,8 @@ matmul shape, the seconds each factor of K took (``ShapeTimes``). The table is m
 host and kept in a cache folder (default ``~/.cache/apportion/splitk``, beside IREE's compiled
 modules), one JSON file per host, keyed as IREE's module cache is: the sha256 of the machine,
 its CPU model and feature flags (``host_cpu``), here with the core count (the split competes
-with IREE's own threads) and IREE's version (its code sets the times). A missing or unreadable
-file means measure again.
+with IREE's own threads), IREE's version and a digest of the IR the stock target emits for the
+measured shapes (both set the times). A missing or unreadable file means measure again.
 
 This layer only reads and writes tables: the measuring needs the planner and IREE, which live
 above it, so ``apportion.targets`` registers the measurer (``set_measurer``); tests inject their
@@ -87,11 +87,14 @@ def iree_version() -> str:
 
 @dataclass(frozen=True)
 class HostKey:
-    """What a host's table depends on: the CPU (``host_cpu``), its cores and IREE's version."""
+    """What a host's table depends on: the CPU (``host_cpu``), its cores, IREE's version and
+    ``code``, a digest of the IR the stock target emits for the measured shapes (the measurer's
+    fingerprint: a planner or emitter that emits other code makes other times)."""
 
     cpu: str
     cores: int
     iree: str
+    code: str = ""
 
     @property
     def digest(self) -> str:
@@ -101,7 +104,7 @@ class HostKey:
         64
         """
         h = hashlib.sha256()
-        for part in (FORMAT, self.cpu, str(self.cores), self.iree):
+        for part in (FORMAT, self.cpu, str(self.cores), self.iree, self.code):
             h.update(part.encode())
             h.update(b"\0")
         return h.hexdigest()
@@ -116,8 +119,15 @@ class HostKey:
 
 
 def host_key() -> HostKey:
-    """This machine's key."""
-    return HostKey(host_cpu(), os.cpu_count() or 1, iree_version())
+    """This machine's key (the code digest from the registered fingerprint, once a process)."""
+    fingerprint = _config.fingerprint
+    if fingerprint is None:
+        code = ""
+    else:
+        if fingerprint not in _codes:
+            _codes[fingerprint] = fingerprint()
+        code = _codes[fingerprint]
+    return HostKey(host_cpu(), os.cpu_count() or 1, iree_version(), code)
 
 
 @dataclass(frozen=True)
@@ -187,7 +197,8 @@ class HostTable:
 
     def to_doc(self) -> dict[str, Any]:
         return {"format": FORMAT,
-                "host": {"cpu": self.key.cpu, "cores": self.key.cores, "iree": self.key.iree},
+                "host": {"cpu": self.key.cpu, "cores": self.key.cores, "iree": self.key.iree,
+                         "code": self.key.code},
                 "shapes": [{"m": s.m, "n": s.n, "k": s.k,
                             "seconds": {str(f): t for f, t in s.seconds}}
                            for s in self.shapes]}
@@ -199,7 +210,8 @@ class HostTable:
             raise TargetError(f"not a host split-K table (format {FORMAT!r})")
         try:
             host = doc["host"]
-            key = HostKey(str(host["cpu"]), int(host["cores"]), str(host["iree"]))
+            key = HostKey(str(host["cpu"]), int(host["cores"]), str(host["iree"]),
+                          str(host.get("code", "")))
             shapes = tuple(ShapeTimes(s["m"], s["n"], s["k"],
                                       tuple((int(f), float(t)) for f, t in s["seconds"].items()))
                            for s in doc["shapes"])
@@ -257,14 +269,18 @@ def write_table(path: Path, table: HostTable) -> None:
 
 #: measures this host: its key in, the timed shapes out
 Measure = Callable[[HostKey], Sequence[ShapeTimes]]
+#: a digest of the code the measurer times (``HostKey.code``)
+Fingerprint = Callable[[], str]
 
 
 @dataclass
 class _Config:
-    """What the layers above inject: the measurer and the cache folder (None: the default)."""
+    """What the layers above inject: the measurer, its fingerprint and the cache folder (None:
+    the default)."""
 
     measure: Measure | None = None
     cache_dir: Path | None = None
+    fingerprint: Fingerprint | None = None
 
 
 _config = _Config()
@@ -272,19 +288,25 @@ _config = _Config()
 _memo: dict[Path, HostTable] = {}
 #: the files whose table this process measured (``measure_again`` does not measure them twice)
 _measured: set[Path] = set()
+#: each fingerprint's digest, computed once a process
+_codes: dict[Fingerprint, str] = {}
 
 
-def set_measurer(measure: Measure | None) -> Measure | None:
-    """Make ``measure`` the one a missing table calls; returns the one it replaces."""
+def set_measurer(measure: Measure | None, fingerprint: Fingerprint | None = None
+                 ) -> Measure | None:
+    """Make ``measure`` the one a missing table calls, and ``fingerprint`` the digest of the
+    code it times; returns the measurer it replaces."""
     previous, _config.measure = _config.measure, measure
+    _config.fingerprint = fingerprint
     return previous
 
 
 @contextlib.contextmanager
-def injected(measure: Measure | None = None, cache_dir: str | os.PathLike[str] | None = None
-             ) -> Iterator[None]:
-    """Within the block, a missing table calls ``measure`` (None: measuring refused) and the
-    tables live in ``cache_dir``; both as before after it.
+def injected(measure: Measure | None = None, cache_dir: str | os.PathLike[str] | None = None,
+             fingerprint: Fingerprint | None = None) -> Iterator[None]:
+    """Within the block, a missing table calls ``measure`` (None: measuring refused), the key's
+    code digest is ``fingerprint``'s (None: none) and the tables live in ``cache_dir``; all as
+    before after it.
 
     >>> import tempfile
     >>> fake = lambda key: [ShapeTimes(1, 64, 4096, ((1, 2.0), (4, 1.0)))]
@@ -292,13 +314,13 @@ def injected(measure: Measure | None = None, cache_dir: str | os.PathLike[str] |
     ...     host_table(environ={}).rows[0].slices
     4
     """
-    saved = (_config.measure, _config.cache_dir)
-    _config.measure = measure
+    saved = (_config.measure, _config.cache_dir, _config.fingerprint)
+    _config.measure, _config.fingerprint = measure, fingerprint
     _config.cache_dir = Path(cache_dir) if cache_dir is not None else None
     try:
         yield
     finally:
-        _config.measure, _config.cache_dir = saved
+        _config.measure, _config.cache_dir, _config.fingerprint = saved
 
 
 def host_table(environ: Mapping[str, str] | None = None, measure_again: bool = False

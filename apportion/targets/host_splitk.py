@@ -38,7 +38,7 @@ from rich.table import Table
 from apportion.backends.iree import runtime as iree
 from apportion.backends.iree.forall import forall_mlir, symbol_name
 from apportion.backends.iree.run import emitted, iree_run
-from apportion.errors import ExecutionError, PlanningError
+from apportion.errors import ApportionError, ExecutionError, PlanningError
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import load_models
 from apportion.ir.program import Program
@@ -406,3 +406,29 @@ def measure_table_again(console: Console) -> HostTable | None:
         return None
     console.print(host_table_view(table))
     return table
+
+
+def fingerprint(shapes: Sequence[tuple[int, int, int]] | None = None,
+                factors: Sequence[int] = (1, 2, 8)) -> str:
+    """The sha256 of the IR the stock target emits for ``shapes`` (default: the default shapes)
+    with K split each of ``factors`` ways: the code a host table times, part of its key (a
+    planner or emitter that emits other code makes the table measured again).
+
+    >>> len(fingerprint([(1, 64, 2048)]))
+    64
+    """
+    import hashlib
+
+    target = factor_target()
+    h = hashlib.sha256()
+    for m, n, k in default_shapes() if shapes is None else shapes:
+        for f in factors_of(k, factors):
+            program = matmul_program(m, n, k, "float32", f)
+            try:
+                result = plan(program, target)
+            except ApportionError as e:  # a factor the target cannot plan is part of the code
+                h.update(str(e).encode())
+                continue
+            planned = result.rewritten if result.rewritten is not None else program
+            h.update(forall_mlir(emitted(planned, result, target)).encode())
+    return h.hexdigest()

@@ -165,3 +165,16 @@ def test_a_host_table_of_no_shapes_leaves_every_split_to_the_cost_model(monkeypa
     monkeypatch.setenv("APPORTION_CPU_SPLIT_K", "host")
     with host.injected(lambda key: [], tmp_path):
         assert cpu().split_k == "cost"
+
+
+def test_other_code_makes_another_key_and_measures_again(monkeypatch, tmp_path):
+    monkeypatch.setenv("APPORTION_CPU_SPLIT_K", "host")
+    fake = Counting()
+    with host.injected(fake, tmp_path, fingerprint=lambda: "emitter a"):
+        a = host.host_key()
+        host.host_table()
+    with host.injected(fake, tmp_path, fingerprint=lambda: "emitter b"):
+        b = host.host_key()
+        host.host_table()
+    assert (a.code, b.code) == ("emitter a", "emitter b") and a.digest != b.digest
+    assert fake.calls == 2 and len(list(tmp_path.glob("*.json"))) == 2

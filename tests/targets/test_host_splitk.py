@@ -73,6 +73,12 @@ def test_the_factor_target_is_the_stock_cpu_on_this_machines_cores():
     assert target.split_k_table == host_splitk.CPU_SPLIT_K  # no host table to make this one
 
 
+def test_the_fingerprint_follows_the_emitted_code():
+    one = host_splitk.fingerprint([(1, 64, 2048)])
+    assert one == host_splitk.fingerprint([(1, 64, 2048)])
+    assert one != host_splitk.fingerprint([(1, 64, 4096)])
+
+
 def test_irees_own_unsplit_matmul_matches_the_unplanned_program():
     p = host_splitk.prepare_unsplit_iree(4, 32, 256)
     assert p.factor == 0 and p.max_abs_err < 1e-3
