@@ -320,7 +320,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         blk.emit(f"{INDENT}scf.forall.in_parallel {{")
         blk.extend(inner2)
         blk.emit(f"{INDENT}}}")
-        blk.emit("}")
+        blk.emit("}" + self.mapping(grid))
         return dest.renamed(new)
 
     def check_body(self, op: Op) -> None:

@@ -69,7 +69,7 @@ class _SplitReductions(_Bodies):
         blk.emit(f"{INDENT}scf.forall.in_parallel {{")
         blk.extend(ins_blk)
         blk.emit(f"{INDENT}}}")
-        blk.emit("}")
+        blk.emit("}" + self.mapping(grid))
         results = [p.renamed(f"{new}#{i}" if len(parts) > 1 else new)
                    for i, p in enumerate(parts)]
         if bound != tile_shape:  # the run-time tile of the bounding partials

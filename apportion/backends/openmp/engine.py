@@ -1,4 +1,4 @@
-"""Parallel IR on tensors lowered by upstream MLIR 22 to OpenMP and LLVM, and run in this process.
+"""Parallel IR on tensors lowered by upstream MLIR 22 to OpenMP and LLVM, and run on this machine.
 
 ``lower_llvm`` takes the text of one ``func.func`` (the iree emitter's ``scf.forall`` IR, no
 dialect of IREE's own) through upstream passes: one-shot bufferization across the function
@@ -10,12 +10,14 @@ it, the buffers freed by ownership-based deallocation, then everything to the LL
 (bf16 conversions expanded to integer code, math to intrinsics or libm). ``SEQUENTIAL`` lowers
 each forall to ``scf.for`` instead (``--scf-forall-to-for``): the same IR run as one loop.
 
-``Engine`` JIT-compiles that module with MLIR's execution engine, linking the runner library
-(``memrefCopy``) and the OpenMP runtime (``libiomp5``: the ``__kmpc_*`` entry points the
-OpenMP lowering calls), and calls the function with numpy arrays through its C interface
-(``_mlir_ciface_NAME``: a pointer to a memref descriptor per tensor, an ``int64`` per
-``index``). The OpenMP team size is set per call (``omp_set_num_threads``), so one compiled
-module runs on one thread or on many.
+``Engine`` has that module JIT-compiled by MLIR's execution engine in a worker process
+(``backends.openmp.worker``: upstream's Python bindings cannot share a process with IREE's, and
+a crash there is an error here), linking the runner library (``memrefCopy``) and the OpenMP
+runtime (``libiomp5``: the ``__kmpc_*`` entry points the OpenMP lowering calls), and calls the
+function with numpy arrays through its C interface (``_mlir_ciface_NAME``: a pointer to a
+memref descriptor per tensor, an ``int64`` per ``index``). The OpenMP team size is set per call
+(``omp_set_num_threads``), so one compiled module runs on one thread or on many; a call's time
+is measured in the worker, around the call alone.
 
 Element types at the boundary: ``f16``, ``f32``, ``f64``, ``i8``, ``i32``, ``i64`` as numpy
 arrays of that type; ``bf16`` as the ``uint16`` bit patterns of apportion's float32 arrays
@@ -44,19 +46,24 @@ LLVM stores ``i1``).
 
 from __future__ import annotations
 
-import ctypes
+import contextlib
 import hashlib
+import os
+import pickle
 import re
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import numpy as np
 
+from apportion.backends.openmp.worker import HOST
 from apportion.errors import EmitError, ExecutionError
 from apportion.runtime import upstream_mlir
 
@@ -96,12 +103,6 @@ PARALLEL = Lowering("parallel", ("func.func(llvm-request-c-wrappers)", *_BUFFERI
 SEQUENTIAL = Lowering("sequential", ("func.func(llvm-request-c-wrappers)", *_BUFFERIZE,
                                      "func.func(scf-forall-to-for)", *_TO_MEMREF))
 
-#: numpy storage of each element type at the boundary
-_HOST: dict[str, Any] = {"f16": np.float16, "bf16": np.uint16, "f32": np.float32,
-                         "f64": np.float64, "i8": np.int8, "i32": np.int32, "i64": np.int64,
-                         "i1": np.bool_}
-
-
 def pipeline(passes: Sequence[str]) -> str:
     """A pass pipeline's text (``mlir-opt --pass-pipeline=...``).
 
@@ -109,14 +110,6 @@ def pipeline(passes: Sequence[str]) -> str:
     'builtin.module(canonicalize)'
     """
     return f"builtin.module({', '.join(passes)})"
-
-
-def _mlir() -> tuple[Any, Any]:
-    upstream_mlir.require()
-    from mlir import ir
-    from mlir.execution_engine import ExecutionEngine
-
-    return ir, ExecutionEngine
 
 
 #: a bool memref type (``memref<8x96xi1, strided<...>>``, ``memref<i1>``) up to its element
@@ -159,6 +152,7 @@ def lower_llvm(text: str, lowering: Lowering = PARALLEL) -> str:
     an ExecutionError carrying upstream's diagnostics when a pass fails. The passes run in
     ``mlir-opt`` processes: an assertion of upstream's (its build has them on) ends that
     process, not this one."""
+    upstream_mlir.require()  # the missing extra named as such
     try:
         loops = upstream_mlir.mlir_opt(text, [f"--pass-pipeline={pipeline(lowering.to_memref)}"])
         return upstream_mlir.mlir_opt(widen_bools(loops),
@@ -173,19 +167,86 @@ def _first(message: str) -> str:
     return " ".join(lines)[:1500]
 
 
-@cache
-def _openmp() -> ctypes.CDLL:
-    path = upstream_mlir.openmp_library()
-    if path is None:
+def max_threads() -> int:
+    """The OpenMP runtime's default team size: ``OMP_NUM_THREADS`` where set, else the cores
+    this process may run on.
+
+    >>> max_threads() >= 1
+    True
+    """
+    given = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+
+
+def _libraries() -> list[str]:
+    """What the compiled code links against: the runner library (``memrefCopy``), then the
+    OpenMP runtime (``__kmpc_*``)."""
+    omp = upstream_mlir.openmp_library()
+    if omp is None:
         raise ExecutionError("openmp backend: no OpenMP runtime (libiomp5, the intel-openmp "
                              f"package of the '{upstream_mlir.EXTRA}' extra) is installed")
-    # global: the JIT-compiled module resolves __kmpc_* in the process's symbols
-    return ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    return [str(upstream_mlir.runner_library("mlir_c_runner_utils")), str(omp)]
 
 
-def max_threads() -> int:
-    """The OpenMP runtime's default team size (``OMP_NUM_THREADS``, else the cores)."""
-    return int(_openmp().omp_get_max_threads())
+class Worker:
+    """The process that holds the compiled modules (``backends.openmp.worker``: upstream MLIR's
+    bindings cannot share a process with IREE's), started on first use and again after it
+    ends. ``generation`` counts its starts: a module compiled by an earlier one is gone."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: Any = None
+        self.generation = 0
+        self._lock = threading.Lock()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        if self._proc is not None and self._proc.poll() is None:
+            return self._proc
+        upstream_mlir.require()
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 - its stderr, kept while it runs
+        # a worker that finished its share sleeps at once rather than spinning 200 ms: on a
+        # machine of few cores a spinning thread takes the core the code between loops needs
+        env = {"KMP_BLOCKTIME": "0", **os.environ}
+        self._proc = subprocess.Popen([sys.executable, "-m", "apportion.backends.openmp.worker"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=self._log, env=env)
+        self.generation += 1
+        return self._proc
+
+    def started(self) -> int:
+        """The worker running (started again if it ended): its generation."""
+        with self._lock:
+            self._start()
+            return self.generation
+
+    def ask(self, *request: Any) -> tuple[Any, ...]:
+        """Send one request and wait for its answer; an ExecutionError for a failed request
+        or a worker that ended (its last words quoted)."""
+        with self._lock:
+            proc = self._start()
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                pickle.dump(request, proc.stdin, protocol=5)
+                proc.stdin.flush()
+                answer = pickle.load(proc.stdout)
+            except (EOFError, BrokenPipeError, pickle.UnpicklingError):
+                code = proc.wait()
+                self._log.seek(0)
+                said = self._log.read().decode(errors="replace").strip().splitlines()
+                self._proc = None
+                raise ExecutionError(f"openmp backend: the JIT process ended (exit status "
+                                     f"{code}) during {request[0]!r}: "
+                                     f"{' '.join(said[-3:])[:1500]}") from None
+        if answer[0] != "ok":
+            raise ExecutionError(f"openmp backend: {request[0]} failed: {answer[1]}")
+        return answer[1:]
+
+
+#: the process's JIT worker
+WORKER = Worker()
 
 
 @dataclass(frozen=True)
@@ -197,92 +258,60 @@ class Call:
 
 
 class Engine:
-    """One function's module lowered (``lowering``) and JIT-compiled at ``opt_level``; ``call``
-    runs it. Compiling takes ``compile_s`` seconds."""
+    """One function's module lowered (``lowering``) here and JIT-compiled at ``opt_level`` in
+    the ``WORKER`` process; ``call`` runs it there. Lowering and compiling took ``compile_s``
+    seconds."""
 
     def __init__(self, text: str, lowering: Lowering = PARALLEL, opt_level: int = 3) -> None:
-        ir, execution_engine = _mlir()
-        omp = _openmp()
-        runner = upstream_mlir.runner_library("mlir_c_runner_utils")
         start = time.perf_counter()
-        llvm = lower_llvm(text, lowering)
-        self._context = ir.Context()  # kept: the engine's module lives in it
-        with self._context:
-            try:
-                module = ir.Module.parse(llvm)
-                self._engine = execution_engine(module, opt_level=opt_level,
-                                                shared_libs=[str(runner), omp._name])
-            except (RuntimeError, ir.MLIRError) as e:
-                raise ExecutionError("openmp backend: the LLVM JIT failed: "
-                                     f"{_first(str(e))}") from None
+        self._llvm = lower_llvm(text, lowering)
+        self._opt_level = opt_level
+        self._key = hashlib.sha256(self._llvm.encode()).hexdigest()
+        self._generation = -1
+        self._compile()
         self.compile_s = time.perf_counter() - start
-        self._omp = omp
-        self._lock = threading.Lock()  # the team size is the calling thread's, set per call
+
+    def _compile(self) -> None:
+        WORKER.ask("compile", self._key, self._llvm, self._opt_level, _libraries())
+        self._generation = WORKER.generation
 
     def call(self, function: str, args: Sequence[tuple[Any, str]],
              results: Sequence[tuple[Sequence[int], str]], threads: int | None = None) -> Call:
         """Call ``function`` with ``args`` (value, element type: ``f16``, ``bf16``, ... or
-        ``index``) and give back its results, allocated here at the shapes and element types
-        ``results`` names; ``threads`` is the OpenMP team size (None: the runtime's default)."""
+        ``index``) and give back its results, allocated at the shapes and element types
+        ``results`` names; ``threads`` is the OpenMP team size (None: ``max_threads()``)."""
         if threads is not None and threads < 1:
             raise ExecutionError(f"openmp backend: threads must be at least 1, got {threads}")
-        keep: list[Any] = []
-        pointers: list[Any] = []
-        for value, elt in args:
-            if elt == "index":
-                scalar = ctypes.c_int64(int(value))
-                keep.append(scalar)
-                pointers.append(ctypes.pointer(scalar))
-            else:
-                pointers.append(_descriptor(_to_host(value, elt), keep))
-        outs = [np.zeros(tuple(shape), dtype=_HOST[elt]) for shape, elt in results]
-        pointers += [_descriptor(a, keep) for a in outs]
-        with self._lock:
-            self._omp.omp_set_num_threads(threads if threads is not None else max_threads())
-            start = time.perf_counter()
-            try:
-                self._engine.invoke(function, *pointers)
-            except (RuntimeError, ValueError) as e:
-                raise ExecutionError(f"openmp backend: calling {function!r} failed: {e}") from None
-            seconds = time.perf_counter() - start
+        if self._generation != WORKER.started():
+            self._compile()  # the worker was started again: its modules are gone
+        sent = [(v if elt == "index" else _to_host(v, elt), elt) for v, elt in args]
+        outs, seconds = WORKER.ask("call", self._key, function, sent,
+                                   [(tuple(shape), elt) for shape, elt in results],
+                                   threads if threads is not None else max_threads())
         return Call([_from_host(a, elt) for a, (_, elt) in zip(outs, results, strict=True)],
                     seconds)
 
+    def drop(self) -> None:
+        """Free the module in the worker (a worker started since holds none of it)."""
+        if self._generation == WORKER.generation:
+            with contextlib.suppress(ExecutionError):  # the worker ended: nothing held
+                WORKER.ask("drop", self._key)
+
 
 def _to_host(value: Any, elt: str) -> np.ndarray:
-    if elt not in _HOST:
+    if elt not in HOST:
         raise ExecutionError(f"openmp backend: no numpy storage for element type {elt!r}")
     if elt == "bf16":
         bits = np.asarray(value, dtype=np.float32, order="C").view(np.uint32) >> 16
         return np.ascontiguousarray(bits.astype(np.uint16))
     # order="C" keeps a rank-0 array rank 0 (ascontiguousarray makes it rank 1)
-    return np.array(value, dtype=_HOST[elt], order="C", copy=True)
+    return np.array(value, dtype=HOST[elt], order="C", copy=True)
 
 
 def _from_host(a: np.ndarray, elt: str) -> np.ndarray:
     if elt == "bf16":
         return (a.astype(np.uint32) << 16).view(np.float32)
     return a
-
-
-def _descriptor(a: np.ndarray, keep: list[Any]) -> Any:
-    """A pointer to a pointer to ``a``'s ranked memref descriptor (what ``invoke`` passes to
-    the C interface), kept alive in ``keep``."""
-    rank = a.ndim
-    fields: list[tuple[str, Any]] = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p),
-                                     ("offset", ctypes.c_int64)]
-    if rank:
-        fields += [("shape", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
-    desc_type = type(f"MemRef{rank}", (ctypes.Structure,), {"_fields_": fields})
-    d = desc_type()
-    d.allocated = d.aligned = a.ctypes.data
-    d.offset = 0
-    if rank:
-        d.shape[:] = list(a.shape)
-        d.strides[:] = [s // a.itemsize for s in a.strides]
-    p = ctypes.pointer(d)
-    keep += [a, d, p]
-    return ctypes.pointer(p)
 
 
 class EngineCache:
@@ -307,7 +336,7 @@ class EngineCache:
         with self._lock:
             self._engines[key] = engine
             while len(self._engines) > self.size:
-                self._engines.popitem(last=False)
+                self._engines.popitem(last=False)[1].drop()
         return engine, False
 
 

@@ -213,3 +213,24 @@ def test_random_programs_match_the_reference_or_name_a_documented_limit(c):
     assert out.status != "failed", out
     if out.status == "refused":
         assert "openmp" in LIMITS_BY_ID[out.detail].backends
+
+
+def test_iree_and_the_openmp_backend_run_in_one_process():
+    from apportion.backends.iree.forall import verify_mlir
+
+    planned = ap.plan(ap.load(ROOT / "examples/splitk.json"), ap.targets.spyre(cores=8))
+    verify_mlir(parallel_ir(planned.program, planned.plan, planned.target))  # IREE's bindings
+    checks, _ = openmp_check(planned.program, planned.plan, planned.target, seed=2, threads=2)
+    assert ok(checks)  # upstream's bindings live in the worker process
+
+
+def test_a_worker_that_ended_is_started_again_and_compiles_the_module_again():
+    planned = ap.plan(ap.load(ROOT / "examples/splitk.json"), ap.targets.spyre(cores=8))
+    openmp_check(planned.program, planned.plan, planned.target, threads=1)
+    before = engine.WORKER.generation
+    proc = engine.WORKER._proc
+    assert proc is not None
+    proc.kill()
+    proc.wait()
+    checks, run = openmp_check(planned.program, planned.plan, planned.target, threads=2)
+    assert ok(checks) and run.cached and engine.WORKER.generation == before + 1

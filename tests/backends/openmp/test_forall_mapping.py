@@ -1,0 +1,69 @@
+"""Foralls carry a ``mapping`` where the target gives one: the ``gpu`` target's worker grids as
+GPU blocks, verified by upstream MLIR 22 and by IREE's bindings, none for ``cpu`` and ``spyre``;
+a mapped forall still runs on OpenMP threads (the mapping is for a GPU lowering, the loop is
+parallel either way)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import apportion as ap
+from apportion.backends.iree.forall import forall_mlir, verify_mlir
+from apportion.backends.iree.forall_tensors import forall_mapping
+from apportion.runtime import upstream_mlir
+from apportion.schedule.lower import lower
+
+ROOT = Path(__file__).parents[3]
+needs_mlir = pytest.mark.skipif(not upstream_mlir.available() or
+                                upstream_mlir.openmp_library() is None,
+                                reason="needs the mlir extra (upstream MLIR 22 and libiomp5)")
+#: a forall's induction variables and what follows its region
+FORALL = re.compile(r"scf\.forall \(([^)]*)\) in")
+MAPPED = re.compile(r"^\s*\} \{mapping = \[([^\]]*)\]\}$", re.M)
+
+
+def emitted(example: str, target: ap.Target) -> str:
+    planned = ap.plan(ap.load(ROOT / f"examples/{example}.json"), target)
+    return forall_mlir(lower(planned.program, planned.plan, planned.target))
+
+
+@given(st.integers(1, 6))
+def test_a_gpu_forall_maps_each_id_to_one_block_dim_the_last_to_x(ids):
+    text = forall_mapping("gpu", ids)
+    dims = re.findall(r"#gpu\.block<(\w+)>", text)
+    assert len(dims) == ids == len(set(dims))
+    assert dims[-1] in ("x", "linear_dim_0")
+    assert forall_mapping("cpu", ids) == forall_mapping("spyre", ids) == ""
+
+
+@pytest.mark.parametrize("example", ["attention", "softmax_tiled", "splitk"])
+def test_every_gpu_forall_carries_a_block_mapping_and_verifies(example):
+    text = emitted(example, ap.targets.gpu(cores=16))
+    foralls = FORALL.findall(text)
+    mappings = MAPPED.findall(text)
+    assert foralls and len(mappings) == len(foralls)
+    for ids, mapping in zip(foralls, mappings, strict=True):
+        assert mapping.count("#gpu.block<") == ids.count(",") + 1
+    verify_mlir(text)  # IREE's bindings
+    if upstream_mlir.available():
+        upstream_mlir.verify_upstream(text)
+
+
+def test_cpu_and_spyre_foralls_carry_no_mapping():
+    for target in (ap.targets.cpu(cores=8), ap.targets.spyre(cores=8)):
+        text = emitted("attention", target)
+        assert "scf.forall (" in text and "mapping" not in text
+
+
+@needs_mlir
+def test_a_plan_for_the_gpu_target_runs_on_openmp_threads_as_the_reference():
+    from apportion.backends.openmp.run import openmp_check
+
+    planned = ap.plan(ap.load(ROOT / "examples/attention.json"), ap.targets.gpu(cores=16))
+    checks, _ = openmp_check(planned.program, planned.plan, planned.target, threads=2)
+    assert all(c.ok for c in checks)
