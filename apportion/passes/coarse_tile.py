@@ -32,9 +32,11 @@ the group must be tiled like its producer on the loops they share, so a fallback
 the whole of a tensor the loop makes one tile at a time is an error naming both.
 
 A tile smaller than one stick is allowed where the hardware allows it: for a dim that is a stick
-dim only of what the op reads (a load of part of a stick). A tile boundary inside a stick of a
-tensor the op writes (two iterations would write one stick) is an error naming the op, the dim
-and the stick.
+dim only of what the op reads (a load of part of a stick), and for a dim of an output that lives
+only inside the op's loop (not a program output, read only by ops in that loop, not
+accumulated): each iteration writes its own tile buffer, padded to whole sticks, which the
+scratchpad plan sizes as such. A tile boundary inside a stick of a tensor written whole (two
+iterations would write one stick) is an error naming the op, the dim and the stick.
 
 Tiling a reduction dim makes the op accumulate: its output is an accumulator over the loops
 outside the one tiling the reduction (see pass ``buffers``), complete only after that loop, so
@@ -352,8 +354,10 @@ def _tile_group(program: Program, gi: int, group: TilingGroup,
     paths = _paths(gi, group.ops, chains)
     path = (gi,) + (0,) * (len(group.loops) - 1)
     counts = tuple(lv.count for lv in group.loops)
+    internal = _loop_internal(program, group, paths)
     tiles = tuple(_op_tile(op, chains[op.name], paths[op.name], counts, values, op_layouts,
-                           where, dim_symbols.get(op.name, {})) for op in ops)
+                           where, dim_symbols.get(op.name, {}), op.name in internal)
+                  for op in ops)
     _check_letters(program, group, ops, tiles)
     _check_reductions(program, group, ops, tiles)
     symbolic = tuple((lv.count, lv.min, lv.max, planned[i]) for i, lv in enumerate(group.loops)
@@ -541,10 +545,11 @@ def _smallest_value(where: str, level: int, lv: LoopLevel, ops: list[Op], sizes:
 
 def _op_tile(op: Op, chain: list[Link], path: tuple[int, ...], counts: tuple[int | str, ...],
              values: list[int], op_layouts: Mapping[str, OpLayout] | None, where: str,
-             symbols: Mapping[str, str]) -> OpTile:
+             symbols: Mapping[str, str], internal: bool = False) -> OpTile:
     """The op's loop info and per-iteration sizes (``counts``: each group level's count;
     ``values``: the same with a symbolic one at its planned value; ``symbols``: the op's dims
-    whose size is a run-time symbol)."""
+    whose size is a run-time symbol; ``internal``: its output lives only inside its loop, one
+    tile at a time, so a tile may hold part of a stick of it)."""
     per = dict(op_layouts[op.name].unit_elems) if op_layouts is not None else {}
     written = set(op.out.index[-1].dims) if op.out.index else set()
     sizes = dict(op.sizes)
@@ -554,14 +559,18 @@ def _op_tile(op: Op, chain: list[Link], path: tuple[int, ...], counts: tuple[int
             n = sizes[d]
             sizes[d] = n // count
             unit = per.get(d, 1)
-            if count > 1 and sizes[d] % unit and d in written:
-                # a tile boundary inside a stick would have two iterations write one stick
+            if count > 1 and sizes[d] % unit and d in written and not internal:
+                # a tile boundary inside a stick of a whole tensor would have two iterations
+                # write one stick; a tile buffer that only its loop reads is each iteration's
+                # own, padded to whole sticks
                 raise PlanningError(
                     f"{where}: loop level {level} count {count} cuts dim {d!r} of op "
                     f"{op.name!r} (size {n}) into tiles of {sizes[d]} elements, not whole "
                     f"sticks of {unit}; the op writes its output {op.out.tensor!r} along that "
                     f"dim, so the count must divide its {-(-n // unit)} sticks (a tile of part "
-                    "of a stick is allowed only for a dim the op reads)")
+                    "of a stick is allowed for a dim the op only reads, or for an output only "
+                    "the op's own loop reads, one tile at a time: not a program output, "
+                    "not read outside the loop)")
     loop = LoopInfo(path, tuple(counts[lv] for _, lv, _ in chain),
                     tuple(dims for _, _, dims in chain),
                     symbolic_tile_sizes(op, [(counts[lv], dims) for _, lv, dims in chain],
@@ -570,6 +579,27 @@ def _op_tile(op: Op, chain: list[Link], path: tuple[int, ...], counts: tuple[int
     red_levels = [i for i, (_, _, dims) in enumerate(chain) if red & set(dims)]
     return OpTile(op.name, loop, tuple((d, sizes[d]) for d, _ in op.dims),
                   red_levels[0] if red_levels else None)
+
+
+def _loop_internal(program: Program, group: TilingGroup, paths: Mapping[str, tuple[int, ...]]
+                   ) -> frozenset[str]:
+    """Ops of the group whose output lives only inside the op's own loop, one tile per
+    iteration: not a program output, read only by ops of the group within that loop (at its
+    depth or deeper), and not an accumulation (a tiled reduction's output outlives an iteration
+    of its loop)."""
+    out = set()
+    for name in group.ops:
+        op = program.op(name)
+        if op.out.tensor in program.output_set or not op.kind.divisible:
+            continue
+        if set(op.reduction_dims) & {d for lv in group.loops for d in lv.dims}:
+            continue
+        path = paths[name]
+        readers = program.consumer_map.get(op.out.tensor, ())
+        if readers and all(r.name in paths and paths[r.name][:len(path)] == path
+                           for r in readers):
+            out.add(name)
+    return frozenset(out)
 
 
 def symbolic_tile_sizes(op: Op, levels: list[tuple[int | str, tuple[str, ...]]],
