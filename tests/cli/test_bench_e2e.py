@@ -14,6 +14,7 @@ from apportion.cli.bench_e2e import (  # noqa: E402
     MODELS,
     SLOWDOWN_GOAL,
     E2EResult,
+    compiled_table,
     goals,
     load_warning,
     table,
@@ -29,42 +30,61 @@ def test_bench_e2e_prints_the_table_and_writes_every_row_on_one_thread(tmp_path,
     text = capsys.readouterr().out
     assert "PyTorch models end to end" in text and "executor ms min/med" in text
     assert "gated MLP" in text and "torch.set_num_threads(1)" in text and "x eager" in text
-    assert "goal met: the executor's output equals eager's" in text
-    assert "the executor at most" in text
+    assert "through torch.compile(backend=ap.backend(...))" in text
+    assert "compiled ms min/med" in text
+    assert "goal met: the executor's and the compiled model's outputs equal eager's" in text
+    assert "the executor at most" in text and "torch.compile through ap.backend at most" in text
     rows = json.loads(out.read_text())
     assert [(r["model"], r["cores"], r["threads"], r["repeat"]) for r in rows] == [
         ("mlp", 8, 1, 2), ("mlp", 32, 1, 2)]
     for r in rows:
         assert r["ops"] > 0 and r["max_abs_err"] < 1e-4
+        assert r["compiled_err"] < 1e-4
         assert all(r[k] > 0 for k in ("export_s", "lower_s", "plan_s", "executor_ms",
-                                      "executor_min_ms", "eager_ms", "eager_min_ms"))
+                                      "executor_min_ms", "eager_ms", "eager_min_ms",
+                                      "compiled_ms", "compiled_min_ms"))
         assert r["executor_min_ms"] <= r["executor_ms"] and r["eager_min_ms"] <= r["eager_ms"]
+        assert r["compiled_min_ms"] <= r["compiled_ms"]
 
 
 def test_the_models_are_the_mlp_llama_and_gpt2_cheapest_first():
     assert [m[0] for m in MODELS] == ["mlp", "llama", "gpt2"]
 
 
-def _row(executor_min: float = 6.0, eager_min: float = 2.0, eager_med: float = 2.2,
-         err: float = 1e-7) -> E2EResult:
+def _row(executor_min: float = 3.0, eager_min: float = 2.0, eager_med: float = 2.2,
+         err: float = 1e-7, compiled_min: float = 3.5, compiled_err: float = 1e-7
+         ) -> E2EResult:
     return E2EResult("m", "about", 3, 8, 1, 5, 0.1, 0.2, 0.01, executor_min * 1.1, executor_min,
-                     eager_med, eager_min, err)
+                     eager_med, eager_min, err, compiled_min * 1.1, compiled_min, compiled_err)
 
 
-def test_the_ratio_is_the_executors_fastest_run_over_eagers():
+def test_the_ratios_are_the_executors_and_the_compiled_models_fastest_run_over_eagers():
     row = _row()
-    assert row.ratio == 3.0 and row.eager_spread == 1.1
-    assert table([row]).row_count == 1
+    assert row.ratio == 1.5 and row.compiled_ratio == 1.75 and row.eager_spread == 1.1
+    assert table([row]).row_count == 1 and compiled_table([row]).row_count == 1
 
 
-def test_e2e_goals_are_met_by_a_matching_executor_within_its_slowdown():
-    assert [g.met for g in goals([_row()])] == [True, True]
+def test_the_slowdown_goal_is_the_issues_two_times_eager():
+    assert SLOWDOWN_GOAL == 2.0
+
+
+def test_e2e_goals_are_met_by_a_matching_executor_and_compiled_model_within_the_slowdown():
+    assert [g.met for g in goals([_row()])] == [True, True, True]
 
 
 def test_e2e_misses_an_output_off_from_eager_and_a_slowdown_over_its_goal():
-    err, slow = goals([_row(err=1e-3), _row(executor_min=2.0 * (SLOWDOWN_GOAL + 1))])
+    err, slow, compiled = goals([_row(err=1e-3), _row(executor_min=2.0 * (SLOWDOWN_GOAL + 1))])
     assert not err.met and err.figure.startswith("1.0e-03 (m at 8 cores), over the goal by")
-    assert not slow.met and slow.figure.startswith(f"{SLOWDOWN_GOAL + 1:.1f}x (m at 8 cores)")
+    assert not slow.met and slow.figure.startswith(f"{SLOWDOWN_GOAL + 1:.2f}x (m at 8 cores)")
+    assert compiled.met
+
+
+def test_e2e_misses_a_compiled_model_off_from_eager_or_over_the_slowdown():
+    err, slow, compiled = goals([_row(compiled_err=1e-3),
+                                 _row(compiled_min=2.0 * (SLOWDOWN_GOAL + 0.5))])
+    assert not err.met and err.figure.startswith("1.0e-03 (m at 8 cores)")
+    assert slow.met
+    assert not compiled.met and compiled.figure.startswith(f"{SLOWDOWN_GOAL + 0.5:.2f}x")
 
 
 def test_a_loaded_machine_is_warned_of_in_one_line_from_eagers_spread():
