@@ -32,15 +32,20 @@ How an op runs:
   box order with the kind's reducer (``combine`` and ``finish`` run on ``XP``).
 - Compute dtypes: float16, bfloat16 and bool operands compute in float32, float32 ones in
   float64 as the reference does (but in matmuls, which compute in float32 as eager PyTorch
-  does, within the float32 tolerance); integer (and bool) value operands compute in int64,
+  does, within the float32 tolerance, and in the pointwise kinds whose float32 result is the
+  float64 one rounded, bit for bit: ``kernels.ROUNDED_ONCE``, add, mul, where, ...; sums and
+  means still accumulate in float64); integer (and bool) value operands compute in int64,
   exactly and wrapping on overflow, where the kind has integer semantics
   (``kernels.integer_semantics``), else in float64, as the reference executor does; condition
   operands are read as bools. Results are cast once, to the output's dtype (bfloat16 is
   stored as torch's bfloat16).
 - Whole-tensor fallbacks ``gather`` (embeddings), ``reshape``, ``concat``, ``full`` and
-  ``arange`` run in torch on one core; the other fallbacks (``sort``, ``cumsum``, ``flip``,
-  ``topk``, and ``uniform``/``normal``, whose numbers are numpy's generator's) run through the
-  reference executor, converting their operands to numpy and back.
+  ``arange`` run in torch on one core (``full`` and ``arange``, which read nothing, once per
+  executor: a constant); ``cumsum`` and ``flip`` too where they compute in float64 or int64
+  (``kernels.SCANS``: numpy's numbers exactly); the other fallbacks (``sort``, ``topk``, a
+  float32-computed ``cumsum``, and ``uniform``/``normal``, whose numbers are numpy's
+  generator's) run through the reference executor, converting their operands to numpy and
+  back.
 - Loop nests: an op in a loop group runs all its iterations' boxes (in loop order) before the
   next op starts, rather than op by op inside each iteration: no op reads another's output
   before it is whole either way, so the numbers are the same. A reduction tiled by a loop
@@ -49,15 +54,21 @@ How an op runs:
   the simulated memory of ``loops.run_tiled``, which checks the plan's buffers, is not
   repeated here. Symbolic loop counts come from ``params``.
 
-Batched boxes: where an op's boxes form a lattice (``_lattice``: equal boxes whose every
-operand view is box 0's moved by a fixed offset per moving loop level and per worker axis, as
-an even split gives), the op runs as one kernel call on strided views with one leading axis per
-lattice axis, each box a batch element, so each box is still computed from its own views alone
-but the Python work is paid once per op rather than once per box (a Llama forward at 32 cores
-has about 3,300 boxes). A matmul lattice is one GEMM per index of the axes that move its right
-operand, the boxes of the axes moving only the left operand stacked as rows (a batched GEMM
-would copy the right operand once per batch element). Uneven splits, split reductions and tiles
-smaller than planned run box by box; so does every op given to the pool.
+Batched boxes: where an op's boxes form a lattice (``_lattices``: equal boxes whose every
+operand view is the first box's moved by a fixed offset per moving loop level and per worker
+axis, as an even split gives), the op runs as one kernel call on strided views with one leading
+axis per lattice axis, each box a batch element, so each box is still computed from its own
+views alone but the Python work is paid once per op rather than once per box (a Llama forward
+at 32 cores has about 3,300 boxes). An uneven split (10 over 4: 3, 3, 2, 2) is one lattice per
+box size; an op on one core a lattice of one box. A matmul lattice is one GEMM
+(``_Gemm``): the axes that move both operands are its batch, those that move only the left
+one stack their boxes as rows, only the right one as columns (a GEMM computes every row and
+column of its result from that row and column alone; a batched GEMM whose right operand
+repeats along a batch axis would copy it per batch element). Where one lattice writes the
+whole output in row-major order, its result (cast) is the output, not copied; it is kept in
+the lattice's shape, which strided views read alike (``_shaped`` gives a whole-tensor reader
+and the caller the tensor's own shape). Split reductions run box by box, as do the boxes of no
+lattice (``loose``) and every op given to the pool.
 
 Threads: with ``threads`` > 1 each op's boxes are dealt to ``threads`` pool tasks (box ``i`` to
 task ``i mod threads``), but for ops with fewer than ``grain`` iteration points per core

@@ -140,7 +140,7 @@ def test_every_dtype_keeps_its_storage_and_integers_stay_exact(dtype):
 
 
 def test_fallbacks_and_whole_tensor_kinds():
-    """cumsum, sort and flip along the last axis (through numpy), a gather of rows, a reshape,
+    """cumsum, sort and flip along the last axis (sort through numpy), a gather of rows, a reshape,
     a concat, constants and random numbers, each whole on one core."""
     p = program({"x": ([4, 64], "float32"), "ids": ([3], "int64"), "t": ([10, 8], "float16")},
                 [{"name": "cs", "op": "cumsum", "out": "cs[i,j]", "ins": ["x[i,j]"]},
