@@ -553,19 +553,19 @@ def build_plan(program: Program, mesh: Mesh, target: Target,
         base, have = current[tensor]
         if have == need:
             return base
-        key = (tensor, need)
-        if key in copies and copies[key][1] >= at - 1:  # read by this op or the one before
-            copies[key] = (copies[key][0], at)
-            return copies[key][0]
         peer = None
         if pos is not None and reader is not None:  # an op's read: in place where it wins
             op = program.op(reader)
             _, peer = read_us(program, op, pos, strategies[reader], have, mesh, target)
-        if peer is not None:  # never shared: each reader reads its peers itself
-            name = fresh(tensor)
+        if peer is not None:  # never shared: each reader reads its peers itself (as the
+            name = fresh(tensor)  # search counts it, time and memory)
             transfers.append(Transfer(tensor, name, at, reader, have, need, (peer,), why,
                                       base, in_place=True))
             return name
+        key = (tensor, need)
+        if key in copies and copies[key][1] >= at - 1:  # read by this op or the one before
+            copies[key] = (copies[key][0], at)
+            return copies[key][0]
         t = program.tensor(tensor)
         name = fresh(tensor)
         transfers.append(Transfer(tensor, name, at, reader, have, need,

@@ -350,7 +350,7 @@ def search(program: Any, mesh: Mesh, target: Target | None = None,
         for u in range(mat.shape[1]):
             model.row({**{int(v): 1.0 for v in cols[:, u]}, xcol[cd][u]: -1.0}, 0.0, 0.0)
     if mesh.memory_bytes is not None:
-        _memory_rows(model, prog, mesh, nodes, edges, cls, xcol, ycol, sizes)
+        _memory_rows(model, prog, mesh, nodes, edges, cls, xcol, ycol, sizes, tgt)
     setup = time.perf_counter()
     sol, objective, status = model.solve(time_limit)
     ilp_s = time.perf_counter() - setup
@@ -410,11 +410,12 @@ def _tiling_rows(model: _Model, prog: Program, nodes: Sequence[Node], cls: Seque
 
 def _memory_rows(model: _Model, prog: Program, mesh: Mesh, nodes: Sequence[Node],
                  edges: Sequence[Edge], cls: Sequence[int], xcol: Mapping[int, list[int]],
-                 ycol: Mapping[tuple[int, int, int], np.ndarray], sizes: Mapping[str, int]
-                 ) -> None:
+                 ycol: Mapping[tuple[int, int, int], np.ndarray], sizes: Mapping[str, int],
+                 target: Target) -> None:
     """At every program point, a device's shards of the inputs, of the tensors live there and
-    of the copies read there stay within ``mesh.memory_bytes``. None are added when the whole
-    program fits replicated with a copy per reader (the rows could never bind)."""
+    of the copies read there stay within ``mesh.memory_bytes`` (a read in place from the
+    peers, ``plan.read_us``, holds no copy). None are added when the whole program fits
+    replicated with a copy per reader (the rows could never bind)."""
     cap = float(mesh.memory_bytes or 0)
     whole = sum(t.nbytes for t in prog.tensors) + sum(prog.tensor(e.tensor).nbytes
                                                       for e in edges)
@@ -463,6 +464,9 @@ def _memory_rows(model: _Model, prog: Program, mesh: Mesh, nodes: Sequence[Node]
             for u, need in enumerate(dst.ins):
                 if have == need[e.pos]:
                     continue
+                if dst.kind == "op" and read_us(prog, prog.op(dst.name), e.pos, dst.strategies[u],
+                                                have, mesh, target)[1] is not None:
+                    continue  # read in place: no copy held
                 b = nbytes(e.tensor, need[e.pos])
                 if key in ycol:
                     row[int(ycol[key][s, u])] += b
