@@ -59,12 +59,23 @@ SPYRE_PEAK_MAC_RATE = 98.304e12 / 2 / 32 / 1e6
 #: published peaks, and its measured kernels are all memory-bound in the model, so they pin only
 #: one combination of compute rate and overlap: the fit holds the peaks and adjusts the overlap
 #: (``--fit mac_rate,mem_bandwidth,overlap`` searches the whole, flat valley); the batch drain
-#: is a published per-core rate, held too
+#: is a published per-core rate, held too. The CPU's adds the terms that tell its splits apart:
+#: each extra core's start and join, how much compute an extra core adds, cutting a contiguous
+#: (stick) dim and combining a split reduction
 DEFAULT_FIT: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "spyre": ("overlap",),
     "cpu": ("mac_rate", "sfp_rate", "reduce_rate", "mem_bandwidth", "core_bandwidth",
-            "overlap"),
+            "overlap", "core_sync_us", "core_scaling", "stick_split_us_per_byte",
+            "ring_us_per_element"),
 })
+#: the range a fit searches for a coefficient whose base value is 0 (a term the base leaves
+#: out): from 0 to this. Each is far past what a kernel of a few milliseconds could show
+ZERO_BASE_RANGE: Mapping[str, float] = MappingProxyType({
+    "core_sync_us": 1e4, "stick_split_us_per_byte": 1e-2, "ring_us_per_element": 1.0,
+    "batch_drain_us_per_byte": 1e-2, "pt_exponent": 2.0, "broadcast_exponent": 2.0,
+})
+#: coefficients whose whole range is a fraction: a fit searches all of it
+UNIT_RANGE = ("overlap", "core_scaling")
 #: a ceiling of one CPU core, per microsecond: two 4-lane float64 operations (FMAs for a
 #: matmul) per cycle at 4 GHz; the executor computes float32 kernels in float64
 CPU_PEAK_RATE = 2 * 4 * 4e9 / 1e6
@@ -402,15 +413,22 @@ def default_fit(target: Target) -> tuple[str, ...]:
 def default_bounds(base: Target, names: Sequence[str],
                    caps: Mapping[str, float] | None = None,
                    spread: float = SPREAD) -> dict[str, tuple[float, float]]:
-    """Bounds of each coefficient: ``[base / spread, base * spread]`` (``overlap``: [0, 1]),
-    within the field's own limits, then no higher than ``caps`` (default: the preset's
-    ``PHYSICAL_CAPS``)."""
+    """Bounds of each coefficient: ``[base / spread, base * spread]`` (``overlap`` and
+    ``core_scaling``: [0, 1]; a base of 0: ``[0, ZERO_BASE_RANGE]``), within the field's own
+    limits, then no higher than ``caps`` (default: the preset's ``PHYSICAL_CAPS``).
+
+    >>> from apportion.target import cpu
+    >>> default_bounds(cpu(), ["core_sync_us", "core_scaling"])
+    {'core_sync_us': (0.0, 10000.0), 'core_scaling': (0.0, 1.0)}
+    """
     caps = PHYSICAL_CAPS.get(base.name, {}) if caps is None else caps
     out: dict[str, tuple[float, float]] = {}
     for n in check_fit_names(names):
         value = float(getattr(base, n))
-        if n == "overlap":
+        if n in UNIT_RANGE:
             low, high = 0.0, 1.0
+        elif value == 0 and n in ZERO_BASE_RANGE:
+            low, high = 0.0, ZERO_BASE_RANGE[n]
         else:
             if value <= 0:
                 raise CalibrationError(f"cannot fit {n!r} from a base value of {value:g}: its "
@@ -455,8 +473,10 @@ def fit(measurements: Sequence[Measurement], base: Target, predict: Predictor,
         if not (finite(lo) and finite(hi) and lo < hi):
             raise CalibrationError(f"bounds of {n!r} must be finite with low < high, got "
                                    f"[{lo:g}, {hi:g}]")
-    # each coefficient in units of its base value (overlap, whose base may be 0, as it is)
-    scale = [float(getattr(base, n)) or 1.0 for n in names]
+    # each coefficient in units of its base value (a term the base leaves out: a tenth of the
+    # range searched; overlap, whose base may be 0, as it is)
+    scale = [float(getattr(base, n)) or (box[n][1] / SPREAD if n in ZERO_BASE_RANGE else 1.0)
+             for n in names]
     lo = [box[n][0] / s for n, s in zip(names, scale, strict=True)]
     hi = [box[n][1] / s for n, s in zip(names, scale, strict=True)]
     x0 = [min(max(getattr(base, n) / s, a), b)

@@ -31,6 +31,10 @@ any of them. The terms, for one op whose cores each compute at most the largest 
 * **core sync**: every core an op uses beyond the first costs ``core_sync_us`` to start and
   join (a host thread on the CPU; zero on a device whose cores run one program in lock step),
   so a small op can be fastest on one core.
+* **core scaling**: ``c`` cores compute as fast as ``1 + (c - 1) * core_scaling`` cores
+  (1: every core is a whole one; on a host, cores that share execution units, caches or the
+  machine with other work add less), which stretches the compute term by ``c / (1 + (c - 1)
+  * core_scaling)``.
 * **combine**: a reduction split ``k`` ways sends partial results around the ring, one hop per
   extra slice: ``(k - 1)`` times a core's output elements times ``ring_us_per_element``.
 * **stick split**: cutting a tensor's stick dim (its innermost) ``s`` ways makes every byte of
@@ -118,8 +122,9 @@ def op_cost(op: Op, program: Program, target: Target, sizes: Mapping[str, int],
     largest = largest_slice(sizes, unit_elems, splits)
     cores = math.prod(splits.get(d, 1) for d in sizes)
     red_split = math.prod(splits.get(d, 1) for d in op.reduction_dims)
+    scaling = cores / (1 + (cores - 1) * target.core_scaling)
     return OpCost(
-        compute_us=_compute_us(op, target, largest),
+        compute_us=_compute_us(op, target, largest) * scaling,
         memory_us=_memory_us(op, program, target, largest, splits, cores, red_split, resident),
         combine_us=_combine_us(op, target, largest, red_split),
         stick_us=_stick_us(op, program, target, sizes, splits),

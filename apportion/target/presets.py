@@ -76,13 +76,16 @@ def spyre(cores: int | None = None, environ: dict[str, str] | None = None) -> Ta
 
 
 # The CPU: no matrix-unit pipeline, no broadcast ring; numpy kernels on one thread per core.
-# Figures fitted (``apportion calibrate --measure``, rounded to 3 digits; a fit from them gives
-# them back) to kernels timed with the planned executor on a 2-core machine of the project's CI
-# kind (AMD EPYC, numpy's OpenBLAS on one thread per core; data in
-# ``frontend/data/cpu_measurements.json``): matmuls, exp, mul and sums on 1 and 2 cores, RMS log
-# error 0.25. float32 kernels compute in float64. No record is bound by one core's port, so
-# core_bandwidth only has to stay above where it would bind; compute and memory do not overlap
-# (overlap 1: their sum).
+# Figures fitted (``apportion calibrate --measure``, rounded to 3 digits) to kernels timed with
+# the planned executor on a 2-core machine of the project's CI kind (AMD EPYC, numpy's OpenBLAS
+# on one thread per core): matmuls, exp, mul and sums on 1 and 2 cores, RMS log error 0.25.
+# float32 kernels compute in float64. No record is bound by one core's port, so core_bandwidth
+# only has to stay above where it would bind; compute and memory do not overlap (overlap 1:
+# their sum). The terms that tell splits of one core count apart (core_sync_us, core_scaling,
+# stick_split_us_per_byte, ring_us_per_element) are left neutral: the every-split timings in
+# ``frontend/data/cpu_measurements.json`` (every split of 13 kernels on 2 cores, taken on a
+# machine busy with other work) fit them, but their fastest split changes from run to run
+# there; ``apportion calibrate --measure -o cpu.toml`` on a quiet host fits them for it.
 CPU_COST = {
     "mac_rate": 1.28e4, "sfp_rate": 122.0, "reduce_rate": 1.4e3,
     "mem_bandwidth": 7.02e9, "core_bandwidth": 7.76e9, "overlap": 1.0,

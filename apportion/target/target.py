@@ -33,10 +33,11 @@ FLOAT_FIELDS: tuple[tuple[str, float, bool, float | None], ...] = (
     ("batch_split_factor", 1.0, True, None),
     ("batch_drain_us_per_byte", 0.0, True, None),
     ("core_sync_us", 0.0, True, None),
+    ("core_scaling", 0.0, True, 1.0),
     ("stick_split_us_per_byte", 0.0, True, None),
 )
 #: fields whose upper bound is allowed: overlap 1 is no overlap at all (the cpu preset's)
-HIGH_INCLUSIVE = frozenset({"overlap"})
+HIGH_INCLUSIVE = frozenset({"overlap", "core_scaling"})
 #: the cost model's coefficients (``apportion/cost/model.py`` names the term each one sets)
 COST_FIELDS = tuple(f for f, *_ in FLOAT_FIELDS if f != "scratchpad_reserve") + ("pt_rows",)
 
@@ -104,6 +105,7 @@ class Target:
     batch_split_factor: float = 1.0  # slowdown per doubling of a matmul batch split
     batch_drain_us_per_byte: float = 0.0  # a batch element's output slice written back, unhidden
     core_sync_us: float = 0.0  # start and join of each core beyond the first
+    core_scaling: float = 1.0  # compute each core beyond the first adds, in cores (1: all)
     stick_split_us_per_byte: float = 0.0  # gather cost per byte per halving of a stick dim
     split_padded_reduction: bool = True  # may a reduction dim with a padded last stick split?
     split_k: str = "cost"  # the split-K resolver: cost, gpu, table or none (target/split_k.py)
