@@ -8,8 +8,10 @@ IR once and lowered twice by upstream MLIR 22: each forall an OpenMP work-sharin
 the same emitted IR: the ``scf.for`` lowering, the OpenMP module on one thread and the same
 module on ``--threads`` threads (default: the OpenMP runtime's, the machine's cores). The
 speed-up is one thread's time over N threads' (the same compiled code, only the team size
-differs). Every case's parallel output is checked against the unplanned program (a mismatch is
-a wrong result: exit status 1, ``--check`` or not).
+differs); "cores busy" is the N-thread call's CPU seconds (all its threads) over its seconds:
+about N where the cores are free, less where other work holds them. Every case's parallel
+output is checked against the unplanned program (a mismatch is a wrong result: exit status 1,
+``--check`` or not).
 
 Timing: interleaved rounds (``bench_harness.interleaved``: every column of a case once per
 round, in alternating order), one warm-up call each, ``--repeat`` rounds (default
@@ -118,6 +120,7 @@ class Result:
     many_ms: float
     threads: int
     speedup: float
+    busy: float
     ok: bool
     max_rel_err: float
 
@@ -138,15 +141,17 @@ def run_case(case: Case, workers: int, threads: int, repeat: int) -> Result:
     got = dict(inputs)
     got.update(zip(par.outputs, par.call(threads).outputs, strict=True))
     checks = compare(run_unplanned(p, inputs), got, p)
-    inner: list[list[float]] = [[], [], []]
+    inner: list[list[tuple[float, float]]] = [[], [], []]
 
     def timed(column: int, ready: Any, team: int) -> None:
         # the call's own clock: the time inside the module, not the descriptors made around it
-        inner[column].append(ready.call(team).run_s)
+        call = ready.call(team)
+        inner[column].append((call.run_s, call.cpu_s))
 
     interleaved([lambda: timed(0, seq, 1), lambda: timed(1, par, 1),
                  lambda: timed(2, par, threads)], repeat=repeat, warmup=1, alternate=True)
-    for_s, one_s, many_s = (min(ts[1:]) for ts in inner)  # the first call is the warm-up
+    # the first call is the warm-up; the fastest of the rest, with its CPU seconds
+    (for_s, _), (one_s, _), (many_s, many_cpu) = (min(ts[1:]) for ts in inner)
     from apportion.backends.openmp.run import parallel_ir
 
     grids = tuple("x".join(g.split(", ")) for g in _GRID.findall(
@@ -155,7 +160,8 @@ def run_case(case: Case, workers: int, threads: int, repeat: int) -> Result:
     return Result(case.name, case.what, case.large, grids,
                   round(par.engine.compile_s + seq.engine.compile_s, 3),
                   for_s * 1e3, one_s * 1e3, many_s * 1e3, threads,
-                  one_s / many_s if many_s > 0 else math.inf, all(c.ok for c in checks), worst)
+                  one_s / many_s if many_s > 0 else math.inf,
+                  many_cpu / many_s if many_s > 0 else 0.0, all(c.ok for c in checks), worst)
 
 
 def run(cases_: Sequence[Case], workers: int, threads: int | None, repeat: int,
@@ -193,14 +199,15 @@ def table(results: Sequence[Result], workers: int, repeat: int) -> Table:
     t = Table(title=f"scf.forall IR through upstream MLIR: sequential loops, OpenMP on 1 and "
                     f"{threads} threads (plans on {workers} workers; fastest of {repeat})")
     for col in ("case", "program", "foralls (grids)", "scf.for ms", "1 thread ms",
-                f"{threads} threads ms", "speed-up", "vs unplanned"):
+                f"{threads} threads ms", "speed-up", "cores busy", "vs unplanned"):
         t.add_column(col, justify="left" if col in ("case", "program", "foralls (grids)")
                      else "right")
     for r in results:
         shown = ", ".join(dict.fromkeys(r.grids))
         t.add_row(r.case + (" *" if r.large else ""), r.what, f"{len(r.grids)} ({shown})",
                   f"{r.for_ms:.1f}", f"{r.one_ms:.1f}", f"{r.many_ms:.1f}",
-                  f"{r.speedup:.2f}x", "ok" if r.ok else f"WRONG ({r.max_rel_err:.2g})")
+                  f"{r.speedup:.2f}x", f"{r.busy:.2f}",
+                  "ok" if r.ok else f"WRONG ({r.max_rel_err:.2g})")
     return t
 
 
@@ -214,7 +221,8 @@ def _suite(args: argparse.Namespace, console: Console) -> Outcome:
     upstream_mlir.require()  # the mlir extra, named, before any case
     chosen = cases()[:args.limit] if args.limit else cases()
     results = run(chosen, workers, args.threads, args.repeat or DEFAULT_REPEAT, console)
-    console.print("* large: the cases the goal reads", highlight=False)
+    console.print("* large: the cases the goal reads; cores busy: CPU seconds of the N-thread "
+                  "call over its seconds (about N on an idle machine)", highlight=False)
     return Outcome([asdict(r) for r in results], goals(results),
                    failed=not all(r.ok for r in results))
 

@@ -20,7 +20,7 @@ needs_mlir = pytest.mark.skipif(not upstream_mlir.available() or
 
 def result(case: str, speedup: float, large: bool = True, threads: int = 2) -> Result:
     return Result(case, case, large, ("8",), 0.1, 10.0, 10.0, 10.0 / speedup, threads,
-                  speedup, True, 0.0)
+                  speedup, 1.5, True, 0.0)
 
 
 def test_the_goal_reads_the_geometric_mean_of_the_large_cases_only():
@@ -52,6 +52,7 @@ def test_the_bench_times_three_columns_of_the_same_ir_and_checks_each_case(tmp_p
     assert [d["case"] for d in doc] == ["pointwise", "softmax"]
     assert all(d["ok"] and d["threads"] == 2 and d["grids"] for d in doc)
     assert all(d["for_ms"] > 0 and d["one_ms"] > 0 and d["many_ms"] > 0 for d in doc)
+    assert all(d["busy"] >= 0 for d in doc)
 
 
 def test_bench_forall_takes_one_core_count_and_no_foreign_options(capsys):

@@ -251,10 +251,12 @@ WORKER = Worker()
 
 @dataclass(frozen=True)
 class Call:
-    """One call: the results (numpy arrays, bfloat16 in float32) and seconds it took."""
+    """One call: the results (numpy arrays, bfloat16 in float32), seconds it took and CPU
+    seconds its threads used meanwhile (``cpu_s / run_s``: the cores busy on average)."""
 
     outputs: list[np.ndarray]
     run_s: float
+    cpu_s: float = 0.0
 
 
 class Engine:
@@ -285,11 +287,11 @@ class Engine:
         if self._generation != WORKER.started():
             self._compile()  # the worker was started again: its modules are gone
         sent = [(v if elt == "index" else _to_host(v, elt), elt) for v, elt in args]
-        outs, seconds = WORKER.ask("call", self._key, function, sent,
-                                   [(tuple(shape), elt) for shape, elt in results],
-                                   threads if threads is not None else max_threads())
+        outs, seconds, cpu = WORKER.ask("call", self._key, function, sent,
+                                        [(tuple(shape), elt) for shape, elt in results],
+                                        threads if threads is not None else max_threads())
         return Call([_from_host(a, elt) for a, (_, elt) in zip(outs, results, strict=True)],
-                    seconds)
+                    seconds, cpu)
 
     def drop(self) -> None:
         """Free the module in the worker (a worker started since holds none of it)."""

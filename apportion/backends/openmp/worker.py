@@ -12,7 +12,8 @@ Requests and answers are pickled on stdin and stdout (the process's own prints g
 * ``("compile", key, llvm_text, opt_level, shared_libs)`` -> ``("ok", seconds)``;
 * ``("call", key, function, args, results, threads)``, ``args`` a list of (numpy array or
   int, element type), ``results`` a list of (shape, element type) -> ``("ok", outputs,
-  seconds)``, the seconds those of the call alone;
+  seconds, cpu_seconds)``, the seconds those of the call alone, the CPU seconds those of
+  every thread of this process meanwhile (OpenMP's workers included);
 * ``("drop", key)`` -> ``("ok",)``;
 
 any failure -> ``("error", message)``. Element types are the emitter's (``f16``, ``bf16``,
@@ -88,7 +89,7 @@ class _Modules:
 
     def call(self, key: str, function: str, args: list[tuple[Any, str]],
              results: list[tuple[tuple[int, ...], str]], threads: int
-             ) -> tuple[list[np.ndarray], float]:
+             ) -> tuple[list[np.ndarray], float, float]:
         _, engine = self.engines[key]
         keep: list[Any] = []
         pointers = []
@@ -103,9 +104,10 @@ class _Modules:
         pointers += [descriptor(a, keep) for a in outs]
         assert self.omp is not None
         self.omp.omp_set_num_threads(threads)
+        cpu = time.process_time()
         start = time.perf_counter()
         engine.invoke(function, *pointers)
-        return outs, time.perf_counter() - start
+        return outs, time.perf_counter() - start, time.process_time() - cpu
 
 
 def serve(requests: BinaryIO, answers: BinaryIO) -> None:
@@ -123,8 +125,7 @@ def serve(requests: BinaryIO, answers: BinaryIO) -> None:
             if what == "compile":
                 answer: tuple[Any, ...] = ("ok", modules.compile(*request[1:]))
             elif what == "call":
-                outs, seconds = modules.call(*request[1:])
-                answer = ("ok", outs, seconds)
+                answer = ("ok", *modules.call(*request[1:]))
             elif what == "drop":
                 modules.engines.pop(request[1], None)
                 answer = ("ok",)
