@@ -58,6 +58,10 @@ tile geometry is affine maps of the loop and thread ids; a symbolic count divide
 shared tensor keeps a static shape (the whole dim bounds a run-time tile: IREE cannot size a
 dynamic tensor carried through a loop).
 
+A forall carries a ``mapping`` where the schedule's target gives one
+(``forall_tensors.forall_mapping``): the ``gpu`` target's worker grids as ``#gpu.block<x>``
+(``y``, ``z``, or ``linear_dim_i`` beyond three ids); ``cpu`` and ``spyre`` give none.
+
 A schedule of a program with run-time sizes (``Schedule.given``, the program as given) is one
 function for every size (``forall_sizes``): ``?`` for symbolic dims, their sizes read with
 ``tensor.dim``, each split-K op's slices an ``arith.select`` chain on its run-time reduction
