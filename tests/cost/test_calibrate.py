@@ -333,3 +333,32 @@ def test_leave_one_out_needs_two_shapes():
     records = read_measurements(DATA / "spyre_measurements.json", from_dict)[:2]
     with pytest.raises(CalibrationError, match="at least 2 shapes"):
         leave_one_out(records, spyre(), lambda t, m: m.time_us, ["overlap"])
+
+
+def test_a_cpu_fit_learns_that_one_core_wins_a_small_kernel_and_two_a_big_one():
+    # synthetic timings of a host whose threads cost 300 us each to start and join: every split
+    # of a small and a big exp; the neutral preset ties the 2-core splits and never picks one
+    # core; the fit finds the cost, and its ranks put one core first on the small kernel and
+    # two on the big one, as the "host" did
+    from apportion.cli.calibrate import best_records, kernel_splits, pointwise_document, rank_split
+    from apportion.cost.calibrate import Measurement
+    from apportion.target import cpu
+
+    host = replace(cpu(cores=2), core_sync_us=300.0, core_scaling=0.9,
+                   stick_split_us_per_byte=1e-6)
+    records = []
+    for m, n in ((64, 256), (2048, 2048), (1024, 512)):
+        doc = pointwise_document("exp", m, n, "float32")
+        program = from_dict(doc)
+        for s in kernel_splits(program, host):
+            rec = Measurement(program, "exp", 2, s, 1.0, False, ("program", doc))
+            records.append(replace(rec, time_us=predict(host, rec)))
+    base = cpu(cores=2)
+    best = {m.shape: dict(m.splits) for m in best_records(records)}
+    assert best["exp_64x256/exp"] == {"m": 1, "n": 1}
+    assert best["exp_2048x2048/exp"] == {"m": 2, "n": 1}
+    assert any(rank_split(base, m).rank > 1 for m in best_records(records))
+    cal = fit(records, base, predict, ["sfp_rate", "core_sync_us", "core_scaling",
+                                       "stick_split_us_per_byte"])
+    assert cal.values["core_sync_us"] == pytest.approx(300.0, rel=1e-3)
+    assert all(rank_split(cal.target, m).rank == 1 for m in best_records(records))
