@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from apportion.backends.iree.bodies import MlirBody, body_of, combine_of
 from apportion.backends.iree.forall_types import INDEX_MAX, MLIR_TYPES, _literal
@@ -85,6 +85,9 @@ class Block:
     #: type; returns the value the code uses next (the fully annotated form passes it through
     #: ``shard.shard``, as upstream's propagation does)
     mark_init: Callable[[Block, str, str], str] | None = None
+    #: the same for what an op's read makes (an input without its literal dims): called with
+    #: the value, its type, the tensor read and the dims dropped
+    mark_read: Callable[[Block, str, str, str, tuple[int, ...]], str] | None = None
 
     def fresh(self, stem: str) -> str:
         """A new SSA name made from ``stem`` (a tensor or op name), never one given before
@@ -255,15 +258,33 @@ def render_op(blk: Block, op: Op, types: Mapping[str, TensorType], vals: Mapping
     """``op`` on whole tensors into ``blk``: ``types`` gives every operand's shape and dtype
     (the program's, or a device's local ones), ``vals`` the SSA value of each input. Returns
     the SSA value of its output (of ``types[op.out.tensor]``)."""
-    kind = op.kind
     out_t = types[op.out.tensor]
     out_elt = elt(out_t.dtype)
     if opaque(op):
         return _call(blk, op, types, vals)
     dims = list(op.dim_names)
     ins = [_read(blk, a, types[a.tensor], vals[a.tensor], dims, op.sizes) for a in op.ins]
-    omap = affine_map(dims, op.out)
+    # literal indices of the output (a kept dim, ``ms[t, 0]``): written without them, then
+    # broadcast back, so that every map is a projected permutation as upstream's linalg
+    # sharding interface requires
+    unit = [j for j, e in enumerate(op.out.index) if not e.terms]
+    out_acc = Access(op.out.tensor, tuple(e for e in op.out.index if e.terms))
+    out_shape = tuple(n for j, n in enumerate(out_t.shape) if j not in unit)
+    omap = affine_map(dims, out_acc)
     ty = compute_type(op, types)
+    stem = op.out.tensor
+    if unit:
+        squeezed = render_whole(blk, op, replace(out_t, shape=out_shape), ins, omap, ty, dims)
+        squeezed = _marked(blk, squeezed, tensor_type(out_shape, out_elt))
+        return _unsqueeze(blk, squeezed, out_shape, out_t.shape, unit, out_elt, stem)
+    return render_whole(blk, op, out_t, ins, omap, ty, dims)
+
+
+def render_whole(blk: Block, op: Op, out_t: TensorType, ins: list[tuple[str, str, str, str]],
+                 omap: str, ty: str, dims: list[str]) -> str:
+    """``op`` into an output of type ``out_t`` written through ``omap``."""
+    kind = op.kind
+    out_elt = elt(out_t.dtype)
     stem = op.out.tensor
     if kind.elementwise:
         result_ty = "i1" if kind.result_dtype == "bool" else ty
@@ -281,7 +302,48 @@ def render_op(blk: Block, op: Op, types: Mapping[str, TensorType], vals: Mapping
 
         return generic(blk, dims, (), ins, [(init, tensor_type(out_t.shape, out_elt), out_elt,
                                               omap)], body, stem)[0]
-    return _reduce(blk, op, types, ins, omap, ty, dims)
+    return _reduce(blk, op, out_t, ins, omap, ty, dims)
+
+
+def _unsqueeze(blk: Block, value: str, shape: Sequence[int], full: Sequence[int],
+               unit: Sequence[int], e: str, stem: str) -> str:
+    """``value`` of ``shape`` broadcast to ``full`` (``shape`` with size-1 dims at ``unit``)."""
+    rank = len(full)
+    ps = [f"p{i}" for i in range(rank)]
+    in_map = f"affine_map<({', '.join(f'd{i}' for i in range(rank))}) -> " \
+             f"({', '.join(f'd{i}' for i in range(rank) if i not in unit)})>"
+    init = _empty(blk, stem, full, e)
+    return generic(blk, ps, (), [(value, tensor_type(shape, e), e, in_map)],
+                   [(init, tensor_type(full, e), e, _ident(rank))],
+                   lambda b, args, outs: [args[0]], stem)[0]
+
+
+def _squeeze(blk: Block, value: str, shape: Sequence[int], unit: Sequence[int], e: str,
+             stem: str) -> tuple[str, list[int]]:
+    """``value`` without its size-1 dims at ``unit`` (a generic that reduces over them: one
+    element each), and the shape left."""
+    rank = len(shape)
+    left = [n for i, n in enumerate(shape) if i not in unit]
+    ps = [f"p{i}" for i in range(rank)]
+    out_map = f"affine_map<({', '.join(f'd{i}' for i in range(rank))}) -> " \
+              f"({', '.join(f'd{i}' for i in range(rank) if i not in unit)})>"
+    init = blk.fresh(f"{stem}_init")
+    lty = tensor_type(left, e)
+    blk.emit(f"{init} = tensor.empty() : {lty}")
+    if blk.mark_read is not None:
+        init = blk.mark_read(blk, init, lty, stem, tuple(unit))
+    out = generic(blk, ps, [ps[i] for i in unit], [(value, tensor_type(shape, e), e,
+                                                     _ident(rank))],
+                  [(init, lty, e, out_map)], lambda b, args, outs: [args[0]],
+                  f"{stem}_squeezed")[0]
+    if blk.mark_read is not None:
+        out = blk.mark_read(blk, out, lty, stem, tuple(unit))
+    return out, left
+
+
+def _ident(rank: int) -> str:
+    ds = ", ".join(f"d{i}" for i in range(rank))
+    return f"affine_map<({ds}) -> ({ds})>"
 
 
 def _read(blk: Block, acc: Access, t: TensorType, value: str, dims: Sequence[str],
@@ -294,8 +356,27 @@ def _read(blk: Block, acc: Access, t: TensorType, value: str, dims: Sequence[str
     e_t = elt(t.dtype)
     shape = list(t.shape)
     index = list(acc.index)
-    if all(len(e.terms) <= 1 for e in index):
+    if all(e.single_dim is not None for e in index):
         return value, tensor_type(shape, e_t), e_t, affine_map(dims, acc)
+    # one dim scaled or shifted (``x[t + 1]``, ``x[2*i]``), or a literal (a size-1 dim read
+    # at 0): the range or element it reads, cut out first
+    offs, size, strides = [0] * len(shape), list(shape), [1] * len(shape)
+    cut = False
+    for j, e in enumerate(index):
+        if len(e.terms) == 1 and e.single_dim is None:
+            (d, c), = e.terms
+            offs[j], size[j], strides[j] = e.const, sizes[d], c
+            index[j] = AffineExpr.dim(d)
+            cut = True
+        elif not e.terms and (e.const or shape[j] != 1):
+            offs[j], size[j] = e.const, 1
+            cut = True
+    if cut:
+        part = blk.fresh(f"{acc.tensor}_part")
+        blk.emit(f"{part} = tensor.extract_slice {value}[{', '.join(map(str, offs))}] "
+                 f"[{', '.join(map(str, size))}] [{', '.join(map(str, strides))}] : "
+                 f"{tensor_type(shape, e_t)} to {tensor_type(size, e_t)}")
+        value, shape = part, size
     for j in reversed(range(len(index))):
         e = index[j]
         if len(e.terms) <= 1:
@@ -326,6 +407,10 @@ def _read(blk: Block, acc: Access, t: TensorType, value: str, dims: Sequence[str
                  f"{tensor_type(grown, e_t)}")
         value, shape = view, grown
         index[j:j + 1] = [AffineExpr.dim(d) for d in digits]
+    unit = [j for j, e in enumerate(index) if not e.terms]
+    if unit:  # literal indices: the size-1 dims dropped, so every map is a permutation
+        value, shape = _squeeze(blk, value, shape, unit, e_t, acc.tensor)
+        index = [e for e in index if e.terms]
     return (value, tensor_type(shape, e_t), e_t,
             affine_map(dims, Access(acc.tensor, tuple(index))))
 
@@ -349,7 +434,7 @@ def _construction(op: Op) -> bool:
     return body_of(op.kind, op.name).construction is not None
 
 
-def _reduce(blk: Block, op: Op, types: Mapping[str, TensorType],
+def _reduce(blk: Block, op: Op, out_t: TensorType,
             ins: list[tuple[str, str, str, str]], omap: str, ty: str, dims: list[str]) -> str:
     """A reduction or matmul accumulated into its identity, then finished (a mean divided by
     its count, an argmax's index kept) and converted to the output's dtype."""
@@ -358,7 +443,6 @@ def _reduce(blk: Block, op: Op, types: Mapping[str, TensorType],
     assert reducer is not None
     combine = combine_of(reducer, op.name, kind)
     product = body_of(kind, op.name) if kind.category is Category.MATMUL else None
-    out_t = types[op.out.tensor]
     shape = out_t.shape
     stem = op.out.tensor
     accs = [(ty, reducer.identity)] + ([("i64", INDEX_MAX)] if reducer.pairs else [])

@@ -145,17 +145,35 @@ def propagated_mlir(plan: ShardingPlan) -> str:
         out_t = program.tensor(op.out.tensor)
         whole = st.out.without_partial()
 
-        def mark(b: Block, value: str, ty: str, t: TensorType = out_t, s: Sharding = whole
-                 ) -> str:
+        def mark(b: Block, value: str, ty: str, t: TensorType = out_t, s: Sharding = whole,
+                 unit: tuple[int, ...] = tuple(j for j, e in enumerate(op.out.index)
+                                               if not e.terms)) -> str:
             # a destination is laid out as the op's output (a split reduction's
             # replicated: upstream zeroes it on all but one device), as upstream's
-            # propagation annotates it: its result, then for its user
+            # propagation annotates it: its result, then for its user; one written without
+            # the output's literal (size-1) dims has their shardings dropped
+            if ty.count("x") < len(t.shape) and unit:
+                s = Sharding(tuple(a for j, a in enumerate(s.dims) if j not in unit))
+                t = TensorType(t.name, tuple(n for j, n in enumerate(t.shape) if j not in unit),
+                               t.dtype)
             made = _annotate_typed(b, value, ty, t, s, mesh)
             return _annotate_typed(b, made, ty, t, s, mesh, users=True)
 
-        blk.mark_init = mark
+        read_as = {acc.tensor: s for acc, s in zip(op.ins, st.ins, strict=True)}
+
+        def mark_read(b: Block, value: str, ty: str, tensor: str, unit: tuple[int, ...],
+                      read_as: dict[str, Sharding] = read_as) -> str:
+            s = read_as[tensor]
+            t = program.tensor(tensor)
+            s = Sharding(tuple(a for j, a in enumerate(s.dims) if j not in unit))
+            t = TensorType(t.name, tuple(n for j, n in enumerate(t.shape) if j not in unit),
+                           t.dtype)
+            made = _annotate_typed(b, value, ty, t, s, mesh)
+            return _annotate_typed(b, made, ty, t, s, mesh, users=True)
+
+        blk.mark_init, blk.mark_read = mark, mark_read
         out = render_op(blk, op, program.tensor_map, reads)
-        blk.mark_init = None
+        blk.mark_init = blk.mark_read = None
         vals[op.out.tensor] = _annotate(blk, out, out_t, st.out, mesh)
     ret = []
     for name, s, _local in plan.outputs:

@@ -216,7 +216,7 @@ def unrolled_mlir(ms: MeshSchedule, mesh: Mesh | None = None) -> str:
     >>> from apportion.sharding.search import search
     >>> from apportion.sharding.lower import lower_plan
     >>> text = unrolled_mlir(lower_plan(search(load("examples/mlp.json"), parse("tp=2"))))
-    >>> "func.func @mlp(" in text and 'func.call @"mlp.d0.s0"' in text
+    >>> 'func.func @"mlp"(' in text and 'func.call @"mlp.d0.s0"' in text
     True
     """
     u = _Unrolled(ms)

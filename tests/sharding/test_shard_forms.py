@@ -161,3 +161,16 @@ def test_a_split_mean_and_argmax_finish_and_unpack_in_the_unrolled_form():
     plan = search(prog, parse("tp=2"), annotations=ann)
     assert plan.strategy("ms").split_map.get("n") == ("tp",)
     _run_unrolled(prog, ann, parse("tp=2"))
+
+
+@pytest.mark.parametrize("name", ["megatron", "mlp", "splitk", "softmax_tiled", "matmul_mk"])
+def test_upstream_propagates_the_annotated_form_and_partitions_the_propagated_form(name):
+    prog, ann, mesh = _case(Path(f"examples/{name}.json"))
+    plan = search(prog, mesh, annotations=ann)
+    seeds = {**dict(plan.inputs), **ann}  # the inputs as apportion placed them: a partial
+    propagated = mlir_opt(annotated_mlir(prog, mesh, seeds),  # annotation upstream completes
+                          ["--pass-pipeline=builtin.module(func.func(sharding-propagation))"])
+    assert propagated.count("shard.shard ") > len(seeds)
+    partitioned = mlir_opt(propagated_mlir(plan),
+                           ["--pass-pipeline=builtin.module(func.func(shard-partition))"])
+    assert "shard.shard " not in partitioned  # every annotation turned into per-shard code
