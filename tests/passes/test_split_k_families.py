@@ -91,6 +91,16 @@ def test_the_gpu_factor_is_not_clamped_to_the_cores_and_each_core_runs_several_s
     assert runs(planned, "reference", "torch")
 
 
+def test_2000_slices_run_on_250_of_304_cores_eight_each():
+    # 4 x 4 outputs, K = 64000: tiles of 32 (the smallest divisor from 64000 / 2048), 2000
+    # slices, divided over the largest divisor of 2000 within the 304 compute units
+    planned = ap.plan(matmul(4, 64000, 4), ap.targets.gpu())
+    partial = planned.op("mm.partial")
+    assert partial.split_k == SplitK(("k",), 2000, "gpu")
+    assert partial.split_map["k_slice"] == 250 and partial.cores == 250
+    assert runs(planned, "reference", "torch")
+
+
 def test_irees_2000_partitions_are_planned_over_250_of_304_cores():
     # the shape (too large to run here): IREE's 2000 partitions, not the 304 cores
     planned = ap.plan(matmul(128, 16_800_000, 134, "float16"), ap.targets.gpu())
