@@ -247,7 +247,7 @@ def check_table(rows: Sequence[ShapeCheck], title: str, error_goal: float) -> Ta
     for r in rows:
         note = []
         if r.single:
-            note.append("1 split measured: untested")
+            note.append("only split measured")
         if r.tied:
             note.append(f"{r.tied} tied, ranked ahead")
         if r.missed(error_goal):
