@@ -23,7 +23,7 @@ from apportion.passes.geometry import OpContext, PlanCache, contexts, group_time
 from apportion.passes.group_distribution import group_distribution
 from apportion.passes.layouts import Layouts, layouts, op_layout
 from apportion.passes.relayout import relayout
-from apportion.passes.scratchpad import scratchpad
+from apportion.passes.scratchpad import follow_pins, scratchpad
 from apportion.passes.span_reduction import span_reduction
 from apportion.passes.span_tiling import REASON, span_tiling
 from apportion.passes.split_k import SplitKDecisions, partials, with_split_k
@@ -180,6 +180,12 @@ def _plan(program: Program, target: Target, strategy: Strategy, debug: Stage | N
     if baseline is not None:
         splits = group_distribution(ctxs, tiling, bufs, spans, splits, cache, baseline)
         dump("group_distribution", splits)
+    # 8b. follow_pins: ops next to pinned ones cut like them where that keeps the tensors
+    #     between on chip (a softmax pinned by the user with the matmuls around it)
+    followed = follow_pins(ctxs, tiling, splits)
+    if followed is not splits:
+        splits = followed
+        dump("follow_pins", splits)
     op_plans = {n: replace(cache.op_plan(ctx, spans.of(n), splits[n], loops.get(n)),
                            split_k=_reported(n, decisions, asked)) for n, ctx in ctxs.items()}
     # 9. scratchpad: the scratchpad plan of every loop group, every tensor's buffers
