@@ -356,14 +356,16 @@ def _read(blk: Block, acc: Access, t: TensorType, value: str, dims: Sequence[str
     e_t = elt(t.dtype)
     shape = list(t.shape)
     index = list(acc.index)
-    if all(e.single_dim is not None for e in index):
+    if all(e.single_dim is not None and shape[j] == sizes[e.single_dim]
+           for j, e in enumerate(index)):
         return value, tensor_type(shape, e_t), e_t, affine_map(dims, acc)
-    # one dim scaled or shifted (``x[t + 1]``, ``x[2*i]``), or a literal (a size-1 dim read
-    # at 0): the range or element it reads, cut out first
+    # one dim scaled or shifted (``x[t + 1]``, ``x[2*i]``) or reading a prefix, or a literal
+    # other than a size-1 dim's 0: the range or element it reads, cut out first
     offs, size, strides = [0] * len(shape), list(shape), [1] * len(shape)
     cut = False
     for j, e in enumerate(index):
-        if len(e.terms) == 1 and e.single_dim is None:
+        if len(e.terms) == 1 and (e.single_dim is None or shape[j] != sizes[e.terms[0][0]]):
+            # a part of the dim: linalg takes a loop's range from a dim it indexes alone
             (d, c), = e.terms
             offs[j], size[j], strides[j] = e.const, sizes[d], c
             index[j] = AffineExpr.dim(d)

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError, PlanningError
 from apportion.frontend.random_meshes import MeshCase, mesh_case, random_mesh_case
 from apportion.ir.kinds import Category
@@ -54,7 +55,7 @@ def _check(case: MeshCase) -> None:
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         xs = random_inputs(prog, 0)
-        outs = run_function(text, prog.name, [xs[n] for n in prog.inputs],
+        outs = run_function(text, symbol_name(prog.name), [xs[n] for n in prog.inputs],
                             [(prog.tensor(n).shape, prog.tensor(n).dtype)
                              for n in prog.outputs],
                             [prog.tensor(n).dtype for n in prog.inputs])
