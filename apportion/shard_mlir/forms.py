@@ -319,7 +319,7 @@ class _Spmd:
                             "MLIR 22's shard collectives do not say; the unrolled form "
                             "(--shard-form unrolled) moves it by its boxes")
         if step.kind != "all_reduce" and any(
-                len({b[i] for b in boxes}) > 1 or len(set(self._lens(tensor, boxes, i))) > 1
+                len(set(self._lens(tensor, boxes, i))) > 1
                 for i in {step.dim, step.to_dim} - {None}
                 for boxes in (self._boxes(tensor, step.src), self._boxes(tensor, step.dst))):
             self._uneven(tensor, src, result, step)
