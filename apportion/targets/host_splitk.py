@@ -62,7 +62,7 @@ MAX_FLOP = 2e9
 #: untimed calls of each factor, then at least this many timed rounds
 WARMUP, REPEATS = 2, 15
 #: more rounds while a shape's rounds took under this many seconds, up to MAX_ROUNDS
-BUDGET_S, MAX_ROUNDS = 1.5, 200
+BUDGET_S, MAX_ROUNDS = 3.0, 300
 #: after FIRST_ROUNDS rounds, factors over DROP times the fastest's least time stop (the first
 #: calls are no guide: a cold call can take twenty times a warm one)
 FIRST_ROUNDS, DROP = 2, 2.0
