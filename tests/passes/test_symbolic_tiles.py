@@ -136,3 +136,11 @@ def test_any_run_size_the_count_divides_runs_exactly(count, rows_, cores, fn):
                    tiling=[{"ops": ["add", "e"], "loops": [{"count": count, "dims": ["m"]}]}])
     p = ap.plan(prog, spyre(cores=cores))
     runs(p, S=max(8, rows_ * count) // count * count)
+
+
+def test_the_torch_executor_runs_symbolic_tiles_too():
+    pytest.importorskip("torch")
+    p = ap.plan(rows([{"count": 4, "dims": ["m"]}]), spyre(cores=8))
+    for s in (2048, 260):
+        checks = p.check(params={"S": s}, backend="torch")
+        assert all(c.ok for c in checks), checks
