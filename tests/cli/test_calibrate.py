@@ -198,6 +198,12 @@ def test_bench_costmodel_times_cpu_programs(tmp_path, capsys):
     assert main(["bench", "costmodel", "--target", "cpu", "--cores", "2", "--limit", "2",
                  "--json", str(out)]) == 0
     assert "geometric mean of predicted/measured" in capsys.readouterr().out
-    rows = json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    rows = [r for r in doc if "program" in r]
     assert [r["program"] for r in rows] == ["matmul_512x1024x1024", "matmul_256x2048x512"]
+    # the packaged every-split timings: each kernel's 2-core splits tie under the preset, and
+    # the ties count against it
+    shapes = [r for r in doc if "balanced_split" in r]
+    assert len(shapes) == 13 and all(r["tied"] >= 1 and r["rank"] > 1 for r in shapes)
+    assert len([r for r in doc if "loo_us" in r]) == 13
     assert all(r["measured_us"] > 0 and r["predicted_us"] > 0 for r in rows)
