@@ -82,10 +82,11 @@ def spyre(cores: int | None = None, environ: dict[str, str] | None = None) -> Ta
 # float32 kernels compute in float64. No record is bound by one core's port, so core_bandwidth
 # only has to stay above where it would bind; compute and memory do not overlap (overlap 1:
 # their sum). The terms that tell splits of one core count apart (core_sync_us, core_scaling,
-# stick_split_us_per_byte, ring_us_per_element) are left neutral: the every-split timings in
-# ``frontend/data/cpu_measurements.json`` (every split of 13 kernels on 2 cores, taken on a
-# machine busy with other work) fit them, but their fastest split changes from run to run
-# there; ``apportion calibrate --measure -o cpu.toml`` on a quiet host fits them for it.
+# stick_split_us_per_byte, ring_us_per_element) are left neutral here, so the 2-core splits of
+# a kernel tie: ``frontend/data/cpu_measurements.json`` holds every split of 13 kernels timed
+# on a quiet 2-core host (AMD EPYC; the fastest split of each the same in two runs), whose fit
+# (``apportion calibrate --measure -o cpu.toml``, a target file) ranks every measured best
+# first; the preset keeps the figures every cpu plan has been made with.
 CPU_COST = {
     "mac_rate": 1.28e4, "sfp_rate": 122.0, "reduce_rate": 1.4e3,
     "mem_bandwidth": 7.02e9, "core_bandwidth": 7.76e9, "overlap": 1.0,
