@@ -113,11 +113,11 @@ from typing import Any, Protocol
 import numpy as np
 
 from apportion.backends.torch.kernels import (
-    DIRECT,
     ROUNDED_ONCE,
     SCANS,
     WHOLE,
     XP,
+    direct,
     kernel,
     reduce,
     require_torch,
@@ -277,8 +277,13 @@ class _Lattice:
     write: View
     whole: bool = False
     gemm: _Gemm | None = None
-    #: each read as (tensor, sizes, strides, offset, the dtype it converts to or None)
-    operands: tuple[tuple[str, tuple[int, ...], tuple[int, ...], int, Any], ...] = ()
+    #: each read as (tensor, sizes, strides, offset, the dtype it converts to or None, and
+    #: whether the view is row-major from the tensor's first element: then a stored tensor
+    #: already of those sizes is the view itself, the result of a step split alike; and
+    #: whether the tensor holds one element: it is cast before it is broadcast, so that the
+    #: cast converts one number and the kernel sees a scalar operand, not a copy per box)
+    operands: tuple[tuple[str, tuple[int, ...], tuple[int, ...], int, Any, bool, bool], ...
+                    ] = ()
 
 
 @dataclass(frozen=True)
@@ -337,9 +342,13 @@ class _Step:
         lat = self.lattices[0]
         if lat.whole and self.mode == "elementwise":  # the most common step, in one place
             xs = []
-            for name, size, stride, offset, cast in lat.operands:
-                t = env[name]
-                x = t.as_strided(size, stride, t.storage_offset() + offset)
+            for name, size, stride, offset, cast, plain, one in lat.operands:
+                t = env[name]  # contiguous, as every stored tensor
+                if one and cast is not None:
+                    t = t.to(cast)
+                    cast = None
+                x = t if plain and t.shape == size else \
+                    t.as_strided(size, stride, t.storage_offset() + offset)
                 xs.append(x if cast is None else x.to(cast))
             value = self.fn(*xs)  # type: ignore[misc]
             if value.dtype != self.out_torch:
@@ -491,8 +500,9 @@ def _compute_dtype(dtypes: Sequence[str], kind: OpKind, out_dtype: str) -> Any:
 def _elementwise(op: Op) -> Callable[..., Any]:
     kind = op.kind
     attrs = kind.numeric_attrs(dict(op.attrs))
-    if kind.name in DIRECT and not attrs:
-        return getattr(torch, DIRECT[kind.name])
+    fast = direct(kind.name)
+    if fast is not None and not attrs:
+        return fast
     fused = kernel(kind).fn
     if fused is not None:
         return functools.partial(fused, **attrs) if attrs else fused
@@ -729,7 +739,9 @@ def _sub_lattice(step: _Step, members: Sequence[int], where: Sequence[Position],
     reads, write = tuple(moved[:-1]), moved[-1]
     gemm = _gemm_of(step, shape, reads, write) if step.mode == "mm" else None
     whole = _is_whole(write if gemm is None else gemm.write, step.out_shape)
-    operands = tuple((n, *v, c) for n, v, c in zip(step.reads, reads, step.casts, strict=True))
+    operands = tuple((n, *v, c, _is_whole(v, v[0]), math.prod(shape) == 1)
+                     for n, v, c, shape in zip(step.reads, reads, step.casts, step.in_shapes,
+                                               strict=True))
     return _Lattice(first, shape, reads, write, whole, gemm, operands)
 
 
@@ -968,8 +980,8 @@ class TorchExecutor:
                 raise ExecutionError(f"input {name!r} has shape {tuple(value.shape)}, expected "
                                      f"{shape}")
             if isinstance(value, torch.Tensor) and value.dtype == dtype and \
-                    value.is_contiguous() and not value.requires_grad:
-                env[name] = value  # stored as the executor stores it: read as it is
+                    value.is_contiguous():  # stored as the executor stores it: read as it is
+                env[name] = value.detach() if value.requires_grad else value
             else:
                 env[name] = to_torch_storage(value, program.tensor(name).dtype)
         return env
@@ -981,9 +993,16 @@ class TorchExecutor:
         loop counts (plans with loop groups only)."""
         steps = self.schedule(params)
         env = self.bind(inputs)
+        batched = self.batched
         with _intra_op_threads(1), torch.no_grad():
             for step in steps:
-                env[step.out] = self._run_step(step, env)
+                if step.lattices and batched and self._pool_for(step) is None:
+                    try:  # the common step, without _run_step's dispatch
+                        env[step.out] = step.all_boxes(env)
+                    except RuntimeError as e:  # a torch kernel refused (shapes, dtypes, bounds)
+                        raise ExecutionError(f"op {step.op.name!r}: torch failed: {e}") from None
+                else:
+                    env[step.out] = self._run_step(step, env)
                 for name in step.free:
                     env.pop(name, None)
         outs = {}
@@ -1013,8 +1032,10 @@ class TorchExecutor:
         return self._steps[key]
 
     def _pool_for(self, step: _Step) -> ThreadPoolExecutor | None:
+        if self.threads == 1:
+            return None
         boxes = len(step.boxes)
-        if self.threads == 1 or boxes == 1 or step.op.points < self.grain * boxes:
+        if boxes == 1 or step.op.points < self.grain * boxes:
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=self.threads,

@@ -69,18 +69,39 @@ FUSED: dict[str, Callable[..., Any]] = {
 }
 
 
+def _pow(a: Any, b: Any) -> Any:
+    """``a ** b``; an exponent that is one number (a view repeating one element: a scalar
+    operand) is passed as a number, so that torch takes its power of a scalar (x * x * x for
+    3: the float64 power within an ulp, against a general power per element)."""
+    if b.numel() and not any(b.stride()) and b.is_floating_point():
+        return torch.pow(a, float(b.as_strided((), ())))
+    return torch.pow(a, b)
+
+
 #: kinds whose registry formula is one torch function once condition operands are bools (the
 #: executor reads them as bools): that function, called directly (the same kernel, without the
 #: formula's Python around it; ``logical_and(a != 0, b != 0)`` is ``logical_and(a, b)``)
 DIRECT: dict[str, str] = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "maximum",
-    "min": "minimum", "pow": "pow", "floor_div": "floor_divide", "remainder": "remainder",
+    "min": "minimum", "floor_div": "floor_divide", "remainder": "remainder",
     "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
     "logical_and": "logical_and", "logical_or": "logical_or", "logical_not": "logical_not",
     "where": "where", "neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt",
     "tanh": "tanh", "square": "square", "reciprocal": "reciprocal", "sin": "sin", "cos": "cos",
     "erf": "erf", "sign": "sign",
 }
+
+
+def direct(name: str) -> Callable[..., Any] | None:
+    """The torch function that computes pointwise kind ``name`` directly (``DIRECT``, and
+    ``pow``'s ``_pow``), or None.
+
+    >>> direct("add") is torch.add, direct("silu")
+    (True, None)
+    """
+    if name == "pow":
+        return _pow
+    return getattr(torch, DIRECT[name]) if name in DIRECT else None
 
 
 # --- reductions --------------------------------------------------------------------------------

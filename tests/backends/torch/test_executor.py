@@ -176,6 +176,45 @@ def test_float64_and_int64_scans_run_in_torch_with_the_references_numbers():
     check(planned, 1)
 
 
+def test_a_power_by_a_scalar_operand_takes_torchs_scalar_power_and_matches_the_reference(
+        monkeypatch):
+    """pow(x, s) with s a one-element tensor (GPT-2's gelu: x ** 3): the exponent is cast
+    once and passed as a number (torch's x * x * x), not a power per element; the numbers
+    stay within the float32 tolerance of the reference's."""
+    from apportion.backends.torch import kernels
+
+    p = program({"x": ([16, 512], "float32"), "s": ([], "float32")},
+                [{"name": "p", "op": "pow", "out": "y[i,j]", "ins": ["x[i,j]", "s[]"]}], ["y"])
+    planned = ap.plan(p, ap.targets.spyre(cores=8))
+    xs = random_inputs(p, 1)
+    xs["s"] = np.asarray(3.0, dtype=np.float32)
+    seen = []
+    real = torch.pow
+
+    def spy(a, b):
+        seen.append(type(b))
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "pow", spy)
+    got = numpy_outputs(run_torch(planned, xs))
+    monkeypatch.undo()
+    assert seen and all(t is float for t in seen), seen
+    assert all(c.ok for c in compare(run_unplanned(p, xs), got, p))
+    x = torch.randn(64, dtype=torch.float64)
+    three = torch.tensor(3.0, dtype=torch.float64).expand(64)
+    assert torch.equal(kernels.direct("pow")(x, three), x * x * x)
+
+
+def test_inputs_that_need_gradients_are_read_detached():
+    planned = ap.plan(ap.load(ROOT / "examples/mlp.json"), ap.targets.spyre(cores=8))
+    xs = {n: to_torch_storage(x, planned.program.tensor(n).dtype)
+          for n, x in random_inputs(planned.program).items()}
+    with_grad = {n: (x.float().requires_grad_().to(x.dtype) if x.is_floating_point() else x)
+                 for n, x in xs.items()}
+    a, b = run_torch(planned, xs), run_torch(planned, with_grad)
+    assert all(torch.equal(a[n], b[n]) and not b[n].requires_grad for n in a)
+
+
 def test_fill_conv_pooling_topk_and_relayout():
     """A constant over cores, 1-d and strided 2-d convolutions (windows read through index
     sums: overlapping strided views), max and average pooling, top-k on one core, and the
