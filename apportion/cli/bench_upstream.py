@@ -1,0 +1,172 @@
+"""`apportion bench upstream`: upstream MLIR 22 as a second opinion on apportion's sharding.
+
+For every example program (its annotations, on a mesh of 2 devices per axis they name; ``tp=2``
+where there are none) and ``--n`` random mesh cases (``frontend.random_meshes.mesh_case``, seeds
+0..N-1, default ``DEFAULT_N``):
+
+* propagation: upstream's ``--sharding-propagation`` on the annotated form against apportion's
+  ``propagate`` from the same annotations, tensor by tensor (``shard_mlir.upstream_check``);
+* partitioning: upstream's ``--shard-partition`` on the fully annotated form of apportion's
+  plan (the case's chooser: propagation or the search) against the plan's collectives.
+
+Each case agrees, differs (the kinds of differences named) or is refused by upstream (the op
+and reason named). No goal: the table reports; a refusal or difference is not a wrong result
+(apportion's plans are checked by execution elsewhere: ``bench conformance``).
+
+>>> [c.name for c in example_cases()][:1]
+['attention']
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from apportion.cli.bench_harness import Outcome, Suite
+from apportion.errors import ApportionError
+from apportion.frontend.random_meshes import mesh_case
+from apportion.ir.program import Program
+from apportion.runtime.upstream_mlir import MISSING, available
+from apportion.shard_mlir.upstream_check import (
+    PartitionReport,
+    PropagationReport,
+    compare_partition,
+    compare_propagation,
+    rates,
+    refusal_class,
+)
+from apportion.sharding.mesh import Mesh, parse
+from apportion.sharding.propagate import propagate
+from apportion.sharding.search import search
+from apportion.sharding.spec import Sharding, load
+
+#: random mesh cases when --n is not given
+DEFAULT_N = 20
+#: the example programs' folder (the repository's)
+EXAMPLES = Path("examples")
+
+
+@dataclass(frozen=True)
+class Case:
+    """One program to compare: its name, the mesh, the annotations, how apportion chooses the
+    partitioned plan, and the sizes a symbolic mesh axis is bound to."""
+
+    name: str
+    program: Program
+    mesh: Mesh
+    annotations: Mapping[str, Sharding]
+    chooser: str = "propagate"
+    sizes: Mapping[str, int] | None = None
+
+
+def example_cases() -> list[Case]:
+    """Every example with its annotations on 2 devices per axis they name (``tp=2`` if none),
+    run-time sizes bound at 256."""
+    out = []
+    for path in sorted(EXAMPLES.glob("*.json")):
+        prog, ann = load(path)
+        if prog.symbols:
+            prog = prog.bind({s.name: 256 for s in prog.symbols})
+        axes = sorted({a for s in ann.values() for a in s.axes}) or ["tp"]
+        out.append(Case(path.stem, prog, parse(",".join(f"{a}=2" for a in axes)), ann))
+    return out
+
+
+def random_cases(n: int) -> list[Case]:
+    """Random mesh cases 0..n-1."""
+    out = []
+    for seed in range(n):
+        c = mesh_case(seed)
+        ann = {k: Sharding(v) for k, v in c.shardings.items()}
+        out.append(Case(f"random {seed} ({c.family})", c.program, parse(c.mesh), ann,
+                        c.chooser, dict(c.sizes) or None))
+    return out
+
+
+def compare(case: Case) -> tuple[PropagationReport, PartitionReport | None, str]:
+    """Both comparisons of one case; the partition one is None (with the reason) where
+    apportion refuses to plan the case."""
+    try:
+        prop = propagate(case.program, case.mesh, annotations=case.annotations)
+        plan = prop if case.chooser == "propagate" else \
+            search(case.program, case.mesh, annotations=case.annotations, time_limit=10)
+        bound = plan.bind(dict(case.sizes) if case.sizes else None)
+    except ApportionError as e:
+        return PropagationReport(case.program.name, case.mesh.spec(), (), str(e)), None, str(e)
+    return compare_propagation(case.program, case.mesh, case.annotations, prop), \
+        compare_partition(bound), ""
+
+
+def _what(report: PropagationReport | PartitionReport | None) -> str:
+    if report is None:
+        return "-"
+    if report.verdict == "refused":
+        return f"refused: {refusal_class(report.refused)}"
+    if report.verdict == "agree":
+        return "agree"
+    return "differ: " + ", ".join(f"{k} x{n}" for k, n in sorted(report.kinds.items()))
+
+
+def run(args: argparse.Namespace, console: Console) -> Outcome:
+    """The suite: every case compared, one table of cases and one of rates."""
+    if not available():
+        from apportion.cli.usage import UsageError
+
+        raise UsageError(MISSING)
+    cases = example_cases()
+    if args.limit is not None:
+        cases = cases[:args.limit]
+    cases += random_cases(args.n if args.n is not None else DEFAULT_N)
+    table = Table(title="upstream MLIR 22 against apportion: propagation and partitioning")
+    for col in ("case", "mesh", "propagation", "partition"):
+        table.add_column(col, overflow="fold")
+    doc = []
+    groups: dict[str, dict[str, list]] = {"examples": {"prop": [], "part": []},
+                                         "random": {"prop": [], "part": []}}
+    kinds: Counter[str] = Counter()
+    for case in cases:
+        prop, part, refused = compare(case)
+        group = groups["random" if case.name.startswith("random") else "examples"]
+        if refused:
+            table.add_row(case.name, case.mesh.spec(), f"apportion refused: {refused[:80]}", "-")
+            continue
+        group["prop"].append(prop)
+        if part is not None:
+            group["part"].append(part)
+        for r, side in ((prop, "propagation"), (part, "partition")):
+            if r is not None and r.verdict == "differ":
+                for k, n in r.kinds.items():
+                    kinds[f"{side}: {k}"] += n
+            if r is not None and r.verdict == "refused":
+                kinds[f"{side} refused: {refusal_class(r.refused)}"] += 1
+        table.add_row(case.name, case.mesh.spec(), _what(prop), _what(part))
+        doc.append({"case": case.name, "mesh": case.mesh.spec(), "propagation": _what(prop),
+                    "partition": _what(part)})
+    console.print(table)
+    summary = Table(title="agreement rates")
+    for col in ("cases", "comparison", "agree", "differ", "upstream refused", "agreement"):
+        summary.add_column(col)
+    for name, g in groups.items():
+        for side, key in (("propagation", "prop"), ("partition", "part")):
+            r = rates(g[key])
+            compared = r["agree"] + r["differ"]
+            summary.add_row(name, side, str(r["agree"]), str(r["differ"]), str(r["refused"]),
+                            f"{r['agree'] / compared:.0%} of {compared}" if compared else "-")
+    console.print(summary)
+    why = Table(title="kinds of differences and refusals (tensors or collectives)")
+    why.add_column("kind", overflow="fold")
+    why.add_column("count")
+    for k, n in kinds.most_common():
+        why.add_row(k, str(n))
+    console.print(why)
+    return Outcome({"cases": doc, "kinds": dict(kinds)}, [])
+
+
+SUITE = Suite("upstream", frozenset({"n"}),
+              "upstream MLIR's propagation and partitioning against apportion's", run)
