@@ -532,7 +532,7 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
 
 #: the bench suites, by name: each module's ``SUITE`` (``cli/bench_harness.py``)
 BENCH_SUITES = ("workdiv", "tiling", "costmodel", "scale", "splitk", "e2e", "sharding",
-                "conformance", "fullsize", "forall")
+                "conformance", "fullsize", "forall", "upstream")
 
 
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
@@ -709,7 +709,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "forall: timed rounds (default 5)")
     b.add_argument("--n", type=_int_at_least(1), default=None,
                    help="conformance: random programs to run (seeds 0..N-1; default 100), on "
-                        "one device and sharded over a random mesh")
+                        "one device and sharded over a random mesh; upstream: random mesh "
+                        "cases (default 20)")
     b.add_argument("--dtensor", type=_int_at_least(0), default=None,
                    help="conformance: sharded plans the dtensor backend runs, the first N the "
                         "reference runs exactly (default 2; one process per device each)")
