@@ -102,6 +102,12 @@ def test_the_goals_are_met_by_a_pick_near_the_fastest_and_missed_otherwise():
     assert not slower.met and "split 2 12.00 ms, no split 10.00 ms" in slower.figure
 
 
+def test_a_split_within_the_tie_tolerance_of_no_split_is_no_slower():
+    tie = bench_splitk.verdict(shape({1: 10.0, 2: 10.4}), lambda m, n, k: 2)
+    slower = bench_splitk.verdict(shape({1: 10.0, 2: 10.6}), lambda m, n, k: 2)
+    assert bench_splitk.goals([tie])[1].met and not bench_splitk.goals([slower])[1].met
+
+
 def test_an_unmeasured_pick_misses_the_goal():
     v = bench_splitk.verdict(shape({1: 10.0, 2: 6.0}), lambda m, n, k: 8)
     assert v.ratio is None
