@@ -359,6 +359,26 @@ class _Step:
             out = torch.empty(self.out_shape, dtype=self.out_torch)
             self.write(out, lat.write, value)
             return out
+        if lat.whole and self.mode == "reduce" and self.axes and \
+                self.op.kind.reducer.name in ("sum", "mean"):  # type: ignore[union-attr]
+            # a sum or mean (a norm's): summed in its compute dtype by torch.sum itself (the
+            # same sum of the same widened numbers, without a widened copy of the input)
+            name, size, stride, offset, cast, plain, _ = lat.operands[0]
+            t = env[name]
+            x = t if plain and t.shape == size else \
+                t.as_strided(size, stride, t.storage_offset() + offset)
+            box = (*lat.shape, *self.box_shapes[lat.box])
+            if x.shape != box:  # a dim the input does not read: summed over all the same
+                x = x.expand(box)
+            nl = len(lat.shape)
+            part = torch.sum(x, dim=tuple(a + nl for a in self.axes),
+                             dtype=self.compute if cast is not None else None)
+            value = self.stored(self.finished(part))
+            if value.shape == lat.write[0] and value.is_contiguous() and not value._is_view():
+                return value
+            out = torch.empty(self.out_shape, dtype=self.out_torch)
+            self.write(out, lat.write, value)
+            return out
         if lat.whole:
             return self._lattice(env, lat, None)
         out = torch.empty(self.out_shape, dtype=self.out_torch)

@@ -148,7 +148,8 @@ def reduce(reducer: Reducer, x: Any, axes: tuple[int, ...], starts: Sequence[int
     if name == "prod":
         return torch.prod(_flat(x, axes), dim=-1)
     if name == "any":
-        return torch.any(_flat(x, axes) != 0, dim=-1)
+        flat = _flat(x, axes)
+        return torch.any(flat if flat.dtype == torch.bool else flat != 0, dim=-1)
     raise ExecutionError(f"reducer {name!r} has no partial in the torch backend")
 
 
