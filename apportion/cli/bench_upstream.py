@@ -10,8 +10,10 @@ where there are none) and ``--n`` random mesh cases (``frontend.random_meshes.me
   plan (the case's chooser: propagation or the search) against the plan's collectives.
 
 Each case agrees, differs (the kinds of differences named) or is refused by upstream (the op
-and reason named). No goal: the table reports; a refusal or difference is not a wrong result
-(apportion's plans are checked by execution elsewhere: ``bench conformance``).
+and reason named). Where propagation differs, both choices are run: apportion's plan and one
+pinned to upstream's shardings (``upstream_choice``), each per device against the unplanned
+reference, with their predicted times. No goal: a difference is not a wrong result; a plan
+that runs wrong is (exit status 1).
 
 >>> [c.name for c in example_cases()][:1]
 ['attention']
@@ -40,11 +42,13 @@ from apportion.shard_mlir.upstream_check import (
     compare_propagation,
     rates,
     refusal_class,
+    upstream_choice,
 )
 from apportion.sharding.mesh import Mesh, parse
 from apportion.sharding.propagate import propagate
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding, load
+from apportion.sharding.unroll import unroll
 
 #: random mesh cases when --n is not given
 DEFAULT_N = 20
@@ -103,13 +107,31 @@ def compare(case: Case) -> tuple[PropagationReport, PartitionReport | None, str]
         compare_partition(bound), ""
 
 
+def both_run(case: Case, prop: PropagationReport) -> str:
+    """Where propagation differs: apportion's plan and one pinned to upstream's shardings
+    (``upstream_choice``) each run per device against the unplanned reference, and their
+    predicted times (``ok 10.1 / ok 28.1 us``: apportion's, then upstream's)."""
+    mine = propagate(case.program, case.mesh, annotations=case.annotations)
+    try:
+        theirs = upstream_choice(case.program, case.mesh, case.annotations, prop)
+    except ApportionError as e:
+        return f"upstream's choice refused by apportion: {str(e)[:60]}"
+    out = []
+    for plan in (mine, theirs):
+        bound = plan.bind(dict(case.sizes) if case.sizes else None)
+        ok = all(c.ok for c in unroll(bound).check())
+        out.append(f"{'ok' if ok else 'WRONG'} {plan.predicted_us:.1f}")
+    return " / ".join(out) + " us"
+
+
 def _what(report: PropagationReport | PartitionReport | None) -> str:
     if report is None:
         return "-"
     if report.verdict == "refused":
         return f"refused: {refusal_class(report.refused)}"
     if report.verdict == "agree":
-        return "agree"
+        slices = isinstance(report, PartitionReport) and report.slices_differ
+        return "agree (local slices differ)" if slices else "agree"
     return "differ: " + ", ".join(f"{k} x{n}" for k, n in sorted(report.kinds.items()))
 
 
@@ -124,17 +146,20 @@ def run(args: argparse.Namespace, console: Console) -> Outcome:
         cases = cases[:args.limit]
     cases += random_cases(args.n if args.n is not None else DEFAULT_N)
     table = Table(title="upstream MLIR 22 against apportion: propagation and partitioning")
-    for col in ("case", "mesh", "propagation", "partition"):
+    for col in ("case", "mesh", "propagation", "where it differs: run, predicted us "
+                "(apportion / upstream)", "partition"):
         table.add_column(col, overflow="fold")
     doc = []
     groups: dict[str, dict[str, list]] = {"examples": {"prop": [], "part": []},
                                          "random": {"prop": [], "part": []}}
     kinds: Counter[str] = Counter()
+    failed = False
     for case in cases:
         prop, part, refused = compare(case)
         group = groups["random" if case.name.startswith("random") else "examples"]
         if refused:
-            table.add_row(case.name, case.mesh.spec(), f"apportion refused: {refused[:80]}", "-")
+            table.add_row(case.name, case.mesh.spec(), f"apportion refused: {refused[:80]}", "",
+                          "-")
             continue
         group["prop"].append(prop)
         if part is not None:
@@ -145,9 +170,11 @@ def run(args: argparse.Namespace, console: Console) -> Outcome:
                     kinds[f"{side}: {k}"] += n
             if r is not None and r.verdict == "refused":
                 kinds[f"{side} refused: {refusal_class(r.refused)}"] += 1
-        table.add_row(case.name, case.mesh.spec(), _what(prop), _what(part))
+        runs = both_run(case, prop) if prop.verdict == "differ" else ""
+        failed |= "WRONG" in runs
+        table.add_row(case.name, case.mesh.spec(), _what(prop), runs, _what(part))
         doc.append({"case": case.name, "mesh": case.mesh.spec(), "propagation": _what(prop),
-                    "partition": _what(part)})
+                    "runs": runs, "partition": _what(part)})
     console.print(table)
     summary = Table(title="agreement rates")
     for col in ("cases", "comparison", "agree", "differ", "upstream refused", "agreement"):
@@ -165,7 +192,7 @@ def run(args: argparse.Namespace, console: Console) -> Outcome:
     for k, n in kinds.most_common():
         why.add_row(k, str(n))
     console.print(why)
-    return Outcome({"cases": doc, "kinds": dict(kinds)}, [])
+    return Outcome({"cases": doc, "kinds": dict(kinds)}, [], failed)
 
 
 SUITE = Suite("upstream", frozenset({"n"}),

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 from apportion.errors import ApportionError, EmitError
 from apportion.ir.program import Program
-from apportion.runtime.upstream_mlir import require
+from apportion.runtime.upstream_mlir import tool
 from apportion.shard_mlir.body import Block, render_op
 from apportion.shard_mlir.forms import _annotate, annotated_mlir, propagated_mlir
 from apportion.sharding.mesh import Mesh
@@ -45,8 +45,8 @@ from apportion.sharding.propagate import propagate
 from apportion.sharding.spec import Sharding
 
 #: the pass pipelines run on the forms
-PROPAGATION = "func.func(sharding-propagation)"
-PARTITION = "func.func(shard-partition)"
+PROPAGATION = "sharding-propagation"
+PARTITION = "shard-partition"
 #: upstream's collective ops and apportion's names of its resharding step kinds
 COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_slice", "all_to_all")
 APPORTION_KIND = {"slice": "all_slice"}
@@ -161,9 +161,9 @@ def _moving(cs: Sequence[CollectiveUse]) -> Counter[CollectiveUse]:
 #: text order), runs the pipeline, and reports for each tagged op its result's sharding and
 #: its operands' (origin, for-users sharding), and every collective with its grid axes and dim
 _CHILD = r"""
-import json, sys
-from mlir import ir, passmanager
-text, names, pipeline = sys.stdin.read(), json.loads(sys.argv[1]), sys.argv[2]
+import json, subprocess, sys
+from mlir import ir
+text, names, pipeline, opt = sys.stdin.read(), json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 
 def axes_of(sharding_value):
     op = sharding_value.owner
@@ -198,8 +198,18 @@ with ir.Context() as ctx:
     defining = [o for o in body.operations if len(o.operation.results) > 0]
     for op, name in zip(defining, names):
         op.operation.attributes["apportion.ssa"] = ir.StringAttr.get(name)
-    # on the program's function only (the pass refuses a fallback's bodiless declaration)
-    passmanager.PassManager.parse(pipeline).run(body.owner.operation)
+    # the pass run by mlir-opt: it reports an error it does not fail on (an invalid sharding
+    # interface of one op) as an error, where the bindings abort on it; the private
+    # declaration of a fallback's function is left out of the pass (it has no body)
+    done = subprocess.run([opt, "--pass-pipeline=builtin.module(func.func(" + pipeline + "))",
+                           "-"], input=str(m), capture_output=True, text=True)
+    errors = [line for line in done.stderr.splitlines()
+              if "error:" in line and "only one block is supported" not in line]
+    if done.returncode < 0 and "Assertion" not in done.stderr:
+        sys.exit("it crashed (signal %d) %s" % (-done.returncode, done.stderr[:3000]))
+    if done.returncode != 0 or errors:
+        sys.exit(" ".join(errors) or done.stderr[:3000])
+    m = ir.Module.parse(done.stdout)
     body = main(m)
     out = {"values": {}, "args": [], "collectives": []}
 
@@ -242,10 +252,10 @@ print(json.dumps(out))
 
 def _run_upstream(text: str, pipeline: str) -> dict:
     """``pipeline`` run by upstream's bindings on ``text``, read back (see ``_CHILD``)."""
-    require()
     names = [m.group(1) for line in text.splitlines() if (m := _DEF.match(line))]
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(names), pipeline],
+        done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(names), pipeline,
+                               str(tool("mlir-opt"))],
                               input=text, capture_output=True, text=True, check=False,
                               timeout=300)
     except subprocess.TimeoutExpired:
@@ -256,7 +266,7 @@ def _run_upstream(text: str, pipeline: str) -> dict:
     if done.returncode != 0:
         notes = " ".join(line.strip() for line in done.stderr.splitlines()
                          if line.strip() and not line.startswith(("Traceback", "  File")))
-        raise EmitError(f"upstream {pipeline} refused the IR: {notes[-1500:]}")
+        raise EmitError(f"upstream {pipeline} refused the IR: {notes[:1500]}")
     return json.loads(done.stdout)
 
 
@@ -431,7 +441,8 @@ def refusal_class(text: str) -> str:
                                        if "ShardOp" in text else "in its pass")
     m = re.search(r"crashed \(signal \d+\)", text)
     if m:
-        return f"upstream {m.group(0)}"
+        where = re.search(r"#\d+ 0x[0-9a-f]+ (mlir::[\w:]+)", text)
+        return f"upstream {m.group(0)}" + (f" in {where.group(1)}" if where else "")
     m = re.search(r"'([\w.]+)' op ([^.:]+)", text)
     if m:
         return f"{m.group(1)}: {m.group(2).strip()[:70]}"
