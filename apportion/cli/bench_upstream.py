@@ -6,6 +6,8 @@ where there are none) and ``--n`` random mesh cases (``frontend.random_meshes.me
 
 * propagation: upstream's ``--sharding-propagation`` on the annotated form against apportion's
   ``propagate`` from the same annotations, tensor by tensor (``shard_mlir.upstream_check``);
+* the search: for a case the search plans, upstream's propagation against the search's plan
+  (where propagation agrees and the search does not, the search chose another strategy);
 * partitioning: upstream's ``--shard-partition`` on the fully annotated form of apportion's
   plan (the case's chooser: propagation or the search) against the plan's collectives.
 
@@ -38,6 +40,7 @@ from apportion.runtime.upstream_mlir import MISSING, available
 from apportion.shard_mlir.upstream_check import (
     PartitionReport,
     PropagationReport,
+    against,
     compare_partition,
     compare_propagation,
     rates,
@@ -107,6 +110,24 @@ def compare(case: Case) -> tuple[PropagationReport, PartitionReport | None, str]
         compare_partition(bound), ""
 
 
+def search_vs(case: Case, prop: PropagationReport) -> str:
+    """For a case the search plans: upstream's propagation against the search's plan on the
+    same annotations (``against``); a tensor where propagation agrees with upstream and the
+    search does not is the search choosing another strategy than propagation."""
+    if case.chooser != "search" or prop.verdict == "refused":
+        return ""
+    plan = search(case.program, case.mesh, annotations=case.annotations, time_limit=10)
+    r = against(prop, plan)
+    if r.verdict == "agree":
+        return "agree"
+    by = {t.tensor: t for t in prop.tensors}
+    moved = sum(1 for t in r.tensors if not t.agrees and by[t.tensor].agrees)
+    rest = r.kinds
+    parts = [f"search chose another strategy than propagation x{moved}"] if moved else []
+    parts += [f"{k} x{n}" for k, n in sorted(rest.items())] if not moved else []
+    return "differ: " + ", ".join(parts)
+
+
 def both_run(case: Case, prop: PropagationReport) -> str:
     """Where propagation differs: apportion's plan and one pinned to upstream's shardings
     (``upstream_choice``) each run per device against the unplanned reference, and their
@@ -147,7 +168,7 @@ def run(args: argparse.Namespace, console: Console) -> Outcome:
     cases += random_cases(args.n if args.n is not None else DEFAULT_N)
     table = Table(title="upstream MLIR 22 against apportion: propagation and partitioning")
     for col in ("case", "mesh", "propagation", "where it differs: run, predicted us "
-                "(apportion / upstream)", "partition"):
+                "(apportion / upstream)", "the search's plan", "partition"):
         table.add_column(col, overflow="fold")
     doc = []
     groups: dict[str, dict[str, list]] = {"examples": {"prop": [], "part": []},
@@ -159,7 +180,7 @@ def run(args: argparse.Namespace, console: Console) -> Outcome:
         group = groups["random" if case.name.startswith("random") else "examples"]
         if refused:
             table.add_row(case.name, case.mesh.spec(), f"apportion refused: {refused[:80]}", "",
-                          "-")
+                          "", "-")
             continue
         group["prop"].append(prop)
         if part is not None:
@@ -172,9 +193,12 @@ def run(args: argparse.Namespace, console: Console) -> Outcome:
                 kinds[f"{side} refused: {refusal_class(r.refused)}"] += 1
         runs = both_run(case, prop) if prop.verdict == "differ" else ""
         failed |= "WRONG" in runs
-        table.add_row(case.name, case.mesh.spec(), _what(prop), runs, _what(part))
+        searched = search_vs(case, prop)
+        if searched.startswith("differ: search"):
+            kinds["search: chose another strategy than propagation"] += 1
+        table.add_row(case.name, case.mesh.spec(), _what(prop), runs, searched, _what(part))
         doc.append({"case": case.name, "mesh": case.mesh.spec(), "propagation": _what(prop),
-                    "runs": runs, "partition": _what(part)})
+                    "runs": runs, "search": searched, "partition": _what(part)})
     console.print(table)
     summary = Table(title="agreement rates")
     for col in ("cases", "comparison", "agree", "differ", "upstream refused", "agreement"):

@@ -318,7 +318,7 @@ def _classify(mine: Sharding, theirs: tuple[tuple[str, ...], ...] | None) -> str
         if mine.partial:
             return PARTIAL_UNSAID
         return "agree" if not mine.axes else "upstream left unannotated"
-    ours = _trim(mine)
+    ours = _trim(mine.without_partial())
     if ours == theirs:
         return "agree"
     if mine.partial and set(mine.partial) & {a for d in theirs for a in d}:
@@ -348,24 +348,31 @@ def compare_propagation(program: Program, mesh: Mesh, annotations: Mapping[str, 
         seen = _run_upstream(text, PROPAGATION)
     except EmitError as e:
         return PropagationReport(program.name, mesh.spec(), (), str(e))
-    verdicts = []
-    placed = dict(plan.inputs)
+    upstream: dict[str, tuple[tuple[str, ...], ...] | None] = {}
     for k, name in enumerate(program.inputs):
-        rank = program.tensor(name).rank
-        theirs = _split_axes(seen["args"][k], mesh, rank)
-        verdicts.append(TensorVerdict(name, _trim(placed[name]), (), theirs,
-                                      _classify(placed[name], theirs)))
+        upstream[name] = _split_axes(seen["args"][k], mesh, program.tensor(name).rank)
     for op in program.ops:
-        st = plan.strategy(op.name).out
-        rank = program.tensor(op.out.tensor).rank
         value = seen["values"].get(made[op.name], {})
-        theirs = _split_axes(value.get("result"), mesh, rank)
-        mine = st
-        verdicts.append(TensorVerdict(op.out.tensor, _trim(mine.without_partial()),
-                                      tuple(mine.partial), theirs,
-                                      _classify(mine.without_partial(), theirs)
-                                      if not mine.partial else _classify(mine, theirs)))
-    return PropagationReport(program.name, mesh.spec(), tuple(verdicts))
+        upstream[op.out.tensor] = _split_axes(value.get("result"), mesh,
+                                              program.tensor(op.out.tensor).rank)
+    return against(PropagationReport(program.name, mesh.spec(), tuple(
+        TensorVerdict(n, (), (), u, "") for n, u in upstream.items())), plan)
+
+
+def against(report: PropagationReport, plan: ShardingPlan) -> PropagationReport:
+    """``report``'s upstream shardings compared with ``plan``'s (another chooser's, say the
+    search's, on the same annotations): every tensor as the plan makes it (an annotated one
+    as annotated)."""
+    if report.refused:
+        return report
+    made = plan.tensor_shardings
+    verdicts = []
+    for t in report.tensors:
+        mine = made[t.tensor]
+        verdicts.append(TensorVerdict(t.tensor, _trim(mine.without_partial()),
+                                      tuple(mine.partial), t.upstream,
+                                      _classify(mine, t.upstream)))
+    return PropagationReport(report.program, report.mesh, tuple(verdicts))
 
 
 def upstream_choice(program: Program, mesh: Mesh, annotations: Mapping[str, Sharding],
@@ -443,7 +450,7 @@ def refusal_class(text: str) -> str:
     if m:
         where = re.search(r"#\d+ 0x[0-9a-f]+ (mlir::[\w:]+)", text)
         return f"upstream {m.group(0)}" + (f" in {where.group(1)}" if where else "")
-    m = re.search(r"'([\w.]+)' op ([^.:]+)", text)
+    m = re.search(r"'([\w.]+)' op ([^.:<]+)", text)
     if m:
         return f"{m.group(1)}: {m.group(2).strip()[:70]}"
     return text.split(":")[0][:80]
