@@ -16,6 +16,7 @@ from apportion.shard_mlir.upstream_check import (
     CollectiveUse,
     PartitionReport,
     _split_axes,
+    against,
     compare_partition,
     compare_propagation,
     rates,
@@ -24,6 +25,7 @@ from apportion.shard_mlir.upstream_check import (
 )
 from apportion.sharding.mesh import parse
 from apportion.sharding.propagate import propagate
+from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding, load
 from apportion.sharding.unroll import unroll
 from tests.conformance.draws import HypothesisDraw, conformance
@@ -192,3 +194,31 @@ def test_every_random_case_agrees_differs_by_a_named_class_or_is_refused_and_bot
 
 def test_seeded_case_lookup_is_the_frontends():
     assert _case(3).program == mesh_case(3).program
+
+
+@needs_mlir
+def test_a_local_slice_apportion_plans_and_upstream_folds_into_the_op_is_no_difference():
+    # random case 7: both all_gather then all_reduce over dp; apportion cuts the gathered
+    # tensor with a slice step, upstream's partitioned generic reads its own rows directly
+    c = _case(7)
+    prop, part, _ = compare(c)
+    assert part is not None and part.verdict == "agree" and part.slices_differ
+    assert [str(x) for x in part.apportion] == ["all_gather[dp]@1", "all_slice[dp]@1",
+                                                "all_reduce[dp]"]
+    assert [str(x) for x in part.upstream] == ["all_gather[dp]@1", "all_reduce[dp]"]
+    assert _runs(propagate(c.program, c.mesh, annotations=c.annotations), c.sizes)
+
+
+@needs_mlir
+def test_where_the_search_chose_another_strategy_than_propagation_both_run():
+    # random case 29: upstream and apportion's propagation leave y whole; the search splits it
+    # over dp (predicted no slower: it minimises the predicted time)
+    c = _case(29)
+    prop, _, _ = compare(c)
+    assert prop.verdict == "agree"
+    plan = search(c.program, c.mesh, annotations=c.annotations, time_limit=10)
+    r = against(prop, plan)
+    assert [(t.tensor, t.apportion) for t in r.tensors if not t.agrees] == [("y", ((), ("dp",)))]
+    mine = propagate(c.program, c.mesh, annotations=c.annotations)
+    assert _runs(plan, c.sizes) and _runs(mine, c.sizes)
+    assert plan.predicted_us <= mine.predicted_us
