@@ -100,9 +100,60 @@ def lower_forall(text: str) -> str:
     try:
         module = ir.Module.parse(_MAPPING.sub(r"\1", text), ctx)
         passmanager.PassManager.parse(LOWERING, ctx).run(module.operation)
+        _tie_loop_shapes(ir, ctx, module)
+        module.operation.verify()
     except ir.MLIRError as e:
         raise ExecutionError(f"IREE backend: cannot lower scf.forall: {e}") from None
     return str(module)
+
+
+def _loops(op: Any) -> list[Any]:
+    """Every ``scf.for`` nested in ``op``, outer loops first."""
+    found = []
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                if inner.operation.name == "scf.for":
+                    found.append(inner.operation)
+                found.extend(_loops(inner.operation))
+    return found
+
+
+def _tie_loop_shapes(ir: Any, ctx: Any, module: Any) -> None:
+    """Tie each dynamically shaped tensor a ``scf.for`` carries (its block argument and its
+    result) to the sizes of its initial value with ``flow.tensor.tie_shape``. A loop keeps a
+    carried tensor's shape (the emitter only inserts slices into it), but IREE cannot see that
+    through nested loops (a loop group over a run-time size) and stops with "'tensor.dim' op
+    unexpected during shape cleanup"."""
+    with ctx, ir.Location.unknown(ctx):
+        index = ir.IndexType.get()
+        for loop in _loops(module.operation):
+            body = loop.regions[0].blocks[0]
+            carried = list(body.arguments)[1:]
+            inits = list(loop.operands)[3:]
+            siblings = list(loop.block.operations)
+            after = next(i for i, o in enumerate(siblings) if o.operation == loop) + 1
+            for n, (init, arg) in enumerate(zip(inits, carried, strict=True)):
+                if "tensor<" not in str(arg.type) or "?" not in str(arg.type):
+                    continue
+                shape = ir.RankedTensorType(arg.type)
+                dims = []
+                for d in range(shape.rank):
+                    if shape.is_dynamic_dim(d):
+                        c = ir.Operation.create("arith.constant", results=[index], attributes={
+                            "value": ir.IntegerAttr.get(index, d)}, ip=ir.InsertionPoint(loop))
+                        dims.append(ir.Operation.create(
+                            "tensor.dim", results=[index], operands=[init, c.result],
+                            ip=ir.InsertionPoint(loop)).result)
+                tied = ir.Operation.create("flow.tensor.tie_shape", results=[arg.type],
+                                           operands=[arg, *dims],
+                                           ip=ir.InsertionPoint(body.operations[0]))
+                arg.replace_all_uses_except(tied.result, tied)
+                result = loop.results[n]
+                tied_out = ir.Operation.create(
+                    "flow.tensor.tie_shape", results=[arg.type], operands=[result, *dims],
+                    ip=ir.InsertionPoint(siblings[after]))
+                result.replace_all_uses_except(tied_out.result, tied_out)
 
 
 def compiler_version() -> str:

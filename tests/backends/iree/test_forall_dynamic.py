@@ -285,3 +285,18 @@ def test_a_relayout_copy_of_a_run_time_size_is_sized_at_run_time(tmp_path):
     p = planned(TRANSPOSED, "spyre")
     assert "e.relayout0" in [o.name for o in p.ops]
     run_at(p, [{"T": 512}, {"T": 37}, {"T": 1}], tmp_path)
+
+
+def test_a_loop_group_over_a_run_time_size_compiles_once_and_runs_at_every_size(tmp_path):
+    # loops nested over a dynamically shaped carried tensor: IREE sees its shape only through
+    # the flow.tensor.tie_shape that lower_forall adds ("'tensor.dim' op unexpected" without)
+    doc = {"name": "dyn", "symbols": {"S": {"min": 256, "max": 2048}},
+           "tensors": {"x": {"shape": ["S", 1024], "dtype": "float16"},
+                       "b": {"shape": ["S", 1024], "dtype": "float16"}},
+           "inputs": ["x", "b"], "outputs": ["y"],
+           "ops": [{"name": "add", "op": "add", "out": "h[m,n]", "ins": ["x[m,n]", "b[m,n]"]},
+                   {"name": "e", "op": "exp", "out": "y[m,n]", "ins": ["h[m,n]"]}],
+           "tiling": [{"ops": ["add", "e"], "loops": [{"count": 4, "dims": ["m"]}]}]}
+    p = planned(doc, "spyre")
+    assert "flow.tensor.tie_shape" in iree.lower_forall(p.forall_mlir())
+    run_at(p, [{"S": 2048}, {"S": 1024}, {"S": 512}], tmp_path)
