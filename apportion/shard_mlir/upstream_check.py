@@ -2,19 +2,21 @@
 
 * ``compare_propagation(program, mesh, annotations)``: upstream's ``--sharding-propagation``
   runs on the annotated form (``annotated_mlir``); the sharding it completes for every tensor
-  (each input's, each op's result's) is compared with apportion's ``propagate`` from the same
-  annotations, tensor by tensor: the same split axes per dim. Upstream 22's ``shard.sharding``
-  has no partial axes (its partitioner reduces a split reduction at once), so a tensor
-  apportion keeps partial is compared by its split axes and the difference is classed
-  ``partial`` only where upstream splits where apportion waits.
+  (each input's, each op's result's, and each op's read of each operand: the sharding it
+  annotates the operand with for its users) is compared with apportion's ``propagate`` from
+  the same annotations, tensor by tensor: the same split axes per dim. Upstream 22's
+  ``shard.sharding`` has no partial axes (its partitioner reduces a split reduction at once):
+  a tensor apportion keeps partial is compared by its split axes, and where upstream leaves
+  it unannotated the difference is classed ``PARTIAL_UNSAID``.
 * ``compare_partition(plan)``: upstream's ``--shard-partition`` runs on apportion's fully
   annotated form (``propagated_mlir``); the collectives it inserts (kind, grid axes, dims) are
   compared with the collectives of apportion's plan (its transfers' communicating steps).
 
 Upstream's output is read with its own Python bindings in a child process (upstream's and
-IREE's bindings cannot load in one process): every op of the input gets a discardable
-``apportion.ssa`` attribute naming its SSA value before the pass runs, so the shardings the pass
-writes around it can be traced back to apportion's tensors.
+IREE's bindings cannot load in one process; the pass itself runs in ``mlir-opt``, which reports
+an error it does not fail on where the bindings abort): every op of the input gets a
+discardable ``apportion.ssa`` attribute naming its SSA value before the pass runs, so the
+shardings the pass writes around it can be traced back to apportion's tensors.
 
 >>> from apportion.sharding.spec import load
 >>> from apportion.sharding.mesh import parse
@@ -67,6 +69,11 @@ class TensorVerdict:
     partial: tuple[str, ...]
     upstream: tuple[tuple[str, ...], ...] | None
     kind: str  # "agree" or the class of the difference
+    reader: str = ""  # an op reading the tensor: the sharding it reads it in
+    pos: int = -1  # which of the reader's operands
+
+    def __str__(self) -> str:
+        return self.tensor + (f" read by {self.reader}" if self.reader else "")
 
     @property
     def agrees(self) -> bool:
@@ -289,28 +296,32 @@ def _trim(s: Sharding) -> tuple[tuple[str, ...], ...]:
 
 
 def _annotated_values(program: Program, mesh: Mesh, annotations: Mapping[str, Sharding]
-                      ) -> tuple[str, dict[str, str]]:
+                      ) -> tuple[str, dict[str, str], dict[str, list[str]]]:
     """The annotated form's text and, per op, the SSA value its output is made as; the names
     are those ``annotated_mlir`` writes (its Block's naming is deterministic; checked)."""
     text = annotated_mlir(program, mesh, annotations)
     blk = Block()
     vals: dict[str, str] = {}
     made: dict[str, str] = {}
+    emitted: dict[str, list[str]] = {}
     for name in program.inputs:
         t = program.tensor(name)
         vals[name] = blk.fresh(f"arg_{name}")
         if name in annotations:
             vals[name] = _annotate(blk, vals[name], t, annotations[name], mesh)
     for op in program.ops:
+        before = len(blk.lines)
         out = render_op(blk, op, program.tensor_map, vals)
         made[op.name] = out
+        emitted[op.name] = [m.group(1) for line in blk.lines[before:]
+                            if (m := _DEF.match(line))]
         t = program.tensor(op.out.tensor)
         vals[t.name] = _annotate(blk, out, t, annotations[t.name], mesh) \
             if t.name in annotations else out
     if blk.text() not in text:  # the emitter changed its naming: say so, never guess
         raise EmitError(f"program {program.name}: the annotated form's SSA names are not the "
                         "ones upstream_check expects (shard_mlir.forms.annotated_mlir changed)")
-    return text, made
+    return text, made, emitted
 
 
 def _classify(mine: Sharding, theirs: tuple[tuple[str, ...], ...] | None) -> str:
@@ -344,7 +355,7 @@ def compare_propagation(program: Program, mesh: Mesh, annotations: Mapping[str, 
     """
     plan = plan if plan is not None else propagate(program, mesh, annotations=annotations)
     try:
-        text, made = _annotated_values(program, mesh, annotations)
+        text, made, emitted = _annotated_values(program, mesh, annotations)
         seen = _run_upstream(text, PROPAGATION)
     except EmitError as e:
         return PropagationReport(program.name, mesh.spec(), (), str(e))
@@ -355,8 +366,23 @@ def compare_propagation(program: Program, mesh: Mesh, annotations: Mapping[str, 
         value = seen["values"].get(made[op.name], {})
         upstream[op.out.tensor] = _split_axes(value.get("result"), mesh,
                                               program.tensor(op.out.tensor).rank)
-    return against(PropagationReport(program.name, mesh.spec(), tuple(
-        TensorVerdict(n, (), (), u, "") for n, u in upstream.items())), plan)
+    base = [TensorVerdict(n, (), (), u, "") for n, u in upstream.items()]
+    # each op's reads: the sharding upstream annotates an operand for its users with (none:
+    # read as the value is), found on the generic of the op that reads the operand's value
+    origin = {n: f"arg{k}" for k, n in enumerate(program.inputs)}
+    origin.update({op.out.tensor: made[op.name] for op in program.ops})
+    for op in program.ops:
+        for k, acc in enumerate(op.ins):
+            found = [r for tag in emitted[op.name]
+                     for r in seen["values"].get(tag, {}).get("reads", [])
+                     if r[0] == origin[acc.tensor]]
+            if not found:  # read through a slice cut out first: no annotated operand
+                continue
+            rank = program.tensor(acc.tensor).rank
+            theirs = _split_axes(found[0][1], mesh, rank) if found[0][1] is not None \
+                else upstream[acc.tensor]
+            base.append(TensorVerdict(acc.tensor, (), (), theirs, "", op.name, k))
+    return against(PropagationReport(program.name, mesh.spec(), tuple(base)), plan)
 
 
 def against(report: PropagationReport, plan: ShardingPlan) -> PropagationReport:
@@ -368,10 +394,10 @@ def against(report: PropagationReport, plan: ShardingPlan) -> PropagationReport:
     made = plan.tensor_shardings
     verdicts = []
     for t in report.tensors:
-        mine = made[t.tensor]
+        mine = plan.strategy(t.reader).ins[t.pos] if t.reader else made[t.tensor]
         verdicts.append(TensorVerdict(t.tensor, _trim(mine.without_partial()),
                                       tuple(mine.partial), t.upstream,
-                                      _classify(mine, t.upstream)))
+                                      _classify(mine, t.upstream), t.reader, t.pos))
     return PropagationReport(report.program, report.mesh, tuple(verdicts))
 
 
@@ -390,7 +416,7 @@ def upstream_choice(program: Program, mesh: Mesh, annotations: Mapping[str, Shar
     """
     pins = dict(annotations)
     for t in report.tensors:
-        if t.upstream is not None and t.tensor not in pins:
+        if t.upstream is not None and not t.reader and t.tensor not in pins:
             pins[t.tensor] = Sharding(t.upstream)
     return propagate(program, mesh, annotations=pins)
 

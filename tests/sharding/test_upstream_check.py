@@ -121,14 +121,18 @@ def test_where_upstream_splits_more_both_choices_run_and_apportions_is_predicted
 
 @needs_mlir
 def test_a_partial_left_open_by_upstream_gives_a_plan_that_runs_and_is_predicted_cheaper():
-    # random case 16: apportion's greedy forward propagation keeps t0 partial and pays two
-    # all_reduces and a reduce_scatter; with every other tensor pinned as upstream placed it
-    # and t0 left open (upstream cannot say partial), propagation finds 3 all_gathers instead:
-    # both right, the second predicted faster
+    # random case 16: apportion's greedy forward propagation keeps t0 partial, reads t1 split
+    # and pays two all_reduces and a reduce_scatter; upstream reads t1 whole, and with every
+    # other tensor pinned as upstream placed it and t0 left open (upstream cannot say
+    # partial), propagation finds 3 all_gathers instead: both right, the second predicted
+    # faster
     c = _case(16)
     mine = propagate(c.program, c.mesh, annotations=c.annotations)
     r = compare_propagation(c.program, c.mesh, c.annotations, mine)
-    assert dict(r.kinds) == {PARTIAL_UNSAID: 1}
+    assert dict(r.kinds) == {PARTIAL_UNSAID: 1, "upstream replicates": 1}
+    read = [t for t in r.tensors if not t.agrees and t.reader]
+    assert [(str(t), t.apportion, t.upstream) for t in read] == \
+        [("t1 read by o2", (("dp",), ()), ((), ()))]
     theirs = upstream_choice(c.program, c.mesh, c.annotations, r)
     assert _runs(mine, c.sizes) and _runs(theirs, c.sizes)
     assert theirs.predicted_us < mine.predicted_us
@@ -212,13 +216,14 @@ def test_a_local_slice_apportion_plans_and_upstream_folds_into_the_op_is_no_diff
 @needs_mlir
 def test_where_the_search_chose_another_strategy_than_propagation_both_run():
     # random case 29: upstream and apportion's propagation leave y whole; the search splits it
-    # over dp (predicted no slower: it minimises the predicted time)
+    # over dp, reading x split (predicted no slower: it minimises the predicted time)
     c = _case(29)
     prop, _, _ = compare(c)
     assert prop.verdict == "agree"
     plan = search(c.program, c.mesh, annotations=c.annotations, time_limit=10)
     r = against(prop, plan)
-    assert [(t.tensor, t.apportion) for t in r.tensors if not t.agrees] == [("y", ((), ("dp",)))]
+    assert [(str(t), t.apportion) for t in r.tensors if not t.agrees] == \
+        [("y", ((), ("dp",))), ("x read by op", (("dp",), ()))]
     mine = propagate(c.program, c.mesh, annotations=c.annotations)
     assert _runs(plan, c.sizes) and _runs(mine, c.sizes)
     assert plan.predicted_us <= mine.predicted_us
