@@ -227,3 +227,20 @@ def test_where_the_search_chose_another_strategy_than_propagation_both_run():
     mine = propagate(c.program, c.mesh, annotations=c.annotations)
     assert _runs(plan, c.sizes) and _runs(mine, c.sizes)
     assert plan.predicted_us <= mine.predicted_us
+
+
+@needs_mlir
+def test_where_apportion_reads_whole_what_upstream_reads_split_both_run():
+    # random case 1: in0 [-, dp] feeds an argmax (annotated whole) and a mean. apportion's
+    # greedy propagation gathers in0 for the argmax and reduces the mean's partials apart;
+    # upstream reads in0 split into the argmax. Pinned as upstream placed the tensors, one
+    # gather serves both: both plans right, upstream's predicted faster
+    c = _case(1)
+    mine = propagate(c.program, c.mesh, annotations=c.annotations)
+    r = compare_propagation(c.program, c.mesh, c.annotations, mine)
+    assert [(str(t), t.kind) for t in r.tensors if not t.agrees] == \
+        [("in0 read by o0", "apportion replicates")]
+    theirs = upstream_choice(c.program, c.mesh, c.annotations, r)
+    assert _runs(mine, c.sizes) and _runs(theirs, c.sizes)
+    assert mine.collectives_text() == "1 all_gather, 1 all_reduce"
+    assert theirs.collectives_text() == "1 all_gather"
