@@ -102,7 +102,9 @@ def mlir_opt(text: str, args: Sequence[str] = (), *, timeout_s: float = 120.0) -
                               text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         raise EmitError(f"upstream mlir-opt {' '.join(args)} ran past {timeout_s:g} s") from None
-    if done.returncode != 0:
+    # a pass may report an error and still exit 0 (upstream's sharding propagation on a map it
+    # cannot shard says "invalid sharding interface implementation"): an error is a refusal
+    if done.returncode != 0 or "error:" in done.stderr:
         notes = " ".join(line.strip() for line in done.stderr.splitlines() if line.strip())
         raise EmitError(f"upstream mlir-opt {' '.join(args)} refused the IR: {notes[:2000]}")
     return done.stdout
