@@ -37,9 +37,10 @@ SPYRE_COST = {
     # as (cohort / 8) ** 0.75
     "broadcast_cohort": 8.0, "broadcast_exponent": 0.75,
     # fitted (apportion calibrate on the shipped measurements): compute and memory overlap,
-    # leaving 0.8 of the shorter one exposed (the non-batched kernels' fit; with the batched
-    # ones too the fit moves to 0.91 for an RMS log error of 0.176 instead of 0.180, within
-    # the data's scatter, and would move non-batched plans: kept)
+    # leaving 0.8 of the shorter one exposed (all 8 records fit 0.797, RMS log error 0.167). A
+    # batched matmul whose element fits the scratchpad once but not twice overlaps nothing
+    # (cost/model.py): the large-K bmm 8x512x4096x512, 827 us measured, is predicted 614 us
+    # with it and 579 us without (before it, the fit to every record moved to 0.91)
     "overlap": 0.80,
     # K split in 2 added about 3.4 ms to a kernel with 8.4 M output elements: on 32 cores that is
     # 16 output slices of 524,288 elements, one hop each: 3400 / 524288 us per element

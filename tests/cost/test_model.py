@@ -120,6 +120,28 @@ def test_the_batch_drain_charges_each_iterated_elements_output_slice():
     assert op_cost(MM, MATMUL, t, SIZES, {"m": 8, "n": 4, "k": 1}, UNITS).batch_us == 0.0
 
 
+def test_a_batch_element_that_fits_the_scratchpad_once_but_not_twice_overlaps_nothing():
+    t = spyre()
+    splits = {"b": 1, "m": 8, "n": 4, "k": 1}
+    per = {"b": 1, "m": 1, "n": 64, "k": 64}
+
+    def overlap(b: int, m: int, k: int, n: int, target=t) -> float:
+        p = _bmm(b, m, k, n)
+        op = p.op("mm")
+        return op_cost(op, p, target, op.sizes, splits, per).overlap
+
+    # 64 x 4096 + 4096 x 128 + 64 x 128 float16 per element: 1.5 MB, one fits and two do not
+    assert overlap(8, 512, 4096, 512) == 1.0
+    # small K: two elements fit, the next loads behind the current one
+    assert overlap(8, 512, 64, 512) == t.overlap
+    # an element larger than the scratchpad streams tile by tile with the fitted overlap
+    assert overlap(8, 512, 16384, 512) == t.overlap
+    # the same element on a scratchpad that holds two of them overlaps again
+    assert overlap(8, 512, 4096, 512, replace(t, scratchpad_bytes=8 << 20)) == t.overlap
+    # a matmul without batch dims keeps the fitted overlap whatever its slice
+    assert cost({"m": 8, "n": 4, "k": 1}).overlap == t.overlap
+
+
 def test_batched_terms_move_the_pick_to_the_measured_best_on_a_synthetic_set():
     # the device behaves as the preset says; a model without the drain (and the old, mild batch
     # split factor) picks a 9 x 2 split of the small-K bmm; fitting the drain to the synthetic
