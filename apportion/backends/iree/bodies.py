@@ -15,6 +15,7 @@ backend.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from apportion.backends.limits import cite
@@ -258,6 +259,246 @@ BODIES: dict[str, MlirBody] = {
         "{r} = arith.ori %{p}lt, %{p}nan : i1"),
         "{r} = arith.cmpi slt, {a}, {b} : {t}", construction="topk"),
 }
+
+
+# --- f64 tanh, sin, cos and erf -----------------------------------------------------------------
+# IREE's llvm-cpu executables link no libm, and LLVM lowers these four in f64 to libm calls
+# ("undefined symbol: tanh"); in f32 IREE expands them itself. So where the compute type is f64
+# the emitter swaps each for the arithmetic below (``expand_f64_math``), built only of ops that
+# lower to instructions or to IREE's own f64 expansions (exp, log, floor).
+
+
+class _Seq:
+    """Builds one expansion's template lines: each op gets a fresh ``%{p}vN`` name."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def op(self, text: str) -> str:
+        name = f"%{{p}}v{len(self.lines)}"
+        self.lines.append(f"{name} = {text}")
+        return name
+
+    def c(self, value: float) -> str:
+        return self.op(f"arith.constant {value:.17e} : {{t}}")
+
+    def f(self, name: str, *args: str) -> str:
+        return self.op(f"{name} {', '.join(args)} : {{t}}")
+
+    def cmp(self, pred: str, a: str, b: str) -> str:
+        return self.op(f"arith.cmpf {pred}, {a}, {b} : {{t}}")
+
+    def sel(self, cond: str, a: str, b: str) -> str:
+        return self.op(f"arith.select {cond}, {a}, {b} : {{t}}")
+
+    def done(self, value: str) -> str:
+        # {a} + -0.0 is {a} for every value, -0.0 and NaN included: names the result {r}
+        z = self.c(-0.0)
+        return _lines(*self.lines, f"{{r}} = arith.addf {value}, {z} : {{t}}")
+
+
+def _tanh_f64() -> str:
+    # fdlibm's s_tanh.c split: for |x| < 1, -e / (2 + e) with e = expm1(-2|x|), expm1 by
+    # Kahan's identity expm1(y) = (exp(y) - 1) * y / log(exp(y)) (exact y where exp(y) rounds
+    # to 1), which keeps full relative accuracy near 0; for |x| >= 1, 1 - 2 / (exp(2|x|) + 1),
+    # whose rounding to 1.0 near |x| = 19 is numpy's (overflow to inf gives exactly 1)
+    s = _Seq()
+    one, two = s.c(1.0), s.c(2.0)
+    ax = s.op("math.absf {a} : {t}")
+    y = s.f("arith.mulf", ax, s.c(-2.0))
+    u = s.op(f"math.exp {y} : {{t}}")
+    um1 = s.f("arith.subf", u, one)
+    lu = s.op(f"math.log {u} : {{t}}")
+    e = s.f("arith.mulf", s.f("arith.divf", um1, lu), y)
+    e = s.sel(s.cmp("oeq", u, one), y, e)
+    small = s.f("arith.divf", s.f("arith.negf", e), s.f("arith.addf", two, e))
+    big_e = s.op(f"math.exp {s.f('arith.mulf', ax, two)} : {{t}}")
+    large = s.f("arith.subf", one, s.f("arith.divf", two, s.f("arith.addf", big_e, one)))
+    mag = s.sel(s.cmp("olt", ax, one), small, large)
+    return s.done(s.f("math.copysign", mag, "{a}"))
+
+
+# fdlibm e_rem_pio2.c: pi/2 in 33-bit pieces, each product with a quotient under 2**20 exact
+_INVPIO2 = 6.36619772367581382433e-01
+_PIO2 = ((1.57079632673412561417e+00, 6.07710050650619224932e-11),
+         (6.07710050630396597660e-11, 2.02226624879595063154e-21),
+         (2.02226624871116645580e-21, 8.47842766036889956997e-32))
+# fdlibm k_sin.c / k_cos.c minimax polynomials on [-pi/4, pi/4]
+_SIN = (-1.66666666666666324348e-01, 8.33333333332248946124e-03, -1.98412698298579493134e-04,
+        2.75573137070700676789e-06, -2.50507602534068634195e-08, 1.58969099521155010221e-10)
+_COS = (4.16666666666666019037e-02, -1.38888888888741095749e-03, 2.48015872894767294178e-05,
+        -2.75573143513906633035e-07, 2.08757232129817482790e-09, -1.13596475577881948265e-11)
+
+
+def _horner(s: _Seq, z: str, coeffs: tuple[float, ...]) -> str:
+    """coeffs[0] + z * (coeffs[1] + z * (...))"""
+    acc = s.c(coeffs[-1])
+    for c in reversed(coeffs[:-1]):
+        acc = s.f("arith.addf", s.c(c), s.f("arith.mulf", z, acc))
+    return acc
+
+
+def _sincos_f64(cos: bool) -> str:
+    # Cody-Waite reduction x = n * pi/2 + (y + ylo), |y| <= pi/4, as fdlibm's __ieee754_rem_pio2
+    # medium path (three pieces of pi/2: exact for |x| < 2**20 * pi/2, which covers 1e5 with
+    # the tail ylo kept), then fdlibm's __kernel_sin/__kernel_cos on (y, ylo) by quadrant n
+    s = _Seq()
+    half, one = s.c(0.5), s.c(1.0)
+    fn = s.op(f"math.floor {s.f('arith.addf', s.f('arith.mulf', '{a}', s.c(_INVPIO2)), half)}"
+              " : {t}")
+    (p1, p1t), (p2, p2t), (p3, p3t) = _PIO2
+    del p1t  # the two-piece step is subsumed by the three-piece one below
+    t = s.f("arith.subf", "{a}", s.f("arith.mulf", fn, s.c(p1)))
+    r = t
+    for p, pt in ((p2, p2t), (p3, p3t)):
+        w = s.f("arith.mulf", fn, s.c(p))
+        t, r = r, s.f("arith.subf", r, w)
+        w = s.f("arith.subf", s.f("arith.mulf", fn, s.c(pt)),
+                s.f("arith.subf", s.f("arith.subf", t, r), w))
+    y = s.f("arith.subf", r, w)
+    ylo = s.f("arith.subf", s.f("arith.subf", r, y), w)
+    # __kernel_sin(y, ylo): y - ((z * (ylo/2 - v * r) - ylo) - v * S1), v = z * y
+    z = s.f("arith.mulf", y, y)
+    v = s.f("arith.mulf", z, y)
+    rs = _horner(s, z, _SIN[1:])
+    inner = s.f("arith.subf", s.f("arith.mulf", half, ylo), s.f("arith.mulf", v, rs))
+    ks = s.f("arith.subf", y, s.f("arith.subf", s.f("arith.subf", s.f("arith.mulf", z, inner),
+                                                           ylo),
+                                  s.f("arith.mulf", v, s.c(_SIN[0]))))
+    # __kernel_cos(y, ylo): w + (((1 - w) - z/2) + (z * r - y * ylo)), w = 1 - z/2
+    rc = s.f("arith.mulf", z, _horner(s, z, _COS))
+    hz = s.f("arith.mulf", half, z)
+    w = s.f("arith.subf", one, hz)
+    kc = s.f("arith.addf", w, s.f("arith.addf",
+                                  s.f("arith.subf", s.f("arith.subf", one, w), hz),
+                                  s.f("arith.subf", s.f("arith.mulf", z, rc),
+                                      s.f("arith.mulf", y, ylo))))
+    # the quadrant from n mod 4; a NaN or infinite x (whose y is NaN) reads quadrant 0, never
+    # an out-of-range conversion
+    ok = s.cmp("olt", s.op(f"math.absf {fn} : {{t}}"), s.c(2.0 ** 52))
+    safe = s.sel(ok, fn, s.c(0.0))
+    n = s.op(f"arith.fptosi {safe} : {{t}} to i64")
+    if cos:  # cos(n pi/2 + y): kc, -ks, -kc, ks
+        n = s.op(f"arith.addi {n}, {s.op('arith.constant 1 : i64')} : i64")
+    odd = s.op(f"arith.trunci {n} : i64 to i1")
+    one_i = s.op("arith.constant 1 : i64")
+    neg = s.op(f"arith.trunci {s.op(f'arith.shrui {n}, {one_i} : i64')} : i64 to i1")
+    mag = s.sel(odd, kc, ks)
+    return s.done(s.sel(neg, s.f("arith.negf", mag), mag))
+
+
+# W. J. Cody, "Rational Chebyshev approximations for the error function", Math. Comp. 23
+# (1969) 631-637, as in his SPECFUN CALERF (netlib specfun/erf): erf on [0, 0.46875] (A/B),
+# erfc * exp(x^2) on [0.46875, 4] (C/D) and, in 1/x^2, beyond 4 (P/Q)
+_CODY_A = (3.16112374387056560e00, 1.13864154151050156e02, 3.77485237685302021e02,
+           3.20937758913846947e03, 1.85777706184603153e-1)
+_CODY_B = (2.36012909523441209e01, 2.44024637934444173e02, 1.28261652607737228e03,
+           2.84423683343917062e03)
+_CODY_C = (5.64188496988670089e-1, 8.88314979438837594e00, 6.61191906371416295e01,
+           2.98635138197400131e02, 8.81952221241769090e02, 1.71204761263407058e03,
+           2.05107837782607147e03, 1.23033935479799725e03, 2.15311535474403846e-8)
+_CODY_D = (1.57449261107098347e01, 1.17693950891312499e02, 5.37181101862009858e02,
+           1.62138957456669019e03, 3.29079923573345963e03, 4.36261909014324716e03,
+           3.43936767414372164e03, 1.23033935480374942e03)
+_CODY_P = (3.05326634961232344e-1, 3.60344899949804439e-1, 1.25781726111229246e-1,
+           1.60837851487422766e-2, 6.58749161529837803e-4, 1.63153871373020978e-2)
+_CODY_Q = (2.56852019228982242e00, 1.87295284992346047e00, 5.27905102951428412e-1,
+           6.05183413124413191e-2, 2.33520497626869185e-3)
+_SQRPI = 5.6418958354775628695e-1  # 1 / sqrt(pi)
+
+
+def _cody(s: _Seq, z: str, num: tuple[float, ...], den: tuple[float, ...]) -> str:
+    """CALERF's loop: xnum = num[-1] z, xden = z, then (xnum + num[i]) z and (xden + den[i]) z
+    for all but the last den term; returns (xnum + num[-2]) / (xden + den[-1])."""
+    xnum, xden = s.f("arith.mulf", s.c(num[-1]), z), z
+    for cn, cd in zip(num[:-2], den[:-1], strict=True):
+        xnum = s.f("arith.mulf", s.f("arith.addf", xnum, s.c(cn)), z)
+        xden = s.f("arith.mulf", s.f("arith.addf", xden, s.c(cd)), z)
+    return s.f("arith.divf", s.f("arith.addf", xnum, s.c(num[-2])),
+               s.f("arith.addf", xden, s.c(den[-1])))
+
+
+def _erf_f64() -> str:
+    s = _Seq()
+    half, four = s.c(0.5), s.c(4.0)
+    y = s.op("math.absf {a} : {t}")
+    small = s.f("arith.mulf", "{a}", _cody(s, s.f("arith.mulf", y, y), _CODY_A, _CODY_B))
+    # past 30 erf is 1.0 and erfc underflows: clamping keeps inf from making inf - inf below
+    yc = s.f("arith.minimumf", y, s.c(30.0))
+    mid = _cody(s, yc, _CODY_C, _CODY_D)
+    inv = s.f("arith.divf", s.c(1.0), s.f("arith.mulf", yc, yc))
+    tail = s.f("arith.divf", s.f("arith.subf", s.c(_SQRPI),
+                                 s.f("arith.mulf", inv, _cody(s, inv, _CODY_P, _CODY_Q))), yc)
+    scaled = s.sel(s.cmp("ole", yc, four), mid, tail)
+    # erfc = exp(-ysq^2) exp(-(y - ysq)(y + ysq)) * scaled, ysq = y to 4 bits: CALERF's split
+    # keeps exp(-y^2) accurate where y^2 rounds
+    sixteen = s.c(16.0)
+    ysq = s.f("arith.divf", s.op(f"math.floor {s.f('arith.mulf', yc, sixteen)} : {{t}}"), sixteen)
+    dl = s.f("arith.mulf", s.f("arith.subf", yc, ysq), s.f("arith.addf", yc, ysq))
+    e1 = s.op(f"math.exp {s.f('arith.negf', s.f('arith.mulf', ysq, ysq))} : {{t}}")
+    e2 = s.op(f"math.exp {s.f('arith.negf', dl)} : {{t}}")
+    erfc = s.f("arith.mulf", s.f("arith.mulf", e1, e2), scaled)
+    large = s.f("math.copysign", s.f("arith.addf", s.f("arith.subf", half, erfc), half), "{a}")
+    return s.done(s.sel(s.cmp("ole", y, s.c(0.46875)), small, large))
+
+
+_POW_BITS = 11  # whole exponents under 2**11 multiply out; any larger one over- or underflows
+
+
+def _powf_f64() -> str:
+    # IREE expands f64 powf as exp(b * log(a)), a few ulps off even where a ** b is a whole
+    # number (2 ** 3 gives 7.999...), which truncation to an integer output turns into an off-by
+    # one. For a whole |b| < 2**11 this multiplies by squaring instead: exact wherever the
+    # result is representable, as numpy's pow is; other exponents keep powf
+    s = _Seq()
+    one = s.c(1.0)
+    ab = s.op("math.absf {b} : {t}")
+    whole = s.cmp("oeq", s.op(f"math.floor {ab} : {{t}}"), ab)
+    small = s.cmp("olt", ab, s.c(float(2 ** _POW_BITS)))
+    use = s.op(f"arith.andi {whole}, {small} : i1")
+    e = s.op(f"arith.fptosi {s.sel(use, ab, s.c(0.0))} : {{t}} to i64")
+    one_i = s.op("arith.constant 1 : i64")
+    acc, base = one, "{a}"
+    for i in range(_POW_BITS):
+        bit = s.op(f"arith.trunci {e} : i64 to i1")
+        acc = s.sel(bit, s.f("arith.mulf", acc, base), acc)
+        if i + 1 < _POW_BITS:
+            base = s.f("arith.mulf", base, base)
+            e = s.op(f"arith.shrui {e}, {one_i} : i64")
+    neg = s.cmp("olt", "{b}", s.c(0.0))
+    sq = s.sel(neg, s.f("arith.divf", one, acc), acc)
+    general = s.op("math.powf {a}, {b} : {t}")
+    return s.done(s.sel(use, sq, general))
+
+
+#: the f64 expansion of each math op IREE cannot link (or computes inexactly) in f64, as
+#: templates over ``{a}`` (and ``{b}``)
+F64_MATH: dict[str, str] = {"tanh": _tanh_f64(), "sin": _sincos_f64(cos=False),
+                            "cos": _sincos_f64(cos=True), "erf": _erf_f64(),
+                            "powf": _powf_f64()}
+_MATH_LINE = re.compile(r"^(?P<r>\S+) = math\.(?P<op>tanh|sin|cos|erf|powf) (?P<a>[^\s,]+)"
+                        r"(, (?P<b>\S+))? : \{t\}$")
+
+
+def expand_f64_math(template: str) -> str:
+    """The template with each ``math.tanh``, ``math.sin``, ``math.cos``, ``math.erf`` and
+    ``math.powf`` line replaced by its f64 arithmetic (``F64_MATH``); the emitter applies it
+    where the compute type is f64, and every other line passes unchanged.
+
+    >>> out = expand_f64_math("{r} = math.tanh {a} : {t}")
+    >>> "math.tanh" in out, "math.exp" in out, out.splitlines()[-1].startswith("{r} = ")
+    (False, True, True)
+    """
+    out = []
+    for i, line in enumerate(template.splitlines()):
+        m = _MATH_LINE.match(line)
+        if m is None:
+            out.append(line)
+            continue
+        # the expansion's temporaries take the body's prefix plus the line's own tag
+        out.append(F64_MATH[m["op"]].format(r=m["r"], a=m["a"], b=m["b"], p=f"{{p}}x{i}-",
+                                            t="{t}"))
+    return "\n".join(out)
 
 
 # The greater value wins (NaN above all), equal values the lower index: a total order, so any

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from apportion.backends.iree.bodies import MlirBody, body_of, combine_of
+from apportion.backends.iree.bodies import MlirBody, body_of, combine_of, expand_f64_math
 from apportion.backends.iree.forall_block import _Block
 from apportion.backends.iree.forall_index import Ix
 from apportion.backends.iree.forall_tensors import Box, TensorVal, _Env, _Slice, _Tensors
@@ -101,6 +101,8 @@ def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mappin
            results: Sequence[str] = ("r",)) -> list[str]:
     """Format a body template into ``blk``; returns the SSA names of its results."""
     text = body.text(integer)
+    if ty == "f64":  # no libm in IREE's executables: f64 tanh, sin, cos, erf as arithmetic
+        text = expand_f64_math(text)
     if not text.strip():
         return [operands["a"]]
     names = {r: blk.fresh(r) for r in results}
@@ -165,7 +167,8 @@ class _Bodies(_Tensors):
         kind = op.kind
         dims = list(op.dim_names)
         sizes = {d: box[d][1] for d in dims}
-        ins = [self.read(blk, env.vals[a.tensor], a, box, dims) for a in op.ins]
+        split = self.slice_dims(op)
+        ins = [self.read(blk, env.vals[a.tensor], a, box, dims, split) for a in op.ins]
         out_results = [f"d{dims.index(d)}" for d in self.out_dims(op)]
         ty = self.compute_type(op)
         integer = ty == "i64"
