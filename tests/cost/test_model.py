@@ -6,6 +6,8 @@ import math
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from apportion.cost.model import OpCost, batch_dims, matmul_rows, op_cost, slice_bytes
 from apportion.target import spyre
@@ -140,6 +142,21 @@ def test_a_batch_element_that_fits_the_scratchpad_once_but_not_twice_overlaps_no
     assert overlap(8, 512, 4096, 512, replace(t, scratchpad_bytes=8 << 20)) == t.overlap
     # a matmul without batch dims keeps the fitted overlap whatever its slice
     assert cost({"m": 8, "n": 4, "k": 1}).overlap == t.overlap
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from([1, 2, 8]), st.sampled_from([64, 512]), st.sampled_from([64, 1024, 4096]),
+       st.sampled_from([128, 512, 2048]), st.sampled_from([(1, 8, 4), (2, 4, 4), (1, 32, 1)]))
+def test_element_overflow_only_ever_exposes_more_of_the_shorter_term(b, m, k, n, cut):
+    # the term sets overlap to 1 or leaves the target's; it never makes an op faster
+    p = _bmm(b, m, k, n)
+    op = p.op("mm")
+    splits = dict(zip("bmn", cut, strict=True)) | {"k": 1}
+    per = {"b": 1, "m": 1, "n": 64, "k": 64}
+    t = spyre()
+    c = op_cost(op, p, t, op.sizes, splits, per)
+    assert c.overlap in (t.overlap, 1.0)
+    assert c.time_us >= replace(c, overlap=t.overlap).time_us
 
 
 def test_batched_terms_move_the_pick_to_the_measured_best_on_a_synthetic_set():
