@@ -13,7 +13,6 @@ from rich.console import Console
 from apportion.cli import (
     bench_costmodel,
     bench_sharding,
-    bench_splitk,
     bench_tiling,
     bench_workdiv,
 )
@@ -172,29 +171,7 @@ def test_bench_costmodel_check_fails_on_kernels_the_model_mispredicts(tmp_path, 
     assert "over the goal by" in err[0]
 
 
-# --- splitk -----------------------------------------------------------------------------------
-
-def _measured(factor: int, median_s: float, ok: bool = True) -> bench_splitk.Measurement:
-    return bench_splitk.Measurement(1, 64, 2048, 2048, factor, {"k": factor}, 0.0, True,
-                                    [median_s], median_s, ok, 0.0 if ok else 1.0)
-
-
-def test_splitk_goal_is_met_when_the_pick_is_the_fastest():
-    records = [_measured(1, 2.0), _measured(4, 1.0)]
-    assert _met(bench_splitk.goals(records, pick_of=lambda m, n, k: 4)) == [True, True]
-
-
-def test_splitk_misses_a_pick_under_90_percent_of_the_fastest_and_a_wrong_result():
-    records = [_measured(1, 1.25), _measured(4, 1.0, ok=False)]
-    goals = bench_splitk.goals(records, pick_of=lambda m, n, k: 1)
-    assert _met(goals) == [False, False]
-    assert goals[0].figure.startswith("0.80 (1x64x2048: pick 1, fastest 4")
-    assert "split 4" in goals[1].figure
-
-
-def test_splitk_misses_a_pick_it_did_not_measure():
-    goals = bench_splitk.goals([_measured(1, 1.0)], pick_of=lambda m, n, k: 8)
-    assert not goals[0].met and "pick 8" in goals[0].figure
+# splitk's goals: tests/cli/test_bench_splitk.py
 
 
 # --- sharding ---------------------------------------------------------------------------------
