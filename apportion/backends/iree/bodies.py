@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass
 
 from apportion.backends.limits import cite
@@ -445,28 +446,60 @@ def _erf_f64() -> str:
 _POW_BITS = 11  # whole exponents under 2**11 multiply out; any larger one over- or underflows
 
 
+def _split(s: _Seq, x: str) -> tuple[str, str]:
+    """Dekker's split of ``x`` into two halves of 26 bits, whose products are exact."""
+    c = s.f("arith.mulf", s.c(134217729.0), x)  # 2**27 + 1
+    hi = s.f("arith.subf", c, s.f("arith.subf", c, x))
+    return hi, s.f("arith.subf", x, hi)
+
+
+def _mul_dd(s: _Seq, a: tuple[str, str], b: tuple[str, str]) -> tuple[str, str]:
+    """The double-double product of ``a`` and ``b`` (pairs hi, lo): Dekker's exact product of
+    the highs (no fma: IREE may not fuse, and a fused one would change nothing), plus the
+    cross terms, renormalized so hi is the sum rounded."""
+    p = s.f("arith.mulf", a[0], b[0])
+    (ah, al), (bh, bl) = _split(s, a[0]), _split(s, b[0])
+    err = s.f("arith.subf", s.f("arith.mulf", ah, bh), p)
+    err = s.f("arith.addf", err, s.f("arith.mulf", ah, bl))
+    err = s.f("arith.addf", err, s.f("arith.mulf", al, bh))
+    err = s.f("arith.addf", err, s.f("arith.mulf", al, bl))
+    cross = s.f("arith.addf", s.f("arith.mulf", a[0], b[1]), s.f("arith.mulf", a[1], b[0]))
+    lo = s.f("arith.addf", err, cross)
+    hi = s.f("arith.addf", p, lo)
+    return hi, s.f("arith.subf", lo, s.f("arith.subf", hi, p))
+
+
 def _powf_f64() -> str:
     # IREE expands f64 powf as exp(b * log(a)), a few ulps off even where a ** b is a whole
     # number (2 ** 3 gives 7.999...), which truncation to an integer output turns into an off-by
-    # one. For a whole |b| < 2**11 this multiplies by squaring instead: exact wherever the
-    # result is representable, as numpy's pow is; other exponents keep powf
+    # one. For a whole |b| < 2**11 this multiplies by squaring in double-double instead: the
+    # result rounded once, as numpy's pow (exact wherever it is representable, 103 ** 9 to the
+    # nearest double); where a split overflows (|a| near the largest double) the plain product
+    # stands in; other exponents keep powf
     s = _Seq()
-    one = s.c(1.0)
+    zero, one = s.c(0.0), s.c(1.0)
     ab = s.op("math.absf {b} : {t}")
     whole = s.cmp("oeq", s.op(f"math.floor {ab} : {{t}}"), ab)
     small = s.cmp("olt", ab, s.c(float(2 ** _POW_BITS)))
     use = s.op(f"arith.andi {whole}, {small} : i1")
-    e = s.op(f"arith.fptosi {s.sel(use, ab, s.c(0.0))} : {{t}} to i64")
+    e = s.op(f"arith.fptosi {s.sel(use, ab, zero)} : {{t}} to i64")
     one_i = s.op("arith.constant 1 : i64")
-    acc, base = one, "{a}"
+    plain, base = one, "{a}"
+    acc, dbase = (one, zero), ("{a}", zero)
     for i in range(_POW_BITS):
         bit = s.op(f"arith.trunci {e} : i64 to i1")
-        acc = s.sel(bit, s.f("arith.mulf", acc, base), acc)
+        plain = s.sel(bit, s.f("arith.mulf", plain, base), plain)
+        prod = _mul_dd(s, acc, dbase)
+        acc = (s.sel(bit, prod[0], acc[0]), s.sel(bit, prod[1], acc[1]))
         if i + 1 < _POW_BITS:
             base = s.f("arith.mulf", base, base)
+            dbase = _mul_dd(s, dbase, dbase)
             e = s.op(f"arith.shrui {e}, {one_i} : i64")
-    neg = s.cmp("olt", "{b}", s.c(0.0))
-    sq = s.sel(neg, s.f("arith.divf", one, acc), acc)
+    dd = s.f("arith.addf", acc[0], acc[1])
+    finite = s.cmp("ole", s.op(f"math.absf {dd} : {{t}}"), s.c(sys.float_info.max))
+    mag = s.sel(finite, dd, plain)
+    neg = s.cmp("olt", "{b}", zero)
+    sq = s.sel(neg, s.f("arith.divf", one, mag), mag)
     general = s.op("math.powf {a}, {b} : {t}")
     return s.done(s.sel(use, sq, general))
 
