@@ -49,7 +49,8 @@ class _SplitReductions(_Bodies):
         box = {d: self.thread_slice(inner, tile[d], per[d], splits[d], ivs.get(d))
                for d in op.dim_names}
         dims = list(op.dim_names)
-        ins = [self.read(inner, env.vals[a.tensor], a, box, dims) for a in op.ins]
+        split = self.slice_dims(op)
+        ins = [self.read(inner, env.vals[a.tensor], a, box, dims, split) for a in op.ins]
         out_results = [f"d{dims.index(d)}" for d in self.out_dims(op)]
         pieces = self.reduce_into(inner, op, box, ins, out_results, ty, None)
         slot = Ix(0)

@@ -78,6 +78,33 @@ def _region(access: Access, box: Box) -> list[tuple[Ix, Ix, bool]]:
     return out
 
 
+def _shape_of(ty: str) -> list[int | None]:
+    """The sizes of a ranked tensor type (None for a run-time size)."""
+    body = ty[len("tensor<"):-1].split("x")[:-1]
+    return [None if d == "?" else int(d) for d in body]
+
+
+def _radix(terms: Sequence[tuple[str, int]], box: Box) -> list[tuple[str, int]] | None:
+    """The dims of ``terms`` outermost first with their extents, where the sum is a mixed-radix
+    number over the box (each coefficient the product of the inner dims' extents, the innermost
+    1, every extent static, no dim twice), else None.
+
+    >>> _radix([("k", 1), ("s", 64)], {"s": (Ix(0), Ix(4)), "k": (Ix(0), Ix(64))})
+    [('s', 4), ('k', 64)]
+    >>> _radix([("k", 1), ("s", 64)], {"s": (Ix(0), Ix(4)), "k": (Ix(0), Ix(60))}) is None
+    True
+    """
+    if len({d for d, _ in terms}) != len(terms) or any(not box[d][1].is_const for d, _ in terms):
+        return None
+    order = sorted(terms, key=lambda t: -t[1])
+    stride = 1
+    for d, c in reversed(order):
+        if c != stride:
+            return None
+        stride *= box[d][1].value
+    return [(d, box[d][1].value) for d, _ in order]
+
+
 #: a term of an indexing map result as ``_Tensors.read`` writes it: ``d3`` or ``d3 * 64``
 _TERM = re.compile(r"d(\d+)(?: \* -?\d+)?")
 _DIM = re.compile(r"d(\d+)")
@@ -224,6 +251,18 @@ class _Tensors(_Emitter):
                             "such op")
         return found
 
+    def slice_dims(self, op: Op) -> frozenset[str]:
+        """The slice dims of ``op`` where it is a split-K partial (its launch's ``split_k``; the
+        split names the cut dims, the partial's output leads with their slice dims): the sums
+        they index are read expanded (``expanded``)."""
+        found = self.works.get(op.name)
+        step = found.step if found is not None else None
+        split = step.split_k if isinstance(step, Launch) else None
+        if split is None:
+            return frozenset()
+        # the partial writes [slices..., ...output dims]: one slice dim per cut dim, leading
+        return frozenset(e.single_dim for e in op.out.index[:len(split.dims)] if e.single_dim)
+
     def dtype(self, tensor: str) -> str:
         return self.program.tensor(tensor).dtype
 
@@ -281,8 +320,12 @@ class _Tensors(_Emitter):
 
     # -- reading and writing slices ---------------------------------------------------------
 
-    def read(self, blk: _Block, val: TensorVal, access: Access, box: Box, dims: Sequence[str]
-             ) -> _Slice:
+    def read(self, blk: _Block, val: TensorVal, access: Access, box: Box, dims: Sequence[str],
+             split: frozenset[str] = frozenset()) -> _Slice:
+        """``access`` of ``val`` over ``box`` as an operand of a generic over ``dims``: the
+        slice it reads (the whole value where that is all of it) and its map; a sum over a
+        split-K partial's slice dim (in ``split``) read expanded where it can be
+        (``expanded``)."""
         region = _region(access, box)
         offsets = [lo - o for (lo, _, _), o in zip(region, val.origin, strict=True)]
         sizes = [ext for _, ext, _ in region]
@@ -297,7 +340,8 @@ class _Tensors(_Emitter):
             off.is_const and off.value == 0 for off in offsets) and all(
             s == v for s, v in zip(sizes, val.shape, strict=True))
         if whole:
-            return _Slice(val.ssa, val.type, val.elt, results)
+            return self.expanded(blk, _Slice(val.ssa, val.type, val.elt, results),
+                                 access, box, dims, split)
         kept = [s for s, k in zip(sizes, keep, strict=True) if k]
         ty = _ttype(kept, val.elt)
         name = blk.fresh(f"{access.tensor}_s")
@@ -305,7 +349,45 @@ class _Tensors(_Emitter):
         offs, lens = self.list(blk, offsets, f"{stem}_off"), self.list(blk, sizes, f"{stem}_len")
         blk.emit(f"{name} = tensor.extract_slice {val.ssa}[{offs}][{lens}]"
                  f"[{', '.join('1' for _ in sizes)}] : {val.type} to {ty}")
-        return _Slice(name, ty, val.elt, results)
+        return self.expanded(blk, _Slice(name, ty, val.elt, results), access, box, dims, split)
+
+    def expanded(self, blk: _Block, s: _Slice, access: Access, box: Box, dims: Sequence[str],
+                 split: frozenset[str]) -> _Slice:
+        """Read ``s`` through a ``tensor.expand_shape`` (a view) where an axis is indexed by a
+        mixed-radix sum that tiles it exactly (``slice * K/f + k_in``, k_in over all K/f): the
+        axis becomes one axis per term and the map a plain projection. IREE's llvm-cpu runs
+        the sum form of a split-K partial 4-20x slower than no split, and its CUDA codegen
+        cannot pack the sum's reduction at all; other sums (uneven slices, run-time sizes, a
+        padded stick's tile) keep the sum, and so do sums of other ops (a head's ``128*h + d``):
+        those IREE takes as they are."""
+        if not split:
+            return s
+        axes = [e for e in access.index if e.terms]  # the slice's axes, in order
+        shape = _shape_of(s.type)
+        groups: list[list[int]] = []
+        out_shape: list[int] = []
+        results: list[str] = []
+        changed = False
+        for e, size in zip(axes, shape, strict=True):
+            cut = any(d in split for d, _ in e.terms)
+            radix = _radix(e.terms, box) if size is not None and cut else None
+            if radix is None or len(radix) < 2 or math.prod(n for _, n in radix) != size:
+                groups.append([len(out_shape)])
+                out_shape.append(size if size is not None else -1)
+                results.append(" + ".join(f"d{dims.index(d)}" if c == 1 else
+                                          f"d{dims.index(d)} * {c}" for d, c in e.terms))
+                continue
+            changed = True
+            groups.append(list(range(len(out_shape), len(out_shape) + len(radix))))
+            out_shape.extend(n for _, n in radix)
+            results.extend(f"d{dims.index(d)}" for d, _ in radix)
+        if not changed or -1 in out_shape:
+            return s
+        ty = _ttype([Ix(n) for n in out_shape], s.elt)
+        name = blk.fresh(f"{access.tensor}_x")
+        blk.emit(f"{name} = tensor.expand_shape {s.ssa} {groups} output_shape "
+                 f"[{', '.join(str(n) for n in out_shape)}] : {s.type} into {ty}")
+        return _Slice(name, ty, s.elt, results)
 
     def region_val(self, blk: _Block, val: TensorVal, access: Access, box: Box) -> TensorVal:
         """The region ``access`` reads of ``val`` over ``box``, every axis kept (a literal
