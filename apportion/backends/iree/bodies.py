@@ -342,7 +342,9 @@ def _horner(s: _Seq, z: str, coeffs: tuple[float, ...]) -> str:
 def _sincos_f64(cos: bool) -> str:
     # Cody-Waite reduction x = n * pi/2 + (y + ylo), |y| <= pi/4, as fdlibm's __ieee754_rem_pio2
     # medium path (three pieces of pi/2: exact for |x| < 2**20 * pi/2, which covers 1e5 with
-    # the tail ylo kept), then fdlibm's __kernel_sin/__kernel_cos on (y, ylo) by quadrant n
+    # the tail ylo kept), then fdlibm's __kernel_sin/__kernel_cos on (y, ylo) by quadrant n.
+    # There is no Payne-Hanek step: past 2**20 * pi/2 the reduction loses bits (measured
+    # within 1 ulp of numpy on random values up to 1e12, wrong by 1e16, NaN by 1e300)
     s = _Seq()
     half, one = s.c(0.5), s.c(1.0)
     fn = s.op(f"math.floor {s.f('arith.addf', s.f('arith.mulf', '{a}', s.c(_INVPIO2)), half)}"
