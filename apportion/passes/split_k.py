@@ -59,7 +59,7 @@ from apportion.target.split_k import (
     gpu_chain,
     gpu_split,
     table_chain,
-    table_slices,
+    table_row,
 )
 from apportion.target.target import Target
 
@@ -197,8 +197,13 @@ def _target_slices(ctx: OpContext, shape: ReductionShape
     if target.split_k == "gpu":
         return gpu_split(shape) or 1, "gpu"
     if target.split_k == "table":
-        found = table_slices(target.split_k_table, shape)
-        return (None, "cost") if found is None else (found, "table")
+        row = table_row(target.split_k_table, shape)
+        if row is None:
+            return None, "cost"
+        # a factor measured at this target's core count is taken as measured (the slices then
+        # divided over the cores, as the gpu resolver's are); one measured one core per slice
+        # is cut to the cores
+        return ({shape.dim: row.slices} if row.cores == target.cores else row.slices), "table"
     if target.split_k == "none":
         return 1, "none"
     return None, "cost"

@@ -26,7 +26,7 @@ shapes within ``REACH`` times its M, N and K; a shape no row holds is left to th
 >>> chosen_factor(dict(times.seconds))   # 4 is within 5% of 8's time: the smaller split
 4
 >>> table_rows([times])[0]
-TableRow(slices=4, k=(2048, 8192), m=(1, 2), n=(2048, 8192), batch=(None, None))
+TableRow(slices=4, k=(2048, 8192), m=(1, 2), n=(2048, 8192), batch=(None, None), cores=None)
 """
 
 from __future__ import annotations
@@ -177,11 +177,13 @@ def _around(v: int, reach: int, least: int = 1) -> tuple[int, int]:
     return max(least, -(-v // reach)), v * reach
 
 
-def table_rows(shapes: Sequence[ShapeTimes], reach: int = REACH) -> tuple[TableRow, ...]:
+def table_rows(shapes: Sequence[ShapeTimes], reach: int = REACH, cores: int | None = None
+               ) -> tuple[TableRow, ...]:
     """One row per measured shape, in order, holding the shapes within ``reach`` times its M,
-    N and K (N at least ``LEAST_N``): the factor chosen for it (``chosen_factor``)."""
+    N and K (N at least ``LEAST_N``): the factor chosen for it (``chosen_factor``), measured on
+    ``cores`` cores (a target of as many takes it as measured, more slices than cores too)."""
     return tuple(TableRow(s.factor, k=_around(s.k, reach), m=_around(s.m, reach),
-                          n=_around(s.n, reach, LEAST_N)) for s in shapes)
+                          n=_around(s.n, reach, LEAST_N), cores=cores) for s in shapes)
 
 
 @dataclass(frozen=True)
@@ -193,7 +195,7 @@ class HostTable:
 
     @property
     def rows(self) -> tuple[TableRow, ...]:
-        return table_rows(self.shapes)
+        return table_rows(self.shapes, cores=self.key.cores)
 
     def to_doc(self) -> dict[str, Any]:
         return {"format": FORMAT,

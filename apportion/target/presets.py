@@ -187,10 +187,11 @@ def _table_rows(where: str, value: object) -> tuple[TableRow, ...]:
                     raise TargetError(f"{where}: split_k_table row {i}: {name} must be "
                                       f"[low, high], got {describe(bounds)}")
                 fields_[name] = tuple(bounds)
-        unknown = set(fields_) - {"slices", "k", "m", "n", "batch"}
+        unknown = set(fields_) - {"slices", "k", "m", "n", "batch", "cores"}
         if unknown or "slices" not in fields_:
             raise TargetError(f"{where}: split_k_table row {i} needs slices and may have k, m, "
-                              f"n, batch ranges; got {sorted(row)}")
+                              f"n, batch ranges and the cores it was measured on; got "
+                              f"{sorted(row)}")
         try:
             rows.append(TableRow(**fields_))
         except TargetError as e:

@@ -253,13 +253,17 @@ def gpu_slices(shape: ReductionShape) -> int | None:
 @dataclass(frozen=True)
 class TableRow:
     """One row of a target's ``split_k_table``: inclusive ranges of the shape's extents (None:
-    any) and the slices to cut K into."""
+    any) and the slices to cut K into. ``cores``: the core count the row's factor was measured
+    at (a host's own table); a target of that many cores takes the factor as measured, however
+    many slices a core then runs, where a row measured one core per slice (None) is cut to the
+    cores."""
 
     slices: int
     k: tuple[int | None, int | None] = (None, None)
     m: tuple[int | None, int | None] = (None, None)
     n: tuple[int | None, int | None] = (None, None)
     batch: tuple[int | None, int | None] = (None, None)
+    cores: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.slices, bool) or not isinstance(self.slices, int) or self.slices < 1:
@@ -282,7 +286,13 @@ class TableRow:
 
 def table_slices(rows: tuple[TableRow, ...], shape: ReductionShape) -> int | None:
     """The slices of the first row holding ``shape`` (None: no row does)."""
-    return next((r.slices for r in rows if r.holds(shape)), None)
+    row = table_row(rows, shape)
+    return None if row is None else row.slices
+
+
+def table_row(rows: tuple[TableRow, ...], shape: ReductionShape) -> TableRow | None:
+    """The first row holding ``shape`` (None: no row does)."""
+    return next((r for r in rows if r.holds(shape)), None)
 
 
 @dataclass(frozen=True)

@@ -178,3 +178,16 @@ def test_other_code_makes_another_key_and_measures_again(monkeypatch, tmp_path):
         host.host_table()
     assert (a.code, b.code) == ("emitter a", "emitter b") and a.digest != b.digest
     assert fake.calls == 2 and len(list(tmp_path.glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize(("measured_on", "expected"), [(2, 16), (None, 2), (4, 2)])
+def test_a_factor_measured_at_the_targets_core_count_is_taken_as_measured(measured_on, expected):
+    # a host's row was timed at its own core count (more slices than cores included), so a
+    # target of that many cores takes it whole; a row of another machine is cut to the cores
+    import apportion as ap
+    from apportion.cli.bench_splitk import matmul_program, split_of
+    from apportion.target.split_k import TableRow
+
+    target = cpu(cores=2, split_k_table=(TableRow(16, cores=measured_on),))
+    factor, by, _, _ = split_of(ap.plan(matmul_program(1, 6144, 4096, "float32"), target))
+    assert (factor, by) == (expected, "table")
