@@ -219,28 +219,9 @@ def iree_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
             raise ExecutionError(f"program {program.name!r} has no run-time sizes; got "
                                  f"{sorted(sizes)}")
         return _run_segments(program, plan, target, inputs, params, cache_dir)
-    given_outputs = program.outputs
-    extra = gather_indices(program)
-    if extra:  # the module also returns the indices its gathers compute, to check them
-        program = replace(program, outputs=(*program.outputs, *extra))
-        if symbolic is not None and symbolic.symbols:
-            symbolic = replace(symbolic, outputs=program.outputs)
-    loop_params = dict(params or {})
-    size_args: list[int] = []
-    if symbolic is not None and symbolic.symbols:
-        given = {**(sizes or {}), **{k: loop_params.pop(k) for k in list(loop_params)
-                                     if k in symbolic.symbol_map}}
-        found = infer_sizes(symbolic, inputs, given)
-        # bound at the run's sizes and loop counts: every error of either raised here, as the
-        # reference executor raises it, before anything compiles
-        bound = lower(symbolic, plan, target, found, loop_params or None)
-        at = {**symbolic.planning_sizes(), **found}
-        size_args = [at[s] for s in size_symbols(symbolic)]
-    elif sizes:
-        raise ExecutionError(f"program {program.name!r} has no run-time sizes; got "
-                             f"{sorted(sizes)}")
-    else:
-        bound = lower(program, plan, target, params=loop_params or None)
+    b = bind_run(program, plan, target, inputs, params, symbolic, sizes)
+    program, symbolic, bound, loop_params, size_args, given_outputs = (
+        b.program, b.symbolic, b.bound, b.loop_params, b.size_args, b.given_outputs)
     schedule = emitted(program, plan, target, symbolic)
     text = forall_mlir(schedule)
     verify_mlir(text)
@@ -372,3 +353,48 @@ def iree_check(program: Program, plan: Plan, target: Target, seed: int = 0,
     inputs = random_inputs(reference, seed)
     run = iree_run(program, plan, target, inputs, params, cache_dir, symbolic)
     return compare(run_unplanned(reference, inputs), run.tensors, reference), run
+
+
+@dataclass(frozen=True)
+class BoundRun:
+    """A run's arguments bound, before anything compiles: the program (with the indices its
+    gathers compute as extra outputs), the program as given where it has run-time sizes, the
+    schedule bound at the run's sizes and loop counts (every error of either raised as the
+    reference executor raises it), the loop counts left after sizes named in ``params``, the
+    size arguments in the function's order, and the outputs the caller asked for."""
+
+    program: Program
+    symbolic: Program | None
+    bound: Schedule
+    loop_params: dict[str, int]
+    size_args: list[int]
+    given_outputs: tuple[str, ...]
+
+
+def bind_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, np.ndarray],
+             params: Mapping[str, int] | None, symbolic: Program | None,
+             sizes: Mapping[str, int] | None) -> BoundRun:
+    """Bind a run of the parallel IR (``iree_run``; the openmp backend's too): see BoundRun."""
+    given_outputs = program.outputs
+    extra = gather_indices(program)
+    if extra:  # the module also returns the indices its gathers compute, to check them
+        program = replace(program, outputs=(*program.outputs, *extra))
+        if symbolic is not None and symbolic.symbols:
+            symbolic = replace(symbolic, outputs=program.outputs)
+    loop_params = dict(params or {})
+    size_args: list[int] = []
+    if symbolic is not None and symbolic.symbols:
+        given = {**(sizes or {}), **{k: loop_params.pop(k) for k in list(loop_params)
+                                     if k in symbolic.symbol_map}}
+        found = infer_sizes(symbolic, inputs, given)
+        # bound at the run's sizes and loop counts: every error of either raised here, as the
+        # reference executor raises it, before anything compiles
+        bound = lower(symbolic, plan, target, found, loop_params or None)
+        at = {**symbolic.planning_sizes(), **found}
+        size_args = [at[s] for s in size_symbols(symbolic)]
+    elif sizes:
+        raise ExecutionError(f"program {program.name!r} has no run-time sizes; got "
+                             f"{sorted(sizes)}")
+    else:
+        bound = lower(program, plan, target, params=loop_params or None)
+    return BoundRun(program, symbolic, bound, loop_params, size_args, given_outputs)

@@ -21,7 +21,7 @@ are refused too, naming the op and the limit: this backend runs one module, no h
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -29,11 +29,10 @@ import numpy as np
 from apportion.backends.iree.forall import (
     forall_mlir,
     mlir_type,
-    size_symbols,
     symbol_name,
     symbols,
 )
-from apportion.backends.iree.run import check_gathers, emitted, gather_indices, host_ops
+from apportion.backends.iree.run import bind_run, check_gathers, emitted, host_ops
 from apportion.backends.limits import cite
 from apportion.backends.openmp import engine as omp
 from apportion.errors import ExecutionError, ProgramError
@@ -46,7 +45,7 @@ from apportion.runtime.reference import (
     random_inputs,
     run_unplanned,
 )
-from apportion.schedule.lower import infer_sizes, lower
+from apportion.schedule.lower import lower
 from apportion.target.target import Target
 
 
@@ -99,28 +98,9 @@ def openmp_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str
     executor checks them. A gather index outside its table is refused after the run, as the
     reference executor refuses it.
     """
-    given_outputs = program.outputs
-    extra = gather_indices(program)
-    if extra:  # the module also returns the indices its gathers compute, to check them
-        program = replace(program, outputs=(*program.outputs, *extra))
-        if symbolic is not None and symbolic.symbols:
-            symbolic = replace(symbolic, outputs=program.outputs)
-    loop_params = dict(params or {})
-    size_args: list[int] = []
-    if symbolic is not None and symbolic.symbols:
-        given = {**(sizes or {}), **{k: loop_params.pop(k) for k in list(loop_params)
-                                     if k in symbolic.symbol_map}}
-        found = infer_sizes(symbolic, inputs, given)
-        # bound at the run's sizes and loop counts: every error of either raised here, as the
-        # reference executor raises it, before anything compiles
-        bound = lower(symbolic, plan, target, found, loop_params or None)
-        at = {**symbolic.planning_sizes(), **found}
-        size_args = [at[s] for s in size_symbols(symbolic)]
-    elif sizes:
-        raise ExecutionError(f"program {program.name!r} has no run-time sizes; got "
-                             f"{sorted(sizes)}")
-    else:
-        bound = lower(program, plan, target, params=loop_params or None)
+    b = bind_run(program, plan, target, inputs, params, symbolic, sizes)
+    program, symbolic, bound, loop_params, size_args, given_outputs = (
+        b.program, b.symbolic, b.bound, b.loop_params, b.size_args, b.given_outputs)
     schedule = emitted(program, plan, target, symbolic)
     text = parallel_ir(program, plan, target, symbolic)
     bound_program = bound.program
