@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import platform
 import re
 import tempfile
 import time
@@ -44,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from apportion.errors import ExecutionError
+from apportion.target.host import host_cpu
 
 log = logging.getLogger(__name__)
 
@@ -163,22 +163,6 @@ def compiler_version() -> str:
         return version("iree-base-compiler")
     except Exception:  # noqa: BLE001 - no metadata: the key then ignores the version
         return "unknown"
-
-
-def host_cpu() -> str:
-    """What ``--iree-llvmcpu-target-cpu=host`` compiles for: the machine, and on Linux the CPU
-    model and feature flags (a cache shared between machines must not mix their modules)."""
-    parts = [platform.machine(), platform.processor()]
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "flags", "Features")):
-                    parts.append(line.strip())
-                if line.strip() == "":
-                    break  # the first processor is enough
-    except OSError:
-        pass
-    return "\n".join(parts)
 
 
 def cache_key(text: str, flags: Sequence[str]) -> str:
