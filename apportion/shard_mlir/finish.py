@@ -4,7 +4,7 @@ the count, or the local max and index packed into int64 argmax keys."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from apportion.ir.program import TensorType
 from apportion.shard_mlir.body import Block, convert, elt, generic, tensor_type
@@ -119,3 +119,21 @@ def pack_key(b: Block, value: str, v_elt: str, index: str, i_elt: str, finish: F
     key = b.fresh("key")
     b.emit(f"{key} = arith.ori {hs}, {lo} : i64")
     return key
+
+
+def cast_body(unpack: bool, src: str, dst: str
+              ) -> Callable[[Block, list[str], list[str]], list[str]]:
+    """A generic body converting an element from ``src`` to ``dst``; with ``unpack``, an
+    argmax key (``pack_key``) whose reduction is done, turned back into its index."""
+
+    def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
+        if unpack:
+            low = b.const(LOW, "i64")
+            m = b.fresh("low")
+            b.emit(f"{m} = arith.andi {args[0]}, {low} : i64")
+            i = b.fresh("index")
+            b.emit(f"{i} = arith.subi {low}, {m} : i64")
+            return [convert(b, i, "i64", dst)]
+        return [convert(b, args[0], src, dst)]
+
+    return body

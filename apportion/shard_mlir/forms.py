@@ -31,14 +31,13 @@ from apportion.ir.program import Program, TensorType
 from apportion.runtime.upstream_mlir import verify_upstream
 from apportion.shard_mlir.body import (
     Block,
-    convert,
     declarations,
     elt,
     generic,
     render_op,
     tensor_type,
 )
-from apportion.shard_mlir.finish import LOW, finish_op, identity_map
+from apportion.shard_mlir.finish import cast_body, finish_op, identity_map
 from apportion.sharding.collectives import Step
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.mlir import grid_op, sharding_op
@@ -489,15 +488,7 @@ class _Spmd:
         init = self.blk.fresh(f"{result}_init")
         self.blk.emit(f"{init} = tensor.empty({', '.join(dyn)}) : {tensor_type(shape, dst_e)}")
 
-        def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
-            if unpack:
-                low = b.const(LOW, "i64")
-                m = b.fresh("low")
-                b.emit(f"{m} = arith.andi {args[0]}, {low} : i64")
-                i = b.fresh("index")
-                b.emit(f"{i} = arith.subi {low}, {m} : i64")
-                return [convert(b, i, "i64", dst_e)]
-            return [convert(b, args[0], src_e, dst_e)]
+        body = cast_body(unpack, src_e, dst_e)
 
         return generic(self.blk, [f"p{i}" for i in range(rank)], (),
                        [(res, held, src_e, ident)],

@@ -32,9 +32,9 @@ from apportion.schedule.mesh import (
     intersect,
     within,
 )
-from apportion.shard_mlir.body import Block, convert, declarations, elt, generic, render_op
+from apportion.shard_mlir.body import Block, declarations, elt, generic, render_op
 from apportion.shard_mlir.body import tensor_type as ttype
-from apportion.shard_mlir.finish import LOW, finish_op, identity_map
+from apportion.shard_mlir.finish import cast_body, finish_op, identity_map
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.mlir import grid_op
 from apportion.sharding.rules import Finish
@@ -180,15 +180,7 @@ class _Unrolled:
         self.blk.emit(f"{init} = tensor.empty() : {ttype(shape, oe)}")
         ident = identity_map(len(shape))
 
-        def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
-            if unpack:
-                low = b.const(LOW, "i64")
-                m = b.fresh("low")
-                b.emit(f"{m} = arith.andi {args[0]}, {low} : i64")
-                i = b.fresh("index")
-                b.emit(f"{i} = arith.subi {low}, {m} : i64")
-                return [convert(b, i, "i64", oe)]
-            return [convert(b, args[0], e, oe)]
+        body = cast_body(unpack, e, oe)
 
         out = generic(self.blk, [f"p{i}" for i in range(len(shape))], (),
                       [(acc, ty, e, ident)], [(init, ttype(shape, oe), oe, ident)], body,
