@@ -343,13 +343,7 @@ def iree_check(program: Program, plan: Plan, target: Target, seed: int = 0,
     """Run in IREE and unplanned on the same random inputs; compare every output. A program
     with run-time sizes (``symbolic``, see ``iree_run``) runs at the sizes ``params`` names
     (the others at their planning sizes), ``symbolic`` unplanned at those sizes the reference."""
-    reference = program
-    if symbolic is not None and symbolic.symbols:
-        try:
-            reference = symbolic.bind({k: v for k, v in (params or {}).items()
-                                       if k in symbolic.symbol_map})
-        except ProgramError as e:
-            raise ExecutionError(str(e)) from None
+    reference = reference_at(program, symbolic, params)
     inputs = random_inputs(reference, seed)
     run = iree_run(program, plan, target, inputs, params, cache_dir, symbolic)
     return compare(run_unplanned(reference, inputs), run.tensors, reference), run
@@ -398,3 +392,16 @@ def bind_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
     else:
         bound = lower(program, plan, target, params=loop_params or None)
     return BoundRun(program, symbolic, bound, loop_params, size_args, given_outputs)
+
+
+def reference_at(program: Program, symbolic: Program | None,
+                 params: Mapping[str, int] | None) -> Program:
+    """The unplanned program a check compares with: ``symbolic`` bound at the sizes ``params``
+    names (the others at their planning sizes) where it has run-time sizes, else ``program``."""
+    if symbolic is None or not symbolic.symbols:
+        return program
+    try:
+        return symbolic.bind({k: v for k, v in (params or {}).items()
+                              if k in symbolic.symbol_map})
+    except ProgramError as e:
+        raise ExecutionError(str(e)) from None

@@ -32,10 +32,16 @@ from apportion.backends.iree.forall import (
     symbol_name,
     symbols,
 )
-from apportion.backends.iree.run import bind_run, check_gathers, emitted, host_ops
+from apportion.backends.iree.run import (
+    bind_run,
+    check_gathers,
+    emitted,
+    host_ops,
+    reference_at,
+)
 from apportion.backends.limits import cite
 from apportion.backends.openmp import engine as omp
-from apportion.errors import ExecutionError, ProgramError
+from apportion.errors import ExecutionError
 from apportion.ir.program import Program
 from apportion.plans.plan import Plan
 from apportion.runtime.reference import (
@@ -171,13 +177,7 @@ def openmp_check(program: Program, plan: Plan, target: Target, seed: int = 0,
     """Run with OpenMP and unplanned on the same random inputs; compare every output. A
     program with run-time sizes (``symbolic``) runs at the sizes ``params`` names (the others
     at their planning sizes), and ``symbolic`` bound at those sizes is the reference."""
-    reference = program
-    if symbolic is not None and symbolic.symbols:
-        try:
-            reference = symbolic.bind({k: v for k, v in (params or {}).items()
-                                       if k in symbolic.symbol_map})
-        except ProgramError as e:
-            raise ExecutionError(str(e)) from None
+    reference = reference_at(program, symbolic, params)
     inputs = random_inputs(reference, seed)
     run = openmp_run(program, plan, target, inputs, params, symbolic, threads=threads)
     return compare(run_unplanned(reference, inputs), run.tensors, reference), run
