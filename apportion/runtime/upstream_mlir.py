@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -114,6 +115,50 @@ def verify_upstream(text: str) -> None:
     """Parse and verify ``text`` with upstream MLIR 22 (every dialect it registers, ``shard``
     included); raise EmitError with its diagnostics when it fails."""
     mlir_opt(text)
+
+
+def pipeline(passes: Sequence[str]) -> str:
+    """A pass pipeline's text (``mlir-opt --pass-pipeline=...``).
+
+    >>> pipeline(("canonicalize",))
+    'builtin.module(canonicalize)'
+    """
+    return f"builtin.module({', '.join(passes)})"
+
+
+#: a bool memref type (``memref<8x96xi1, strided<...>>``, ``memref<i1>``) up to its element
+_BOOL_MEMREF = re.compile(r"(memref<(?:[0-9?]+x)*)i1\b")
+_BOOL_LOAD = re.compile(r"^(\s*)(%[\w.$-]+) = memref\.load ")
+_BOOL_STORE = re.compile(r"^(\s*)memref\.store (%[\w.$#-]+), ")
+
+
+def widen_bools(text: str) -> str:
+    """Loops on memrefs (``Lowering.to_memref``'s output) with every bool memref held in
+    bytes: upstream MLIR 22.1's memref-to-LLVM lowering asserts on ``i1`` loads and stores
+    (``integralElementType.getWidth() >= 8``), so a load of a bool reads a byte and truncates
+    it, and a store extends its bool to a byte (0 or 1, as numpy stores ``bool``).
+
+    >>> print(widen_bools("  %v = memref.load %m[%i] : memref<8xi1>"), end="")
+      %bool_byte0 = memref.load %m[%i] : memref<8xi8>
+      %v = arith.trunci %bool_byte0 : i8 to i1
+    """
+    out: list[str] = []
+    for line in text.splitlines():
+        wide = _BOOL_MEMREF.sub(r"\1i8", line)
+        load, store = _BOOL_LOAD.match(line), _BOOL_STORE.match(line)
+        if wide != line and load:
+            pad, ssa = load.groups()
+            byte = f"%bool_byte{len(out)}"  # a name mlir-opt's printer never gives
+            out.append(wide.replace(f"{ssa} =", f"{byte} =", 1))
+            out.append(f"{pad}{ssa} = arith.trunci {byte} : i8 to i1")
+        elif wide != line and store:
+            pad, ssa = store.groups()
+            byte = f"%bool_byte{len(out)}"
+            out.append(f"{pad}{byte} = arith.extui {ssa} : i1 to i8")
+            out.append(wide.replace(f"memref.store {ssa},", f"memref.store {byte},", 1))
+        else:
+            out.append(wide)
+    return "\n".join(out) + "\n"
 
 
 #: tensor dtype -> (MLIR element type, numpy storage the execution engine passes)

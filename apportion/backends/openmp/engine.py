@@ -50,7 +50,6 @@ import contextlib
 import hashlib
 import os
 import pickle
-import re
 import subprocess
 import sys
 import tempfile
@@ -66,6 +65,7 @@ import numpy as np
 from apportion.backends.openmp.worker import HOST
 from apportion.errors import EmitError, ExecutionError
 from apportion.runtime import upstream_mlir
+from apportion.runtime.upstream_mlir import pipeline, widen_bools
 
 #: bufferize the tensor function: its results become out-parameters of the caller's arrays
 _BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries=1 "
@@ -102,50 +102,6 @@ PARALLEL = Lowering("parallel", ("func.func(llvm-request-c-wrappers)", *_BUFFERI
 #: each ``scf.forall`` an ``scf.for`` (the same IR run as sequential loops)
 SEQUENTIAL = Lowering("sequential", ("func.func(llvm-request-c-wrappers)", *_BUFFERIZE,
                                      "func.func(scf-forall-to-for)", *_TO_MEMREF))
-
-def pipeline(passes: Sequence[str]) -> str:
-    """A pass pipeline's text (``mlir-opt --pass-pipeline=...``).
-
-    >>> pipeline(("canonicalize",))
-    'builtin.module(canonicalize)'
-    """
-    return f"builtin.module({', '.join(passes)})"
-
-
-#: a bool memref type (``memref<8x96xi1, strided<...>>``, ``memref<i1>``) up to its element
-_BOOL_MEMREF = re.compile(r"(memref<(?:[0-9?]+x)*)i1\b")
-_BOOL_LOAD = re.compile(r"^(\s*)(%[\w.$-]+) = memref\.load ")
-_BOOL_STORE = re.compile(r"^(\s*)memref\.store (%[\w.$#-]+), ")
-
-
-def widen_bools(text: str) -> str:
-    """Loops on memrefs (``Lowering.to_memref``'s output) with every bool memref held in
-    bytes: upstream MLIR 22.1's memref-to-LLVM lowering asserts on ``i1`` loads and stores
-    (``integralElementType.getWidth() >= 8``), so a load of a bool reads a byte and truncates
-    it, and a store extends its bool to a byte (0 or 1, as numpy stores ``bool``).
-
-    >>> print(widen_bools("  %v = memref.load %m[%i] : memref<8xi1>"), end="")
-      %bool_byte0 = memref.load %m[%i] : memref<8xi8>
-      %v = arith.trunci %bool_byte0 : i8 to i1
-    """
-    out: list[str] = []
-    for line in text.splitlines():
-        wide = _BOOL_MEMREF.sub(r"\1i8", line)
-        load, store = _BOOL_LOAD.match(line), _BOOL_STORE.match(line)
-        if wide != line and load:
-            pad, ssa = load.groups()
-            byte = f"%bool_byte{len(out)}"  # a name mlir-opt's printer never gives
-            out.append(wide.replace(f"{ssa} =", f"{byte} =", 1))
-            out.append(f"{pad}{ssa} = arith.trunci {byte} : i8 to i1")
-        elif wide != line and store:
-            pad, ssa = store.groups()
-            byte = f"%bool_byte{len(out)}"
-            out.append(f"{pad}{byte} = arith.extui {ssa} : i1 to i8")
-            out.append(wide.replace(f"memref.store {ssa},", f"memref.store {byte},", 1))
-        else:
-            out.append(wide)
-    return "\n".join(out) + "\n"
-
 
 def lower_llvm(text: str, lowering: Lowering = PARALLEL) -> str:
     """``text`` (one or more ``func.func`` on tensors) lowered to the LLVM dialect, as text;
