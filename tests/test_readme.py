@@ -82,6 +82,7 @@ TIMED: set[str] = {
     "apportion bench e2e",
     "apportion bench splitk --check",
     "apportion bench forall",
+    "apportion cuda build examples/megatron.json --cores 132 --out build/cuda/megatron",
 }
 
 #: a python block that imports torch (or continues one that does) exports models from

@@ -22,6 +22,7 @@ from rich.console import Console
 
 from apportion.backends import BACKENDS
 from apportion.cli.params import is_decimal, parse_params
+from apportion.cli.report import print_checks
 from apportion.cli.usage import UsageError, make_folder, output_path
 from apportion.errors import ApportionError, ProgramError
 from apportion.ir.program import Program
@@ -31,7 +32,6 @@ from apportion.target.target import Target
 
 if TYPE_CHECKING:
     from apportion.planned import PlannedProgram
-    from apportion.runtime.reference import OutputCheck
 
 DEFAULT = "default"
 T = TypeVar("T")
@@ -442,24 +442,6 @@ def _home_short(path: Path) -> str:
         return str(path)
 
 
-def print_checks(checks: list[OutputCheck], what: str, console: Console,
-                 reference: str = "the unplanned program") -> int:
-    """One line per output and a verdict against ``reference``; the exit status (1 on a
-    mismatch)."""
-    for c in checks:
-        status = "[green]ok[/green]" if c.ok else "[red]MISMATCH[/red]"
-        console.print(f"{c.tensor:>12} {c.dtype:>9}  max abs err {c.max_abs_err:.3g}  "
-                      f"max rel err {c.max_rel_err:.3g}  tol {c.tolerance}  {status}")
-    bad = [c.tensor for c in checks if not c.ok]
-    if bad:
-        console.print(f"[red]{what} differs from {reference} on {', '.join(bad)}[/red]",
-                      soft_wrap=True)
-        return 1
-    # one line whatever its length: scripts grep the verdict
-    console.print(f"{what} matches {reference}", soft_wrap=True)
-    return 0
-
-
 def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     from apportion.backends.bundle.spec_text import to_json, to_source
 
@@ -621,6 +603,7 @@ def _demo_program(args: argparse.Namespace, console: Console) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from apportion.cli import cuda as cuda_cli
     from apportion.cli import shard as shard_cli
 
     parser = _Parser(prog="apportion", description=(__doc__ or "").splitlines()[0])
@@ -694,6 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
     shard_cli.add_parser(sub, _common)
     b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCH_SUITES)}")
     b.add_argument("suite", choices=BENCH_SUITES)
+    cuda_cli.add_parser(sub, _common, _planned, _params)
     b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
                    help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling "
                         "and e2e; forall: the plans' workers, default 8)")

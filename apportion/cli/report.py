@@ -11,6 +11,7 @@ from rich.table import Table
 from apportion.frontend.torch_moe import DENSE_FORM, PARTS, MoeBlock
 from apportion.ir.program import Program
 from apportion.plans.plan import OpPlan, Plan
+from apportion.runtime.reference import OutputCheck
 from apportion.target.target import Target
 
 
@@ -286,3 +287,21 @@ def print_report(plan: Plan, target: Target, console: Console | None = None) -> 
     for line in (*group_lines(plan), *scratchpad_lines(plan), *symbol_lines(plan)):
         console.print(line, highlight=False, soft_wrap=True)
     console.print(summary_line(plan))
+
+
+def print_checks(checks: list[OutputCheck], what: str, console: Console,
+                 reference: str = "the unplanned program") -> int:
+    """One line per output and a verdict against ``reference``; the exit status (1 on a
+    mismatch)."""
+    for c in checks:
+        status = "[green]ok[/green]" if c.ok else "[red]MISMATCH[/red]"
+        console.print(f"{c.tensor:>12} {c.dtype:>9}  max abs err {c.max_abs_err:.3g}  "
+                      f"max rel err {c.max_rel_err:.3g}  tol {c.tolerance}  {status}")
+    bad = [c.tensor for c in checks if not c.ok]
+    if bad:
+        console.print(f"[red]{what} differs from {reference} on {', '.join(bad)}[/red]",
+                      soft_wrap=True)
+        return 1
+    # one line whatever its length: scripts grep the verdict
+    console.print(f"{what} matches {reference}", soft_wrap=True)
+    return 0

@@ -1,0 +1,191 @@
+"""Run a cuda bundle on this machine's NVIDIA GPU: ``python3 device_main.py BUNDLE OUT
+[--repeat N]``.
+
+This file needs only Python, numpy and an NVIDIA driver (``libcuda.so.1``): it imports
+nothing of apportion, so a GPU machine without apportion's dependencies (upstream MLIR, IREE)
+runs a bundle built elsewhere by ``apportion cuda build`` (``bundle.build_bundle``). It
+
+1. makes the GPU's primary context current and sizes the device heap a kernel's own buffers
+   come from (``HEAP_BYTES``; it must be set before the first kernel that allocates runs);
+2. loads MLIR's CUDA runtime wrappers (``libmlir_cuda_runtime.so``, in the bundle) and the
+   bundle's host library (``module.so``: its constructor loads the kernels' PTX, which the
+   driver compiles for this GPU);
+3. copies each input into CUDA managed memory (``mgpuMemAlloc``, host-shared: the host code
+   between launches and the kernels read the same buffers), allocates the outputs there, and
+   calls the function's C interface (``_mlir_ciface_NAME``: a pointer to a memref descriptor per
+   tensor, an ``int64`` per ``index``) ``--repeat`` times, timing each call (every launch is
+   synchronous);
+4. writes the outputs (``outputs.npz``, by tensor name) and ``run.json`` (the GPU's name, each
+   call's seconds) under OUT.
+
+The runtime wrappers name ``libLLVM.so`` as a needed library but call nothing in it; a machine
+without upstream LLVM installed loads the bundle's empty stand-in (``libLLVM.so``, built with
+the bundle) so the loader is satisfied.
+
+Exit status 2 with one line on stderr when the bundle is incomplete or no GPU is usable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+#: numpy storage of each element type at the boundary (bf16 as its bits, i1 as a byte)
+STORAGE: dict[str, Any] = {"f16": np.float16, "bf16": np.uint16, "f32": np.float32,
+                           "f64": np.float64, "i8": np.int8, "i32": np.int32, "i64": np.int64,
+                           "i1": np.uint8}
+#: the device heap for buffers kernels allocate themselves (CUDA's default is 8 MiB)
+HEAP_BYTES = 1 << 30
+_CU_LIMIT_MALLOC_HEAP_SIZE = 2
+
+
+class BundleError(Exception):
+    """A bundle that cannot run here (missing file, no driver, a CUDA error)."""
+
+
+def _check(code: int, what: str, cuda: ctypes.CDLL) -> None:
+    if code != 0:
+        name = ctypes.c_char_p()
+        cuda.cuGetErrorName(code, ctypes.byref(name))
+        raise BundleError(f"{what} failed: {(name.value or b'?').decode()} ({code})")
+
+
+def _context(cuda: ctypes.CDLL) -> str:
+    """Initialise the driver, size the device heap in device 0's primary context (the one the
+    runtime wrappers use) and give the device's name."""
+    _check(cuda.cuInit(0), "cuInit", cuda)
+    dev = ctypes.c_int()
+    _check(cuda.cuDeviceGet(ctypes.byref(dev), 0), "cuDeviceGet", cuda)
+    ctx = ctypes.c_void_p()
+    _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain",
+           cuda)
+    _check(cuda.cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent", cuda)
+    _check(cuda.cuCtxSetLimit(_CU_LIMIT_MALLOC_HEAP_SIZE, ctypes.c_size_t(HEAP_BYTES)),
+           "cuCtxSetLimit(malloc heap)", cuda)
+    name = ctypes.create_string_buffer(256)
+    _check(cuda.cuDeviceGetName(name, 256, dev), "cuDeviceGetName", cuda)
+    return name.value.decode()
+
+
+def _load(bundle: Path) -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    runtime_path = bundle / "libmlir_cuda_runtime.so"
+    try:
+        runtime = ctypes.CDLL(str(runtime_path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        if "libLLVM" not in str(e):
+            raise BundleError(f"cannot load {runtime_path.name}: {e}") from None
+        ctypes.CDLL(str(bundle / "libLLVM.so"), mode=ctypes.RTLD_GLOBAL)  # the stand-in
+        runtime = ctypes.CDLL(str(runtime_path), mode=ctypes.RTLD_GLOBAL)
+    runtime.mgpuMemAlloc.restype = ctypes.c_void_p
+    runtime.mgpuMemAlloc.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_bool]
+    runtime.mgpuMemFree.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    return runtime, ctypes.CDLL(str(bundle / "module.so"))
+
+
+def _managed(runtime: ctypes.CDLL, shape: tuple[int, ...], storage: Any,
+             held: list[int]) -> np.ndarray:
+    """A zeroed array of ``shape`` in CUDA managed memory."""
+    dtype = np.dtype(storage)
+    nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
+    ptr = runtime.mgpuMemAlloc(nbytes, None, True)
+    if not ptr:
+        raise BundleError(f"managed allocation of {nbytes} bytes failed")
+    held.append(ptr)
+    raw = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
+    raw[:] = 0
+    count = int(np.prod(shape, dtype=np.int64))
+    return raw[:count * dtype.itemsize].view(dtype).reshape(shape)
+
+
+def _descriptor(a: np.ndarray, keep: list[Any]) -> Any:
+    """A pointer to ``a``'s ranked memref descriptor (MLIR's C interface)."""
+    rank = a.ndim
+    fields: list[tuple[str, Any]] = [("allocated", ctypes.c_void_p),
+                                     ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
+    if rank:
+        fields += [("shape", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+    desc = type(f"MemRef{rank}", (ctypes.Structure,), {"_fields_": fields})()
+    desc.allocated = desc.aligned = a.ctypes.data
+    desc.offset = 0
+    if rank:
+        desc.shape[:] = list(a.shape)
+        desc.strides[:] = [s // a.itemsize for s in a.strides]
+    keep += [a, desc]
+    return ctypes.pointer(desc)
+
+
+def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, Any]:
+    """Run ``bundle`` ``repeat`` times; write ``outputs.npz`` and ``run.json`` under ``out``
+    and give ``run.json``'s record."""
+    manifest_path = bundle / "manifest.json"
+    if not manifest_path.exists():
+        raise BundleError(f"{bundle} holds no manifest.json: not a cuda bundle")
+    manifest = json.loads(manifest_path.read_text())
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise BundleError("no NVIDIA driver (libcuda.so.1) on this machine") from None
+    device = _context(cuda)
+    runtime, module = _load(bundle)
+    held: list[int] = []
+    try:
+        with np.load(bundle / "inputs.npz") as f:
+            given = {k: f[k] for k in f.files}
+        keep: list[Any] = []
+        call_args: list[Any] = []
+        for arg in manifest["args"]:
+            if arg["kind"] == "index":
+                call_args.append(ctypes.c_int64(arg["value"]))
+                continue
+            value = given[arg["name"]]
+            buf = _managed(runtime, tuple(value.shape), STORAGE[arg["type"]], held)
+            buf[...] = value
+            call_args.append(_descriptor(buf, keep))
+        outputs = {}
+        for res in manifest["results"]:
+            buf = _managed(runtime, tuple(res["shape"]), STORAGE[res["type"]], held)
+            outputs[res["name"]] = buf
+            call_args.append(_descriptor(buf, keep))
+        function = getattr(module, manifest["function"])
+        function.restype = None
+        seconds = []
+        for _ in range(max(1, repeat)):
+            start = time.perf_counter()
+            function(*call_args)
+            seconds.append(time.perf_counter() - start)
+        out.mkdir(parents=True, exist_ok=True)
+        np.savez(out / "outputs.npz", **{k: np.array(v) for k, v in outputs.items()})
+    finally:
+        for ptr in held:
+            runtime.mgpuMemFree(ptr, None)
+    record = {"device": device, "function": manifest["function"], "run_s": seconds,
+              "blocks": manifest.get("blocks")}
+    (out / "run.json").write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--repeat", type=int, default=1)
+    args = parser.parse_args(argv)
+    try:
+        record = run_bundle(args.bundle, args.out, args.repeat)
+    except BundleError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{args.bundle.name}: ran on {record['device']}, best of {len(record['run_s'])} "
+          f"{min(record['run_s']) * 1e3:.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

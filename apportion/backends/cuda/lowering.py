@@ -1,0 +1,239 @@
+"""The parallel IR on tensors lowered by upstream MLIR 22 to a host library that launches one
+CUDA kernel per ``scf.forall``.
+
+``lower_nvvm`` takes the text of one ``func.func`` (the iree emitter's ``scf.forall`` IR
+planned for the ``gpu`` target, whose foralls carry ``#gpu.block`` mappings) through
+upstream passes:
+
+1. one-shot bufferization across the function boundary (results made out-parameters the
+   caller allocates), each ``scf.forall`` (now without results) to ``scf.parallel``
+   (``--scf-forall-to-parallel``), keeping its mapping;
+2. each mapping said as the loop-to-processor map ``--convert-parallel-loops-to-gpu`` reads
+   (``#gpu.block<x>`` -> ``#gpu.loop_dim_map<processor = block_x, ...>``; a fourth and later
+   grid dim, ``#gpu.block<linear_dim_3>`` and on, runs as a loop in each block), every
+   ``memref.copy`` a ``linalg.copy`` (a kernel has no ``memrefCopy`` library to call), each
+   ``linalg`` op to loops, buffers freed by ownership-based deallocation, each mapped
+   parallel loop a ``gpu.launch`` and its body outlined as a kernel: a core of the plan is a
+   block, its work the block's loops;
+3. every buffer of the host code allocated as CUDA managed memory (``gpu.alloc
+   host_shared``): the host code between launches (fills, copies of slices, loops of a tiled
+   bundle) and the kernels read the same buffers; a buffer a kernel allocates for itself comes
+   from the device heap;
+4. the kernels compiled to PTX for ``arch`` (the driver JIT-compiles it for the GPU at hand;
+   ``sm_80`` runs on Ampere and later), the host code to the LLVM dialect calling MLIR's CUDA
+   runtime wrappers (``libmlir_cuda_runtime``: ``mgpuLaunchKernel``, ``mgpuMemAlloc`` ...).
+
+``link`` turns that module into a shared library with upstream's ``mlir-translate`` and
+``llc`` and the system's C compiler driver as linker.
+
+>>> text = '''func.func @twice(%x: tensor<4xf32>) -> tensor<4xf32> {
+...   %e = tensor.empty() : tensor<4xf32>
+...   %r = scf.forall (%i) in (4) shared_outs(%o = %e) -> (tensor<4xf32>) {
+...     %v = tensor.extract %x[%i] : tensor<4xf32>
+...     %w = arith.addf %v, %v : f32
+...     %t = tensor.from_elements %w : tensor<1xf32>
+...     scf.forall.in_parallel {
+...       tensor.parallel_insert_slice %t into %o[%i] [1] [1] : tensor<1xf32> into tensor<4xf32>
+...     }
+...   } {mapping = [#gpu.block<x>]}
+...   return %r : tensor<4xf32>
+... }'''
+>>> from apportion.runtime import upstream_mlir
+>>> if upstream_mlir.available():
+...     lowered = lower_nvvm(text)
+...     assert "gpu.binary" in lowered and "gpu.launch_func" in lowered
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from apportion.errors import EmitError, ExecutionError
+from apportion.runtime import upstream_mlir
+from apportion.runtime.upstream_mlir import pipeline, widen_bools
+
+
+@dataclass(frozen=True)
+class GpuArch:
+    """The GPU the kernels are compiled for: its chip (``sm_80``) and PTX version feature
+    (``+ptx70``). PTX of an older chip runs on every newer one (the driver compiles it)."""
+
+    chip: str = "sm_80"
+    features: str = "+ptx70"
+
+
+#: the default: PTX for Ampere (``sm_80``), which the driver compiles for Hopper and later too
+AMPERE = GpuArch()
+
+
+#: to memrefs, results as the caller's out-parameters, each forall an ``scf.parallel``
+_TO_PARALLEL = ("func.func(llvm-request-c-wrappers)",
+                "one-shot-bufferize{bufferize-function-boundaries=1 "
+                "function-boundary-type-conversion=identity-layout-map}",
+                "buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1}",
+                "cse", "canonicalize", "func.func(scf-forall-to-parallel)")
+#: linalg to loops and buffers freed (the deallocation passes know no ``gpu.launch_func``, so
+#: they run first), then each mapped parallel loop a kernel
+_TO_KERNELS = ("func.func(convert-linalg-to-loops)", "ownership-based-buffer-deallocation",
+               "canonicalize", "buffer-deallocation-simplification",
+               "bufferization-lower-deallocations", "cse", "canonicalize",
+               "func.func(convert-parallel-loops-to-gpu)", "gpu-kernel-outlining")
+
+
+def _nvvm(arch: GpuArch) -> tuple[str, ...]:
+    return (f"gpu-lower-to-nvvm-pipeline{{cubin-chip={arch.chip} "
+            f"cubin-features={arch.features} cubin-format=isa}}",)
+
+
+_BLOCK = re.compile(r"#gpu\.block<(x|y|z|linear_dim_(\d+))>")
+_PROCESSORS = {"x": "block_x", "y": "block_y", "z": "block_z"}
+
+
+def block_maps(text: str) -> str:
+    """Each ``#gpu.block`` mapping of a parallel loop as the processor map
+    ``--convert-parallel-loops-to-gpu`` reads: ``x``, ``y``, ``z`` (and ``linear_dim_0`` to
+    ``2``) to those block ids; a later linear dim to a loop in the block (``sequential``).
+
+    >>> block_maps("{mapping = [#gpu.block<y>]}")
+    '{mapping = [#gpu.loop_dim_map<processor = block_y, map = (d0) -> (d0), bound = (d0) -> (d0)>]}'
+    """
+    def one(m: re.Match[str]) -> str:
+        linear = m.group(2)
+        if linear is None:
+            proc = _PROCESSORS[m.group(1)]
+        else:
+            proc = ("block_x", "block_y", "block_z")[int(linear)] if int(linear) < 3 else (
+                "sequential")
+        return f"#gpu.loop_dim_map<processor = {proc}, map = (d0) -> (d0), bound = (d0) -> (d0)>"
+
+    return _BLOCK.sub(one, text)
+
+
+_COPY = re.compile(r"^(\s*)memref\.copy (%[\w.$-]+), (%[\w.$-]+) : (.+?) to (.+)$", re.M)
+
+
+def copies_as_linalg(text: str) -> str:
+    """Every ``memref.copy`` a ``linalg.copy`` of the same operands, which becomes loops
+    (a kernel cannot call the runner library's ``memrefCopy``).
+
+    >>> copies_as_linalg("  memref.copy %a, %b : memref<4xf32> to memref<4xf32>")
+    '  linalg.copy ins(%a : memref<4xf32>) outs(%b : memref<4xf32>)'
+    """
+    return _COPY.sub(r"\1linalg.copy ins(\2 : \4) outs(\3 : \5)", text)
+
+
+_ALLOC = re.compile(r"^(\s*)(%[\w.$-]+) = memref\.alloc\(([^)]*)\)(?: \{[^}]*\})? : (.+)$")
+_DEALLOC = re.compile(r"^(\s*)memref\.dealloc (%[\w.$-]+) : (.+)$")
+
+
+def host_shared(text: str) -> str:
+    """The host functions' buffers allocated as CUDA managed memory (``gpu.alloc
+    host_shared``, which host code and kernels both read) and freed by ``gpu.dealloc`` (whose
+    lowering wants a stream: an ``async`` one waited on). Buffers inside a ``gpu.module`` (a
+    kernel's own) are left as they are: the device heap.
+
+    >>> print(host_shared("    %a = memref.alloc() {alignment = 64 : i64} : memref<8xf32>"), end="")
+        %a = gpu.alloc host_shared () : memref<8xf32>
+    """
+    out: list[str] = []
+    kernel = False
+    for line in text.splitlines():
+        if line.startswith("  gpu.module "):
+            kernel = True
+        elif kernel and line == "  }":
+            kernel = False
+        alloc, dealloc = (None, None) if kernel else (_ALLOC.match(line), _DEALLOC.match(line))
+        if alloc:
+            pad, ssa, sizes, ty = alloc.groups()
+            line = f"{pad}{ssa} = gpu.alloc host_shared ({sizes}) : {ty}"
+        elif dealloc:
+            pad, ssa, ty = dealloc.groups()
+            k = len(out)  # a name the printer never gives
+            out.append(f"{pad}%hs_wait{k} = gpu.wait async")
+            out.append(f"{pad}%hs_free{k} = gpu.dealloc async [%hs_wait{k}] {ssa} : {ty}")
+            line = f"{pad}gpu.wait [%hs_free{k}]"
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _unmapped(text: str) -> None:
+    """Refuse a forall without a GPU mapping: it would run as host loops, not kernels."""
+    n_forall = len(re.findall(r"\bscf\.forall \(", text))
+    n_mapped = len(re.findall(r"\{mapping = \[#gpu\.block<", text))
+    if n_forall > n_mapped:
+        raise ExecutionError(f"cuda backend: {n_forall - n_mapped} of the {n_forall} scf.forall "
+                             "ops carry no #gpu.block mapping (the plan's target gives none): "
+                             "plan for the 'gpu' target (--target gpu)")
+
+
+#: upstream's assertion on an expand_shape group of two run-time sizes
+_TWO_DYNAMIC = "There must be at most one dynamic size per group"
+
+
+def lower_nvvm(text: str, arch: GpuArch = AMPERE) -> str:
+    """``text`` (one ``func.func`` on tensors, foralls mapped to GPU blocks) lowered to the
+    LLVM dialect with its kernels as PTX, as text; an ExecutionError carrying upstream's
+    diagnostics when a pass fails, or for a forall without a mapping."""
+    upstream_mlir.require()  # the missing extra named as such
+    _unmapped(text)
+    try:
+        loops = upstream_mlir.mlir_opt(text, [f"--pass-pipeline={pipeline(_TO_PARALLEL)}"])
+        kernels = upstream_mlir.mlir_opt(copies_as_linalg(block_maps(loops)),
+                                         [f"--pass-pipeline={pipeline(_TO_KERNELS)}"])
+        return upstream_mlir.mlir_opt(widen_bools(host_shared(kernels)),
+                                      [f"--pass-pipeline={pipeline(_nvvm(arch))}"])
+    except EmitError as e:
+        said = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        if _TWO_DYNAMIC in said:
+            raise ExecutionError(
+                "cuda backend: upstream MLIR 22.1.8 cannot lower a memref.expand_shape with "
+                "two run-time sizes in one group (expand-strided-metadata asserts: "
+                f"'{_TWO_DYNAMIC}'); the parallel IR reshapes a run-time K into run-time "
+                "slices of a run-time step (a split reduction of a run-time size)") from None
+        raise ExecutionError("cuda backend: upstream MLIR cannot lower the parallel IR to "
+                             f"NVVM: {said[:1500]}") from None
+
+
+def _run(args: list[str], what: str, timeout_s: float = 300.0) -> None:
+    done = subprocess.run(args, capture_output=True, text=True, check=False, timeout=timeout_s)
+    if done.returncode != 0:
+        said = " ".join(done.stderr.split())[-1500:]
+        raise ExecutionError(f"cuda backend: {what} failed (exit status {done.returncode}): "
+                             f"{said}")
+
+
+def linker() -> str:
+    """The C compiler driver that links the shared library (``cc``, ``gcc`` or ``clang``)."""
+    for name in ("cc", "gcc", "clang"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise ExecutionError("cuda backend: no C compiler driver (cc, gcc or clang) on PATH to "
+                         "link the kernels' host library")
+
+
+def link(llvm_dialect: str, out: Path) -> Path:
+    """The LLVM-dialect module ``llvm_dialect`` (``lower_nvvm``'s output) as a shared library
+    at ``out`` that needs ``libmlir_cuda_runtime.so`` from its own folder (``$ORIGIN``)."""
+    llc = upstream_mlir.require().parent / "llvm" / "bin" / "llc"
+    if not llc.exists():
+        raise ExecutionError("cuda backend: upstream LLVM's llc is not installed (the "
+                             f"'{upstream_mlir.EXTRA}' extra)")
+    runtime = upstream_mlir.runner_library("mlir_cuda_runtime")
+    with tempfile.TemporaryDirectory() as tmp:
+        place = Path(tmp)
+        (place / "module.mlir").write_text(llvm_dialect)
+        _run([str(upstream_mlir.tool("mlir-translate")), "--mlir-to-llvmir",
+              str(place / "module.mlir"), "-o", str(place / "module.ll")],
+             "mlir-translate --mlir-to-llvmir")
+        _run([str(llc), "-O2", "-filetype=obj", "-relocation-model=pic",
+              str(place / "module.ll"), "-o", str(place / "module.o")], "llc")
+        _run([linker(), "-shared", str(place / "module.o"), "-o", str(out),
+              f"-L{runtime.parent}", "-lmlir_cuda_runtime", "-Wl,-rpath,$ORIGIN"],
+             "linking the host library")
+    return out

@@ -1,0 +1,190 @@
+"""The cuda backend: the parallel IR lowered by upstream MLIR to CUDA kernels and a host
+library, built into a bundle; run and checked where an NVIDIA GPU is present."""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import apportion as ap
+from apportion.backends.cuda import device_main
+from apportion.backends.cuda.bundle import build_bundle, check_bundle, run_bundle
+from apportion.backends.cuda.lowering import (
+    block_maps,
+    copies_as_linalg,
+    host_shared,
+    lower_nvvm,
+)
+from apportion.backends.iree.forall import forall_mlir
+from apportion.backends.iree.run import emitted
+from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.runtime import upstream_mlir
+from apportion.runtime.reference import random_inputs, run_unplanned
+
+pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
+                                reason="needs the mlir extra (upstream MLIR 22)")
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _has_gpu() -> bool:
+    return ctypes.util.find_library("cuda") is not None
+
+
+def _gpu_plan(name: str, cores: int = 8) -> ap.PlannedProgram:
+    return ap.plan(ap.load(EXAMPLES / f"{name}.json"), ap.targets.gpu(cores=cores))
+
+
+def test_block_mappings_become_processor_maps_and_a_fourth_grid_dim_a_loop():
+    text = "{mapping = [#gpu.block<linear_dim_3>, #gpu.block<linear_dim_0>, #gpu.block<z>]}"
+    got = block_maps(text)
+    assert re.findall(r"processor = (\w+)", got) == ["sequential", "block_x", "block_z"]
+
+
+def test_a_copy_of_strided_slices_becomes_a_linalg_copy_of_the_same_types():
+    line = ("    memref.copy %sv, %sv_1 : memref<4x8xf32, strided<[16, 1], offset: ?>> to "
+            "memref<4x8xf32, strided<[8, 1], offset: ?>>")
+    assert copies_as_linalg(line) == (
+        "    linalg.copy ins(%sv : memref<4x8xf32, strided<[16, 1], offset: ?>>) "
+        "outs(%sv_1 : memref<4x8xf32, strided<[8, 1], offset: ?>>)")
+
+
+def test_host_buffers_become_managed_memory_and_a_kernel_s_own_stay_on_its_heap():
+    text = "\n".join([
+        "  func.func @f(%n: index) {",
+        "    %a = memref.alloc(%n) {alignment = 64 : i64} : memref<?xf32>",
+        "    memref.dealloc %a : memref<?xf32>",
+        "  }",
+        "  gpu.module @k {",
+        "      %t = memref.alloc() {alignment = 64 : i64} : memref<4xf32>",
+        "  }"])
+    got = host_shared(text)
+    assert "%a = gpu.alloc host_shared (%n) : memref<?xf32>" in got
+    assert re.search(r"gpu\.dealloc async \[%hs_wait\d+\] %a : memref<\?xf32>", got)
+    assert "%t = memref.alloc() {alignment = 64 : i64} : memref<4xf32>" in got
+
+
+@pytest.mark.parametrize("name", ["fused", "mlp", "attention", "rmsnorm_argmax", "halo"])
+def test_every_forall_of_a_gpu_plan_becomes_one_kernel_launch(name):
+    planned = _gpu_plan(name)
+    text = forall_mlir(emitted(planned.program, planned.plan, planned.target))
+    lowered = lower_nvvm(text)
+    foralls = len(re.findall(r"\bscf\.forall \(", text))
+    assert lowered.count("gpu.binary @") == foralls
+    assert len(re.findall(r"\bgpu\.launch_func\b", lowered)) == foralls
+    assert "memref.alloc" not in lowered and "@malloc" not in lowered.split("gpu.binary")[0]
+
+
+def test_a_plan_whose_foralls_carry_no_gpu_mapping_is_refused_naming_the_target():
+    planned = ap.plan(ap.load(EXAMPLES / "fused.json"), ap.targets.spyre(cores=8))
+    text = forall_mlir(emitted(planned.program, planned.plan, planned.target))
+    with pytest.raises(ExecutionError, match=r"no #gpu\.block mapping.*--target gpu"):
+        lower_nvvm(text)
+
+
+def test_a_bundle_holds_the_library_its_runtime_and_what_a_run_needs(tmp_path):
+    planned = _gpu_plan("megatron")
+    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "m", seed=3)
+    manifest = json.loads((b.path / "manifest.json").read_text())
+    assert manifest["function"] == "_mlir_ciface_megatron" and manifest["kernels"] == b.kernels
+    assert [a["name"] for a in manifest["args"]] == list(planned.program.inputs)
+    assert [r["name"] for r in manifest["results"]] == list(planned.program.outputs)
+    for f in ("module.so", "libmlir_cuda_runtime.so", "libLLVM.so", "inputs.npz",
+              "reference.json", "forall.mlir"):
+        assert (b.path / f).exists(), f
+    with np.load(b.path / "inputs.npz") as saved:
+        want = random_inputs(planned.program, 3)
+        for name in planned.program.inputs:
+            np.testing.assert_array_equal(saved[name], want[name])
+
+
+def test_a_run_time_size_and_a_loop_count_travel_as_index_arguments(tmp_path):
+    planned = ap.plan(ap.load(EXAMPLES / "softmax_symbolic.json"), ap.targets.gpu(cores=8))
+    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "s",
+                     params={"T": 16}, symbolic=planned.given if planned.symbols else None)
+    indexes = [a for a in json.loads((b.path / "manifest.json").read_text())["args"]
+               if a["kind"] == "index"]
+    assert {"name": "T", "kind": "index", "value": 16} in indexes
+
+
+def test_outputs_that_differ_from_the_reference_fail_the_check(tmp_path):
+    planned = _gpu_plan("transposed")
+    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "t")
+    reference = planned.program
+    want = run_unplanned(reference, random_inputs(reference, 0))
+    results = tmp_path / "results"
+    results.mkdir()
+    outputs = {n: want[n] for n in reference.outputs}
+    np.savez(results / "outputs.npz", **outputs)
+    assert all(c.ok for c in check_bundle(b.path, results))
+    name = reference.outputs[0]
+    np.savez(results / "outputs.npz", **{**outputs, name: outputs[name] + 1})
+    assert [c.ok for c in check_bundle(b.path, results) if c.tensor == name] == [False]
+
+
+@pytest.mark.skipif(_has_gpu(), reason="this machine has an NVIDIA driver")
+def test_without_a_driver_the_device_runner_exits_2_with_one_line(tmp_path):
+    planned = _gpu_plan("transposed")
+    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "t")
+    done = subprocess.run([sys.executable, device_main.__file__, str(b.path),
+                           str(tmp_path / "out")], capture_output=True, text=True, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: no NVIDIA driver (libcuda.so.1) on this machine"]
+    with pytest.raises(ExecutionError, match="no NVIDIA driver"):
+        run_bundle(b.path, tmp_path / "out")
+
+
+def test_the_device_runner_imports_nothing_of_apportion():
+    source = Path(device_main.__file__).read_text()
+    assert not re.search(r"^\s*(from|import) apportion", source, re.M)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU and driver")
+@pytest.mark.parametrize("name", ["fused", "megatron", "rmsnorm_argmax", "splitk"])
+def test_an_example_runs_on_the_gpu_and_matches_the_reference(tmp_path, name):
+    planned = _gpu_plan(name, cores=32)
+    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / name)
+    run_bundle(b.path, tmp_path / "out")
+    checks = check_bundle(b.path, tmp_path / "out")
+    assert all(c.ok for c in checks), checks
+
+
+@st.composite
+def _cases(draw):
+    from apportion.frontend.random_programs import random_case
+    from tests.conformance.draws import HypothesisDraw
+
+    return random_case(HypothesisDraw(draw)), draw(st.integers(1, 64))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases())
+def test_random_gpu_plans_lower_to_one_kernel_per_forall_or_name_the_refusal(case_cores):
+    c, cores = case_cores
+    try:
+        planned = ap.plan(c.program, ap.targets.gpu(cores=cores), c.strategy)
+    except (PlanningError, ProgramError):
+        assume(False)
+    try:
+        text = forall_mlir(emitted(planned.program, planned.plan, planned.target,
+                                   planned.given if planned.symbols else None))
+    except ap.ApportionError:
+        assume(False)  # the emitter's own documented refusals (tested with IREE)
+    try:
+        lowered = lower_nvvm(text)
+    except ExecutionError as e:
+        # the one upstream assertion met: a split reduction of a run-time K
+        assert "two run-time sizes in one group" in str(e), e
+        return
+    assert lowered.count("gpu.binary @") == len(re.findall(r"\bscf\.forall \(", text))
