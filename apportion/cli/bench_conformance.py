@@ -19,8 +19,9 @@ Mesh case ``s`` (the same ``s``) is ``frontend.random_meshes.mesh_case(s)``: a r
 completed by propagation or the strategy search, and lowered (``sharding.lower.lower_plan``:
 every device's segments planned for the case's target); a plan the planner refuses counts as
 not planned. The reference's ``run_mesh`` runs the mesh schedule against the unplanned program,
-then every other backend that runs meshes (``run_mesh``) does, refusing (up front or while
-running, naming a documented limit), matching, or failing as above; ``dtensor``, which starts
+then every other backend that runs meshes (``run_mesh``: ``torch``, ``iree``, ``openmp`` where
+the ``mlir`` extra is installed, ``dtensor``) does, refusing (up front or while running, naming
+a documented limit), matching, or failing as above; ``dtensor``, which starts
 one process per device, runs only the first ``--dtensor N`` (default 2) the reference runs
 exactly. The table counts each backend's rows as the programs' table does and says how many
 plans hold each resharding step (``all_gather``, ``all_reduce``, ``reduce_scatter``,
@@ -62,6 +63,7 @@ from apportion.errors import ApportionError, PlanningError, ProgramError, Target
 from apportion.frontend.random_meshes import MeshCase, mesh_case
 from apportion.frontend.random_programs import Case, case
 from apportion.ir.program import Program
+from apportion.runtime import upstream_mlir
 from apportion.schedule.mesh import Collective, MeshFinish, MeshSchedule, box_shape
 
 #: cases run when ``--n`` is not given
@@ -316,9 +318,16 @@ class MeshRecord:
 
 def mesh_backends() -> tuple[str, ...]:
     """The backends besides the reference that run a program sharded over a mesh (those with
-    ``run_mesh``), in the registry's order."""
+    ``run_mesh``), in the registry's order; ``openmp`` only where the ``mlir`` extra (upstream
+    MLIR and its OpenMP runtime) is installed: without it the backend runs nothing at all, a
+    fact of this machine, not a finding about a plan."""
     return tuple(name for name in BACKENDS
-                 if name != "reference" and BACKENDS[name].run_mesh is not None)
+                 if name != "reference" and BACKENDS[name].run_mesh is not None
+                 and (name != "openmp" or _openmp_installed()))
+
+
+def _openmp_installed() -> bool:
+    return upstream_mlir.available() and upstream_mlir.openmp_library() is not None
 
 
 def run_mesh_backend(backend: Backend, program: Program, schedule: MeshSchedule,

@@ -5,12 +5,12 @@
   it; then the outputs' resharding, a summary line and the per-device programs. ``--method
   propagate`` completes the program file's ``"shardings"`` annotations without search;
   ``--format json`` prints the plan (format ``apportion.sharding/1``).
-* ``apportion run PROG --mesh SPEC [--backend reference|torch|iree|dtensor] [--check]``: the
-  plan lowered to its mesh schedule (``sharding.lower.lower_plan``: each device's segments
+* ``apportion run PROG --mesh SPEC [--backend reference|torch|iree|openmp|dtensor] [--check]``:
+  the plan lowered to its mesh schedule (``sharding.lower.lower_plan``: each device's segments
   planned for its cores and lowered) and run by the backend's ``run_mesh`` (each device's core
-  schedule in numpy, with torch kernels or as IREE modules, the data between devices moved on
-  the host by the schedule), or on ``torch.distributed`` with one process per device
-  (``dtensor``), and compared with the unsharded program.
+  schedule in numpy, with torch kernels, as IREE modules or as OpenMP modules, the data
+  between devices moved on the host by the schedule), or on ``torch.distributed`` with one
+  process per device (``dtensor``), and compared with the unsharded program.
 * ``apportion emit PROG --mesh SPEC --forall``: the per-device programs as parallel IR (the
   mesh schedule emitted by ``backends.iree.mesh.mesh_mlir``); ``--shard-form FORM`` the
   program in upstream MLIR's shard dialect (``apportion.shard_mlir``), verified upstream.
@@ -362,7 +362,8 @@ def cmd_run_sharded(args: argparse.Namespace, console: Console,
         raise ShardUsageError(f"--backend {args.backend} does not run sharded programs; with "
                               f"--mesh: {', '.join(MESH_BACKENDS)}")
     if args.backend in ("dtensor", "iree") and args.threads is not None:
-        raise ShardUsageError("--threads applies to the reference and torch backends")
+        raise ShardUsageError("--threads applies to the reference and torch backends and to "
+                              "openmp (its OpenMP team)")
     planned, tm = sharded(args)
     if tm is not None:  # a run-time size (--dynamic) bound by --param: the inputs at that size
         from apportion.cli.torch_models import at_sizes
@@ -454,13 +455,16 @@ def _run_program(args: argparse.Namespace, plan: ShardingPlan, label: str, conso
 
 
 #: the backends that run a mesh schedule (their ``run_mesh``)
-MESH_BACKENDS = ("reference", "torch", "iree", "dtensor")
+MESH_BACKENDS = ("reference", "torch", "iree", "openmp", "dtensor")
 
 
 def _verdict(backend: str, label: str) -> str:
     """What ran, as the verdict line names it."""
     if backend == "iree":
         return f"per-device modules of {label} in IREE, collectives between them on the host,"
+    if backend == "openmp":
+        return (f"per-device parallel IR of {label} run with OpenMP, collectives between them "
+                "on the host,")
     kernels = " with torch kernels" if backend == "torch" else ""
     return f"per-device programs of {label}, run core slice by core slice{kernels},"
 
@@ -487,15 +491,17 @@ def _run_mesh(args: argparse.Namespace, schedule: MeshSchedule, inputs: dict[str
 
 def _running(args: argparse.Namespace, console: Console, plan: ShardingPlan,
              schedule: MeshSchedule) -> Any:
-    """The progress line while IREE compiles the segments (other backends start at once)."""
+    """The progress line while IREE or upstream MLIR (openmp) compiles the segments (other
+    backends start at once)."""
     import contextlib
 
-    if args.backend != "iree":
+    compiler = {"iree": "IREE", "openmp": "upstream MLIR to OpenMP"}.get(args.backend)
+    if compiler is None:
         return contextlib.nullcontext()
     from apportion.cli.progress import progress
 
-    return progress(console, f"compiling {plan.program.name}'s segments with IREE and running "
-                             f"them on {len(schedule.devices)} devices")
+    return progress(console, f"compiling {plan.program.name}'s segments with {compiler} and "
+                             f"running them on {len(schedule.devices)} devices")
 
 
 def _counts(args: argparse.Namespace, program: Program) -> dict[str, int]:
@@ -536,7 +542,8 @@ def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
     """``emit --mesh``: the per-device programs (``--forall``: the plan lowered to its mesh
     schedule, emitted by the IREE backend, ``backends.iree.mesh.mesh_mlir``), or
     ``--shard-form FORM``: the program in upstream MLIR's shard dialect (``apportion.shard_mlir``:
-    ``annotated``, ``propagated``, ``partitioned``, ``unrolled``), verified upstream."""
+    ``annotated``, ``propagated``, ``partitioned``, ``unrolled``, ``dynamic``: over a symbolic
+    mesh left unbound), verified upstream."""
     from apportion.sharding.lower import lower_plan
 
     if args.shard and args.mesh is None and not getattr(args, "target", None):
@@ -552,6 +559,8 @@ def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
             text = shard_mlir.propagated_mlir(plan)
         elif args.shard == "partitioned":
             text = shard_mlir.partitioned_mlir(plan.bind(sizes))
+        elif args.shard == "dynamic":  # one text for every device count: never bound
+            text = shard_mlir.dynamic_mlir(plan)
         else:
             bound = plan.bind(sizes)
             text = shard_mlir.unrolled_mlir(lower_plan(bound), bound.mesh)

@@ -51,9 +51,9 @@ def test_a_backend_runs_or_emits_not_both_and_may_run_meshes_only():
     assert Backend("x", "meshes", lambda p: (), run_mesh=lambda *a, **k: {}).does == "run"
 
 
-def test_reference_torch_and_iree_run_meshes_and_the_emitter_does_not():
+def test_reference_torch_iree_and_openmp_run_meshes_and_the_emitter_does_not():
     assert [name for name in BACKENDS if BACKENDS[name].run_mesh is not None
-            and name != "dtensor"] == ["reference", "torch", "iree"]
+            and name != "dtensor"] == ["reference", "torch", "iree", "openmp"]
     assert get("bundle").run_mesh is None
 
 
@@ -63,7 +63,7 @@ def test_every_backend_answers_for_a_mesh_schedule_and_the_emitter_cites_its_lim
     from apportion.sharding.search import search
 
     schedule = lower_plan(search(ap.load(ROOT / "examples/megatron.json"), parse("tp=2")))
-    for name in ("reference", "torch", "iree"):
+    for name in ("reference", "torch", "iree", "openmp"):
         assert get(name).supports(schedule) == (), name
     assert get("bundle").supports(schedule) == (LIMITS_BY_ID["bundle-emits-only"],)
     with pytest.raises(Unsupported, match="limit bundle-emits-only"):

@@ -218,6 +218,16 @@ def test_every_backend_that_runs_meshes_is_checked():
     assert all(BACKENDS[n].run_mesh is not None for n in names)
 
 
+def test_openmp_runs_meshes_in_the_table_only_where_the_mlir_extra_is_installed(monkeypatch):
+    from apportion.runtime import upstream_mlir
+
+    monkeypatch.setattr(upstream_mlir, "package_dir", lambda: None)
+    assert "openmp" not in mesh_backends() and "iree" in mesh_backends()
+    monkeypatch.undo()
+    if upstream_mlir.available() and upstream_mlir.openmp_library() is not None:
+        assert mesh_backends()[-1] == "openmp"
+
+
 def test_a_small_mesh_conformance_run_passes_and_writes_its_records(tmp_path, capsys):
     out = tmp_path / "conf.json"
     assert main(["bench", "conformance", "--n", "3", "--dtensor", "0", "--json", str(out),
@@ -229,6 +239,7 @@ def test_a_small_mesh_conformance_run_passes_and_writes_its_records(tmp_path, ca
     assert [r["seed"] for r in doc["meshes"]] == [0, 1, 2]
     ran = {o["backend"] for r in doc["meshes"] for o in r["outcomes"]}
     assert "iree" in ran and "dtensor" not in ran  # --dtensor 0
+    assert ("openmp" in ran) == ("openmp" in mesh_backends())  # where the mlir extra is
 
 
 def _spoil(a: np.ndarray) -> np.ndarray:

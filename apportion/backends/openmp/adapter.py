@@ -5,6 +5,10 @@ parallel IR (``emit --forall``, the function IREE compiles) lowered by upstream 
 emitter refuses is known up front, by the documented limit it cites; a run without the
 ``mlir`` extra is refused naming the extra.
 
+Its ``run_mesh`` runs a program sharded over a mesh, lowered (``schedule.mesh.MeshSchedule``,
+from ``sharding.lower.lower_plan``): every device's segments as OpenMP modules, the collectives
+between them on the host (``mesh.run_mesh``).
+
 >>> import apportion as ap
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
 >>> BACKEND.supports(planned)
@@ -20,20 +24,17 @@ import numpy as np
 
 from apportion.backends import Backend, Planned
 from apportion.backends.limits import Limit, refusals
+from apportion.backends.openmp.mesh import mesh_parallel_ir, run_mesh
 from apportion.backends.openmp.run import openmp_run, parallel_ir
 from apportion.errors import ExecutionError
 from apportion.schedule.mesh import MeshSchedule
 
-#: the refusal of a mesh schedule
-_MESH = ("the openmp backend runs one device's plan; the mesh schedule of {!r} runs with the "
-         "reference, torch or iree backend")
 
-
-def supports(planned: Planned) -> tuple[Limit, ...]:
+def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
     """The documented limits that stop this backend from running ``planned``: its parallel IR
-    emitted (not lowered). It runs one device's plan, no mesh schedule (no ``run_mesh``)."""
+    emitted (not lowered); of a mesh schedule, every distinct segment's."""
     if isinstance(planned, MeshSchedule):
-        raise ExecutionError(_MESH.format(planned.program.name))
+        return refusals(lambda: mesh_parallel_ir(planned))
     return refusals(lambda: parallel_ir(planned.program, planned.plan, planned.target,
                                         planned.given if planned.symbols else None))
 
@@ -46,11 +47,26 @@ def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] |
     ``threads`` OpenMP threads (None: the runtime's default, ``OMP_NUM_THREADS`` or the
     cores). Returns the inputs and outputs as storage arrays."""
     if isinstance(planned, MeshSchedule):
-        raise ExecutionError(_MESH.format(planned.program.name))
+        raise ExecutionError(f"the mesh schedule of {planned.program.name!r} runs by run_mesh")
     return openmp_run(planned.program, planned.plan, planned.target, inputs, params,
                       symbolic=planned.given if planned.symbols else None,
                       sizes=sizes or None, threads=threads).tensors
 
 
+def run_mesh_schedule(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0,
+                      timeout_s: float | None = None, device: str | None = None,
+                      threads: int | None = None) -> dict[str, np.ndarray]:
+    """Every device's segments lowered and JIT-compiled (or taken from this process's cache)
+    and run with ``threads`` OpenMP threads (None: the runtime's default), the collectives
+    and finishes between them on the host (``mesh.run_mesh``); returns the program's outputs
+    as storage arrays. The modules run on this machine's CPU: ``timeout_s`` and ``device``
+    are refused (``seed`` is unused: nothing is drawn at random)."""
+    if timeout_s is not None or device not in (None, "cpu"):
+        raise ExecutionError("the openmp backend runs the mesh's modules on this machine's "
+                             "CPU: timeout_s and device apply to the dtensor backend")
+    return run_mesh(schedule, inputs, threads).outputs
+
+
 BACKEND = Backend("openmp", "the parallel IR (emit --forall) lowered by upstream MLIR to OpenMP "
-                  "and run on this machine's cores", supports, run=run)
+                  "and run on this machine's cores", supports, run=run,
+                  run_mesh=run_mesh_schedule)

@@ -2,7 +2,8 @@
 machine's cores, against the unplanned program: every runnable example, run-time sizes from
 one module, every dtype at the boundary, random programs (hypothesis), the same numbers on one
 thread, on many and with the foralls lowered to sequential loops, and the refusals (an op the
-IR has no construction for, a bad team size, the ``mlir`` extra missing)."""
+IR has no construction for, a bad team size, the ``mlir`` extra missing, a mesh schedule given
+to ``run``: it runs by ``run_mesh``, ``test_mesh``)."""
 
 from __future__ import annotations
 
@@ -123,7 +124,7 @@ def test_every_dtype_crosses_the_boundary_and_matches():
 
 def test_the_backend_interface_runs_a_planned_program():
     planned = ap.plan(ap.load(ROOT / "examples/splitk.json"), ap.targets.spyre(cores=8))
-    assert BACKEND.name == "openmp" and BACKEND.does == "run" and BACKEND.run_mesh is None
+    assert BACKEND.name == "openmp" and BACKEND.does == "run" and BACKEND.run_mesh is not None
     assert BACKEND.supports(planned) == ()
     inputs = random_inputs(planned.program, 0)
     assert BACKEND.run is not None
@@ -159,14 +160,16 @@ def test_a_team_of_no_threads_is_refused():
                    random_inputs(planned.program, 0), threads=0)
 
 
-def test_a_mesh_schedule_is_refused_naming_the_backends_that_run_it():
+def test_a_mesh_schedule_is_supported_and_run_by_run_mesh_not_run():
     from apportion.sharding.lower import lower_plan
     from apportion.sharding.mesh import parse
     from apportion.sharding.search import search
 
     schedule = lower_plan(search(ap.load(ROOT / "examples/megatron.json"), parse("tp=2")))
-    with pytest.raises(ExecutionError, match="runs with the reference, torch or iree backend"):
-        BACKEND.supports(schedule)
+    assert BACKEND.supports(schedule) == ()
+    assert BACKEND.run is not None
+    with pytest.raises(ExecutionError, match="the mesh schedule of 'megatron' runs by run_mesh"):
+        BACKEND.run(schedule, random_inputs(schedule.program, 0))
 
 
 def test_without_the_mlir_extra_a_run_is_refused_naming_the_extra(monkeypatch):

@@ -1,0 +1,120 @@
+"""A program sharded over a mesh, run by the openmp backend: every device's segments as the
+parallel IR this backend runs for one device (``run.openmp_run``: ``scf.forall`` lowered by
+upstream MLIR to OpenMP and JIT-compiled, once per distinct segment: devices whose segments are
+equal share one schedule, so one module), the collectives and finishes between devices by the
+schedule's own host data movement (``schedule.mesh.execute``), as every mesh runner does.
+
+``mesh_parallel_ir`` is what ``supports`` emits up front: each distinct segment's parallel IR,
+so a segment the emitter refuses is refused by the documented limit it cites before anything
+is lowered.
+
+>>> from apportion.frontend.json_format import load
+>>> from apportion.runtime import upstream_mlir
+>>> from apportion.sharding.lower import lower_plan
+>>> from apportion.sharding.mesh import parse
+>>> from apportion.sharding.search import search
+>>> s = lower_plan(search(load("examples/megatron.json"), parse("tp=2")))
+>>> len(mesh_parallel_ir(s)) == s.distinct()
+True
+>>> if upstream_mlir.available() and upstream_mlir.openmp_library() is not None:
+...     checks, run = check_mesh(s, threads=2)
+...     assert all(c.ok for c in checks) and run.modules == s.distinct()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from apportion.backends.openmp import engine as omp
+from apportion.backends.openmp.run import openmp_run, parallel_ir
+from apportion.runtime.reference import OutputCheck, compare, random_inputs, run_unplanned
+from apportion.schedule.mesh import DeviceLaunch, MeshSchedule, execute
+
+
+@dataclass(frozen=True)
+class OpenmpMeshRun:
+    """One run of a mesh schedule: the outputs by name (storage arrays), how many distinct
+    segment modules ran, seconds lowering and compiling them (0.0 when every one was
+    compiled before in this process), seconds in the modules' calls, seconds of the rest (the
+    collectives and finishes on the host, binding the segments' arguments), and the OpenMP
+    team size each call ran with."""
+
+    outputs: dict[str, np.ndarray]
+    modules: int
+    compile_s: float
+    run_s: float
+    host_s: float
+    threads: int
+
+
+def distinct_launches(schedule: MeshSchedule) -> tuple[DeviceLaunch, ...]:
+    """One launch per distinct segment schedule, in the order the stages first run them
+    (devices with equal segments share one schedule: ``DeviceLaunch``).
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.sharding.lower import lower_plan
+    >>> from apportion.sharding.mesh import parse
+    >>> from apportion.sharding.search import search
+    >>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
+    >>> [launch.name for launch in distinct_launches(s)]
+    ['mlp.d0.s0']
+    """
+    seen: dict[int, DeviceLaunch] = {}
+    for d in range(len(schedule.devices)):
+        for launch in schedule.launches(d):
+            seen.setdefault(id(launch.schedule), launch)
+    return tuple(seen.values())
+
+
+def mesh_parallel_ir(schedule: MeshSchedule) -> tuple[str, ...]:
+    """The parallel IR of every distinct segment of ``schedule``, as ``run_mesh`` lowers it
+    (not lowered here); an op the IR has no construction for is refused naming the op and
+    the documented limit, as for one device's plan."""
+    return tuple(parallel_ir(launch.schedule.program, launch.plan, schedule.target)
+                 for launch in distinct_launches(schedule))
+
+
+def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
+             threads: int | None = None, lowering: omp.Lowering = omp.PARALLEL
+             ) -> OpenmpMeshRun:
+    """Every device's segments run with ``threads`` OpenMP threads (None: the runtime's
+    default), each segment's module lowered by ``lowering`` and compiled once (or taken from
+    this process's cache), the collectives and finishes between them on the host by the
+    schedule's own data movement; the outputs by name (see the module docstring)."""
+    compile_s = run_s = inside_s = 0.0
+    modules: set[int] = set()
+    team = threads if threads is not None else omp.max_threads()
+
+    def compute(launch: DeviceLaunch, device: int, env: Mapping[str, np.ndarray]
+                ) -> dict[str, np.ndarray]:
+        nonlocal compile_s, run_s, inside_s
+        start = time.perf_counter()
+        prog = launch.schedule.program
+        # the symbolic loop counts the segment was lowered at: the module's count arguments
+        done = openmp_run(prog, launch.plan, schedule.target, env,
+                          params=dict(launch.schedule.params) or None, threads=team,
+                          lowering=lowering)
+        if id(launch.schedule) not in modules:
+            modules.add(id(launch.schedule))
+            compile_s += done.compile_s
+        run_s += done.run_s
+        inside_s += time.perf_counter() - start
+        return {n: done.tensors[n] for n in prog.outputs}
+
+    start = time.perf_counter()
+    outputs = execute(schedule, inputs, compute)
+    host_s = time.perf_counter() - start - inside_s
+    return OpenmpMeshRun(outputs, len(modules), compile_s, run_s, host_s, team)
+
+
+def check_mesh(schedule: MeshSchedule, seed: int = 0, threads: int | None = None
+               ) -> tuple[list[OutputCheck], OpenmpMeshRun]:
+    """``run_mesh`` on random inputs (``seed``) against the unplanned program; every output
+    compared."""
+    inputs = random_inputs(schedule.program, seed)
+    run = run_mesh(schedule, inputs, threads)
+    return compare(run_unplanned(schedule.program, inputs), run.outputs, schedule.program), run
