@@ -161,6 +161,54 @@ def widen_bools(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
+_EXPAND = re.compile(r"^(\s*)(%[\w.$-]+) = memref\.expand_shape (%[\w.$-]+) \[(\[.*\])\] "
+                     r"output_shape \[([^\]]*)\] : (memref<[^,>]*>) into (memref<[^,>]*>)$")
+
+
+def expand_as_cast(text: str) -> str:
+    """Loops on memrefs with each ``memref.expand_shape`` of a contiguous buffer that puts two
+    run-time sizes in one group said as a ``memref.reinterpret_cast`` to the same sizes and
+    their row-major strides. Upstream MLIR 22.1's ``expand-strided-metadata`` asserts on such a
+    group ("There must be at most one dynamic size per group"); the parallel IR makes one when
+    it cuts a run-time K into run-time slices of a run-time step.
+
+    >>> out = expand_as_cast("  %v = memref.expand_shape %x [[0], [1, 2]] output_shape "
+    ...                      "[4, %s, %t] : memref<4x?xf32> into memref<4x?x?xf32>")
+    >>> print(out.replace(" strides", "\\n    strides"), end="")
+      %v_stride0 = arith.muli %s, %t : index
+      %v = memref.reinterpret_cast %x to offset: [0], sizes: [4, %s, %t],
+        strides: [%v_stride0, %t, 1] : memref<4x?xf32> to memref<4x?x?xf32>
+    """
+    out: list[str] = []
+    for line in text.splitlines():
+        m = _EXPAND.match(line)
+        groups = [[int(d) for d in g.split(",")] for g in re.findall(r"\[([\d, ]+)\]",
+                                                                      m.group(4))] if m else []
+        sizes = [s.strip() for s in m.group(5).split(",")] if m else []
+        if not m or not any(sum(sizes[d].startswith("%") for d in g) > 1 for g in groups):
+            out.append(line)
+            continue
+        pad, res, src, _, _, src_t, res_t = m.groups()
+        stem = res.lstrip("%")
+        strides = ["1"] * len(sizes)
+        for j in range(len(sizes) - 2, -1, -1):
+            after, size = strides[j + 1], sizes[j + 1]
+            if after == "1" or not (after.startswith("%") or size.startswith("%")):
+                strides[j] = size if after == "1" else str(int(after) * int(size))
+                continue
+            strides[j] = f"%{stem}_stride{j}"
+            lhs = size if size.startswith("%") else after
+            rhs = after if size.startswith("%") else size
+            if not rhs.startswith("%"):  # a constant factor: name it once
+                rhs_name = f"%c{rhs}_{stem}"
+                out.append(f"{pad}{rhs_name} = arith.constant {rhs} : index")
+                rhs = rhs_name
+            out.append(f"{pad}{strides[j]} = arith.muli {lhs}, {rhs} : index")
+        out.append(f"{pad}{res} = memref.reinterpret_cast {src} to offset: [0], sizes: "
+                   f"[{', '.join(sizes)}], strides: [{', '.join(strides)}] : {src_t} to {res_t}")
+    return "\n".join(out) + "\n"
+
+
 #: tensor dtype -> (MLIR element type, numpy storage the execution engine passes)
 _RUN_TYPES = {"float16": ("f16", "float16"), "bfloat16": ("bf16", "uint16"),
               "float32": ("f32", "float32"), "float64": ("f64", "float64"),

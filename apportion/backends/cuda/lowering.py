@@ -55,7 +55,7 @@ from pathlib import Path
 
 from apportion.errors import EmitError, ExecutionError
 from apportion.runtime import upstream_mlir
-from apportion.runtime.upstream_mlir import pipeline, widen_bools
+from apportion.runtime.upstream_mlir import expand_as_cast, pipeline, widen_bools
 
 
 @dataclass(frozen=True)
@@ -183,7 +183,7 @@ def lower_nvvm(text: str, arch: GpuArch = AMPERE) -> str:
     _unmapped(text)
     try:
         loops = upstream_mlir.mlir_opt(text, [f"--pass-pipeline={pipeline(_TO_PARALLEL)}"])
-        kernels = upstream_mlir.mlir_opt(copies_as_linalg(block_maps(loops)),
+        kernels = upstream_mlir.mlir_opt(copies_as_linalg(block_maps(expand_as_cast(loops))),
                                          [f"--pass-pipeline={pipeline(_TO_KERNELS)}"])
         return upstream_mlir.mlir_opt(widen_bools(host_shared(kernels)),
                                       [f"--pass-pipeline={pipeline(_nvvm(arch))}"])

@@ -65,7 +65,7 @@ import numpy as np
 from apportion.backends.openmp.worker import HOST
 from apportion.errors import EmitError, ExecutionError
 from apportion.runtime import upstream_mlir
-from apportion.runtime.upstream_mlir import pipeline, widen_bools
+from apportion.runtime.upstream_mlir import expand_as_cast, pipeline, widen_bools
 
 #: bufferize the tensor function: its results become out-parameters of the caller's arrays
 _BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries=1 "
@@ -75,12 +75,14 @@ _BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries=1 "
 #: strided memref metadata expanded (its affine maps lowered before the memrefs that use them)
 _TO_MEMREF = ("convert-linalg-to-loops", "ownership-based-buffer-deallocation", "canonicalize",
               "buffer-deallocation-simplification", "bufferization-lower-deallocations",
-              "convert-scf-to-openmp", "expand-strided-metadata", "lower-affine")
-#: then (bool memrefs widened to bytes: ``widen_bools``) everything to LLVM. Memref ops
+              "convert-scf-to-openmp")
+#: then (bool memrefs widened to bytes: ``widen_bools``; a reshape upstream cannot expand
+#: said as a cast: ``expand_as_cast``) everything to LLVM, the strided metadata first. Memref ops
 #: become LLVM before scf does: the OpenMP lowering wraps each iteration in a
 #: ``memref.alloca_scope`` whose region must stay one block until it is lowered; the OpenMP
 #: dialect is converted last, once the index arithmetic in its regions is LLVM's.
-_TO_LLVM = ("finalize-memref-to-llvm", "convert-scf-to-cf", "arith-expand{include-bf16=1}",
+_TO_LLVM = ("expand-strided-metadata", "lower-affine", "finalize-memref-to-llvm",
+            "convert-scf-to-cf", "arith-expand{include-bf16=1}",
             "convert-math-to-llvm", "convert-math-to-libm", "convert-arith-to-llvm",
             "convert-index-to-llvm", "convert-cf-to-llvm", "convert-func-to-llvm",
             "convert-openmp-to-llvm", "reconcile-unrealized-casts")
@@ -111,7 +113,7 @@ def lower_llvm(text: str, lowering: Lowering = PARALLEL) -> str:
     upstream_mlir.require()  # the missing extra named as such
     try:
         loops = upstream_mlir.mlir_opt(text, [f"--pass-pipeline={pipeline(lowering.to_memref)}"])
-        return upstream_mlir.mlir_opt(widen_bools(loops),
+        return upstream_mlir.mlir_opt(widen_bools(expand_as_cast(loops)),
                                       [f"--pass-pipeline={pipeline(lowering.to_llvm)}"])
     except EmitError as e:
         raise ExecutionError(f"openmp backend: upstream MLIR cannot lower the parallel IR "
