@@ -656,11 +656,13 @@ def build_parser() -> argparse.ArgumentParser:
                       help="MLIR: thread-first parallel IR on tensors (scf.forall per op); "
                            "with --mesh, every device's programs")
     form.add_argument("--shard-form", dest="shard", default=None,
-                      choices=("annotated", "propagated", "partitioned", "unrolled"),
+                      choices=("annotated", "propagated", "partitioned", "unrolled", "dynamic"),
                       help="with --mesh: the sharded program in upstream MLIR's shard dialect, "
                            "verified by upstream MLIR 22 (the mlir extra): the user's "
                            "annotations, every tensor's sharding, the SPMD form with "
-                           "collectives, or one function per device with wrappers")
+                           "collectives, one function per device with wrappers, or (a "
+                           "symbolic mesh) per-shard functions looped over the run-time "
+                           "device list")
     shard_cli.add_mesh_options(e)
     e.add_argument("--param", action="append", metavar="NAME=SIZE",
                    help="a run-time size to emit the loop bundle or LoopSpec at, e.g. "

@@ -200,9 +200,9 @@ def _static(shape: Sequence[Val]) -> tuple[int | None, ...]:
 class _Dynamic:
     def __init__(self, plan: ShardingPlan) -> None:
         if not plan.mesh.symbolic:
-            raise EmitError(f"mesh {plan.mesh.spec} has no symbolic axis size: the dynamic-list "
-                            "form is for a run-time device count (tp=N~4); a static mesh has the "
-                            "partitioned and unrolled forms")
+            raise EmitError(f"mesh {plan.mesh.spec()} has no symbolic axis size: the "
+                            "dynamic-list form is for a run-time device count (tp=N~4); a "
+                            "static mesh has the partitioned and unrolled forms")
         self.plan, self.program, self.mesh = plan, plan.program, plan.mesh
         self.decl: dict[str, str] = {}
         self.funcs: list[str] = []
@@ -255,18 +255,15 @@ class _Dynamic:
         for k, acc in enumerate(op.ins):
             t = program.tensor(acc.tensor)
             e_t = elt(t.dtype)
+            index, whole, _, _ = _digit_view(acc.index, t.shape, op.sizes)
             exprs = [e if _uncut(e, n, op.sizes) else _local_expr(e)
-                     for e, n in zip(acc.index, t.shape, strict=True)]
-            shape: list[Val] = [n if not _split_dims(e, split) else _reach(ix, e, sizes)
-                                for e, n in zip(acc.index, t.shape, strict=True)]
-            cut_shape = [n if (_uncut(e, n, op.sizes) and not _split_dims(e, split))
-                         else (_reach_static(e, op.sizes) if not _split_dims(e, split) else None)
-                         for e, n in zip(acc.index, t.shape, strict=True)]
+                     for e, n in zip(index, whole, strict=True)]
+            shape = [None if _split_dims(e, split) else n if _uncut(e, n, op.sizes)
+                     else _reach_static(e, op.sizes) for e, n in zip(index, whole, strict=True)]
             v = blk.fresh(f"in{k}_{acc.tensor}")
-            ty = tensor_type(cut_shape, e_t)
+            ty = tensor_type(shape, e_t)
             args.append(f"{v}: {ty}")
-            shape = [s if cut_shape[j] is None else cut_shape[j] for j, s in enumerate(shape)]
-            ins.append(self._expand(blk, v, shape, exprs, e_t, sizes, dims))
+            ins.append((v, ty, e_t, _map(dims, exprs)))
         out_t = program.tensor(op.out.tensor)
         held = st.out.held_dtype(out_t.dtype)
         out_exprs = [_local_expr(e) if _split_dims(e, split) else e for e in op.out.index]
@@ -283,37 +280,6 @@ class _Dynamic:
             f"func.func private {_fn(name)}({', '.join(args)}) -> {res} {{", blk.text(),
             f"  return {out} : {res}", "}"]))
         return name
-
-    def _expand(self, blk: Block, v: str, shape: list[Val], exprs: list[AffineExpr], e_t: str,
-                sizes: Mapping[str, Val], dims: list[str]) -> tuple[str, str, str, str]:
-        """An operand as (value, type, element, map): a dim read through a sum of dims whose
-        coefficients are its digits' strides (a head view ``q[t, 64*h+d]``) expanded into
-        them, so linalg reads every loop's range from a dim it indexes alone."""
-        groups: list[list[int]] = []
-        grown: list[Val] = []
-        index: list[AffineExpr] = []
-        expanded = False
-        for e, n in zip(exprs, shape, strict=True):
-            digits = _digits(e, sizes)
-            if digits is None:
-                groups.append([len(grown)])
-                grown.append(n)
-                index.append(e)
-                continue
-            expanded = True
-            groups.append([len(grown) + i for i in range(len(digits))])
-            grown += [sizes[d] for d in digits]
-            index += [AffineExpr.dim(d) for d in digits]
-        ty = tensor_type(_static(shape), e_t)
-        if not expanded:
-            return v, ty, e_t, _map(dims, index)
-        view = blk.fresh("view")
-        ix = _Index(blk)
-        out_shape = ", ".join(str(g) if isinstance(g, int) else ix.v(g) for g in grown)
-        gty = tensor_type(_static(grown), e_t)
-        blk.emit(f"{view} = tensor.expand_shape {v} [{', '.join(str(g) for g in groups)}] "
-                 f"output_shape [{out_shape}] : {ty} into {gty}")
-        return view, gty, e_t, _map(dims, index)
 
     def _pointwise(self, blk: Block, op: Op, ins: list[tuple[str, str, str, str]],
                    out_shape: list[Val], out_elt: str, omap: str, ty: str,
@@ -524,22 +490,70 @@ class _Dynamic:
              split: Mapping[str, Any], starts: Mapping[str, Val], sizes: Mapping[str, Val],
              op: Op) -> tuple[str, str]:
         """The part of whole tensor ``t`` a device reads through ``index`` over its ranges:
-        its shard, or the range or window a shifted, strided or partial read reaches."""
+        its shard, or the range or window a shifted, strided or partial read reaches. A dim
+        read through a sum of dims whose coefficients are their strides (a head view
+        ``q[t, 64*h+d]``) is first expanded into them (``_digit_view``), so that each digit is
+        cut by its own range (an inner digit's split is a strided set of rows)."""
         e_t = elt(t.dtype)
+        exprs, grown, precut, groups = _digit_view(index, t.shape, op.sizes)
+        ty = tensor_type(t.shape, e_t)
+        value = whole
+        if any(c is not None for c in precut):
+            cut = tuple(n if c is None else c[1] for c, n in zip(precut, t.shape, strict=True))
+            part = self.blk.fresh(f"{t.name}_span")
+            self.blk.emit(f"{part} = tensor.extract_slice {whole}"
+                          f"[{', '.join(str(0 if c is None else c[0]) for c in precut)}] "
+                          f"[{', '.join(map(str, cut))}] [{', '.join('1' for _ in cut)}] : "
+                          f"{ty} to {tensor_type(cut, e_t)}")
+            value, ty = part, tensor_type(cut, e_t)
+        if len(grown) != len(t.shape):
+            view = self.blk.fresh(f"{t.name}_digits")
+            gty = tensor_type(grown, e_t)
+            self.blk.emit(f"{view} = tensor.expand_shape {value} "
+                          f"[{', '.join(str(g) for g in groups)}] output_shape "
+                          f"[{', '.join(map(str, grown))}] : {ty} into {gty}")
+            value, ty = view, gty
         region = [(0, n, 1) if _uncut(e, n, op.sizes) and not _split_dims(e, split)
                   else _region(self.ix, e, n, split, starts, sizes)
-                  for e, n in zip(index, t.shape, strict=True)]
-        ty = tensor_type(t.shape, e_t)
-        if all(r == (0, n, 1) for r, n in zip(region, t.shape, strict=True)):
-            return whole, ty
+                  for e, n in zip(exprs, grown, strict=True)]
+        if all(r == (0, n, 1) for r, n in zip(region, grown, strict=True)):
+            return value, ty
         shape = tuple(n if isinstance(n, int) else None for _, n, _ in region)
         cty = tensor_type(shape, e_t)
         out = self.blk.fresh(f"{t.name}_cut")
-        self.blk.emit(f"{out} = tensor.extract_slice {whole}"
+        self.blk.emit(f"{out} = tensor.extract_slice {value}"
                       f"[{', '.join(str(v) for v, _, _ in region)}] "
                       f"[{', '.join(str(v) for _, v, _ in region)}] "
                       f"[{', '.join(str(v) for _, _, v in region)}] : {ty} to {cty}")
         return out, cty
+
+
+def _digit_view(index: Sequence[AffineExpr], shape: Sequence[int], sizes: Mapping[str, int]
+                ) -> tuple[list[AffineExpr], list[int], list[tuple[int, int] | None],
+                           list[list[int]]]:
+    """An operand's dims read through a mixed radix of op dims (``AffineExpr.radix_digits``
+    over the whole op's sizes) as one dim per digit: the reads (single dims), the grown
+    shape, per original dim the static range ``(offset, span)`` cut before expanding (None:
+    the whole dim) and the expansion's groups."""
+    exprs: list[AffineExpr] = []
+    grown: list[int] = []
+    precut: list[tuple[int, int] | None] = []
+    groups: list[list[int]] = []
+    for e, n in zip(index, shape, strict=True):
+        digits = AffineExpr(e.terms, 0).radix_digits(dict(sizes)) if len(e.terms) > 1 \
+            else None
+        if digits is None:
+            groups.append([len(grown)])
+            grown.append(n)
+            exprs.append(e)
+            precut.append(None)
+            continue
+        span = math.prod(sizes[d] for d in digits)
+        precut.append((e.const, span) if e.const or span != n else None)
+        groups.append(list(range(len(grown), len(grown) + len(digits))))
+        grown += [sizes[d] for d in digits]
+        exprs += [AffineExpr.dim(d) for d in digits]
+    return exprs, grown, precut, groups
 
 
 def _reach_static(e: AffineExpr, sizes: Mapping[str, int]) -> int:
@@ -564,25 +578,6 @@ def _region(ix: _Index, e: AffineExpr, n: int, split: Mapping[str, Any],
     if len(e.terms) == 1:
         return lo, sizes[e.terms[0][0]], e.terms[0][1]
     return lo, _reach(ix, e, sizes), 1
-
-
-def _digits(e: AffineExpr, sizes: Mapping[str, Val]) -> list[str] | None:
-    """The dims of a sum read (outer first) when its coefficients are their strides: the
-    innermost 1, each next the product of the static sizes inside it; else None."""
-    if len(e.terms) < 2 or e.const:
-        return None
-    terms = sorted(e.terms, key=lambda t: t[1])
-    stride = 1
-    for d, c in terms:
-        if c != stride:
-            return None
-        n = sizes[d]
-        if not isinstance(n, int):
-            if d != terms[-1][0]:  # only the outermost digit may have a run-time size
-                return None
-            break
-        stride *= n
-    return [d for d, _ in reversed(terms)]
 
 
 def _global_flat(b: Block, dims: list[str], red: Sequence[str], sizes: Mapping[str, int],
@@ -671,7 +666,7 @@ def dynamic_mlir(plan: ShardingPlan) -> str:
     rets = [r] if len(outs) == 1 else [f"{r}#{k}" for k in range(len(outs))]
     wrapper = "\n".join([
         f"func.func {_fn(program.name)}({', '.join(w_args)}) -> ({', '.join(outs)}) attributes "
-        f"{{apportion.form = \"dynamic\", apportion.mesh = \"{mesh.spec}\", apportion.method = "
+        f"{{apportion.form = \"dynamic\", apportion.mesh = \"{mesh.spec()}\", apportion.method = "
         f"\"{plan.method}\"}} {{", w.text(),
         f"  return {', '.join(rets)} : {', '.join(outs)}", "}"])
     fake = Block(declarations=dyn.decl)
@@ -680,24 +675,18 @@ def dynamic_mlir(plan: ShardingPlan) -> str:
     return text
 
 
-def run_dynamic(text: str, program: Program, mesh: Mesh, inputs: Mapping[str, Any],
-                sizes: Mapping[str, int]) -> dict[str, Any]:
-    """Run the dynamic-list form ``text`` of ``program`` with upstream MLIR's execution engine
-    at the symbolic axis sizes ``sizes`` (symbol -> devices): the wrapper reading the grid is
-    dropped and an entry passes the sizes to the list function as an ``int64`` tensor, so the
-    module compiled is the same for every size. Returns each output by name."""
-    import numpy as np
-
+def runnable_mlir(text: str, program: Program, mesh: Mesh) -> str:
+    """The dynamic-list form ``text`` made runnable by upstream MLIR's execution engine: the
+    wrapper reading the grid (``shard.grid_shape`` lowers only inside a partitioned module)
+    dropped, and an entry ``@"PROG.run"(%counts: tensor<Kxi64>, inputs...)`` that passes each
+    symbolic axis's size (mesh order) to the list function. It takes no size: the module
+    compiled is the same for every device count."""
     sym = [a for a in mesh.axes if a.symbolic]
-    missing = [a.symbol for a in sym if a.symbol not in sizes]
-    if missing:
-        raise EmitError(f"run of the dynamic-list form of {program.name!r}: no size for "
-                        f"symbol(s) {', '.join(map(str, missing))} of mesh {mesh.spec}")
     head = f"func.func {_fn(program.name)}("
     at = text.find(head)
-    if at < 0:
+    if at < 0 or "shard.grid_shape" not in text[at:]:
         raise EmitError(f"not a dynamic-list form of {program.name!r}: no wrapper "
-                        f"{_fn(program.name)}")
+                        f"{_fn(program.name)} reading the grid")
     b = Block()
     counts = b.fresh("counts")
     args = [f"{counts}: tensor<{len(sym)}xi64>"]
@@ -725,15 +714,37 @@ def run_dynamic(text: str, program: Program, mesh: Mesh, inputs: Mapping[str, An
     b.emit(f"{lhs} = func.call {_fn(_list_name(program))}({', '.join(call)}) : "
            f"({', '.join(['index'] * len(sym) + in_t)}) -> ({', '.join(out_t)})")
     rets = [r] if len(out_t) == 1 else [f"{r}#{k}" for k in range(len(out_t))]
-    entry_name = f"{program.name}.run"
-    entry = "\n".join([f"func.func {_fn(entry_name)}({', '.join(args)}) -> "
+    entry = "\n".join([f"func.func {_fn(_run_name(program))}({', '.join(args)}) -> "
                        f"({', '.join(out_t)}) {{", b.text(),
                        f"  return {', '.join(rets)} : {', '.join(out_t)}", "}"])
-    code = text[:at] + entry + "\n"
+    return text[:at] + entry + "\n"
+
+
+def _run_name(program: Program) -> str:
+    return f"{program.name}.run"
+
+
+def run_dynamic(text: str, program: Program, mesh: Mesh, inputs: Mapping[str, Any],
+                sizes: Mapping[str, int]) -> dict[str, Any]:
+    """Run the dynamic-list form ``text`` of ``program`` (``runnable_mlir``) with upstream
+    MLIR's execution engine at the symbolic axis sizes ``sizes`` (symbol -> devices), given as
+    data. Returns each output by name."""
+    import numpy as np
+
+    sym = [a for a in mesh.axes if a.symbolic]
+    missing = [a.symbol for a in sym if a.symbol not in sizes]
+    if missing:
+        raise EmitError(f"run of the dynamic-list form of {program.name!r}: no size for "
+                        f"symbol {', '.join(map(str, missing))} of mesh {mesh.spec()}")
+    bad = {a.symbol: sizes[a.symbol] for a in sym
+           if not isinstance(sizes[a.symbol], int) or sizes[a.symbol] < 1}
+    if bad:
+        raise EmitError(f"run of the dynamic-list form of {program.name!r}: mesh {mesh.spec()} "
+                        f"needs at least one device per axis, got {bad}")
     arrays = [np.array([sizes[a.symbol] for a in sym], dtype=np.int64),
               *(inputs[n] for n in program.inputs)]
-    outs = run_function(code, symbol_name(entry_name), arrays,
-                        [(program.tensor(n).shape, program.tensor(n).dtype)
-                         for n in program.outputs],
+    outs = run_function(runnable_mlir(text, program, mesh), symbol_name(_run_name(program)),
+                        arrays, [(program.tensor(n).shape, program.tensor(n).dtype)
+                                 for n in program.outputs],
                         ["int64", *(program.tensor(n).dtype for n in program.inputs)])
     return dict(zip(program.outputs, outs, strict=True))
