@@ -12,7 +12,10 @@
 * ``partitioned_mlir(plan)``: the SPMD form every device runs: per-shard tensor types (a dim
   whose shards differ in size is ``?``), each op on the device's shards, and apportion's
   resharding steps as ``shard`` collectives (``all_gather``, ``all_reduce``,
-  ``reduce_scatter``, ``all_to_all``, ``all_slice``); where devices run different local code
+  ``reduce_scatter``, ``all_to_all``, ``all_slice``; a ``halo`` read as ``update_halo`` on
+  the shard grown by upstream's one halo pair, ``sharding.mlir.halo_pair``, each device then
+  reading its window at its own offset; a ``peer_read``, read in place, is refused: no shard op
+  says it); where devices run different local code
   (uneven shards, a device reading at its own offset, a split mean's share), an
   ``scf.index_switch`` on ``shard.process_linear_index`` holds each distinct variant.
 
@@ -40,7 +43,7 @@ from apportion.shard_mlir.body import (
 from apportion.shard_mlir.finish import cast_body, finish_op, identity_map
 from apportion.sharding.collectives import Step
 from apportion.sharding.mesh import Mesh
-from apportion.sharding.mlir import grid_op, sharding_op
+from apportion.sharding.mlir import grid_op, halo_pair, sharding_op
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import local_ops
 from apportion.sharding.spec import Sharding
@@ -192,7 +195,7 @@ class _Spmd:
 
     def __init__(self, plan: ShardingPlan) -> None:
         if plan.mesh.symbolic:
-            raise EmitError(f"mesh {plan.mesh.spec} has symbolic axis sizes "
+            raise EmitError(f"mesh {plan.mesh.spec()} has symbolic axis sizes "
                             f"({', '.join(plan.mesh.symbols)}): the partitioned form needs the "
                             "devices' shard shapes; bind the sizes (--param NAME=SIZE)")
         self.plan, self.program, self.mesh = plan, plan.program, plan.mesh
@@ -312,11 +315,16 @@ class _Spmd:
         axis = self.mesh.index(step.axis)
         self.types[result] = self.shard_types(tensor, result, step.dst)
         before, after = self.spmd_type(src), self.spmd_type(result)
-        if step.kind in ("halo", "peer_read"):
-            raise EmitError(f"tensor {tensor!r}: a {step.kind} along peered axis {step.axis!r} "
-                            "reads a window of its neighbours' shards in place, which upstream "
-                            "MLIR 22's shard collectives do not say; the unrolled form "
-                            "(--shard-form unrolled) moves it by its boxes")
+        if step.kind == "peer_read":
+            raise EmitError(
+                f"tensor {tensor!r} dim {step.dim}: its reader reads it in place from its peers' "
+                f"memory along peered axis {step.axis!r} (a peer_read from {step.src} to "
+                f"{step.dst}: no copy is made), which nothing in upstream MLIR 22's shard "
+                "dialect says (its collectives and update_halo all write a copy on each "
+                "device); the unrolled form (--shard-form unrolled) moves it by its boxes")
+        if step.kind == "halo":
+            self._halo(tensor, src, result, step)
+            return
         if step.kind != "all_reduce" and any(
                 len(set(self._lens(tensor, boxes, i))) > 1
                 for i in {step.dim, step.to_dim} - {None}
@@ -349,6 +357,54 @@ class _Spmd:
         self.blk.emit(f"{res} = shard.{kind} {v} on @mesh grid_axes = [{axis}] {what}{remote} "
                       f": {before} -> {after}")
         self.vals[result] = res
+
+    def _halo(self, tensor: str, src: str, result: str, step: Step) -> None:
+        """A ``halo`` step as upstream's ``shard.update_halo``: each device puts its shard into
+        a tensor grown by upstream's one (low, high) pair along the dim (``halo_pair``; the
+        pair is the same on every device, an outermost shard's halo beyond the tensor stays
+        zero and is never read), the update fills the halo rows from the adjacent shards, and
+        each device reads its window out of it at its own offset (a device with no
+        neighbour below reads ``low`` rows further in)."""
+        j, axis = step.dim, step.axis
+        assert j is not None  # a halo step names its dim
+        shape = self.program.tensor(tensor).shape
+        low, high = halo_pair(tensor, shape, step.dst, self.mesh, j)
+        held = self.types[src][0].dtype
+        e = elt(held)
+        grown = f"{result}.halo"
+        src_boxes, dst_boxes = self._boxes(tensor, step.src), self._boxes(tensor, step.dst)
+
+        def write_grown(b: Block, d: int) -> dict:
+            t = self.types[src][d]
+            out = tuple(n + low + high if i == j else n for i, n in enumerate(t.shape))
+            at = [low if i == j else 0 for i in range(len(out))]
+            acc = _insert(b, self.operand(b, src, d), t.shape, _zeros(b, grown, out, e), out,
+                          at, e)
+            return {grown: (acc, TensorType(grown, out, held))}
+
+        self.local([grown], write_grown)
+        updated = f"{result}.updated"
+        self.types[updated] = tuple(TensorType(updated, t.shape, t.dtype)
+                                    for t in self.types[grown])
+        res = self.blk.fresh(updated)
+        axes = ", ".join(f"[{self.mesh.index(axis)}]" if i == j else "[]"
+                         for i in range(len(shape)))
+        remote = " {apportion.remote}" if step.remote else ""
+        self.blk.emit(f"{res} = shard.update_halo {self.vals[grown]} on @mesh split_axes = "
+                      f"[{axes}] halo_sizes = [{low}, {high}]{remote} : "
+                      f"{self.spmd_type(grown)}")
+        self.vals[updated] = res
+
+        def write_window(b: Block, d: int) -> dict:
+            t = self.types[updated][d]
+            want = tuple(hi - lo for lo, hi in dst_boxes[d])
+            offs = [0] * len(want)
+            # the window's first row within the grown shard, whose row ``low`` is the shard's
+            offs[j] = dst_boxes[d][j][0] - src_boxes[d][j][0] + low
+            piece = _extract(b, self.operand(b, updated, d), t.shape, offs, want, e)
+            return {result: (piece, TensorType(result, want, held))}
+
+        self.local([result], write_window)
 
     def _boxes(self, tensor: str, s: Sharding) -> list[tuple[tuple[int, int], ...]]:
         shape = self.program.tensor(tensor).shape

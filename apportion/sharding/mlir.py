@@ -16,7 +16,9 @@ upstream keeps and ignores:
 * a partial value (``apportion.partial_axes``, ``apportion.reducer``: upstream 22's
   ``shard.sharding`` has no partial axes; its partitioner reduces a split reduction at once);
 * the windows an op reads a split dim through (``apportion.windows``, a convolution's halo:
-  exact per device, where upstream's ``halo_sizes`` give every shard the same pair).
+  exact per device). Where upstream can say them too (``halo_pair``: an even cut whose
+  devices lack the same rows of each neighbour) the sharding also carries upstream's
+  ``halo_sizes``, one (low, high) pair per split dim for every shard.
 
 Uneven shards are exact: where a dim's cut is not even, the sharding lists every shard's
 offsets (``sharded_dims_offsets``, in device order along the dim's axes, outer first), as
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from apportion.errors import EmitError
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.spec import Sharding, dim_block
 
@@ -113,12 +116,82 @@ def sharding_op(result: str, sharding: Sharding, mesh: Mesh, shape: Sequence[int
         axes = ", ".join(str(mesh.index(a)) for a in sharding.partial)
         attrs += [f"apportion.partial_axes = array<i64: {axes}>",
                   f"apportion.reducer = {_q(sharding.reducer or '')}"]
+    halos = upstream_halos(sharding, mesh, shape) if offs is None else None
+    if halos is not None:  # upstream forbids halo_sizes beside sharded_dims_offsets
+        text += f" halo_sizes = [{', '.join(str(n) for pair in halos for n in pair)}]"
     windows = getattr(sharding, "windows", ())
     if windows:  # exact per device (upstream's halo_sizes are one pair for every shard)
         attrs.append(f"apportion.windows = [{', '.join(_q(str(w) if w else '') for w in windows)}]")
     if attrs:
         text += f" {{{', '.join(attrs)}}}"
     return text + " : !shard.sharding"
+
+
+def halo_pair(tensor: str, shape: Sequence[int], sharding: Sharding, mesh: Mesh, dim: int
+              ) -> tuple[int, int]:
+    """Upstream's one ``(low, high)`` halo pair for every shard of dim ``dim`` of a tensor of
+    ``shape`` read through ``sharding``'s window there: the rows each device lacks below and
+    above its shard (``sharding.base``) of the neighbour on that side. Upstream's
+    ``shard.update_halo`` gives every shard that pair (an outermost shard's halo beyond the
+    tensor is padding, never read) and exchanges it with its adjacent shards only, so the
+    pair says apportion's per-device halos exactly only where the cut is even (upstream's
+    halos and uneven offsets exclude each other), every device with a neighbour below lacks
+    as many rows of it (likewise above), and no halo passes a neighbour's shard. Anything else
+    is an EmitError naming the tensor, dim, axis and the devices' halos.
+
+    >>> from apportion.sharding.mesh import parse
+    >>> from apportion.sharding.spec import Window
+    >>> s = Sharding(((), ("die",)), windows=(None, Window(8, 1, 0, 2)))  # y[h] = x[h + kh]
+    >>> halo_pair("x", (4, 10), s, parse("die=2"), 1)   # shards [0, 5), [5, 10)
+    (1, 1)
+    """
+    window = sharding.window(dim)
+    if window is None:
+        return (0, 0)
+    (axis,) = sharding.dims[dim]
+    where = f"tensor {tensor!r} dim {dim} read through a window along axis {axis!r}"
+    if mesh.symbolic:
+        raise EmitError(f"{where}: mesh {mesh.spec()} has symbolic sizes, so the devices' "
+                        "halos are not known; bind the sizes (--param NAME=SIZE)")
+    sizes = {a.name: a.size for a in mesh.axes}
+    k, n = sizes[axis], shape[dim]
+    shards = [dim_block(n, (axis,), {axis: c}, sizes) for c in range(k)]
+    if n % k:
+        raise EmitError(f"{where}: its {n} rows are cut unevenly in {k} "
+                        f"({', '.join(str(hi - lo) for lo, hi in shards)}); upstream's "
+                        "halo_sizes go with its even cut only (they exclude "
+                        "sharded_dims_offsets)")
+    lacks = []  # per device the rows it lacks below and above its shard
+    for c, (lo, hi) in enumerate(shards):
+        wl, wh = window.rows((axis,), {axis: c}, sizes)
+        lacks.append((max(0, lo - wl), max(0, wh - hi)))
+    lows = {lacks[c][0] for c in range(1, k)}  # the devices with a neighbour below
+    highs = {lacks[c][1] for c in range(k - 1)}
+    low, high = max(lows, default=0), max(highs, default=0)
+    if len(lows) > 1 or len(highs) > 1:
+        raise EmitError(f"{where}: the devices lack different halos of their neighbours "
+                        f"((low, high) by device along {axis!r}: "
+                        f"{', '.join(map(str, lacks))}), where upstream's update_halo gives "
+                        "every shard one (low, high) pair")
+    if max(low, high) > n // k:
+        raise EmitError(f"{where}: a halo of {max(low, high)} rows passes a neighbour's shard "
+                        f"of {n // k}, where upstream's update_halo exchanges with adjacent "
+                        "shards only")
+    return (low, high)
+
+
+def upstream_halos(sharding: Sharding, mesh: Mesh, shape: Sequence[int]
+                   ) -> tuple[tuple[int, int], ...] | None:
+    """``halo_sizes`` for ``sharding``: per split dim (in dim order) its ``halo_pair``
+    ((0, 0) where no window reads it); None where it has no window or upstream cannot say
+    one of them (``halo_pair`` refuses it: the exact windows stay in ``apportion.windows``)."""
+    if not getattr(sharding, "windows", ()):
+        return None
+    try:
+        return tuple(halo_pair("", shape, sharding, mesh, j)
+                     for j, axes in enumerate(sharding.dims) if axes)
+    except EmitError:
+        return None
 
 
 def _q(text: str) -> str:
