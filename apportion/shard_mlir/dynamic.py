@@ -43,6 +43,7 @@ True
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -214,7 +215,8 @@ class _Dynamic:
     # the per-shard functions ------------------------------------------------------------
 
     def whole_fn(self, op: Op) -> tuple[str, list[str]]:
-        """The function of an op no axis splits: ``render_op`` on whole tensors."""
+        """The function of an opaque op (a fallback, a construction): ``render_op``'s call of
+        its declared function on whole tensors; no axis may split it."""
         name = f"{self.program.name}.shard.{op.name}"
         blk = Block(declarations=self.decl)
         types = self.program.tensor_map
@@ -271,10 +273,12 @@ class _Dynamic:
                                 for e, n in zip(op.out.index, out_t.shape, strict=True)]
         omap = _map(dims, out_exprs)
         ty = compute_type(op, program.tensor_map)
+        extra = _ranges(blk, dims, sizes, [m for *_, m in ins] + [omap])
         if op.kind.elementwise:
-            out = self._pointwise(blk, op, ins, out_shape, elt(held), omap, ty, dims)
+            out = self._pointwise(blk, op, ins, extra, out_shape, elt(held), omap, ty, dims)
         else:
-            out = self._reduce(blk, op, st, ins, out_shape, held, omap, ty, dims, starts, pack)
+            out = self._reduce(blk, op, st, ins, extra, out_shape, held, omap, ty, dims, starts,
+                               pack)
         res = tensor_type(_static(out_shape), elt(held))
         self.funcs.append("\n".join([
             f"func.func private {_fn(name)}({', '.join(args)}) -> {res} {{", blk.text(),
@@ -282,8 +286,8 @@ class _Dynamic:
         return name
 
     def _pointwise(self, blk: Block, op: Op, ins: list[tuple[str, str, str, str]],
-                   out_shape: list[Val], out_elt: str, omap: str, ty: str,
-                   dims: list[str]) -> str:
+                   extra: list[tuple[str, str, str, str]], out_shape: list[Val],
+                   out_elt: str, omap: str, ty: str, dims: list[str]) -> str:
         kind = op.kind
         result_ty = "i1" if kind.result_dtype == "bool" else ty
         template = body_of(kind, op.name)
@@ -293,17 +297,19 @@ class _Dynamic:
 
         def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
             xs = [convert(b, arg, e, "i1" if i in kind.conditions else ty)
-                  for i, (arg, (_, _, e, _)) in enumerate(zip(args, ins, strict=True))]
+                  for i, (arg, (_, _, e, _)) in enumerate(zip(args[:len(ins)], ins,
+                                                              strict=True))]
             consts = {k: b.const(v, ty) for k, v in attrs.items()}
             r = _apply(b, template, ty, {**dict(zip("abc", xs, strict=False)), **consts})[0]
             return [convert(b, r, result_ty, out_elt)]
 
-        return generic(blk, dims, (), ins, [(init, tensor_type(_static(out_shape), out_elt),
+        return generic(blk, dims, (), ins + extra, [(init, tensor_type(_static(out_shape), out_elt),
                                               out_elt, omap)], body, op.out.tensor)[0]
 
     def _reduce(self, blk: Block, op: Op, st: Strategy, ins: list[tuple[str, str, str, str]],
-                out_shape: list[Val], held: str, omap: str, ty: str, dims: list[str],
-                starts: Mapping[str, str], pack: bool) -> str:
+                extra: list[tuple[str, str, str, str]], out_shape: list[Val], held: str,
+                omap: str, ty: str, dims: list[str], starts: Mapping[str, str], pack: bool
+                ) -> str:
         """A reduction or matmul on the device's part: accumulated into its identity; a mean
         divided by the whole op's count (a device's share of a split mean, as the ``scale``
         finish makes it); an argmax's index global (offsets of split reduction dims added),
@@ -329,7 +335,8 @@ class _Dynamic:
         red = op.reduction_dims
 
         def body(b: Block, args: list[str], outs_: list[str]) -> list[str]:
-            xs = [convert(b, arg, e, ty) for arg, (_, _, e, _) in zip(args, ins, strict=True)]
+            xs = [convert(b, arg, e, ty)
+                  for arg, (_, _, e, _) in zip(args[:len(ins)], ins, strict=True)]
             value = _apply(b, product, ty, {"a": xs[0], "b": xs[1]})[0] if product else xs[0]
             if not reducer.pairs:
                 return _apply(b, combine, ty, {"a": outs_[0], "b": value})
@@ -337,7 +344,7 @@ class _Dynamic:
             return _apply(b, combine, ty, {"a": outs_[0], "ai": outs_[1], "b": value,
                                            "bi": flat}, results=("r", "ri"))
 
-        parts = generic(blk, dims, red, ins, outs, body, f"{stem}_acc")
+        parts = generic(blk, dims, red, ins + extra, outs, body, f"{stem}_acc")
         rank = len(out_shape)
         ident = identity_map(rank)
         held_e = elt(held)
@@ -377,7 +384,10 @@ class _Dynamic:
     def op(self, op: Op, st: Strategy) -> None:
         program, blk, ix = self.program, self.blk, self.ix
         out_t = program.tensor(op.out.tensor)
-        if not st.axes:  # every device runs it whole: one replica
+        if opaque(op):  # a call of the op's opaque function on whole tensors: one replica
+            if st.axes:
+                raise EmitError(f"op {op.name!r} ({op.kind.name}) is split over {st.label} but "
+                                "runs whole as an opaque call")
             name, reads = self.whole_fn(op)
             ot = tensor_type(out_t.shape, elt(out_t.dtype))
             res = blk.fresh(op.out.tensor)
@@ -387,9 +397,6 @@ class _Dynamic:
                      f" : ({arg_t}) -> {ot}")
             self.vals[op.out.tensor] = res
             return
-        if opaque(op):
-            raise EmitError(f"op {op.name!r} ({op.kind.name}) is split over {st.label} but runs "
-                            "whole as an opaque call")
         split = st.split_map
         pack = bool(op.kind.reducer and op.kind.reducer.pairs and st.out.partial)
         fname = self.shard_fn(op, st, pack)
@@ -578,6 +585,27 @@ def _region(ix: _Index, e: AffineExpr, n: int, split: Mapping[str, Any],
     if len(e.terms) == 1:
         return lo, sizes[e.terms[0][0]], e.terms[0][1]
     return lo, _reach(ix, e, sizes), 1
+
+
+def _ranges(blk: Block, dims: Sequence[str], sizes: Mapping[str, Val], maps: Sequence[str]
+            ) -> list[tuple[str, str, str, str]]:
+    """An operand that only gives linalg the range of each loop no operand indexes alone (a
+    window's ``x[h + kh]``: linalg reads a loop's range from a dim indexed by it alone): an
+    empty tensor of those loops' sizes, read by no body. None when every loop has one."""
+    alone = set()
+    for m in maps:
+        for r in m.split("-> (", 1)[1].rstrip(")>").split(", "):
+            if re.fullmatch(r"d\d+", r):
+                alone.add(int(r[1:]))
+    missing = [i for i in range(len(dims)) if i not in alone]
+    if not missing:
+        return []
+    shape = [sizes[dims[i]] for i in missing]
+    init = _empty(blk, "ranges", shape, "i8")
+    ty = tensor_type(_static(shape), "i8")
+    m = f"affine_map<({', '.join(f'd{i}' for i in range(len(dims)))}) -> " \
+        f"({', '.join(f'd{i}' for i in missing)})>"
+    return [(init, ty, "i8", m)]
 
 
 def _global_flat(b: Block, dims: list[str], red: Sequence[str], sizes: Mapping[str, int],
