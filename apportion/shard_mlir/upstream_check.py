@@ -10,7 +10,8 @@
   it unannotated the difference is classed ``PARTIAL_UNSAID``.
 * ``compare_partition(plan)``: upstream's ``--shard-partition`` runs on apportion's fully
   annotated form (``propagated_mlir``); the collectives it inserts (kind, grid axes, dims) are
-  compared with the collectives of apportion's plan (its transfers' communicating steps).
+  compared with the collectives of apportion's plan (its transfers' communicating steps; a
+  ``halo`` is upstream's ``update_halo``, one use per dim whose halo it updates).
 
 Upstream's output is read with its own Python bindings in a child process (upstream's and
 IREE's bindings cannot load in one process; the pass itself runs in ``mlir-opt``, which reports
@@ -50,8 +51,9 @@ from apportion.sharding.spec import Sharding
 PROPAGATION = "sharding-propagation"
 PARTITION = "shard-partition"
 #: upstream's collective ops and apportion's names of its resharding step kinds
-COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_slice", "all_to_all")
-APPORTION_KIND = {"slice": "all_slice"}
+COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_slice", "all_to_all",
+               "update_halo")
+APPORTION_KIND = {"slice": "all_slice", "halo": "update_halo"}
 
 #: a split reduction's result: apportion keeps it partial, upstream 22 cannot say so
 PARTIAL_UNSAID = "partial (upstream's sharding has no partial axes: left unannotated)"
@@ -168,7 +170,7 @@ def _moving(cs: Sequence[CollectiveUse]) -> Counter[CollectiveUse]:
 #: text order), runs the pipeline, and reports for each tagged op its result's sharding and
 #: its operands' (origin, for-users sharding), and every collective with its grid axes and dim
 _CHILD = r"""
-import json, subprocess, sys
+import json, re, subprocess, sys
 from mlir import ir
 text, names, pipeline, opt = sys.stdin.read(), json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 
@@ -232,6 +234,14 @@ with ir.Context() as ctx:
         out["args"].append(result_sharding(arg) or result_sharding(arg, True))
     for op in body.operations:
         o = op.operation
+        if o.name == "shard.update_halo":  # one use per split dim whose halo it updates
+            a = o.attributes
+            split = [[int(i) for i in re.findall(r"\d+", part)]
+                     for part in re.findall(r"\[([^\[\]]*)\]", str(a["split_axes"]))]
+            pairs = list(ir.DenseI64ArrayAttr(a["static_halo_sizes"]))
+            for k, (dim, axes) in enumerate([(j, g) for j, g in enumerate(split) if g]):
+                if pairs[2 * k: 2 * k + 2] != [0, 0]:
+                    out["collectives"].append(["update_halo", axes, dim])
         if o.name in ("shard.%s" % k for k in ("all_gather", "all_reduce", "reduce_scatter",
                                                  "all_slice", "all_to_all")):
             a = o.attributes

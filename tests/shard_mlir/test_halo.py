@@ -18,6 +18,13 @@ from apportion.ir.program import Program
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available, mlir_opt
 from apportion.shard_mlir import partitioned_mlir, propagated_mlir
+from apportion.shard_mlir.upstream_check import (
+    PARTITION,
+    CollectiveUse,
+    _run_upstream,
+    compare_partition,
+    plan_collectives,
+)
 from apportion.sharding.mesh import parse
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.search import search
@@ -212,3 +219,34 @@ def test_the_exchanges_read_back_from_the_text_are_the_plans_halo_steps():
     steps = [s for t in plan.transfers for s in t.steps]
     assert [(h.dim, plan.mesh.axes[h.axis].name) for h in found] == \
         [(s.dim, s.axis) for s in steps]
+
+
+def test_a_2d_window_on_a_2d_mesh_exchanges_each_dim_in_turn_corners_included():
+    doc = {"format": "apportion.program/1", "name": "conv2d",
+           "tensors": {"x": {"shape": [18, 10, 3], "dtype": "float32"},
+                       "w": {"shape": [3, 3, 3, 4], "dtype": "float32"}},
+           "inputs": ["x", "w"], "outputs": ["y"],
+           "ops": [{"name": "conv", "op": "matmul", "out": "y[h,v,co]",
+                    "ins": ["x[h+kh,v+kv,ci]", "w[kh,kv,ci,co]"], "dims": {"h": 16, "v": 8}}]}
+    prog = from_dict(doc)
+    s = Sharding((("a",), ("b",), ()))
+    plan = search(prog, parse("a=2:peered,b=2:peered"), target=COPIES,
+                  annotations={"x": s, "y": s})
+    assert [(st.kind, st.dim) for t in plan.transfers for st in t.steps] == \
+        [("halo", 0), ("halo", 1)]
+    text = partitioned_mlir(plan)
+    # dim 0's halo first (9 rows a device grown to 11); dim 1's then on the 10 rows each reads
+    assert _halos(text) == [("[[0], [], []]", 1, 1), ("[[], [1], []]", 1, 1)]
+    assert ": tensor<11x5x3xf32>" in text and ": tensor<10x7x3xf32>" in text
+    _matches(prog, plan, text)
+
+
+def test_upstream_check_names_a_halo_update_halo_on_both_sides():
+    prog, ann = _conv(16, 3, 4, 4, 2, rows_dim=0)
+    plan = search(prog, parse("die=2:peered"), target=COPIES, annotations=ann)
+    assert CollectiveUse("update_halo", ("die",), 0) in plan_collectives(plan)
+    seen = _run_upstream(_reshard_only(propagated_mlir(plan), "x"), PARTITION)
+    assert seen["collectives"] == [["update_halo", [0], 0]]
+    # the whole form: upstream refuses the window's generic, so the comparison is a refusal
+    report = compare_partition(plan)
+    assert report.verdict == "refused" and "projected permutation" in report.refused
