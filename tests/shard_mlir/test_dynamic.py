@@ -13,7 +13,8 @@ import pytest
 from apportion.cli.main import main
 from apportion.errors import EmitError, PlanningError
 from apportion.frontend.json_format import load, loads
-from apportion.frontend.random_meshes import mesh_case
+from apportion.frontend.random_meshes import mesh_case, random_mesh_case
+from apportion.frontend.random_programs import Seeded
 from apportion.ir.program import Program
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available
@@ -121,8 +122,8 @@ def test_an_argmax_and_a_mean_split_along_their_reduction_finish_across_the_list
     _matches_at(plan, [2, 3, 4])  # 29 columns: uneven at 2, 3 and 4
 
 
-def _random_plan(seed: int) -> tuple[Program, Mesh, ShardingPlan]:
-    c = mesh_case(seed)
+def _random_plan(seed: int, peered: bool = False) -> tuple[Program, Mesh, ShardingPlan]:
+    c = random_mesh_case(Seeded(seed), seed, peered=True) if peered else mesh_case(seed)
     mesh = parse(c.mesh)
     ann = {name: Sharding(dims) for name, dims in c.shardings.items()}
     plan = search(c.program, mesh, c.target, annotations=ann, time_limit=10) \
@@ -137,6 +138,21 @@ def test_random_mesh_cases_with_a_symbolic_axis_match_at_each_device_count(seed)
     prog, mesh, plan = _random_plan(seed)
     assert mesh.symbolic
     assert not any(opaque(op) for op in prog.ops)
+    top = next(a for a in mesh.axes if a.symbolic).size
+    _matches_at(plan, list(range(2, top + 1)))
+
+
+# peered meshes: halos (windows read across shards, 14 and 121: split over the run-time axis),
+# reads of peers' memory in place and an all-to-all (98); over the whole held tensor each is
+# an insert and the reader's cut
+@pytest.mark.parametrize(("seed", "kinds"), [(14, {"halo", "peer_read"}), (98, {"all_to_all",
+                                                                                "peer_read"}),
+                                             (121, set())])
+def test_peered_cases_with_halos_and_reads_in_place_match_at_each_device_count(seed, kinds):
+    prog, mesh, plan = _random_plan(seed, peered=True)
+    assert mesh.symbolic and not any(opaque(op) for op in prog.ops)
+    assert kinds <= {s.kind for t in plan.transfers for s in t.steps}
+    assert kinds or any(s.windows for o in plan.ops for s in o.strategy.ins)
     top = next(a for a in mesh.axes if a.symbolic).size
     _matches_at(plan, list(range(2, top + 1)))
 
