@@ -127,14 +127,16 @@ def test_the_halo_example_is_partitioned_with_update_halo_and_runs_as_the_unplan
 @pytest.mark.parametrize("seed", range(4))
 def test_a_random_even_strided_convolution_gets_upstreams_one_halo_pair_and_runs_exactly(seed):
     rng = random.Random(seed)
-    k, stride = rng.choice([2, 3, 5]), 1 + seed % 2
-    n = rng.randint(6, 24)
-    rows = stride * (n - 1) + k
-    rows += rows % 2  # x cut evenly in two (a last row no window reads, where odd)
-    rows_dim = rng.choice([0, 1])
-    prog, ann = _conv(n, k, rng.randint(2, 6), rng.randint(2, 6), rng.randint(1, 3), rows_dim,
-                      stride, rows)
-    plan = search(prog, parse("die=2:peered"), target=COPIES, annotations=ann)
+    stride = 1 + seed % 2
+    while True:  # a case whose windows overlap the shard cut (a strided one may align)
+        k, n, rows_dim = rng.choice([2, 3, 5]), rng.randint(6, 24), rng.choice([0, 1])
+        rows = stride * (n - 1) + k
+        rows += rows % 2  # x cut evenly in two (a last row no window reads, where odd)
+        prog, ann = _conv(n, k, rng.randint(2, 6), rng.randint(2, 6), rng.randint(1, 3),
+                          rows_dim, stride, rows)
+        plan = search(prog, parse("die=2:peered"), target=COPIES, annotations=ann)
+        if any(_lacks(prog, plan, "x", rows_dim, "die")[c] != (0, 0) for c in (0, 1)):
+            break
     assert [s.kind for t in plan.transfers for s in t.steps] == ["halo"]
     text = partitioned_mlir(plan)
     lacks = _lacks(prog, plan, "x", rows_dim, "die")
