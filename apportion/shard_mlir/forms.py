@@ -320,8 +320,9 @@ class _Spmd:
                 f"tensor {tensor!r} dim {step.dim}: its reader reads it in place from its peers' "
                 f"memory along peered axis {step.axis!r} (a peer_read from {step.src} to "
                 f"{step.dst}: no copy is made), which nothing in upstream MLIR 22's shard "
-                "dialect says (its collectives and update_halo all write a copy on each "
-                "device); the unrolled form (--shard-form unrolled) moves it by its boxes")
+                "dialect says (every op of it that moves data, the collectives, send/recv, "
+                "shift and update_halo, yields a new value on the receiving device); the "
+                "unrolled form (--shard-form unrolled) moves it by its boxes")
         if step.kind == "halo":
             self._halo(tensor, src, result, step)
             return
