@@ -6,7 +6,9 @@ by upstream MLIR to one CUDA kernel per forall (a core of the plan a block) and 
 library, with random inputs. The examples are planned on 8 and 132 blocks (the H100's and
 H200's streaming multiprocessors), the random programs (``frontend.random_programs.case``,
 the conformance cases) on their case's core count (up to the ``gpu`` preset's 304); a
-program the emitter or the lowering refuses is listed with its reason. Written under ``build/gpu_forall/`` (git-ignored), with
+program the emitter or the lowering refuses is listed with its reason. Each block's work is
+split over ``--threads`` threads where that is safe. Written under ``build/gpu_forall/``
+(git-ignored), with
 ``index.json`` naming every bundle; the folder must stay under the 64 MiB a device run
 carries, so examples whose inputs are large are left out (``SKIP``).
 
@@ -49,10 +51,15 @@ def _size(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--random", type=int, default=40, help="random programs (seeds 0..N-1)")
+    parser.add_argument("--threads", type=int, default=128, help="threads per block (default 128)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="EXAMPLE",
+                        help="these examples only, on the first core count (a timing set)")
+    parser.add_argument("--out", type=Path, default=OUT, help=f"the folder (default {OUT})")
     args = parser.parse_args()
-    if OUT.exists():
-        shutil.rmtree(OUT)
-    OUT.mkdir(parents=True)
+    out = args.out
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     index: list[dict[str, object]] = []
 
     def build(name: str, program: ap.Program, cores: int, strategy: str = "balanced",
@@ -60,9 +67,11 @@ def main() -> None:
         entry: dict[str, object] = {"bundle": name, "program": program.name, "cores": cores}
         try:
             planned = ap.plan(program, ap.targets.gpu(cores=cores), strategy)
-            b = build_bundle(planned.program, planned.plan, planned.target, OUT / name,
-                             params=params, symbolic=planned.given if planned.symbols else None)
-            entry.update(kernels=b.kernels, bytes=_size(b.path))
+            b = build_bundle(planned.program, planned.plan, planned.target, out / name,
+                             params=params, symbolic=planned.given if planned.symbols else None,
+                             threads=args.threads)
+            entry.update(kernels=b.kernels, threads=b.threads, threaded=b.threaded,
+                         bytes=_size(b.path))
         except ApportionError as e:
             entry["refused"] = str(e)[:400]
         index.append(entry)
@@ -70,21 +79,22 @@ def main() -> None:
         return int(entry.get("bytes", 0))  # type: ignore[call-overload]
 
     for path in sorted((ROOT / "examples").glob("*.json")):
-        if path.stem in SKIP:
+        if path.stem in SKIP or (args.only is not None and path.stem not in args.only):
             continue
         program = ap.load(path)
         # a symbolic loop count, a run-time K at a size that keeps the inputs small
         params = {"softmax_symbolic": {"T": 8}, "dynamic_k": {"K": 8192}}.get(path.stem)
         for cores in CORES:
-            if build(f"{path.stem}_c{cores}", program, cores, params=params) > ONCE_ABOVE:
+            if build(f"{path.stem}_c{cores}", program, cores, params=params) > ONCE_ABOVE or (
+                    args.only is not None):
                 break
-    for seed in range(args.random):
+    for seed in range(0 if args.only is not None else args.random):
         c = case(seed)
         params = dict(c.sizes) or None
         build(f"random{seed:03d}", c.program, min(c.target.cores, 304), c.strategy, params)
-    (OUT / "index.json").write_text(json.dumps(index, indent=2) + "\n")
-    total = _size(OUT)
-    print(f"{sum('kernels' in e for e in index)} bundles, {total / 2**20:.1f} MiB in {OUT}")
+    (out / "index.json").write_text(json.dumps(index, indent=2) + "\n")
+    total = _size(out)
+    print(f"{sum('kernels' in e for e in index)} bundles, {total / 2**20:.1f} MiB in {out}")
 
 
 if __name__ == "__main__":

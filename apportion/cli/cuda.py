@@ -25,6 +25,9 @@ from rich.console import Console
 from apportion.cli.report import print_checks
 from apportion.cli.usage import UsageError
 
+#: threads per block of ``cuda build``
+DEFAULT_THREADS = 128
+
 
 def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None],
                planned: Callable[[argparse.Namespace], Any],
@@ -44,6 +47,9 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None],
     b.add_argument("--chip", default="sm_80", help="the PTX's GPU (default sm_80, which the "
                    "driver compiles for every later GPU too)")
     b.add_argument("--ptx", default="+ptx70", help="the PTX version feature (default +ptx70)")
+    b.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+                   help="threads per block: each block's work split over them where that is "
+                        f"safe, else one thread (default {DEFAULT_THREADS}; 1..1024)")
     b.set_defaults(func=lambda a, con: _build(a, con, planned, params))
     r = acts.add_parser("run", help="run a bundle on this machine's NVIDIA GPU")
     r.add_argument("bundle", type=Path)
@@ -67,9 +73,10 @@ def _build(args: argparse.Namespace, console: Console, planned_of: Callable[...,
     params = params_of(args.param)
     bundle = build_bundle(planned.program, planned.plan, planned.target, args.out, args.seed,
                           params or None, planned.given if planned.symbols else None,
-                          GpuArch(args.chip, args.ptx))
-    console.print(f"built {bundle.path}: {planned.program.name}, {bundle.kernels} kernels, "
-                  f"{planned.target.cores} blocks each, PTX for {args.chip} "
+                          GpuArch(args.chip, args.ptx), args.threads)
+    console.print(f"built {bundle.path}: {planned.program.name}, {bundle.kernels} kernels of "
+                  f"{planned.target.cores} blocks, {bundle.threaded} of them on "
+                  f"{bundle.threads} threads a block, PTX for {args.chip} "
                   f"({bundle.build_s:.1f} s)", highlight=False)
     return 0
 

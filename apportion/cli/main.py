@@ -677,9 +677,9 @@ def build_parser() -> argparse.ArgumentParser:
     shard_cli.add_mesh_options(sc)
     sc.set_defaults(func=cmd_schedule)
     shard_cli.add_parser(sub, _common)
+    cuda_cli.add_parser(sub, _common, _planned, _params)
     b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCH_SUITES)}")
     b.add_argument("suite", choices=BENCH_SUITES)
-    cuda_cli.add_parser(sub, _common, _planned, _params)
     b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
                    help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling "
                         "and e2e; forall: the plans' workers, default 8)")

@@ -66,12 +66,15 @@ from apportion.target.target import Target
 
 @dataclass(frozen=True)
 class Bundle:
-    """A built bundle: its folder, the program's name, the kernels (one per forall) and
-    seconds lowering and linking took."""
+    """A built bundle: its folder, the program's name, the kernels (one per forall), the
+    threads per block, how many kernels split their block's work over them, and seconds
+    lowering and linking took."""
 
     path: Path
     program: str
     kernels: int
+    threads: int
+    threaded: int
     build_s: float
 
 
@@ -93,12 +96,13 @@ def _from_storage(value: np.ndarray, elt: str) -> np.ndarray:
 
 def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: int = 0,
                  params: Mapping[str, int] | None = None, symbolic: Program | None = None,
-                 arch: GpuArch = AMPERE) -> Bundle:
+                 arch: GpuArch = AMPERE, threads: int = 1) -> Bundle:
     """Build ``plan`` for the GPU into the folder ``out`` (made; an existing one is replaced),
     with random inputs (``seed``) at the sizes and loop counts ``params`` names (``symbolic``:
     the program as given, where it has run-time sizes). Refuses, naming the op and the limit,
     what the parallel IR has no construction for, and a target whose foralls carry no GPU
-    mapping."""
+    mapping. ``threads``: per block, each block's work split over them where that is safe
+    (``threads.thread_tiles``; 1: a block's work runs as loops on one thread)."""
     import time
 
     start = time.perf_counter()
@@ -116,7 +120,8 @@ def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: 
     text = forall_mlir(schedule)
     env = bind_inputs(b.bound.program, inputs)
     check_gathers(b.bound.program, env)
-    llvm = lower_nvvm(text, arch)
+    lowered = lower_nvvm(text, arch, threads)
+    llvm = lowered.llvm
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -140,11 +145,13 @@ def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: 
     kernels = llvm.count("gpu.binary @")
     manifest = {"program": program.name, "function": f"_mlir_ciface_{symbol_name(program.name)}",
                 "args": args, "results": results, "outputs": list(b.given_outputs),
-                "blocks": target.cores, "kernels": kernels, "chip": arch.chip}
+                "blocks": target.cores, "kernels": kernels, "threads": threads,
+                "threaded": lowered.threaded, "chip": arch.chip}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     np.savez(out / "inputs.npz", **stored)
     (out / "reference.json").write_text(dumps(reference))
-    return Bundle(out, program.name, kernels, time.perf_counter() - start)
+    return Bundle(out, program.name, kernels, threads, lowered.threaded,
+                  time.perf_counter() - start)
 
 
 def _stand_in(path: Path) -> None:

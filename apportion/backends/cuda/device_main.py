@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -166,7 +167,7 @@ def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, Any]:
         for ptr in held:
             runtime.mgpuMemFree(ptr, None)
     record = {"device": device, "function": manifest["function"], "run_s": seconds,
-              "blocks": manifest.get("blocks")}
+              "blocks": manifest.get("blocks"), "threads": manifest.get("threads")}
     (out / "run.json").write_text(json.dumps(record, indent=2) + "\n")
     return record
 
@@ -188,4 +189,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # skip the library destructors: at exit the runtime wrappers unload the kernels' module
+    # after the driver has released the context, which only prints CUDA errors
+    os._exit(code)

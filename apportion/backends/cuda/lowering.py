@@ -40,7 +40,7 @@ upstream passes:
 ... }'''
 >>> from apportion.runtime import upstream_mlir
 >>> if upstream_mlir.available():
-...     lowered = lower_nvvm(text)
+...     lowered = lower_nvvm(text).llvm
 ...     assert "gpu.binary" in lowered and "gpu.launch_func" in lowered
 """
 
@@ -53,6 +53,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from apportion.backends.cuda.threads import (
+    barriers,
+    shared_by_threads,
+    thread_maps,
+    thread_tiles,
+)
 from apportion.errors import EmitError, ExecutionError
 from apportion.runtime import upstream_mlir
 from apportion.runtime.upstream_mlir import expand_as_cast, pipeline, widen_bools
@@ -78,11 +84,11 @@ _TO_PARALLEL = ("func.func(llvm-request-c-wrappers)",
                 "buffer-results-to-out-params{hoist-static-allocs=1 modify-public-functions=1}",
                 "cse", "canonicalize", "func.func(scf-forall-to-parallel)")
 #: linalg to loops and buffers freed (the deallocation passes know no ``gpu.launch_func``, so
-#: they run first), then each mapped parallel loop a kernel
-_TO_KERNELS = ("func.func(convert-linalg-to-loops)", "ownership-based-buffer-deallocation",
-               "canonicalize", "buffer-deallocation-simplification",
-               "bufferization-lower-deallocations", "cse", "canonicalize",
-               "func.func(convert-parallel-loops-to-gpu)", "gpu-kernel-outlining")
+#: they run first), then (barriers after the thread loops) each mapped parallel loop a kernel
+_TO_LOOPS = ("func.func(convert-linalg-to-loops)", "ownership-based-buffer-deallocation",
+             "canonicalize", "buffer-deallocation-simplification",
+             "bufferization-lower-deallocations", "cse", "canonicalize")
+_TO_KERNELS = ("func.func(convert-parallel-loops-to-gpu)", "gpu-kernel-outlining")
 
 
 def _nvvm(arch: GpuArch) -> tuple[str, ...]:
@@ -175,18 +181,51 @@ def _unmapped(text: str) -> None:
 _TWO_DYNAMIC = "There must be at most one dynamic size per group"
 
 
-def lower_nvvm(text: str, arch: GpuArch = AMPERE) -> str:
+@dataclass(frozen=True)
+class Lowered:
+    """``lower_nvvm``'s module (the LLVM dialect, kernels as PTX), the threads per block and
+    how many of the block foralls split their work over them (the others run one thread)."""
+
+    llvm: str
+    threads: int
+    blocks: int
+    threaded: int
+
+
+#: the most threads a CUDA block holds
+MAX_THREADS = 1024
+
+
+def lower_nvvm(text: str, arch: GpuArch = AMPERE, threads: int = 1) -> Lowered:
     """``text`` (one ``func.func`` on tensors, foralls mapped to GPU blocks) lowered to the
-    LLVM dialect with its kernels as PTX, as text; an ExecutionError carrying upstream's
+    LLVM dialect with its kernels as PTX; each block's work split over ``threads`` threads
+    where that is safe (``threads.thread_tiles``). An ExecutionError carrying upstream's
     diagnostics when a pass fails, or for a forall without a mapping."""
     upstream_mlir.require()  # the missing extra named as such
+    if not 1 <= threads <= MAX_THREADS:
+        raise ExecutionError(f"cuda backend: threads per block must be in 1..{MAX_THREADS}, "
+                             f"got {threads}")
     _unmapped(text)
     try:
+        blocks = threaded = 0
         loops = upstream_mlir.mlir_opt(text, [f"--pass-pipeline={pipeline(_TO_PARALLEL)}"])
-        kernels = upstream_mlir.mlir_opt(copies_as_linalg(block_maps(expand_as_cast(loops))),
+        keep: frozenset[int] = frozenset()
+        while threads > 1:
+            split = thread_tiles(text, threads, keep)
+            split_loops = upstream_mlir.mlir_opt(
+                split.text, [f"--pass-pipeline={pipeline(_TO_PARALLEL)}"])
+            shared = shared_by_threads(split_loops) - keep
+            if not shared:
+                loops, blocks, threaded = split_loops, split.blocks, split.threaded
+                break
+            keep |= shared  # those blocks keep one thread; the others are split again
+        mapped = thread_maps(copies_as_linalg(block_maps(expand_as_cast(loops))))
+        freed = upstream_mlir.mlir_opt(mapped, [f"--pass-pipeline={pipeline(_TO_LOOPS)}"])
+        kernels = upstream_mlir.mlir_opt(barriers(freed),
                                          [f"--pass-pipeline={pipeline(_TO_KERNELS)}"])
-        return upstream_mlir.mlir_opt(widen_bools(host_shared(kernels)),
+        llvm = upstream_mlir.mlir_opt(widen_bools(host_shared(kernels)),
                                       [f"--pass-pipeline={pipeline(_nvvm(arch))}"])
+        return Lowered(llvm, threads, blocks, threaded)
     except EmitError as e:
         said = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
         if _TWO_DYNAMIC in said:

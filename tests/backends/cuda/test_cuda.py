@@ -78,7 +78,7 @@ def test_host_buffers_become_managed_memory_and_a_kernel_s_own_stay_on_its_heap(
 def test_every_forall_of_a_gpu_plan_becomes_one_kernel_launch(name):
     planned = _gpu_plan(name)
     text = forall_mlir(emitted(planned.program, planned.plan, planned.target))
-    lowered = lower_nvvm(text)
+    lowered = lower_nvvm(text).llvm
     foralls = len(re.findall(r"\bscf\.forall \(", text))
     assert lowered.count("gpu.binary @") == foralls
     assert len(re.findall(r"\bgpu\.launch_func\b", lowered)) == foralls
@@ -182,5 +182,5 @@ def test_random_gpu_plans_lower_to_one_kernel_per_forall_or_name_the_refusal(cas
                                    planned.given if planned.symbols else None))
     except ap.ApportionError:
         assume(False)  # the emitter's own documented refusals (tested with IREE)
-    lowered = lower_nvvm(text)
+    lowered = lower_nvvm(text).llvm
     assert lowered.count("gpu.binary @") == len(re.findall(r"\bscf\.forall \(", text))

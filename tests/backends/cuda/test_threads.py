@@ -1,0 +1,110 @@
+"""A block's work split over its threads (``backends.cuda.threads``): the split IR computes what
+the plan computes (run here through upstream's OpenMP lowering, each thread loop a loop), and a
+block whose threads would share a buffer keeps one thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+import apportion as ap
+from apportion.backends.cuda.lowering import lower_nvvm
+from apportion.backends.cuda.threads import ThreadSplit, thread_tiles
+from apportion.backends.iree.forall import forall_mlir, mlir_type, symbol_name, symbols
+from apportion.backends.iree.run import bind_run, emitted, reference_at
+from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.runtime import upstream_mlir
+from apportion.runtime.reference import bind_inputs, compare, random_inputs, run_unplanned
+
+pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
+                                reason="needs the mlir extra (upstream MLIR 22)")
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def _split_matches(planned: ap.PlannedProgram, threads: int,
+                   params: dict[str, int] | None = None) -> ThreadSplit:
+    """Split ``planned``'s parallel IR over ``threads`` threads a block, run it on two OpenMP
+    threads and assert every output matches the reference; the split."""
+    from apportion.backends.openmp.engine import Engine
+
+    symbolic = planned.given if planned.symbols else None
+    reference = reference_at(planned.program, symbolic, params)
+    inputs = random_inputs(reference, 0)
+    b = bind_run(planned.program, planned.plan, planned.target, inputs, params, symbolic, None)
+    schedule = emitted(b.program, planned.plan, planned.target, b.symbolic)
+    split = thread_tiles(forall_mlir(schedule), threads)
+    env = bind_inputs(b.bound.program, inputs)
+    args = [(env[n], mlir_type(b.program.tensor(n).dtype)) for n in b.program.inputs]
+    args += [(int(b.loop_params[s]), "index") for s in symbols(schedule)]
+    args += [(n, "index") for n in b.size_args]
+    results = [(b.bound.program.tensor(n).shape, mlir_type(b.program.tensor(n).dtype))
+               for n in b.program.outputs]
+    engine = Engine(split.text)
+    try:
+        call = engine.call(symbol_name(b.program.name), args, results, threads=2)
+    finally:
+        engine.drop()
+    got = {n: a for n, a in zip(b.program.outputs, call.outputs, strict=True)
+           if n in b.given_outputs}
+    with np.errstate(all="ignore"):
+        checks = compare(run_unplanned(reference, inputs), {**env, **got}, reference)
+    assert all(c.ok for c in checks), checks
+    return split
+
+
+@pytest.mark.parametrize("name", ["fused", "megatron", "softmax_tiled", "attention", "halo"])
+def test_an_example_split_over_threads_computes_what_the_plan_computes(name):
+    planned = ap.plan(ap.load(EXAMPLES / f"{name}.json"), ap.targets.gpu(cores=8))
+    split = _split_matches(planned, 16)
+    assert split.threaded >= 1 and "#gpu.thread<x>" in split.text
+
+
+def test_every_block_of_an_elementwise_chain_is_split():
+    planned = ap.plan(ap.load(EXAMPLES / "fused.json"), ap.targets.gpu(cores=8))
+    split = _split_matches(planned, 64)
+    assert (split.blocks, split.threaded) == (2, 2)
+
+
+def test_a_block_whose_threads_would_share_a_copied_slice_keeps_one_thread():
+    # the k-tiled matmul accumulates into a slice of its output that bufferization copies into
+    # a buffer of the block's own: each GPU thread would hold a copy, so the block stays whole
+    planned = ap.plan(ap.load(EXAMPLES / "matmul_mk.json"), ap.targets.gpu(cores=8))
+    text = forall_mlir(emitted(planned.program, planned.plan, planned.target))
+    lowered = lower_nvvm(text, threads=128)
+    assert (lowered.blocks, lowered.threaded) == (1, 0)
+
+
+def test_threads_per_block_beyond_cuda_s_limit_are_refused():
+    planned = ap.plan(ap.load(EXAMPLES / "fused.json"), ap.targets.gpu(cores=8))
+    text = forall_mlir(emitted(planned.program, planned.plan, planned.target))
+    with pytest.raises(ExecutionError, match=r"threads per block must be in 1\.\.1024, got 2048"):
+        lower_nvvm(text, threads=2048)
+
+
+@st.composite
+def _cases(draw):
+    from apportion.frontend.random_programs import random_case
+    from tests.conformance.draws import HypothesisDraw
+
+    return random_case(HypothesisDraw(draw)), draw(st.integers(1, 32)), draw(
+        st.sampled_from([2, 8, 32]))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_cases())
+def test_random_plans_split_over_threads_compute_what_the_plan_computes(case):
+    c, cores, threads = case
+    try:
+        planned = ap.plan(c.program, ap.targets.gpu(cores=cores), c.strategy)
+        forall_mlir(emitted(planned.program, planned.plan, planned.target,
+                            planned.given if planned.symbols else None))
+    except (PlanningError, ProgramError):
+        assume(False)
+    except ap.ApportionError:
+        assume(False)  # the emitter's own documented refusals (tested with IREE)
+    _split_matches(planned, threads, dict(c.sizes) or None)
