@@ -13,7 +13,8 @@ A sharded program runs as the same *stages* on every device, in the same order (
   read one another's memory, a ``halo`` (a device reads the rows of the window an op reads
   beyond its shard, and only those, from the peers holding them) or a ``peer_read`` (an op
   reads another sharding of a tensor from its peers' memory in place of a resharded copy;
-  only the elements the device lacks cross the link). Every device's region of the
+  only the elements the device lacks cross the link); a read of a dim split over several
+  peered axes runs across all of them at once. Every device's region of the
   tensor before (``src_boxes``) and after (``dst_boxes``) is listed as the plan cuts it, so a
   backend moves data by those boxes and never recomputes how a dim is cut;
 - ``MeshFinish``: elementwise on each device, what a mean or argmax split over devices does
@@ -176,7 +177,10 @@ class Collective:
     ``src_boxes[d]`` of tensor ``tensor``) becomes its array ``result`` (box ``dst_boxes[d]``).
 
     ``groups`` are the devices that communicate, one tuple per group in rank order (the
-    devices along ``axis`` with the other coordinates fixed). ``dim`` is the tensor dim
+    devices along ``axis`` with the other coordinates fixed). A read (``READS``) of a dim
+    split over several peered axes runs across all of them: ``axis`` names them comma-joined
+    (``"a,b"``, ``axes`` splits them) and a group is the devices differing along any of
+    them, the outer axis first. ``dim`` is the tensor dim
     gathered, scattered or cut (an all-to-all's source dim), ``to_dim`` an all-to-all's
     destination dim. ``reducer`` combines an all-reduce's or reduce-scatter's arrays (a name
     of ``ir.kinds.REDUCERS``; ``argmax`` reduces keys by max); ``unpack``: the reduction ends
@@ -208,6 +212,9 @@ class Collective:
                                  f"they are; only a reduction casts (to {self.result_dtype})")
         if self.kind not in KINDS:
             raise ExecutionError(f"{what}: kind {self.kind!r}; valid: {', '.join(KINDS)}")
+        if "," in self.axis and self.kind not in (*READS, "slice"):
+            raise ExecutionError(f"{what}: {self.kind} runs along one mesh axis; only a "
+                                 "read (or the slice of its window) runs across several")
         if (self.reducer is not None) != (self.kind in REDUCING):
             raise ExecutionError(f"{what}: a {self.kind} "
                                  f"{'needs' if self.kind in REDUCING else 'takes no'} reducer")
@@ -219,6 +226,17 @@ class Collective:
             raise ExecutionError(f"{what}: groups {self.groups} do not cover the "
                                  f"{len(self.src_boxes)} devices once each, or "
                                  f"{len(self.dst_boxes)} result boxes")
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """The mesh axes the step runs along (several only for a read across them).
+
+        >>> Collective("halo", "x", "x", "x@1", "float32", "a,b", ((0, 1, 2, 3),),
+        ...            (((0, 1),), ((1, 2),), ((2, 3),), ((3, 4),)),
+        ...            (((0, 2),), ((0, 3),), ((1, 4),), ((2, 4),)), dim=0).axes
+        ('a', 'b')
+        """
+        return tuple(self.axis.split(","))
 
     def group(self, device: int) -> tuple[int, ...]:
         """The devices ``device`` communicates with (itself included), in rank order."""

@@ -13,9 +13,11 @@ each, in this order:
 4. ``slice``: a dim ``dst`` splits further than the data is is cut locally (no communication).
 
 A ``dst`` read through windows (``spec.Window``: what an op reads of a dim across shard
-boundaries on a peered axis) is reached through its shards, then per windowed dim a ``halo``:
+boundaries on peered axes) is reached through its shards, then per windowed dim a ``halo``:
 each device reads the rows of its window beyond its shard, and only those, from the peers
-holding them (a ``slice`` of the window where the dim was not cut along that axis yet). A
+holding them (a ``slice`` of the window where the dim was not cut yet). A dim split over
+several peered axes has one ``halo`` across all of them (``Step.axes``): a device's window
+rows come from whichever devices, along any of the axes, hold them. A
 ``peer_read`` is not made here: it is what ``plan.in_place_read`` makes of a single gather,
 all-to-all or halo on a peered axis when the reader reads the source in place.
 
@@ -32,7 +34,8 @@ all-to-all ``(n - 1) / n`` of what it holds, an all-reduce ``2 (n - 1) / n``. Al
 peered memory the same bytes are read remotely with one latency (two for an all-reduce: a
 reduce-scatter by reads, then an all-gather by reads). Sizes are those of the largest shard. A
 ``halo`` or ``peer_read`` receives the elements of its box the device does not hold
-(``halo_elements``, the most of any device), with one latency.
+(``halo_elements``, the most of any device), with one latency (across several axes: over the
+slowest of their links, ``read_link``).
 
 >>> from apportion.sharding.mesh import parse
 >>> from apportion.sharding.spec import Sharding
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -57,7 +60,7 @@ from apportion.runtime import kernels
 from apportion.schedule.mesh import MAX_KEYED_INDEX as MAX_KEYED_INDEX
 from apportion.schedule.mesh import argmax_index as argmax_index
 from apportion.schedule.mesh import argmax_keys as argmax_keys
-from apportion.sharding.mesh import Mesh
+from apportion.sharding.mesh import Link, Mesh, combos
 from apportion.sharding.spec import Sharding, chunk
 
 KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice", "halo",
@@ -76,7 +79,8 @@ class Step:
     ``dim`` is the tensor dim gathered, scattered or cut (an all-to-all's source dim),
     ``to_dim`` an all-to-all's destination dim, ``reducer`` a reduction's combine. ``remote``:
     the axis has peered memory, the step is remote reads. ``bytes``: what one device receives;
-    ``time_us``: the predicted time.
+    ``time_us``: the predicted time. ``across``: a read through windows of a dim split over
+    several peered axes names them all, outer first (``axis`` is the first); empty otherwise.
     """
 
     kind: str
@@ -89,13 +93,20 @@ class Step:
     remote: bool = False
     bytes: int = 0
     time_us: float = 0.0
+    across: tuple[str, ...] = ()
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        """Every mesh axis the step runs along: ``across``, else ``axis`` alone."""
+        return self.across or (self.axis,)
 
     @property
     def communicates(self) -> bool:
         return self.kind != "slice"
 
     def __str__(self) -> str:
-        what = f"{self.reducer}, {self.axis}" if self.reducer else self.axis
+        axes = ",".join(self.axes)
+        what = f"{self.reducer}, {axes}" if self.reducer else axes
         text = f"{self.kind}({what})"
         if self.kind == "all_to_all":
             text += f" dim {self.dim} -> dim {self.to_dim}"
@@ -198,11 +209,12 @@ def _windowed(shape: Sequence[int], dtype: str, src: Sharding, dst: Sharding, me
     """The steps to a sharding read through windows (a halo read, ``spec.Window``): to its
     shards first, then per windowed dim a ``halo`` (each device reads the rows of its window
     beyond its shard from the peers that hold them) or, where the data is not yet cut along
-    that axis, a ``slice`` of the window out of what the device holds (no communication)."""
+    the dim, a ``slice`` of the window out of what the device holds (no communication). A dim
+    cut by the outer part of the window's axes is cut further locally first, then haloed."""
     cut = list(dst.dims)
     for j, w in enumerate(dst.windows):
-        if w is not None and src.dims[j] != dst.dims[j]:
-            cut[j] = ()  # not cut along this axis yet: the window is sliced out locally
+        if w is not None and not (src.dims[j] and dst.dims[j][:len(src.dims[j])] == src.dims[j]):
+            cut[j] = ()  # not cut along these axes yet: the window is sliced out locally
     pre = Sharding(tuple(cut), dst.partial, dst.reducer)
     out = list(steps(shape, dtype, src, pre, mesh)) if src != pre else []
     cur = pre
@@ -214,7 +226,8 @@ def _windowed(shape: Sequence[int], dtype: str, src: Sharding, dst: Sharding, me
         dims = tuple(dst.dims[k] if k in done else cur.dims[k] for k in range(len(shape)))
         new = Sharding(dims, cur.partial, cur.reducer, windows)
         kind = "halo" if cur.dims[j] == dst.dims[j] else "slice"
-        out.append(_priced(kind, dst.dims[j][0], cur, new, j, None, None, shape, dtype, mesh))
+        out.append(_priced(kind, dst.dims[j][0], cur, new, j, None, None, shape, dtype, mesh,
+                           dst.dims[j]))
         cur = new
     if cur != dst:  # unreachable: every windowed dim was read
         raise PlanningError(f"cannot reshard {src} to {dst}: reached {cur}")
@@ -239,17 +252,42 @@ def halo_elements(shape: Sequence[int], src: Sharding, dst: Sharding, mesh: Mesh
     return most
 
 
+def read_group(mesh: Mesh, device: int, axes: Sequence[str]) -> tuple[int, ...]:
+    """The devices that differ from ``device`` only along ``axes`` (itself included), the
+    outer axis first: whom a read across those axes reads from.
+
+    >>> from apportion.sharding.mesh import parse
+    >>> read_group(parse("a=2,b=2,c=2"), 0, ("a", "c")), read_group(parse("a=2"), 1, ("a",))
+    ((0, 1, 4, 5), (0, 1))
+    """
+    c = mesh.coords(device)
+    return tuple(mesh.device({**c, **k}) for k in combos(mesh, axes))
+
+
+def read_link(mesh: Mesh, axes: Sequence[str]) -> Link:
+    """The link a read across ``axes`` is priced over: the slowest of theirs (the most latency,
+    the least bandwidth; a device's window may lie across any of them).
+
+    >>> from apportion.sharding.mesh import parse
+    >>> read_link(parse("a=2@chiplet:peered,b=2@device:peered"), ("a", "b")).level
+    'device'
+    """
+    links = [mesh.link(a) for a in axes]
+    worst = min(links, key=lambda lk: lk.bandwidth)
+    return replace(worst, latency_us=max(lk.latency_us for lk in links))
+
+
 def _priced(kind: str, axis: str, src: Sharding, dst: Sharding, dim: int | None,
             to_dim: int | None, reducer: str | None, shape: Sequence[int], dtype: str,
-            mesh: Mesh) -> Step:
+            mesh: Mesh, axes: tuple[str, ...] = ()) -> Step:
     sizes = {a.name: a.size for a in mesh.axes}
     # a partial value moves in its partial dtype (``Sharding.held_dtype``): a float16 sum's
     # partials are float32 on the wire, twice the bytes
     before = src.local_bytes(shape, src.held_dtype(dtype), sizes)
     after = dst.local_bytes(shape, dst.held_dtype(dtype), sizes)
     n = mesh.size(axis)
-    link = mesh.link(axis)
-    remote = mesh.axis(axis).peered
+    link = read_link(mesh, axes) if len(axes) > 1 else mesh.link(axis)
+    remote = all(mesh.axis(a).peered for a in axes or (axis,))
     messages = 1 if remote else n - 1
     if kind == "all_gather":
         received = after - before
@@ -266,7 +304,8 @@ def _priced(kind: str, axis: str, src: Sharding, dst: Sharding, dim: int | None,
         received, messages = 0, 0
     time = messages * link.latency_us + received / link.bandwidth * 1e6
     red = reducer if kind in ("all_reduce", "reduce_scatter") else None
-    return Step(kind, axis, src, dst, dim, to_dim, red, remote, int(received), time)
+    return Step(kind, axis, src, dst, dim, to_dim, red, remote, int(received), time,
+                axes if len(axes) > 1 else ())
 
 
 @functools.lru_cache(maxsize=65536)
@@ -325,7 +364,7 @@ def _read_boxes(step: Step, arrays: Sequence[np.ndarray], mesh: Mesh, shape: Seq
         want = step.dst.block(shape, mesh.coords(d), sizes)
         res = np.empty(tuple(hi - lo for lo, hi in want), dtype=np.asarray(arrays[d]).dtype)
         seen = np.zeros(res.shape, dtype=bool)
-        group = mesh.group(d, step.axis) if step.kind != "slice" else (d,)
+        group = read_group(mesh, d, step.axes) if step.kind != "slice" else (d,)
         for p in sorted(group, key=lambda q: q != d):
             part = tuple((max(lo, a), min(hi, b)) for (lo, hi), (a, b)
                          in zip(want, boxes[p], strict=True))

@@ -58,7 +58,7 @@ from apportion.schedule.mesh import (
     Placement,
     group_order,
 )
-from apportion.sharding.collectives import Step, keyed
+from apportion.sharding.collectives import Step, keyed, read_group
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import Finish
 from apportion.sharding.spec import Sharding
@@ -225,12 +225,13 @@ def _collective(plan: ShardingPlan, items: list[Any], kind: str) -> Collective:
         c: UnrolledCollective = items[0]
         step, tensor, source, result = c.step, c.tensor, c.source, c.result
     src, dst = _boxes(plan, step, tensor)
-    groups = group_order({mesh.group(d, step.axis) for d in range(mesh.devices)})
+    # a halo across several peered axes reads from the devices differing along any of them
+    groups = group_order({read_group(mesh, d, step.axes) for d in range(mesh.devices)})
     # partials move in their partial dtype; the reduction that makes them whole casts
     dtype = plan.program.tensor(tensor).dtype
     moved, made = step.src.held_dtype(dtype), step.dst.held_dtype(dtype)
-    return Collective(step.kind, tensor, source, result, moved, step.axis, groups, src, dst,
-                      step.dim, step.to_dim, step.reducer,
+    return Collective(step.kind, tensor, source, result, moved, ",".join(step.axes), groups,
+                      src, dst, step.dim, step.to_dim, step.reducer,
                       unpack=step.reducer is not None and keyed(step.reducer)
                       and not step.dst.partial, result_dtype=made if made != moved else None)
 

@@ -50,7 +50,13 @@ from apportion.passes.geometry import OpContext
 from apportion.passes.layouts import op_layout, tensor_layouts
 from apportion.passes.strategy import Balanced
 from apportion.passes.work_distribution import distribute, greedy
-from apportion.sharding.collectives import Step, cached_steps, halo_elements, reshard_time
+from apportion.sharding.collectives import (
+    Step,
+    cached_steps,
+    halo_elements,
+    read_link,
+    reshard_time,
+)
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.rules import (
     Strategy,
@@ -201,7 +207,7 @@ def in_place_read(shape: tuple[int, ...], dtype: str, src: Sharding, dst: Shardi
         return None
     step = steps[0]
     received = halo_elements(shape, src, dst, mesh) * dtype_bytes(dtype)
-    link = mesh.link(step.axis)
+    link = read_link(mesh, step.axes)  # a halo across several peered axes: the slowest
     time = link.latency_us + reads * received / link.bandwidth * 1e6
     return replace(step, kind="peer_read", bytes=received, time_us=time)
 

@@ -24,18 +24,18 @@ dims, ``q[t, 128*h+d]``, is split like ``h`` when ``h`` is its outermost term, t
 the rest exactly (``128 = size of d``) and the shards line up (``h``'s shards times 128 are the
 column shards): the heads of attention. Any other read of a split dim (an inner term, a leading
 slice, an offset) needs that tensor dim replicated, and each device reads its part of it
-through offsets in its access; but where the dim is split over one mesh axis with *peered*
-memory and it is the read's outermost term (a convolution's ``x[h + kh]``, a shifted slice's
-``x[i + 1]``, a leading slice), the tensor dim stays split over that axis and each device reads
-its ``Window`` of it (``read_window``): its rows, exact for uneven cuts, and the neighbours'
-rows the window reaches, which a ``halo`` fetches from the peers (``collectives``) rather than
-an all-gather of the whole dim. The output is split like its dims; literal-0 axes stay whole.
-An output axis written through a merge of dims, ``o[t, 64*h+d]`` (``Op.out_digits``), is split
-like its outermost digit of size above 1 when that digit alone is split and its shards, times
-its stride, are the axis's own cuts (always so for even splits; uneven ones are checked device
-by device): each device then writes one contiguous block of the axis. A strategy splitting an
-inner digit (its columns would be strided) or cutting the lead digit out of line with the
-axis's cuts is not offered, and ``make_strategy`` refuses it.
+through offsets in its access; but where the dim is split over mesh axes that all have *peered*
+memory (one axis or several) and it is the read's outermost term (a convolution's ``x[h + kh]``, a
+shifted slice's ``x[i + 1]``, a leading slice), the tensor dim stays split over those axes and each
+device reads its ``Window`` of it (``read_window``): its rows, exact for uneven cuts, and the
+neighbours' rows the window reaches, which a ``halo`` fetches from the peers across the axes
+(``collectives``) rather than an all-gather of the whole dim. The output is split like its dims;
+literal-0 axes stay whole. An output axis written through a merge of dims, ``o[t, 64*h+d]``
+(``Op.out_digits``), is split like its outermost digit of size above 1 when that digit alone is
+split and its shards, times its stride, are the axis's own cuts (always so for even splits; uneven
+ones are checked device by device): each device then writes one contiguous block of the axis. A
+strategy splitting an inner digit (its columns would be strided) or cutting the lead digit out of
+line with the axis's cuts is not offered, and ``make_strategy`` refuses it.
 
 >>> from apportion.frontend.json_format import load
 >>> from apportion.sharding.mesh import parse
@@ -191,12 +191,13 @@ def _aligned(e: AffineExpr, n: int, op: Op, split: str, axes: tuple[str, ...],
 def read_window(op: Op, e: AffineExpr, n: int, split: str, axes: tuple[str, ...],
                 mesh: Mesh) -> Window | None:
     """The ``Window`` a device reads of a tensor dim of ``n`` read through ``e`` when op dim
-    ``split`` is split over ``axes`` and ``e`` is not aligned with it: None unless ``axes`` is
-    one *peered* mesh axis (its devices read one another's memory, so a device fetches only
-    the rows beyond its shard, a halo; elsewhere the dim is read replicated, all-gathered),
+    ``split`` is split over ``axes`` and ``e`` is not aligned with it: None unless every one
+    of ``axes`` is a *peered* mesh axis (their devices read one another's memory, so a device
+    fetches only the rows beyond its shard, a halo, from whichever devices across the axes
+    hold them; where any axis is not peered the dim is read replicated, all-gathered),
     ``split`` is ``e``'s outermost term and the window of some device is smaller than the
     dim (else a halo is a gather)."""
-    if len(axes) != 1 or not mesh.axis(axes[0]).peered:
+    if not axes or not all(mesh.axis(a).peered for a in axes):
         return None
     c = e.coeff(split)
     if c != max(k for _, k in e.terms):
@@ -205,7 +206,7 @@ def read_window(op: Op, e: AffineExpr, n: int, split: str, axes: tuple[str, ...]
     w = Window(sizes[split], c, e.const,
                sum(k * (sizes[d] - 1) for d, k in e.terms if d != split))
     msizes = _sizes(mesh)
-    rows = [w.rows(axes, {axes[0]: i}, msizes) for i in range(msizes[axes[0]])]
+    rows = [w.rows(axes, c, msizes) for c in combos(mesh, axes)]
     if any(lo < 0 or hi > n for lo, hi in rows) or all(hi - lo >= n for lo, hi in rows):
         return None
     return w

@@ -112,11 +112,14 @@ class Window:
     ``size``, cut as ``dim_block`` cuts it) reads tensor rows ``[coeff * lo + const,
     coeff * (hi - 1) + const + extent + 1)``, where ``extent`` is what the access's other
     terms add at their largest. Each device's window is exact, uneven cuts included; it may
-    reach into its neighbours' shards on both sides (their *halo*).
+    reach into its neighbours' shards on both sides (their *halo*). The op dim may be split
+    over several mesh axes (outer first), its neighbours then differing along any of them.
 
     >>> w = Window(8, 1, 0, 2)  # y[h] = sum over kh < 3 of x[h + kh], h of 8
     >>> [w.rows(("tp",), {"tp": c}, {"tp": 3}) for c in range(3)]
     [(0, 5), (3, 8), (6, 10)]
+    >>> [w.rows(("a", "b"), {"a": a, "b": b}, {"a": 2, "b": 2}) for a in (0, 1) for b in (0, 1)]
+    [(0, 4), (2, 6), (4, 8), (6, 10)]
     """
 
     size: int
@@ -188,9 +191,9 @@ class Sharding:
                 raise ProgramError(f"a sharding of {len(self.dims)} dims has "
                                    f"{len(self.windows)} windows")
             for i, w in enumerate(self.windows):
-                if w is not None and len(self.dims[i]) != 1:
-                    raise ProgramError(f"dim {i}: a window reads a dim split by one mesh axis, "
-                                       f"not {self.dims[i] or 'none'}")
+                if w is not None and not self.dims[i]:
+                    raise ProgramError(f"dim {i}: a window reads a dim split by mesh axes, "
+                                       "not an unsplit one")
                 if w is not None and self.partial:
                     raise ProgramError("a partial value is never read through a window")
             if not any(w is not None for w in self.windows):
@@ -271,9 +274,11 @@ class Sharding:
         widest = list(out)
         for j, w in enumerate(self.windows):
             if w is not None:
-                (a,) = self.dims[j]
-                widest[j] = max(hi - lo for c in range(sizes[a])
-                                for lo, hi in (w.rows((a,), {a: c}, sizes),))
+                axes = self.dims[j]
+                widest[j] = max(hi - lo for c in itertools.product(*(range(sizes[a])
+                                                                     for a in axes))
+                                for lo, hi in (w.rows(axes, dict(zip(axes, c, strict=True)),
+                                                      sizes),))
         return tuple(widest)
 
     def held_dtype(self, dtype: str) -> str:

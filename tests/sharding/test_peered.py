@@ -215,12 +215,17 @@ def test_a_stencil_reads_each_element_about_three_times_and_its_halo_matches():
     assert [b[0] for b in c.dst_boxes] == [(0, 8), (6, 14), (12, 19)]
 
 
-def test_a_multi_axis_split_of_the_read_dim_keeps_the_replicated_read():
-    """A window is read along one peered axis; a dim split over two axes reads as before."""
+def test_a_dim_split_over_two_axes_is_read_through_a_window_only_when_both_are_peered():
+    """Both axes peered: the dim stays split over both and each device reads its window; one
+    plain axis among them: the dim is read replicated, as before."""
     p = conv_program(h=40)
     s = make_strategy(p.op("conv"), p, parse("a=2@chiplet:peered,b=2@chiplet:peered"),
                       {"h": ("a", "b")})
-    assert s.ins[0] == Sharding.replicated(4)
+    assert s.ins[0] == Sharding(((), ("a", "b"), (), ()), windows=(None, Window(40, 1, 0, 2),
+                                                                   None, None))
+    for spec in ("a=2@chiplet:peered,b=2@chiplet", "a=2@chiplet,b=2@chiplet:peered"):
+        s = make_strategy(p.op("conv"), p, parse(spec), {"h": ("a", "b")})
+        assert s.ins[0] == Sharding.replicated(4)
 
 
 # --- a shifted slice, and reads in place ----------------------------------------------------
@@ -311,8 +316,10 @@ def test_a_windowed_sharding_round_trips_through_json_and_refuses_bad_windows():
     assert str(s) == "[-, tp window 2*i+1..+3]"
     with pytest.raises(ProgramError, match="windows must be"):
         Sharding.from_json({"dims": [[], ["tp"]], "windows": [None, [7, 2, -1, 3]]})
-    with pytest.raises(ProgramError, match="dim 1: a window reads a dim split by one mesh axis"):
-        Sharding(((), ("a", "b")), windows=(None, Window(7, 1, 0, 1)))
+    two = Sharding(((), ("a", "b")), windows=(None, Window(7, 1, 0, 1)))
+    assert Sharding.from_json(two.to_json()) == two
+    with pytest.raises(ProgramError, match="dim 1: a window reads a dim split by mesh axes"):
+        Sharding(((), ()), windows=(None, Window(7, 1, 0, 1)))
     with pytest.raises(PlanningError, match="a window is only ever read"):
         steps((8, 8), "float32", s, Sharding.replicated(2), parse("tp=2@chiplet:peered"))
 

@@ -505,8 +505,7 @@ class Rank:
         src = self.layout(c.source, str(c))
         dst = self.layout(c.result, str(c))
         if c.kind in READS or not (self.agrees(src) and self.agrees(dst)):
-            group = self.dmesh.get_group(c.axis)
-            self._check_group(c, group)
+            group = self._group(c)
             local = own_collective(c, self.dts[c.source].to_local(), self.rank, group)
             if c.out_dtype != c.dtype:  # the reduced partials, whole: the tensor's dtype
                 local = local.to(_torch_dtype(c.out_dtype))
@@ -523,6 +522,19 @@ class Rank:
                                         stride=keys.stride())
         self.expect(dt, dst, str(c))
         self.dts[c.result] = dt
+
+    def _group(self, c: Collective) -> Any:
+        """The process group ``c`` runs over: its mesh axis's; a read across several axes
+        (``Collective.axes``) has none in the mesh, and its point-to-point messages (``_read``)
+        go over the default group, addressed by global rank, which is the device."""
+        if len(c.axes) > 1:
+            if c.kind not in READS:
+                raise ExecutionError(f"rank {self.rank}: {c}: only a read runs across several "
+                                     f"mesh axes ({', '.join(c.axes)})")
+            return None
+        group = self.dmesh.get_group(c.axis)
+        self._check_group(c, group)
+        return group
 
     def _check_group(self, c: Collective, group: Any) -> None:
         import torch.distributed as dist
