@@ -24,7 +24,8 @@ CASES = [("megatron", "tp=2", {"reduce_scatter"}), ("megatron", "tp=3", {"reduce
                       marks=pytest.mark.slow),
          ("splitk", "dp=2,tp=2", {"reduce_scatter"}),
          ("softmax_tiled", "tp=3", {"all_slice", "all_reduce"}), ("attention", "tp=2", set()),
-         ("fused", "tp=3", set()), ("transposed", "dp=2,tp=2", set())]
+         ("fused", "tp=3", set()), ("transposed", "dp=2,tp=2", set()),
+         ("halo", "die=3", {"all_to_all"})]  # a plain axis: the window's dim moved whole
 
 
 def _run(name: str, spec: str) -> tuple[list, set[str]]:
