@@ -1,8 +1,9 @@
 """Halo reads across two peered mesh axes run by every executor that runs halo steps: IREE (its
 device modules exchange exactly the rows a peer lacks over a channel of the devices along both
-axes), the unrolled shard form compiled by upstream MLIR, and DTensor on gloo (point-to-point
-messages of those rows), each against the unplanned program, uneven cuts included. The
-partitioned form (upstream's ``shard.update_halo``, one grid axis) cannot say such a halo."""
+axes), the unrolled and dynamic shard forms compiled by upstream MLIR, and DTensor on gloo
+(point-to-point messages of those rows), each against the unplanned program, uneven cuts
+included. The partitioned form (upstream's ``shard.update_halo``, one grid axis) cannot say
+such a halo."""
 
 from __future__ import annotations
 
@@ -103,3 +104,24 @@ def test_dtensor_on_gloo_runs_halos_across_two_peered_axes_by_point_to_point_row
     for (checks, run) in runner.check_mesh_many(two_axis_schedules(), device="cpu"):
         assert run.backend == "gloo"
         assert all(c.ok for c in checks), [str(c) for c in checks]
+
+
+@pytest.mark.skipif(not available(), reason=MISSING)
+def test_the_dynamic_form_runs_a_halo_across_two_peered_axes_at_each_device_count():
+    """One text for a run-time count on ``a``: the windows of ``h`` split over ``(a, b)`` are
+    computed from the counts it is run with, and match at 2 and 3."""
+    from apportion.shard_mlir.dynamic import dynamic_mlir, run_dynamic
+    from apportion.sharding.search import search
+
+    prog = conv_plan().program
+    rows = Sharding(((), ("a", "b"), (), ()))
+    plan = search(prog, parse("a=N~2@chiplet:peered,b=2@chiplet:peered"),
+                  annotations={"x": rows, "y": rows})
+    assert [(s.kind, s.axes) for t in plan.transfers for s in t.steps] == \
+        [("halo", ("a", "b"))]
+    text = dynamic_mlir(plan)
+    xs = random_inputs(prog, 0)
+    want = run_unplanned(prog, xs)
+    for n in (2, 3):
+        checks = compare(want, run_dynamic(text, prog, plan.mesh, xs, {"N": n}), prog)
+        assert all(c.ok for c in checks), (n, [str(c) for c in checks])
