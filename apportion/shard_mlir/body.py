@@ -458,7 +458,7 @@ def _reduce(blk: Block, op: Op, out_t: TensorType,
         value = _apply(b, product, ty, {"a": xs[0], "b": xs[1]})[0] if product else xs[0]
         if not reducer.pairs:
             return _apply(b, combine, ty, {"a": outs_[0], "b": value})
-        flat = _flat_index(b, dims, red, sizes)
+        flat = flat_index(b, dims, red, sizes)
         return _apply(b, combine, ty, {"a": outs_[0], "ai": outs_[1], "b": value, "bi": flat},
                       results=("r", "ri"))
 
@@ -491,14 +491,20 @@ def _reduce(blk: Block, op: Op, out_t: TensorType,
                    [(init, tensor_type(shape, out_elt), out_elt, ident)], fin, stem)[0]
 
 
-def _flat_index(b: Block, dims: list[str], red: Sequence[str], sizes: Mapping[str, int]) -> str:
+def flat_index(b: Block, dims: list[str], red: Sequence[str], sizes: Mapping[str, int],
+               starts: Mapping[str, str] | None = None) -> str:
     """Inside a body: the row-major flat index (i64) of the current point over the op's
-    reduction dims."""
+    reduction dims (of ``sizes``); ``starts`` shifts a dim's local index by an offset value
+    (a device's shard of a split dim, indexed over the whole dim)."""
     flat: str | None = None
     stride = 1
     for d in reversed(red):
         i = b.fresh(f"i_{d}")
         b.emit(f"{i} = linalg.index {dims.index(d)} : index")
+        if starts and d in starts:
+            g = b.fresh(f"g_{d}")
+            b.emit(f"{g} = arith.addi {i}, {starts[d]} : index")
+            i = g
         if stride != 1:
             s = b.const(stride, "index")
             m = b.fresh(f"m_{d}")

@@ -63,6 +63,7 @@ from apportion.shard_mlir.body import (
     convert,
     declarations,
     elt,
+    flat_index,
     generic,
     opaque,
     render_op,
@@ -340,7 +341,7 @@ class _Dynamic:
             value = _apply(b, product, ty, {"a": xs[0], "b": xs[1]})[0] if product else xs[0]
             if not reducer.pairs:
                 return _apply(b, combine, ty, {"a": outs_[0], "b": value})
-            flat = _global_flat(b, dims, red, op.sizes, starts)
+            flat = flat_index(b, dims, red, op.sizes, starts)
             return _apply(b, combine, ty, {"a": outs_[0], "ai": outs_[1], "b": value,
                                            "bi": flat}, results=("r", "ri"))
 
@@ -606,38 +607,6 @@ def _ranges(blk: Block, dims: Sequence[str], sizes: Mapping[str, Val], maps: Seq
     m = f"affine_map<({', '.join(f'd{i}' for i in range(len(dims)))}) -> " \
         f"({', '.join(f'd{i}' for i in missing)})>"
     return [(init, ty, "i8", m)]
-
-
-def _global_flat(b: Block, dims: list[str], red: Sequence[str], sizes: Mapping[str, int],
-                 starts: Mapping[str, str]) -> str:
-    """Inside a body: the row-major flat index (i64) of the current point over the op's whole
-    reduction dims (a split dim's local index shifted by the device's offset)."""
-    flat: str | None = None
-    stride = 1
-    for d in reversed(red):
-        i = b.fresh(f"i_{d}")
-        b.emit(f"{i} = linalg.index {dims.index(d)} : index")
-        if d in starts:
-            g = b.fresh(f"g_{d}")
-            b.emit(f"{g} = arith.addi {i}, {starts[d]} : index")
-            i = g
-        if stride != 1:
-            s = b.const(stride, "index")
-            m = b.fresh(f"m_{d}")
-            b.emit(f"{m} = arith.muli {i}, {s} : index")
-            i = m
-        if flat is None:
-            flat = i
-        else:
-            f = b.fresh("flat")
-            b.emit(f"{f} = arith.addi {flat}, {i} : index")
-            flat = f
-        stride *= sizes[d]
-    if flat is None:
-        flat = b.const(0, "index")
-    out = b.fresh("idx")
-    b.emit(f"{out} = arith.index_cast {flat} : index to i64")
-    return out
 
 
 def _list_name(program: Program) -> str:
