@@ -152,10 +152,12 @@ def test_the_device_runner_imports_nothing_of_apportion():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU and driver")
-@pytest.mark.parametrize("name", ["fused", "megatron", "rmsnorm_argmax", "splitk"])
-def test_an_example_runs_on_the_gpu_and_matches_the_reference(tmp_path, name):
+@pytest.mark.parametrize("threads", [1, 128])
+@pytest.mark.parametrize("name", ["fused", "megatron", "rmsnorm_argmax", "splitk", "attention"])
+def test_an_example_runs_on_the_gpu_and_matches_the_reference(tmp_path, name, threads):
     planned = _gpu_plan(name, cores=32)
-    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / name)
+    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / name,
+                     threads=threads)
     run_bundle(b.path, tmp_path / "out")
     checks = check_bundle(b.path, tmp_path / "out")
     assert all(c.ok for c in checks), checks
