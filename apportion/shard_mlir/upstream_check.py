@@ -444,7 +444,7 @@ def plan_collectives(plan: ShardingPlan) -> tuple[CollectiveUse, ...]:
         for step in t.steps:
             kind = APPORTION_KIND.get(step.kind, step.kind)
             dim = -1 if step.kind == "all_reduce" or step.dim is None else step.dim
-            out.append(CollectiveUse(kind, (step.axis,), dim))
+            out.append(CollectiveUse(kind, tuple(step.axes), dim))
     return tuple(out)
 
 

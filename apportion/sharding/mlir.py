@@ -148,6 +148,11 @@ def halo_pair(tensor: str, shape: Sequence[int], sharding: Sharding, mesh: Mesh,
     window = sharding.window(dim)
     if window is None:
         return (0, 0)
+    if len(sharding.dims[dim]) != 1:
+        raise EmitError(f"tensor {tensor!r} dim {dim} read through a window across axes "
+                        f"{', '.join(sharding.dims[dim])}: upstream's update_halo exchanges "
+                        "halos with the adjacent shards along one grid axis, not across several "
+                        "(the unrolled and dynamic forms move them)")
     (axis,) = sharding.dims[dim]
     where = f"tensor {tensor!r} dim {dim} read through a window along axis {axis!r}"
     if mesh.symbolic:

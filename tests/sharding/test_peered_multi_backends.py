@@ -87,9 +87,6 @@ def test_the_unrolled_form_runs_a_halo_across_two_peered_axes_upstream():
 
 
 @pytest.mark.skipif(not available(), reason=MISSING)
-@pytest.mark.xfail(raises=ValueError, strict=True,
-                   reason="sharding.mlir.halo_pair unpacks one axis: a two-axis window raises "
-                          "ValueError, not an EmitError (sharding/mlir.py is another's to fix)")
 def test_the_partitioned_form_refuses_a_halo_across_two_axes_naming_them():
     from apportion.shard_mlir import partitioned_mlir
 
