@@ -150,6 +150,14 @@ def symbol_lines(plan: Plan) -> list[str]:
         if o.split_k is not None and o.split_k.select is not None:
             lines.append(f"{o.name}: slices of {o.split_k.select.size} ({o.split_k.by}): "
                          f"{o.split_k.select}")
+            # a case may pick more slices than the cores its slice dims are divided over
+            # (the partial op's slice dim of a cut dim d is d_slice, see passes.split_k)
+            parts = math.prod(n for x, n in o.splits
+                              if any(x.rstrip("_") == f"{d}_slice" for d in o.split_k.dims))
+            most = max(o.split_k.select.factors)
+            if most > parts:
+                lines.append(f"{o.name}: up to {most} slices over {parts} cores, up to "
+                             f"{-(-most // parts)} a core")
     return lines
 
 

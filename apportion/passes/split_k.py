@@ -188,9 +188,14 @@ def _target_slices(ctx: OpContext, shape: ReductionShape
     if shape.symbol is not None and target.split_k in ("gpu", "table"):
         if target.split_k == "gpu" and shape.family not in ("matmul_like", "inner_reduction"):
             return 1, "gpu"  # IREE leaves a run-time reduction of these families whole
-        unit, cap = ctx.per[shape.dim], target.cores
-        chain = gpu_chain(shape, unit, cap) if target.split_k == "gpu" else table_chain(
-            target.split_k_table, shape, unit, cap)
+        # a chain's factors are the static resolver's: the gpu heuristic's not clamped, a table
+        # row measured at this core count as measured, any other row cut to the cores the
+        # op's pins leave (a case's slices are divided over the cores as a static split's)
+        held = ctx.program.pins.get(ctx.op.name, {})
+        budget = target.cores // math.prod(held.values()) if held else target.cores
+        unit = ctx.per[shape.dim]
+        chain = gpu_chain(shape, unit) if target.split_k == "gpu" else table_chain(
+            target.split_k_table, shape, unit, cap=budget, cores=target.cores)
         if chain is None:
             return (1, "gpu") if target.split_k == "gpu" else (None, "cost")
         return chain, target.split_k
@@ -263,11 +268,8 @@ def split_k(ctxs: Mapping[str, OpContext], pins: Mapping[str, int | str | SplitK
         # the cores the op's pinned dims leave (work distribution keeps the pins)
         budget = ctx.target.cores // math.prod(held.values()) if held else ctx.target.cores
         if isinstance(slices, SelectChain):
-            if held and max(slices.factors) > budget:
-                out[name] = None  # the pins leave too few cores for the chain's slices
-                continue
             out[name] = _chosen(ctx, shape, slices, by, (symbols or {}).get(name, {}).get(
-                shape.dim))
+                shape.dim), budget)
             continue
         if isinstance(slices, dict):  # the gpu resolver: slices per dim, not clamped
             out[name] = _resolved(ctx, shape, slices, by, budget, clamp=False)
@@ -328,10 +330,13 @@ def _spreads(ctx: OpContext, cut: Mapping[str, int]) -> str | None:
 
 
 def _chosen(ctx: OpContext, shape: ReductionShape, chain: SelectChain, by: str,
-            symbol: Symbol | None) -> SplitK:
+            symbol: Symbol | None, budget: int) -> SplitK:
     """A select chain's decision: its choice at the planning size, carrying the chain without
     the cases the symbol's bounds rule out; a static choice where K is static, one choice is
-    left, or the op's partials cannot be cut at run time (argmax)."""
+    left, or the op's partials cannot be cut at run time (argmax: a split inside the op, at
+    most its units and the ``budget`` of cores, as a static resolver's). A case may give more
+    slices than cores: the partial op's slice dim is divided over the cores (``with_split_k``)
+    and a run cuts the chosen slices into that many parts, several slices a core."""
     name, d = ctx.op.name, shape.dim
     if symbol is not None:
         chain = replace(chain, cases=tuple(
@@ -345,10 +350,6 @@ def _chosen(ctx: OpContext, shape: ReductionShape, chain: SelectChain, by: str,
         raise PlanningError(f"op {name!r}: the {by} select chain splits reduction dim {d!r}, "
                             f"whose last stick is padded; target {ctx.target.name!r} cannot "
                             "split it")
-    over = [f for f in chain.factors if f > ctx.target.cores]
-    if over:
-        raise PlanningError(f"op {name!r}: the {by} select chain for {shape.symbol!r} gives "
-                            f"{over[0]} slices, more than the target's {ctx.target.cores} cores")
     factor = chain.evaluate(shape.k)
     if _divides(ctx, d, factor) is not None:
         raise PlanningError(f"op {name!r}: the {by} select chain gives {factor} slices of "
@@ -357,8 +358,10 @@ def _chosen(ctx: OpContext, shape: ReductionShape, chain: SelectChain, by: str,
     cases = list(chain.cases)
     while cases and cases[-1].factor == chain.default:  # cases that change nothing
         cases.pop()
-    if not cases or not _partials_combine(ctx):
-        # one choice whatever the size, or a split inside the op (argmax): a static split
+    if not _partials_combine(ctx):
+        # a split inside the op (argmax): static, within its units and the cores
+        return SplitK((d,), min(factor, ctx.units[d], budget), by)
+    if not cases:  # one choice whatever the size: a static split
         return SplitK((d,), factor, by)
     return SplitK((d,), factor, by, replace(chain, cases=tuple(cases)))
 

@@ -366,13 +366,13 @@ def _power_of_two_factors(most: int) -> list[int]:
     return out[::-1]
 
 
-def gpu_chain(shape: ReductionShape, unit: int = 1, cap: int | None = None
-              ) -> SelectChain | None:
+def gpu_chain(shape: ReductionShape, unit: int = 1) -> SelectChain | None:
     """IREE's GPU heuristic as a select chain on a run-time K (``shape.k`` ignored; None where
     the output alone rules a split out). IREE searches every tile size dividing K; a chain
     cannot, so it tries power-of-two slice counts, largest first: on a K the heuristic splits
     into a power of two (every power-of-two K, 40960 = 128 x 320) it agrees with
-    ``gpu_slices``. A case also needs whole ``unit``-element slices; ``cap`` bounds the slices.
+    ``gpu_slices``. A case also needs whole ``unit``-element slices. Its slices are not
+    clamped to any core count, as ``gpu_slices`` is not: a run divides them over the cores.
 
     >>> chain = gpu_chain(ReductionShape(batch=1, m=32, n=32, k=0, symbol="K"))
     >>> chain.evaluate(40960) == gpu_slices(ReductionShape(batch=1, m=32, n=32, k=40960))
@@ -404,8 +404,7 @@ def gpu_chain(shape: ReductionShape, unit: int = 1, cap: int | None = None
         regions.append((lo, hi, GPU_DEFAULT_LIMIT))
     cases = []
     for start, stop, limit in regions:
-        most = limit if cap is None else min(limit, cap)
-        for f in _power_of_two_factors(most):
+        for f in _power_of_two_factors(limit):
             # IREE's divisor search stops at 2^15: a larger tile leaves K whole
             top = f * GPU_MAX_TILE_SEARCH if stop is None else min(stop, f * GPU_MAX_TILE_SEARCH)
             if max(start, lo) <= top:
@@ -414,17 +413,24 @@ def gpu_chain(shape: ReductionShape, unit: int = 1, cap: int | None = None
 
 
 def table_chain(rows: tuple[TableRow, ...], shape: ReductionShape, unit: int = 1,
-                cap: int | None = None) -> SelectChain | None:
+                cap: int | None = None, cores: int | None = None) -> SelectChain | None:
     """A target table as a select chain on a run-time K: the rows whose M, N and batch ranges
     hold the shape, in order, each a case on its K range (and whole ``unit``-element slices);
-    None when no row can hold the shape."""
+    None when no row can hold the shape. A row's slices are cut to ``cap`` unless it was
+    measured at ``cores`` (``TableRow.cores``), as the static table resolver cuts them.
+
+    >>> rows = (TableRow(64, k=(2048, 8192), cores=2), TableRow(16, k=(8193, None)))
+    >>> str(table_chain(rows, ReductionShape(1, 1, 4096, 0, symbol="K"), cap=2, cores=2))
+    '2048<=K<=8192 & K%64==0 -> 64; 8193<=K & K%2==0 -> 2; else 1'
+    """
     cases = []
     for r in rows:
         if not all((lo is None or getattr(shape, n) >= lo) and (hi is None or
                    getattr(shape, n) <= hi) for n in ("m", "n", "batch")
                    for lo, hi in (getattr(r, n),)):
             continue
-        f = r.slices if cap is None else min(r.slices, cap)
+        f = r.slices if cap is None or (cores is not None and r.cores == cores) else min(
+            r.slices, cap)
         cases.append(Case(f, lo=r.k[0], hi=r.k[1], multiple=f * unit))
     if not cases:
         return None
