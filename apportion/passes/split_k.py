@@ -19,7 +19,9 @@ KH and KW). Its factor is IREE's: it is not clamped to the core count, since the
 slice dims are divided over the cores there are (2000 slices on 304 cores: 250 cores run 8
 slices each). The other resolvers' factors are capped at what the op and target allow (the
 dim's planning units, the cores an op's ``work_division`` pins leave); a pin may exceed the
-cores where the op becomes partial and combine ops. A pin that cannot be honoured is an error
+cores where the op becomes partial and combine ops. A run-time K's select chain keeps the
+static resolver's factors (its cases may exceed the cores: a run cuts the chosen slices over the
+cores the partial op's slice dim was spread over). A pin that cannot be honoured is an error
 naming op, dims and factor. A ``work_division`` pin naming a reduction dim is the user's split
 of it: the resolvers are not asked. Other pins are checked against the op as written and follow
 it into its partial and combine ops.
