@@ -16,9 +16,17 @@ import apportion as ap
 from apportion.cli.report import symbol_lines
 from apportion.frontend.json_format import from_dict
 from apportion.planned import PlannedProgram
+from apportion.plans.plan import SplitK
 from apportion.schedule.lower import lower
 from apportion.schedule.values import Launch
-from apportion.target.split_k import ReductionShape, TableRow, gpu_slices, table_row
+from apportion.target.split_k import (
+    Case,
+    ReductionShape,
+    SelectChain,
+    TableRow,
+    gpu_slices,
+    table_row,
+)
 from tests.split_k_chains import (
     SIZES,
     TARGETS,
@@ -136,3 +144,19 @@ def test_any_run_time_k_runs_right_with_its_slices_over_the_cores(k, at):
     shares = partial_slices_per_core(p, k)
     assert sum(shares) == factor and max(shares) == -(-factor // cores)
     assert all(c.ok for c in p.check(params={"K": k})), k
+
+
+def test_an_argmax_chain_of_more_slices_than_cores_keeps_a_static_split_at_the_cores():
+    doc = {"name": "am", "symbols": {"K": {"max": 8192}},
+           "tensors": {"x": {"shape": [4, "K"], "dtype": "float32"},
+                       "y": {"shape": [4], "dtype": "int64"}},
+           "inputs": ["x"], "outputs": ["y"],
+           "ops": [{"name": "am", "op": "argmax", "out": "y[m]", "ins": ["x[m,k]"]}]}
+    chain = SelectChain("K", (Case(64, multiple=64 * 32),))
+    p = ap.plan(from_dict(doc), ap.targets.spyre(cores=8),
+                split_k=lambda s: chain if s.symbol else None)
+    # value-index pairs are not cut into partials at run time: one split inside the op, at
+    # most the cores, as a static resolver's split of argmax
+    assert p.plan.op("am").split_k == SplitK(("k",), 8, "user")
+    for k in (8192, 4096, 3000):
+        assert all(c.ok for c in p.check(params={"K": k})), k
