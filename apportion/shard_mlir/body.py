@@ -476,19 +476,24 @@ def _reduce(blk: Block, op: Op, out_t: TensorType,
     init = _empty(blk, stem, shape, out_elt)
 
     def fin(b: Block, args: list[str], outs_: list[str]) -> list[str]:
-        v, src = args[0], acc_elt
-        if is_mean:
-            fty = src if src in _FLOATS else "f64"
-            v = convert(b, v, src, fty)
-            c = b.const(float(count), fty)
-            q = b.fresh("mean")
-            b.emit(f"{q} = arith.divf {v}, {c} : {fty}")
-            v, src = q, fty
-        return [convert(b, v, src, out_elt)]
+        return [finished(b, args[0], acc_elt, out_elt, count if is_mean else None)]
 
     return generic(blk, [f"p{i}" for i in range(rank)], (),
                    [(acc, tensor_type(shape, acc_elt), acc_elt, ident)],
                    [(init, tensor_type(shape, out_elt), out_elt, ident)], fin, stem)[0]
+
+
+def finished(b: Block, v: str, src: str, out_elt: str, mean_of: int | None) -> str:
+    """Inside a finish body: the accumulated ``v`` (of element type ``src``) as ``out_elt``,
+    divided by ``mean_of`` first for a mean (in ``src`` where it is a float, else f64)."""
+    if mean_of is not None:
+        fty = src if src in _FLOATS else "f64"
+        v = convert(b, v, src, fty)
+        c = b.const(float(mean_of), fty)
+        q = b.fresh("mean")
+        b.emit(f"{q} = arith.divf {v}, {c} : {fty}")
+        v, src = q, fty
+    return convert(b, v, src, out_elt)
 
 
 def flat_index(b: Block, dims: list[str], red: Sequence[str], sizes: Mapping[str, int],

@@ -63,6 +63,7 @@ from apportion.shard_mlir.body import (
     convert,
     declarations,
     elt,
+    finished,
     flat_index,
     generic,
     opaque,
@@ -366,15 +367,7 @@ class _Dynamic:
         count = math.prod(op.sizes[d] for d in red)
 
         def fin(b: Block, args: list[str], outs_: list[str]) -> list[str]:
-            v, src = args[0], acc_elt
-            if is_mean:
-                fty = src if src in _FLOATS else "f64"
-                v = convert(b, v, src, fty)
-                c = b.const(float(count), fty)
-                q = b.fresh("mean")
-                b.emit(f"{q} = arith.divf {v}, {c} : {fty}")
-                v, src = q, fty
-            return [convert(b, v, src, held_e)]
+            return [finished(b, args[0], acc_elt, held_e, count if is_mean else None)]
 
         return generic(blk, [f"p{i}" for i in range(rank)], (),
                        [(acc, st_shape.format(acc_elt), acc_elt, ident)],
