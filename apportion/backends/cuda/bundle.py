@@ -32,6 +32,7 @@ import json
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,15 +41,13 @@ import numpy as np
 
 from apportion.backends.cuda import device_main
 from apportion.backends.cuda.lowering import AMPERE, GpuArch, link, linker, lower_nvvm
-from apportion.backends.iree.forall import forall_mlir, mlir_type, symbol_name, symbols
+from apportion.backends.iree.forall import symbol_name
 from apportion.backends.iree.run import (
     bind_run,
     check_gathers,
-    emitted,
-    host_ops,
+    one_module_ir,
     reference_at,
 )
-from apportion.backends.limits import cite
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import dumps, load
 from apportion.ir.program import Program
@@ -103,21 +102,12 @@ def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: 
     what the parallel IR has no construction for, and a target whose foralls carry no GPU
     mapping. ``threads``: per block, each block's work split over them where that is safe
     (``threads.thread_tiles``; 1: a block's work runs as loops on one thread)."""
-    import time
-
     start = time.perf_counter()
     upstream_mlir.require()
-    host = host_ops(program)
-    if host:
-        op = program.op(host[0])
-        raise ExecutionError(f"cuda backend: op {op.name!r} ({op.kind.name}) has no parallel "
-                             "IR (IREE runs it on the host between modules; a bundle runs one "
-                             f"module) {cite('iree-kind-without-mlir')}")
     reference = reference_at(program, symbolic, params)
     inputs = random_inputs(reference, seed)
     b = bind_run(program, plan, target, inputs, params, symbolic, None)
-    schedule = emitted(b.program, plan, target, b.symbolic)
-    text = forall_mlir(schedule)
+    schedule, text = one_module_ir(b.program, plan, target, "cuda", b.symbolic)
     env = bind_inputs(b.bound.program, inputs)
     check_gathers(b.bound.program, env)
     lowered = lower_nvvm(text, arch, threads)
@@ -132,16 +122,13 @@ def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: 
     _stand_in(out / "libLLVM.so")
     args: list[dict[str, object]] = []
     stored: dict[str, np.ndarray] = {}
-    for name in b.program.inputs:
-        elt = mlir_type(b.program.tensor(name).dtype)
-        args.append({"kind": "memref", "name": name, "type": elt})
-        stored[name] = _storage(env[name], elt)
-    args += [{"kind": "index", "name": s, "value": int(b.loop_params[s])}
-             for s in symbols(schedule)]
-    args += [{"kind": "index", "name": f"size{k}", "value": int(v)}
-             for k, v in enumerate(b.size_args)]
-    results = [{"name": n, "shape": list(b.bound.program.tensor(n).shape),
-                "type": mlir_type(b.program.tensor(n).dtype)} for n in b.program.outputs]
+    for name, value, elt in b.arguments(env, schedule):
+        if elt == "index":
+            args.append({"kind": "index", "name": name, "value": value})
+        else:
+            args.append({"kind": "memref", "name": name, "type": elt})
+            stored[name] = _storage(np.asarray(value), elt)
+    results = [{"name": n, "shape": list(shape), "type": elt} for n, shape, elt in b.results()]
     kernels = llvm.count("gpu.binary @")
     manifest = {"program": program.name, "function": f"_mlir_ciface_{symbol_name(program.name)}",
                 "args": args, "results": results, "outputs": list(b.given_outputs),

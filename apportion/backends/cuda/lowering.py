@@ -207,16 +207,14 @@ def lower_nvvm(text: str, arch: GpuArch = AMPERE, threads: int = 1) -> Lowered:
                              f"got {threads}")
     _unmapped(text)
     try:
-        blocks = threaded = 0
-        loops = upstream_mlir.mlir_opt(text, [f"--pass-pipeline={pipeline(_TO_PARALLEL)}"])
         keep: frozenset[int] = frozenset()
-        while threads > 1:
-            split = thread_tiles(text, threads, keep)
-            split_loops = upstream_mlir.mlir_opt(
-                split.text, [f"--pass-pipeline={pipeline(_TO_PARALLEL)}"])
-            shared = shared_by_threads(split_loops) - keep
+        while True:
+            split = thread_tiles(text, threads, keep) if threads > 1 else None
+            loops = upstream_mlir.mlir_opt(split.text if split else text,
+                                           [f"--pass-pipeline={pipeline(_TO_PARALLEL)}"])
+            shared = shared_by_threads(loops) - keep if split else set()
             if not shared:
-                loops, blocks, threaded = split_loops, split.blocks, split.threaded
+                blocks, threaded = (split.blocks, split.threaded) if split else (0, 0)
                 break
             keep |= shared  # those blocks keep one thread; the others are split again
         mapped = thread_maps(copies_as_linalg(block_maps(expand_as_cast(loops))))

@@ -364,6 +364,23 @@ class BoundRun:
     size_args: list[int]
     given_outputs: tuple[str, ...]
 
+    def arguments(self, env: Mapping[str, np.ndarray], schedule: Schedule
+                  ) -> list[tuple[str, np.ndarray | int, str]]:
+        """The function's arguments in order, each (name, value, element type): the inputs
+        of ``env`` as the emitter types them, then ``schedule``'s symbolic loop counts and the
+        run-time sizes (``size0``, ...) as ``index``."""
+        out: list[tuple[str, np.ndarray | int, str]] = [
+            (n, env[n], mlir_type(self.program.tensor(n).dtype)) for n in self.program.inputs]
+        out += [(s, int(self.loop_params[s]), "index") for s in symbols(schedule)]
+        out += [(f"size{k}", int(v), "index") for k, v in enumerate(self.size_args)]
+        return out
+
+    def results(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """The function's results in order, each (name, shape at the run's sizes, element
+        type)."""
+        return [(n, tuple(self.bound.program.tensor(n).shape),
+                 mlir_type(self.program.tensor(n).dtype)) for n in self.program.outputs]
+
 
 def bind_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, np.ndarray],
              params: Mapping[str, int] | None, symbolic: Program | None,
@@ -392,6 +409,27 @@ def bind_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, 
     else:
         bound = lower(program, plan, target, params=loop_params or None)
     return BoundRun(program, symbolic, bound, loop_params, size_args, given_outputs)
+
+
+def one_module_ir(program: Program, plan: Plan, target: Target, backend: str,
+                  symbolic: Program | None = None) -> tuple[Schedule, str]:
+    """The schedule a backend that runs one module emits (``emitted``) and its parallel IR.
+    Refuses, naming ``backend``, the op and the documented limit, an op the IR has no
+    construction for (IREE runs those on the host between its modules).
+
+    >>> import apportion as ap
+    >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
+    >>> "scf.forall" in one_module_ir(planned.program, planned.plan, planned.target, "x")[1]
+    True
+    """
+    host = host_ops(program)
+    if host:
+        op = program.op(host[0])
+        raise ExecutionError(f"{backend} backend: op {op.name!r} ({op.kind.name}) has no "
+                             "parallel IR (IREE runs it on the host between modules; this "
+                             f"backend runs one module) {cite('iree-kind-without-mlir')}")
+    schedule = emitted(program, plan, target, symbolic)
+    return schedule, forall_mlir(schedule)
 
 
 def reference_at(program: Program, symbolic: Program | None,

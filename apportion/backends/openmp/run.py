@@ -27,7 +27,6 @@ from typing import Any
 import numpy as np
 
 from apportion.backends.iree.forall import (
-    forall_mlir,
     mlir_type,
     symbol_name,
     symbols,
@@ -35,11 +34,9 @@ from apportion.backends.iree.forall import (
 from apportion.backends.iree.run import (
     bind_run,
     check_gathers,
-    emitted,
-    host_ops,
+    one_module_ir,
     reference_at,
 )
-from apportion.backends.limits import cite
 from apportion.backends.openmp import engine as omp
 from apportion.errors import ExecutionError
 from apportion.ir.program import Program
@@ -80,13 +77,7 @@ def parallel_ir(program: Program, plan: Plan, target: Target, symbolic: Program 
     >>> "scf.forall" in parallel_ir(planned.program, planned.plan, planned.target)
     True
     """
-    host = host_ops(program)
-    if host:
-        op = program.op(host[0])
-        raise ExecutionError(f"openmp backend: op {op.name!r} ({op.kind.name}) has no "
-                             "parallel IR (IREE runs it on the host between modules; this "
-                             f"backend runs one module) {cite('iree-kind-without-mlir')}")
-    return forall_mlir(emitted(program, plan, target, symbolic))
+    return one_module_ir(program, plan, target, "openmp", symbolic)[1]
 
 
 def openmp_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str, np.ndarray],
@@ -105,25 +96,19 @@ def openmp_run(program: Program, plan: Plan, target: Target, inputs: Mapping[str
     reference executor refuses it.
     """
     b = bind_run(program, plan, target, inputs, params, symbolic, sizes)
-    program, symbolic, bound, loop_params, size_args, given_outputs = (
-        b.program, b.symbolic, b.bound, b.loop_params, b.size_args, b.given_outputs)
-    schedule = emitted(program, plan, target, symbolic)
-    text = parallel_ir(program, plan, target, symbolic)
-    bound_program = bound.program
+    program, bound_program = b.program, b.bound.program
+    schedule, text = one_module_ir(program, plan, target, "openmp", b.symbolic)
     env = bind_inputs(bound_program, inputs)
     check_gathers(bound_program, env)  # the indices the program takes, before compiling
     engine, cached = omp.ENGINES.get(text, lowering)
-    args = [(env[n], mlir_type(program.tensor(n).dtype)) for n in program.inputs]
-    args += [(int(loop_params[s]), "index") for s in symbols(schedule)]
-    args += [(n, "index") for n in size_args]
-    results = [(bound_program.tensor(n).shape, mlir_type(program.tensor(n).dtype))
-               for n in program.outputs]
+    args = [(v, elt) for _, v, elt in b.arguments(env, schedule)]
+    results = [(shape, elt) for _, shape, elt in b.results()]
     team = threads if threads is not None else omp.max_threads()
     call = engine.call(symbol_name(program.name), args, results, team)
     tensors = dict(env)
     tensors.update(zip(program.outputs, call.outputs, strict=True))
     check_gathers(bound_program, tensors)
-    tensors = {n: a for n, a in tensors.items() if n in env or n in given_outputs}
+    tensors = {n: a for n, a in tensors.items() if n in env or n in b.given_outputs}
     return OpenmpRun(tensors, 0.0 if cached else engine.compile_s, cached, call.run_s, team)
 
 
@@ -162,8 +147,8 @@ def prepare(program: Program, plan: Plan, target: Target, inputs: Mapping[str, n
                              "openmp_run, which binds them")
     bound = lower(program, plan, target, params=params or None)
     env = bind_inputs(bound.program, inputs)
-    engine, _ = omp.ENGINES.get(parallel_ir(program, plan, target), lowering)
-    schedule = emitted(program, plan, target)
+    schedule, text = one_module_ir(program, plan, target, "openmp")
+    engine, _ = omp.ENGINES.get(text, lowering)
     args = [(env[n], mlir_type(program.tensor(n).dtype)) for n in program.inputs]
     args += [(int((params or {})[s]), "index") for s in symbols(schedule)]
     results = tuple((bound.program.tensor(n).shape, mlir_type(program.tensor(n).dtype))

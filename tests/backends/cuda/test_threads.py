@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import apportion as ap
 from apportion.backends.cuda.lowering import lower_nvvm
 from apportion.backends.cuda.threads import ThreadSplit, thread_tiles
-from apportion.backends.iree.forall import forall_mlir, mlir_type, symbol_name, symbols
+from apportion.backends.iree.forall import forall_mlir, symbol_name
 from apportion.backends.iree.run import bind_run, emitted, reference_at
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.runtime import upstream_mlir
@@ -39,11 +39,8 @@ def _split_matches(planned: ap.PlannedProgram, threads: int,
     schedule = emitted(b.program, planned.plan, planned.target, b.symbolic)
     split = thread_tiles(forall_mlir(schedule), threads)
     env = bind_inputs(b.bound.program, inputs)
-    args = [(env[n], mlir_type(b.program.tensor(n).dtype)) for n in b.program.inputs]
-    args += [(int(b.loop_params[s]), "index") for s in symbols(schedule)]
-    args += [(n, "index") for n in b.size_args]
-    results = [(b.bound.program.tensor(n).shape, mlir_type(b.program.tensor(n).dtype))
-               for n in b.program.outputs]
+    args = [(v, elt) for _, v, elt in b.arguments(env, schedule)]
+    results = [(shape, elt) for _, shape, elt in b.results()]
     engine = Engine(split.text)
     try:
         call = engine.call(symbol_name(b.program.name), args, results, threads=2)
