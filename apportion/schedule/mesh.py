@@ -562,11 +562,19 @@ class MeshSchedule:
         device axes, then the launch's core axes, innermost."""
         return (*self.axes, *launch.axes)
 
+    def distinct_launches(self) -> tuple[DeviceLaunch, ...]:
+        """One launch per distinct segment schedule (devices with equal shards share one),
+        in the order the stages first run them: what a backend compiles or lowers."""
+        seen: dict[int, DeviceLaunch] = {}
+        for s in self.stages:
+            if isinstance(s, Compute):
+                for launch in s.launches:
+                    seen.setdefault(id(launch.schedule), launch)
+        return tuple(seen.values())
+
     def distinct(self) -> int:
-        """How many distinct segment schedules the devices run (devices with equal shards
-        share one): what a backend compiles or lowers."""
-        return len({id(launch.schedule) for s in self.stages if isinstance(s, Compute)
-                    for launch in s.launches})
+        """How many distinct segment schedules the devices run (``distinct_launches``)."""
+        return len(self.distinct_launches())
 
     def __str__(self) -> str:
         """The stages in order, each device's part of each: a compute stage's schedule over

@@ -51,31 +51,12 @@ class OpenmpMeshRun:
     threads: int
 
 
-def distinct_launches(schedule: MeshSchedule) -> tuple[DeviceLaunch, ...]:
-    """One launch per distinct segment schedule, in the order the stages first run them
-    (devices with equal segments share one schedule: ``DeviceLaunch``).
-
-    >>> from apportion.frontend.json_format import load
-    >>> from apportion.sharding.lower import lower_plan
-    >>> from apportion.sharding.mesh import parse
-    >>> from apportion.sharding.search import search
-    >>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
-    >>> [launch.name for launch in distinct_launches(s)]
-    ['mlp.d0.s0']
-    """
-    seen: dict[int, DeviceLaunch] = {}
-    for d in range(len(schedule.devices)):
-        for launch in schedule.launches(d):
-            seen.setdefault(id(launch.schedule), launch)
-    return tuple(seen.values())
-
-
 def mesh_parallel_ir(schedule: MeshSchedule) -> tuple[str, ...]:
     """The parallel IR of every distinct segment of ``schedule``, as ``run_mesh`` lowers it
     (not lowered here); an op the IR has no construction for is refused naming the op and
     the documented limit, as for one device's plan."""
     return tuple(parallel_ir(launch.schedule.program, launch.plan, schedule.target)
-                 for launch in distinct_launches(schedule))
+                 for launch in schedule.distinct_launches())
 
 
 def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],

@@ -39,7 +39,6 @@ from apportion.backends.openmp import engine  # noqa: E402
 from apportion.backends.openmp.adapter import BACKEND  # noqa: E402
 from apportion.backends.openmp.mesh import (  # noqa: E402
     check_mesh,
-    distinct_launches,
     mesh_parallel_ir,
     run_mesh,
 )
@@ -84,7 +83,7 @@ def test_uneven_shards_compile_one_module_per_distinct_segment_and_move_exactly(
     p = _exp(10, 6)  # 10 rows over 4 devices: shards of 3 and of 2 rows
     gather = lower_plan(propagate(p, parse("tp=4"), annotations={"x": ROWS, "y": REP}))
     assert sorted({box_shape(b)[0] for b in gather.collectives[0].src_boxes}) == [2, 3]
-    assert len(distinct_launches(gather)) == gather.distinct() == 2
+    assert len(gather.distinct_launches()) == gather.distinct() == 2
     _matches_reference(gather, random_inputs(p, 2))
     to_all = lower_plan(propagate(p, parse("tp=4"), annotations={"x": ROWS, "y": COLS}))
     assert [c.kind for c in to_all.collectives] == ["all_to_all"]
