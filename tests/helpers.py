@@ -55,3 +55,27 @@ def edge_accesses_program() -> Program:
                  {"name": "unread", "op": "matmul", "out": "mm[i,j]",
                   "ins": ["b[i,k]", "w[k,j]"], "dims": {"r": 3}}],
                 ["b", "t", "c", "g", "st", "of", "wn", "tr", "mm", "q"], name="edges")
+
+
+def assert_runs_as_unplanned(text: str, prog: Program) -> None:
+    """``text`` (MLIR whose function ``prog``'s name keeps its signature: the unrolled shard
+    form) compiled and run by upstream MLIR on random inputs (seed 0) matches the unplanned
+    program on every output (numpy's overflow warnings of random programs silenced)."""
+    import warnings
+
+    import numpy as np
+
+    from apportion.backends.mlir import symbol_name
+    from apportion.runtime.reference import compare, random_inputs, run_unplanned
+    from apportion.runtime.upstream_mlir import run_function
+
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        xs = random_inputs(prog, 0)
+        outs = run_function(text, symbol_name(prog.name), [xs[n] for n in prog.inputs],
+                            [(prog.tensor(n).shape, prog.tensor(n).dtype)
+                             for n in prog.outputs],
+                            [prog.tensor(n).dtype for n in prog.inputs])
+        checks = compare(run_unplanned(prog, xs), dict(zip(prog.outputs, outs, strict=True)),
+                         prog)
+    assert all(c.ok for c in checks), [str(c) for c in checks]

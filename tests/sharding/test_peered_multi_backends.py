@@ -12,14 +12,14 @@ import re
 import pytest
 
 from apportion.backends.iree.mesh import check_mesh, exchange, mesh_mlir
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
-from apportion.runtime.upstream_mlir import MISSING, available, run_function
+from apportion.runtime.upstream_mlir import MISSING, available
 from apportion.schedule.mesh import MeshSchedule
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse
 from apportion.sharding.spec import Sharding
+from tests.helpers import assert_runs_as_unplanned
 from tests.sharding.test_peered import plan_of, shift_program
 from tests.sharding.test_peered_multi import TWO, conv_plan
 
@@ -75,15 +75,7 @@ def test_the_unrolled_form_runs_a_halo_across_two_peered_axes_upstream():
 
     for s in two_axis_schedules():
         prog = s.program
-        text = unrolled_mlir(s, parse(TWO))
-        xs = random_inputs(prog)
-        outs = run_function(text, symbol_name(prog.name), [xs[n] for n in prog.inputs],
-                            [(prog.tensor(n).shape, prog.tensor(n).dtype)
-                             for n in prog.outputs],
-                            [prog.tensor(n).dtype for n in prog.inputs])
-        checks = compare(run_unplanned(prog, xs), dict(zip(prog.outputs, outs, strict=True)),
-                         prog)
-        assert all(c.ok for c in checks), [str(c) for c in checks]
+        assert_runs_as_unplanned(unrolled_mlir(s, parse(TWO)), prog)
 
 
 @pytest.mark.skipif(not available(), reason=MISSING)

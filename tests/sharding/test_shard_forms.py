@@ -9,18 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.frontend.models import forward_program
 from apportion.ir.program import Program
-from apportion.runtime.reference import compare, random_inputs, run_unplanned
-from apportion.runtime.upstream_mlir import MISSING, available, mlir_opt, run_function
+from apportion.runtime.upstream_mlir import MISSING, available, mlir_opt
 from apportion.shard_mlir import annotated_mlir, partitioned_mlir, propagated_mlir, unrolled_mlir
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import Mesh, parse
 from apportion.sharding.mlir import grid_op, sharding_op
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding, load
+from tests.helpers import assert_runs_as_unplanned
 
 pytestmark = pytest.mark.skipif(not available(), reason=MISSING)
 
@@ -132,13 +131,7 @@ RUNS = ["megatron", "attention", "merge_heads", "splitk", "fused", "transposed",
 
 def _run_unrolled(prog: Program, ann: dict[str, Sharding], mesh: Mesh) -> None:
     plan = search(prog, mesh, annotations=ann)
-    text = unrolled_mlir(lower_plan(plan), mesh)
-    xs = random_inputs(prog)
-    outs = run_function(text, symbol_name(prog.name), [xs[n] for n in prog.inputs],
-                        [(prog.tensor(n).shape, prog.tensor(n).dtype) for n in prog.outputs],
-                        [prog.tensor(n).dtype for n in prog.inputs])
-    checks = compare(run_unplanned(prog, xs), dict(zip(prog.outputs, outs, strict=True)), prog)
-    assert all(c.ok for c in checks), [str(c) for c in checks]
+    assert_runs_as_unplanned(unrolled_mlir(lower_plan(plan), mesh), prog)
 
 
 @pytest.mark.parametrize("name", RUNS)

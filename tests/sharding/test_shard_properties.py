@@ -5,19 +5,14 @@ run's numbers."""
 
 from __future__ import annotations
 
-import warnings
-
-import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError, PlanningError
 from apportion.frontend.random_meshes import MeshCase, mesh_case, random_mesh_case
 from apportion.ir.kinds import Category
-from apportion.runtime.reference import compare, random_inputs, run_unplanned
-from apportion.runtime.upstream_mlir import MISSING, available, run_function
+from apportion.runtime.upstream_mlir import MISSING, available
 from apportion.shard_mlir import annotated_mlir, partitioned_mlir, propagated_mlir, unrolled_mlir
 from apportion.shard_mlir.body import opaque
 from apportion.sharding.lower import lower_plan
@@ -26,6 +21,7 @@ from apportion.sharding.propagate import propagate
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding
 from tests.conformance.draws import HypothesisDraw, conformance
+from tests.helpers import assert_runs_as_unplanned
 
 pytestmark = pytest.mark.skipif(not available(), reason=MISSING)
 
@@ -54,16 +50,7 @@ def _check(case: MeshCase) -> None:
         return
     if any(t.dtype == "bool" for t in prog.tensors):  # upstream 22's LLVM lowering asserts on
         return  # stores to i1 memrefs (MemRefToLLVM: width >= 8), so no bool program runs
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        xs = random_inputs(prog, 0)
-        outs = run_function(text, symbol_name(prog.name), [xs[n] for n in prog.inputs],
-                            [(prog.tensor(n).shape, prog.tensor(n).dtype)
-                             for n in prog.outputs],
-                            [prog.tensor(n).dtype for n in prog.inputs])
-        checks = compare(run_unplanned(prog, xs), dict(zip(prog.outputs, outs, strict=True)),
-                         prog)
-    assert all(c.ok for c in checks), [str(c) for c in checks]
+    assert_runs_as_unplanned(text, prog)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 5, 6, 12, 14, 18])
