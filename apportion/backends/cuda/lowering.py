@@ -51,6 +51,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 from apportion.backends.cuda.threads import (
@@ -196,6 +197,36 @@ class Lowered:
 MAX_THREADS = 1024
 
 
+@cache
+def nvptx_names() -> tuple[frozenset[str], frozenset[str]]:
+    """The GPUs (``sm_80`` ...) and PTX features (``+ptx70`` ...) upstream LLVM's NVPTX
+    back end knows, as ``llc -mcpu=help`` lists them."""
+    llc = _llc()
+    done = subprocess.run([str(llc), "-mtriple=nvptx64", "-mcpu=help"], capture_output=True,
+                          text=True, check=False)
+    said = done.stdout + done.stderr
+    return (frozenset(re.findall(r"^\s+(sm_\w+)\s+- ", said, re.M)),
+            frozenset(re.findall(r"^\s+(ptx\d+)\s+- ", said, re.M)))
+
+
+def check_arch(arch: GpuArch) -> None:
+    """An ExecutionError naming a chip or PTX feature upstream LLVM does not know (it would
+    otherwise compile for a default GPU without a word)."""
+    chips, ptx = nvptx_names()
+
+    def number(name: str) -> int:
+        return int(re.sub(r"\D", "", name) or 0)
+
+    if arch.chip not in chips:
+        known = sorted(chips, key=lambda c: (number(c), c))
+        raise ExecutionError(f"cuda backend: unknown GPU {arch.chip!r}: upstream LLVM's NVPTX "
+                             f"back end knows {known[0]} ... {known[-1]} (sm_80, sm_90, ...)")
+    if not arch.features.startswith("+") or arch.features[1:] not in ptx:
+        known = sorted(ptx, key=number)
+        raise ExecutionError(f"cuda backend: unknown PTX feature {arch.features!r}: expected "
+                             f"+ptxNN from +{known[0]} to +{known[-1]}")
+
+
 def lower_nvvm(text: str, arch: GpuArch = AMPERE, threads: int = 1) -> Lowered:
     """``text`` (one ``func.func`` on tensors, foralls mapped to GPU blocks) lowered to the
     LLVM dialect with its kernels as PTX; each block's work split over ``threads`` threads
@@ -205,6 +236,7 @@ def lower_nvvm(text: str, arch: GpuArch = AMPERE, threads: int = 1) -> Lowered:
     if not 1 <= threads <= MAX_THREADS:
         raise ExecutionError(f"cuda backend: threads per block must be in 1..{MAX_THREADS}, "
                              f"got {threads}")
+    check_arch(arch)
     _unmapped(text)
     try:
         keep: frozenset[int] = frozenset()
@@ -254,13 +286,18 @@ def linker() -> str:
                          "link the kernels' host library")
 
 
-def link(llvm_dialect: str, out: Path) -> Path:
-    """The LLVM-dialect module ``llvm_dialect`` (``lower_nvvm``'s output) as a shared library
-    at ``out`` that needs ``libmlir_cuda_runtime.so`` from its own folder (``$ORIGIN``)."""
+def _llc() -> Path:
     llc = upstream_mlir.require().parent / "llvm" / "bin" / "llc"
     if not llc.exists():
         raise ExecutionError("cuda backend: upstream LLVM's llc is not installed (the "
                              f"'{upstream_mlir.EXTRA}' extra)")
+    return llc
+
+
+def link(llvm_dialect: str, out: Path) -> Path:
+    """The LLVM-dialect module ``llvm_dialect`` (``lower_nvvm``'s output) as a shared library
+    at ``out`` that needs ``libmlir_cuda_runtime.so`` from its own folder (``$ORIGIN``)."""
+    llc = _llc()
     runtime = upstream_mlir.runner_library("mlir_cuda_runtime")
     with tempfile.TemporaryDirectory() as tmp:
         place = Path(tmp)

@@ -19,6 +19,7 @@ import apportion as ap
 from apportion.backends.cuda import device_main
 from apportion.backends.cuda.bundle import build_bundle, check_bundle, run_bundle
 from apportion.backends.cuda.lowering import (
+    GpuArch,
     block_maps,
     copies_as_linalg,
     host_shared,
@@ -186,3 +187,15 @@ def test_random_gpu_plans_lower_to_one_kernel_per_forall_or_name_the_refusal(cas
         assume(False)  # the emitter's own documented refusals (tested with IREE)
     lowered = lower_nvvm(text).llvm
     assert lowered.count("gpu.binary @") == len(re.findall(r"\bscf\.forall \(", text))
+
+
+@pytest.mark.parametrize(("arch", "said"), [
+    (GpuArch("sm_999"), r"unknown GPU 'sm_999'"),
+    (GpuArch("sm_90", "ptx78"), r"unknown PTX feature 'ptx78': expected \+ptxNN"),
+    (GpuArch("sm_90", "+ptx999"), r"unknown PTX feature '\+ptx999'"),
+])
+def test_a_gpu_or_ptx_version_llvm_does_not_know_is_refused_naming_it(arch, said):
+    planned = _gpu_plan("fused")
+    text = forall_mlir(emitted(planned.program, planned.plan, planned.target))
+    with pytest.raises(ExecutionError, match=said):
+        lower_nvvm(text, arch)
