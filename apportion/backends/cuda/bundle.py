@@ -168,17 +168,26 @@ def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, object]:
 def check_bundle(bundle: Path, results: Path) -> list[OutputCheck]:
     """The outputs a run of ``bundle`` wrote under ``results`` (``outputs.npz``) checked
     against the reference executor's run of the unplanned program on the same inputs."""
-    manifest = json.loads((bundle / "manifest.json").read_text())
+    try:
+        manifest = device_main.read_manifest(bundle)
+        stored = device_main.read_arrays(bundle / "inputs.npz")
+        if not (results / "outputs.npz").exists():
+            raise ExecutionError(f"cuda backend: {results} holds no outputs.npz (run the "
+                                 "bundle first: apportion cuda run)")
+        outputs = device_main.read_arrays(results / "outputs.npz")
+    except device_main.BundleError as e:
+        raise ExecutionError(f"cuda backend: {e}") from None
     reference = load(bundle / "reference.json")
-    with np.load(bundle / "inputs.npz") as f:
-        stored = {k: f[k] for k in f.files}
     types = {a["name"]: a["type"] for a in manifest["args"] if a["kind"] == "memref"}
     inputs = {k: _from_storage(v, types[k]) for k, v in stored.items()}
-    if not (results / "outputs.npz").exists():
-        raise ExecutionError(f"cuda backend: {results} holds no outputs.npz (run the bundle "
-                             "first: apportion cuda run)")
-    with np.load(results / "outputs.npz") as f:
-        got = {r["name"]: _from_storage(f[r["name"]], r["type"]) for r in manifest["results"]}
+    got = {}
+    for r in manifest["results"]:
+        value = outputs.get(r["name"])
+        if value is None or list(value.shape) != list(r["shape"]):
+            said = "is missing" if value is None else f"has shape {list(value.shape)}"
+            raise ExecutionError(f"cuda backend: output {r['name']!r} in {results}/outputs.npz "
+                                 f"{said}; the bundle's function returns {r['shape']}")
+        got[r["name"]] = _from_storage(value, r["type"])
     want = run_unplanned(reference, inputs)
     kept = {k: v for k, v in got.items() if k in manifest["outputs"]}
     return compare(want, {**inputs, **kept}, reference)

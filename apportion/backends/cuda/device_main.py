@@ -33,6 +33,7 @@ import json
 import os
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -122,13 +123,42 @@ def _descriptor(a: np.ndarray, keep: list[Any]) -> Any:
     return ctypes.pointer(desc)
 
 
+#: what a manifest holds
+MANIFEST_KEYS = ("function", "args", "results", "outputs")
+
+
+def read_manifest(bundle: Path) -> dict[str, Any]:
+    """``bundle``'s manifest.json; a BundleError naming the file where it is missing, not
+    JSON, or lacks a key of ``MANIFEST_KEYS``."""
+    path = bundle / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BundleError(f"{bundle} holds no manifest.json: not a cuda bundle") from None
+    except (ValueError, OSError) as e:  # JSON or UTF-8 errors are ValueErrors
+        raise BundleError(f"{path} is not a bundle manifest: {e}") from None
+    missing = [k for k in MANIFEST_KEYS if not isinstance(manifest, dict) or k not in manifest]
+    if missing:
+        raise BundleError(f"{path} lacks {', '.join(missing)}: not a bundle manifest")
+    return manifest
+
+
+def read_arrays(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` file by name; a BundleError naming the file where it is
+    missing or not an npz archive."""
+    try:
+        with np.load(path) as f:
+            return {k: f[k] for k in f.files}
+    except FileNotFoundError:
+        raise BundleError(f"{path} is missing") from None
+    except (ValueError, OSError, zipfile.BadZipFile) as e:  # not an archive, or a torn one
+        raise BundleError(f"{path} is not an npz archive: {e}") from None
+
+
 def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, Any]:
     """Run ``bundle`` ``repeat`` times; write ``outputs.npz`` and ``run.json`` under ``out``
     and give ``run.json``'s record."""
-    manifest_path = bundle / "manifest.json"
-    if not manifest_path.exists():
-        raise BundleError(f"{bundle} holds no manifest.json: not a cuda bundle")
-    manifest = json.loads(manifest_path.read_text())
+    manifest = read_manifest(bundle)
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -137,8 +167,7 @@ def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, Any]:
     runtime, module = _load(bundle)
     held: list[int] = []
     try:
-        with np.load(bundle / "inputs.npz") as f:
-            given = {k: f[k] for k in f.files}
+        given = read_arrays(bundle / "inputs.npz")
         keep: list[Any] = []
         call_args: list[Any] = []
         for arg in manifest["args"]:

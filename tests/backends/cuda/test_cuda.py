@@ -199,3 +199,23 @@ def test_a_gpu_or_ptx_version_llvm_does_not_know_is_refused_naming_it(arch, said
     text = forall_mlir(emitted(planned.program, planned.plan, planned.target))
     with pytest.raises(ExecutionError, match=said):
         lower_nvvm(text, arch)
+
+
+def test_a_malformed_manifest_or_outputs_file_is_refused_naming_the_file(tmp_path):
+    planned = _gpu_plan("transposed")
+    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "t")
+    results = tmp_path / "results"
+    results.mkdir()
+    np.savez(results / "outputs.npz", other=np.zeros(3))
+    out = planned.program.outputs[0]
+    with pytest.raises(ExecutionError, match=rf"output '{out}' in .*outputs\.npz is missing"):
+        check_bundle(b.path, results)
+    (results / "outputs.npz").write_text("not an archive")
+    with pytest.raises(ExecutionError, match=r"outputs\.npz is not an npz archive"):
+        check_bundle(b.path, results)
+    (b.path / "manifest.json").write_text("{")
+    with pytest.raises(ExecutionError, match=r"manifest\.json is not a bundle manifest"):
+        check_bundle(b.path, results)
+    (b.path / "manifest.json").write_text("{}")
+    with pytest.raises(ExecutionError, match=r"lacks function, args, results, outputs"):
+        check_bundle(b.path, results)
