@@ -21,6 +21,11 @@ slow (skipped under ``CI=true``); commands in ``TIMED`` print times, so their ou
 with every number as a wildcard (and runs of spaces or table rules as one, and a bench goal's
 verdict and worst case left out), which checks the table's structure, not the numbers.
 
+A checked output's line (``max abs err A  max rel err B  tol ...  ok``) shows rounding, which
+differs between CPUs and BLAS builds: its two error figures match any number, while the
+tolerance it states and its verdict must match as shown; the checks in ``PERTURBED`` run again
+with BLAS at other thread counts to show that the rule holds.
+
 ``python -m tests.test_readme --update COMMAND...`` runs the named commands (as the README spells
 them) and writes their output into the README, for a change that is meant to change it (an
 excerpt, an output with ``...``, is replaced whole: cut it again by hand).
@@ -206,15 +211,35 @@ def _timed(line: str) -> str:
     return _RULES.sub(r"\1", _NUMBER.sub("0", line))
 
 
+#: a checked output's line: its error figures are rounding, which differs between CPUs and BLAS
+#: builds (float16 accumulation order); what the README promises is the verdict under the tolerance
+#: the line states, so the figures match any number and the rest of the line (tolerance, verdict)
+#: must match as shown
+_ERRORS = re.compile(r"(max (?:abs|rel) err )(?:[-+]?\d[\d.]*(?:e[-+]?\d+)?|nan|inf)")
+_CHECKED = re.compile(r"max abs err .* max rel err .* tol .* ok$")
+_FIGURE = "\x00"  # a placeholder no README line holds
+
+
+def _figures(line: str) -> str:
+    """A checked output's line with its error figures as placeholders (any number); other
+    lines as they are."""
+    if _CHECKED.search(line.rstrip()):
+        return _ERRORS.sub(lambda m: m.group(1) + _FIGURE, line)
+    return line
+
+
 def _pattern(line: str) -> re.Pattern[str]:
-    return re.compile(".*".join(re.escape(part) for part in line.split("...")) + r"\Z")
+    parts = [re.escape(part) for part in line.split("...")]
+    # the placeholder of _figures: a non-negative number, an error figure of a checked line
+    body = ".*".join(p.replace(_FIGURE, r"(?:\d[\d.]*(?:e[-+]?\d+)?)") for p in parts)
+    return re.compile(body + r"\Z")
 
 
 def matches(expected: tuple[str, ...] | list[str], actual: list[str], timed: bool = False
             ) -> bool:
     """Whether ``actual`` lines are what ``expected`` shows (``...`` as a wildcard)."""
     norm = _timed if timed else (lambda s: s)
-    want = [norm(s.rstrip()) for s in expected]
+    want = [_figures(norm(s.rstrip())) for s in expected]
     got = [norm(s.rstrip()) for s in actual]
     while want and not want[-1]:
         want.pop()
@@ -246,8 +271,12 @@ def _env(home: Path) -> dict[str, str]:
     return env
 
 
-def run_command(command: str, home: Path) -> subprocess.CompletedProcess[str]:
+def run_command(command: str, home: Path, threads: int | None = None
+                ) -> subprocess.CompletedProcess[str]:
     env = _env(home)
+    if threads is not None:  # another BLAS and OpenMP thread count: other accumulation orders
+        for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            env[name] = str(threads)
     if "bench splitk" in command:  # as a user runs it: this host's table, measured on first use
         env.pop("APPORTION_CPU_SPLIT_K", None)
     return subprocess.run(["bash", "-o", "pipefail", "-c", command], cwd=ROOT, env=env,
@@ -277,6 +306,29 @@ def test_readme_command_prints_what_the_readme_shows(command: Command, home: Pat
     if not matches(command.expected, done.stdout.splitlines(), command.command in TIMED):
         pytest.fail(f"README line {command.line}: {command.command}"
                     + _diff(command.expected, done.stdout), pytrace=False)
+
+
+#: README checks whose figures are float16 or float32 rounding of BLAS matmuls: run again with
+#: BLAS at other thread counts, they must still match what the README shows
+PERTURBED = [c for c in COMMANDS if c.command in {
+    "apportion run examples/mlp.json --target spyre --cores 8 --check",
+    "apportion run examples/attention.json --cores 8 --backend torch --threads 2 --check",
+    "apportion run examples/mlp.json --mesh tp=N~2..8 --param N=3 --check",
+}]
+
+
+@pytest.mark.parametrize("threads", [3])  # an odd count, unlike any default
+@pytest.mark.parametrize("command", PERTURBED, ids=lambda c: f"line{c.line}")
+def test_readme_checks_match_with_blas_at_another_thread_count(command: Command, threads: int,
+                                                                home: Path) -> None:
+    done = run_command(command.command, home, threads=threads)
+    assert done.returncode == 0, f"README line {command.line}: {command.command}\n{done.stderr}"
+    assert matches(command.expected, done.stdout.splitlines()), \
+        f"README line {command.line} at {threads} threads" + _diff(command.expected, done.stdout)
+
+
+def test_perturbed_checks_name_commands_of_the_readme() -> None:
+    assert len(PERTURBED) == 3, [c.command for c in PERTURBED]
 
 
 def _snippet_param(s: Snippet) -> object:
@@ -335,6 +387,22 @@ def test_matching_rules() -> None:
     assert matches(["goal MISSED: at most 40x: 116.0x (gpt2), over the goal by 76.0x"],
                    ["goal met: at most 40x: 12.5x (llama at 32 cores)"], timed=True)
     assert not matches(["goal met: at most 40x: 1x"], ["goal met: at least 40x: 1x"], timed=True)
+
+
+def test_error_figures_of_a_checked_line_match_any_number_but_not_another_verdict() -> None:
+    shown = ["           y   float16  max abs err 0  max rel err 0  tol atol=0.01 rtol=0.01  ok"]
+    assert matches(shown, ["           y   float16  max abs err 0.0312  max rel err 0.000826  "
+                           "tol atol=0.01 rtol=0.01  ok"])
+    assert matches(shown, ["           y   float16  max abs err 4.17e-07  max rel err 1e-05  "
+                           "tol atol=0.01 rtol=0.01  ok"])
+    assert not matches(shown, ["           y   float16  max abs err 0.5  max rel err 0.2  "
+                               "tol atol=0.01 rtol=0.01  MISMATCH"])
+    assert not matches(shown, ["           y   float16  max abs err 0  max rel err 0  "
+                               "tol atol=0.1 rtol=0.01  ok"])
+    assert not matches(shown, ["           y   float32  max abs err 0  max rel err 0  "
+                               "tol atol=0.01 rtol=0.01  ok"])
+    # a line that is not a check's keeps its figures literal
+    assert not matches(["max abs err 0 of nothing"], ["max abs err 1 of nothing"])
 
 
 def update(names: list[str]) -> None:
