@@ -1,17 +1,17 @@
 """``apportion bench conformance``: random programs run through every backend and compared
 with the reference.
 
-Case ``s`` (``s`` = 0 .. N-1, ``--n N``, default 100) is ``frontend.random_programs.case(s)``:
-a random program (every op kind of the registry, tiled and not, writes through a merge of
-dims, run-time sizes), a target and a strategy. It is planned (a program the planner refuses
-counts as not planned), and the reference backend runs the plan on random inputs against the
-unplanned program: the plans it runs exactly are the denominator. Each other backend then
-either refuses up front (``supports`` names the documented limits that stop it,
-``docs/limits.md``), or runs the plan on the same inputs (``bundle``: emits the loop bundle and
-verifies it, as it does not run) and matches the reference, or refuses while running with an
-error that cites a documented limit, or fails: wrong numbers, an error that cites no limit, or
-a crash. Each failure is listed with its seed; ``apportion.frontend.random_programs.case(seed)``
-gives the case back.
+Case ``s`` (``s`` = S .. S+N-1, ``--seed S``, default 0, ``--n N``, default 100) is
+``frontend.random_programs.case(s)``: a random program (every op kind of the registry, tiled
+and not, writes through a merge of dims, run-time sizes), a target and a strategy. It is
+planned (a program the planner refuses counts as not planned), and the reference backend runs
+the plan on random inputs against the unplanned program: the plans it runs exactly are the
+denominator. Each other backend then either refuses up front (``supports`` names the documented
+limits that stop it, ``docs/limits.md``), or runs the plan on the same inputs (``bundle``:
+emits the loop bundle and verifies it, as it does not run) and matches the reference, or
+refuses while running with an error that cites a documented limit, or fails: wrong numbers, an
+error that cites no limit, or a crash. Each failure is listed with its seed;
+``apportion.frontend.random_programs.case(seed)`` gives the case back.
 
 Mesh case ``s`` (the same ``s``) is ``frontend.random_meshes.mesh_case(s)``: a random program
 (one of ``case``'s families, or one made for meshes) sharded over a random mesh of 1 or 2 axes
@@ -222,13 +222,14 @@ def _run_case(seed: int, backends: tuple[str, ...]) -> Record:
     return Record(**head, planned="yes", outcomes=tuple(outcomes))
 
 
-def run(n: int, console: Console, backends: tuple[str, ...] = CHECKED) -> list[Record]:
-    """Cases 0 .. n-1; prints the table of backends, the limits they hit and every failure
-    with its seed."""
+def run(n: int, console: Console, backends: tuple[str, ...] = CHECKED, first: int = 0
+        ) -> list[Record]:
+    """Cases first .. first+n-1; prints the table of backends, the limits they hit and every
+    failure with its seed."""
     records: list[Record] = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("conformance", total=n)
-        for seed in range(n):
+        for seed in range(first, first + n):
             progress.update(task, description=f"case {seed}")
             records.append(run_case(seed, backends))
             progress.advance(task)
@@ -426,8 +427,8 @@ def _run_mesh_case(seed: int, backends: tuple[str, ...]) -> MeshRecord:
 
 
 def run_meshes(n: int, console: Console, dtensor: int = DEFAULT_DTENSOR,
-               backends: tuple[str, ...] | None = None) -> list[MeshRecord]:
-    """Mesh cases 0 .. n-1 through the reference and every backend that runs meshes
+               backends: tuple[str, ...] | None = None, first: int = 0) -> list[MeshRecord]:
+    """Mesh cases first .. first+n-1 through the reference and every backend that runs meshes
     (``backends``, default ``mesh_backends()``), dtensor only on the first ``dtensor`` cases
     the reference runs exactly; prints their table."""
     names = mesh_backends() if backends is None else backends
@@ -435,7 +436,7 @@ def run_meshes(n: int, console: Console, dtensor: int = DEFAULT_DTENSOR,
     exact = 0
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("meshes", total=n)
-        for seed in range(n):
+        for seed in range(first, first + n):
             progress.update(task, description=f"mesh case {seed}")
             records.append(run_mesh_case(seed, tuple(
                 name for name in names if name not in FIRST_FEW or exact < dtensor)))
@@ -517,12 +518,14 @@ def _suite(args: argparse.Namespace, console: Console) -> SuiteOutcome:
     if getattr(args, "limit", None) is not None:  # --limit N: the first N programs of --n
         n = min(n, args.limit)
     dtensor = getattr(args, "dtensor", None)
-    records = run(n, console)
-    meshes = run_meshes(n, console, DEFAULT_DTENSOR if dtensor is None else dtensor)
+    first = getattr(args, "seed", None) or 0  # --seed S: cases S .. S+N-1, seeds not run before
+    records = run(n, console, first=first)
+    meshes = run_meshes(n, console, DEFAULT_DTENSOR if dtensor is None else dtensor,
+                        first=first)
     doc = {"programs": [asdict(r) for r in records], "meshes": [asdict(r) for r in meshes]}
     return SuiteOutcome(doc, goals(records) + mesh_goals(meshes))
 
 
-SUITE = Suite("conformance", frozenset({"n", "dtensor"}),
+SUITE = Suite("conformance", frozenset({"n", "dtensor", "seed"}),
               "random programs, on one device and sharded over meshes, through every backend, "
               "compared with the reference", _suite)

@@ -46,6 +46,7 @@ OPTIONS: dict[str, str] = {
     "target": "--target",
     "n": "--n",
     "dtensor": "--dtensor",
+    "seed": "--seed",
 }
 
 

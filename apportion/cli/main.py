@@ -694,12 +694,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="e2e: timed runs per side, the fastest and median reported (default 5); "
                         "forall: timed rounds (default 5)")
     b.add_argument("--n", type=_int_at_least(1), default=None,
-                   help="conformance: random programs to run (seeds 0..N-1; default 100), on "
-                        "one device and sharded over a random mesh; upstream: random mesh "
-                        "cases (default 20)")
+                   help="conformance: random programs to run (seeds S..S+N-1 of --seed S; "
+                        "default 100), on one device and sharded over a random mesh; upstream: "
+                        "random mesh cases (default 20)")
     b.add_argument("--dtensor", type=_int_at_least(0), default=None,
                    help="conformance: sharded plans the dtensor backend runs, the first N the "
                         "reference runs exactly (default 2; one process per device each)")
+    b.add_argument("--seed", type=_int_at_least(0), default=None,
+                   help="conformance: the first seed (cases S..S+N-1; default 0), to fuzz on "
+                        "seeds not run before")
     b.add_argument("--json", default=None, help="write every case's result here (JSON)")
     b.add_argument("--check", action="store_true",
                    help="exit status 1 when a goal the suite states is missed (one line each "

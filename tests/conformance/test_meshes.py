@@ -266,3 +266,29 @@ def test_check_fails_when_a_mesh_backend_gives_wrong_numbers(monkeypatch, capsys
     assert "FAIL iree mesh seed 1 (sharded over dp=3, search): wrong numbers:" in captured.out
     assert "goal MISSED: iree matches or names a documented limit on every sharded plan" in \
         captured.err
+
+
+def test_seed_starts_the_cases_of_both_tables_at_the_given_seed(monkeypatch, tmp_path):
+    """``--seed S`` fuzzes cases S .. S+N-1, programs and meshes alike, seeds never run
+    before; each record names its own seed."""
+    import json
+
+    monkeypatch.setattr(bench_conformance, "run_case",
+                        lambda seed, backends=bench_conformance.CHECKED:
+                        bench_conformance.Record(seed=seed, family="f", features=(),
+                                                 target="t", cores=1, strategy="s",
+                                                 planned="refused: stub"))
+    monkeypatch.setattr(bench_conformance, "run_mesh_case",
+                        lambda seed, backends=None: bench_conformance.MeshRecord(
+                            seed=seed, family="f", features=(), mesh="dp=2", sizes={},
+                            chooser="search", target="t", cores=1, planned="refused: stub"))
+    out = tmp_path / "c.json"
+    argv = ["bench", "conformance", "--seed", "7000", "--n", "3", "--json", str(out)]
+    assert main(argv) in (0, 1)
+    doc = json.loads(out.read_text())
+    assert [r["seed"] for r in doc["programs"]] == [7000, 7001, 7002]
+    assert [r["seed"] for r in doc["meshes"]] == [7000, 7001, 7002]
+
+
+def test_seed_is_refused_by_a_suite_that_takes_none():
+    assert main(["bench", "workdiv", "--seed", "3"]) == 2
