@@ -22,16 +22,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import numpy as np
 from rich.console import Console
 
 from apportion.cli import goals as bench_goals
 from apportion.cli.usage import UsageError, output_path, write_json
+from apportion.cost import noise
+from apportion.cost.noise import Criterion, Measured, Rules, load_average
 from apportion.target.presets import spyre
 
 R = TypeVar("R")
@@ -77,7 +81,8 @@ def interleaved(calls: Sequence[Callable[..., R]], repeat: int, warmup: int = 0,
     timer (``time.process_time`` for CPU time, which other work on the cores does not
     inflate); ``before`` runs before every timed call, untimed (a garbage collection, say);
     ``fresh[i]()``, also untimed, makes the argument of each call of case ``i`` (a fresh copy
-    of its input, so that no call finds what an earlier one cached on it).
+    of its input, so that no call finds what an earlier one cached on it). A fixed number of
+    rounds: ``until_stable`` times until what the times decide is stable.
 
     >>> t = interleaved([lambda: 1], repeat=2)[0]
     >>> len(t.seconds), t.result, t.min <= t.median
@@ -85,6 +90,24 @@ def interleaved(calls: Sequence[Callable[..., R]], repeat: int, warmup: int = 0,
     """
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
+    timings, _ = until_stable(calls, Rules(min_rounds=repeat, max_rounds=repeat, settle=1),
+                              warmup=warmup, clock=clock, alternate=alternate, before=before,
+                              fresh=fresh)
+    return timings
+
+
+def until_stable(calls: Sequence[Callable[..., R]], rules: Rules,
+                 criteria: Callable[[np.ndarray], Sequence[Criterion]] | None = None, *,
+                 warmup: int = 0, clock: Callable[[], float] = time.perf_counter,
+                 alternate: bool = True, before: Callable[[], None] | None = None,
+                 fresh: Sequence[Callable[[], Any]] | None = None, names: Sequence[str] = (),
+                 load: Callable[[], float | None] = load_average,
+                 ) -> tuple[list[Timing[R]], Measured]:
+    """Time the calls in interleaved rounds until the ``criteria`` of their least times are
+    stable (``cost.noise.until_stable``: ``rules`` say how long it may take), each call as
+    ``interleaved`` times it; the timings (and what each case's fastest call returned) and
+    the measurement with its noise. A CPU-time ``clock`` (``time.process_time``) is judged by
+    its spread alone, not by the machine's load."""
     if fresh is not None and len(fresh) != len(calls):
         raise ValueError(f"fresh has {len(fresh)} makers for {len(calls)} calls")
 
@@ -94,21 +117,27 @@ def interleaved(calls: Sequence[Callable[..., R]], repeat: int, warmup: int = 0,
     for i, call in enumerate(calls):
         for _ in range(warmup):
             call(*args(i))
-    times: list[list[float]] = [[] for _ in calls]
     best: list[tuple[float, Any]] = [(float("inf"), None) for _ in calls]
-    order = list(range(len(calls)))
-    for r in range(repeat):
-        for i in (order[::-1] if alternate and r % 2 else order):
+
+    def case(i: int) -> Callable[[], float]:
+        def once() -> float:
             given = args(i)
             if before is not None:
                 before()
             start = clock()
             out = calls[i](*given)
             took = clock() - start
-            times[i].append(took)
             if took < best[i][0]:
                 best[i] = (took, out)
-    return [Timing(tuple(ts), b[1]) for ts, b in zip(times, best, strict=True)]
+            return took
+        return once
+
+    measured = noise.until_stable([case(i) for i in range(len(calls))], criteria, rules,
+                                  alternate=alternate, names=names, load=load,
+                                  wall_clock=clock is not time.process_time)
+    timings = [Timing(tuple(s for s in col if not math.isnan(s)), b[1])
+               for col, b in zip(measured.seconds, best, strict=True)]
+    return timings, measured
 
 
 @dataclass(frozen=True)
