@@ -17,45 +17,88 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from apportion.cli.params import is_decimal
 from apportion.cli.report import print_checks
 from apportion.cli.usage import UsageError
 
 #: threads per block of ``cuda build``
 DEFAULT_THREADS = 128
+#: the most threads a CUDA block has
+MAX_THREADS = 1024
 
 
-def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None],
-               planned: Callable[[argparse.Namespace], Any],
-               params: Callable[[list[str] | None], dict[str, int]]) -> None:
+@dataclass(frozen=True)
+class Shared:
+    """What ``cuda build`` shares with the other commands (``cli.main``): the options of a
+    program or ``--torch`` model and target (``common``), the plan of a program file
+    (``planned``), ``--param`` values (``params``) and their check against a program and
+    target (``check_params``: program, target, params, loop counts needed), and the
+    ``--torch`` model (``torch_model``)."""
+
+    common: Callable[[argparse.ArgumentParser], None]
+    planned: Callable[[argparse.Namespace], Any]
+    params: Callable[[list[str] | None], dict[str, int]]
+    check_params: Callable[..., None]
+    torch_model: Callable[[argparse.Namespace], Any]
+
+
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``low..high`` in plain ASCII digits (``int`` alone
+    takes ``1_0`` as 10 and other scripts' digits); argparse names the option."""
+    span = f"in {low}..{high}" if high is not None else f">= {low}"
+
+    def parse(text: str) -> int:
+        value = int(text) if is_decimal(text) else None
+        if value is None or value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _folder(text: str) -> Path:
+    """``--out``: an empty path (an unset ``"$OUTDIR"``) would name the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"the path {text!r} is empty (an unset variable?); "
+                                         "name the bundle's folder")
+    return Path(text)
+
+
+def add_parser(sub: Any, shared: Shared) -> None:
     """The ``cuda`` subcommand and its three actions."""
     c = sub.add_parser("cuda", help="build a plan's parallel IR for an NVIDIA GPU, run it there, "
                        "check its outputs")
     acts = c.add_subparsers(dest="action", required=True)
     b = acts.add_parser("build", help="lower the plan (target gpu) to CUDA kernels and a host "
                         "library: a bundle folder (the mlir extra, no GPU needed)")
-    common(b)
+    shared.common(b)
     b.set_defaults(target="gpu")
-    b.add_argument("--out", type=Path, required=True, help="the bundle's folder (replaced)")
-    b.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    b.add_argument("--out", type=_folder, required=True,
+                   help="the bundle's folder: new, empty, or a bundle (replaced once the new "
+                        "one is complete); any other folder is refused")
+    b.add_argument("--seed", type=_int_in(0), default=None,
+                   help="seed of the random inputs of a program file (default 0); a --torch "
+                        "model runs on its example inputs and weights")
     b.add_argument("--param", action="append", metavar="NAME=VALUE",
                    help="a run-time size or symbolic loop count to run at (repeatable)")
     b.add_argument("--chip", default="sm_80", help="the PTX's GPU (default sm_80, which the "
                    "driver compiles for every later GPU too)")
     b.add_argument("--ptx", default="+ptx70", help="the PTX version feature (default +ptx70)")
-    b.add_argument("--threads", type=int, default=DEFAULT_THREADS,
+    b.add_argument("--threads", type=_int_in(1, MAX_THREADS), default=DEFAULT_THREADS,
                    help="threads per block: each block's work split over them where that is "
-                        f"safe, else one thread (default {DEFAULT_THREADS}; 1..1024)")
-    b.set_defaults(func=lambda a, con: _build(a, con, planned, params))
+                        f"safe, else one thread (default {DEFAULT_THREADS}; 1..{MAX_THREADS})")
+    b.set_defaults(func=lambda a, con: _build(a, con, shared))
     r = acts.add_parser("run", help="run a bundle on this machine's NVIDIA GPU")
     r.add_argument("bundle", type=Path)
     r.add_argument("--results", type=Path, default=None,
                    help="where the outputs go (default: BUNDLE/results)")
-    r.add_argument("--repeat", type=int, default=1, help="calls to time (default 1)")
+    r.add_argument("--repeat", type=_int_in(1), default=1, help="calls to time (default 1)")
     r.set_defaults(func=_run)
     k = acts.add_parser("check", help="check a run's outputs against the reference executor")
     k.add_argument("bundle", type=Path)
@@ -64,21 +107,51 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None],
     k.set_defaults(func=_check)
 
 
-def _build(args: argparse.Namespace, console: Console, planned_of: Callable[..., Any],
-           params_of: Callable[[list[str] | None], dict[str, int]]) -> int:
-    from apportion.backends.cuda.bundle import build_bundle
+def _build(args: argparse.Namespace, console: Console, shared: Shared) -> int:
+    from apportion.backends.cuda.bundle import build_bundle, check_out
     from apportion.backends.cuda.lowering import GpuArch
+    from apportion.target.presets import resolve
 
-    planned = planned_of(args)
-    params = params_of(args.param)
-    bundle = build_bundle(planned.program, planned.plan, planned.target, args.out, args.seed,
-                          params or None, planned.given if planned.symbols else None,
-                          GpuArch(args.chip, args.ptx), args.threads)
+    check_out(args.out)  # before any work: a folder that is not a bundle is not replaced
+    params = shared.params(args.param)
+    inputs = None
+    if args.torch is not None:
+        planned, inputs = _torch_planned(args, shared, resolve(args.target, args.cores), params)
+    else:
+        planned = shared.planned(args)
+        shared.check_params(planned.given, planned.target, params, planned.params)
+    bundle = build_bundle(planned.program, planned.plan, planned.target, args.out,
+                          args.seed or 0, params or None,
+                          planned.given if planned.symbols else None,
+                          GpuArch(args.chip, args.ptx), args.threads, inputs)
     console.print(f"built {bundle.path}: {planned.program.name}, {bundle.kernels} kernels of "
                   f"{planned.target.cores} blocks, {bundle.threaded} of them on "
                   f"{bundle.threads} threads a block, PTX for {args.chip} "
                   f"({bundle.build_s:.1f} s)", highlight=False)
     return 0
+
+
+def _torch_planned(args: argparse.Namespace, shared: Shared, target: Any,
+                   params: dict[str, int]) -> tuple[Any, dict[str, Any]]:
+    """The ``--torch`` model (or ``.pt2`` program) planned, and its example inputs and
+    weights at the ``--param`` sizes: what the bundle runs, as ``run --torch`` does."""
+    from apportion.cli.torch_models import at_sizes, failures, model_inputs, plan_model
+
+    if args.seed is not None:
+        raise UsageError(f"--seed {args.seed}: a --torch model's bundle runs on the model's "
+                         "example inputs and weights, not random ones; leave --seed out")
+    if args.partial:
+        raise UsageError("cuda build --partial: a bundle runs every node of the model on the "
+                         "GPU; --partial goes with plan, emit, schedule and shard")
+    tm = shared.torch_model(args)
+    shared.check_params(tm.lowered.program, target, params, ())
+    if params:
+        tm = at_sizes(tm, params)
+    planned = plan_model(tm, target, args.strategy)
+    shared.check_params(planned.given, target, params, planned.params)
+    with failures(tm, "reading the model's example inputs and weights"):
+        inputs = model_inputs(tm)
+    return planned, inputs
 
 
 def _results(args: argparse.Namespace) -> Path:
@@ -91,8 +164,6 @@ def _results(args: argparse.Namespace) -> Path:
 def _run(args: argparse.Namespace, console: Console) -> int:
     from apportion.backends.cuda.bundle import run_bundle
 
-    if args.repeat < 1:
-        raise UsageError(f"--repeat must be at least 1, got {args.repeat}")
     record = run_bundle(args.bundle, _results(args), args.repeat)
     seconds: list[float] = list(record["run_s"])  # type: ignore[call-overload]
     console.print(f"ran {args.bundle} on {record['device']}: best of {len(seconds)} "

@@ -242,7 +242,8 @@ def _torch_model(args: argparse.Namespace) -> Any:
     if args.program != DEFAULT:
         raise UsageError(f"give a program file or --torch, not both ({args.program!r} and "
                          f"--torch {args.torch!r})")
-    return load_model(args.torch, partial=args.partial, run=args.command == "run",
+    # run and cuda build run the model: every value needed, nothing left out
+    return load_model(args.torch, partial=args.partial, run=args.command in ("run", "cuda"),
                       dynamic=args.dynamic or ())
 
 
@@ -677,7 +678,8 @@ def build_parser() -> argparse.ArgumentParser:
     shard_cli.add_mesh_options(sc)
     sc.set_defaults(func=cmd_schedule)
     shard_cli.add_parser(sub, _common)
-    cuda_cli.add_parser(sub, _common, _planned, _params)
+    cuda_cli.add_parser(sub, cuda_cli.Shared(_common, _planned, _params, _check_params,
+                                             _torch_model))
     b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCH_SUITES)}")
     b.add_argument("suite", choices=BENCH_SUITES)
     b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,

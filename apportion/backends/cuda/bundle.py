@@ -29,11 +29,16 @@ folder a GPU machine runs with Python, numpy and the NVIDIA driver alone
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,31 +100,30 @@ def _from_storage(value: np.ndarray, elt: str) -> np.ndarray:
 
 def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: int = 0,
                  params: Mapping[str, int] | None = None, symbolic: Program | None = None,
-                 arch: GpuArch = AMPERE, threads: int = 1) -> Bundle:
-    """Build ``plan`` for the GPU into the folder ``out`` (made; an existing one is replaced),
-    with random inputs (``seed``) at the sizes and loop counts ``params`` names (``symbolic``:
-    the program as given, where it has run-time sizes). Refuses, naming the op and the limit,
-    what the parallel IR has no construction for, and a target whose foralls carry no GPU
-    mapping. ``threads``: per block, each block's work split over them where that is safe
-    (``threads.thread_tiles``; 1: a block's work runs as loops on one thread)."""
+                 arch: GpuArch = AMPERE, threads: int = 1,
+                 inputs: Mapping[str, np.ndarray] | None = None) -> Bundle:
+    """Build ``plan`` for the GPU into the folder ``out``, with ``inputs`` (None: random ones,
+    ``seed``) at the sizes and loop counts ``params`` names (``symbolic``: the program as
+    given, where it has run-time sizes). Refuses, naming the op and the limit, what the
+    parallel IR has no construction for, and a target whose foralls carry no GPU mapping.
+    ``threads``: per block, each block's work split over them where that is safe
+    (``threads.thread_tiles``; 1: a block's work runs as loops on one thread).
+
+    ``out`` may be new, empty or a bundle (replaced); anything else is refused before any
+    work (``check_out``). The bundle is written into a folder beside ``out`` and renamed into
+    place once complete: a build that fails or is interrupted (Ctrl-C, SIGTERM) leaves the
+    bundle that was there, with its results, and nothing of its own."""
     start = time.perf_counter()
+    check_out(out)
     upstream_mlir.require()
     reference = reference_at(program, symbolic, params)
-    inputs = random_inputs(reference, seed)
-    b = bind_run(program, plan, target, inputs, params, symbolic, None)
+    given = random_inputs(reference, seed) if inputs is None else inputs
+    b = bind_run(program, plan, target, given, params, symbolic, None)
     schedule, text = one_module_ir(b.program, plan, target, "cuda", b.symbolic)
-    env = bind_inputs(b.bound.program, inputs)
+    env = bind_inputs(b.bound.program, given)
     check_gathers(b.bound.program, env)
     lowered = lower_nvvm(text, arch, threads)
     llvm = lowered.llvm
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
-    (out / "forall.mlir").write_text(text)
-    link(llvm, out / "module.so")
-    shutil.copy(upstream_mlir.runner_library("mlir_cuda_runtime"),
-                out / "libmlir_cuda_runtime.so")
-    _stand_in(out / "libLLVM.so")
     args: list[dict[str, object]] = []
     stored: dict[str, np.ndarray] = {}
     for name, value, elt in b.arguments(env, schedule):
@@ -134,11 +138,180 @@ def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: 
                 "args": args, "results": results, "outputs": list(b.given_outputs),
                 "blocks": target.cores, "kernels": kernels, "threads": threads,
                 "threaded": lowered.threaded, "chip": arch.chip}
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    np.savez(out / "inputs.npz", **stored)
-    (out / "reference.json").write_text(dumps(reference))
+
+    def write(folder: Path) -> None:
+        (folder / "forall.mlir").write_text(text)
+        link(llvm, folder / "module.so")
+        shutil.copy(upstream_mlir.runner_library("mlir_cuda_runtime"),
+                    folder / "libmlir_cuda_runtime.so")
+        _stand_in(folder / "libLLVM.so")
+        np.savez(folder / "inputs.npz", **stored)
+        (folder / "reference.json").write_text(dumps(reference))
+        # last: a folder with a manifest is a bundle (``check_out``)
+        (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+    _write_in_place(out, write)
     return Bundle(out, program.name, kernels, threads, lowered.threaded,
                   time.perf_counter() - start)
+
+
+#: what a bundle's folder holds: the files ``build_bundle`` writes, and ``results``, where
+#: ``cuda run`` writes a run's outputs by default; a folder holding anything else is not
+#: replaced
+BUNDLE_ENTRIES = frozenset({"manifest.json", "module.so", "libmlir_cuda_runtime.so",
+                            "libLLVM.so", "inputs.npz", "reference.json", "forall.mlir",
+                            "results"})
+
+
+def _protected(out: Path) -> str | None:
+    """What ``out`` is when building there would replace a folder the user works in (the
+    root, the home folder, the current folder or one above it); None otherwise."""
+    try:
+        real = out.resolve()
+        here = Path.cwd().resolve()
+    except (OSError, RuntimeError):  # the current folder was removed; a link loop
+        return None
+    if real == Path(real.anchor):
+        return "the file system's root"
+    if real == here:
+        return "the current folder"
+    if real in here.parents:
+        return "a folder above the current one"
+    try:
+        if real == Path.home().resolve():
+            return "the home folder"
+    except (OSError, RuntimeError, KeyError):  # no home folder to protect
+        pass
+    return None
+
+
+def check_out(out: Path) -> None:
+    """Refuse ``out`` as a bundle's folder, naming it, where building there would lose what
+    is not a bundle: the root, the home folder, the current folder or one above it, a
+    symbolic link, a file, or a folder that holds anything but a bundle (a manifest the
+    device runner reads and only ``BUNDLE_ENTRIES``). A new or empty folder is fine."""
+    said = f"cuda backend: will not build the bundle into {str(out)!r}"
+    what = _protected(out)
+    if what is not None:
+        raise ExecutionError(f"{said}, {what}: a build replaces its folder; give the bundle "
+                             "a folder of its own")
+    try:
+        if out.is_symlink():
+            raise ExecutionError(f"{said}: it is a symbolic link; give the folder itself or "
+                                 "a new one")
+        if not out.exists():
+            return
+        if not out.is_dir():
+            raise ExecutionError(f"{said}: it is a file, not a folder; give a new folder or "
+                                 "a bundle's")
+        entries = sorted(p.name for p in out.iterdir())
+    except OSError as e:
+        raise ExecutionError(f"{said}: {e.strerror or e}") from None
+    if not entries:
+        return
+    refuse = (f"{said}: it is not a cuda bundle ({{}}) and a build replaces its folder; give "
+              "a new or empty folder, or move what it holds")
+    foreign = [n for n in entries if n not in BUNDLE_ENTRIES]
+    if foreign:
+        raise ExecutionError(refuse.format(f"it holds {foreign[0]!r}"))
+    try:
+        device_main.read_manifest(out)
+    except device_main.BundleError as e:
+        raise ExecutionError(refuse.format(str(e))) from None
+
+
+def _write_in_place(out: Path, write: Callable[[Path], None]) -> None:
+    """``write`` a bundle into a new folder beside ``out``, then put it in ``out``'s place
+    (the bundle there moved aside, then removed); on any failure or interrupt, the new folder
+    is removed and ``out`` is as it was."""
+    where = f"cuda backend: writing the bundle {str(out)!r}"
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        part = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"
+        part.mkdir()
+    except OSError as e:
+        raise ExecutionError(f"{where}: {e.strerror or e}"
+                             + (f" ({e.filename})" if e.filename else "")) from None
+    try:
+        with _terminate_as_interrupt():
+            write(part)
+            check_out(out)  # again: it may have changed while the bundle was built
+            _swap(part, out)
+    except OSError as e:
+        raise ExecutionError(f"{where}: {e.strerror or e}"
+                             + (f" ({e.filename})" if e.filename else "")) from None
+    finally:
+        if part.exists():  # the build did not finish: nothing of it stays
+            shutil.rmtree(part, ignore_errors=True)
+
+
+def _swap(part: Path, out: Path) -> None:
+    """Rename the complete bundle ``part`` to ``out``. The bundle there is moved aside first,
+    put back if the rename fails, removed once it succeeds; Ctrl-C and SIGTERM wait until
+    this is done, so that ``out`` is never left missing nor the old bundle left aside."""
+    old = out.parent / f".{out.name}.replaced-{secrets.token_hex(4)}"
+    with _signals_deferred():
+        if not out.exists():
+            os.rename(part, out)
+            return
+        os.rename(out, old)
+        try:
+            os.rename(part, out)
+        except OSError:
+            os.rename(old, out)
+            raise
+        try:
+            shutil.rmtree(old)
+        except OSError as e:
+            raise ExecutionError(f"cuda backend: built {str(out)!r}, but the bundle it "
+                                 f"replaced, moved to {str(old)!r}, could not be removed: "
+                                 f"{e.strerror or e}") from None
+
+
+@contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """SIGINT and SIGTERM recorded instead of handled, then raised again once this ends (to
+    the handlers there were). Python runs signal handlers in the main thread alone, whichever
+    thread the signal reaches: elsewhere nothing is deferred."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+
+    def defer(signum: int, frame: object) -> None:
+        got.append(signum)
+
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    kept = {s: h for s, h in previous.items() if h is not None}  # None: set outside Python
+    for s in kept:
+        signal.signal(s, defer)
+    try:
+        yield
+    finally:
+        for s, h in kept.items():
+            signal.signal(s, h)
+        if got:
+            signal.raise_signal(got[0])
+
+
+@contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a batch system's time limit, ``kill``) raised as KeyboardInterrupt, as Ctrl-C,
+    while a bundle is written, so that the half-written folder is removed; left as it is
+    where a handler is set already or this is not the main thread (which alone takes one)."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _stand_in(path: Path) -> None:
@@ -170,7 +343,7 @@ def check_bundle(bundle: Path, results: Path) -> list[OutputCheck]:
     against the reference executor's run of the unplanned program on the same inputs."""
     try:
         manifest = device_main.read_manifest(bundle)
-        stored = device_main.read_arrays(bundle / "inputs.npz")
+        stored = device_main.read_inputs(bundle, manifest)
         if not (results / "outputs.npz").exists():
             raise ExecutionError(f"cuda backend: {results} holds no outputs.npz (run the "
                                  "bundle first: apportion cuda run)")

@@ -140,7 +140,82 @@ def read_manifest(bundle: Path) -> dict[str, Any]:
     missing = [k for k in MANIFEST_KEYS if not isinstance(manifest, dict) or k not in manifest]
     if missing:
         raise BundleError(f"{path} lacks {', '.join(missing)}: not a bundle manifest")
+    fault = _manifest_fault(manifest)
+    if fault:
+        raise BundleError(f"{path}: {fault}: not a bundle manifest")
     return manifest
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON true is no count
+
+
+def _name_fault(where: str, entry: Any, fields: tuple[str, ...]) -> str | None:
+    """What is wrong with an ``args`` or ``results`` entry's shape and name, if anything."""
+    if not isinstance(entry, dict):
+        return f"{where} is {type(entry).__name__}, not an object"
+    lacking = [f for f in fields if f not in entry]
+    if lacking:
+        return f"{where} lacks {', '.join(lacking)}"
+    if not isinstance(entry["name"], str) or not entry["name"]:
+        return f"{where}'s name is {entry['name']!r}, not a tensor or size name"
+    return None
+
+
+def _type_fault(where: str, elt: Any) -> str | None:
+    if not isinstance(elt, str) or elt not in STORAGE:
+        return f"{where} has element type {elt!r}; known: {', '.join(STORAGE)}"
+    return None
+
+
+def _manifest_fault(m: dict[str, Any]) -> str | None:
+    """What makes a manifest unrunnable (a field of the wrong type, an element type this
+    runner has no storage for, a name given twice), named; None when it runs."""
+    for key, kind in (("function", str), ("program", str), ("chip", str)):
+        if key in m and not isinstance(m[key], kind):
+            return f"{key} is {m[key]!r}, not a string"
+    for key in ("blocks", "kernels", "threads", "threaded"):
+        if key in m and not (_is_int(m[key]) and m[key] >= 0):
+            return f"{key} is {m[key]!r}, not a count"
+    for key in ("args", "results", "outputs"):
+        if not isinstance(m[key], list):
+            return f"{key} is {type(m[key]).__name__}, not a list"
+    seen: set[str] = set()
+    for i, arg in enumerate(m["args"]):
+        where = f"args[{i}]"
+        fault = _name_fault(where, arg, ("kind", "name"))
+        if fault:
+            return fault
+        if arg["kind"] == "index":
+            if not _is_int(arg.get("value")):
+                return f"{where} ({arg['name']!r}) has index value {arg.get('value')!r}, not " \
+                       "an integer"
+        elif arg["kind"] == "memref":  # inputs.npz holds it by name
+            fault = _type_fault(f"{where} ({arg['name']!r})", arg.get("type"))
+            if fault:
+                return fault
+            if arg["name"] in seen:
+                return f"args name tensor {arg['name']!r} twice"
+            seen.add(arg["name"])
+        else:
+            return f"{where} ({arg['name']!r}) has kind {arg['kind']!r}; known: index, memref"
+    results: list[str] = []
+    for i, res in enumerate(m["results"]):
+        where = f"results[{i}]"
+        fault = _name_fault(where, res, ("name", "shape", "type")) or \
+            _type_fault(f"{where} ({res['name']!r})", res["type"])
+        if fault:
+            return fault
+        shape = res["shape"]
+        if not isinstance(shape, list) or not all(_is_int(n) and n >= 0 for n in shape):
+            return f"{where} ({res['name']!r}) has shape {shape!r}, not a list of sizes"
+        if res["name"] in results:  # outputs.npz holds it by name
+            return f"results name {res['name']!r} twice"
+        results.append(res["name"])
+    for name in m["outputs"]:
+        if not isinstance(name, str) or name not in results:
+            return f"outputs names {name!r}, not one of the results ({', '.join(results)})"
+    return None
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
@@ -155,10 +230,30 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
         raise BundleError(f"{path} is not an npz archive: {e}") from None
 
 
+def read_inputs(bundle: Path, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The bundle's ``inputs.npz``: a BundleError naming the file and the tensor where it
+    lacks a tensor argument of ``manifest``, holds one the manifest does not name, or stores
+    one in another numpy type than its element type's (``STORAGE``)."""
+    path = bundle / "inputs.npz"
+    given = read_arrays(path)
+    types = {a["name"]: a["type"] for a in manifest["args"] if a["kind"] == "memref"}
+    for name, elt in types.items():
+        if name not in given:
+            raise BundleError(f"{path} lacks input {name!r}, which the manifest names")
+        if given[name].dtype != np.dtype(STORAGE[elt]):
+            raise BundleError(f"{path}: input {name!r} is stored as {given[name].dtype}; its "
+                              f"element type {elt} is stored as {np.dtype(STORAGE[elt])}")
+    extra = [n for n in given if n not in types]
+    if extra:
+        raise BundleError(f"{path} holds {extra[0]!r}, which the manifest names no input")
+    return given
+
+
 def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, Any]:
     """Run ``bundle`` ``repeat`` times; write ``outputs.npz`` and ``run.json`` under ``out``
     and give ``run.json``'s record."""
     manifest = read_manifest(bundle)
+    given = read_inputs(bundle, manifest)
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -167,7 +262,6 @@ def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, Any]:
     runtime, module = _load(bundle)
     held: list[int] = []
     try:
-        given = read_arrays(bundle / "inputs.npz")
         keep: list[Any] = []
         call_args: list[Any] = []
         for arg in manifest["args"]:
