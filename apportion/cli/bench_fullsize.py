@@ -39,6 +39,7 @@ from rich.table import Table
 from apportion.cli import goals as bench_goals
 from apportion.cli.bench_harness import Outcome, Suite
 from apportion.errors import ApportionError
+from apportion.runtime.isolated import python_command
 
 #: the cases, in order: name -> (factory, what is done with the program)
 CASES: dict[str, tuple[str, str]] = {
@@ -135,8 +136,8 @@ def _plan(program: Any, kind: str, how: list[str]) -> str:
 def run_case(case: str) -> FullSizeResult:
     """``case`` measured in a fresh Python process (its own peak memory, nothing cached)."""
     factory, action = CASES[case]
-    done = subprocess.run([sys.executable, "-m", "apportion.cli.bench_fullsize", case, factory,
-                           action], capture_output=True, text=True, check=False)
+    done = subprocess.run(python_command("-m", "apportion.cli.bench_fullsize", case, factory,
+                                         action), capture_output=True, text=True, check=False)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         why = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -772,7 +772,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     head -1``) ends quietly with status 0, like many command-line tools: what the reader did not
     take is dropped, stdout is pointed at /dev/null (the Python documentation's recipe for SIGPIPE)
     and no BrokenPipeError is printed. A closed stdout (``>&-``) or one that fails a write (``>
-    /dev/full``) ends with status 2 and one line. Ctrl-C ends with status 130 and one line.
+    /dev/full``) ends with status 2 and one line. Ctrl-C ends with status 130 and one line, SIGTERM
+    (a batch system's time limit) with 143 and one line, after the same cleanup.
     Any other exception is a bug in apportion: its traceback, one line saying so, and status 70
     (``EX_SOFTWARE``), never 1, which means only that numbers differ.
     """
@@ -791,6 +792,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Reports are wide tables: do not squeeze them to 80 columns when piped.
     probe = _Console()
     console = probe if probe.is_terminal else _Console(width=160)
+    restore = _sigterm_as_interrupt()
     try:
         if getattr(args, "dynamic", None) and getattr(args, "torch", None) is None:
             raise UsageError(f"--dynamic {args.dynamic[0]!r}: applies to a --torch model (a "
@@ -811,11 +813,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(str(e))
     except MemoryError as e:  # numpy: "Unable to allocate 8.00 GiB for an array with ..."
         return _fail(f"out of memory: {e or 'an allocation failed'}")
+    except Terminated:
+        print("apportion: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("apportion: interrupted", file=sys.stderr)
         return 130
     except Exception as e:
         return _internal_error(e)
+    finally:
+        restore()
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch system's time limit, ``kill``), raised where the command stands as
+    Ctrl-C is: every cleanup Ctrl-C runs runs for it too (a distributed run's ranks stopped and
+    its folder removed, a half-written bundle removed)."""
+
+
+def _sigterm_as_interrupt() -> Callable[[], None]:
+    """Raise ``Terminated`` on SIGTERM until the returned function is called; nothing where a
+    handler is set already or this is not the main thread (which alone takes one)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, terminated)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 #: the exit status of a bug (sysexits' EX_SOFTWARE): not 1 (numbers differ), not 2 (bad input)

@@ -19,7 +19,6 @@ import importlib.util
 import json
 import re
 import subprocess
-import sys
 import tempfile
 from collections.abc import Sequence
 from functools import cache
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.errors import EmitError
+from apportion.runtime.isolated import python_command
 
 #: the optional-dependency group that installs upstream MLIR
 EXTRA = "mlir"
@@ -292,8 +292,8 @@ def run_function(text: str, name: str, inputs: Sequence[Any],
         np.savez(place / "in.npz", *arrays)
         (place / "out.json").write_text(json.dumps(
             [[list(shape), _RUN_TYPES[d][1]] for shape, d in outputs]))
-        done = subprocess.run([sys.executable, "-c", _CHILD, tmp,
-                               str(runner_library("mlir_c_runner_utils"))],
+        done = subprocess.run(python_command("-c", _CHILD, tmp,
+                                              str(runner_library("mlir_c_runner_utils"))),
                               capture_output=True, text=True, check=False, timeout=600)
         if done.returncode != 0:
             raise EmitError(f"upstream MLIR's execution engine failed running @{name}: "

@@ -32,13 +32,13 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from apportion.errors import ApportionError, EmitError
 from apportion.ir.program import Program
+from apportion.runtime.isolated import python_command
 from apportion.runtime.upstream_mlir import tool
 from apportion.shard_mlir.body import Block, render_op
 from apportion.shard_mlir.forms import _annotate, annotated_mlir, propagated_mlir
@@ -271,8 +271,8 @@ def _run_upstream(text: str, pipeline: str) -> dict:
     """``pipeline`` run by upstream's bindings on ``text``, read back (see ``_CHILD``)."""
     names = [m.group(1) for line in text.splitlines() if (m := _DEF.match(line))]
     try:
-        done = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(names), pipeline,
-                               str(tool("mlir-opt"))],
+        done = subprocess.run(python_command("-c", _CHILD, json.dumps(names), pipeline,
+                                              str(tool("mlir-opt"))),
                               input=text, capture_output=True, text=True, check=False,
                               timeout=300)
     except subprocess.TimeoutExpired:

@@ -34,7 +34,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -58,6 +57,7 @@ from apportion.frontend.json_format import dumps, load
 from apportion.ir.program import Program
 from apportion.plans.plan import Plan
 from apportion.runtime import upstream_mlir
+from apportion.runtime.isolated import python_command
 from apportion.runtime.reference import (
     OutputCheck,
     bind_inputs,
@@ -328,8 +328,8 @@ def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, object]:
     """Run ``bundle`` on this machine's GPU (``device_main`` in a child process: a fault in a
     kernel ends that process, not this one); its ``run.json`` record. An ExecutionError when
     it cannot run (no NVIDIA driver, a CUDA error)."""
-    done = subprocess.run([sys.executable, str(Path(device_main.__file__)), str(bundle),
-                           str(out), "--repeat", str(repeat)], capture_output=True, text=True,
+    done = subprocess.run(python_command(str(Path(device_main.__file__)), str(bundle), str(out),
+                                         "--repeat", str(repeat)), capture_output=True, text=True,
                           check=False)
     if done.returncode != 0:
         said = " ".join(done.stderr.split())[-1500:]

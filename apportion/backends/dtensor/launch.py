@@ -17,7 +17,10 @@ the first failure by timestamp. A run that outlives ``timeout_s`` is killed the 
 process group's own timeout is as long, so a rank blocked in a collective never waits for
 ever. The ranks meet through a file store in the run's temporary folder (no TCP port is picked
 and then raced for), and that folder is removed when the run ends, whether it succeeds, fails,
-times out or is interrupted.
+times out or is interrupted (Ctrl-C, or SIGTERM where the ``apportion`` command raises it as
+Ctrl-C). Each rank ends with the parent: a parent killed outright (SIGKILL) takes its ranks with
+it rather than leaving them to run on as orphans until their timeout (``end_with_parent``). The
+ranks start without the current directory on their ``sys.path`` (``runtime.isolated``).
 
 >>> root_cause([RankFailure(0, 2.0, error="RuntimeError: reset", peer=True),
 ...             RankFailure(1, 3.0, exitcode=-9)]).rank
@@ -26,13 +29,16 @@ times out or is interrupted.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pickle
 import re
 import shutil
 import signal
+import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -41,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from apportion.errors import ExecutionError
+from apportion.runtime.isolated import safe_path_children
 
 
 def launch(payload: Any, world: int, timeout_s: float, name: str,
@@ -60,11 +67,12 @@ def launch(payload: Any, world: int, timeout_s: float, name: str,
         with path.open("wb") as f:
             pickle.dump(payload, f)
         ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=worker, args=(r, world, str(path), str(tmp), timeout_s,
-                                                  *args), daemon=True)
+        procs = [ctx.Process(target=_rank_main, args=(os.getpid(), worker, r, world, str(path),
+                                                      str(tmp), timeout_s, *args), daemon=True)
                  for r in range(world)]
-        for p in procs:
-            p.start()
+        with safe_path_children():
+            for p in procs:
+                p.start()
         _watch(procs, tmp, start + timeout_s, timeout_s, name)
         with (tmp / "result.pkl").open("rb") as f:
             return pickle.load(f)
@@ -73,6 +81,34 @@ def launch(payload: Any, world: int, timeout_s: float, name: str,
             _stop(procs)
         finally:  # a second Ctrl-C while the ranks are stopped still removes the folder
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _rank_main(parent: int, worker: Callable[..., None], *args: Any) -> None:
+    """A rank's process: bound to end with ``parent``, then ``worker(*args)``."""
+    end_with_parent(parent)
+    worker(*args)
+
+
+#: ``prctl``'s request for a signal when the parent dies (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent: int) -> None:
+    """Make this process end when ``parent`` does: on Linux the kernel sends it SIGKILL
+    (``prctl(PR_SET_PDEATHSIG)``), elsewhere a thread watches the parent. A parent that died
+    before the request ends this process at once."""
+    bound = sys.platform.startswith("linux") and ctypes.CDLL(None).prctl(
+        PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL), ctypes.c_ulong(0), ctypes.c_ulong(0),
+        ctypes.c_ulong(0)) == 0
+    if not bound:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(0.5)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def write_result(outdir: str, result: Any) -> None:

@@ -51,7 +51,6 @@ import hashlib
 import os
 import pickle
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -65,6 +64,7 @@ import numpy as np
 from apportion.backends.openmp.worker import HOST
 from apportion.errors import EmitError, ExecutionError
 from apportion.runtime import upstream_mlir
+from apportion.runtime.isolated import python_command
 from apportion.runtime.upstream_mlir import expand_as_cast, pipeline, widen_bools
 
 #: bufferize the tensor function: its results become out-parameters of the caller's arrays
@@ -168,7 +168,7 @@ class Worker:
         # a worker that finished its share sleeps at once rather than spinning 200 ms: on a
         # machine of few cores a spinning thread takes the core the code between loops needs
         env = {"KMP_BLOCKTIME": "0", **os.environ}
-        self._proc = subprocess.Popen([sys.executable, "-m", "apportion.backends.openmp.worker"],
+        self._proc = subprocess.Popen(python_command("-m", "apportion.backends.openmp.worker"),
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=self._log, env=env)
         self.generation += 1
