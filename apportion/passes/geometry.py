@@ -16,6 +16,7 @@ from typing import Any
 
 from apportion.cost.model import largest_slice, op_cost
 from apportion.errors import PlanningError
+from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.passes.layouts import Layouts, OpLayout
@@ -24,14 +25,96 @@ from apportion.target.layout import DeviceLayout
 from apportion.target.target import Target
 
 
-def operand_extents(op: Op, slice_sizes: dict[str, int]) -> dict[str, tuple[int, ...]]:
-    """Per operand tensor, the index extent of each tensor dim touched by one slice of the op."""
-    out: dict[str, tuple[int, ...]] = {}
-    for acc in op.operands:
-        ext = tuple(e.extent(slice_sizes) for e in acc.index)
-        prev = out.get(acc.tensor)
-        out[acc.tensor] = ext if prev is None else tuple(map(max, prev, ext))
-    return out
+def box_steps(sizes: Mapping[str, int], per: Mapping[str, int], loop: LoopInfo | None
+              ) -> dict[str, int]:
+    """Per dim, a step every start of a core's box along it is a multiple of: its planning
+    unit (core slices hold whole units), and inside a loop that tiles it, also its tile (each
+    iteration moves the box by one tile, which may hold part of a stick of a dim the op only
+    reads).
+
+    >>> box_steps({"m": 8, "n": 48}, {"m": 1, "n": 64}, LoopInfo((0,), (2,), (("n",),)))
+    {'m': 1, 'n': 16}
+    """
+    steps = {d: per.get(d, 1) for d in sizes}
+    for count, dims in zip(loop.count if loop else (), loop.tiled_dims if loop else (),
+                           strict=True):
+        for d in dims:
+            if count != 1 and d in steps:
+                steps[d] = math.gcd(steps[d], sizes[d])
+    return steps
+
+
+def stick_offset(expr: AffineExpr, eps: int, steps: Mapping[str, int]) -> int:
+    """How far into a stick of ``eps`` elements the first index ``expr`` reaches over a box
+    may lie, at most, when each dim's box starts at a multiple of its ``steps``.
+
+    The start is ``const + sum(c * k * step)``: modulo ``eps`` it is ``const`` plus a multiple
+    of ``g = gcd(eps, c * step ...)``, so the furthest is ``const % g + eps - g`` (``const %
+    eps`` where every step keeps whole sticks).
+
+    >>> from apportion.ir.affine import AffineExpr
+    >>> stick_offset(AffineExpr.parse("18+f"), 32, {"f": 32})   # x[a, 18+f]: always 18 in
+    18
+    >>> stick_offset(AffineExpr.parse("f"), 32, {"f": 1733})    # tiles of 1733: any offset
+    31
+    """
+    g = eps
+    for d, c in expr.terms:
+        g = math.gcd(g, c * steps.get(d, 1))
+    return expr.const % g + eps - g
+
+
+@dataclass(frozen=True)
+class Reach:
+    """Where one op's accesses of one tensor reach in it, from one box of the op.
+
+    Per tensor dim: the expression of least constant of accesses that differ only in their
+    constants (``x[a, f]`` and ``x[a, 64+f]``: one box reaches from the first's first index to
+    the second's last) and how far the others' constants lie beyond it (``spread``), or None
+    where the accesses index the dim through different dims (the box may then reach any of
+    its ``bound`` indices). ``offset`` is how far into a stick the box's first innermost index
+    may lie (``stick_offset``).
+    """
+
+    tensor: str
+    layout: DeviceLayout
+    dims: tuple[tuple[AffineExpr, int] | None, ...]
+    bound: tuple[int, ...]
+    offset: int
+
+    def extents(self, largest: Mapping[str, int]) -> tuple[int, ...]:
+        """Index values per tensor dim, first to last, the largest box of ``largest``
+        elements per op dim reaches."""
+        return tuple(b if d is None else min(d[0].extent(largest) + d[1], b)
+                     for d, b in zip(self.dims, self.bound, strict=True))
+
+    def span(self, largest: Mapping[str, int]) -> int:
+        """Bytes of device memory one box of ``largest`` elements per op dim spans."""
+        return self.layout.span_bytes(self.extents(largest), self.offset)
+
+
+def reaches(op: Op, program: Program, tlayouts: Mapping[str, DeviceLayout],
+            steps: Mapping[str, int]) -> tuple[Reach, ...]:
+    """The ``Reach`` of each operand tensor of ``op`` (distinct tensors, in order of first use),
+    its boxes starting at multiples of ``steps`` (``box_steps``)."""
+    out = []
+    for t in dict.fromkeys(a.tensor for a in op.operands):
+        accs = [a for a in op.operands if a.tensor == t]
+        layout = tlayouts[t]
+        shape = program.tensor(t).shape
+        dims: list[tuple[AffineExpr, int] | None] = []
+        for k in range(len(shape)):
+            exprs = {a.index[k] for a in accs}
+            if len({tuple(sorted(e.terms)) for e in exprs}) > 1:
+                dims.append(None)
+                continue
+            first = min(exprs, key=lambda e: e.const)
+            dims.append((first, max(e.const for e in exprs) - first.const))
+        offset = 0
+        if dims and dims[-1] is not None:
+            offset = stick_offset(dims[-1][0], layout.elems_per_stick, steps)
+        out.append(Reach(t, layout, tuple(dims), tuple(shape), offset))
+    return tuple(out)
 
 
 def divisors(n: int, limit: int) -> list[int]:
@@ -66,10 +149,10 @@ class SpanCheck:
         return max(over, key=lambda x: x[1]) if over else None
 
 
-def check_spans(op: Op, sizes: dict[str, int], layout: OpLayout, splits: dict[str, int],
-                tlayouts: Mapping[str, DeviceLayout], target: Target) -> SpanCheck:
-    ext = operand_extents(op, slice_sizes(sizes, dict(layout.unit_elems), splits))
-    return SpanCheck({t: tlayouts[t].span_bytes(e) for t, e in ext.items()}, target.span_limit)
+def check_spans(ctx: OpContext, splits: Mapping[str, int]) -> SpanCheck:
+    """Every operand tensor's span under ``splits``, counted from the first stick a core's
+    box touches to the last (``Reach``)."""
+    return ctx.span_check(splits)
 
 
 def check_pins(ctx: OpContext, pins: dict[str, int]) -> dict[str, int]:
@@ -183,14 +266,23 @@ class OpContext:
     def per(self) -> dict[str, int]:
         return dict(self.layout.unit_elems)
 
+    @cached_property
+    def reaches(self) -> tuple[Reach, ...]:
+        """Where the op's boxes reach in each operand tensor (their spans' measure)."""
+        return reaches(self.op, self.program, self.tlayouts,
+                       box_steps(self.sizes, self.per, self.loop))
+
+    def slice_spans(self, largest: Mapping[str, int]) -> dict[str, int]:
+        """Every operand tensor's span from one box of ``largest`` elements per dim."""
+        return {r.tensor: r.span(largest) for r in self.reaches}
+
     def span_check(self, splits: Mapping[str, int]) -> SpanCheck:
-        """Every operand's span under ``splits``."""
-        return check_spans(self.op, self.sizes, self.layout, dict(splits), self.tlayouts,
-                           self.target)
+        """Every operand tensor's span under ``splits``."""
+        return SpanCheck(self.slice_spans(slice_sizes(self.sizes, self.per, dict(splits))),
+                         self.target.span_limit)
 
     def feasible(self, splits: dict[str, int]) -> bool:
-        return check_spans(self.op, self.sizes, self.layout, splits, self.tlayouts,
-                           self.target).worst is None
+        return self.span_check(splits).worst is None
 
     def time_us(self, splits: Mapping[str, int], resident: frozenset[str] = frozenset()
                 ) -> float:

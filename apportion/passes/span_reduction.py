@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from apportion.errors import PlanningError
-from apportion.passes.geometry import OpContext, check_spans, divisors, slice_sizes
+from apportion.ir.op import Op
+from apportion.passes.geometry import OpContext, divisors, slice_sizes
 from apportion.passes.strategy import Strategy
 from apportion.target.target import Target
 
@@ -88,30 +89,30 @@ def minimum_splits(ctx: OpContext, allow_uneven: bool = False) -> dict[str, int]
     no fitting even split take an uneven whole-stick split (the ``balanced`` strategy). Dims the
     target cannot split (``ctx.splittable``) are never cut.
     """
-    op, target, layout, tlayouts, sizes = ctx.op, ctx.target, ctx.layout, ctx.tlayouts, ctx.sizes
+    op, target, layout, sizes = ctx.op, ctx.target, ctx.layout, ctx.sizes
     per = dict(layout.unit_elems)
     units = layout.units(sizes)
     commit = {d: 1 for d in sizes}
     if not op.kind.divisible:
-        worst = check_spans(op, sizes, layout, commit, tlayouts, target).worst
+        worst = ctx.span_check(commit).worst
         if worst:
             raise PlanningError(f"op {op.name!r}: fallback op cannot be divided but tensor "
                                 f"{worst[0]!r} spans {worst[1]} bytes > limit {target.span_limit}")
         return commit
     reductions = set(op.reduction_dims)
-    for acc in op.operands:
-        tl = tlayouts[acc.tensor]
+    for reach in ctx.reaches:
+        tl = reach.layout
+        index = _union_index(op, reach.tensor)
 
-        def span_of(splits: dict[str, int], acc=acc, tl=tl) -> int:
-            ext = tuple(e.extent(slice_sizes(sizes, per, splits)) for e in acc.index)
-            return tl.span_bytes(ext)
+        def span_of(splits: dict[str, int], reach=reach) -> int:
+            return reach.span(slice_sizes(sizes, per, splits))
 
         if span_of(commit) <= target.span_limit:
             continue
         for ddim in tl.dims:
             if ddim.part == "in_stick":
                 continue
-            feeding = [d for d in acc.index[ddim.tensor_dim].dims
+            feeding = [d for d in index[ddim.tensor_dim]
                        if units[d] > 1 and ctx.splittable(d) and d not in ctx.fixed_map]
             if not feeding:
                 continue
@@ -130,13 +131,21 @@ def minimum_splits(ctx: OpContext, allow_uneven: bool = False) -> dict[str, int]
             split_red = [d for d in reductions if commit[d] > 1]
             why = (f"; reduction dim {split_red[0]!r} is already split and at most one may be"
                    if split_red else "")
-            dims = ", ".join(f"{d}={sizes[d]}" for d in acc.dims)
+            dims = ", ".join(f"{d}={sizes[d]}" for d in dict.fromkeys(
+                d for ds in index for d in ds))
             raise PlanningError(
-                f"op {op.name!r}: tensor {acc.tensor!r} (dims {dims}) spans {span} bytes per core "
-                f"> limit {target.span_limit} with {math.prod(commit.values())} of "
+                f"op {op.name!r}: tensor {reach.tensor!r} (dims {dims}) spans {span} bytes per "
+                f"core > limit {target.span_limit} with {math.prod(commit.values())} of "
                 f"{target.cores} cores (splits {commit}){why}; no valid split count fits"
                 + ("" if allow_uneven else " (strategy balanced may use uneven splits)"))
     return commit
+
+
+def _union_index(op: Op, tensor: str) -> tuple[tuple[str, ...], ...]:
+    """Per dim of ``tensor``, the op dims its accesses index it through, in order of use."""
+    accs = [a for a in op.operands if a.tensor == tensor]
+    return tuple(tuple(dict.fromkeys(d for a in accs for d in a.index[k].dims))
+                 for k in range(len(accs[0].index)))
 
 
 def _best_at(feeding: list[str], commit: dict[str, int], units: dict[str, int],

@@ -41,7 +41,7 @@ from types import MappingProxyType
 from apportion.errors import PlanningError
 from apportion.ir.op import Op
 from apportion.ir.program import LoopLevel, Program, TilingGroup
-from apportion.passes.geometry import OpContext, PlanCache, check_spans, divisors
+from apportion.passes.geometry import OpContext, PlanCache, divisors
 from apportion.passes.layouts import Layouts, layouts
 from apportion.passes.span_reduction import SpanSplits, minimum_splits, op_minimum
 from apportion.passes.strategy import Strategy
@@ -91,8 +91,7 @@ def fits(ctx: OpContext, strategy: Strategy) -> bool:
         if any(n < 1 or n > ctx.units.get(d, 0) for d, n in pins.items()):
             return True  # invalid pins: work distribution names the fault
         fixed = {d: pins.get(d, 1) for d in ctx.sizes}
-        return check_spans(ctx.op, ctx.sizes, ctx.layout, fixed, ctx.tlayouts,
-                           ctx.target).worst is None
+        return ctx.feasible(fixed)
     if ctx.feasible({d: 1 for d in ctx.sizes}):
         return True
     try:

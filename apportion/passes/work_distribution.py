@@ -54,9 +54,7 @@ from apportion.passes.geometry import (
     PlanCache,
     Splits,
     check_pins,
-    check_spans,
     divisors,
-    operand_extents,
 )
 from apportion.passes.span_reduction import SpanSplits
 from apportion.passes.strategy import STRATEGIES as STRATEGIES
@@ -324,10 +322,8 @@ class _Search:
 
     def _may_fit(self, small: dict[str, int]) -> bool:
         """False when even the smallest slices leave some operand over the span limit."""
-        ctx = self.ctx
-        limit = ctx.target.span_limit
-        return all(ctx.tlayouts[t].span_bytes(e) <= limit
-                   for t, e in operand_extents(ctx.op, small).items())
+        limit = self.ctx.target.span_limit
+        return all(s <= limit for s in self.ctx.slice_spans(small).values())
 
     def _busy(self, acc: dict[str, int], prod: int, red_split: bool
               ) -> tuple[float, dict[str, int]]:
@@ -465,7 +461,7 @@ def distribute(ctx: OpContext, minimum: dict[str, int], strategy: Strategy,
             # fixed (the pass leaves it to pins that name the reduction dim)
             pins = check_pins(ctx, {**ctx.fixed_map, **pins})
         fixed = {d: (pins or {}).get(d, 1) if divisible else 1 for d in ctx.sizes}
-        worst = check_spans(ctx.op, ctx.sizes, ctx.layout, fixed, ctx.tlayouts, ctx.target).worst
+        worst = ctx.span_check(fixed).worst
         if worst is not None:
             why = "fallback op cannot be divided but" if not divisible else \
                 f"work_division {pins} leaves"

@@ -51,17 +51,29 @@ class DeviceLayout:
         """Bytes the tensor occupies, padding included."""
         return math.prod(self.shape) * self.elem_bytes
 
-    def span_bytes(self, extents: tuple[int, ...]) -> int:
+    def span_bytes(self, extents: tuple[int, ...], offset: int = 0) -> int:
         """Contiguous bytes a core touches when its slice covers ``extents`` per tensor dim.
 
         Set by the outermost device dim along which the slice has more than one index:
-        extent there times that dim's stride (slices start on stick boundaries).
+        extent there times that dim's stride. ``offset`` is how far into a stick the slice's
+        innermost index may start (``0 <= offset < elems_per_stick``): the slice touches the
+        sticks from the one holding its first element to the one holding its last,
+        ``floor(offset / eps) .. ceil((offset + extent) / eps)``, one more than its extent
+        alone needs where it crosses a stick boundary it would not cross aligned.
+
+        >>> from apportion.target import spyre
+        >>> lay = device_layout((4, 256), "float32", spyre())   # 32 elements per stick
+        >>> lay.span_bytes((4, 64)), lay.span_bytes((4, 64), offset=18)
+        (1024, 1536)
         """
+        if not 0 <= offset < self.elems_per_stick:
+            raise ValueError(f"stick offset {offset} is outside 0..{self.elems_per_stick - 1}")
         inner = len(extents) - 1
         for d in self.dims:
             e = extents[d.tensor_dim]
             if d.part == "sticks":
-                e = -(-e // self.elems_per_stick)  # integer ceil: exact for any size
+                # integer ceil: exact for any size
+                e = -(-(offset + e) // self.elems_per_stick)
             elif d.part == "in_stick":
                 e = min(e, self.elems_per_stick) if d.tensor_dim == inner else e
             if e > 1:
