@@ -15,16 +15,21 @@ Two tables over ``split_k_shapes_MNK`` of the models file (each ``[M, N, K]``, o
   (cached), checked once against the unplanned program and timed on this machine, in the same
   rounds as IREE's own compile of the unsplit ``linalg.matmul`` (no plan:
   ``targets/host_splitk.py`` says how: interleaved rounds, warm-up, the least time of each, slow
-  factors dropped early). Per shape: the fastest factor, the stock ``cpu`` target's own pick for
-  the measured shape (its plan, not a pin), fastest / pick, and IREE's unsplit time over the
-  pick's (above 1: the plan runs faster than IREE's own compile).
+  factors dropped early), until the shape's goals are settled (``cost/noise.py``: each goal's
+  figure met or missed over its whole interval across the resampled rounds, for the last
+  rounds; up to a cap). Per shape: the fastest factor, the stock ``cpu`` target's own pick for
+  the measured shape (its plan, not a pin), fastest / pick, IREE's unsplit time over the pick's
+  (above 1: the plan runs faster than IREE's own compile) and the rounds timed; a line under
+  the table gives the noise (rounds, spread, load average before and after).
 
 Goals (``goals``, checked by ``--check``): on every measured shape the ``cpu`` pick runs within
 ``GOAL`` of the fastest factor (fastest / pick at least ``GOAL``) and no slower than no split
 (beyond ``TOLERANCE``: times within it are the ties the host table's decision counts as equal),
 and IREE's output matches the unplanned program for every factor (a mismatch stops the run with
 an error naming the shape and factor, ``--check`` or not: it is a wrong result, not a slow
-one).
+one). A timed goal is met or missed only where its whole interval says so, else inconclusive:
+too noisy (``goals.judged``; ``--check`` exit status 3), as it is where the load average went
+over the machine's cores.
 
 ``frontend/data/cpu_splitk_measurements.json`` holds the CI machine's measurements behind the
 shipped table (``target/presets.CPU_SPLIT_K``; ``APPORTION_CPU_SPLIT_K=shipped``), taken with one
@@ -41,6 +46,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -48,6 +54,7 @@ from rich.table import Table
 from apportion.cli import goals as bench_goals
 from apportion.cli.bench_harness import Outcome, Suite
 from apportion.cli.usage import from_models
+from apportion.cost import noise
 from apportion.errors import PlanningError
 from apportion.planned import PlannedProgram, plan
 from apportion.target.host import TOLERANCE, host_key
@@ -147,10 +154,57 @@ class Verdict:
 
 @dataclass(frozen=True)
 class Shape:
-    """One measured shape: K as measured and as listed, and every way of it timed."""
+    """One measured shape: K as measured and as listed, every way of it timed, and the
+    measurement's noise (None: synthetic times, whose rounds are the timed calls in order)."""
 
     k_full: int
     timed: tuple[Timed, ...]
+    measured: noise.Measured | None = None
+
+    @property
+    def rounds(self) -> np.ndarray:
+        """(rounds, ways) seconds, NaN where a way was not timed."""
+        if self.measured is not None:
+            return self.measured.array
+        longest = max(len(t.seconds) for t in self.timed)
+        return np.array([[*t.seconds, *[np.nan] * (longest - len(t.seconds))]
+                         for t in self.timed]).T
+
+    @property
+    def noisy(self) -> str:
+        return "" if self.measured is None else self.measured.noisy
+
+
+def figures(ways: Sequence[int], pick: int) -> tuple[Callable[[np.ndarray], np.ndarray],
+                                                     Callable[[np.ndarray], np.ndarray]] | None:
+    """The two timed figures of a shape whose ways are ``ways`` (factors of K, 0: IREE's own
+    compile) and whose pick is ``pick``, over least times ``(..., ways)``: fastest / pick, and
+    pick / no split (None: the pick is not among the ways).
+
+    >>> ratio, slower = figures([1, 2, 4, 0], 2)
+    >>> least = np.array([10.0, 6.0, 5.0, 1.0])
+    >>> round(float(ratio(least)), 3), float(slower(least))
+    (0.833, 0.6)
+    """
+    if pick not in ways:
+        return None
+    split = [i for i, f in enumerate(ways) if f > 0]
+    at, one = list(ways).index(pick), list(ways).index(1)
+    return (lambda t: t[..., split].min(axis=-1) / t[..., at],
+            lambda t: t[..., at] / t[..., one])
+
+
+def criteria(pick: int) -> Callable[[list[int]], Callable[[np.ndarray],
+                                                          list[noise.Criterion]]]:
+    """What one shape is timed until it settles: its two goals (``figures``) against their
+    bounds."""
+    def of(ways: list[int]) -> Callable[[np.ndarray], list[noise.Criterion]]:
+        figs = figures(ways, pick)
+        found = [] if figs is None else [
+            noise.Criterion("fastest / pick", figs[0], GOAL, at_most=False),
+            noise.Criterion("pick / no split", figs[1], 1 + TOLERANCE)]
+        return lambda _: found
+    return of
 
 
 def verdict(shape: Shape, pick_of: Callable[[int, int, int], int] = cpu_pick) -> Verdict:
@@ -207,13 +261,16 @@ def run(shapes: Sequence[tuple[int, int, int]], console: Console | None = None,
             progress.refresh()
 
         for m, n, kk, k in todo:
-            timed = measure_shape(m, n, kk, factors, warmup, repeats, with_iree=True, step=step)
-            measured.append(Shape(k, tuple(timed)))
+            timed, noise_ = measure_shape(m, n, kk, factors, warmup, repeats, with_iree=True,
+                                          step=step, criteria=criteria(pick_of(m, n, kk)))
+            measured.append(Shape(k, tuple(timed), noise_))
             progress.advance(task)
     verdicts = [verdict(s, pick_of) for s in measured]
     if measured:
         console.print(measured_table(measured, verdicts))
-        bench_goals.show(goals(verdicts), console)
+        console.print(noise.summary([s.measured for s in measured if s.measured is not None],
+                                    "shape"), highlight=False)
+        bench_goals.show(goals(verdicts, measured), console)
     return picks, verdicts, measured
 
 
@@ -247,7 +304,7 @@ def measured_table(measured: Sequence[Shape], verdicts: Sequence[Verdict]) -> Ta
     t.add_column("M x N x K")
     for f in factors:
         t.add_column(str(f), justify="right")
-    for c in ("IREE", "fastest", "cpu pick", "fastest / pick", "IREE / pick"):
+    for c in ("IREE", "fastest", "cpu pick", "fastest / pick", "IREE / pick", "rounds"):
         t.add_column(c, justify="right")
     for s, v in zip(measured, verdicts, strict=True):
         by = {x.factor: x for x in s.timed}
@@ -258,33 +315,52 @@ def measured_table(measured: Sequence[Shape], verdicts: Sequence[Verdict]) -> Ta
         iree = "-" if v.iree_ratio is None else f"{v.iree_ratio:.2f}"
         t.add_row(label, *(f"{by[f].least * 1e3:.2f}" if f in by else "-" for f in factors),
                   "-" if v.iree_s is None else f"{v.iree_s * 1e3:.2f}",
-                  str(v.fastest), str(v.pick), ratio, iree)
+                  str(v.fastest), str(v.pick), ratio, iree, str(len(s.rounds)))
     return t
 
 
 def goals(verdicts: Sequence[Verdict], measured: Sequence[Shape] = ()
           ) -> list[bench_goals.Goal]:
-    """The suite's goals over the verdicts (see the module docstring); ``measured`` adds the
-    goal that every way's output matched (they are checked as they are prepared, so a
-    mismatch stops the run before it is timed)."""
+    """The suite's goals over the verdicts (see the module docstring), each judged over the
+    resampled rounds of ``measured`` (the shapes, in the verdicts' order; none: exact
+    figures) and inconclusive where a shape was timed under a load over the cores; given
+    ``measured``, also the goal that every way's output matched (they are checked as they are
+    prepared, so a mismatch stops the run before it is timed)."""
     out = []
     what = f"the cpu pick runs within {GOAL:.0%} of the fastest factor (worst fastest / pick)"
     unmeasured = [f"{v.m}x{v.n}x{v.k} (pick {v.pick})" for v in verdicts if v.ratio is None]
     if unmeasured:
         out.append(bench_goals.count(f"{what}: the pick measured", unmeasured, len(verdicts)))
-    timed = [v for v in verdicts if v.ratio is not None]
+    shapes = list(measured) if measured else [None] * len(verdicts)
+    timed = [(v, s) for v, s in zip(verdicts, shapes, strict=True) if v.ratio is not None]
     if timed:
-        worst = min(timed, key=lambda v: v.ratio or 0.0)
-        out.append(bench_goals.at_least(
-            what, worst.ratio or 0.0, GOAL, "{:.2f}",
+        ratios, slowers = [], []
+        for v, s in timed:
+            if s is None:  # exact figures
+                ratios.append(np.array([v.ratio]))
+                slowers.append(np.array([(v.pick_s or 0) / v.unsplit_s]))
+                continue
+            figs = figures([t.factor for t in s.timed], v.pick)
+            assert figs is not None
+            reps = noise.resampled_least(s.rounds)
+            ratios.append(figs[0](reps))
+            slowers.append(figs[1](reps))
+        noisy = next((s.noisy for _, s in timed if s is not None and s.noisy), "")
+        worst = min(timed, key=lambda vs: vs[0].ratio or 0.0)[0]
+        ratio = noise.verdict("fastest / pick", worst.ratio or 0.0, np.min(ratios, axis=0),
+                              GOAL, at_most=False, noisy=noisy)
+        out.append(bench_goals.judged(
+            what, ratio, "{:.2f}",
             f"{worst.m}x{worst.n}x{worst.k}: pick {worst.pick}, fastest {worst.fastest}; "
-            f"{sum((v.ratio or 0.0) >= GOAL for v in timed)} of {len(timed)} shapes within"))
-        out.append(bench_goals.count(
-            f"the cpu pick is no slower than no split (beyond {TOLERANCE:.0%}, a tie)",
-            [f"{v.m}x{v.n}x{v.k}: split {v.pick} {(v.pick_s or 0) * 1e3:.2f} ms, no split "
-             f"{v.unsplit_s * 1e3:.2f} ms" for v in timed
-             if (v.pick_s or 0) > v.unsplit_s * (1 + TOLERANCE)],
-            len(timed)))
+            f"{sum((v.ratio or 0.0) >= GOAL for v, _ in timed)} of {len(timed)} shapes within"))
+        slow = max(timed, key=lambda vs: (vs[0].pick_s or 0) / vs[0].unsplit_s)[0]
+        slower = noise.verdict("pick / no split", (slow.pick_s or 0) / slow.unsplit_s,
+                               np.max(slowers, axis=0), 1 + TOLERANCE, noisy=noisy)
+        out.append(bench_goals.judged(
+            f"the cpu pick is no slower than no split (beyond {TOLERANCE:.0%}, a tie; worst "
+            "pick / no split)", slower, "{:.2f}",
+            f"{slow.m}x{slow.n}x{slow.k}: split {slow.pick} {(slow.pick_s or 0) * 1e3:.2f} ms, "
+            f"no split {slow.unsplit_s * 1e3:.2f} ms"))
     if measured:
         ways = [t for s in measured for t in s.timed]
         out.append(bench_goals.count(
@@ -297,7 +373,8 @@ def to_doc(verdicts: Sequence[Verdict], measured: Sequence[Shape]) -> dict[str, 
     return {"format": FORMAT,
             "host": {"cpu": key.model, "cores": key.cores, "iree": key.iree},
             "goal": GOAL, "verdicts": [asdict(v) for v in verdicts],
-            "shapes": [{"k_full": s.k_full, "timed": [asdict(t) for t in s.timed]}
+            "shapes": [{"k_full": s.k_full, "timed": [asdict(t) for t in s.timed],
+                        "noise": None if s.measured is None else s.measured.to_doc()}
                        for s in measured]}
 
 

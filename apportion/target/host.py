@@ -10,6 +10,18 @@ its CPU model and feature flags (``host_cpu``), here with the core count (the sp
 with IREE's own threads), IREE's version and a digest of the IR the stock target emits for the
 measured shapes (both set the times). A missing or unreadable file means measure again.
 
+The cache is trusted only as far as it could have been measured: a table whose shape names a
+factor measuring never tries (``factors_of``: ``FACTORS`` cutting K into slices of at least
+``LEAST_SLICE``), or a time that is not a positive number, is reported and measured again; a
+cache path that is not a regular file (a FIFO, a device, a folder) is refused naming it, never
+opened in a way that blocks. A measurement comes with its trust (``HostMeasurement``: the
+measurer times in rounds until each shape's choice is stable, ``cost/noise.py``, and records
+the load average before and after); one that could not be trusted (a choice still changing, or
+a load over the machine's cores) is never cached: this run plans with the shipped table, says
+so in one line on stderr, and the next one measures again. Processes started together measure
+once: the first holds ``<digest>.lock`` (and writes its pid there), the others say in one line
+that they wait for it, then read what it cached.
+
 This layer only reads and writes tables: the measuring needs the planner and IREE, which live
 above it, so ``apportion.targets`` registers the measurer (``set_measurer``); tests inject their
 own and a cache folder (``injected``). ``APPORTION_CPU_SPLIT_K=shipped``
@@ -32,11 +44,14 @@ TableRow(slices=4, k=(2048, 8192), m=(1, 2), n=(2048, 8192), batch=(None, None),
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import platform
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,13 +64,32 @@ from apportion.target.split_k import TableRow
 
 log = logging.getLogger(__name__)
 
-FORMAT = "apportion.host-splitk/1"
+FORMAT = "apportion.host-splitk/2"
 #: factors within this fraction of the fastest factor's time count as ties
 TOLERANCE = 0.05
+#: a measured choice is trusted where its time is within this fraction of the fastest factor's
+#: in the measurement's whole interval (``bench splitk``'s goal: fastest / pick at least 0.9)
+REGRET = 0.10
+#: the factors of K measured
+FACTORS = (1, 2, 4, 8, 16, 32, 64)
+#: a factor is measured where each slice holds at least this much of K
+LEAST_SLICE = 16
 #: a measured shape's row holds shapes within this factor of its M, N and K
 REACH = 2
 #: a row's least N: a plain reduction's N is 1, and the table is for matmuls
 LEAST_N = 8
+
+
+def factors_of(k: int, factors: Sequence[int] = FACTORS) -> list[int]:
+    """The factors measured for a K: 1, and those cutting it into whole slices of at least
+    ``LEAST_SLICE``; a cached table naming another is not trusted.
+
+    >>> factors_of(1024)
+    [1, 2, 4, 8, 16, 32, 64]
+    >>> factors_of(96)
+    [1, 2, 4]
+    """
+    return [f for f in factors if f == 1 or (k % f == 0 and k // f >= LEAST_SLICE)]
 
 
 def host_cpu() -> str:
@@ -133,12 +167,16 @@ def host_key() -> HostKey:
 @dataclass(frozen=True)
 class ShapeTimes:
     """One matmul shape ``y[m,n] = x[m,k] @ w[k,n]`` timed with K split each way: (factor,
-    seconds) pairs, the seconds the least of the timed calls."""
+    seconds) pairs, the seconds the least of the timed calls; ``rounds`` timed (0: not
+    recorded) and ``spread``, the width of the chosen factor's least time's interval over the
+    resampled rounds, relative to it (``cost/noise.py``)."""
 
     m: int
     n: int
     k: int
     seconds: tuple[tuple[int, float], ...]
+    rounds: int = 0
+    spread: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("m", "n", "k"):
@@ -150,7 +188,8 @@ class ShapeTimes:
                               "timed must include 1 (no split)")
         for f, s in self.seconds:
             if isinstance(f, bool) or not isinstance(f, int) or f < 1 or not (
-                    isinstance(s, int | float) and s > 0):
+                    isinstance(s, int | float) and not isinstance(s, bool) and
+                    math.isfinite(s) and s > 0):
                 raise TargetError(f"split-K measurement of {self.m}x{self.n}x{self.k}: factor "
                                   f"{f!r} took {s!r}; factors are ints >= 1, times seconds > 0")
 
@@ -188,10 +227,12 @@ def table_rows(shapes: Sequence[ShapeTimes], reach: int = REACH, cores: int | No
 
 @dataclass(frozen=True)
 class HostTable:
-    """A host's measurements and the split table they make."""
+    """A host's measurements and the split table they make, with the 1-minute load average
+    before and after measuring (None: not recorded)."""
 
     key: HostKey
     shapes: tuple[ShapeTimes, ...]
+    load: tuple[float | None, float | None] = (None, None)
 
     @property
     def rows(self) -> tuple[TableRow, ...]:
@@ -201,26 +242,62 @@ class HostTable:
         return {"format": FORMAT,
                 "host": {"cpu": self.key.cpu, "cores": self.key.cores, "iree": self.key.iree,
                          "code": self.key.code},
+                "load": {"before": self.load[0], "after": self.load[1]},
                 "shapes": [{"m": s.m, "n": s.n, "k": s.k,
-                            "seconds": {str(f): t for f, t in s.seconds}}
+                            "seconds": {str(f): t for f, t in s.seconds},
+                            "rounds": s.rounds, "spread": s.spread}
                            for s in self.shapes]}
 
     @staticmethod
     def from_doc(doc: Any) -> HostTable:
-        """The table of a document ``to_doc`` wrote; TargetError naming what is wrong."""
+        """The table of a document ``to_doc`` wrote; TargetError naming what is wrong, a
+        factor measuring never tries for its shape included (``factors_of``).
+
+        >>> doc = HostTable(HostKey("cpu", 2, "3.13.0"), (ShapeTimes(32, 32, 40960,
+        ...     ((1, 1.0), (40960, 0.5))),)).to_doc()
+        >>> try:
+        ...     HostTable.from_doc(doc)
+        ... except TargetError as e:
+        ...     print(e)  # doctest: +NORMALIZE_WHITESPACE
+        host split-K table: shape 32x32x40960 names factor 40960, which measuring never
+        tries (it tries 1, 2, 4, 8, 16, 32, 64)
+        """
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise TargetError(f"not a host split-K table (format {FORMAT!r})")
         try:
             host = doc["host"]
             key = HostKey(str(host["cpu"]), int(host["cores"]), str(host["iree"]),
                           str(host.get("code", "")))
+            load = doc.get("load") or {}
             shapes = tuple(ShapeTimes(s["m"], s["n"], s["k"],
-                                      tuple((int(f), float(t)) for f, t in s["seconds"].items()))
+                                      tuple((int(f), float(t)) for f, t in s["seconds"].items()),
+                                      int(s.get("rounds", 0)), float(s.get("spread", 0.0)))
                            for s in doc["shapes"])
+            before, after = (None if load.get(w) is None else float(load[w])
+                             for w in ("before", "after"))
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise TargetError(f"host split-K table: bad field ({type(e).__name__}: {e})"
                               ) from None
-        return HostTable(key, shapes)
+        for s in shapes:
+            allowed = factors_of(s.k)
+            for f, _ in s.seconds:
+                if f not in allowed:
+                    raise TargetError(
+                        f"host split-K table: shape {s.m}x{s.n}x{s.k} names factor {f}, which "
+                        f"measuring never tries (it tries {', '.join(map(str, allowed))})")
+        return HostTable(key, shapes, (before, after))
+
+
+@dataclass(frozen=True)
+class HostMeasurement:
+    """What a measurer returns: the timed shapes, whether they can be trusted (each shape's
+    choice stable, the load under the machine's cores) and why not, and the load average
+    before and after. An untrusted measurement is never cached."""
+
+    shapes: tuple[ShapeTimes, ...]
+    trusted: bool = True
+    why: str = ""
+    load: tuple[float | None, float | None] = (None, None)
 
 
 def default_cache_dir() -> Path:
@@ -235,13 +312,43 @@ def cache_path(key: HostKey, cache_dir: str | os.PathLike[str] | None = None) ->
     return folder / f"{key.digest}.json"
 
 
-def read_table(path: Path, key: HostKey | None = None) -> HostTable | None:
-    """The table at ``path``, or None where there is none, it does not parse or it is for
-    another host than ``key`` (then it is measured again)."""
+def _open_regular(path: Path, flags: int) -> int:
+    """A descriptor of ``path`` opened without blocking (a FIFO or a device in the cache's
+    place would hang a plain open), once it is known to be a regular file; TargetError naming
+    the path where it is not. FileNotFoundError where there is nothing."""
+    fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        text = path.read_text(encoding="utf-8")
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode) else
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else
+                    "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+            raise TargetError(f"host split-K table cache {str(path)!r} is {kind}, not a regular "
+                              "file: remove it (or set APPORTION_CPU_SPLIT_K=shipped)")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_table(path: Path, key: HostKey | None = None) -> HostTable | None:
+    """The table at ``path``, or None where there is none, it does not parse, it names a
+    factor measuring never tries or it is for another host than ``key`` (then it is measured
+    again); TargetError naming the path where it is not a regular file."""
+    try:
+        fd = _open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # a FIFO or socket no one holds open (as os.open says)
+            raise TargetError(f"host split-K table cache {str(path)!r} is not a regular "
+                              "file: remove it (or set APPORTION_CPU_SPLIT_K=shipped)") from None
+        log.warning("host split-K table %s is not readable (%s): measuring again", path, e)
+        return None
+    try:
+        with os.fdopen(fd, encoding="utf-8") as f:
+            text = f.read()
     except (OSError, ValueError) as e:
         log.warning("host split-K table %s is not readable (%s): measuring again", path, e)
         return None
@@ -269,8 +376,8 @@ def write_table(path: Path, table: HostTable) -> None:
         log.warning("host split-K table cache %s is not writable: %s", path.parent, e)
 
 
-#: measures this host: its key in, the timed shapes out
-Measure = Callable[[HostKey], Sequence[ShapeTimes]]
+#: measures this host: its key in, the timed shapes out (a plain sequence: trusted as given)
+Measure = Callable[[HostKey], "Sequence[ShapeTimes] | HostMeasurement"]
 #: a digest of the code the measurer times (``HostKey.code``)
 Fingerprint = Callable[[], str]
 
@@ -290,6 +397,8 @@ _config = _Config()
 _memo: dict[Path, HostTable] = {}
 #: the files whose table this process measured (``measure_again`` does not measure them twice)
 _measured: set[Path] = set()
+#: the files whose measurement in this process could not be trusted, and why
+_untrusted: dict[Path, str] = {}
 #: each fingerprint's digest, computed once a process
 _codes: dict[Fingerprint, str] = {}
 
@@ -327,14 +436,18 @@ def injected(measure: Measure | None = None, cache_dir: str | os.PathLike[str] |
 
 def host_table(environ: Mapping[str, str] | None = None, measure_again: bool = False
                ) -> HostTable | None:
-    """This host's table: read from the cache, else measured (and cached) by the registered
-    measurer; None where ``APPORTION_CPU_SPLIT_K=shipped`` asks for the shipped table.
+    """This host's table: read from the cache, else measured (and cached, where the
+    measurement can be trusted) by the registered measurer; None where
+    ``APPORTION_CPU_SPLIT_K=shipped`` asks for the shipped table, or where this process's
+    measurement could not be trusted (``untrusted_why`` says why; the shipped table applies).
     ``measure_again`` measures even where a table is cached (``calibrate --measure``), unless
     this process measured it already."""
     if cpu_split_k(environ) == "shipped":
         return None
     key = host_key()
     path = cache_path(key)
+    if path in _untrusted and (not measure_again or path in _measured):
+        return None
     if not measure_again or path in _measured:
         if path in _memo:
             return _memo[path]
@@ -349,31 +462,71 @@ def host_table(environ: Mapping[str, str] | None = None, measure_again: bool = F
     with _locked(path):
         # another process may have measured it while this one waited for the lock
         found = None if measure_again else read_table(path, key)
-        table = found or HostTable(key, tuple(_config.measure(key)))
         if found is None:
-            write_table(path, table)
+            got = _config.measure(key)
+            measured = got if isinstance(got, HostMeasurement) else HostMeasurement(tuple(got))
             _measured.add(path)
-    _memo[path] = table
-    return table
+            if not measured.trusted:
+                _untrusted[path] = measured.why
+                _memo.pop(path, None)
+                log.warning("this host's split-K table is not cached: %s; this run plans with "
+                            "the shipped table and the next one measures again "
+                            "(APPORTION_CPU_SPLIT_K=shipped: never measure)", measured.why)
+                return None
+            _untrusted.pop(path, None)
+            found = HostTable(key, measured.shapes, measured.load)
+            write_table(path, found)
+    _memo[path] = found
+    return found
+
+
+def untrusted_why(environ: Mapping[str, str] | None = None) -> str | None:
+    """Why this process's measurement of this host's table was not trusted (None: it was, or
+    none was made)."""
+    if cpu_split_k(environ) == "shipped":
+        return None
+    return _untrusted.get(cache_path(host_key()))
 
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
     """Hold ``<path>.lock`` (where the platform has ``fcntl`` and the folder is writable), so
-    that processes started together measure a host once, not each on the others' cores."""
+    that processes started together measure a host once, not each on the others' cores. The
+    holder writes its pid into the lock; a process that has to wait says so in one line on
+    stderr, naming the lock and that pid. A lock that is not a regular file is refused naming
+    it (a FIFO would block the open)."""
+    lock = path.with_suffix(".lock")
     try:
         import fcntl
 
         path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(path.with_suffix(".lock"), "w")  # noqa: SIM115 - held across the yield
-    except (ImportError, OSError):
-        handle = None
-    if handle is None:
+        fd = _open_regular(lock, os.O_RDWR | os.O_CREAT)
+    except TargetError:
+        raise
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise TargetError(f"host split-K table lock {str(lock)!r} is not a regular file: "
+                              "remove it (or set APPORTION_CPU_SPLIT_K=shipped)") from None
+        fd = None
+    except ImportError:
+        fd = None
+    if fd is None:
         yield
         return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    with os.fdopen(fd, "r+", encoding="utf-8") as handle:
         try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = handle.read().strip()
+            by = f"process {holder}" if holder.isdigit() else "another process"
+            log.warning("waiting for %s measuring this host's split-K table (it holds %s)", by,
+                        lock)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)

@@ -8,14 +8,20 @@ the program's ``split_k``; a factor is measured where its slices hold at least `
 of K and the target plans it): exactly the plan the target runs when its table names that
 factor, more slices than cores included (a core then runs several). Each plan is emitted as
 parallel IR, compiled by IREE (llvm-cpu, cached), checked once against the unplanned program (a
-mismatch is an ExecutionError: a wrong result is no timing), then timed (``time_rounds``):
-``WARMUP`` untimed calls, then rounds that call every factor once, in reverse order every other
-round (a drift of the machine's speed, or another process's load, falls on all factors alike),
-at least ``REPEATS`` rounds and more while a shape's rounds take under ``BUDGET_S`` (up to
-``MAX_ROUNDS``); a factor more than ``DROP`` times slower than the fastest after
+mismatch is an ExecutionError: a wrong result is no timing), then timed (``time_shape``, on
+``cost/noise.py``): ``WARMUP`` untimed calls, then rounds that call every factor once, in
+reverse order every other round (a drift of the machine's speed, or another process's load,
+falls on all factors alike), at least ``REPEATS`` rounds and more until the shape's choice is
+stable (``choice_criteria``: the factor chosen the same for the last rounds, and its time within
+``REGRET`` of the fastest factor's across the resampled rounds), up to ``MAX_ROUNDS`` or
+``BUDGET_S`` seconds timed; a factor more than ``DROP`` times slower than the fastest after
 ``FIRST_ROUNDS`` rounds stops being timed (it can be neither the fastest nor near it). A
 factor's time is the least of its rounds: load from other work only ever adds time, so the
 least is the one least disturbed (the median is kept beside it).
+
+The measurer (``measure_host``) measures nothing where the load average is already over the
+machine's cores, and reports a table whose shapes are not all stable, or that was measured
+while the load went over the cores, as untrusted: ``target/host.py`` then caches nothing.
 
 The shapes measured by default (``default_shapes``) are the skinny-output split-K shapes of the
 packaged models file (``split_k_shapes_MNK``, output ``M*N <= SKINNY_OUTPUT``, K halved until
@@ -38,6 +44,7 @@ from rich.table import Table
 from apportion.backends.iree import runtime as iree
 from apportion.backends.iree.forall import forall_mlir, symbol_name
 from apportion.backends.iree.run import emitted, iree_run
+from apportion.cost.noise import Criterion, Load, Measured, Rules, load_average, until_stable
 from apportion.errors import ApportionError, ExecutionError, PlanningError
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import load_models
@@ -45,27 +52,41 @@ from apportion.ir.program import Program
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
-from apportion.target.host import HostKey, HostTable, ShapeTimes, host_table
+from apportion.target.host import (
+    FACTORS,
+    REGRET,
+    HostKey,
+    HostMeasurement,
+    HostTable,
+    ShapeTimes,
+    chosen_factor,
+    factors_of,
+    host_table,
+    untrusted_why,
+)
+from apportion.target.host import LEAST_SLICE as LEAST_SLICE  # the measurer's, kept in host
 from apportion.target.presets import CPU_SPLIT_K, cpu
 from apportion.target.target import Target
 
 log = logging.getLogger(__name__)
 
-#: the factors of K measured
-FACTORS = (1, 2, 4, 8, 16, 32, 64)
-#: a factor is measured where each slice holds at least this much of K
-LEAST_SLICE = 16
 #: measured shapes: output M*N at most this
 SKINNY_OUTPUT = 256 * 256
 #: measured shapes: K is halved until 2*M*N*K is at most this
 MAX_FLOP = 2e9
 #: untimed calls of each factor, then at least this many timed rounds
 WARMUP, REPEATS = 2, 15
-#: more rounds while a shape's rounds took under this many seconds, up to MAX_ROUNDS
-BUDGET_S, MAX_ROUNDS = 3.0, 300
+#: more rounds until the shape's choice is stable, up to MAX_ROUNDS or BUDGET_S seconds timed
+BUDGET_S, MAX_ROUNDS = 20.0, 300
 #: after FIRST_ROUNDS rounds, factors over DROP times the fastest's least time stop (the first
 #: calls are no guide: a cold call can take twenty times a warm one)
 FIRST_ROUNDS, DROP = 2, 2.0
+
+
+def shape_rules(repeats: int = REPEATS) -> Rules:
+    """How long one shape is timed (see the module docstring)."""
+    return Rules(min_rounds=repeats, max_rounds=max(repeats, MAX_ROUNDS), budget_s=BUDGET_S,
+                 drop_after=FIRST_ROUNDS, drop=DROP)
 
 
 def matmul_program(m: int, n: int, k: int, dtype: str = "float32", factor: int | None = None
@@ -98,18 +119,6 @@ def measured_k(m: int, n: int, k: int, max_flop: float = MAX_FLOP) -> int | None
     while 2 * m * n * k > max_flop and k % 2 == 0:
         k //= 2
     return k
-
-
-def factors_of(k: int, factors: Sequence[int] = FACTORS) -> list[int]:
-    """The factors measured for a K: 1, and those cutting it into whole slices of at least
-    ``LEAST_SLICE``.
-
-    >>> factors_of(1024)
-    [1, 2, 4, 8, 16, 32, 64]
-    >>> factors_of(96)
-    [1, 2, 4]
-    """
-    return [f for f in factors if f == 1 or (k % f == 0 and k // f >= LEAST_SLICE)]
 
 
 def default_shapes(models: dict[str, Any] | None = None) -> list[tuple[int, int, int]]:
@@ -253,38 +262,58 @@ def prepare_unsplit_iree(m: int, n: int, k: int, ops: Operands | None = None) ->
                     _timer(compiled.vmfb, "mm", arrays))
 
 
-def time_rounds(calls: Sequence[Callable[[], None]], warmup: int = WARMUP,
-                repeats: int = REPEATS, budget_s: float = BUDGET_S,
-                clock: Callable[[], float] | None = None) -> list[list[float]]:
-    """Each call's seconds over the rounds (see the module docstring: every live call once a
-    round, in reverse order every other round; at least ``repeats`` rounds, more while they
-    took under ``budget_s``; slow calls dropped after ``FIRST_ROUNDS``), after ``warmup``
+def choice_criteria(factors: Sequence[int]) -> Callable[[np.ndarray], list[Criterion]]:
+    """What the host table decides from one shape's times (``factors``: each way's factor of
+    K, 0 for IREE's own compile, which is no choice): the factor chosen (``chosen_factor``) is
+    within ``REGRET`` of the fastest factor's time.
+
+    >>> crit = choice_criteria([1, 2, 4])(np.array([2.0, 1.0, 1.02]))[0]
+    >>> crit.name, float(crit.figure(np.array([2.0, 1.0, 1.02])))
+    ("factor 2's time over the fastest factor's", 1.0)
+    """
+    split = [i for i, f in enumerate(factors) if f > 0]
+
+    def criteria(est: np.ndarray) -> list[Criterion]:
+        c = chosen_factor({factors[i]: float(est[i]) for i in split})
+        at = factors.index(c)
+        return [Criterion(f"factor {c}'s time over the fastest factor's",
+                          lambda t: t[..., at] / t[..., split].min(axis=-1), 1 + REGRET)]
+
+    return criteria
+
+
+def choice_key(factors: Sequence[int]) -> Callable[[np.ndarray], int]:
+    """The factor chosen at the estimates: it must settle too."""
+    split = [i for i, f in enumerate(factors) if f > 0]
+    return lambda est: chosen_factor({factors[i]: float(est[i]) for i in split})
+
+
+def time_shape(calls: Sequence[Callable[[], None]], factors: Sequence[int],
+               criteria: Callable[[np.ndarray], Sequence[Criterion]] | None = None,
+               warmup: int = WARMUP, rules: Rules | None = None,
+               clock: Callable[[], float] | None = None,
+               load: Callable[[], float | None] = load_average) -> Measured:
+    """Time each way of a shape (``calls``, of ``factors``) in rounds until stable (see the
+    module docstring; ``criteria``: ``choice_criteria`` unless given), after ``warmup``
     untimed calls of each.
 
-    >>> [len(t) for t in time_rounds([lambda: None, lambda: None], 0, 3, budget_s=0.0)]
-    [3, 3]
+    >>> m = time_shape([lambda: None, lambda: None], [1, 2], warmup=0,
+    ...                rules=Rules(min_rounds=3, max_rounds=3))
+    >>> m.rounds
+    3
     """
     import time
+
+    from apportion.cost.noise import timed
 
     tick = clock or time.perf_counter
     for call in calls:
         for _ in range(warmup):
             call()
-    times: list[list[float]] = [[] for _ in calls]
-    live = list(range(len(calls)))
-    spent, r = 0.0, 0
-    while r < repeats or (spent < budget_s and r < MAX_ROUNDS):
-        for i in live[::-1] if r % 2 else live:
-            start = tick()
-            calls[i]()
-            took = tick() - start
-            times[i].append(took)
-            spent += took
-        r += 1
-        if r == FIRST_ROUNDS:
-            fastest = min(min(times[i]) for i in live)
-            live = [i for i in live if min(times[i]) <= DROP * fastest]
-    return times
+    return until_stable([timed(c, tick) for c in calls],
+                        criteria or choice_criteria(factors), rules or shape_rules(),
+                        key=choice_key(factors), names=[f"factor {f}" for f in factors],
+                        load=load)
 
 
 @dataclass(frozen=True)
@@ -311,10 +340,13 @@ class Timed:
 
 def measure_shape(m: int, n: int, k: int, factors: Sequence[int] = FACTORS,
                   warmup: int = WARMUP, repeats: int = REPEATS, with_iree: bool = False,
-                  step: Callable[[str], None] | None = None) -> list[Timed]:
+                  step: Callable[[str], None] | None = None,
+                  criteria: Callable[[list[int]], Callable[[np.ndarray], Sequence[Criterion]]]
+                  | None = None) -> tuple[list[Timed], Measured]:
     """Every factor of ``factors_of(k, factors)`` the target plans (and, ``with_iree``, IREE's
-    own unsplit compile, factor 0) prepared, then timed in interleaved rounds (``time_rounds``).
-    ``step`` hears each stage."""
+    own unsplit compile, factor 0) prepared, then timed in interleaved rounds until stable
+    (``time_shape``; ``criteria(ways' factors)``: what must be stable, ``choice_criteria``
+    unless given). ``step`` hears each stage."""
     say = step or (lambda _: None)
     say(f"{m}x{n}x{k}: inputs and the unplanned output")
     ops = operands(m, n, k)
@@ -330,25 +362,48 @@ def measure_shape(m: int, n: int, k: int, factors: Sequence[int] = FACTORS,
     if with_iree:
         say(f"{m}x{n}x{k}: IREE's unsplit matmul: compile, check")
         prepared.append(prepare_unsplit_iree(m, n, k, ops))
-    say(f"{m}x{n}x{k}: timing {len(prepared)} ways")
-    times = time_rounds([p.once for p in prepared], warmup, repeats)
-    return [Timed(p.m, p.n, p.k, p.factor, p.compile_s, p.cached, p.max_abs_err, tuple(t))
-            for p, t in zip(prepared, times, strict=True)]
+    say(f"{m}x{n}x{k}: timing {len(prepared)} ways until stable")
+    ways = [p.factor for p in prepared]
+    measured = time_shape([p.once for p in prepared], ways,
+                          None if criteria is None else criteria(ways), warmup,
+                          shape_rules(repeats))
+    return [Timed(p.m, p.n, p.k, p.factor, p.compile_s, p.cached, p.max_abs_err,
+                  tuple(v for v in t if not np.isnan(v)))
+            for p, t in zip(prepared, measured.seconds, strict=True)], measured
 
 
-def shape_times(timed: Sequence[Timed]) -> ShapeTimes:
-    """The host table's record of one shape's timings (IREE's own compile left out)."""
+def shape_times(timed: Sequence[Timed], measured: Measured | None = None) -> ShapeTimes:
+    """The host table's record of one shape's timings (IREE's own compile left out), with the
+    rounds and the spread of the chosen factor's least time where ``measured``."""
     first = timed[0]
-    return ShapeTimes(first.m, first.n, first.k,
-                      tuple((t.factor, t.least) for t in timed if t.factor > 0))
+    times = tuple((t.factor, t.least) for t in timed if t.factor > 0)
+    spread = 0.0
+    if measured is not None:  # the chosen factor's least time, known within this fraction
+        chosen = chosen_factor(dict(times))
+        spread = measured.spread[[t.factor for t in timed].index(chosen)]
+    return ShapeTimes(first.m, first.n, first.k, times,
+                      measured.rounds if measured is not None else 0, round(spread, 4))
+
+
+def trust(shapes: Sequence[ShapeTimes], measured: Sequence[Measured]) -> HostMeasurement:
+    """The shapes as a measurer's answer: trusted where every shape's measurement is (stable,
+    its choice within ``REGRET`` of the fastest, no load over the cores), else why not."""
+    load = Load.across([m.load for m in measured])
+    bad = [(s, m) for s, m in zip(shapes, measured, strict=True) if not m.trusted]
+    why = ""
+    if bad:
+        s, m = bad[0]
+        why = (f"{len(bad)} of {len(shapes)} shapes could not be trusted ({s.m}x{s.n}x{s.k}: "
+               f"{m.untrusted_why})")
+    return HostMeasurement(tuple(shapes), not bad, why, (load.before, load.after))
 
 
 def measure(shapes: Sequence[tuple[int, int, int]], console: Console | None = None,
             factors: Sequence[int] = FACTORS, warmup: int = WARMUP, repeats: int = REPEATS
-            ) -> list[ShapeTimes]:
+            ) -> HostMeasurement:
     """Time every factor of each shape (``measure_shape``) under a progress bar."""
     console = console or Console(stderr=True)
-    out = []
+    out, noise = [], []
     # redrawn between steps only: a refresh thread would share the cores being timed
     with Progress(console=console, transient=True, auto_refresh=False) as progress:
         task = progress.add_task("split-K table", total=len(shapes))
@@ -358,17 +413,25 @@ def measure(shapes: Sequence[tuple[int, int, int]], console: Console | None = No
             progress.refresh()
 
         for m, n, k in shapes:
-            out.append(shape_times(measure_shape(m, n, k, factors, warmup, repeats,
-                                                 step=step)))
+            timed, measured = measure_shape(m, n, k, factors, warmup, repeats, step=step)
+            out.append(shape_times(timed, measured))
+            noise.append(measured)
             progress.advance(task)
             progress.refresh()
-    return out
+    return trust(out, noise)
 
 
-def measure_host(key: HostKey) -> list[ShapeTimes]:
+def measure_host(key: HostKey, load: Callable[[], float | None] = load_average
+                 ) -> HostMeasurement:
     """The measurer ``apportion.targets`` registers: the default shapes on this host, with a
-    progress bar on stderr."""
+    progress bar on stderr; nothing measured where the load average is already over the
+    machine's cores (the measurement could not be trusted)."""
     console = Console(stderr=True)
+    before = load()
+    if before is not None and before > key.cores:
+        return HostMeasurement((), False, f"the load average {before:.2f} is over this "
+                               f"machine's {key.cores} cores, so nothing was measured",
+                               (before, None))
     shapes = default_shapes()
     console.print(f"measuring the split-K table of this host ({key.model}, {key.cores} cores, "
                   f"IREE {key.iree}): {len(shapes)} matmul shapes, once per host",
@@ -398,11 +461,14 @@ def host_table_view(table: HostTable) -> Table:
 
 def measure_table_again(console: Console) -> HostTable | None:
     """``calibrate --measure``'s part: this host's split-K table measured (again, unless this
-    process just measured it), cached and printed (None: ``APPORTION_CPU_SPLIT_K=shipped``)."""
+    process just measured it), cached and printed (None: ``APPORTION_CPU_SPLIT_K=shipped``, or
+    a measurement that could not be trusted, which is not cached)."""
     table = host_table(measure_again=True)
     if table is None:
+        why = untrusted_why()
         console.print("split-K table: APPORTION_CPU_SPLIT_K=shipped, the shipped table applies; "
-                      "not measured", highlight=False)
+                      "not measured" if why is None else f"split-K table: not cached ({why}); "
+                      "the shipped table applies", highlight=False)
         return None
     console.print(host_table_view(table))
     return table

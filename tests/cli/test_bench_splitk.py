@@ -4,12 +4,14 @@ measuring bench."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 
 import apportion as ap
 from apportion.cli import bench_splitk
+from apportion.cli import goals as bench_goals
 from apportion.cli.main import main
 from apportion.frontend.models import load_models
 from apportion.target.presets import CPU_SPLIT_K
@@ -113,6 +115,52 @@ def test_an_unmeasured_pick_misses_the_goal():
     assert v.ratio is None
     (goal,) = bench_splitk.goals([v])
     assert not goal.met and "pick 8" in goal.figure
+
+
+def rounds(ms: dict[int, list[float]], k_full: int = 4096) -> bench_splitk.Shape:
+    """A shape timed in rounds: each way's ms per round, the rounds interleaved."""
+    return bench_splitk.Shape(k_full, tuple(
+        Timed(1, 64, 4096, f, 0.0, True, 0.0, tuple(t / 1e3 for t in ts))
+        for f, ts in ms.items()))
+
+
+def test_a_pick_near_the_goal_under_noise_is_inconclusive_not_met_nor_missed():
+    # the pick's one quiet round makes it 0.92 of the fastest; its other rounds 0.82: the
+    # resampled rounds hold the goal 0.9, so it is too noisy to pass or fail
+    s = rounds({1: [10.0] * 4, 2: [5.0, 5.6, 5.6, 5.6], 4: [5.6, 4.6, 4.6, 4.6]})
+    v = bench_splitk.verdict(s, lambda m, n, k: 2)
+    ratio = bench_splitk.goals([v], [s])[0]
+    assert ratio.inconclusive and not ratio.met and ratio.state == "inconclusive"
+    assert ratio.figure.startswith("0.92 [0.82, 0.92] (1x64x4096: pick 2, fastest 4")
+    assert "too noisy: its interval 0.821 to 0.92 holds the bound 0.9" in ratio.figure
+    goals = bench_splitk.goals([v], [s])
+    assert bench_goals.status("splitk", goals, check=True, err=io.StringIO()) == \
+        bench_goals.INCONCLUSIVE
+    assert bench_goals.status("splitk", goals, check=False) == 0
+
+
+def test_steady_rounds_judge_the_goals_and_a_missed_one_fails_whatever_is_inconclusive():
+    steady = rounds({1: [10.0, 10.1, 10.0], 2: [5.2, 5.3, 5.2], 4: [5.0, 5.1, 5.0]})
+    far = rounds({1: [10.0, 10.1, 10.0], 2: [12.0, 12.2, 12.0], 4: [5.0, 5.1, 5.0]})
+    noisy = rounds({1: [10.0] * 4, 2: [5.0, 5.6, 5.6, 5.6], 4: [5.6, 4.6, 4.6, 4.6]})
+    shapes = [steady, noisy, far]
+    verdicts = [bench_splitk.verdict(s, lambda m, n, k: 2) for s in shapes]
+    assert [g.met for g in bench_splitk.goals(verdicts[:1], shapes[:1])] == [True, True, True]
+    goals = bench_splitk.goals(verdicts, shapes)
+    assert [g.state for g in goals[:2]] == ["MISSED", "MISSED"]
+    assert bench_goals.status("splitk", goals, check=True, err=io.StringIO()) == 1
+
+
+def test_a_shape_timed_under_a_load_over_the_cores_decides_no_goal():
+    from apportion.cost.noise import Load, Measured
+
+    quiet = rounds({1: [10.0, 10.1, 10.0], 2: [5.2, 5.3, 5.2], 4: [5.0, 5.1, 5.0]})
+    loaded = Measured(tuple(t.seconds for t in quiet.timed), (), True, "", Load(0.5, 9.0, 2))
+    s = bench_splitk.Shape(4096, quiet.timed, loaded)
+    ratio, slower, _ = bench_splitk.goals([bench_splitk.verdict(s, lambda m, n, k: 2)], [s])
+    assert ratio.inconclusive and slower.inconclusive
+    assert ratio.figure.endswith("too noisy: the load average 9.00 was over the machine's 2 "
+                                 "cores")
 
 
 def test_bench_splitk_refuses_options_of_other_suites(capsys):

@@ -58,12 +58,18 @@ def test_rows_reach_twice_and_half_a_shape_and_no_plain_reduction():
     assert table_slices(rows, ReductionShape(1, 128, 1, 32768)) is None  # a row sum's N is 1
 
 
-@given(st.lists(st.tuples(extent, extent, extent, times), min_size=0, max_size=4),
-       st.integers(1, 512))
-def test_a_host_table_reads_back_as_written(shapes, cores):
+def _measurable(k: int, t: dict[int, float]) -> tuple[tuple[int, float], ...]:
+    """``t`` cut to the factors measuring tries for ``k``."""
+    return tuple((f, s) for f, s in t.items() if f in host.factors_of(k))
+
+
+@given(st.lists(st.tuples(extent, extent, extent, times, st.integers(0, 300),
+                          st.floats(0, 1)), min_size=0, max_size=4),
+       st.integers(1, 512), st.one_of(st.none(), st.floats(0, 64)))
+def test_a_host_table_reads_back_as_written(shapes, cores, load):
     table = host.HostTable(host.HostKey("x86_64\nmodel name : test", cores, "3.13.0"),
-                           tuple(host.ShapeTimes(m, n, k, tuple(t.items()))
-                                 for m, n, k, t in shapes))
+                           tuple(host.ShapeTimes(m, n, k, _measurable(k, t), r, spread)
+                                 for m, n, k, t, r, spread in shapes), (load, load))
     assert host.HostTable.from_doc(json.loads(json.dumps(table.to_doc()))) == table
 
 
@@ -159,6 +165,141 @@ def test_a_measurement_without_no_split_or_with_a_bad_time_is_refused():
         host.ShapeTimes(1, 64, 4096, ((2, 1.0),))
     with pytest.raises(TargetError, match="factor 2 took -1.0"):
         host.ShapeTimes(1, 64, 4096, ((1, 1.0), (2, -1.0)))
+    for bad in (float("inf"), float("nan"), True):
+        with pytest.raises(TargetError, match="factor 2 took"):
+            host.ShapeTimes(1, 64, 4096, ((1, 1.0), (2, bad)))
+
+
+# --- cache trust ---------------------------------------------------------------------------
+
+def _cached(folder, doc) -> None:
+    path = host.cache_path(host.host_key())
+    folder.mkdir(exist_ok=True)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("factor", [40960, 3, 128])
+def test_a_cached_factor_measuring_never_tries_is_reported_and_measured_again(
+        measured_here, caplog, factor):
+    # 40960 ways on 2 cores was planned as read; 3 is no factor tried; 128 slices of 32768
+    # hold 256 each, but measuring stops at 64
+    fake, folder = measured_here
+    doc = host.HostTable(host.host_key(), (synthetic(32, 32, 40960, best=2),)).to_doc()
+    doc["shapes"][0]["seconds"][str(factor)] = 1e-6
+    _cached(folder, doc)
+    assert host.host_table().rows[0].slices == 16 and fake.calls == 1
+    assert f"names factor {factor}, which measuring never tries" in caplog.text
+    assert "measuring again" in caplog.text
+
+
+def test_a_cached_table_of_nonsense_times_is_measured_again(measured_here, caplog):
+    fake, folder = measured_here
+    doc = host.HostTable(host.host_key(), (synthetic(best=2),)).to_doc()
+    doc["shapes"][0]["seconds"]["2"] = "fast"
+    _cached(folder, doc)
+    assert host.host_table().rows[0].slices == 16 and fake.calls == 1
+    assert "bad field" in caplog.text
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_cache_path_that_is_not_a_regular_file_is_refused_naming_it_without_blocking(
+        measured_here, kind):
+    import os
+
+    fake, folder = measured_here
+    path = host.cache_path(host.host_key())
+    folder.mkdir(exist_ok=True)
+    os.mkfifo(path) if kind == "fifo" else path.mkdir()
+    what = "a FIFO" if kind == "fifo" else "a folder"
+    with pytest.raises(TargetError, match=f"{path.name}' is {what}, not a regular file: "
+                                          "remove it"):
+        cpu()  # a plain open of the FIFO would block here for ever
+    assert fake.calls == 0
+
+
+def test_a_lock_that_is_not_a_regular_file_is_refused_naming_it(measured_here):
+    import os
+
+    fake, folder = measured_here
+    folder.mkdir(exist_ok=True)
+    lock = host.cache_path(host.host_key()).with_suffix(".lock")
+    os.mkfifo(lock)
+    with pytest.raises(TargetError, match=f"{lock.name}' is a FIFO"):
+        host.host_table()
+    assert fake.calls == 0
+
+
+def test_a_process_waiting_for_anothers_measurement_says_so_naming_the_lock_and_pid(
+        measured_here, caplog):
+    import fcntl
+    import threading
+
+    fake, folder = measured_here
+    folder.mkdir(exist_ok=True)
+    lock = host.cache_path(host.host_key()).with_suffix(".lock")
+    lock.write_text("4242")
+    holder = open(lock, "r+")  # noqa: SIM115 - the other process's hold, released below
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    table = host.HostTable(host.host_key(), (synthetic(best=4),))
+
+    def finish() -> None:  # the other process caches its table, then lets go
+        host.write_table(host.cache_path(host.host_key()), table)
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        holder.close()
+
+    waiting = threading.Timer(0.2, finish)
+    waiting.start()
+    try:
+        got = host.host_table()
+    finally:
+        waiting.join()
+    assert got == table and fake.calls == 0  # it read what the other one measured
+    (line,) = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert line == f"waiting for process 4242 measuring this host's split-K table (it holds " \
+                   f"{lock})"
+    assert lock.read_text() == str(__import__("os").getpid())
+
+
+class Untrusted:
+    """A measurer whose measurement could not be trusted."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, key: host.HostKey) -> host.HostMeasurement:
+        self.calls += 1
+        return host.HostMeasurement((synthetic(best=8),), False,
+                                    "the load average 6.80 was over the machine's 2 cores",
+                                    (6.8, 7.1))
+
+
+def test_an_untrusted_measurement_is_not_cached_and_the_shipped_table_plans_this_run(
+        monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("APPORTION_CPU_SPLIT_K", "host")
+    fake = Untrusted()
+    with host.injected(fake, tmp_path):
+        assert host.host_table() is None and cpu().split_k_table == CPU_SPLIT_K
+        assert cpu().split_k_table == CPU_SPLIT_K and fake.calls == 1  # once a process
+        assert host.untrusted_why() == "the load average 6.80 was over the machine's 2 cores"
+    assert not list(tmp_path.glob("*.json"))
+    (line,) = [r.getMessage() for r in caplog.records if "not cached" in r.getMessage()]
+    assert line.startswith("this host's split-K table is not cached: the load average 6.80 "
+                           "was over the machine's 2 cores; this run plans with the shipped "
+                           "table")
+
+
+def test_a_trusted_measurement_records_its_load_and_spread_in_the_cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("APPORTION_CPU_SPLIT_K", "host")
+    shape = host.ShapeTimes(1, 4096, 14336, synthetic(best=4).seconds, 17, 0.031)
+
+    def measured(key: host.HostKey) -> host.HostMeasurement:
+        return host.HostMeasurement((shape,), True, "", (0.25, 1.5))
+
+    with host.injected(measured, tmp_path):
+        host.host_table()
+    doc = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert doc["load"] == {"before": 0.25, "after": 1.5}
+    assert (doc["shapes"][0]["rounds"], doc["shapes"][0]["spread"]) == (17, 0.031)
 
 
 def test_a_host_table_of_no_shapes_leaves_every_split_to_the_cost_model(monkeypatch, tmp_path):
