@@ -501,10 +501,12 @@ def to_dict(p: Program) -> dict[str, Any]:
                for t in p.tensors if t.name not in implied}
     ops = []
     for o in p.ops:
-        # dims an input's axis sizes whole; a leading slice (x[:, :n]) needs its size written
-        alone = {e.single_dim for a in o.ins
+        # dims an input's axis sizes whole; a leading slice (x[:, :n]) needs its size written,
+        # even where another input reads the dim whole (the reader takes the first size met)
+        reads = [(e.single_dim, o.sizes[e.single_dim] == n) for a in o.ins
                  for e, n in zip(a.index, p.tensor(a.tensor).shape, strict=True)
-                 if e.single_dim and o.sizes[e.single_dim] == n}
+                 if e.single_dim]
+        alone = {d for d, whole in reads if whole} - {d for d, whole in reads if not whole}
         od: dict[str, Any] = {"name": o.name, "op": o.fn, "out": str(o.out),
                               "ins": [str(a) for a in o.ins]}
         extra = {d: n for d, n in o.dims if d not in alone}

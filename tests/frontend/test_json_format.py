@@ -14,6 +14,16 @@ def test_examples_round_trip_through_print_and_parse(path):
     assert loads(dumps(p)) == p
 
 
+def test_a_leading_slice_of_one_input_read_whole_by_another_round_trips():
+    # x's 12 rows are read by i < 6, which z's 6 rows size whole: the dim must still be written
+    p = loads("""{"tensors": {"x": {"shape": [12, 8], "dtype": "float32"},
+      "z": {"shape": [6, 8], "dtype": "float32"}}, "inputs": ["x", "z"], "outputs": ["y"],
+      "ops": [{"name": "a", "op": "add", "out": "y[i,j]", "ins": ["x[i,j]", "z[i,j]"],
+               "dims": {"i": 6}}]}""")
+    assert p.ops[0].sizes["i"] == 6
+    assert loads(dumps(p)) == p
+
+
 def test_missing_file_is_a_program_error():
     with pytest.raises(ProgramError, match="cannot read"):
         load("no/such/file.json")

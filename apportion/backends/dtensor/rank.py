@@ -233,14 +233,25 @@ def to_numpy(t: Any, dtype: str) -> np.ndarray:
 def native_form(op: Op, program: Program) -> str | None:
     """``matmul`` or ``pointwise`` when torch runs ``op`` on DTensors (a 2-D or batched matmul
     read as ``[m, k] x [k, n]``; a pointwise kind over float operands read alike, with a
-    formula and no conditions); None otherwise.
+    formula and no conditions) and reading each input whole; None otherwise. A torch op on
+    DTensors computes over its operands' whole (local) shapes, so an op reading a leading
+    slice of one (``x[:n]`` of a longer axis) runs on the local shards instead.
 
-    >>> from apportion.frontend.json_format import load
+    >>> from apportion.frontend.json_format import load, from_dict
     >>> p = load("examples/mlp.json")
     >>> [native_form(o, p) for o in p.ops]
     ['matmul', 'matmul', 'pointwise', 'pointwise', 'matmul']
+    >>> lead = from_dict({"name": "lead", "inputs": ["x"], "outputs": ["y"],
+    ...     "tensors": {"x": {"shape": [12, 8], "dtype": "float32"}},
+    ...     "ops": [{"name": "cp", "op": "exp", "out": "y[i,j]", "ins": ["x[i,j]"],
+    ...              "dims": {"i": 6}}]})
+    >>> native_form(lead.ops[0], lead) is None
+    True
     """
     if any(e.single_dim is None for a in op.operands for e in a.index):
+        return None
+    if any(op.sizes[e.single_dim] != n for a in op.ins
+           for e, n in zip(a.index, program.tensor(a.tensor).shape, strict=True)):
         return None
     if any(program.tensor(a.tensor).dtype not in FLOATS for a in op.operands):
         return None

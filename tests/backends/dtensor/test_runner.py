@@ -64,6 +64,22 @@ POINTWISE = [("exp", "x"), ("tanh", "x"), ("sigmoid", "x"), ("silu", "x"), ("gel
              ("pow", "p", "y")]
 
 
+def leading_slice():
+    """Ops reading the leading part of longer inputs (``dims`` declared below the axes): a
+    pointwise op over x's first 6 of 12 rows beside z read whole, and a matmul over w's first 8
+    of 12 rows. Torch on the DTensors would compute over the whole axes."""
+    return from_dict({
+        "name": "lead", "inputs": ["x", "z", "a", "w"], "outputs": ["y", "p"],
+        "tensors": {"x": {"shape": [12, 8], "dtype": "float32"},
+                    "z": {"shape": [6, 8], "dtype": "float32"},
+                    "a": {"shape": [4, 8], "dtype": "float32"},
+                    "w": {"shape": [12, 6], "dtype": "float32"}},
+        "ops": [{"name": "sl", "op": "add", "out": "y[i,j]", "ins": ["x[i,j]", "z[i,j]"],
+                 "dims": {"i": 6}},
+                {"name": "mk", "op": "matmul", "out": "p[m,n]", "ins": ["a[m,k]", "w[k,n]"],
+                 "dims": {"k": 8}}]})
+
+
 def pointwise():
     """Every float pointwise kind of ``POINTWISE`` on x, y and p (> 0), one output each."""
     ops = [{"name": f"k{i}", "op": fn, "out": f"o{i}[i,j]",
@@ -99,6 +115,12 @@ PLANS = {
         "wq": COLS, "wk": COLS, "wv": COLS, "wo": S((("tp",), ())), "x": REP, "y": REP}),
     "pointwise kinds": lambda: propagate(pointwise(), TP, annotations={
         "x": S((("tp",), ())), "y": S((("tp",), ())), "one": S((("tp",), ()))}),
+    # leading slices: cut along the read whole dim (native on DTensors were it whole), and
+    # along the sliced one (x's rows 6..12 are nobody's read; w's k gathered)
+    "leading slice by columns": lambda: propagate(leading_slice(), TP, annotations={
+        "x": COLS, "z": COLS, "a": REP, "w": COLS}),
+    "leading slice by rows": lambda: propagate(leading_slice(), TP, annotations={
+        "x": S((("tp",), ())), "z": S((("tp",), ())), "a": REP, "w": S((("tp",), ()))}),
     # planned at N=4, lowered and run at N=2 (lower_plan's sizes bind it)
     "symbolic mesh": lambda: propagate(mlp(), parse("tp=N~4"), annotations={
         "x": REP, "w1": S(((), ("tp",))), "w2": S((("tp",), ())), "y": REP}),
@@ -108,7 +130,8 @@ COLLECTIVES = {"megatron": "1 all_reduce", "data-parallel": "none",
                "k-split reduce-scatter": "1 reduce_scatter", "mean split": "1 all_reduce",
                "argmax all-reduce": "1 all_reduce", "argmax reduce-scatter": "1 reduce_scatter",
                "merged heads": "1 all_reduce", "symbolic mesh": "1 all_reduce",
-               "pointwise kinds": "none"}
+               "pointwise kinds": "none", "leading slice by columns": "none",
+               "leading slice by rows": "1 all_gather, 1 all_to_all"}
 #: inputs with ties, NaNs and signed zeros where an argmax's pick is at stake
 INPUTS = {"argmax all-reduce": hard_inputs, "argmax reduce-scatter": hard_inputs}
 
@@ -158,7 +181,9 @@ def test_two_gloo_processes_match_the_single_device_result(runs, name):
     # through a sum of dims ran on the local shards
     assert run.placement_checks >= len(plan.ops) + len(plan.program.inputs)
     plain = {o.name for o in plan.program.ops if o.kind.name == "matmul" and
-             all(e.single_dim for a in o.operands for e in a.index)}
+             all(e.single_dim for a in o.operands for e in a.index) and
+             all(o.sizes[e.single_dim] == n for a in o.ins
+                 for e, n in zip(a.index, plan.program.tensor(a.tensor).shape, strict=True))}
     assert plain <= set(run.native_ops)
 
 
@@ -167,6 +192,16 @@ def test_pointwise_kinds_run_on_the_dtensors_by_the_registry_s_formula(runs):
     assert all(c.ok for c in checks), [c for c in checks if not c.ok]
     # no table of kind names: each ran as its formula on torch, DTensor placing the result
     assert {f"k{i}" for i in range(len(POINTWISE))} <= set(run.native_ops)
+
+
+@pytest.mark.parametrize("name", ["leading slice by columns", "leading slice by rows"])
+def test_an_op_reading_a_leading_slice_runs_on_the_local_shards_as_the_unplanned_program(
+        runs, name):
+    plan, checks, run = runs[name]
+    assert all(c.ok for c in checks), [c for c in checks if not c.ok]
+    assert {c.tensor for c in checks} == {"y", "p"}
+    # torch would compute over the DTensors' whole axes, 12 rows, where the ops read 6 and 8
+    assert not {"sl", "mk"} & set(run.native_ops)
 
 
 def test_a_split_mean_waits_as_a_sum_and_a_split_argmax_as_keys_then_gathers_exactly(runs):
