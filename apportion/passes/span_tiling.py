@@ -16,7 +16,12 @@ target's ``max_loop_count``, smallest first, until the tile's per-iteration cont
 under the strategy; the smallest count over all dims wins, ties going to the lower predicted time
 of the whole loop (count times one tile's time under the strategy's split), then to dims the
 output indexes (a tiled reduction dim accumulates), then to outer dims. A reduction dim is a
-candidate only when its kind accumulates across loop iterations (``Reducer.tileable``).
+candidate only when its kind accumulates across loop iterations (``Reducer.tileable``). Where no
+tile of whole sticks fits, the same choice runs over tiles of part of a stick of a dim the op
+only reads (one its output's innermost index does not use), any count dividing its elements:
+a reduction over GPT-2's 50257-word vocabulary in float32 (a padded last stick, which Spyre
+cannot split over cores) loops over 29 tiles of 1733 words. Each tile's span counts the stick
+its first word lies in (``geometry.Reach``).
 
 Fallback ops (one core, whole) and ops already in a tiling group are left alone, and an op no
 single-dim loop fits keeps the strategy's error. In a program with run-time sizes
@@ -148,22 +153,37 @@ def span_tiling(program: Program, target: Target, lay: Layouts, strategy: Strate
     return SpanTiling(replace(program, tiling=tuple(groups)), added)
 
 
-def loop_candidates(op: Op, per: Mapping[str, int], max_count: int) -> list[tuple[str, int]]:
+def loop_candidates(op: Op, per: Mapping[str, int], max_count: int,
+                    part_stick: bool = False) -> list[tuple[str, int]]:
     """(dim, count) pairs a one-level loop around ``op`` may take: counts > 1 dividing the dim
     into whole planning units of ``per`` elements, within ``max_count``; parallel dims, then
     reduction dims whose kind accumulates across iterations.
+
+    With ``part_stick``, instead the counts that divide a stick dim the op only reads (not in
+    its output's innermost index) into tiles of part of a stick: the elements it has, where
+    whole sticks do not divide it (a padded last stick: GPT-2's 50257-word vocabulary is 29
+    tiles of 1733). Each iteration loads part of a stick; none writes one another writes.
 
     >>> from apportion.ir.op import Access
     >>> op = Op.build("e", "exp", Access.parse("y[m,n]"), (Access.parse("x[m,n]"),),
     ...               {"m": 6, "n": 128})
     >>> loop_candidates(op, {"m": 1, "n": 64}, 100)
     [('m', 2), ('m', 3), ('m', 6), ('n', 2)]
+    >>> op = Op.build("s", "sum", Access.parse("y[m,0]"), (Access.parse("x[m,n]"),),
+    ...               {"m": 2, "n": 96})
+    >>> [c for _, c in loop_candidates(op, {"m": 1, "n": 64}, 100, part_stick=True)]
+    [2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96]
     """
     dims = [*op.parallel_dims,
             *(op.reduction_dims if op.kind.tileable_reduction else ())]
+    written = set(op.out.index[-1].dims) if op.out.index else set()
     out = []
     for d in dims:
         n, unit = op.sizes[d], per.get(d, 1)
+        if part_stick:
+            if unit > 1 and d not in written:
+                out += [(d, c) for c in divisors(n, max_count) if c > 1 and (n // c) % unit]
+            continue
         if n % unit:
             continue  # a padded last stick: tiles of whole sticks cannot cover it evenly
         out += [(d, c) for c in divisors(n // unit, max_count) if c > 1]
@@ -174,12 +194,26 @@ def choose_loop(ctx: OpContext, strategy: Strategy, max_count: int,
                 cache: PlanCache | None = None, keep: frozenset[str] = frozenset()
                 ) -> tuple[str, int] | None:
     """The dim and count of the loop around ``ctx.op`` (see the module docstring), or None;
-    dims in ``keep`` (run-time sizes) are never cut."""
+    dims in ``keep`` (run-time sizes) are never cut. Tiles of whole sticks first; where none
+    fits, tiles of part of a stick of a dim the op only reads (``loop_candidates``), which
+    read a stick at each tile boundary twice."""
+    for part_stick in (False, True):
+        found = _choose_among(ctx, strategy, cache, [
+            (d, c) for d, c in loop_candidates(ctx.op, ctx.per, max_count, part_stick)
+            if d not in keep])
+        if found is not None:
+            return found
+    return None
+
+
+def _choose_among(ctx: OpContext, strategy: Strategy, cache: PlanCache | None,
+                  candidates: list[tuple[str, int]]) -> tuple[str, int] | None:
+    """The smallest count of ``candidates`` whose tile fits (ties: the lower predicted time
+    of the whole loop, then output dims, then outer dims), or None."""
     op = ctx.op
-    per = ctx.per
     best_count: dict[str, int] = {}
-    for d, c in loop_candidates(op, per, max_count):
-        if d in keep or d in best_count or any(c > b for b in best_count.values()):
+    for d, c in candidates:
+        if d in best_count or any(c > b for b in best_count.values()):
             continue  # this dim already fits at a smaller count, or another dim does
         tile = _tile_ctx(ctx, d, c)
         if fits(tile, strategy):

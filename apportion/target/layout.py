@@ -72,8 +72,9 @@ class DeviceLayout:
         for d in self.dims:
             e = extents[d.tensor_dim]
             if d.part == "sticks":
-                # integer ceil: exact for any size
-                e = -(-(offset + e) // self.elems_per_stick)
+                # integer ceil: exact for any size; no more sticks than the tensor has (the
+                # offset is the furthest a box may start, not where a box at its end does)
+                e = min(-(-(offset + e) // self.elems_per_stick), d.size)
             elif d.part == "in_stick":
                 e = min(e, self.elems_per_stick) if d.tensor_dim == inner else e
             if e > 1:

@@ -233,3 +233,97 @@ def test_a_static_op_of_a_program_with_run_time_sizes_gets_its_loop():
                    {"name": "big", "op": "exp", "out": "w[a,b,c,d]", "ins": ["z[a,b,c,d]"]}]}
     p = ap.plan(loads(json.dumps(doc)), spyre(cores=4), strategy="greedy")
     assert p.plan.op("big").loop.count == (5,) and p.plan.op("e").loop is None
+
+
+# -- part-stick tiles of a dim the op only reads (issue 28) ----------------------------------
+
+#: GPT-2's vocabulary: 50257 = 29 x 1733 float32 words, 1571 sticks of 32 with the last padded
+VOCAB = 50257
+
+
+def vocab_softmax(rows: int):
+    """A softmax over [rows, VOCAB] float32, one op per step."""
+    return program({"x": ([rows, VOCAB], "float32")},
+                   [{"name": "mx", "op": "max", "out": "m[r,0]", "ins": ["x[r,v]"]},
+                    {"name": "sb", "op": "sub", "out": "d[r,v]", "ins": ["x[r,v]", "m[r,0]"]},
+                    {"name": "ex", "op": "exp", "out": "e[r,v]", "ins": ["d[r,v]"]},
+                    {"name": "sm", "op": "sum", "out": "s[r,0]", "ins": ["e[r,v]"]},
+                    {"name": "dv", "op": "div", "out": "y[r,v]", "ins": ["e[r,v]", "s[r,0]"]}],
+                   ["y"])
+
+
+def vocab_reduction(fn: str, rows: int):
+    return program({"x": ([rows, VOCAB], "float32")},
+                   [{"name": "s", "op": fn, "out": "y[r,0]", "ins": ["x[r,v]"]}], ["y"])
+
+
+@pytest.mark.parametrize("strategy", ["balanced", "greedy"])
+def test_a_sum_over_the_full_size_gpt2_vocabulary_loops_over_part_stick_tiles(strategy):
+    # 2048 rows of 1571 sticks span 393 MiB on any number of cores: the rows lie inside each
+    # stick column, and Spyre cannot split a reduction dim with a padded last stick
+    p = plan(vocab_reduction("sum", 2048), spyre(), strategy)
+    o = p.op("s")
+    assert o.loop.count == (29,) and o.loop.tiled_dims == (("v",),) and o.sizes["v"] == 1733
+    assert p.groups[0].added == "span"
+    # a tile of 1733 words may start up to 31 into a stick: 56 sticks of 2048 rows
+    assert dict(o.span_bytes)["x"] == 56 * 2048 * 128 <= spyre().span_limit
+
+
+def test_a_softmax_over_the_full_size_gpt2_vocabulary_plans():
+    p = plan(vocab_softmax(2048), spyre(), "balanced")
+    assert {o.name for o in p.ops if o.loop is not None} == {"mx", "sm"}
+    assert all(s <= spyre().span_limit for o in p.ops for _, s in o.span_bytes)
+
+
+#: the full vocabulary in 2 rows, on a limit that holds the pointwise steps split over 4 cores
+#: (393 sticks of 2 rows) but no whole row of it (1571 sticks)
+VOCAB_TARGET = dataclasses.replace(spyre(cores=4), span_limit=128 * 1024)
+
+
+@pytest.mark.parametrize("fn", ["sum", "max", "mean"])
+def test_a_reduction_over_the_vocabulary_runs_exactly_in_part_stick_tiles(fn):
+    p = planned_and_checked(vocab_reduction(fn, 2), VOCAB_TARGET, "balanced")
+    assert p.op("s").loop.count == (29,) and p.op("s").sizes["v"] == 1733
+
+
+def test_a_softmax_over_the_vocabulary_runs_exactly_with_its_reductions_looped():
+    p = planned_and_checked(vocab_softmax(2), VOCAB_TARGET, "balanced")
+    assert p.op("mx").loop.count == p.op("sm").loop.count == (29,)
+    assert p.op("sb").loop is None and p.op("sb").split_map["v"] == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch", "iree", "openmp"])
+def test_a_vocabulary_reduction_in_part_stick_tiles_runs_on_every_backend(backend):
+    p = ap.plan(vocab_reduction("sum", 2), VOCAB_TARGET)
+    checks = p.check(backend=backend)
+    assert all(c.ok for c in checks), checks
+
+
+def test_a_matmul_over_a_padded_k_loops_over_part_stick_tiles():
+    prog = program({"x": ([4, VOCAB], "float32"), "w": ([VOCAB, 8], "float32")},
+                   [{"name": "mm", "op": "matmul", "out": "h[m,n]",
+                     "ins": ["x[m,k]", "w[k,n]"]}], ["h"])
+    p = planned_and_checked(prog, tiny(cores=1), "greedy")
+    assert p.op("mm").loop.count == (29,) and p.op("mm").loop.tiled_dims == (("k",),)
+
+
+def test_tiles_of_whole_sticks_are_chosen_where_one_fits():
+    # 3 float16 sticks over a 2-stick limit: 3 tiles of one stick fit, and so would 2 tiles of
+    # a stick and a half (2 sticks each), which read the middle stick twice
+    prog = program({"x": ([1, 3 * 64], "float16")},
+                   [{"name": "s", "op": "sum", "out": "y[m,0]", "ins": ["x[m,k]"]}], ["y"])
+    target = tiny(cores=1, limit=2 * 128)
+    assert choose_loop(_ctx(prog, target), Greedy(), 65535) == ("k", 3)
+    assert choose_loop(_ctx(prog, target), Greedy(), 2) == ("k", 2)  # where 3 is over the limit
+
+
+def test_a_padded_dim_the_op_writes_is_never_cut_inside_a_stick():
+    # exp writes y along v: two iterations would write one stick, so no loop is added
+    prog = program({"x": ([1, VOCAB], "float32")},
+                   [{"name": "e", "op": "exp", "out": "y[r,v]", "ins": ["x[r,v]"]}], ["y"])
+    target = dataclasses.replace(spyre(cores=1), span_limit=128 * 1024)
+    assert choose_loop(_ctx(prog, target), Greedy(), 65535) is None
+    with pytest.raises(PlanningError, match=r"op 'e': tensor 'x' \(dims r=1, v=50257\) spans "
+                                            r"201088 bytes per core > limit 131072"):
+        plan(prog, target, "greedy")
