@@ -57,6 +57,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT, help=f"the folder (default {OUT})")
     args = parser.parse_args()
     out = args.out
+    if out.exists() and any(out.iterdir()) and not (out / "index.json").is_file():
+        # replacing is for a set of bundles this tool wrote, never a folder of the user's
+        raise SystemExit(f"gpu_forall_build: {out} holds no index.json, so this tool did not "
+                         "write it; give a new or empty folder with --out")
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
