@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import errno
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from rich.console import Console
 
 from apportion.backends import BACKENDS
-from apportion.cli.params import is_decimal, parse_params
+from apportion.cli.params import int_in, parse_params, seconds
 from apportion.cli.report import print_checks
 from apportion.cli.usage import UsageError, make_folder, output_path
 from apportion.errors import ApportionError, ProgramError
@@ -62,33 +61,6 @@ class _Given(argparse.Action):
         setattr(namespace, f"{self.dest}_given", True)
 
 
-def _int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse ``type``: an integer >= ``low`` in plain ASCII digits (``int`` alone would
-    take ``1_6`` as 16 and other scripts' digits; argparse names the option)."""
-    def parse(text: str) -> int:
-        if not is_decimal(text):
-            raise argparse.ArgumentTypeError(
-                f"expected an integer >= {low}, got {text!r}")
-        value = int(text)
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {value}")
-        return value
-
-    return parse
-
-
-def _positive_seconds(text: str) -> float:
-    """An argparse ``type``: a finite number of seconds > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, got {text!r}"
-                                         ) from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
-    return value
-
-
 def _plot_folder(text: str) -> Path:
     """``--plot DIR``: the folder, made with its missing parents, and writable."""
     if not text:
@@ -113,7 +85,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="spyre", action=_Given,
                    help=f"a preset ({', '.join(PRESETS)}) or a target .toml file (default "
                         "spyre; with --mesh: the devices' target, over the mesh's own)")
-    p.add_argument("--cores", type=_int_at_least(1), default=None,
+    p.add_argument("--cores", type=int_in(1), default=None,
                    help="cores to use (spyre: 1..32; default SENCORES or 32)")
     p.add_argument("--strategy", choices=STRATEGIES, default="balanced",
                    help="balanced (default): the exact search, uneven splits included; greedy: "
@@ -623,9 +595,9 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="execute the plan slice by slice")
     _common(r)
     r.add_argument("--check", action="store_true", help="compare with the unplanned program")
-    r.add_argument("--threads", type=_int_at_least(1), default=None,
+    r.add_argument("--threads", type=int_in(1), default=None,
                    help="run cores concurrently")
-    r.add_argument("--seed", type=_int_at_least(0), default=0,
+    r.add_argument("--seed", type=int_in(0), default=0,
                    help="seed of the random inputs (default 0)")
     r.add_argument("--param", action="append", metavar="NAME=COUNT",
                    help="value of a symbolic loop count, e.g. --param T=4 (repeatable); with "
@@ -639,7 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "--mesh): one process per device on torch.distributed; bundle emits "
                         "(emit --bundle) and is refused here. Limits: docs/limits.md")
     shard_cli.add_mesh_options(r)
-    r.add_argument("--timeout", type=_positive_seconds, default=300.0,
+    r.add_argument("--timeout", type=seconds, default=300.0,
                    help="--backend dtensor: seconds before every rank is stopped (default 300)")
     r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="--backend dtensor: cpu (gloo), cuda (nccl, one GPU per device of the "
@@ -682,27 +654,27 @@ def build_parser() -> argparse.ArgumentParser:
                                              _torch_model))
     b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCH_SUITES)}")
     b.add_argument("suite", choices=BENCH_SUITES)
-    b.add_argument("--cores", type=_int_at_least(1), nargs="+", default=None,
+    b.add_argument("--cores", type=int_in(1), nargs="+", default=None,
                    help="core counts (spyre: 1..32; default 32 24 for workdiv, 32 for tiling "
                         "and e2e; forall: the plans' workers, default 8)")
     b.add_argument("--models", default=None, help="models.json (default: the packaged copy)")
-    b.add_argument("--limit", type=_int_at_least(1), default=None,
+    b.add_argument("--limit", type=int_in(1), default=None,
                    help="only the first N op shapes (workdiv), blocks (tiling), rows (scale) "
                         "or models (e2e: mlp, llama, gpt2)")
-    b.add_argument("--threads", type=_int_at_least(1), default=None,
+    b.add_argument("--threads", type=int_in(1), default=None,
                    help="e2e: threads of the torch executor and of eager PyTorch (default 1); "
                         "forall: OpenMP threads of the parallel run (default: the cores)")
-    b.add_argument("--repeat", type=_int_at_least(1), default=None,
+    b.add_argument("--repeat", type=int_in(1), default=None,
                    help="e2e: timed runs per side, the fastest and median reported (default 5); "
                         "forall: timed rounds (default 5)")
-    b.add_argument("--n", type=_int_at_least(1), default=None,
+    b.add_argument("--n", type=int_in(1), default=None,
                    help="conformance: random programs to run (seeds S..S+N-1 of --seed S; "
                         "default 100), on one device and sharded over a random mesh; upstream: "
                         "random mesh cases (default 20)")
-    b.add_argument("--dtensor", type=_int_at_least(0), default=None,
+    b.add_argument("--dtensor", type=int_in(0), default=None,
                    help="conformance: sharded plans the dtensor backend runs, the first N the "
                         "reference runs exactly (default 2; one process per device each)")
-    b.add_argument("--seed", type=_int_at_least(0), default=None,
+    b.add_argument("--seed", type=int_in(0), default=None,
                    help="conformance: the first seed (cases S..S+N-1; default 0), to fuzz on "
                         "seeds not run before")
     b.add_argument("--json", default=None, help="write every case's result here (JSON)")
@@ -730,12 +702,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the fitted target here")
     c.add_argument("--save", default=None, metavar="FILE.json",
                    help="with --measure: write the measurements here")
-    c.add_argument("--cores", type=_int_at_least(1), default=None,
+    c.add_argument("--cores", type=int_in(1), default=None,
                    help="with --measure: the most cores to time on (default: this machine's)")
     c.set_defaults(func=cmd_calibrate)
     d = sub.add_parser("demo", help="a small Llama exported from PyTorch, planned for spyre, "
                                     "run and checked")
-    d.add_argument("--cores", type=_int_at_least(1), default=None)
+    d.add_argument("--cores", type=int_in(1), default=None)
     d.add_argument("--program", action="store_true",
                    help="the built-in program instead (llama3-8b norm + MLP; no PyTorch needed)")
     d.set_defaults(func=cmd_demo)

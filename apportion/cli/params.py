@@ -1,20 +1,70 @@
-"""``--param NAME=VALUE`` on the command line: symbolic loop counts, run-time sizes and symbolic
-mesh axis sizes share one syntax."""
+"""Numbers on the command line: ``--param NAME=VALUE`` (symbolic loop counts, run-time sizes and
+symbolic mesh axis sizes share one syntax) and the argparse ``type`` of every numeric option
+(``int_in``, ``seconds``), all in plain ASCII digits."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from apportion.errors import ApportionError
 
 _DECIMAL = re.compile(r"\s*-?[0-9]+\s*")
+# a plain decimal number: digits with an optional point and exponent, ASCII only
+_NUMBER = re.compile(r"\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*")
 
 
 def is_decimal(text: str) -> bool:
     """``text`` is an integer in plain ASCII digits (an optional minus sign, blanks around):
-    ``int`` alone also takes ``4_0`` as 40 and other scripts' digits (``'٤'``) as 4."""
+    ``int`` alone also takes ``4_0`` as 40 and other scripts' digits (``'٤'``) as 4.
+
+    >>> is_decimal("40"), is_decimal("4_0"), is_decimal("٤٠"), is_decimal("⁴⁰")
+    (True, False, False, False)
+    """
     return _DECIMAL.fullmatch(text) is not None
+
+
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: an integer in ``low..high`` (``high`` None: no upper bound) in plain
+    ASCII digits; argparse names the option in its error line.
+
+    >>> int_in(1, 32)("8")
+    8
+    >>> int_in(0)("١")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: expected an integer >= 0 in digits 0-9, got '١'
+    """
+    span = f"in {low}..{high}" if high is not None else f">= {low}"
+
+    def parse(text: str) -> int:
+        if not is_decimal(text):
+            raise argparse.ArgumentTypeError(f"expected an integer {span} in digits 0-9, "
+                                             f"got {text!r}")
+        value = int(text)
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be an integer {span}, got {value}")
+        return value
+
+    return parse
+
+
+def seconds(text: str) -> float:
+    """An argparse ``type``: a finite number of seconds > 0 in plain ASCII digits (``float``
+    alone also takes ``1_0``, other scripts' digits, ``inf`` and ``nan``).
+
+    >>> seconds("2.5"), seconds("1e2")
+    (2.5, 100.0)
+    """
+    if _NUMBER.fullmatch(text) is None:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 in digits 0-9 "
+                                         f"(like 30 or 2.5), got {text!r}")
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
 
 
 def parse_params(pairs: Sequence[str] | None, error: type[ApportionError]) -> dict[str, int]:

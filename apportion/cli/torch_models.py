@@ -82,6 +82,9 @@ class DynamicDim:
     max: int | None
 
 
+_ASCII_DIGITS = re.compile(r"[0-9]+")
+#: the largest MAX of a ``--dynamic`` range: torch holds a dim's size in an int64
+MAX_DYNAMIC = 2 ** 63 - 1
 _DYNAMIC = re.compile(r"(?P<input>[^:=]*):(?P<dim>[^=]*)=(?P<symbol>[^:]*)(?::(?P<bounds>.*))?")
 
 
@@ -104,20 +107,25 @@ def parse_dynamic(texts: Sequence[str]) -> tuple[DynamicDim, ...]:
         if not name.isidentifier():
             raise FactoryError(f"--dynamic {text!r}: input {name!r} is not a parameter name "
                                "of the model's forward")
-        if not dim.isdigit():
-            raise FactoryError(f"{where}: the dim must be a non-negative integer")
+        if not _ASCII_DIGITS.fullmatch(dim):  # str.isdigit takes '⁰' (int fails) and '٠'
+            raise FactoryError(f"{where}: the dim must be a non-negative integer in digits 0-9")
         if not symbol.isidentifier():
             raise FactoryError(f"{where}: symbol {symbol!r} is not a name (letters, digits, _)")
         lo = hi = None
         if m["bounds"] is not None:
             low, dots, high = m["bounds"].partition("..")
-            if not dots or not low.isdigit() or not high.isdigit():
+            if not dots or not _ASCII_DIGITS.fullmatch(low) or not _ASCII_DIGITS.fullmatch(high):
                 raise FactoryError(f"{where}: bounds {m['bounds']!r} are not MIN..MAX (two "
-                                   "integers, such as 2..64)")
+                                   "integers in digits 0-9, such as 2..64)")
             lo, hi = int(low), int(high)
-            if not 2 <= lo <= hi:
-                raise FactoryError(f"{where}: bounds {lo}..{hi} need 2 <= MIN <= MAX (torch "
-                                   "specializes sizes 0 and 1)")
+            if not 2 <= lo < hi:  # torch.export.Dim refuses MIN = MAX: one size is static
+                why = ("torch specializes sizes 0 and 1" if lo < 2 else "MIN is above MAX"
+                       if lo > hi else f"one size is a static size: leave this --dynamic out "
+                       f"for size {lo}")
+                raise FactoryError(f"{where}: bounds {lo}..{hi} need 2 <= MIN < MAX ({why})")
+            if hi > MAX_DYNAMIC:
+                raise FactoryError(f"{where}: MAX {hi} is beyond {MAX_DYNAMIC}, the largest "
+                                   "size of a torch dim (int64)")
             if bounds.get(symbol, (lo, hi)) != (lo, hi):
                 was = bounds[symbol]
                 raise FactoryError(f"{where}: symbol {symbol!r} was given bounds "
