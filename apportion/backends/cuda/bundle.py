@@ -227,7 +227,7 @@ def _write_in_place(out: Path, write: Callable[[Path], None]) -> None:
     where = f"cuda backend: writing the bundle {str(out)!r}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        part = out.parent / f".{out.name}.partial-{secrets.token_hex(4)}"
+        part = out.parent / f".{out.name[:64]}.partial-{secrets.token_hex(4)}"
         part.mkdir()
     except OSError as e:
         raise ExecutionError(f"{where}: {e.strerror or e}"
@@ -249,7 +249,7 @@ def _swap(part: Path, out: Path) -> None:
     """Rename the complete bundle ``part`` to ``out``. The bundle there is moved aside first,
     put back if the rename fails, removed once it succeeds; Ctrl-C and SIGTERM wait until
     this is done, so that ``out`` is never left missing nor the old bundle left aside."""
-    old = out.parent / f".{out.name}.replaced-{secrets.token_hex(4)}"
+    old = out.parent / f".{out.name[:64]}.replaced-{secrets.token_hex(4)}"
     with _signals_deferred():
         if not out.exists():
             os.rename(part, out)
