@@ -47,10 +47,18 @@ def programs(draw):
     cur, shape = "x", [m, n]
     for i in range(draw(st.integers(1, 4))):
         kind = draw(st.sampled_from(["unary", "binary", "reduce", "matmul", "broadcast",
-                                     "merge"]))
+                                     "merge", "slice"]))
         out = f"t{i}"
         factors = [a for a in range(2, shape[1]) if shape[1] % a == 0]
-        if kind == "merge" and factors:
+        if kind == "slice" and shape[1] > 1:
+            # columns from an offset on, most often not on a stick boundary (x[i, 18+j])
+            off = draw(st.integers(1, shape[1] - 1))
+            width = draw(st.integers(1, shape[1] - off))
+            ops.append({"name": f"op{i}", "op": draw(st.sampled_from(UNARY)),
+                        "out": f"{out}[i,j]", "ins": [f"{cur}[i,{off}+j]"],
+                        "dims": {"j": width}})
+            shape = [shape[0], width]
+        elif kind == "merge" and factors:
             # columns as digits (p, q) written back merged with the digits swapped: a real
             # permutation written through 64*h+d-style sums (or a matmul writing merged)
             a = draw(st.sampled_from(factors))
@@ -65,7 +73,7 @@ def programs(draw):
                 tensors[w] = ([k2, a, b], dtype)
                 ops.append({"name": f"op{i}", "op": "matmul", "out": f"{out}[i,{b}*p+q]",
                             "ins": [f"{cur}[i,k]", f"{w}[k,p,q]"]})
-        elif kind == "unary" or kind == "merge":
+        elif kind in ("unary", "merge", "slice"):
             ops.append({"name": f"op{i}", "op": draw(st.sampled_from(UNARY)),
                         "out": f"{out}[i,j]", "ins": [f"{cur}[i,j]"]})
         elif kind == "binary":

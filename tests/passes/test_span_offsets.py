@@ -26,6 +26,7 @@ from apportion.plans.views import dim_slices
 from apportion.target import device_layout, spyre
 from apportion.target.layout import DeviceLayout
 from tests.helpers import program
+from tests.passes.test_pipeline_properties import programs, targets
 
 
 def address(layout: DeviceLayout, index: tuple[int, ...]) -> int:
@@ -246,3 +247,19 @@ def test_the_computed_span_bounds_the_sticks_every_box_touches(case):
     assert computed >= touched
     # and not beyond the region the accesses can reach at all
     assert computed <= math.prod(layout.shape) * layout.elem_bytes
+
+
+# -- property: every plan of random programs (offset reads among them) spans what it touches ----
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs(), targets(), st.sampled_from(["greedy", "balanced"]))
+def test_every_op_of_a_random_plan_reports_at_least_the_sticks_it_touches(prog, target, strategy):
+    try:
+        p = ap.plan(prog, target, strategy=strategy)
+    except PlanningError:
+        return
+    for o in p.plan.ops:
+        assert o.loop is None or len(o.loop.count) == 1  # span tiling adds one level
+        spans = dict(o.span_bytes)
+        for t in spans:
+            assert true_plan_span(p.program, p, o.name, t) <= spans[t] <= target.span_limit
