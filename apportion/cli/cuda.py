@@ -23,7 +23,7 @@ from typing import Any
 
 from rich.console import Console
 
-from apportion.cli.params import is_decimal
+from apportion.cli.params import int_in
 from apportion.cli.report import print_checks
 from apportion.cli.usage import UsageError
 
@@ -48,20 +48,6 @@ class Shared:
     torch_model: Callable[[argparse.Namespace], Any]
 
 
-def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
-    """An argparse ``type``: an integer in ``low..high`` in plain ASCII digits (``int`` alone
-    takes ``1_0`` as 10 and other scripts' digits); argparse names the option."""
-    span = f"in {low}..{high}" if high is not None else f">= {low}"
-
-    def parse(text: str) -> int:
-        value = int(text) if is_decimal(text) else None
-        if value is None or value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"expected an integer {span}, got {text!r}")
-        return value
-
-    return parse
-
-
 def _folder(text: str) -> Path:
     """``--out``: an empty path (an unset ``"$OUTDIR"``) would name the current folder."""
     if not text.strip():
@@ -82,7 +68,7 @@ def add_parser(sub: Any, shared: Shared) -> None:
     b.add_argument("--out", type=_folder, required=True,
                    help="the bundle's folder: new, empty, or a bundle (replaced once the new "
                         "one is complete); any other folder is refused")
-    b.add_argument("--seed", type=_int_in(0), default=None,
+    b.add_argument("--seed", type=int_in(0), default=None,
                    help="seed of the random inputs of a program file (default 0); a --torch "
                         "model runs on its example inputs and weights")
     b.add_argument("--param", action="append", metavar="NAME=VALUE",
@@ -90,7 +76,7 @@ def add_parser(sub: Any, shared: Shared) -> None:
     b.add_argument("--chip", default="sm_80", help="the PTX's GPU (default sm_80, which the "
                    "driver compiles for every later GPU too)")
     b.add_argument("--ptx", default="+ptx70", help="the PTX version feature (default +ptx70)")
-    b.add_argument("--threads", type=_int_in(1, MAX_THREADS), default=DEFAULT_THREADS,
+    b.add_argument("--threads", type=int_in(1, MAX_THREADS), default=DEFAULT_THREADS,
                    help="threads per block: each block's work split over them where that is "
                         f"safe, else one thread (default {DEFAULT_THREADS}; 1..{MAX_THREADS})")
     b.set_defaults(func=lambda a, con: _build(a, con, shared))
@@ -98,7 +84,7 @@ def add_parser(sub: Any, shared: Shared) -> None:
     r.add_argument("bundle", type=Path)
     r.add_argument("--results", type=Path, default=None,
                    help="where the outputs go (default: BUNDLE/results)")
-    r.add_argument("--repeat", type=_int_in(1), default=1, help="calls to time (default 1)")
+    r.add_argument("--repeat", type=int_in(1), default=1, help="calls to time (default 1)")
     r.set_defaults(func=_run)
     k = acts.add_parser("check", help="check a run's outputs against the reference executor")
     k.add_argument("bundle", type=Path)
