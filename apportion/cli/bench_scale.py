@@ -20,14 +20,19 @@ Times are the CPU seconds of ``plan`` alone (``time.process_time``: planning run
 thread, so this is its cost, and other work sharing the cores does not add to it the way it adds
 to wall-clock time, most to the longest rows): every program is built first, one small plan runs
 before the first timed one so that imports are not counted, and a forward or chain row's time is
-the fastest of ``repeat`` plans (default 3), the rows' runs interleaved, each of a fresh copy of
-the program (nothing cached on it from the run before).
+the fastest of its plans, the rows' runs interleaved, each of a fresh copy of the program
+(nothing cached on it from the run before): at least ``REPEAT`` rounds, more until the table's
+goal is settled (``cost/noise.py``: met or missed over the whole interval of its figure across
+the resampled rounds, the same for the last rounds), up to ``MAX_REPEAT``. A line under each
+table gives the rounds, the spread of the least times and the load average before and after (CPU
+time is judged by its spread, not by the load).
 
 Goals (``goals``, checked by ``--check``): per core count, the forward pass's time per op at
 its largest row within ``LINEAR`` (2x) of the 8-layer row's, and the chain's at its largest row
 within ``LINEAR`` of its smallest row's: planning linear in the program's size, measured in one
-process. The loop-group rows are shown, not checked (their auto-tiling's trials grow with the
-group).
+process; inconclusive (too noisy, ``--check`` exit status 3) where the interval holds the bound
+after ``MAX_REPEAT`` rounds. The loop-group rows are shown, not checked (their auto-tiling's
+trials grow with the group).
 """
 
 from __future__ import annotations
@@ -36,15 +41,18 @@ import argparse
 import dataclasses
 import gc
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite, core_counts, interleaved
+from apportion.cli.bench_harness import Outcome, Suite, core_counts, interleaved, until_stable
 from apportion.cli.usage import from_models
+from apportion.cost import noise
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import forward_program, load_models
 from apportion.ir.program import Program
@@ -59,8 +67,9 @@ CHAIN_OPS = (500, 2000, 20000)
 GROUP_OPS = (50, 100, 200)
 #: the largest row's time per op may be this many times the base row's and still be linear
 LINEAR = 2.0
-#: timed plans per forward and chain row, the fastest reported
-REPEAT = 3
+#: timed plans per forward and chain row, at least (the fastest reported), and at most: more
+#: rounds until the goal is settled
+REPEAT, MAX_REPEAT = 3, 9
 #: the unary kinds a chain cycles through
 CHAIN_KINDS = ("exp", "neg", "relu", "sigmoid")
 #: the scratchpad of the group rows' auto-tiling, in bytes
@@ -79,6 +88,8 @@ class ScaleResult:
     reused: int
     seconds: float
     auto_tile_seconds: float | None = None
+    rounds: int = 1  # timed plans (the fastest is ``seconds``)
+    spread: float = 0.0  # ``seconds`` known within this fraction of it (cost/noise.py)
 
     @property
     def ops_per_s(self) -> float:
@@ -150,43 +161,66 @@ def chain_program(n_ops: int, rows: int = 64, cols: int = 256,
                       "inputs": ["t0"], "outputs": [f"t{n_ops}"], "ops": ops})
 
 
-def best_of(programs: list[Program], cores: int, repeat: int) -> list[tuple[float, Any]]:
-    """Per program, the fastest of ``repeat`` plans (CPU seconds) and that plan. The rounds are
-    interleaved (``bench_harness.interleaved``), so a burst of load elsewhere slows one round of
-    each rather than every round of one; each plan gets a fresh copy of its program, so none
-    finds what an earlier run cached on it, and starts after a collection, so none pays for
-    the garbage of the one before."""
+def best_of(programs: list[Program], cores: int, repeat: int,
+            criteria: noise.Criterion | None = None,
+            load: Callable[[], float | None] = noise.load_average
+            ) -> tuple[list[tuple[float, Any]], noise.Measured]:
+    """Per program, the fastest of its plans (CPU seconds) and that plan, and the measurement
+    with its noise. The rounds are interleaved (``bench_harness.until_stable``), so a burst of
+    load elsewhere slows one round of each rather than every round of one, at least ``repeat``
+    of them and more until ``criteria`` (the table's goal) is settled, up to ``MAX_REPEAT``;
+    each plan gets a fresh copy of its program, so none finds what an earlier run cached on
+    it, and starts after a collection, so none pays for the garbage of the one before."""
     target = spyre(cores=cores)
-    timings = interleaved([lambda p: plan(p, target, "balanced")] * len(programs), repeat,
-                          clock=time.process_time, before=gc.collect,
-                          fresh=[lambda p=p: dataclasses.replace(p) for p in programs])
-    return [(t.min, t.result) for t in timings]
+    rules = noise.Rules(min_rounds=repeat, max_rounds=max(repeat, MAX_REPEAT), settle=repeat)
+    timings, measured = until_stable(
+        [lambda p: plan(p, target, "balanced")] * len(programs), rules,
+        None if criteria is None else lambda _: [criteria], clock=time.process_time,
+        before=gc.collect, fresh=[lambda p=p: dataclasses.replace(p) for p in programs],
+        load=load)
+    return [(t.min, t.result) for t in timings], measured
+
+
+def goal_figure(rows: list[ScaleResult]) -> noise.Criterion | None:
+    """The goal of one table's rows as a figure of their times (``(..., rows)`` seconds): the
+    largest row's time per op over the base row's, at most ``LINEAR`` (None: nothing to
+    judge, ``goals``)."""
+    if len(rows) < 2 or base_row(rows) is rows[-1]:
+        return None
+    b = rows.index(base_row(rows))
+    scale = rows[b].ops / rows[-1].ops
+    return noise.Criterion("time per op, largest row over base row",
+                           lambda t: t[..., -1] / t[..., b] * scale, LINEAR)
 
 
 def _rows(suite: str, cases: list[str], programs: list[Program], cores: int,
-          repeat: int) -> list[ScaleResult]:
+          repeat: int) -> tuple[list[ScaleResult], noise.Measured]:
+    shells = [ScaleResult(suite, case, cores, len(p.ops), 0, 0, 1.0)
+              for case, p in zip(cases, programs, strict=True)]
+    best, measured = best_of(programs, cores, repeat, goal_figure(shells))
     rows = []
-    for case, program, (seconds, result) in zip(cases, programs,
-                                                best_of(programs, cores, repeat), strict=True):
+    for shell, (seconds, result), spread in zip(shells, best, measured.spread, strict=True):
         reuse = result.reuse
-        rows.append(ScaleResult(suite, case, cores, len(program.ops), reuse.planned,
-                                reuse.reused, seconds))
-    return rows
+        rows.append(dataclasses.replace(shell, planned=reuse.planned, reused=reuse.reused,
+                                        seconds=seconds, rounds=measured.rounds,
+                                        spread=round(spread, 4)))
+    return rows, measured
 
 
 def run_forward(model: str, layers: tuple[int, ...], tokens: int, cores: int,
                 models: dict[str, Any] | None = None, repeat: int = REPEAT
-                ) -> list[ScaleResult]:
-    """Plan ``model``'s forward program at each layer count; one row each (best of
-    ``repeat``)."""
+                ) -> tuple[list[ScaleResult], noise.Measured]:
+    """Plan ``model``'s forward program at each layer count; one row each (best of at least
+    ``repeat``), and the measurement's noise."""
     programs = [forward_program(model, n, tokens, models=models) for n in layers]
     return _rows("forward", [f"{model} x{n} layers @{tokens}" for n in layers], programs, cores,
                  repeat)
 
 
-def run_chains(sizes: tuple[int, ...], cores: int, repeat: int = REPEAT) -> list[ScaleResult]:
-    """Plan a chain of pointwise ops of each length in ``sizes``; one row each (best of
-    ``repeat``)."""
+def run_chains(sizes: tuple[int, ...], cores: int, repeat: int = REPEAT
+               ) -> tuple[list[ScaleResult], noise.Measured]:
+    """Plan a chain of pointwise ops of each length in ``sizes``; one row each (best of at
+    least ``repeat``), and the measurement's noise."""
     programs = [chain_program(n) for n in sizes]
     return _rows("chain", [f"{n:,}-op pointwise chain" for n in sizes], programs, cores, repeat)
 
@@ -217,15 +251,17 @@ def run(cores: list[int], model: str = "llama2-7b", tokens: int = 128,
     plan(forward_program(model, 1, min(tokens, 16), models=models), spyre(cores=cores[0]))
     results: list[ScaleResult] = []
     for n in cores:
-        forward = run_forward(model, layers, tokens, n, models, repeat)
+        forward, measured = run_forward(model, layers, tokens, n, models, repeat)
         results += forward
-        console.print(forward_table(forward, repeat))
-        bench_goals.show(goals(forward), console)
+        console.print(forward_table(forward))
+        console.print(noise.summary([measured]), highlight=False)
+        bench_goals.show(goals(forward, {("forward", n): measured}), console)
         if chains:
-            chained = run_chains(chains, n, repeat)
+            chained, measured = run_chains(chains, n, repeat)
             results += chained
-            console.print(forward_table(chained, repeat))
-            bench_goals.show(goals(chained), console)
+            console.print(forward_table(chained))
+            console.print(noise.summary([measured]), highlight=False)
+            bench_goals.show(goals(chained, {("chain", n): measured}), console)
         if groups:
             grouped = run_groups(groups, n)
             results += grouped
@@ -241,10 +277,14 @@ def base_row(rows: list[ScaleResult]) -> ScaleResult:
     return rows[0]
 
 
-def goals(rows: list[ScaleResult]) -> list[bench_goals.Goal]:
+def goals(rows: list[ScaleResult],
+          measured: Mapping[tuple[str, int], noise.Measured] | None = None
+          ) -> list[bench_goals.Goal]:
     """Per suite and core count of ``rows`` (forward and chain rows; group rows have none):
-    the largest row's time per op at most ``LINEAR`` times the base row's. A suite whose base
-    row is its last (one row; two forward rows, the second 8 layers) has nothing to judge.
+    the largest row's time per op at most ``LINEAR`` times the base row's, judged over the
+    resampled rounds of ``measured[suite, cores]`` (the rows' measurement; none: the figure is
+    exact). A suite whose base row is its last (one row; two forward rows, the second 8
+    layers) has nothing to judge.
 
     >>> r = [ScaleResult("chain", "500", 32, 500, 4, 496, 0.1),
     ...      ScaleResult("chain", "20000", 32, 20000, 4, 19996, 4.0)]
@@ -255,26 +295,32 @@ def goals(rows: list[ScaleResult]) -> list[bench_goals.Goal]:
     for suite in ("forward", "chain"):
         for cores in dict.fromkeys(r.cores for r in rows):
             mine = [r for r in rows if r.suite == suite and r.cores == cores]
-            if len(mine) < 2 or base_row(mine) is mine[-1]:
+            criterion = goal_figure(mine)
+            if criterion is None:
                 continue  # one row, or the base is the last: no growth to judge
             base, last = base_row(mine), mine[-1]
-            ratio = last.ms_per_op / base.ms_per_op
-            out.append(bench_goals.at_most(
+            seconds = np.array([r.seconds for r in mine])
+            m = (measured or {}).get((suite, cores))
+            samples = criterion.figure(seconds[None] if m is None else m.resampled())
+            v = noise.verdict(criterion.name, float(criterion.figure(seconds)), samples,
+                              LINEAR, noisy="" if m is None else m.noisy)
+            out.append(bench_goals.judged(
                 f"{suite} ({cores} cores): time per op at {last.ops} ops within {LINEAR:g}x "
-                f"of {base.ops} ops' (linear)", ratio, LINEAR, "{:.2f}x",
+                f"of {base.ops} ops' (linear)", v, "{:.2f}x",
                 where=f"{last.ops} vs {base.ops} ops: {last.ms_per_op:.3f} vs "
                       f"{base.ms_per_op:.3f} ms/op"))
     return out
 
 
-def forward_table(rows: list[ScaleResult], repeat: int = 1) -> Table:
-    """A forward or chain table (times: the fastest of ``repeat`` plans), its goal in the
+def forward_table(rows: list[ScaleResult]) -> Table:
+    """A forward or chain table (times: the fastest of each row's plans), its goal in the
     title."""
     what = "the forward pass" if rows[0].suite == "forward" else "a chain of pointwise ops"
     goal = ""
     if len(rows) > 1 and base_row(rows) is not rows[-1]:
         goal = (f"; goal: ms/op of the last row within {LINEAR:g}x of the "
                 f"{base_row(rows).ops}-op row's")
+    repeat = rows[0].rounds
     best = f", fastest of {repeat} runs" if repeat > 1 else ""
     t = Table(title=f"planning CPU time of {what} (balanced, {rows[0].cores} cores{best}{goal})",
               title_justify="left")

@@ -21,12 +21,12 @@ A figure's interval runs from the ``1 - confidence`` to the ``confidence`` quant
 resamples; its **verdict** is met where the whole interval meets the bound, missed where the
 whole interval misses it, and inconclusive where the interval holds the bound.
 
-**Stable**: every criterion's verdict is met or missed, every live case's least time is known
-within ``Rules.precision`` (where given), and the decision (each criterion's side of its bound
-at the estimates, and the caller's own ``key``, such as the factor chosen) has been the same
-for the last ``Rules.settle`` rounds. Rounds are added until the measurement is stable, up to
-``Rules.max_rounds`` (or ``Rules.budget_s`` seconds timed); it is then reported unstable, with
-why.
+**Stable**: every criterion's verdict is met or missed (on ``FEWEST`` rounds at least), every
+live case's least time is known within ``Rules.precision`` (where given), and the decision
+(each criterion's side of its bound at the estimates, and the caller's own ``key``, such as
+the factor chosen) has been the same for the last ``Rules.settle`` rounds. Rounds are added
+until the measurement is stable, up to ``Rules.max_rounds`` (or ``Rules.budget_s`` seconds
+timed); it is then reported unstable, with why.
 
 **Load**: the 1-minute load average (``os.getloadavg``) before the first round and after the
 last. A wall-clock measurement taken while it was over the machine's cores is not trusted
@@ -63,6 +63,8 @@ REPLICATES = 400
 SEED = 0
 #: verdicts
 MET, MISSED, INCONCLUSIVE = "met", "missed", "inconclusive"
+#: the fewest rounds a criterion is judged on
+FEWEST = 3
 
 
 def load_average() -> float | None:
@@ -334,6 +336,10 @@ def _check(criteria: Sequence[Criterion], seconds: np.ndarray, live: Sequence[in
     reps = resampled_least(seconds)
     verdicts = [verdict(c.name, float(c.figure(least)[()]), c.figure(reps), c.bound, c.at_most,
                         rules.confidence) for c in criteria]
+    if criteria and seconds.shape[0] < FEWEST:  # resamples of one or two rounds show no noise
+        why = f"only {seconds.shape[0]} rounds, too few to judge"
+        return [Verdict(v.name, v.value, v.low, v.high, v.bound, v.at_most, INCONCLUSIVE, why)
+                for v in verdicts], f"{verdicts[0].name}: {why}"
     unsure = [v for v in verdicts if not v.conclusive]
     if unsure:
         v = unsure[0]
@@ -393,19 +399,18 @@ def until_stable(calls: Sequence[Callable[[], float]],
             live = [i for i in live if least[i] <= rules.drop * fastest]
         now = crit(least)
         history.append((_states(now, least), None if key is None else key(least)))
-        if r >= rules.min_rounds and _due(r):
+        out_of_budget = rules.budget_s is not None and spent >= rules.budget_s
+        last = r >= rules.max_rounds or (out_of_budget and r >= rules.min_rounds)
+        if r >= rules.min_rounds and (_due(r) or last):
             verdicts, why = _check(now, seconds, live, rules, names)
-            if not why and (len(history) < rules.settle or
-                            len(set(history[-rules.settle:])) > 1):
+            decides = bool(now) or key is not None  # else there is no decision to settle
+            if not why and decides and (len(history) < rules.settle or
+                                        len(set(history[-rules.settle:])) > 1):
                 why = f"the decision changed within the last {rules.settle} rounds"
             if not why:
                 stable = True
                 break
-        out_of_budget = rules.budget_s is not None and spent >= rules.budget_s
-        if r >= rules.max_rounds or (out_of_budget and r >= rules.min_rounds):
-            if r < rules.min_rounds or not _due(r):
-                verdicts, why = _check(now, seconds, live, rules, names)
-                why = why or f"the decision changed within the last {rules.settle} rounds"
+        if last:
             why = f"not stable after {r} rounds: {why}"
             break
     measured_load = Load(before, load(), cores)
@@ -441,8 +446,8 @@ def timed(call: Callable[[], Any], clock: Callable[[], float] = time.perf_counte
 
 
 def summary(measured: Sequence[Measured], unit: str = "case") -> str:
-    """One line on a suite's measurements: rounds, how many stable, the widest spread of a
-    least time, and the load.
+    """One line on a suite's measurements (one per ``unit``): rounds, how many stable, the
+    widest spread of a least time, and the load.
 
     >>> m = Measured(((1.0, 1.0, 1.0),), (), True, "", Load(0.5, 1.5, 2))
     >>> print(summary([m, m], "shape"))  # doctest: +NORMALIZE_WHITESPACE
@@ -451,9 +456,13 @@ def summary(measured: Sequence[Measured], unit: str = "case") -> str:
     """
     if not measured:
         return "noise: nothing measured"
+    widest = max((s for m in measured for s in m.spread if math.isfinite(s)), default=0.0)
+    if len(measured) == 1:
+        m = measured[0]
+        return (f"noise: {m.rounds} interleaved rounds, {'stable' if m.stable else 'not stable'}"
+                f", least times within {widest:.1%}; {m.load}")
     rounds = sorted({m.rounds for m in measured})
     span = f"{rounds[0]}" if len(rounds) == 1 else f"{rounds[0]} to {rounds[-1]}"
     stable = sum(m.stable for m in measured)
-    widest = max((s for m in measured for s in m.spread if math.isfinite(s)), default=0.0)
     return (f"noise: {span} interleaved rounds per {unit}, {stable} of {len(measured)} stable, "
             f"least times within {widest:.1%}; {Load.across([m.load for m in measured])}")

@@ -7,6 +7,7 @@ import json
 from apportion.cli import goals as bench_goals
 from apportion.cli.bench_scale import LAYERS, ScaleResult, chain_program, goals, group_program
 from apportion.cli.main import main
+from apportion.cost import noise
 
 
 def test_bench_scale_prints_its_tables_with_their_goals_and_writes_every_row(tmp_path, capsys):
@@ -19,7 +20,8 @@ def test_bench_scale_prints_its_tables_with_their_goals_and_writes_every_row(tmp
     assert "llama2-7b x8 layers @128" in text and "100-op loop group" in text
     assert "2,000-op pointwise chain" in text
     # two forward rows, the second the 8-layer base: nothing to judge; two chain rows: a goal
-    assert "goal met: chain (32 cores)" in text or "goal MISSED: chain (32 cores)" in text
+    assert any(f"goal {v}: chain (32 cores)" in text for v in ("met", "MISSED", "inconclusive"))
+    assert text.count("noise: ") == 2 and "interleaved rounds" in text
     assert "goal" not in text.split("planning CPU time of a chain")[0]
     rows = json.loads(out.read_text())
     assert [(r["suite"], r["ops"]) for r in rows] == [
@@ -31,6 +33,7 @@ def test_bench_scale_prints_its_tables_with_their_goals_and_writes_every_row(tmp
     assert (eight["planned"], eight["reused"]) == (21, 217)
     assert (rows[3]["planned"], rows[3]["reused"]) == (4, 1996)  # four kinds, cycled
     assert all(r["seconds"] > 0 for r in rows)
+    assert all(r["rounds"] >= 3 for r in rows if r["suite"] != "group")
     assert all(r["auto_tile_seconds"] > 0 for r in rows if r["suite"] == "group")
 
 
@@ -75,6 +78,35 @@ def test_super_linear_time_misses_the_goal_and_exits_1_under_check(capsys):
     assert err[0].startswith("apportion: bench scale: goal MISSED: forward (32 cores): time per "
                              "op at 4640 ops within 2x of 232 ops' (linear): 10.35x")
     assert "over the goal by" in err[0] and "chain (32 cores)" in err[1]
+
+
+def _measured(seconds: list[list[float]], load: float = 0.5, wall_clock: bool = False
+              ) -> noise.Measured:
+    return noise.Measured(tuple(tuple(c) for c in seconds), (), True, "",
+                          noise.Load(load, load, 2), wall_clock=wall_clock)
+
+
+def test_a_growth_the_rounds_cannot_tell_from_linear_is_inconclusive_and_exits_3(capsys):
+    # the largest row's one quiet round is linear, its other rounds 2.1x: too noisy to judge
+    rows = [row("chain", 500, 0.1), row("chain", 20000, 4.0)]
+    m = _measured([[0.1, 0.1, 0.1], [4.0, 8.5, 8.5]])
+    (goal,) = goals(rows, {("chain", 32): m})
+    assert goal.inconclusive and goal.figure.startswith("1.00x [1.00x, 2.12x] (20000 vs 500")
+    assert bench_goals.status("scale", [goal], check=True) == bench_goals.INCONCLUSIVE == 3
+    err = capsys.readouterr().err
+    assert err.startswith("apportion: bench scale: goal inconclusive: chain (32 cores)")
+    assert "too noisy: its interval 1 to 2.12 holds the bound 2" in err
+
+
+def test_steady_rounds_judge_the_growth_and_cpu_time_is_not_voided_by_load():
+    rows = [row("chain", 500, 0.1), row("chain", 20000, 4.0)]
+    steady = [[0.1, 0.101, 0.1], [4.0, 4.04, 4.02]]
+    (goal,) = goals(rows, {("chain", 32): _measured(steady, load=9.0)})
+    assert goal.met and goal.figure.startswith("1.00x [1.00x, 1.00x]")
+    # the same rounds timed by the wall clock under a load over the cores decide nothing
+    (goal,) = goals(rows, {("chain", 32): _measured(steady, load=9.0, wall_clock=True)})
+    assert goal.inconclusive and goal.figure.endswith("the load average 9.00 was over the "
+                                                      "machine's 2 cores")
 
 
 def test_each_core_count_is_judged_on_its_own_rows():
