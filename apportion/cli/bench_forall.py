@@ -13,15 +13,20 @@ about N where the cores are free, less where other work holds them. Every case's
 output is checked against the unplanned program (a mismatch is a wrong result: exit status 1,
 ``--check`` or not).
 
-Timing: interleaved rounds (``bench_harness.interleaved``: every column of a case once per
-round, in alternating order), one warm-up call each, ``--repeat`` rounds (default
-``DEFAULT_REPEAT``); the fastest call is reported (a stall elsewhere only lengthens a call).
+Timing: interleaved rounds (``cost/noise.py``: every column of a case once per round, in
+alternating order), one warm-up call each, at least ``--repeat`` rounds (default
+``DEFAULT_REPEAT``) and, for a large case, more until its speed-up is settled against ``GOAL``
+(met or missed over its whole interval across the resampled rounds), up to ``MAX_REPEAT``; the
+fastest call is reported (a stall elsewhere only lengthens a call), the rounds beside it, and a
+line under the table gives the noise (rounds, spread, load average before and after).
 
 Goal (``--check``), stated where ``--threads`` is at least 2: on the large cases (tens of
 milliseconds or more of work: ``Case.large``) the geometric mean of the speed-up is at least
-``GOAL`` (parallel no slower than sequential). It is modest on purpose: the machine this is
-checked on has two cores that other work shares, and the kernels are scalar loops whose speed
-is bound by memory as much as by arithmetic.
+``GOAL`` (parallel no slower than sequential), judged over the resampled rounds: inconclusive
+(too noisy, ``--check`` exit status 3) where its interval holds the goal or the load average
+went over the machine's cores. It is modest on purpose: the machine this is checked on has two
+cores that other work shares, and the kernels are scalar loops whose speed is bound by memory
+as much as by arithmetic.
 
 >>> [c.name for c in cases()][:2]
 ['pointwise', 'softmax']
@@ -32,22 +37,24 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite, interleaved
+from apportion.cli.bench_harness import Outcome, Suite
+from apportion.cost import noise
 from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
 
 #: workers of the plan (the forall grid) when --cores is not given
 DEFAULT_WORKERS = 8
-#: timed rounds when --repeat is not given
-DEFAULT_REPEAT = 5
+#: timed rounds (at least) when --repeat is not given, and at most for a large case's speed-up
+DEFAULT_REPEAT, MAX_REPEAT = 5, 30
 #: the least geometric-mean speed-up of the large cases, N threads over one
 GOAL = 1.0
 #: a forall's grid in the emitted IR: ``scf.forall (%i, %j) in (2, 4)``
@@ -123,10 +130,14 @@ class Result:
     busy: float
     ok: bool
     max_rel_err: float
+    rounds: int = 1
 
 
-def run_case(case: Case, workers: int, threads: int, repeat: int) -> Result:
-    """``case`` planned on ``workers`` spyre cores, lowered both ways, checked and timed."""
+def run_case(case: Case, workers: int, threads: int, repeat: int,
+             load: Callable[[], float | None] = noise.load_average
+             ) -> tuple[Result, noise.Measured]:
+    """``case`` planned on ``workers`` spyre cores, lowered both ways, checked and timed until
+    its speed-up is settled (a large case on two threads or more), with the noise."""
     from apportion.backends.openmp import engine
     from apportion.backends.openmp.run import prepare
     from apportion.planned import plan
@@ -141,17 +152,26 @@ def run_case(case: Case, workers: int, threads: int, repeat: int) -> Result:
     got = dict(inputs)
     got.update(zip(par.outputs, par.call(threads).outputs, strict=True))
     checks = compare(run_unplanned(p, inputs), got, p)
-    inner: list[list[tuple[float, float]]] = [[], [], []]
+    cpu: list[float] = []
 
-    def timed(column: int, ready: Any, team: int) -> None:
-        # the call's own clock: the time inside the module, not the descriptors made around it
-        call = ready.call(team)
-        inner[column].append((call.run_s, call.cpu_s))
+    def column(ready: Any, team: int, keep_cpu: bool = False) -> Callable[[], float]:
+        def once() -> float:
+            # the call's own clock: the time inside the module, not the descriptors made around
+            call = ready.call(team)
+            if keep_cpu:
+                cpu.append(call.cpu_s)
+            return float(call.run_s)
+        return once
 
-    interleaved([lambda: timed(0, seq, 1), lambda: timed(1, par, 1),
-                 lambda: timed(2, par, threads)], repeat=repeat, warmup=1, alternate=True)
-    # the first call is the warm-up; the fastest of the rest, with its CPU seconds
-    (for_s, _), (one_s, _), (many_s, many_cpu) = (min(ts[1:]) for ts in inner)
+    judged = case.large and threads >= 2
+    measured = noise.until_stable(
+        [column(seq, 1), column(par, 1), column(par, threads, keep_cpu=True)],
+        (lambda _: [speedup_criterion()]) if judged else None,
+        noise.Rules(min_rounds=repeat, max_rounds=max(repeat, MAX_REPEAT) if judged else repeat),
+        warmup=1, names=("scf.for", "1 thread", f"{threads} threads"), load=load)
+    for_s, one_s, many_s = measured.least
+    # the N-thread call's CPU seconds in its fastest round (the first call was the warm-up)
+    many_cpu = cpu[1:][int(np.nanargmin(measured.array[:, 2]))]
     from apportion.backends.openmp.run import parallel_ir
 
     grids = tuple("x".join(g.split(", ")) for g in _GRID.findall(
@@ -161,52 +181,72 @@ def run_case(case: Case, workers: int, threads: int, repeat: int) -> Result:
                   round(par.engine.compile_s + seq.engine.compile_s, 3),
                   for_s * 1e3, one_s * 1e3, many_s * 1e3, threads,
                   one_s / many_s if many_s > 0 else math.inf,
-                  many_cpu / many_s if many_s > 0 else 0.0, all(c.ok for c in checks), worst)
+                  many_cpu / many_s if many_s > 0 else 0.0, all(c.ok for c in checks), worst,
+                  measured.rounds), measured
+
+
+def speedup_criterion() -> noise.Criterion:
+    """One case's speed-up (one thread over N: columns 1 and 2) against ``GOAL``."""
+    return noise.Criterion("speed-up", lambda t: t[..., 1] / t[..., 2], GOAL, at_most=False)
 
 
 def run(cases_: Sequence[Case], workers: int, threads: int | None, repeat: int,
-        console: Console) -> list[Result]:
-    """Every case run and timed; prints the table and the goal's line."""
+        console: Console) -> tuple[list[Result], list[noise.Measured]]:
+    """Every case run and timed; prints the table, the noise and the goal's line."""
     from apportion.backends.openmp import engine
 
     team = threads if threads is not None else engine.max_threads()
-    results = []
+    results, measured = [], []
     with console.status("") as status:
         for c in cases_:
             status.update(f"{c.name}: lowering with upstream MLIR, compiling, timing")
-            results.append(run_case(c, workers, team, repeat))
-    console.print(table(results, workers, repeat))
-    bench_goals.show(goals(results), console)
-    return results
+            result, m = run_case(c, workers, team, repeat)
+            results.append(result)
+            measured.append(m)
+    console.print(table(results, workers))
+    console.print(noise.summary(measured), highlight=False)
+    bench_goals.show(goals(results, measured), console)
+    return results, measured
 
 
-def goals(results: Sequence[Result]) -> list[bench_goals.Goal]:
+def goals(results: Sequence[Result], measured: Sequence[noise.Measured] = ()
+          ) -> list[bench_goals.Goal]:
     """The suite's goal (module docstring): stated where N threads is at least 2 and there is
-    a large case."""
-    large = [r for r in results if r.large]
-    if not large or large[0].threads < 2:
+    a large case; judged over each case's resampled rounds (``measured``, in the results'
+    order; none: the speed-ups are exact)."""
+    large = [i for i, r in enumerate(results) if r.large]
+    if not large or results[large[0]].threads < 2:
         return []
-    mean = math.exp(sum(math.log(r.speedup) for r in large) / len(large))
-    worst = min(large, key=lambda r: r.speedup)
-    return [bench_goals.at_least(
-        f"{large[0].threads} OpenMP threads no slower than one on the large cases (geometric "
-        f"mean speed-up >= {GOAL:g}x; lowest {worst.speedup:.2f}x, {worst.case})", mean, GOAL,
-        "{:.2f}x")]
+    logs = []
+    for i in large:
+        if measured:
+            logs.append(np.log(speedup_criterion().figure(measured[i].resampled())))
+        else:
+            logs.append(np.array([math.log(results[i].speedup)]))
+    mean = math.exp(sum(math.log(results[i].speedup) for i in large) / len(large))
+    noisy = next((measured[i].noisy for i in large if measured and measured[i].noisy), "")
+    v = noise.verdict("geometric mean speed-up", mean, np.exp(np.mean(logs, axis=0)), GOAL,
+                      at_most=False, noisy=noisy)
+    worst = min((results[i] for i in large), key=lambda r: r.speedup)
+    return [bench_goals.judged(
+        f"{worst.threads} OpenMP threads no slower than one on the large cases (geometric "
+        f"mean speed-up >= {GOAL:g}x; lowest {worst.speedup:.2f}x, {worst.case})", v, "{:.2f}x")]
 
 
-def table(results: Sequence[Result], workers: int, repeat: int) -> Table:
+def table(results: Sequence[Result], workers: int) -> Table:
     threads = results[0].threads if results else 0
     t = Table(title=f"scf.forall IR through upstream MLIR: sequential loops, OpenMP on 1 and "
-                    f"{threads} threads (plans on {workers} workers; fastest of {repeat})")
+                    f"{threads} threads (plans on {workers} workers; fastest of each case's "
+                    "rounds)")
     for col in ("case", "program", "foralls (grids)", "scf.for ms", "1 thread ms",
-                f"{threads} threads ms", "speed-up", "cores busy", "vs unplanned"):
+                f"{threads} threads ms", "speed-up", "cores busy", "rounds", "vs unplanned"):
         t.add_column(col, justify="left" if col in ("case", "program", "foralls (grids)")
                      else "right")
     for r in results:
         shown = ", ".join(dict.fromkeys(r.grids))
         t.add_row(r.case + (" *" if r.large else ""), r.what, f"{len(r.grids)} ({shown})",
                   f"{r.for_ms:.1f}", f"{r.one_ms:.1f}", f"{r.many_ms:.1f}",
-                  f"{r.speedup:.2f}x", f"{r.busy:.2f}",
+                  f"{r.speedup:.2f}x", f"{r.busy:.2f}", str(r.rounds),
                   "ok" if r.ok else f"WRONG ({r.max_rel_err:.2g})")
     return t
 
@@ -220,11 +260,13 @@ def _suite(args: argparse.Namespace, console: Console) -> Outcome:
     workers = args.cores[0] if args.cores else DEFAULT_WORKERS
     upstream_mlir.require()  # the mlir extra, named, before any case
     chosen = cases()[:args.limit] if args.limit else cases()
-    results = run(chosen, workers, args.threads, args.repeat or DEFAULT_REPEAT, console)
+    results, measured = run(chosen, workers, args.threads, args.repeat or DEFAULT_REPEAT,
+                            console)
     console.print("* large: the cases the goal reads; cores busy: CPU seconds of the N-thread "
                   "call over its seconds (about N on an idle machine)", highlight=False)
-    return Outcome([asdict(r) for r in results], goals(results),
-                   failed=not all(r.ok for r in results))
+    return Outcome([asdict(r) | {"noise": m.to_doc()} for r, m in zip(results, measured,
+                                                                      strict=True)],
+                   goals(results, measured), failed=not all(r.ok for r in results))
 
 
 SUITE = Suite("forall", frozenset({"cores", "threads", "repeat"}),

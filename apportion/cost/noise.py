@@ -459,10 +459,12 @@ def summary(measured: Sequence[Measured], unit: str = "case") -> str:
     widest = max((s for m in measured for s in m.spread if math.isfinite(s)), default=0.0)
     if len(measured) == 1:
         m = measured[0]
-        return (f"noise: {m.rounds} interleaved rounds, {'stable' if m.stable else 'not stable'}"
-                f", least times within {widest:.1%}; {m.load}")
+        return (f"noise: {m.rounds} interleaved round{'s' * (m.rounds != 1)}, "
+                f"{'stable' if m.stable else 'not stable'}, least times within {widest:.1%}; "
+                f"{m.load}")
     rounds = sorted({m.rounds for m in measured})
     span = f"{rounds[0]}" if len(rounds) == 1 else f"{rounds[0]} to {rounds[-1]}"
     stable = sum(m.stable for m in measured)
-    return (f"noise: {span} interleaved rounds per {unit}, {stable} of {len(measured)} stable, "
-            f"least times within {widest:.1%}; {Load.across([m.load for m in measured])}")
+    return (f"noise: {span} interleaved round{'s' * (rounds[-1] != 1)} per {unit}, {stable} of "
+            f"{len(measured)} stable, least times within {widest:.1%}; "
+            f"{Load.across([m.load for m in measured])}")

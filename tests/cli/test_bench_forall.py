@@ -4,13 +4,16 @@ timed assertion: the goal's arithmetic is checked on made-up results)."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
 
 from apportion.cli import bench_forall
+from apportion.cli import goals as bench_goals
 from apportion.cli.bench_forall import GOAL, Result, goals
 from apportion.cli.main import main
+from apportion.cost import noise
 from apportion.runtime import upstream_mlir
 
 needs_mlir = pytest.mark.skipif(not upstream_mlir.available() or
@@ -28,6 +31,30 @@ def test_the_goal_reads_the_geometric_mean_of_the_large_cases_only():
     assert g.met and g.figure.startswith("1.41x")  # sqrt(4 * 0.5); the small case left out
     [g] = goals([result("a", 0.8), result("b", 1.1)])
     assert not g.met and "lowest 0.80x, a" in g.what and f">= {GOAL:g}x" in g.what
+
+
+def _rounds(one: list[float], many: list[float], load: float = 0.5) -> noise.Measured:
+    """One case's rounds: scf.for, 1 thread, N threads (ms as seconds)."""
+    return noise.Measured((tuple(one), tuple(one), tuple(many)), (), True, "",
+                          noise.Load(load, load, 2))
+
+
+def test_a_speedup_the_rounds_cannot_tell_from_the_goal_is_inconclusive():
+    # b's one quiet N-thread round makes it 1.0x; its other rounds 0.8x: with a's 1.0x the
+    # geometric mean's interval holds the goal
+    a = _rounds([10.0] * 4, [10.0] * 4)
+    b = _rounds([10.0] * 4, [10.0, 12.5, 12.5, 12.5])
+    [g] = goals([result("a", 1.0), result("b", 1.0)], [a, b])
+    assert g.inconclusive and g.figure.startswith("1.00x [0.89x, 1.00x]")
+    assert bench_goals.status("forall", [g], check=True, err=io.StringIO()) == 3
+
+
+def test_steady_rounds_judge_the_speedup_and_a_loaded_machine_judges_nothing():
+    a = _rounds([10.0, 10.1, 10.0], [5.0, 5.1, 5.0])
+    [g] = goals([result("a", 2.0)], [a])
+    assert g.met and g.figure.startswith("2.00x [2.00x, 2.00x]")
+    [g] = goals([result("a", 2.0)], [_rounds([10.0, 10.1, 10.0], [5.0, 5.1, 5.0], load=3.0)])
+    assert g.inconclusive and "the load average 3.00 was over the machine's 2 cores" in g.figure
 
 
 def test_no_goal_is_stated_on_one_thread_or_without_a_large_case():
@@ -53,6 +80,9 @@ def test_the_bench_times_three_columns_of_the_same_ir_and_checks_each_case(tmp_p
     assert all(d["ok"] and d["threads"] == 2 and d["grids"] for d in doc)
     assert all(d["for_ms"] > 0 and d["one_ms"] > 0 and d["many_ms"] > 0 for d in doc)
     assert all(d["busy"] >= 0 for d in doc)
+    # small cases are timed the rounds asked for; their noise is in the JSON
+    assert all(d["rounds"] == 1 and d["noise"]["rounds"] == 1 for d in doc)
+    assert "noise: 1 interleaved round per case, 2 of 2 stable" in text
 
 
 def test_bench_forall_takes_one_core_count_and_no_foreign_options(capsys):
