@@ -11,25 +11,32 @@ core count, one row:
 * **plan s**: ``ap.plan`` for Spyre (``balanced``) at the core count;
 * **executor ms min/med**: one run of the plan by the threaded torch executor
   (``backends.torch.executor.TorchExecutor``, built once: its schedule and its pool of ``threads``
-  threads), fastest and median of ``repeat`` runs;
+  threads), fastest and median of the row's rounds;
 * **eager ms min/med**: one call of the model in eager PyTorch under ``torch.no_grad()`` with
-  ``torch.set_num_threads(threads)``, fastest and median of ``repeat`` calls;
+  ``torch.set_num_threads(threads)``, fastest and median of the row's rounds;
 * **compiled ms min/med**: one call of ``torch.compile(model, backend=ap.backend(...))`` (the
-  same target and threads; compiled before timing), fastest and median of ``repeat`` calls;
+  same target and threads; compiled before timing), fastest and median of the row's rounds;
 * **x eager**: the executor's fastest run over eager's, and the compiled model's, all measured
-  in this run, interleaved repeat by repeat so that all see the same load
-  (``bench_harness.interleaved``: in reverse order every other round); **max |err|**: the
+  in this run, interleaved round by round so that all see the same load
+  (``bench_harness.until_stable``: in reverse order every other round); **max |err|**: the
   executor's largest difference from eager, and the compiled model's.
 
 ``threads`` is 1 unless given: on a small shared machine eager PyTorch's own threads stall
 behind other work (28-207 ms for models that take 0.9-6.8 ms on one thread were seen at 2
 threads), which made the executor look faster than eager. The ratio takes each side's fastest
-run for the same reason: a stall lengthens single runs, never shortens them. Where eager's
-median is over ``LOADED_SPREAD`` times its fastest run, or the load average is over the
-machine's cores, one warning line says the machine is loaded (``load_warning``).
+run for the same reason: a stall lengthens single runs, never shortens them.
+
+Each row is timed in at least ``repeat`` interleaved rounds and more until both ratios are
+settled against ``SLOWDOWN_GOAL`` (``cost/noise.py``: met or missed over the whole interval of
+the ratio across the resampled rounds, for the last rounds), up to ``MAX_REPEAT``; a line under
+the tables gives the rounds, the spread and the load average before and after. A goal is met or
+missed only where every row's interval says so, else inconclusive (too noisy, ``--check`` exit
+status 3), as it is where the load average went over the machine's cores: a steady load slows
+the executor's long runs more than eager's short ones, which slip between other work, and no
+spread shows it.
 
 Export, lowering and planning are timed once (the first model is exported once before, so that
-imports are not counted). Each model runs once on each side before its timed repeats.
+imports are not counted). Each model runs once on each side before its timed rounds.
 
 Goals (``goals``, checked by ``--check``): the executor's and the compiled model's outputs
 equal eager's within ``ERR_GOAL`` on every row, and each is at most ``SLOWDOWN_GOAL`` times
@@ -40,19 +47,20 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite, core_counts, interleaved
+from apportion.cli.bench_harness import Outcome, Suite, core_counts, until_stable
+from apportion.cost import noise
 from apportion.errors import ApportionError
 from apportion.target.presets import spyre
 
@@ -70,8 +78,8 @@ ERR_GOAL = 1e-4
 #: executor proves a plan with real kernels, every core's slice computed from its own views,
 #: the slices of an even split batched into one kernel call (issue 20: within 2x of eager)
 SLOWDOWN_GOAL = 2.0
-#: eager's median over its fastest run past this: the machine is loaded, ratios are suspect
-LOADED_SPREAD = 1.5
+#: timed rounds of a row at most: more than ``repeat`` until both ratios are settled
+MAX_REPEAT = 50
 
 
 class BenchError(ApportionError):
@@ -99,6 +107,7 @@ class E2EResult:
     compiled_ms: float  # median
     compiled_min_ms: float
     compiled_err: float
+    rounds: int = 0  # timed (at least ``repeat``)
 
     @property
     def ratio(self) -> float:
@@ -136,11 +145,18 @@ def _first_tensor(out: Any) -> Any:
                 if isinstance(x, torch.Tensor))
 
 
+def ratio_criteria() -> list[noise.Criterion]:
+    """What a row is timed until it settles: the executor's and the compiled model's fastest
+    over eager's (cases: executor, eager, compiled) at most ``SLOWDOWN_GOAL``."""
+    return [noise.Criterion("executor / eager", lambda t: t[..., 0] / t[..., 1], SLOWDOWN_GOAL),
+            noise.Criterion("compiled / eager", lambda t: t[..., 2] / t[..., 1], SLOWDOWN_GOAL)]
+
+
 def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: list[int],
-                threads: int, repeat: int,
-                done: Callable[[], None] = lambda: None) -> list[E2EResult]:
-    """Time one model at every core count (export and lowering once); ``done`` is called
-    after each core count."""
+                threads: int, repeat: int, done: Callable[[], None] = lambda: None
+                ) -> list[tuple[E2EResult, noise.Measured]]:
+    """Time one model at every core count (export and lowering once), each row with its
+    noise; ``done`` is called after each core count."""
     import torch
 
     from apportion.backends.torch.executor import TorchExecutor, to_torch_storage
@@ -181,15 +197,17 @@ def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: l
             got_compiled = _first_tensor(fast())  # compiles: not timed
             with TorchExecutor(program, planned.plan, threads) as ex:
                 got = ex.run(inputs)[lowered.outputs[0]].reshape(lowered.output_shapes[0])
-                runs, eager, comp = interleaved(
-                    [lambda ex=ex, xs_=inputs: ex.run(xs_), eager_once, fast], repeat,
-                    alternate=True)
+                (runs, eager, comp), measured = until_stable(
+                    [lambda ex=ex, xs_=inputs: ex.run(xs_), eager_once, fast],
+                    noise.Rules(min_rounds=repeat, max_rounds=max(repeat, MAX_REPEAT)),
+                    lambda _: ratio_criteria(), names=("executor", "eager", "compiled"))
             err = float((got.double() - want.double()).abs().max())
             comp_err = float((got_compiled.double() - want.double()).abs().max())
-            rows.append(E2EResult(name, about, len(program.ops), n, threads, repeat,
-                                  export_s, lower_s, plan_s, runs.median * 1e3, runs.min * 1e3,
-                                  eager.median * 1e3, eager.min * 1e3, err, comp.median * 1e3,
-                                  comp.min * 1e3, comp_err))
+            rows.append((E2EResult(name, about, len(program.ops), n, threads, repeat,
+                                   export_s, lower_s, plan_s, runs.median * 1e3, runs.min * 1e3,
+                                   eager.median * 1e3, eager.min * 1e3, err,
+                                   comp.median * 1e3, comp.min * 1e3, comp_err,
+                                   measured.rounds), measured))
             done()
     finally:
         torch.set_num_threads(saved)
@@ -197,8 +215,10 @@ def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: l
 
 
 def run(cores: list[int], threads: int | None = None, repeat: int = 5,
-        limit: int | None = None, console: Console | None = None) -> list[E2EResult]:
-    """Run the benchmark over the first ``limit`` models and print its table."""
+        limit: int | None = None, console: Console | None = None
+        ) -> tuple[list[E2EResult], list[noise.Measured]]:
+    """Run the benchmark over the first ``limit`` models and print its tables, the noise and
+    the goals; every row and its measurement."""
     try:
         import torch
 
@@ -211,7 +231,7 @@ def run(cores: list[int], threads: int | None = None, repeat: int = 5,
     threads = threads or 1
     for n in cores:
         spyre(cores=n)  # every core count checked before the first model runs
-    results: list[E2EResult] = []
+    results: list[tuple[E2EResult, noise.Measured]] = []
     todo = MODELS[:limit]
     # redrawn only between timed sections: a refresh thread would share the cores it times
     with warnings.catch_warnings(), Progress(console=console, transient=True,
@@ -230,8 +250,9 @@ def run(cores: list[int], threads: int | None = None, repeat: int = 5,
             if i == 0:  # imports and torch.export's first-call costs are not the model's
                 torch.export.export(model, xs)
             results += bench_model(name, about, model, xs, cores, threads, repeat, done)
-    console.print(table(results))
-    console.print(compiled_table(results))
+    rows, measured = [r for r, _ in results], [m for _, m in results]
+    console.print(table(rows))
+    console.print(compiled_table(rows))
     on = f"{threads} thread{'s' if threads > 1 else ''}"
     console.print(f"export: torch.export.export; lower: core-ATen decompositions and the "
                   f"lowering to apportion ops; plan: balanced on spyre; executor: the plan run "
@@ -239,66 +260,45 @@ def run(cores: list[int], threads: int | None = None, repeat: int = 5,
                   f"points per core on the calling thread); eager: the model in PyTorch with "
                   f"torch.set_num_threads({threads}); compiled: torch.compile(model, "
                   f"backend=ap.backend(spyre, threads={threads})); ms: fastest and median of "
-                  f"{repeat} "
-                  f"interleaved runs; x eager: fastest over fastest", highlight=False)
-    warning = load_warning(results, _load_average(), os.cpu_count() or 1)
-    if warning:
-        console.print(warning, style="yellow", highlight=False, markup=False)
-    bench_goals.show(goals(results), console)
-    return results
+                  f"at least {repeat} interleaved runs; x eager: fastest over fastest",
+                  highlight=False)
+    console.print(noise.summary(measured, "row"), highlight=False)
+    bench_goals.show(goals(rows, measured), console)
+    return rows, measured
 
 
-def load_warning(rows: list[E2EResult], load_average: float | None = None,
-                 cpus: int = 1) -> str | None:
-    """One line when eager's own spread, or a 1-minute load average over the machine's
-    ``cpus``, says the machine is loaded (None: neither does). The load average catches a
-    steady load, which slows every run alike and so leaves the spread near 1: the executor's
-    long runs are preempted where eager's short ones slip between other work, and its ratio
-    grows."""
-    loaded = [r for r in rows if r.eager_spread > LOADED_SPREAD]
-    busy = load_average is not None and load_average > cpus
-    if not loaded and not busy:
-        return None
-    why = []
-    if loaded:
-        worst = max(loaded, key=lambda r: r.eager_spread)
-        why.append(f"eager's median is {worst.eager_spread:.1f}x its fastest run ({worst.model} "
-                   f"at {worst.cores} cores; over {LOADED_SPREAD:g}x on {len(loaded)} of "
-                   f"{len(rows)} rows)")
-    if busy:
-        why.append(f"the load average {load_average:.1f} is over this machine's {cpus} cores")
-    return (f"warning: the machine looks loaded: {'; '.join(why)}; rerun on a quiet machine "
-            f"before trusting the ratios")
-
-
-def _load_average() -> float | None:
-    """The 1-minute load average, or None where the system has none (Windows)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-
-
-def goals(rows: list[E2EResult]) -> list[bench_goals.Goal]:
-    """The suite's goals over ``rows`` (see the module's docstring)."""
+def goals(rows: list[E2EResult], measured: list[noise.Measured] | None = None
+          ) -> list[bench_goals.Goal]:
+    """The suite's goals over ``rows`` (see the module's docstring), the slowdowns judged over
+    each row's resampled rounds (``measured``, in the rows' order; none: exact figures)."""
     if not rows:
         return []
     err = max(rows, key=lambda r: max(r.max_abs_err, r.compiled_err))
     slow = max(rows, key=lambda r: r.ratio)
     slow_c = max(rows, key=lambda r: r.compiled_ratio)
     on = f"{slow.threads} thread{'s' if slow.threads > 1 else ''}"
+    noisy = next((m.noisy for m in measured or () if m.noisy), "")
+    judged = []
+    for i, (worst, value) in enumerate(((slow, slow.ratio), (slow_c, slow_c.compiled_ratio))):
+        if measured:
+            figure = ratio_criteria()[i].figure
+            samples = np.max([figure(m.resampled()) for m in measured], axis=0)
+        else:
+            samples = np.array([value])
+        judged.append((worst, noise.verdict(ratio_criteria()[i].name, value, samples,
+                                            SLOWDOWN_GOAL, noisy=noisy)))
+    (slow, executor), (slow_c, compiled) = judged
     return [
         bench_goals.at_most(f"the executor's and the compiled model's outputs equal eager's "
                             f"within {ERR_GOAL:g} (worst max |err|)",
                             max(err.max_abs_err, err.compiled_err), ERR_GOAL, "{:.1e}",
                             f"{err.model} at {err.cores} cores"),
-        bench_goals.at_most(f"the executor at most {SLOWDOWN_GOAL:g}x slower than eager "
-                            f"(worst fastest/fastest, {on})", slow.ratio, SLOWDOWN_GOAL,
-                            "{:.2f}x", f"{slow.model} at {slow.cores} cores"),
-        bench_goals.at_most(f"torch.compile through ap.backend at most {SLOWDOWN_GOAL:g}x "
-                            f"slower than eager (worst fastest/fastest, {on})",
-                            slow_c.compiled_ratio, SLOWDOWN_GOAL, "{:.2f}x",
-                            f"{slow_c.model} at {slow_c.cores} cores"),
+        bench_goals.judged(f"the executor at most {SLOWDOWN_GOAL:g}x slower than eager "
+                           f"(worst fastest/fastest, {on})", executor, "{:.2f}x",
+                           f"{slow.model} at {slow.cores} cores"),
+        bench_goals.judged(f"torch.compile through ap.backend at most {SLOWDOWN_GOAL:g}x "
+                           f"slower than eager (worst fastest/fastest, {on})", compiled,
+                           "{:.2f}x", f"{slow_c.model} at {slow_c.cores} cores"),
     ]
 
 
@@ -336,9 +336,10 @@ def compiled_table(rows: list[E2EResult]) -> Table:
 
 def _suite(args: argparse.Namespace, console: Console) -> Outcome:
     cores = core_counts(args, [32])
-    results = run(cores, threads=args.threads, repeat=args.repeat or 5, limit=args.limit,
-                  console=console)
-    return Outcome([dataclasses.asdict(r) for r in results], goals(results))
+    results, measured = run(cores, threads=args.threads, repeat=args.repeat or 5,
+                             limit=args.limit, console=console)
+    return Outcome([dataclasses.asdict(r) | {"noise": m.to_doc()}
+                    for r, m in zip(results, measured, strict=True)], goals(results, measured))
 
 
 SUITE = Suite("e2e", frozenset({"cores", "threads", "repeat"}),

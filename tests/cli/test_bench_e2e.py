@@ -3,6 +3,7 @@ its options. No timed assertions: times depend on the machine."""
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -10,16 +11,17 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from apportion.cli import goals as bench_goals  # noqa: E402
 from apportion.cli.bench_e2e import (  # noqa: E402
     MODELS,
     SLOWDOWN_GOAL,
     E2EResult,
     compiled_table,
     goals,
-    load_warning,
     table,
 )
 from apportion.cli.main import main  # noqa: E402
+from apportion.cost import noise  # noqa: E402
 
 
 def test_bench_e2e_prints_the_table_and_writes_every_row_on_one_thread(tmp_path, capsys):
@@ -34,9 +36,11 @@ def test_bench_e2e_prints_the_table_and_writes_every_row_on_one_thread(tmp_path,
     assert "compiled ms min/med" in text
     assert "goal met: the executor's and the compiled model's outputs equal eager's" in text
     assert "the executor at most" in text and "torch.compile through ap.backend at most" in text
+    assert "noise: " in text and "interleaved rounds per row" in text
     rows = json.loads(out.read_text())
     assert [(r["model"], r["cores"], r["threads"], r["repeat"]) for r in rows] == [
         ("mlp", 8, 1, 2), ("mlp", 32, 1, 2)]
+    assert all(r["rounds"] >= 3 and r["noise"]["rounds"] == r["rounds"] for r in rows)
     for r in rows:
         assert r["ops"] > 0 and r["max_abs_err"] < 1e-4
         assert r["compiled_err"] < 1e-4
@@ -87,17 +91,33 @@ def test_e2e_misses_a_compiled_model_off_from_eager_or_over_the_slowdown():
     assert not compiled.met and compiled.figure.startswith(f"{SLOWDOWN_GOAL + 0.5:.2f}x")
 
 
-def test_a_loaded_machine_is_warned_of_in_one_line_from_eagers_spread():
-    assert load_warning([_row(eager_med=2.9)]) is None
-    warning = load_warning([_row(eager_med=2.9), _row(eager_med=6.0)])
-    assert warning is not None and "\n" not in warning
-    assert "eager's median is 3.0x its fastest run" in warning and "1 of 2 rows" in warning
+def _rounds(executor: list[float], eager: list[float], compiled: list[float],
+            load: float = 0.5) -> noise.Measured:
+    return noise.Measured((tuple(executor), tuple(eager), tuple(compiled)), (), True, "",
+                          noise.Load(load, load, 2))
 
 
-def test_a_steady_load_is_warned_of_from_the_load_average():
-    assert load_warning([_row()], load_average=1.5, cpus=2) is None
-    warning = load_warning([_row()], load_average=5.2, cpus=2)
-    assert warning is not None and "load average 5.2 is over this machine's 2 cores" in warning
+def test_a_slowdown_the_rounds_cannot_tell_from_the_goal_is_inconclusive_and_exits_3():
+    # the executor's one quiet round is 1.9x eager, its others 2.2x: too noisy to judge
+    row = _row(executor_min=3.8, eager_min=2.0, compiled_min=2.4)
+    m = _rounds([3.8, 4.4, 4.4, 4.4], [2.0] * 4, [2.4] * 4)
+    err, slow, compiled = goals([row], [m])
+    assert err.met and compiled.met and slow.inconclusive
+    assert slow.figure.startswith("1.90x [1.90x, 2.20x] (m at 8 cores), too noisy: its "
+                                  "interval 1.9 to 2.2 holds the bound 2")
+    assert bench_goals.status("e2e", [err, slow, compiled], check=True,
+                              err=io.StringIO()) == bench_goals.INCONCLUSIVE
+
+
+def test_a_row_timed_under_a_load_over_the_cores_decides_no_slowdown_goal():
+    row = _row()
+    steady = ([3.0, 3.1, 3.0], [2.0, 2.1, 2.0], [3.5, 3.6, 3.5])
+    assert [g.met for g in goals([row], [_rounds(*steady)])] == [True, True, True]
+    err, slow, compiled = goals([row], [_rounds(*steady, load=5.2)])
+    assert err.met  # an output is no timing
+    assert slow.inconclusive and compiled.inconclusive
+    assert slow.figure.endswith("too noisy: the load average 5.20 was over the machine's 2 "
+                                "cores")
 
 
 @pytest.mark.parametrize(("argv", "match"), [
