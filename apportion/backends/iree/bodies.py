@@ -339,14 +339,13 @@ def _horner(s: _Seq, z: str, coeffs: tuple[float, ...]) -> str:
     return acc
 
 
-def _sincos_f64(cos: bool) -> str:
-    # Cody-Waite reduction x = n * pi/2 + (y + ylo), |y| <= pi/4, as fdlibm's __ieee754_rem_pio2
-    # medium path (three pieces of pi/2: exact for |x| < 2**20 * pi/2, which covers 1e5 with
-    # the tail ylo kept), then fdlibm's __kernel_sin/__kernel_cos on (y, ylo) by quadrant n.
-    # There is no Payne-Hanek step: past 2**20 * pi/2 the reduction loses bits (measured
-    # within 1 ulp of numpy on random values up to 1e12, wrong by 1e16, NaN by 1e300)
-    s = _Seq()
-    half, one = s.c(0.5), s.c(1.0)
+def _reduce_medium(s: _Seq) -> tuple[str, str, str]:
+    """Cody-Waite reduction of ``{a}`` as fdlibm's __ieee754_rem_pio2 medium path: x = n * pi/2
+    + (y + ylo), |y| <= pi/4 (three pieces of pi/2: exact for |x| < 2**20 * pi/2, which covers
+    1e5 with the tail ylo kept); returns n (a whole float), y and ylo. There is no Payne-Hanek
+    step here: past 2**20 * pi/2 the reduction loses bits (measured within 1 ulp of numpy on
+    random values up to 1e12, wrong by 1e16, NaN by 1e300)."""
+    half = s.c(0.5)
     fn = s.op(f"math.floor {s.f('arith.addf', s.f('arith.mulf', '{a}', s.c(_INVPIO2)), half)}"
               " : {t}")
     (p1, p1t), (p2, p2t), (p3, p3t) = _PIO2
@@ -359,7 +358,20 @@ def _sincos_f64(cos: bool) -> str:
         w = s.f("arith.subf", s.f("arith.mulf", fn, s.c(pt)),
                 s.f("arith.subf", s.f("arith.subf", t, r), w))
     y = s.f("arith.subf", r, w)
-    ylo = s.f("arith.subf", s.f("arith.subf", r, y), w)
+    return fn, y, s.f("arith.subf", s.f("arith.subf", r, y), w)
+
+
+def _whole_to_i64(s: _Seq, fn: str) -> str:
+    """The whole float ``fn`` as i64; a NaN or infinite one (whose y is NaN) reads 0, never an
+    out-of-range conversion."""
+    ok = s.cmp("olt", s.op(f"math.absf {fn} : {{t}}"), s.c(2.0 ** 52))
+    return s.op(f"arith.fptosi {s.sel(ok, fn, s.c(0.0))} : {{t}} to i64")
+
+
+def _sincos_kernels(s: _Seq, n: str, y: str, ylo: str, cos: bool) -> str:
+    """fdlibm's __kernel_sin/__kernel_cos on (y, ylo), |y| <= pi/4, chosen and signed by the
+    quadrant n (i64) of x = n * pi/2 + y + ylo."""
+    half, one = s.c(0.5), s.c(1.0)
     # __kernel_sin(y, ylo): y - ((z * (ylo/2 - v * r) - ylo) - v * S1), v = z * y
     z = s.f("arith.mulf", y, y)
     v = s.f("arith.mulf", z, y)
@@ -376,11 +388,7 @@ def _sincos_f64(cos: bool) -> str:
                                   s.f("arith.subf", s.f("arith.subf", one, w), hz),
                                   s.f("arith.subf", s.f("arith.mulf", z, rc),
                                       s.f("arith.mulf", y, ylo))))
-    # the quadrant from n mod 4; a NaN or infinite x (whose y is NaN) reads quadrant 0, never
-    # an out-of-range conversion
-    ok = s.cmp("olt", s.op(f"math.absf {fn} : {{t}}"), s.c(2.0 ** 52))
-    safe = s.sel(ok, fn, s.c(0.0))
-    n = s.op(f"arith.fptosi {safe} : {{t}} to i64")
+    # the quadrant from n mod 4
     if cos:  # cos(n pi/2 + y): kc, -ks, -kc, ks
         n = s.op(f"arith.addi {n}, {s.op('arith.constant 1 : i64')} : i64")
     odd = s.op(f"arith.trunci {n} : i64 to i1")
@@ -388,6 +396,91 @@ def _sincos_f64(cos: bool) -> str:
     neg = s.op(f"arith.trunci {s.op(f'arith.shrui {n}, {one_i} : i64')} : i64 to i1")
     mag = s.sel(odd, kc, ks)
     return s.done(s.sel(neg, s.f("arith.negf", mag), mag))
+
+
+def _sincos_f64(cos: bool) -> str:
+    s = _Seq()
+    fn, y, ylo = _reduce_medium(s)
+    return _sincos_kernels(s, _whole_to_i64(s, fn), y, ylo, cos)
+
+
+# the first 256 bits of 2/pi after the binary point (fdlibm k_rem_pio2.c's ipio2 table)
+_TWO_OVER_PI = (0xA2F9836E4E441529, 0xFC2757D1F534DDC0, 0xDB6295993C439041,
+                0xFE5163ABDEBBC561)
+_BIG = 2.0 ** 20  # below it the medium path is exact (2**20 < 2**20 * pi/2)
+
+
+def _i64(s: _Seq, value: int) -> str:
+    """An i64 constant of the bits of ``value`` (0 <= value < 2**64)."""
+    return s.op(f"arith.constant {value - (1 << 64) if value >= 1 << 63 else value} : i64")
+
+
+def _reduce_float32(s: _Seq) -> tuple[str, str]:
+    """Payne-Hanek reduction of ``{a}``, a float32 held in f64 with |x| >= 2**20: x = M * 2**E
+    (M < 2**24 whole), so x * 2/pi mod 4 needs only the 128 bits of 2/pi from bit E - 1 on (the
+    bits before it make multiples of 4): (M * window mod 2**128) / 2**126, in i64 arithmetic.
+    Returns n (i64, the nearest quadrant, sign included) and y = x - n * pi/2, |y| <= pi/4,
+    within 2**-52 relatively (ylo is 0)."""
+    def i(op: str, a: str, b: str) -> str:
+        return s.op(f"arith.{op} {a}, {b} : i64")
+
+    def isel(cond: str, a: str, b: str) -> str:
+        return s.op(f"arith.select {cond}, {a}, {b} : i64")
+
+    bits = s.op("arith.bitcast {a} : {t} to i64")
+    mant = i("andi", bits, _i64(s, (1 << 52) - 1))
+    m = i("shrui", i("ori", mant, _i64(s, 1 << 52)), _i64(s, 29))  # the float32's 24 bits
+    # E = exponent - 1075 + 29; the window starts at bit E - 1 of 2/pi, bit E + 63 of the
+    # words below, whose first is 64 zero bits (E + 63 >= 1 wherever |x| >= 2**20)
+    e11 = i("andi", i("shrui", bits, _i64(s, 52)), _i64(s, 0x7FF))
+    start = i("subi", e11, _i64(s, 1075 - 29 - 63 + 1))  # E + 63 - 1: bits before the window
+    q = i("shrui", start, _i64(s, 6))
+    r = i("andi", start, _i64(s, 63))
+    words = [_i64(s, 0)] + [_i64(s, w) for w in _TWO_OVER_PI]
+
+    def word(k: int) -> str:  # words[q + k], q in 0..2 (other q only where the path is unused)
+        at1, at2 = (s.op(f"arith.cmpi eq, {q}, {_i64(s, v)} : i64") for v in (1, 2))
+        return isel(at2, words[2 + k], isel(at1, words[1 + k], words[k]))
+
+    w0, w1, w2 = word(0), word(1), word(2)
+    one, inv = _i64(s, 1), i("subi", _i64(s, 63), r)
+
+    def window(a: str, b: str) -> str:  # (a << r) | (b >> (64 - r)), no shift by 64
+        return i("ori", i("shli", a, r), i("shrui", i("shrui", b, one), inv))
+
+    hi_w, lo_w = window(w0, w1), window(w1, w2)
+    # M * (hi_w * 2**64 + lo_w) mod 2**128: the high word needs M * lo_w's top bits, from
+    # 32-bit halves of lo_w (M * half < 2**56)
+    k32, mask32 = _i64(s, 32), _i64(s, (1 << 32) - 1)
+    lo_top = i("addi", i("muli", m, i("shrui", lo_w, k32)),
+               i("shrui", i("muli", m, i("andi", lo_w, mask32)), k32))
+    hi = i("addi", i("muli", m, hi_w), i("shrui", lo_top, k32))
+    lo = i("muli", m, lo_w)
+    # the nearest quadrant (top 2 bits, rounded) and the signed rest, in 2**-62 quadrants
+    rounded = i("addi", hi, _i64(s, 1 << 61))
+    n = i("shrui", rounded, _i64(s, 62))
+    rest = i("subi", i("andi", rounded, _i64(s, (1 << 62) - 1)), _i64(s, 1 << 61))
+    frac = s.f("arith.addf",
+               s.f("arith.mulf", s.op(f"arith.sitofp {rest} : i64 to {{t}}"), s.c(2.0 ** -62)),
+               s.f("arith.mulf", s.op(f"arith.sitofp {i('shrui', lo, _i64(s, 11))} : i64 to {{t}}"),
+                   s.c(2.0 ** -115)))
+    y = s.f("arith.mulf", frac, s.c(math.pi / 2))
+    # sin and cos of -x: n and y negated
+    negx = s.cmp("olt", "{a}", s.c(0.0))
+    return (isel(negx, i("subi", _i64(s, 0), n), n), s.sel(negx, s.f("arith.negf", y), y))
+
+
+def _sincos_float32_f64(cos: bool) -> str:
+    # a float32's sin or cos in f64: the medium path below 2**20, Payne-Hanek above (finite)
+    s = _Seq()
+    fn, y, ylo = _reduce_medium(s)
+    n = _whole_to_i64(s, fn)
+    nb, yb = _reduce_float32(s)
+    ax = s.op("math.absf {a} : {t}")
+    finite = s.cmp("ole", ax, s.c(sys.float_info.max))
+    big = s.op(f"arith.andi {s.cmp('oge', ax, s.c(_BIG))}, {finite} : i1")
+    return _sincos_kernels(s, s.op(f"arith.select {big}, {nb}, {n} : i64"), s.sel(big, yb, y),
+                           s.sel(big, s.c(0.0), ylo), cos)
 
 
 # W. J. Cody, "Rational Chebyshev approximations for the error function", Math. Comp. 23
@@ -533,6 +626,45 @@ def expand_f64_math(template: str) -> str:
         # the expansion's temporaries take the body's prefix plus the line's own tag
         out.append(F64_MATH[m["op"]].format(r=m["r"], a=m["a"], b=m["b"], p=f"{{p}}x{i}-",
                                             t="{t}"))
+    return "\n".join(out)
+
+
+# --- f32 sin and cos through f64 ---------------------------------------------------------------
+# MLIR's f32 expansion of sin and cos (IREE's, there being no libm) subtracts k * pi/2 with
+# pi/2 rounded to one float32, 4.4e-8 off: its error grows as 2.8e-8 * |x| (1.1e-4 at 4096,
+# 2.7e-3 at 1e5) where numpy's and libm's stay at float32 rounding. So the emitter computes them
+# in f64 (``widen_f32_math``): a float32 is exact in f64, reduced exactly (the Cody-Waite
+# medium path below 2**20, Payne-Hanek above, to the largest float32) and the kernels' result
+# is within an ulp of f64, so the f32 result is the sine rounded once to float32 (bar a
+# near-tie), on every backend and at every float32 input.
+#: sin and cos of a float32 operand held in f64, as templates over ``{a}``
+F32_WIDE_MATH: dict[str, str] = {"sin": _sincos_float32_f64(cos=False),
+                                 "cos": _sincos_float32_f64(cos=True)}
+_WIDE_LINE = re.compile(r"^(?P<r>\S+) = math\.(?P<op>sin|cos) (?P<a>\S+) : \{t\}$")
+
+
+def widen_f32_math(template: str) -> str:
+    """The template with each ``math.sin`` and ``math.cos`` line computed in f64 (its operand
+    extended, ``F32_WIDE_MATH``'s arithmetic, the result truncated back); the emitter applies it
+    where the compute type is f32, and every other line passes unchanged.
+
+    >>> out = widen_f32_math("{r} = math.sin {a} : {t}")
+    >>> "math.sin" in out, "arith.extf {a} : {t} to f64" in out
+    (False, True)
+    >>> out.splitlines()[-1]
+    '{r} = arith.truncf %{p}w0-r : f64 to {t}'
+    """
+    out = []
+    for i, line in enumerate(template.splitlines()):
+        m = _WIDE_LINE.match(line)
+        if m is None:
+            out.append(line)
+            continue
+        # the widened temporaries take the body's prefix plus the line's own tag
+        p = f"{{p}}w{i}-"
+        out.append(f"%{p}a = arith.extf {m['a']} : {{t}} to f64")
+        out.append(F32_WIDE_MATH[m["op"]].format(r=f"%{p}r", a=f"%{p}a", p=p, t="f64"))
+        out.append(f"{m['r']} = arith.truncf %{p}r : f64 to {{t}}")
     return "\n".join(out)
 
 

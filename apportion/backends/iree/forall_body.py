@@ -8,7 +8,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from apportion.backends.iree.bodies import MlirBody, body_of, combine_of, expand_f64_math
+from apportion.backends.iree.bodies import (
+    MlirBody,
+    body_of,
+    combine_of,
+    expand_f64_math,
+    widen_f32_math,
+)
 from apportion.backends.iree.forall_block import _Block
 from apportion.backends.iree.forall_index import Ix
 from apportion.backends.iree.forall_tensors import Box, TensorVal, _Env, _Slice, _Tensors
@@ -103,6 +109,8 @@ def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mappin
     text = body.text(integer)
     if ty == "f64":  # no libm in IREE's executables: f64 tanh, sin, cos, erf as arithmetic
         text = expand_f64_math(text)
+    elif ty == "f32":  # IREE's f32 sin and cos lose accuracy linearly in |x|: through f64
+        text = widen_f32_math(text)
     if not text.strip():
         return [operands["a"]]
     names = {r: blk.fresh(r) for r in results}
