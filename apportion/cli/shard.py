@@ -221,6 +221,40 @@ def _bind_program(program: Program, params: dict[str, int], mesh: Mesh) -> Progr
         raise ShardUsageError(f"--param: {e}") from None
 
 
+def check_mesh_sizes(mesh: Mesh, params: dict[str, int]) -> None:
+    """Refuse, before any planning, a ``--param`` outside the bounds of the symbolic mesh axis
+    size it names, one given without the mesh's other sizes, or sizes making more devices than
+    a mesh may have.
+
+    >>> from apportion.sharding.mesh import parse
+    >>> check_mesh_sizes(parse("tp=N~2..8"), {"N": 9})
+    Traceback (most recent call last):
+    ...
+    apportion.cli.shard.ShardUsageError: --param N=9: mesh 'tp=N~2..8': axis 'tp': N=9 is outside...
+    """
+    syms = mesh.symbols
+    sizes = {n: v for n, v in params.items() if n in syms}
+    for name, value in sizes.items():
+        try:
+            syms[name].bind(value)
+        except TargetError as e:  # "mesh axis 'tp': N=9 is outside its bounds 2..8"
+            raise ShardUsageError(f"--param {name}={value}: mesh {mesh.name!r}: "
+                                  f"{str(e).removeprefix('mesh ')}") from None
+    if not sizes:
+        return
+    flags = " ".join(f"--param {n}={v}" for n, v in sizes.items())
+    rest = [n for n in syms if n not in sizes]
+    if rest:  # the per-device programs need every size; one bound alone is never used
+        more = " ".join(f"--param {n}=SIZE" for n in rest)
+        raise ShardUsageError(f"{flags}: mesh {mesh.name!r} has symbolic sizes "
+                              f"{', '.join(syms)}, and its per-device programs need every one: "
+                              f"give {more} too, or none")
+    try:
+        mesh.bind(sizes)
+    except TargetError as e:  # more devices than a mesh may have
+        raise ShardUsageError(f"{flags}: {e}") from None
+
+
 def mesh_sizes(plan: ShardingPlan, args: argparse.Namespace) -> dict[str, int]:
     """The ``--param`` values that size the plan's mesh axes."""
     return {n: v for n, v in _params(args).items() if n in plan.mesh.symbols}
@@ -255,8 +289,11 @@ def sharded(args: argparse.Namespace) -> tuple[ShardingPlan, TorchModel | None]:
                               "device's programs are planned with the balanced strategy")
     if getattr(args, "torch", None) is None:
         program, ann = _load(args.program)
-        return _plan_for(args, program, ann, _mesh(args)), None
-    mesh = _mesh(args)  # a bad mesh is refused before the model is exported
+        mesh = _mesh(args)
+        check_mesh_sizes(mesh, _params(args))
+        return _plan_for(args, program, ann, mesh), None
+    mesh = _mesh(args)  # a bad mesh or mesh size is refused before the model is exported
+    check_mesh_sizes(mesh, _params(args))
     tm = _torch_model(args)
     assert tm is not None
     return _plan_for(args, tm.lowered.program, {}, mesh), tm
@@ -538,6 +575,10 @@ def _print_mesh_run(args: argparse.Namespace, plan: ShardingPlan, label: str,
         console.print(f"ran {label}", highlight=False)
 
 
+#: the ``--shard-form`` forms that print a symbolic mesh as it is, for every size of its axes
+SYMBOLIC_FORMS = ("annotated", "propagated", "dynamic")
+
+
 def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
     """``emit --mesh``: the per-device programs (``--forall``: the plan lowered to its mesh
     schedule, emitted by the IREE backend, ``backends.iree.mesh.mesh_mlir``), or
@@ -550,6 +591,13 @@ def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
         raise ShardUsageError("--shard-form needs a mesh: give --mesh (e.g. --mesh tp=2)")
     plan = sharding_plan(args)  # a --torch model's program too
     sizes = mesh_sizes(plan, args)
+    if args.shard in SYMBOLIC_FORMS and sizes:  # a size given here would be dropped
+        name, value = next(iter(sizes.items()))
+        axis = plan.mesh.symbols[name]
+        raise ShardUsageError(f"--param {name}={value}: --shard-form {args.shard} keeps the "
+                              f"mesh symbolic, for every {name} in {axis.bounds} (axis "
+                              f"{axis.name!r}); --param {name} binds it for --shard-form "
+                              "partitioned or unrolled and --forall")
     if args.shard:
         from apportion import shard_mlir
 

@@ -141,6 +141,46 @@ def test_bad_symbolic_sizes_are_one_line_errors(capsys, argv, match):
     one_line_error(status, err, match)
 
 
+_OUTSIDE = "--param N=9: mesh 'tp=N~2..8': axis 'tp': N=9 is outside its bounds 2..8"
+
+
+@pytest.mark.parametrize("argv", [
+    ["emit", "--shard-form", "dynamic"], ["emit", "--shard-form", "partitioned"],
+    ["emit", "--shard-form", "unrolled"], ["emit", "--forall"], ["run", "--check"], ["shard"],
+    ["shard", "--format", "json"], ["schedule"],
+])
+def test_a_mesh_size_outside_its_bounds_is_refused_before_planning_by_every_command(capsys,
+                                                                                     argv):
+    status, out, err = run(capsys, *argv[:1], "examples/mlp.json", *argv[1:], "--mesh",
+                           "tp=N~2..8", "--param", "N=9")
+    one_line_error(status, err, _OUTSIDE)
+    assert out == ""  # nothing planned or printed first
+
+
+@pytest.mark.parametrize(("argv", "match"), [
+    # the symbolic forms print the mesh for every size: a size given would be dropped
+    (["emit", "examples/mlp.json", "--mesh", "tp=N~2..8", "--shard-form", "dynamic", "--param",
+      "N=4"], "--param N=4: --shard-form dynamic keeps the mesh symbolic, for every N in 2..8 "
+              "(axis 'tp'); --param N binds it for --shard-form partitioned or unrolled"),
+    (["emit", "examples/mlp.json", "--mesh", "tp=N~2..8", "--shard-form", "annotated",
+      "--param", "N=4"], "--shard-form annotated keeps the mesh symbolic"),
+    (["emit", "examples/mlp.json", "--mesh", "tp=N~2..8", "--param", "N=1", "--forall"],
+     "--param N=1: mesh 'tp=N~2..8': axis 'tp': N=1 is outside its bounds 2..8"),
+    (["shard", "examples/mlp.json", "--mesh", "dp=M~2,tp=N~4", "--param", "N=4"],
+     "--param N=4: mesh 'dp=M~2,tp=N~4' has symbolic sizes M, N, and its per-device programs "
+     "need every one: give --param M=SIZE too, or none"),
+    (["shard", "examples/mlp.json", "--mesh", "dp=M~2,tp=N~4", "--param", "N=4000", "--param",
+      "M=2"], "--param N=4000 --param M=2: mesh 'dp=2,tp=4000': dp=2, tp=4000 makes 8000 "
+              "devices, more than the 4096 a mesh may have"),
+    (["run", "examples/mlp.json", "--mesh", "tp=N~4", "--param", "N=\u0663"],
+     "--param 'N=\u0663': value '\u0663' is not an integer in decimal digits 0-9"),
+])
+def test_a_mesh_size_the_command_cannot_use_is_a_one_line_error(capsys, argv, match):
+    status, out, err = run(capsys, *argv)
+    one_line_error(status, err, match)
+    assert out == ""
+
+
 @pytest.mark.distributed
 def test_a_symbolic_mesh_runs_on_torch_distributed_once_bound(capsys):
     pytest.importorskip("torch")
@@ -242,6 +282,8 @@ def test_a_sharded_torch_model_whose_numbers_differ_from_eager_exits_1(torch_fac
      "size of program 'mlp'"),
     (["shard", "--torch", TORCH_MLP, "--mesh", "tp=2", "--strategy", "greedy"],
      "--strategy and --auto-tile do not apply with --mesh"),
+    (["run", "--torch", "nosuchmodule:make", "--mesh", "tp=N~2..8", "--param", "N=9"],
+     _OUTSIDE),  # refused before the model is imported
 ])
 def test_bad_torch_sharding_input_is_a_one_line_error(capsys, argv, match):
     pytest.importorskip("torch")
