@@ -30,6 +30,14 @@ from apportion.backends.iree.run import emitted
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.runtime import upstream_mlir
 from apportion.runtime.reference import random_inputs, run_unplanned
+from tests.backends.iree.trig import (
+    FUNCTIONS,
+    ROUNDED_ONCE,
+    plan_trig,
+    rotary_angles,
+    whole_range,
+    worst_float32_ulps,
+)
 
 pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
@@ -219,3 +227,34 @@ def test_a_malformed_manifest_or_outputs_file_is_refused_naming_the_file(tmp_pat
     (b.path / "manifest.json").write_text("{}")
     with pytest.raises(ExecutionError, match=r"lacks function, args, results, outputs"):
         check_bundle(b.path, results)
+
+
+def _trig_bundle(out: Path, x: np.ndarray, threads: int = 1):
+    planned = plan_trig(ap.targets.gpu(cores=32))
+    return build_bundle(planned.program, planned.plan, planned.target, out, inputs={"x": x},
+                        threads=threads)
+
+
+def test_float32_sin_and_cos_build_for_the_gpu_through_f64(tmp_path):
+    # the emitter computes them in f64 for every backend (``bodies.widen_f32_math``): the
+    # extended operand, the reduction's i64 arithmetic and the f64 kernels all lower to PTX
+    b = _trig_bundle(tmp_path / "trig", rotary_angles())
+    text = (b.path / "forall.mlir").read_text()
+    assert "math.sin" not in text and "arith.extf" in text and "arith.truncf" in text
+    assert (b.path / "module.so").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _has_gpu(), reason="needs an NVIDIA GPU and driver")
+@pytest.mark.parametrize("threads", [1, 128])
+def test_float32_sin_and_cos_on_the_gpu_are_correctly_rounded_up_to_the_largest_float32(
+        tmp_path, threads):
+    for i, x in enumerate((rotary_angles(), whole_range())):
+        b = _trig_bundle(tmp_path / f"trig{i}", x, threads)
+        run_bundle(b.path, tmp_path / f"out{i}")
+        checks = check_bundle(b.path, tmp_path / f"out{i}")
+        assert all(c.ok for c in checks), checks
+        with np.load(tmp_path / f"out{i}" / "outputs.npz") as got:
+            for name, fn in FUNCTIONS.items():
+                err, at = worst_float32_ulps(got[name], x, fn)
+                assert err <= ROUNDED_ONCE, (name, at, err)

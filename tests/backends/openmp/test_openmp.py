@@ -21,6 +21,14 @@ from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.runtime import upstream_mlir
 from apportion.runtime.reference import random_inputs, run_unplanned
 from apportion.schedule.lower import planned_counts
+from tests.backends.iree.trig import (
+    FUNCTIONS,
+    ROUNDED_ONCE,
+    plan_trig,
+    rotary_angles,
+    whole_range,
+    worst_float32_ulps,
+)
 from tests.conformance.draws import HypothesisDraw, conformance
 from tests.helpers import program, runnable_examples
 
@@ -237,3 +245,16 @@ def test_a_worker_that_ended_is_started_again_and_compiles_the_module_again():
     proc.wait()
     checks, run = openmp_check(planned.program, planned.plan, planned.target, threads=2)
     assert ok(checks) and run.cached and engine.WORKER.generation == before + 1
+
+
+def test_float32_sin_and_cos_on_openmp_are_correctly_rounded_up_to_the_largest_float32():
+    # the emitter computes them in f64 for every backend (``bodies.widen_f32_math``): rotary
+    # angles up to 1e5 and the whole float32 range, the hardest to reduce among them
+    planned = plan_trig(ap.targets.spyre(cores=4))
+    x = np.concatenate([rotary_angles(), whole_range()])
+    for part in np.split(x, 2):
+        got = openmp_run(planned.program, planned.plan, planned.target, {"x": part},
+                         threads=2).tensors
+        for name, fn in FUNCTIONS.items():
+            err, at = worst_float32_ulps(got[name], part, fn)
+            assert err <= ROUNDED_ONCE, (name, at, err)
