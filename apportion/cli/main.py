@@ -118,9 +118,14 @@ def _plan(program: Program, target: Target, args: argparse.Namespace) -> Planned
     return plan(program, target, args.strategy, auto_tile=args.auto_tile)
 
 
-def _planned(args: argparse.Namespace) -> PlannedProgram:
+def _planned(args: argparse.Namespace, params: dict[str, int] | None = None
+             ) -> PlannedProgram:
+    """The program file's plan; ``params`` (``--param`` values) are checked before planning."""
     program = _load_program(args.program)
-    return _plan(program, resolve(args.target, args.cores), args)
+    target = resolve(args.target, args.cores)
+    if params:
+        _check_params(program, target, params, ())
+    return _plan(program, target, args)
 
 
 def _params(pairs: list[str] | None) -> dict[str, int]:
@@ -156,6 +161,12 @@ def _check_params(program: Program, target: Target, params: dict[str, int],
         if not 1 <= value <= top:
             raise UsageError(f"--param {name}={value}: a loop count must be in 1..{top} "
                              f"(the max_loop_count of target {target.name!r})")
+        for g in program.tiling:  # the bounds the program gives the count, before planning
+            for lv in g.loops:
+                high = top if lv.max is None else lv.max
+                if lv.count == name and not lv.min <= value <= high:
+                    raise UsageError(f"--param {name}={value}: loop count {name!r} of tiling "
+                                     f"group {list(g.ops)} takes {lv.min}..{high}")
     missing = [n for n in needed if n not in params]
     if missing:
         flags = " ".join(f"--param {n}=N" for n in missing)
@@ -429,7 +440,7 @@ def cmd_emit(args: argparse.Namespace, console: Console) -> int:
         planned = plan_model(_torch_model(args), resolve(args.target, args.cores),
                              args.strategy)
     else:
-        planned = _planned(args)
+        planned = _planned(args, _params(args.param))
     params = _params(args.param)
     _check_params(planned.given, planned.target, params, ())
     sizes = {k: v for k, v in params.items() if k in planned.given.symbol_map}
@@ -475,7 +486,7 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
         planned = plan_model(_torch_model(args), resolve(args.target, args.cores),
                              args.strategy)
     else:
-        planned = _planned(args)
+        planned = _planned(args, _params(args.param))
     params = _params(args.param)
     _check_params(planned.given, planned.target, params, planned.params)
     sizes = {k: v for k, v in params.items() if k in planned.given.symbol_map}

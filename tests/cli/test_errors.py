@@ -305,6 +305,18 @@ def test_bad_param_is_refused_before_planning(argv, parts, tmp_path, capsys, no_
     refused(["run", symbolic_program(tmp_path), *argv], capsys, *parts)
 
 
+@pytest.mark.parametrize(("command", "value"), [("run", "1"), ("run", "9"), ("schedule", "1"),
+                                                ("schedule", "65535")])
+def test_a_loop_count_outside_the_bounds_the_program_gives_it_is_refused_before_planning(
+        command, value, tmp_path, capsys, no_work):
+    path = Path(symbolic_program(tmp_path))
+    doc = json.loads(path.read_text())
+    doc["tiling"][0]["loops"][0] |= {"min": 2, "max": 8}
+    path.write_text(json.dumps(doc))
+    refused([command, str(path), "--param", f"T={value}"], capsys,
+            f"--param T={value}: loop count 'T' of tiling group", "takes 2..8")
+
+
 def test_param_for_a_program_without_symbolic_counts(capsys, no_work):
     refused(["run", MLP, "--param", "T=4"], capsys, "'T' is not a symbolic loop count",
             "counts: none")
@@ -368,6 +380,18 @@ FUSED = str(ROOT / "examples/fused.json")
     (["plan", MLP, "--cores", "\u0664"], ["argument --cores", "expected an integer"]),
     (["plan", MLP, "--cores", "1_6"], ["argument --cores", "'1_6'"]),
     (["shard", MLP, "--mesh", "dp=\u0662"], ["size", "neither an integer nor a symbol"]),
+    # float() alone takes other scripts' digits and underscores: --timeout 12, --timeout 10
+    (["run", MLP, "--mesh", "dp=2", "--backend", "dtensor", "--timeout", "\u0661\u0662"],
+     ["argument --timeout", "digits 0-9", "'\u0661\u0662'"]),
+    (["run", MLP, "--mesh", "dp=2", "--backend", "dtensor", "--timeout", "1_0"],
+     ["argument --timeout", "digits 0-9", "'1_0'"]),
+    (["run", MLP, "--mesh", "dp=2", "--backend", "dtensor", "--timeout", "inf"],
+     ["argument --timeout", "'inf'"]),
+    (["run", MLP, "--seed", "\u0661"], ["argument --seed", "digits 0-9"]),
+    (["run", MLP, "--threads", "\u00b2"], ["argument --threads", "digits 0-9"]),
+    (["bench", "conformance", "--n", "\u0663"], ["argument --n", "digits 0-9"]),
+    (["bench", "conformance", "--seed", "\u2070"], ["argument --seed", "digits 0-9"]),
+    (["demo", "--cores", "\u0662"], ["argument --cores", "digits 0-9"]),
 ])
 def test_numbers_in_other_forms_than_plain_ascii_digits_are_refused(argv, parts, capsys,
                                                                     no_work):
