@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from apportion.cli.bench_harness import Outcome, Suite
+from apportion.cli.usage import UsageError
 from apportion.errors import ApportionError
 from apportion.frontend.random_meshes import mesh_case
 from apportion.ir.program import Program
@@ -55,8 +56,9 @@ from apportion.sharding.unroll import unroll
 
 #: random mesh cases when --n is not given
 DEFAULT_N = 20
-#: the example programs' folder (the repository's)
-EXAMPLES = Path("examples")
+#: the example programs' folder: the repository's, beside the package (not the current
+#: folder's, which outside the repository held none and the suite ran no example)
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @dataclass(frozen=True)
@@ -72,11 +74,18 @@ class Case:
     sizes: Mapping[str, int] | None = None
 
 
-def example_cases() -> list[Case]:
-    """Every example with its annotations on 2 devices per axis they name (``tp=2`` if none),
-    run-time sizes bound at 256."""
+def example_cases(folder: Path | None = None) -> list[Case]:
+    """Every example of ``folder`` (default ``EXAMPLES``) with its annotations on 2 devices per
+    axis they name (``tp=2`` if none), run-time sizes bound at 256; a folder without any is
+    refused (an installed package carries no examples: the suite runs from a source checkout)."""
+    folder = EXAMPLES if folder is None else folder
+    paths = sorted(folder.glob("*.json"))
+    if not paths:
+        raise UsageError(f"bench upstream compares the repository's example programs, and "
+                         f"{str(folder)!r} holds none (a package installed without its "
+                         "repository has no examples): run it from a source checkout")
     out = []
-    for path in sorted(EXAMPLES.glob("*.json")):
+    for path in paths:
         prog, ann = load(path)
         if prog.symbols:
             prog = prog.bind({s.name: 256 for s in prog.symbols})
@@ -159,8 +168,6 @@ def _what(report: PropagationReport | PartitionReport | None) -> str:
 def run(args: argparse.Namespace, console: Console) -> Outcome:
     """The suite: every case compared, one table of cases and one of rates."""
     if not available():
-        from apportion.cli.usage import UsageError
-
         raise UsageError(MISSING)
     cases = example_cases()
     if args.limit is not None:
