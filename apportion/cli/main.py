@@ -103,6 +103,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "of that size names the symbol again, bounds left out (e.g. --dynamic "
                         "input_ids:1=seq:2..64 --dynamic attention_mask:1=seq); run binds it "
                         "with --param seq=40")
+    p.add_argument("--trust-pt2", action="store_true",
+                   help="with a .pt2 file: read it even where it holds parts that run code as "
+                        "they are read (pickles, native code, Python in its sizes or guards), "
+                        "which are refused otherwise; only for a file whose source you trust")
     p.add_argument("--partial", action="store_true",
                    help="with --torch: plan the part of the model apportion can lower, the "
                         "results of the nodes it cannot are inputs (their table on stderr); "
@@ -227,7 +231,7 @@ def _torch_model(args: argparse.Namespace) -> Any:
                          f"--torch {args.torch!r})")
     # run and cuda build run the model: every value needed, nothing left out
     return load_model(args.torch, partial=args.partial, run=args.command in ("run", "cuda"),
-                      dynamic=args.dynamic or ())
+                      dynamic=args.dynamic or (), trust_pt2=args.trust_pt2)
 
 
 def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:

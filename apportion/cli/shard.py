@@ -273,7 +273,8 @@ def _torch_model(args: argparse.Namespace) -> TorchModel | None:
                               f"--torch {spec!r})")
     return load_model(spec, partial=getattr(args, "partial", False),
                       run=getattr(args, "command", None) == "run",
-                      dynamic=getattr(args, "dynamic", None) or ())
+                      dynamic=getattr(args, "dynamic", None) or (),
+                      trust_pt2=getattr(args, "trust_pt2", False))
 
 
 def sharding_plan(args: argparse.Namespace) -> ShardingPlan:

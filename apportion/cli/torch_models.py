@@ -282,7 +282,8 @@ def _raised(e: BaseException) -> str:
 
 
 def load_model(spec: str, partial: bool = False, run: bool = False,
-               err: TextIO | None = None, dynamic: Sequence[str] = ()) -> TorchModel:
+               err: TextIO | None = None, dynamic: Sequence[str] = (),
+               trust_pt2: bool = False) -> TorchModel:
     """The factory's model lowered with ``from_torch``.
 
     Nodes apportion cannot lower are refused all at once: their table (ATen op, count, first
@@ -290,7 +291,8 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
     is lowered and the table of what was left out is printed on ``err`` instead. For a ``run``
     (which needs every value), ``partial`` and a model on the meta device are refused, before
     any planning. ``dynamic`` holds ``--dynamic`` specs (``parse_dynamic``); a ``spec``
-    ending in ``.pt2`` is a file ``torch.export.save`` wrote (``load_exported``).
+    ending in ``.pt2`` is a file ``torch.export.save`` wrote (``load_exported``: one holding
+    parts that run code as they are read is refused unless ``trust_pt2``).
 
     >>> tm = load_model("apportion.frontend.torch_models:llama3_tiny")
     >>> len(tm.lowered.shapes_only), tm.lowered.program.tensor("input_ids").shape
@@ -305,7 +307,7 @@ def load_model(spec: str, partial: bool = False, run: bool = False,
                            "support; --partial goes with plan, emit, schedule and shard")
     dims = parse_dynamic(dynamic)
     if spec.endswith(".pt2"):
-        return _load_pt2(spec, partial, run, err, dims)
+        return _load_pt2(spec, partial, run, err, dims, trust_pt2)
     model, inputs = load_inputs(spec)
     name = spec.partition(":")[2]
     shapes = inputs.dynamic_shapes
@@ -350,7 +352,7 @@ def _lowered(spec: str, doing: str, partial: bool, run: bool, err: TextIO,
 
 
 def _load_pt2(spec: str, partial: bool, run: bool, err: TextIO,
-              dims: Sequence[DynamicDim]) -> TorchModel:
+              dims: Sequence[DynamicDim], trust: bool = False) -> TorchModel:
     """``--torch FILE.pt2``: the saved program, lowered; its module runs eagerly for --check."""
     from apportion.frontend.torch_export import from_exported, load_exported
 
@@ -360,7 +362,7 @@ def _load_pt2(spec: str, partial: bool, run: bool, err: TextIO,
     with warnings.catch_warnings(), _quiet_torch(), _failing(spec, "reading the .pt2 file"):
         warnings.simplefilter("ignore", FutureWarning)
         try:
-            saved = load_exported(spec)
+            saved = load_exported(spec, trust=trust)
         except ApportionError as e:
             raise FactoryError(f"--torch {e}") from None
     if run and saved.args is None:

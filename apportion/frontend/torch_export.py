@@ -28,7 +28,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -783,9 +783,18 @@ class SavedProgram:
         return any(_sym_axes(v) for v in _user_values(self.exported))
 
 
-def load_exported(path: str) -> SavedProgram:
+#: the command-line option that reads a ``.pt2`` whatever it holds (``trust=True``)
+TRUST_FLAG = "--trust-pt2"
+
+
+def load_exported(path: str, trust: bool = False) -> SavedProgram:
     """Read a ``.pt2`` file with ``torch.export.load``, with the example inputs torch keeps
     in its metadata (``ExportedProgram.example_inputs``) where it kept them.
+
+    A ``.pt2`` can hold code that runs as it is read (pickles, native code, Python in its
+    symbolic sizes and guards: ``pt2_trust``). Unless ``trust``, an archive holding such a part
+    is refused before torch reads it, naming the part; ``torch.export.save`` of an ordinary
+    model writes none.
 
     >>> saved = load_exported("mlp.pt2")                                # doctest: +SKIP
     >>> saved.args[0].shape, saved.dynamic                              # doctest: +SKIP
@@ -793,10 +802,36 @@ def load_exported(path: str) -> SavedProgram:
     """
     import torch
 
+    from apportion.frontend.pt2_trust import unsafe_part, unsafe_value
+
     if not os.path.isfile(path):
         raise ProgramError(f"{path!r}: no such .pt2 file")
+
+    def refuse(part: str) -> NoReturn:
+        raise ProgramError(f"{path!r}: refused: {part}; a .pt2 can hold code that runs as it "
+                           f"is read: {TRUST_FLAG} (Python: trust=True) reads it, if you trust "
+                           "where it came from")
+
     try:
-        ep = torch.export.load(path)
+        if trust:
+            ep = torch.export.load(path)
+        else:
+            # one open file for the check and the load: the one checked is the one read
+            with open(path, "rb") as f:
+                try:
+                    part = unsafe_part(f)
+                except ValueError as e:
+                    raise ProgramError(f"{path!r}: torch.export.load cannot read it: {e}"
+                                       ) from None
+                if part:
+                    refuse(part)
+                f.seek(0)
+                ep = torch.export.load(f)
+            part = unsafe_value(ep)
+            if part:
+                refuse(part)
+    except ApportionError:
+        raise
     except Exception as e:  # torch's reason, one line: not a .pt2, another torch's format
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise ProgramError(f"{path!r}: torch.export.load cannot read it: "
