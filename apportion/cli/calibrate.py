@@ -7,7 +7,14 @@ Two sources of measurements:
 * ``--measure``: kernels timed on this machine with the planned executor, one thread per core:
   every split ``balanced`` searches (1 up to all the cores: none, m, n and k of a matmul on two
   cores) of matmuls, pointwise exp and mul and sum reductions, a kernel's splits timed in
-  interleaved rounds, the way ``apportion/frontend/data/cpu_measurements.json`` was made.
+  interleaved rounds, the way ``apportion/frontend/data/cpu_measurements.json`` was made. The
+  rounds go on until the kernel's fastest split is settled and every split's least time is
+  known within ``PRECISION`` (``cost/noise.py``; ``REPEATS`` to ``MAX_REPEATS`` rounds); each
+  record keeps its rounds, spread and the load average. Measurements that could not be trusted
+  (a kernel not settled, or the load average over the machine's cores) are fitted and shown,
+  and saved with ``--save`` (their noise recorded), but no fitted target is written from them:
+  the command says why and exits with status 3 (``INCONCLUSIVE``). Only a cpu target can be
+  measured here, on at most this machine's cores.
 
 The model's prediction of a record is the op's ``OpContext.time_us`` under the record's split
 (``predictor``); the fit itself lives in the cost layer. After the fit, each record marked
@@ -23,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -30,10 +38,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from apportion.cost import noise
 from apportion.cost.calibrate import (
     Calibration,
     Measurement,
@@ -53,6 +63,7 @@ from apportion.ir.program import Program
 from apportion.passes.geometry import OpContext
 from apportion.passes.layouts import layouts
 from apportion.passes.work_distribution import candidates, ranked
+from apportion.target.host import REGRET, TOLERANCE
 from apportion.target.presets import PRESETS
 from apportion.target.target import Target
 
@@ -60,6 +71,12 @@ from apportion.target.target import Target
 LOO_ERROR_GOAL = 0.30
 #: the packaged measurements, by preset name
 PACKAGED = {"spyre": "data/spyre_measurements.json", "cpu": "data/cpu_measurements.json"}
+#: ``--measure``: a kernel's splits are timed at least REPEATS rounds, at most MAX_REPEATS
+REPEATS, MAX_REPEATS = 7, 40
+#: ``--measure``: every split's least time known within this fraction of it
+PRECISION = 0.10
+#: the exit status of ``calibrate --measure`` on measurements that could not be trusted
+INCONCLUSIVE = 3
 
 
 def packaged_path(preset: str) -> Path:
@@ -400,14 +417,34 @@ def pinned(program: Program, splits: Mapping[str, int]) -> Program:
     return replace(program, work_division=((program.ops[0].name, tuple(splits.items())),))
 
 
+def fastest_criteria(t: np.ndarray) -> list[noise.Criterion]:
+    """What a kernel's splits (fewest cores first) are timed until: the split taken as the
+    fastest (the first within ``TOLERANCE`` of the fastest time, as the host's split-K table
+    chooses) stays within ``REGRET`` of the fastest over the resampled rounds.
+
+    >>> [c.name for c in fastest_criteria(np.array([1.0, 0.52, 0.5]))]
+    ['split 1 over the fastest']
+    """
+    at = fastest_index(t)
+    return [noise.Criterion(f"split {at} over the fastest",
+                            lambda x: x[..., at] / x.min(axis=-1), 1 + REGRET)]
+
+
+def fastest_index(t: np.ndarray) -> int:
+    """The first split within ``TOLERANCE`` of the fastest (the decision that must settle)."""
+    return int(np.argmax(t <= t.min() * (1 + TOLERANCE)))
+
+
 def measure(target: Target, core_counts: Sequence[int], console: Console | None = None,
-            kernels: Sequence[tuple[str, tuple[int, ...]]] = KERNELS, repeats: int = 7
-            ) -> list[Measurement]:
+            kernels: Sequence[tuple[str, tuple[int, ...]]] = KERNELS, repeats: int = REPEATS,
+            load: Callable[[], float | None] = noise.load_average
+            ) -> tuple[list[Measurement], list[noise.Measured]]:
     """Time every split (1 up to ``max(core_counts)`` cores, ``kernel_splits``) of every kernel
     on this machine, ``target`` with that many cores, one thread per core; one record per
-    split. A kernel's splits are timed in interleaved rounds, so load elsewhere on the machine
-    slows each of them alike rather than one of them."""
-    from apportion.cli.bench_harness import interleaved
+    split (its noise kept), and each kernel's measurement. A kernel's splits are timed in
+    interleaved rounds, so load elsewhere on the machine slows each of them alike rather than
+    one of them, until settled (``fastest_criteria``, every split within ``PRECISION``)."""
+    from apportion.cli.bench_harness import until_stable
     from apportion.planned import plan
     from apportion.runtime import random_inputs
 
@@ -415,29 +452,49 @@ def measure(target: Target, core_counts: Sequence[int], console: Console | None 
     n = max(core_counts)
     t = with_cores(target, n)
     out: list[Measurement] = []
+    kernels_measured: list[noise.Measured] = []
     work = []
     for kind, shape in kernels:
         spec_kind, spec = kernel_spec(kind, shape)
         program = from_dict(matmul_document(spec) if spec_kind == "matmul" else spec)
         work.append((kind, shape, spec_kind, spec, program, kernel_splits(program, t)))
+    rules = noise.Rules(min_rounds=repeats, max_rounds=max(repeats, MAX_REPEATS),
+                        precision=PRECISION)
     # redrawn between kernels only: a refresh thread would share the cores being timed
     with Progress(console=console, transient=True, auto_refresh=False) as progress:
         task = progress.add_task("timing kernels", total=sum(len(w[-1]) for w in work))
         for kind, shape, spec_kind, spec, program, splits in work:
             progress.update(task, description=f"timing {kind} {'x'.join(map(str, shape))}: "
-                            f"{len(splits)} splits on up to {n} cores")
+                            f"{len(splits)} splits on up to {n} cores, until settled")
             progress.refresh()
             inputs = random_inputs(program, 0)
             runs = [plan(pinned(program, s), t) for s in splits]
             calls = [lambda r=r, x=inputs: r.run(x, threads=n) for r in runs]
             with one_blas_thread():
-                timings = interleaved(calls, repeats, warmup=1, alternate=True)
+                timings, measured = until_stable(
+                    calls, rules, fastest_criteria, warmup=1,
+                    names=[split_text(s) for s in splits], load=load)
+            kernels_measured.append(measured)
             op = program.ops[0].name
-            for s, timing in zip(splits, timings, strict=True):
+            record = {"rounds": measured.rounds,
+                      "load": [measured.load.before, measured.load.after]}
+            for s, timing, spread in zip(splits, timings, measured.spread, strict=True):
                 out.append(Measurement(program, op, n, s, round(timing.min * 1e6, 1),
-                                       False, (spec_kind, spec)))
+                                       False, (spec_kind, spec),
+                                       record | {"spread": round(spread, 4)}))
             progress.advance(task, len(splits))
-    return out
+    return out, kernels_measured
+
+
+def untrusted(kernels: Sequence[tuple[str, tuple[int, ...]]],
+              measured: Sequence[noise.Measured]) -> str:
+    """Why ``measure``'s kernels cannot be trusted ("" where they can)."""
+    bad = [(k, m) for k, m in zip(kernels, measured, strict=True) if not m.trusted]
+    if not bad:
+        return ""
+    (kind, shape), m = bad[0]
+    return (f"{len(bad)} of {len(measured)} kernels could not be trusted ({kind} "
+            f"{'x'.join(map(str, shape))}: {m.untrusted_why})")
 
 
 def with_cores(target: Target, n: int) -> Target:
@@ -513,14 +570,19 @@ def command(measurements_path: str | None, target: Target, preset: str | None,
     """``apportion calibrate``: every input checked (by the caller: the output paths) before the
     fit; prints the coefficients, the records and the ranks; writes the TOML target."""
     names = parse_fit(fit_text, target)
+    why = ""
     if measurements_path is not None:
         measurements = load(measurements_path)
         source = measurements_path
     else:
         n = cores or os.cpu_count() or 1
         console.print(f"timing every split of {len(KERNELS)} kernels on this machine, on 1 to "
-                      f"{n} core(s), one thread per core", highlight=False)
-        measurements = tuple(measure(target, [n], console))
+                      f"{n} core(s), one thread per core, until each is settled",
+                      highlight=False)
+        records, kernels_measured = measure(target, [n], console)
+        measurements = tuple(records)
+        console.print(noise.summary(kernels_measured, "kernel"), highlight=False)
+        why = untrusted(KERNELS, kernels_measured)
         source = "this machine"
         if target.name == "cpu":  # the stock cpu target's split-K table, measured here too
             from apportion.targets.host_splitk import measure_table_again
@@ -553,6 +615,13 @@ def command(measurements_path: str | None, target: Target, preset: str | None,
                       f"{sum(c.rank == 1 for c in checks)} of {len(checks)} shapes, time within "
                       f"{LOO_ERROR_GOAL:.0%} on "
                       f"{sum(abs(c.loo_error) <= LOO_ERROR_GOAL for c in checks)}", highlight=False)
+    if why:  # a fit of noise is no target: shown above, written nowhere
+        verdict = f"{out} not written, the fit above is of noise" if out is not None else \
+            "the fit above is of noise"
+        kept = f" (the measurements are in {save}, their noise with them)" if save else ""
+        print(f"apportion: calibrate --measure: {why}: {verdict}; rerun on a quieter machine"
+              f"{kept}", file=sys.stderr)
+        return INCONCLUSIVE
     if out is not None:
         comment = [f"fitted by apportion calibrate to {len(measurements)} measurements "
                    f"({source}); RMS log error {cal.rms_log_error:.3f}"]

@@ -526,11 +526,16 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
             raise UsageError(f"{flag} goes with --measure")
     out = output_path("-o", args.output) if args.output is not None else None
     save = output_path("--save", args.save) if args.save is not None else None
+    here = os.cpu_count() or 1
+    if args.cores is not None and args.cores > here:  # one thread per core: no more than here
+        raise UsageError(f"--cores {args.cores}: --measure times this machine's cores, and it "
+                         f"has {here}")
     spec = args.target or ("cpu" if args.measure else "spyre")
     target = resolve(spec)
-    if args.measure and target.name == "spyre":
-        raise UsageError("--measure times this machine's CPU: use --target cpu or a cpu target "
-                         "file")
+    if args.measure and target.name != "cpu":
+        raise UsageError(f"--measure times this machine's CPU, so it calibrates only a cpu "
+                         f"target, not {target.name!r}: use --target cpu or a target file with "
+                         f"preset = \"cpu\"")
     return calibrate.command(args.measurements, target, spec, args.fit, out, save, args.cores,
                              console)
 
@@ -695,7 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", default=None, help="write every case's result here (JSON)")
     b.add_argument("--check", action="store_true",
                    help="exit status 1 when a goal the suite states is missed (one line each "
-                        "on stderr, saying by how much)")
+                        "on stderr, saying by how much), else 3 when a timed goal is too noisy "
+                        "to judge (inconclusive)")
     b.add_argument("--measurements", default=None, metavar="FILE.json",
                    help="costmodel: measured kernels (default: the packaged Spyre ones)")
     b.add_argument("--target", default=None,
@@ -761,6 +767,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     and no BrokenPipeError is printed. A closed stdout (``>&-``) or one that fails a write (``>
     /dev/full``) ends with status 2 and one line. Ctrl-C ends with status 130 and one line, SIGTERM
     (a batch system's time limit) with 143 and one line, after the same cleanup.
+    Status 3: a measurement too noisy to judge (``bench --check`` with a goal inconclusive and
+    none missed, ``calibrate --measure`` on measurements that could not be trusted), one line on
+    stderr each.
     Any other exception is a bug in apportion: its traceback, one line saying so, and status 70
     (``EX_SOFTWARE``), never 1, which means only that numbers differ.
     """

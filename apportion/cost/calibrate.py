@@ -10,7 +10,10 @@ A measurements file is a JSON list of records, one timed kernel each::
 instead, and ``op`` names the op timed (default: the program's only op). ``splits`` gives the
 slices of each dim (a dim left out is not split), ``cores`` the cores the kernel ran on,
 ``time_us`` its time, ``best`` (optional) that this split was the fastest one measured for its
-shape. A record that cannot be read raises ``CalibrationError`` naming its index and field.
+shape, ``noise`` (optional; ``calibrate --measure`` writes it) how the time was measured: the
+rounds timed, the spread of the least time (its interval's width over it, ``cost/noise.py``)
+and the 1-minute load average before and after, ``{"rounds": 9, "spread": 0.02, "load": [0.4,
+1.9]}``. A record that cannot be read raises ``CalibrationError`` naming its index and field.
 
 ``fit`` adjusts the named coefficients of a base ``Target`` so that the model's predictions
 match the measured times: a bounded least-squares fit (``scipy.optimize.least_squares``) of the
@@ -45,7 +48,9 @@ from apportion.target.target import (
 )
 
 #: the fields of one measurement record; any other key is an error
-RECORD_FIELDS = ("program", "matmul", "op", "cores", "splits", "time_us", "best")
+RECORD_FIELDS = ("program", "matmul", "op", "cores", "splits", "time_us", "best", "noise")
+#: the fields of a record's ``noise``
+NOISE_FIELDS = ("rounds", "spread", "load")
 #: the fields of the ``matmul`` shorthand
 MATMUL_FIELDS = ("M", "K", "N", "batch", "dtype")
 #: coefficients a fit may adjust: the real-valued cost figures (``pt_rows`` is a count)
@@ -106,6 +111,7 @@ class Measurement:
     time_us: float
     best: bool = False
     spec: tuple[str, Mapping[str, Any]] = field(default=("program", {}), compare=False)
+    noise: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "splits", MappingProxyType(dict(self.splits)))
@@ -138,6 +144,8 @@ class Measurement:
         out |= {"cores": self.cores, "splits": dict(self.splits), "time_us": self.time_us}
         if self.best:
             out["best"] = True
+        if self.noise is not None:
+            out["noise"] = dict(self.noise)
         return out
 
 
@@ -283,8 +291,32 @@ def _record(where: str, rec: Any, read_program: Callable[[Any], Program]) -> Mea
     if not isinstance(best, bool):
         raise CalibrationError(f"{where}: field 'best' must be true or false, got "
                                f"{describe(best, typed=True)}")
+    noise = rec.get("noise")
+    if noise is not None:
+        _check_noise(f"{where}: field 'noise'", noise)
     return Measurement(program, op_name, cores, full, float(time_us), best,
-                       (kind, MappingProxyType(dict(spec))))
+                       (kind, MappingProxyType(dict(spec))),
+                       None if noise is None else MappingProxyType(dict(noise)))
+
+
+def _check_noise(where: str, noise: Any) -> None:
+    if not isinstance(noise, dict):
+        raise CalibrationError(f"{where}: expected an object with {', '.join(NOISE_FIELDS)}, "
+                               f"got {describe(noise, typed=True)}")
+    unknown = [k for k in noise if k not in NOISE_FIELDS]
+    if unknown:
+        raise CalibrationError(f"{where}: unknown field {unknown[0]!r}; valid: "
+                               f"{', '.join(NOISE_FIELDS)}")
+    rounds, spread, load = noise.get("rounds"), noise.get("spread"), noise.get("load")
+    if not is_int(rounds) or rounds < 1:
+        raise CalibrationError(f"{where}: rounds must be an int >= 1, got {describe(rounds)}")
+    if not is_real(spread) or not finite(spread) or spread < 0:
+        raise CalibrationError(f"{where}: spread must be a finite number >= 0, got "
+                               f"{describe(spread)}")
+    if not (isinstance(load, list) and len(load) == 2 and all(
+            v is None or (is_real(v) and finite(v) and v >= 0) for v in load)):
+        raise CalibrationError(f"{where}: load must be [before, after], each a load average "
+                               f">= 0 or null, got {describe(load, typed=True)}")
 
 
 def _check_matmul(where: str, spec: Any) -> None:

@@ -8,6 +8,7 @@ import math
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from apportion.cli import bench_costmodel
@@ -145,6 +146,10 @@ def test_bench_costmodel_check_fails_when_a_left_out_shape_misses(tmp_path, caps
     (["calibrate", SPYRE_DATA, "--save", "m.json"], ("--save goes with --measure",)),
     (["calibrate", SPYRE_DATA, "--cores", "2"], ("--cores goes with --measure",)),
     (["calibrate", "--measure", "--target", "spyre"], ("--measure times this machine",)),
+    (["calibrate", "--measure", "--target", "gpu"],
+     ("--measure times this machine's CPU, so it calibrates only a cpu target, not 'gpu'",)),
+    (["calibrate", "--measure", "--cores", "1000000"],
+     ("--cores 1000000: --measure times this machine's cores, and it has",)),
     (["calibrate", "--measure", "--save", "NOFOLDER/m.json"], ("--save", "does not exist")),
     (["calibrate", "--measure", "--fit", "warp"], ("cannot fit 'warp'",)),
     (["calibrate", "BIGCORES"], ("record 0: field 'cores' 64 is more than the 32 cores "
@@ -207,3 +212,54 @@ def test_bench_costmodel_times_cpu_programs(tmp_path, capsys):
     assert len(shapes) == 13 and all(r["tied"] >= 1 and r["rank"] > 1 for r in shapes)
     assert len([r for r in doc if "loo_us" in r]) == 13
     assert all(r["measured_us"] > 0 and r["predicted_us"] > 0 for r in rows)
+
+
+def _untrusted_measure(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``measure`` answering with two packaged kernels' records, timed under a load over the
+    cores (no timing here)."""
+    from apportion.cost import noise
+
+    records = [m for m in cal_cli.load(cal_cli.packaged_path("cpu"))
+               if m.shape in ("256x1024x1024", "exp_1024x2048/exp")]
+    loaded = noise.Measured(((1.0, 1.0, 1.0),), (), True, "", noise.Load(6.8, 7.1, 2))
+
+    def measure(*args: object, **kwargs: object):
+        spread = {"rounds": 3, "spread": 0.0, "load": [6.8, 7.1]}
+        return ([cal_cost.Measurement(m.program, m.op, m.cores, m.splits, m.time_us, False,
+                                      m.spec, spread) for m in records],
+                [loaded] * len(cal_cli.KERNELS))
+
+    monkeypatch.setattr(cal_cli, "measure", measure)
+
+
+def test_measurements_that_could_not_be_trusted_write_no_target_and_exit_3(
+        tmp_path, capsys, monkeypatch):
+    _untrusted_measure(monkeypatch)
+    out, saved = tmp_path / "cpu.toml", tmp_path / "m.json"
+    assert main(["calibrate", "--measure", "-o", str(out), "--save", str(saved)]) == \
+        cal_cli.INCONCLUSIVE == 3
+    assert not out.exists()
+    captured = capsys.readouterr()
+    (line,) = captured.err.splitlines()
+    assert line.startswith(f"apportion: calibrate --measure: {len(cal_cli.KERNELS)} of "
+                           f"{len(cal_cli.KERNELS)} kernels could not be trusted (matmul "
+                           "256x1024x1024: the load average 7.10 was over the machine's 2 cores)"
+                           f": {out} not written, the fit above is of noise")
+    assert "noise: 3 interleaved rounds per kernel" in captured.out
+    # the measurements themselves are kept, their noise with them
+    kept = cal_cli.load(saved)
+    assert kept and all(m.noise == {"rounds": 3, "spread": 0.0, "load": [6.8, 7.1]}
+                        for m in kept)
+
+
+def test_a_kernels_tied_splits_settle_on_the_first_within_the_tolerance():
+    # splits 1 and 2 within 1% of each other, which of them is faster changing every round:
+    # the fastest split taken is the first of the tie, so the measurement still settles
+    from apportion.cost import noise
+
+    flip = iter([0.500, 0.505] * 10)
+    flop = iter([0.505, 0.500] * 10)
+    m = noise.until_stable([lambda: 1.0, lambda: next(flip), lambda: next(flop)],
+                           cal_cli.fastest_criteria, noise.Rules(min_rounds=5, max_rounds=20),
+                           key=cal_cli.fastest_index, load=lambda: 0.0, cores=2)
+    assert m.stable and m.rounds == 5 and cal_cli.fastest_index(np.array(m.least)) == 1

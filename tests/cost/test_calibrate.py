@@ -362,3 +362,17 @@ def test_a_cpu_fit_learns_that_one_core_wins_a_small_kernel_and_two_a_big_one():
                                        "stick_split_us_per_byte"])
     assert cal.values["core_sync_us"] == pytest.approx(300.0, rel=1e-3)
     assert all(rank_split(cal.target, m).rank == 1 for m in best_records(records))
+
+
+def test_a_records_noise_reads_back_as_written_and_a_bad_one_is_refused_naming_it():
+    rec = {"matmul": {"M": 64, "K": 64, "N": 64}, "cores": 2, "splits": {"m": 2},
+           "time_us": 5.0, "noise": {"rounds": 9, "spread": 0.021, "load": [0.4, None]}}
+    (m,) = parse_measurements([rec], from_dict)
+    assert m.noise == {"rounds": 9, "spread": 0.021, "load": [0.4, None]}
+    assert json.loads(dumps_measurements([m]))[0]["noise"] == rec["noise"]
+    for bad, why in (({"rounds": 0, "spread": 0.0, "load": [None, None]}, "rounds must be"),
+                     ({"rounds": 3, "spread": -1, "load": [None, None]}, "spread must be"),
+                     ({"rounds": 3, "spread": 0.1, "load": [1.0]}, "load must be"),
+                     ({"rounds": 3, "spread": 0.1, "load": [1, 2], "x": 1}, "unknown field 'x'")):
+        with pytest.raises(CalibrationError, match=f"record 0: field 'noise': {why}"):
+            parse_measurements([rec | {"noise": bad}], from_dict)
