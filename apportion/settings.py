@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 
 from apportion.errors import TargetError
@@ -14,10 +15,10 @@ def sencores(environ: Mapping[str, str] | None = None) -> int | None:
     raw = env.get("SENCORES", "").strip()
     if not raw:
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise TargetError(f"SENCORES={raw!r} is not an integer core count") from None
+    # ASCII digits only: int() also reads '1_6' as 16 and other scripts' digits ('١٦')
+    if not re.fullmatch(r"-?[0-9]+", raw):
+        raise TargetError(f"SENCORES={raw!r} is not an integer core count in digits 0-9")
+    return int(raw)
 
 
 #: ``APPORTION_CPU_SPLIT_K``'s values: the host's measured table, or the shipped one

@@ -119,6 +119,11 @@ CPU_SPLIT_K = (
 )
 
 
+#: the most cores a ``cpu`` target plans for where this machine has fewer: the balanced search's
+#: time grows with the cores (a minute at 10**6; --cores 10**20 never ended)
+MAX_CPU_CORES = 4096
+
+
 def cpu(cores: int | None = None, split_k_table: tuple[TableRow, ...] | None = None
         ) -> Target:
     """This machine's CPU: all its cores, 64-byte cache lines as sticks, no span limit, split-K
@@ -128,10 +133,14 @@ def cpu(cores: int | None = None, split_k_table: tuple[TableRow, ...] | None = N
     >>> cpu(cores=2, split_k_table=CPU_SPLIT_K).split_k_table == CPU_SPLIT_K
     True
     """
+    n = os.cpu_count() or 1
+    top = max(n, MAX_CPU_CORES)
+    if is_int(cores) and not 1 <= cores <= top:  # before this host's table may be measured
+        raise TargetError(f"target 'cpu': cores must be in 1..{top} (this machine's {n}, or a "
+                          f"larger CPU of up to {top}), got {cores}")
     if split_k_table is None:
         measured = host_table()
         split_k_table = CPU_SPLIT_K if measured is None else measured.rows
-    n = os.cpu_count() or 1
     return Target(
         # a bad cores is left for Target to name; max() would fail on it first
         name="cpu", cores=n if cores is None else cores,

@@ -1,7 +1,8 @@
 import pytest
 
 from apportion.errors import TargetError
-from apportion.target import cpu, load_toml, resolve, spyre
+from apportion.target import cpu, load_toml, presets, resolve, spyre
+from apportion.target.presets import CPU_SPLIT_K, MAX_CPU_CORES
 
 
 def test_spyre_defaults_to_32_cores_and_its_figures():
@@ -29,6 +30,30 @@ def test_sencores_outside_1_to_32_is_an_error(value):
 def test_sencores_not_a_number_is_an_error():
     with pytest.raises(TargetError, match="not an integer"):
         spyre(environ={"SENCORES": "many"})
+
+
+@pytest.mark.parametrize("value", ["\u0668", "\u2078", "1_6"])
+def test_sencores_in_other_digits_than_ascii_is_an_error(value):
+    # int() reads '٨' as 8 and '1_6' as 16, and fails on '⁸'
+    with pytest.raises(TargetError, match=f"SENCORES={value!r} is not an integer core count "
+                                          "in digits 0-9"):
+        spyre(environ={"SENCORES": value})
+
+
+@pytest.mark.parametrize("cores", [MAX_CPU_CORES + 1, 10 ** 20, 0, -1])
+def test_cpu_cores_beyond_the_limit_are_refused_before_the_host_table(cores, monkeypatch):
+    def measured() -> None:
+        raise AssertionError("the host's split-K table was read before the cores were checked")
+
+    monkeypatch.setattr(presets, "host_table", measured)
+    monkeypatch.setattr(presets.os, "cpu_count", lambda: 2)
+    with pytest.raises(TargetError, match=rf"target 'cpu': cores must be in 1\.\.{MAX_CPU_CORES} "
+                                          rf"\(this machine's 2, .*got {cores}"):
+        cpu(cores)
+
+
+def test_cpu_plans_a_larger_cpu_up_to_the_limit():
+    assert cpu(MAX_CPU_CORES, split_k_table=CPU_SPLIT_K).cores == MAX_CPU_CORES
 
 
 def test_cpu_span_limit_never_binds():

@@ -133,7 +133,7 @@ def max_threads() -> int:
     True
     """
     given = os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if given.isdigit() and int(given) > 0:
+    if given.isascii() and given.isdigit() and int(given) > 0:  # '²' is a digit int() fails on
         return int(given)
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
