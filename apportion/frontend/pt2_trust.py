@@ -79,7 +79,8 @@ def unsafe_part(f: IO[bytes]) -> str | None:
         if name.startswith(c.AOTINDUCTOR_DIR):
             return f"{name}: a program compiled by AOTInductor, loaded and run as native code"
     prefix, suffix = c.MODELS_FILENAME_FORMAT.split("{}")
-    for model in [n[len(prefix):-len(suffix)] for n in names if n.startswith(c.MODELS_DIR)]:
+    for program in [n for n in names if n.startswith(c.MODELS_DIR)]:
+        model = program[len(prefix):-len(suffix)]  # as torch names it
         restricted = [c.SAMPLE_INPUTS_FILENAME_FORMAT.format(model),
                       f"{c.WEIGHTS_DIR}{model}.pt", f"{c.CONSTANTS_DIR}{model}.pt"]
         for entry in [n for n in restricted if n in names]:
@@ -90,8 +91,7 @@ def unsafe_part(f: IO[bytes]) -> str | None:
                           None, names)
                  or _pickled(reader, c.CONSTANTS_CONFIG_FILENAME_FORMAT.format(model),
                              c.CONSTANTS_DIR, c.TENSOR_CONSTANT_FILENAME_PREFIX, names)
-                 or _code_in_program(f"{prefix}{model}{suffix}", _json(reader, names,
-                                                                     f"{prefix}{model}{suffix}")))
+                 or _code_in_program(program, _json(reader, names, program)))
         if found:
             return found
     return None
