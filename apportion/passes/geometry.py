@@ -149,12 +149,6 @@ class SpanCheck:
         return max(over, key=lambda x: x[1]) if over else None
 
 
-def check_spans(ctx: OpContext, splits: Mapping[str, int]) -> SpanCheck:
-    """Every operand tensor's span under ``splits``, counted from the first stick a core's
-    box touches to the last (``Reach``)."""
-    return ctx.span_check(splits)
-
-
 def check_pins(ctx: OpContext, pins: dict[str, int]) -> dict[str, int]:
     """Validate pinned splits of ``work_division`` and return them."""
     op, units = ctx.op, ctx.units
@@ -277,7 +271,8 @@ class OpContext:
         return {r.tensor: r.span(largest) for r in self.reaches}
 
     def span_check(self, splits: Mapping[str, int]) -> SpanCheck:
-        """Every operand tensor's span under ``splits``."""
+        """Every operand tensor's span under ``splits``, counted from the first stick a core's
+        box touches to the last (``Reach``)."""
         return SpanCheck(self.slice_spans(slice_sizes(self.sizes, self.per, dict(splits))),
                          self.target.span_limit)
 
