@@ -51,6 +51,7 @@ from apportion.cli.calibrate import (
     with_cores,
 )
 from apportion.cli.report import predicted_total_us
+from apportion.cli.usage import UsageError
 from apportion.cost.calibrate import by_shape, default_fit, split_text
 from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
@@ -298,10 +299,29 @@ def goals(rows: Sequence[Any]) -> list[bench_goals.Goal]:
             + program_goals([r for r in rows if isinstance(r, ProgramRow)]))
 
 
+def check_options(target: Target, cores: Sequence[int] | None, limit: int | None) -> None:
+    """Refuse ``--cores`` and ``--limit`` where ``run`` would drop them (they pick the programs
+    timed on a ``cpu`` target), and core counts this machine lacks: a plan for more cores
+    than it has is not timed as that plan."""
+    if target.name != "cpu":
+        flag = "--cores" if cores else "--limit" if limit is not None else None
+        if flag is not None:
+            raise UsageError(f"{flag} applies to bench costmodel --target cpu (programs timed on "
+                             f"this machine); target {target.name!r} is compared with its "
+                             "measured kernels")
+        return
+    n = os.cpu_count() or 1
+    over = [c for c in cores or () if c > n]
+    if over:
+        raise UsageError(f"--cores {over[0]}: bench costmodel --target cpu times programs on "
+                         f"this machine, which has {n} cores")
+
+
 def _suite(args: argparse.Namespace, console: Console) -> Outcome:
     from apportion.target.presets import resolve
 
     target = resolve(args.target or "spyre")
+    check_options(target, args.cores, args.limit)
     results = run(target, args.measurements, args.cores, args.limit, console, label=args.target)
     return Outcome([dataclasses.asdict(r) for r in results], goals(results))
 
