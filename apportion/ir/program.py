@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -386,6 +387,7 @@ def validate(p: Program) -> None:
         if op.out.tensor not in tmap:
             raise ProgramError(f"op {op.name!r}: output {op.out.tensor!r} has no type")
         _check_access(op, op.out.tensor, op.out.index, tmap[op.out.tensor])
+        _check_constant(op, tmap[op.out.tensor])
         defined.add(op.out.tensor)
     for name in p.outputs:
         if name not in defined:
@@ -499,6 +501,34 @@ def _check_symbols(p: Program, tmap: Mapping[str, TensorType]) -> None:
                         f"op {op.name!r}: dim {used[0]!r} has symbolic size {syms[used[0]]!r} "
                         f"but indexes dim {i} of tensor {acc.tensor!r}, whose size is static; "
                         f"give that dim the size {syms[used[0]]!r} too")
+
+
+_INT_DTYPES = frozenset({"int8", "int32", "int64"})
+
+
+def _check_constant(op: Op, t: TensorType) -> None:
+    """Refuse a constant (an op without inputs: ``fill``, ``full``, ``arange``) whose literal
+    values an integer output cannot hold: one that is not finite or, truncated toward zero,
+    outside the dtype's range (an ``arange``'s first and last value at the tensor's size).
+    Computed values convert by saturating (``runtime.kernels.saturate``); a number the program
+    itself writes is refused rather than silently clamped."""
+    if op.ins or t.dtype not in _INT_DTYPES:
+        return
+    attrs = op.kind.numeric_attrs(dict(op.attrs))
+    if op.kind.name == "arange":
+        start, step = attrs.get("start", 0.0), attrs.get("step", 1.0)
+        last = 1
+        for n in t.shape:
+            last *= n
+        values = [start, start + step * max(last - 1, 0)]
+    else:
+        values = [attrs[k] for k in ("value",) if k in attrs]
+    bits = 8 * dtype_bytes(t.dtype)
+    for v in values:
+        if not math.isfinite(v) or not -(2 ** (bits - 1)) <= math.trunc(v) < 2 ** (bits - 1):
+            raise ProgramError(f"op {op.name!r} writes {v!r}, which tensor {t.name!r} of dtype "
+                               f"{t.dtype} cannot hold ({-(2 ** (bits - 1))}.."
+                               f"{2 ** (bits - 1) - 1})")
 
 
 def _check_access(op: Op, tensor: str, index: tuple, t: TensorType, read: bool = False) -> None:

@@ -19,8 +19,9 @@ integer kinds mean: ``floor_div`` and ``remainder`` are numpy's (Python's ``//``
 ``where``, matmul and convolution, ``sum``/``prod``/``amax``/``amin``/``argmax`` and the
 ``sort``/``cumsum``/``flip`` fallbacks are exact. Kinds with no integer semantics
 (``div``, ``pow``, ``exp``, ``sqrt``, ``clamp``, ...) compute integers in float64, so they are
-exact only below 2**53, and the result truncates toward zero: ``div`` of integers is true
-division truncated (C's ``/``), as the parallel IR does (``sitofp``, ``divf``, ``fptosi``).
+exact only below 2**53, and the result truncates toward zero, saturating at the integer
+type's range (NaN to 0: ``saturate``): ``div`` of integers is true division truncated (C's
+``/``), as the parallel IR does (``sitofp``, ``divf``, a clamped ``fptosi``).
 ``mean`` sums exactly in int64 and divides that sum in float64.
 """
 
@@ -82,13 +83,36 @@ def storage_dtype(dtype: str) -> type[np.generic]:
         raise ExecutionError(f"no storage for dtype {dtype!r}; valid: {valid}") from None
 
 
+def saturate(a: np.ndarray, target: type[np.signedinteger]) -> np.ndarray:
+    """Floats as the integer type ``target``, the program's float-to-integer conversion:
+    truncated toward zero, clamped to the type's range, NaN to 0. numpy's own cast of a value
+    out of range is C's undefined behaviour (it differs between CPUs and numpy builds) and
+    LLVM's ``fptosi`` gives poison there; this one is defined, and every backend implements it.
+
+    >>> saturate(np.array([2.7, -2.7, 300.0, -1e30, np.inf, np.nan]), np.int8).tolist()
+    [2, -2, 127, -128, 127, 0]
+    >>> saturate(np.array([2.0 ** 63, -2.0 ** 63]), np.int64).tolist()
+    [9223372036854775807, -9223372036854775808]
+    """
+    info = np.iinfo(target)
+    edge = 2.0 ** (info.bits - 1)  # exact in float64; the max (2**n - 1) may not be
+    t = np.trunc(np.asarray(a, dtype=np.float64))  # float16 and float32 are exact in float64
+    over, under = t >= edge, t < -edge
+    inside = np.where(over | under | np.isnan(t), 0.0, t).astype(target)
+    return np.where(over, info.max, np.where(under, info.min, inside)).astype(target)
+
+
 def to_storage(a: np.ndarray, dtype: str) -> np.ndarray:
     """Cast a computed array to the storage of ``dtype``.
 
-    Floats to ints truncate toward zero (C semantics); anything to bool is ``!= 0``.
+    Floats to ints saturate (``saturate``: truncated toward zero, clamped to the integer
+    type's range, NaN to 0); ints to narrower ints wrap (two's complement); anything to bool
+    is ``!= 0``; floats to narrower floats round to nearest (overflow to infinity).
 
     >>> to_storage(np.array([2.7, -2.7]), "int32").tolist()
     [2, -2]
+    >>> to_storage(np.array([1e10, -np.inf, np.nan]), "int32").tolist()
+    [2147483647, -2147483648, 0]
     """
     a = np.asarray(a)
     target = storage_dtype(dtype)
@@ -98,8 +122,7 @@ def to_storage(a: np.ndarray, dtype: str) -> np.ndarray:
         with np.errstate(over="ignore"):
             return round_bf16(a.astype(np.float32))
     if np.issubdtype(target, np.integer) and np.issubdtype(a.dtype, np.floating):
-        with np.errstate(invalid="ignore"):
-            return np.trunc(a).astype(target)
+        return saturate(a, target)
     # Overflow to inf is what the narrower dtype does; numpy's warning would only be noise.
     with np.errstate(over="ignore"):
         return a.astype(target, copy=False)

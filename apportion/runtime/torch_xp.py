@@ -54,3 +54,22 @@ class _Torch:
 
 #: the namespace passed to the registry's formulas and reducers
 XP = _Torch()
+
+
+def saturate(t: Any, target: Any) -> Any:
+    """A float tensor as the integer torch dtype ``target``, as ``kernels.saturate`` converts:
+    truncated toward zero, clamped to the type's range, NaN to 0 (torch's own cast of a value
+    out of range is undefined, as numpy's).
+
+    >>> import torch
+    >>> saturate(torch.tensor([2.7, -2.7, 300.0, -float("inf"), float("nan")]), torch.int8)
+    tensor([   2,   -2,  127, -128,    0], dtype=torch.int8)
+    """
+    import torch
+
+    info = torch.iinfo(target)
+    edge = 2.0 ** (info.bits - 1)  # exact in float64; the max (2**n - 1) may not be
+    w = torch.trunc(t.to(torch.float64))  # float16, bfloat16 and float32 are exact in float64
+    over, under = w >= edge, w < -edge
+    inside = w.masked_fill(over | under | torch.isnan(w), 0.0).to(target)
+    return inside.masked_fill_(over, info.max).masked_fill_(under, info.min)

@@ -31,7 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from apportion.backends.iree.bodies import MlirBody, body_of, combine_of
-from apportion.backends.iree.forall_types import INDEX_MAX, MLIR_TYPES, _literal
+from apportion.backends.iree.forall_types import (
+    INDEX_MAX,
+    MLIR_TYPES,
+    _literal,
+    fptosi_saturating,
+)
 from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
@@ -115,10 +120,13 @@ class Block:
 
 
 def convert(blk: Block, value: str, src: str, dst: str) -> str:
-    """``value`` of scalar type ``src`` as ``dst``: floats to ints truncate toward zero, to
-    ``i1`` is ``!= 0``, ``i1`` to numbers is 0 or 1."""
+    """``value`` of scalar type ``src`` as ``dst``: floats to ints saturate (truncated toward
+    zero, clamped, NaN to 0: ``fptosi_saturating``, as the IREE emitter), to ``i1`` is
+    ``!= 0``, ``i1`` to numbers is 0 or 1."""
     if src == dst:
         return value
+    if src in _FLOATS and dst not in _FLOATS and dst != "i1":
+        return fptosi_saturating(blk, value, src, dst)
     name = blk.fresh("v")
     if dst == "i1":
         zero = blk.const(0.0 if src in _FLOATS else 0, src)
@@ -129,8 +137,6 @@ def convert(blk: Block, value: str, src: str, dst: str) -> str:
         if {src, dst} == {"f16", "bf16"}:  # no direct conversion: through f32
             return convert(blk, convert(blk, value, src, "f32"), "f32", dst)
         op = "extf" if _BITS[dst] > _BITS[src] else "truncf"
-    elif src in _FLOATS:
-        op = "fptosi"
     elif dst in _FLOATS:
         op = "uitofp" if src == "i1" else "sitofp"
     elif src == "i1":

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from apportion.errors import ProgramError
@@ -114,3 +116,33 @@ def test_ranks_and_op_dims_past_numpys_limit_are_program_errors_not_recursion():
         program({"x": ([200], "float32")},
                 [{"name": "e", "op": "sum", "out": "y[0]", "ins": [f"x[{'+'.join(dims)}]"],
                   "dims": dict.fromkeys(dims, 2)}], ["y"])
+
+
+def _constant(op: str, dtype: str, **attrs: float):
+    return program({"x": ([4, 64], dtype)},
+                   [{"name": "f", "op": op, "out": "c[i,j]", "ins": [], **attrs,
+                     "dims": {"i": 4, "j": 64}, "dtype": dtype},
+                    {"name": "a", "op": "add", "out": "y[i,j]", "ins": ["x[i,j]", "c[i,j]"]}],
+                   ["y"])
+
+
+@pytest.mark.parametrize(("op", "dtype", "attrs", "value"), [
+    ("fill", "int8", {"value": 300.0}, "300.0"),
+    ("fill", "int8", {"value": -129.0}, "-129.0"),
+    ("full", "int64", {"value": 2.0 ** 63}, "9.223372036854776e+18"),
+    ("arange", "int8", {"start": 0.0, "step": 1.0}, "255.0"),  # its last value, at 4 x 64
+])
+def test_a_constant_an_integer_output_cannot_hold_is_refused_naming_op_value_tensor_and_range(
+        op, dtype, attrs, value):
+    # computed values saturate (kernels.saturate); a number the program writes is not clamped
+    bits = {"int8": 8, "int64": 64}[dtype]
+    want = rf"op 'f' writes {re.escape(value)}, which tensor 'c' of dtype {dtype} cannot hold "
+    with pytest.raises(ProgramError, match=want + rf"\({-2 ** (bits - 1)}\.\."):
+        _constant(op, dtype, **attrs)
+
+
+def test_constants_an_integer_output_holds_after_truncation_are_accepted():
+    _constant("fill", "int8", value=127.9)
+    _constant("fill", "int8", value=-128.5)
+    _constant("arange", "int32", start=0.0, step=1.0)
+    _constant("fill", "float32", value=1e30)  # floats round (or overflow to inf) as numpy does

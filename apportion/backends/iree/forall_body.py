@@ -5,7 +5,6 @@ templates (``backends.iree.bodies``), and a thread's computation of an op: an el
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 from apportion.backends.iree.bodies import (
@@ -25,21 +24,23 @@ from apportion.backends.iree.forall_types import (
     _INTS,
     _NARROW,
     INDEX_MAX,
-    MLIR_TYPES,
+    fptosi_saturating,
     mlir_type,
 )
 from apportion.backends.mlir import symbol_name
-from apportion.errors import EmitError
 from apportion.ir.dtypes import FLOAT_DTYPES
 from apportion.ir.kinds import Category
 from apportion.ir.op import Op
 
 
 def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
-    """``value`` of scalar type ``src`` as type ``dst``: floats to ints truncate toward zero,
+    """``value`` of scalar type ``src`` as type ``dst``: floats to ints saturate
+    (``fptosi_saturating``: truncated toward zero, clamped, NaN to 0, as the reference),
     anything to ``i1`` is ``!= 0``, ``i1`` to numbers is 0 or 1."""
     if src == dst:
         return value
+    if src in _FLOAT_TYPES and dst in _INT_BITS and dst != "i1":
+        return fptosi_saturating(blk, value, src, dst)
     name = blk.fresh("v")
     if dst == "i1":
         if src in _FLOAT_TYPES:
@@ -55,8 +56,6 @@ def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
         return _f32_to_bf16(blk, value)
     if src in _FLOAT_TYPES and dst in _FLOAT_TYPES:
         op = "extf" if _FLOAT_BITS[dst] > _FLOAT_BITS[src] else "truncf"
-    elif src in _FLOAT_TYPES:
-        op = "fptosi"
     elif dst in _FLOAT_TYPES:
         op = "uitofp" if src == "i1" else "sitofp"
     elif src == "i1":
@@ -65,20 +64,6 @@ def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
         op = "extsi" if _INT_BITS[dst] > _INT_BITS[src] else "trunci"
     blk.emit(f"{name} = arith.{op} {value} : {src} to {dst}")
     return name
-
-
-def check_constant(op: Op, dtype: str, values: Sequence[float]) -> None:
-    """Refuse a constant that an integer output cannot hold as numpy would convert it: a value
-    that is not finite or, truncated toward zero, outside the dtype's range (numpy's cast of
-    those is undefined, so no backend can match it)."""
-    elt = MLIR_TYPES[dtype]
-    if elt not in _INT_BITS or elt == "i1":
-        return
-    bits = _INT_BITS[elt]
-    for v in values:
-        if not math.isfinite(v) or not -(2 ** (bits - 1)) <= math.trunc(v) < 2 ** (bits - 1):
-            raise EmitError(f"op {op.name!r}: value {v!r} does not fit tensor "
-                            f"{op.out.tensor!r} of dtype {dtype}")
 
 
 def _f32_to_bf16(blk: _Block, f32: str) -> str:
@@ -358,6 +343,6 @@ class _Bodies(_Tensors):
     def attr_values(self, op: Op) -> dict[str, float]:
         values = dict(body_of(op.kind, op.name).defaults)
         values.update(op.kind.numeric_attrs(dict(op.attrs)))
-        if not op.ins:  # a constant (fill): converted once to the output dtype
-            check_constant(op, self.dtype(op.out.tensor), list(values.values()))
+        # a constant (fill) is converted once to the output dtype; program validation
+        # refuses one an integer output cannot hold
         return values

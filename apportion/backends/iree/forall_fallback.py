@@ -13,12 +13,11 @@ outside the table, and the iree backend's run refuses it as the reference execut
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 from apportion.backends.iree.bodies import BACKEND, MlirBody, body_of
 from apportion.backends.iree.forall_block import _Block
-from apportion.backends.iree.forall_body import _apply, _Bodies, _convert, check_constant
+from apportion.backends.iree.forall_body import _apply, _Bodies, _convert
 from apportion.backends.iree.forall_index import Ix
 from apportion.backends.iree.forall_tensors import Box, TensorVal, _Env, _Slice
 from apportion.backends.iree.forall_types import _FLOAT_TYPES
@@ -305,7 +304,6 @@ class _Fallbacks(_Bodies):
         """Every element ``value``: the float64 constant converted to the output type, as the
         reference converts numpy's array."""
         value = self.attr_values(op)["value"]
-        check_constant(op, self.dtype(op.out.tensor), [value])
         return lambda b, at: _convert(b, b.const(value, "f64"), "f64", dest.elt)
 
     def arange(self, blk: _Block, op: Op, body: MlirBody, ins: list[TensorVal],
@@ -313,10 +311,6 @@ class _Fallbacks(_Bodies):
         """``start + step * f`` in float64 over the row-major position ``f``, converted to the
         output type."""
         attrs = {"start": 0.0, "step": 1.0, **self.attr_values(op)}
-        # the last position at the program's sizes (the planning sizes where they vary)
-        last = max(math.prod(self.program.tensor(op.out.tensor).shape) - 1, 0)
-        check_constant(op, self.dtype(op.out.tensor),
-                       [attrs["start"], attrs["start"] + attrs["step"] * last])
 
         def element(b: _Block, at: list[str]) -> str:
             f = _flat(b, at, dest.shape)

@@ -4,6 +4,7 @@ types, the type classes its bodies compute in, and ``arith.constant`` literals."
 from __future__ import annotations
 
 import math
+from typing import Protocol
 
 #: tensor dtype -> MLIR element type
 MLIR_TYPES: dict[str, str] = {
@@ -53,3 +54,55 @@ def _literal(value: float | int | bool, ty: str) -> str:
         mantissa, exp = text.split("e")
         text = f"{mantissa}.0e{exp}"
     return f"{text} : {ty}"
+
+
+class _Emits(Protocol):
+    """What ``fptosi_saturating`` writes into: the parallel IR's blocks and the shard forms'."""
+
+    def fresh(self, stem: str, /) -> str: ...
+
+    def const(self, value: float | int | bool, ty: str, /) -> str: ...
+
+    def emit(self, line: str, /) -> None: ...
+
+
+def fptosi_saturating(blk: _Emits, value: str, src: str, dst: str) -> str:
+    """``value`` of float type ``src`` as the integer type ``dst`` (not ``i1``), as
+    ``kernels.saturate`` converts: truncated toward zero, clamped to ``dst``'s range, NaN to 0.
+    ``arith.fptosi`` alone is poison out of range; here it only sees values in range (others
+    are replaced by 0 first) and the out-of-range ones select the bounds. The bounds compare
+    as -2**(n-1) and 2**(n-1), exact in every float type from f32 up (2**63 - 1 is not), so
+    f16 and bf16 (whose range may not reach 2**(n-1)) compare in f32, exactly.
+
+    >>> from apportion.backends.iree.forall_block import _Block, _Emitter
+    >>> blk = _Block(_Emitter(), 0)
+    >>> fptosi_saturating(blk, "%x", "f64", "i8")
+    '%v_8'
+    >>> for line in blk.lines[:3] + blk.lines[-4:]:
+    ...     print(line)
+    %cst = arith.constant 128.0 : f64
+    %cst_1 = arith.constant -128.0 : f64
+    %v = arith.cmpf oge, %x, %cst : f64
+    %cst_3 = arith.constant 127 : i8
+    %cst_4 = arith.constant -128 : i8
+    %v_7 = arith.select %v, %cst_3, %v_6 : i8
+    %v_8 = arith.select %v_1, %cst_4, %v_7 : i8
+    """
+    if _FLOAT_BITS[src] < 32:
+        wide = blk.fresh("v")
+        blk.emit(f"{wide} = arith.extf {value} : {src} to f32")
+        value, src = wide, "f32"
+    edge = 2.0 ** (_INT_BITS[dst] - 1)
+    hi, lo = blk.const(edge, src), blk.const(-edge, src)
+    over, under, nan, either, bad, safe, conv, top, out = (blk.fresh("v") for _ in range(9))
+    blk.emit(f"{over} = arith.cmpf oge, {value}, {hi} : {src}")
+    blk.emit(f"{under} = arith.cmpf olt, {value}, {lo} : {src}")
+    blk.emit(f"{nan} = arith.cmpf uno, {value}, {value} : {src}")
+    blk.emit(f"{either} = arith.ori {over}, {under} : i1")
+    blk.emit(f"{bad} = arith.ori {either}, {nan} : i1")
+    blk.emit(f"{safe} = arith.select {bad}, {blk.const(0.0, src)}, {value} : {src}")
+    blk.emit(f"{conv} = arith.fptosi {safe} : {src} to {dst}")
+    imax, imin = blk.const(int(edge) - 1, dst), blk.const(-int(edge), dst)
+    blk.emit(f"{top} = arith.select {over}, {imax}, {conv} : {dst}")
+    blk.emit(f"{out} = arith.select {under}, {imin}, {top} : {dst}")
+    return out

@@ -130,6 +130,7 @@ from apportion.ir.program import Program
 from apportion.plans.plan import Plan
 from apportion.runtime import kernels
 from apportion.runtime.reference import Box, check_cover, evaluate_op, run_op_boxes
+from apportion.runtime.torch_xp import saturate
 from apportion.schedule.lower import lower
 from apportion.schedule.values import Host, Launch, Schedule
 from apportion.target.target import Target
@@ -165,12 +166,12 @@ def _dtype(dtype: str) -> Any:
 
 def _cast(t: Any, dtype: str) -> Any:
     """A computed tensor as ``dtype``'s storage, as ``kernels.to_storage`` casts: floats to
-    ints truncate toward zero, anything to bool is ``!= 0``."""
+    ints saturate (``torch_xp.saturate``), anything to bool is ``!= 0``."""
     if dtype == "bool":
         return t if t.dtype == torch.bool else t != 0
     target = _dtype(dtype)
     if dtype in INTEGERS and t.is_floating_point():
-        t = torch.trunc(t)
+        return saturate(t, target)
     return t.to(target)
 
 
@@ -480,13 +481,13 @@ class _Step:
 
     def stored(self, value: Any) -> Any:
         """``value`` in the output's dtype, cast as ``kernels.to_storage`` casts: floats to
-        integers truncate toward zero, anything to bool is ``!= 0``."""
+        integers saturate (``torch_xp.saturate``), anything to bool is ``!= 0``."""
         if value.dtype == self.out_torch:
             return value
         if self.out_dtype == "bool":
             return value != 0
         if self.out_dtype in INTEGERS and value.is_floating_point():
-            value = torch.trunc(value)
+            return saturate(value, self.out_torch)
         return value.to(self.out_torch)
 
     def store(self, dest: Any, value: Any) -> None:
@@ -495,7 +496,7 @@ class _Step:
         if self.out_dtype == "bool" and value.dtype != torch.bool:
             value = value != 0
         elif self.out_dtype in INTEGERS and value.is_floating_point():
-            value = torch.trunc(value)
+            value = saturate(value, self.out_torch)
         dest.copy_(value)
 
 

@@ -92,18 +92,6 @@ def test_fill_rounds_a_float_value_as_numpy_converts_it(cache):
         np.testing.assert_array_equal(run.tensors["c"], want)
 
 
-def test_a_fill_value_an_integer_dtype_cannot_hold_is_refused_naming_op_value_and_dtype():
-    p = program({"x": ([4, 64], "int8")},
-                [{"name": "f", "op": "fill", "out": "c[i,j]", "ins": [], "value": 300.0,
-                  "dims": {"i": 4, "j": 64}, "dtype": "int8"},
-                 {"name": "a", "op": "add", "out": "y[i,j]", "ins": ["x[i,j]", "c[i,j]"]}],
-                ["y"])
-    planned = plan(p)
-    with pytest.raises(EmitError, match=r"op 'f': value 300.0 does not fit tensor 'c' of "
-                                        r"dtype int8"):
-        emit(planned.program, planned.plan)
-
-
 # --- 2. gathers, embeddings and the other whole-tensor kinds -------------------------------------
 
 def embedding_program(ids_dtype: str = "int64", table_dtype: str = "float32") -> ap.Program:
