@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from rich.console import Console
 
 from apportion.backends import BACKENDS
-from apportion.cli.params import int_in, parse_params, seconds
+from apportion.cli.params import MAX_THREADS, int_in, parse_params, seconds
 from apportion.cli.report import print_checks
 from apportion.cli.usage import UsageError, make_folder, output_path
 from apportion.errors import ApportionError, ProgramError
@@ -615,7 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="execute the plan slice by slice")
     _common(r)
     r.add_argument("--check", action="store_true", help="compare with the unplanned program")
-    r.add_argument("--threads", type=int_in(1), default=None,
+    r.add_argument("--threads", type=int_in(1, MAX_THREADS), default=None,
                    help="run cores concurrently")
     r.add_argument("--seed", type=int_in(0), default=0,
                    help="seed of the random inputs (default 0)")
@@ -681,7 +681,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int_in(1), default=None,
                    help="only the first N op shapes (workdiv), blocks (tiling), rows (scale) "
                         "or models (e2e: mlp, llama, gpt2)")
-    b.add_argument("--threads", type=int_in(1), default=None,
+    b.add_argument("--threads", type=int_in(1, MAX_THREADS), default=None,
                    help="e2e: threads of the torch executor and of eager PyTorch (default 1); "
                         "forall: OpenMP threads of the parallel run (default: the cores)")
     b.add_argument("--repeat", type=int_in(1), default=None,

@@ -16,6 +16,11 @@ _DECIMAL = re.compile(r"\s*-?[0-9]+\s*")
 _NUMBER = re.compile(r"\s*[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?\s*")
 
 
+#: the most threads ``--threads`` takes: OpenMP and torch hold a team size in a C int (10**20
+#: failed inside them), and no cpu target plans for more cores (``target.presets.MAX_CPU_CORES``)
+MAX_THREADS = 4096
+
+
 def is_decimal(text: str) -> bool:
     """``text`` is an integer in plain ASCII digits (an optional minus sign, blanks around):
     ``int`` alone also takes ``4_0`` as 40 and other scripts' digits (``'٤'``) as 4.

@@ -398,6 +398,14 @@ def test_numbers_in_other_forms_than_plain_ascii_digits_are_refused(argv, parts,
     refused(argv, capsys, *parts)
 
 
+# OpenMP and torch hold a team size in a C int: 10**20 failed inside them (bench e2e: a traceback)
+@pytest.mark.parametrize("argv", [["run", MLP, "--threads", "4097"],
+                                  ["bench", "e2e", "--threads", "99999999999999999999"],
+                                  ["bench", "forall", "--threads", "4097"]])
+def test_a_thread_count_over_the_limit_is_refused(argv, capsys, no_work):
+    refused(argv, capsys, "argument --threads: must be an integer in 1..4096, got")
+
+
 def _write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
