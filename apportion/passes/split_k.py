@@ -21,10 +21,13 @@ slices each). The other resolvers' factors are capped at what the op and target 
 dim's planning units, the cores an op's ``work_division`` pins leave); a pin may exceed the
 cores where the op becomes partial and combine ops. A run-time K's select chain keeps the
 static resolver's factors (its cases may exceed the cores: a run cuts the chosen slices over the
-cores the partial op's slice dim was spread over). A pin that cannot be honoured is an error
-naming op, dims and factor. A ``work_division`` pin naming a reduction dim is the user's split
-of it: the resolvers are not asked. Other pins are checked against the op as written and follow
-it into its partial and combine ops.
+cores the partial op's slice dim was spread over). Of several reduction dims, a run-time one
+is never cut by a target's resolver (a static count cuts it into whole slices only at its
+multiples): the gpu rules leave it whole, one slice count cuts a static dim, and a table
+leaves an op whose reduction dims are all run-time sizes to the cost model. A pin that cannot
+be honoured is an error naming op, dims and factor. A ``work_division`` pin naming a
+reduction dim is the user's split of it: the resolvers are not asked. Other pins are checked
+against the op as written and follow it into its partial and combine ops.
 
 The pipeline then rewrites each decided split into two ops (``partials``): a partial op over
 ``[slices..., ...output dims]`` (one slice dim per cut dim) reading each cut dim as
@@ -157,7 +160,11 @@ def reduction_shape(ctx: OpContext, symbols: Mapping[str, Symbol] | None = None
     if op.kind.reducer is None or not op.kind.divisible or not op.reduction_dims:
         return None
     sizes = ctx.sizes
-    dim = max(op.reduction_dims, key=lambda d: (ctx.units[d], -op.reduction_dims.index(d)))
+    runtime = tuple(d for d in op.reduction_dims if d in (symbols or {}))
+    # the dim one slice count cuts: a static one where there is one (a static count cuts a
+    # run-time size into whole slices only at its multiples), then the widest
+    dim = max(op.reduction_dims, key=lambda d: (d not in runtime, ctx.units[d],
+                                                -op.reduction_dims.index(d)))
     k = math.prod(sizes[d] for d in op.reduction_dims)
     dtype = ctx.program.tensor(op.ins[0].tensor).dtype
     # a run-time K only when the split dim is the op's one reduction dim (else K is a product)
@@ -165,7 +172,8 @@ def reduction_shape(ctx: OpContext, symbols: Mapping[str, Symbol] | None = None
     symbol = None if sym is None else sym.name
     fam = family(op)
     extra: dict[str, object] = {
-        "family": fam, "reduction": tuple((d, sizes[d]) for d in op.reduction_dims)}
+        "family": fam, "reduction": tuple((d, sizes[d]) for d in op.reduction_dims),
+        "runtime": runtime}
     conv = conv_dims(op) if fam == "convolution" else None
     if conv is not None:
         size = lambda dims: math.prod(sizes[d] for d in dims)  # noqa: E731
@@ -187,6 +195,10 @@ def reduction_shape(ctx: OpContext, symbols: Mapping[str, Symbol] | None = None
 def _target_slices(ctx: OpContext, shape: ReductionShape
                    ) -> tuple[int | dict[str, int] | SelectChain | None, str]:
     target = ctx.target
+    if shape.symbol is None and shape.dim in shape.runtime and target.split_k == "table":
+        # every reduction dim of several is a run-time size: a table's one static count would
+        # cut one into whole slices only at its multiples (the gpu rules leave them whole)
+        return None, "cost"
     if shape.symbol is not None and target.split_k in ("gpu", "table"):
         if target.split_k == "gpu" and shape.family not in ("matmul_like", "inner_reduction"):
             return 1, "gpu"  # IREE leaves a run-time reduction of these families whole

@@ -51,6 +51,12 @@ arg-compare is cut into tiles of 1024).
 
 Every divisor search is IREE's trial division from the lower bound up to min(size, 2^15).
 
+A reduction dim of several whose size is known only at run time (``ReductionShape.runtime``)
+is never cut by these rules: its planning size decides the totals, but a static slice count
+would cut it into whole slices only at its multiples. It stays whole, as IREE leaves a dim it
+cannot tile (the walks end there; the outer-reduction walk tiles the others). A single
+run-time reduction dim gets a select chain instead (``gpu_chain``).
+
 >>> gpu_slices(ReductionShape(batch=1, m=32, n=32, k=40960))   # 128 slices of 320
 128
 >>> gpu_slices(ReductionShape(batch=1, m=4096, n=4096, k=8192)) is None   # output too large
@@ -120,6 +126,9 @@ class ReductionShape:
     depth: int = 1
     conv_batch: int = 1
     batch_first: bool = True
+    #: the reduction dims whose sizes are known only at run time (``reduction`` holds their
+    #: planning sizes): the gpu rules leave them whole
+    runtime: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -150,12 +159,22 @@ def _matmul_limit(out: int, k: int, first: int) -> int:
                 min(GPU_DEFAULT_LIMIT, first))
 
 
-def _walk(dims: tuple[tuple[str, int], ...], limit: int) -> dict[str, int] | None:
+def _walk(dims: tuple[tuple[str, int], ...], limit: int,
+          runtime: tuple[str, ...] = ()) -> dict[str, int] | None:
     """IREE's tiling walk of the convolution and matmul-like rules: each dim in turn takes the
     smallest tile giving at most ``limit`` slices, the limit shrinks by its slices, and a dim
-    left with tiles of more than one element ends the walk. Slices per dim (those above 1)."""
+    left with tiles of more than one element ends the walk, as a ``runtime`` dim (left whole)
+    does. Slices per dim (those above 1).
+
+    >>> _walk((("k", 64), ("j", 16)), 2048), _walk((("k", 64), ("j", 16)), 2048, ("k",))
+    ({'k': 64, 'j': 16}, None)
+    >>> _walk((("j", 16), ("k", 64)), 2048, ("k",))
+    {'j': 16}
+    """
     out: dict[str, int] = {}
     for d, size in dims:
+        if d in runtime:
+            break
         tile = _smallest_tile(size, -(-size // max(limit, 1)))
         if tile is None:
             return None
@@ -175,7 +194,7 @@ def matmul_like_split(shape: ReductionShape) -> dict[str, int] | None:
     ratio = k / math.sqrt(shape.m * shape.n) / shape.batch
     if k < GPU_LARGE_K and ratio < GPU_RATIO_THRESHOLD:
         return None
-    return _walk(shape.dims, _matmul_limit(out, k, shape.dims[0][1]))
+    return _walk(shape.dims, _matmul_limit(out, k, shape.dims[0][1]), shape.runtime)
 
 
 def outer_reduction_split(shape: ReductionShape, target: int = TARGET_SIZE
@@ -191,7 +210,7 @@ def outer_reduction_split(shape: ReductionShape, target: int = TARGET_SIZE
     scaled = min(target, max(OUTER_MIN_TILE, math.ceil(math.sqrt(total))))
     out, done = {}, 1
     for d, size in reversed(shape.dims):  # innermost first
-        tile = _smallest_tile(size, -(-scaled // done)) or size
+        tile = size if d in shape.runtime else _smallest_tile(size, -(-scaled // done)) or size
         if size // tile > 1:
             out[d] = size // tile
         done *= tile
@@ -217,7 +236,7 @@ def convolution_split(shape: ReductionShape) -> dict[str, int] | None:
     dims = tuple(reversed(shape.dims)) if shape.batch_first else shape.dims
     limit = next((lim for below, lim in CONV_LIMITS if out < below),
                  min(GPU_DEFAULT_LIMIT, dims[0][1]))
-    split = _walk(dims, limit)
+    split = _walk(dims, limit, shape.runtime)
     return None if split is None else {d: split[d] for d, _ in shape.dims if d in split}
 
 
@@ -225,7 +244,7 @@ def arg_compare_split(shape: ReductionShape, target: int = TARGET_SIZE
                       ) -> dict[str, int] | None:
     """IREE's arg-compare rule: tiles of the smallest divisor at least ``target``."""
     (d, size), = shape.dims[-1:]
-    if size < target:
+    if size < target or d in shape.runtime:
         return None
     tile = _smallest_tile(size, target) or size
     return {d: size // tile} if size // tile > 1 else None

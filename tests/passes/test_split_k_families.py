@@ -17,6 +17,8 @@ from apportion.ir.program import SplitKPin
 from apportion.passes.split_k import family
 from apportion.plans.plan import SplitK
 from tests.helpers import program
+from tests.runtime_reductions import CUT, PROGRAMS
+from tests.runtime_reductions import planned as runtime_planned
 
 
 def matmul(m: int, k: int, n: int, dtype: str = "float32", **extra) -> ap.Program:
@@ -211,3 +213,20 @@ def test_any_per_dim_split_of_a_two_dim_reduction_matches_the_reference(a, b, fa
     assert op.split_k is not None
     assert {d: f for d, f in op.split_k.per_dim.items() if f > 1} == cut
     assert runs(planned)
+
+
+@pytest.fixture(scope="module")
+def runtime_plans():
+    return {name: runtime_planned(name) for name in PROGRAMS}
+
+
+@settings(max_examples=15, deadline=None)
+@given(name=st.sampled_from(sorted(PROGRAMS)), k=st.integers(1, 64))
+def test_a_gpu_reduction_over_several_dims_beside_a_run_time_size_runs_at_every_declared_size(
+        runtime_plans, name, k):
+    # planned once at K=64: the gpu rules cut only static reduction dims, so every size of
+    # 1..64 binds (a static count of K's slices held only at multiples of it)
+    planned = runtime_plans[name]
+    partial = next((o for o in planned.plan.ops if o.name == "r.partial"), None)
+    assert (None if partial is None else partial.split_k.per_dim) == CUT[name]
+    assert all(c.ok for c in planned.check(params={"K": k}))

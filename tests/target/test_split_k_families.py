@@ -143,3 +143,20 @@ def test_every_family_cuts_each_dim_into_slices_that_divide_it(sizes, family, ch
     if split is not None:
         size = dict(dims)
         assert split and all(size[d] % f == 0 and f > 1 for d, f in split.items())
+
+
+def test_a_run_time_reduction_dim_is_left_whole_by_every_family_rule():
+    # K (planning size 64) beside a static j: a static slice count of K would cut it into
+    # whole slices only at its multiples; the walks end at it, the outer walk tiles j alone
+    def shape(family: str, dims: tuple[tuple[str, int], ...]) -> ReductionShape:
+        return ReductionShape(1, 8, 1, math.prod(n for _, n in dims), "j", family=family,
+                              reduction=dims, runtime=("K",))
+
+    assert matmul_like_split(shape("inner_reduction", (("j", 16), ("K", 64)))) == {"j": 16}
+    assert matmul_like_split(shape("inner_reduction", (("K", 64), ("j", 16)))) is None
+    assert outer_reduction_split(shape("outer_reduction", (("K", 64), ("j", 256)))) == \
+        {"j": 2}
+    assert arg_compare_split(shape("arg_compare", (("j", 16), ("K", 4096)))) is None
+    conv = ReductionShape(1, 1, 1, 2304, family="convolution", runtime=("c",),
+                          reduction=(("c", 256), ("kh", 3), ("kw", 3)), channels=8, image=16)
+    assert convolution_split(conv) == {"kh": 3, "kw": 3}

@@ -9,7 +9,9 @@ reduction size K: a chain of ``arith.select``, built from the last case backward
 first case holding K wins (``lo <= K``, ``K <= hi`` and ``K % multiple == 0`` as
 ``arith.cmpi``/``arith.remui``/``arith.andi``), the default last; the slice length is
 ``step = K / F`` (``arith.divui``). The partial op's iteration space is then [F, ..., step] and
-its partials tensor ``tensor<?x...>``. Where ``step`` is known only at run time, an input read
+its partials tensor ``tensor<?x...>``. A split of several reduction dims (each its own slice
+dim, ``SplitK.factors``) cuts each as a static split of one dim does. Where ``step`` is known
+only at run time, an input read
 at ``step * s + k`` along K is read through a ``tensor.expand_shape`` of that axis into
 ``[F, step]`` (an indexing map cannot multiply a dim by a run-time value): slice ``s`` of the
 view starts at element ``step * s`` of K.
@@ -80,7 +82,8 @@ class Sizes:
             op.name: {d: Ix(n) for d, n in op.dims} for op in program.ops}
         self.shapes: dict[str, tuple[Ix, ...]] = {
             t.name: tuple(Ix(n) for n in t.shape) for t in program.tensors}
-        self.cuts: dict[str, Cut] = {}  # partial and combine op -> its cut
+        #: partial and combine op -> its cuts, one per reduction dim split
+        self.cuts: dict[str, tuple[Cut, ...]] = {}
         #: symbol -> its SSA value
         self.symbols: dict[str, str] = {}
         #: the symbols no input has: the function takes them as ``index`` arguments
@@ -152,11 +155,13 @@ class Sizes:
                                     "of it")
                 self.dims[op.name] = read
                 continue
-            c = self.cuts.get(f"{stem}.partial") or self.cuts.get(f"{stem}.combine")
-            if c is None:
-                c = self._cut(blk, split_k, stem, base_sizes(stem))
-            self.cuts[op.name] = c
-            sizes = {**base_sizes(stem), c.s: c.slices, c.k: c.step}
+            cs = self.cuts.get(f"{stem}.partial") or self.cuts.get(f"{stem}.combine")
+            if cs is None:
+                cs = self._cuts(blk, split_k, stem, base_sizes(stem))
+            self.cuts[op.name] = cs
+            sizes = base_sizes(stem)
+            for c in cs:
+                sizes.update({c.s: c.slices, c.k: c.step})
             self.dims[op.name] = {d: sizes[d] for d in op.dim_names}
         for op in program.ops:  # tensors the rewrite made (partials): as their producer writes
             t = op.out.tensor
@@ -180,25 +185,56 @@ class Sizes:
             return None
         return {d: found[d] for d in op.dim_names}
 
-    def _cut(self, blk: _Block, split_k: Mapping[str, SplitK], stem: str,
-             base: Mapping[str, Ix]) -> Cut:
+    def _cuts(self, blk: _Block, split_k: Mapping[str, SplitK], stem: str,
+              base: Mapping[str, Ix]) -> tuple[Cut, ...]:
+        """The cuts of op ``stem``'s partial op: one per reduction dim its split cuts, in the
+        order of the partial's slice dims."""
         partial = self.program.op(f"{stem}.partial")
         split = split_k.get(partial.name)
-        if split is None or len(split.dims) != 1:
-            raise EmitError(f"op {partial.name!r}: the schedule records no split of one "
-                            "reduction dim")
-        s = partial.out.index[0].single_dim  # the partials' leading axis: the slice
+        slice_dims = tuple(e.single_dim for e in partial.out.index[:len(split.dims)]
+                           ) if split is not None else ()
         new = [d for d in partial.dim_names if d not in base]
         gone = [d for d in base if d not in partial.sizes]
-        if len(new) != 2 or s not in new or len(gone) != 1:
-            raise EmitError(f"op {partial.name!r} does not cut one reduction dim of {stem!r} "
-                            "into slices")
-        k = next(d for d in new if d != s)
-        size = base[gone[0]]
-        if split.select is not None:
+        if split is None or len(new) != 2 * len(gone) or len(gone) != len(split.dims) or \
+                not all(slice_dims) or (split.select is not None and len(gone) > 1):
+            raise EmitError(f"op {partial.name!r} does not cut reduction dims of {stem!r} into "
+                            "the slices its schedule records")
+        # the partials tensor's leading axes are the slice dims, in the split's order
+        per = dict(zip(slice_dims, split.factors or (split.factor,), strict=True))
+        cuts = []
+        for d in gone:
+            s, k = self._slice_dims(partial, stem, d, slice_dims)
+            cuts.append(self._cut(blk, split, stem, d, s, k, base[d],
+                                  per[s] if len(gone) > 1 else None))
+        return tuple(sorted(cuts, key=lambda c: slice_dims.index(c.s)))
+
+    def _slice_dims(self, partial: Op, stem: str, d: str, slice_dims: tuple[str | None, ...]
+                    ) -> tuple[str, str]:
+        """The partial op's slice dim and offset dim of the base op's cut dim ``d``: the two
+        dims a read of ``d`` became (``step * s + k``), the slice dim the one the partials
+        tensor is indexed by."""
+        assert self.given is not None
+        base = self.given.op(stem)
+        for a, b in zip(partial.ins, base.ins, strict=True):
+            for ea, eb in zip(a.index, b.index, strict=True):
+                if not eb.coeff(d):
+                    continue
+                made = [x for x in ea.dims if x not in eb.dims]
+                s = [x for x in made if x in slice_dims]
+                if len(made) == 2 and len(s) == 1:
+                    return s[0], next(x for x in made if x != s[0])
+        raise EmitError(f"op {partial.name!r}: no read of its cut reduction dim {d!r} of "
+                        f"{stem!r} as a slice and an offset in it")
+
+    @staticmethod
+    def _cut(blk: _Block, split: SplitK, stem: str, dim: str, s: str, k: str, size: Ix,
+             factor: int | None) -> Cut:
+        """Dim ``dim`` of ``size`` cut into slices (``factor``; None: the split's one factor,
+        or its select chain's choice at the run-time size) of ``step`` elements."""
+        if split.select is not None and factor is None:
             slices = select(blk, split.select, size, f"{stem}_slices")
         else:
-            slices = Ix(split.factor)
+            slices = Ix(split.factor if factor is None else factor)
         if slices.is_const:
             step = size.floordiv(slices.value)
             if not step.is_const and step.ssa is None:
@@ -208,16 +244,20 @@ class Sizes:
             blk.emit(f"{name} = arith.divui {blk.value(size)}, {blk.value(slices)} : index")
             blk.fn.defs[name] = lambda env: size.evaluate(env) // slices.evaluate(env)
             step = Ix.atom(name)
-        return Cut(stem, gone[0], s, k, size, slices, step)
+        return Cut(stem, dim, s, k, size, slices, step)
 
     # -- reading a run-time cut ---------------------------------------------------------
 
     def views(self, op: Op) -> list[View]:
         """The inputs of ``op`` read through an expanded axis: those of a partial op whose
         slice length is known only at run time, along the reduction dim it cuts."""
-        c = self.cuts.get(op.name)
-        if c is None or c.step.is_const or c.k not in op.sizes:
-            return []
+        out = []
+        for c in self.cuts.get(op.name, ()):
+            if not c.step.is_const and c.k in op.sizes:
+                out += self._views(op, c)
+        return out
+
+    def _views(self, op: Op, c: Cut) -> list[View]:
         assert self.given is not None
         base = self.given.op(c.base)
         out = []

@@ -38,6 +38,8 @@ from tests.backends.iree.trig import (
     whole_range,
     worst_float32_ulps,
 )
+from tests.runtime_reductions import PROGRAMS as RUNTIME_REDUCTIONS
+from tests.runtime_reductions import planned as runtime_planned
 
 pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
@@ -92,6 +94,17 @@ def test_every_forall_of_a_gpu_plan_becomes_one_kernel_launch(name):
     assert lowered.count("gpu.binary @") == foralls
     assert len(re.findall(r"\bgpu\.launch_func\b", lowered)) == foralls
     assert "memref.alloc" not in lowered and "@malloc" not in lowered.split("gpu.binary")[0]
+
+
+@pytest.mark.parametrize("name", list(RUNTIME_REDUCTIONS))
+def test_a_gpu_reduction_over_several_dims_beside_a_run_time_size_lowers_for_every_size(name):
+    # the one function for every size of K: each forall one kernel launch (the op of the
+    # run-time dim first is left whole, on one core: no forall)
+    text = runtime_planned(name).forall_mlir()
+    lowered = lower_nvvm(text).llvm
+    foralls = len(re.findall(r"\bscf\.forall \(", text))
+    assert (foralls > 0) == (name != "run-time first")
+    assert len(re.findall(r"\bgpu\.launch_func\b", lowered)) == foralls
 
 
 def test_a_plan_whose_foralls_carry_no_gpu_mapping_is_refused_naming_the_target():

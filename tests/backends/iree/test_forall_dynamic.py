@@ -31,6 +31,9 @@ from apportion.planned import PlannedProgram
 from apportion.target.split_k import Case, SelectChain
 from tests.backends.iree.emitting import emit
 from tests.backends.sums import DYNAMIC as SUMS
+from tests.runtime_reductions import PROGRAMS as RUNTIME_REDUCTIONS
+from tests.runtime_reductions import SIZES as RUNTIME_SIZES
+from tests.runtime_reductions import planned as runtime_planned
 
 ROOT = Path(__file__).parents[3]
 
@@ -235,6 +238,12 @@ def test_reads_through_a_sum_of_three_dims_beside_a_run_time_size(target, tmp_pa
     p = planned(SUMS, target)
     assert "tensor.extract %x" in p.forall_mlir()
     run_at(p, [{"M": 64}, {"M": 37}, {"M": 1}], tmp_path)
+
+@pytest.mark.parametrize("name", list(RUNTIME_REDUCTIONS))
+def test_a_gpu_reduction_over_several_dims_beside_a_run_time_size_runs_at_every_size(
+        name, tmp_path):
+    # static reduction dims cut (several of one op for the run-time rows), K left whole
+    run_at(runtime_planned(name), [{"K": k} for k in RUNTIME_SIZES], tmp_path)
 
 # --- the entry points ---------------------------------------------------------------------------
 

@@ -31,6 +31,9 @@ from tests.backends.iree.trig import (
 )
 from tests.conformance.draws import HypothesisDraw, conformance
 from tests.helpers import program, runnable_examples
+from tests.runtime_reductions import PROGRAMS as RUNTIME_REDUCTIONS
+from tests.runtime_reductions import SIZES as RUNTIME_SIZES
+from tests.runtime_reductions import planned as runtime_planned
 
 pytestmark = pytest.mark.skipif(not upstream_mlir.available() or
                                 upstream_mlir.openmp_library() is None,
@@ -83,6 +86,16 @@ def test_run_time_sizes_run_from_one_module_at_each_size():
         assert ok(checks), (k, [c for c in checks if not c.ok])
         runs.append(run)
     assert runs[1].cached  # the second size needs no new module
+
+
+@pytest.mark.parametrize("name", list(RUNTIME_REDUCTIONS))
+def test_a_gpu_reduction_over_several_dims_beside_a_run_time_size_runs_at_every_size(name):
+    planned = runtime_planned(name)
+    for i, k in enumerate(RUNTIME_SIZES):
+        checks, run = openmp_check(planned.program, planned.plan, planned.target,
+                                   params={"K": k}, symbolic=planned.given, threads=2)
+        assert ok(checks), (k, [c for c in checks if not c.ok])
+        assert run.cached == (i > 0), k  # one module for every size
 
 
 def test_one_thread_many_threads_and_sequential_loops_give_the_same_bits():
