@@ -245,6 +245,18 @@ def test_a_gpu_reduction_over_several_dims_beside_a_run_time_size_runs_at_every_
     # static reduction dims cut (several of one op for the run-time rows), K left whole
     run_at(runtime_planned(name), [{"K": k} for k in RUNTIME_SIZES], tmp_path)
 
+def test_a_pinned_cut_of_a_run_time_dim_beside_a_static_one_reads_through_a_view(tmp_path):
+    # K cut into 4 slices of K/4 (a run-time step: an expand_shape of x's K axis) and j into 2
+    doc = {"name": "pin2", "symbols": {"K": {"min": 1, "max": 64}},
+           "tensors": {"x": {"shape": [8, "K", 128], "dtype": "float32"}},
+           "inputs": ["x"], "outputs": ["y"],
+           "ops": [{"name": "r", "op": "sum", "out": "y[m]", "ins": ["x[m,k,j]"]}],
+           "split_k": {"r": {"slices": {"k": 4, "j": 2}}}}
+    p = planned(doc)
+    assert p.plan.op("r.partial").split_k.per_dim == {"k": 4, "j": 2}
+    assert "tensor<8x?x128xf32> into tensor<8x4x?x128xf32>" in p.forall_mlir()
+    run_at(p, [{"K": 64}, {"K": 12}, {"K": 4}], tmp_path)
+
 # --- the entry points ---------------------------------------------------------------------------
 
 @pytest.fixture
