@@ -204,7 +204,7 @@ def run(cases_: Sequence[Case], workers: int, threads: int | None, repeat: int,
             results.append(result)
             measured.append(m)
     console.print(table(results, workers))
-    console.print(noise.summary(measured), highlight=False)
+    console.print(noise.summary(measured, "case"), highlight=False)
     bench_goals.show(goals(results, measured), console)
     return results, measured
 

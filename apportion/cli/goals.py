@@ -67,15 +67,16 @@ def at_least(what: str, value: float, bound: float, fmt: str = "{:.3g}",
 
 def judged(what: str, v: Verdict, fmt: str = "{:.3g}", where: str = "") -> Goal:
     """The goal ``v`` judged (met or missed only where its whole interval says so), its figure
-    the value, the interval in brackets and ``where`` (the worst case).
+    the value, the interval in brackets (none where the figure was given, not measured) and
+    ``where`` (the worst case).
 
     >>> import numpy as np
     >>> from apportion.cost.noise import verdict
     >>> judged("ratio <= 2", verdict("r", 1.9, np.array([1.8, 2.2]), 2.0), "{:.2f}x").figure
     '1.90x [1.82x, 2.18x], too noisy: its interval 1.82 to 2.18 holds the bound 2'
     """
-    figure = f"{fmt.format(v.value)} [{fmt.format(v.low)}, {fmt.format(v.high)}]" + (
-        f" ({where})" if where else "")
+    interval = "" if v.exact else f" [{fmt.format(v.low)}, {fmt.format(v.high)}]"
+    figure = fmt.format(v.value) + interval + (f" ({where})" if where else "")
     if v.state == "missed":
         gap = v.low - v.bound if v.at_most else v.bound - v.high
         figure += f", {'over' if v.at_most else 'short of'} the goal by {fmt.format(gap)}"

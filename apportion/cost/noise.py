@@ -46,6 +46,7 @@ records the load but is judged by its spread alone.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import time
@@ -176,6 +177,7 @@ class Verdict:
     at_most: bool
     state: str
     why: str = ""
+    exact: bool = False  # one sample: a figure given, not measured (no interval to show)
 
     @property
     def spread(self) -> float:
@@ -210,16 +212,18 @@ def verdict(name: str, value: float, samples: np.ndarray, bound: float, at_most:
     >>> v.state, v.why
     ('inconclusive', 'its interval 1.81 to 2.08 holds the bound 2')
     """
-    low, high = _quantiles(np.asarray(samples, dtype=float), confidence)
+    samples = np.asarray(samples, dtype=float)
+    low, high = _quantiles(samples, confidence)
+    exact = samples.size <= 1
     good = (lambda v: v <= bound) if at_most else (lambda v: v >= bound)
     if noisy:
-        return Verdict(name, value, low, high, bound, at_most, INCONCLUSIVE, noisy)
+        return Verdict(name, value, low, high, bound, at_most, INCONCLUSIVE, noisy, exact)
     if good(low) and good(high):
-        return Verdict(name, value, low, high, bound, at_most, MET)
+        return Verdict(name, value, low, high, bound, at_most, MET, "", exact)
     if not good(low) and not good(high):
-        return Verdict(name, value, low, high, bound, at_most, MISSED)
+        return Verdict(name, value, low, high, bound, at_most, MISSED, "", exact)
     return Verdict(name, value, low, high, bound, at_most, INCONCLUSIVE,
-                   f"its interval {low:.3g} to {high:.3g} holds the bound {bound:.3g}")
+                   f"its interval {low:.3g} to {high:.3g} holds the bound {bound:.3g}", exact)
 
 
 def resampled_least(seconds: np.ndarray, n: int = REPLICATES, seed: int = SEED) -> np.ndarray:
@@ -338,8 +342,8 @@ def _check(criteria: Sequence[Criterion], seconds: np.ndarray, live: Sequence[in
                         rules.confidence) for c in criteria]
     if criteria and seconds.shape[0] < FEWEST:  # resamples of one or two rounds show no noise
         why = f"only {seconds.shape[0]} rounds, too few to judge"
-        return [Verdict(v.name, v.value, v.low, v.high, v.bound, v.at_most, INCONCLUSIVE, why)
-                for v in verdicts], f"{verdicts[0].name}: {why}"
+        return [dataclasses.replace(v, state=INCONCLUSIVE, why=why) for v in verdicts], \
+            f"{verdicts[0].name}: {why}"
     unsure = [v for v in verdicts if not v.conclusive]
     if unsure:
         v = unsure[0]
@@ -416,8 +420,7 @@ def until_stable(calls: Sequence[Callable[[], float]],
     measured_load = Load(before, load(), cores)
     noisy = _noisy(measured_load, wall_clock)
     if noisy:  # the verdicts say so too: a load over the cores decides none of them
-        verdicts = [Verdict(v.name, v.value, v.low, v.high, v.bound, v.at_most, INCONCLUSIVE,
-                            noisy) for v in verdicts]
+        verdicts = [dataclasses.replace(v, state=INCONCLUSIVE, why=noisy) for v in verdicts]
     return Measured(tuple(tuple(float(v) for v in col) for col in np.array(rows).T),
                     tuple(verdicts), stable, "" if stable else why, measured_load,
                     rules.confidence, wall_clock, tuple(names))
@@ -445,26 +448,21 @@ def timed(call: Callable[[], Any], clock: Callable[[], float] = time.perf_counte
     return once
 
 
-def summary(measured: Sequence[Measured], unit: str = "case") -> str:
-    """One line on a suite's measurements (one per ``unit``): rounds, how many stable, the
-    widest spread of a least time, and the load.
+def summary(measured: Sequence[Measured], unit: str = "table") -> str:
+    """One line on a suite's measurements (one per ``unit``), the same words however they
+    went: the least and most rounds, how many are stable, the widest spread of a least time,
+    and the load.
 
     >>> m = Measured(((1.0, 1.0, 1.0),), (), True, "", Load(0.5, 1.5, 2))
     >>> print(summary([m, m], "shape"))  # doctest: +NORMALIZE_WHITESPACE
-    noise: 3 interleaved rounds per shape, 2 of 2 stable, least times within 0.0%;
+    noise: interleaved rounds per shape 3 to 3, 2 of 2 stable, least times within 0.0%;
     load average 0.50 before, 1.50 after, on 2 cores
     """
     if not measured:
         return "noise: nothing measured"
     widest = max((s for m in measured for s in m.spread if math.isfinite(s)), default=0.0)
-    if len(measured) == 1:
-        m = measured[0]
-        return (f"noise: {m.rounds} interleaved round{'s' * (m.rounds != 1)}, "
-                f"{'stable' if m.stable else 'not stable'}, least times within {widest:.1%}; "
-                f"{m.load}")
-    rounds = sorted({m.rounds for m in measured})
-    span = f"{rounds[0]}" if len(rounds) == 1 else f"{rounds[0]} to {rounds[-1]}"
+    rounds = [m.rounds for m in measured]
     stable = sum(m.stable for m in measured)
-    return (f"noise: {span} interleaved round{'s' * (rounds[-1] != 1)} per {unit}, {stable} of "
+    return (f"noise: interleaved rounds per {unit} {min(rounds)} to {max(rounds)}, {stable} of "
             f"{len(measured)} stable, least times within {widest:.1%}; "
             f"{Load.across([m.load for m in measured])}")

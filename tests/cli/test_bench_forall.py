@@ -82,7 +82,7 @@ def test_the_bench_times_three_columns_of_the_same_ir_and_checks_each_case(tmp_p
     assert all(d["busy"] >= 0 for d in doc)
     # small cases are timed the rounds asked for; their noise is in the JSON
     assert all(d["rounds"] == 1 and d["noise"]["rounds"] == 1 for d in doc)
-    assert "noise: 1 interleaved round per case, 2 of 2 stable" in text
+    assert "noise: interleaved rounds per case 1 to 1, 2 of 2 stable" in text
 
 
 def test_bench_forall_takes_one_core_count_and_no_foreign_options(capsys):

@@ -183,18 +183,24 @@ def test_bad_input_exits_2_with_one_line_before_any_work(argv, parts, tmp_path, 
 @pytest.mark.slow
 def test_measure_times_this_machine_and_writes_measurements_and_target(tmp_path, capsys):
     out, saved = tmp_path / "cpu.toml", tmp_path / "m.json"
-    assert main(["calibrate", "--measure", "--cores", "2", "-o", str(out),
-                 "--save", str(saved)]) == 0
-    text = capsys.readouterr().out
-    assert "sfp_rate" in text and "reduce_rate" in text
+    status = main(["calibrate", "--measure", "--cores", "2", "-o", str(out),
+                   "--save", str(saved)])
+    captured = capsys.readouterr()
+    assert "sfp_rate" in captured.out and "reduce_rate" in captured.out
+    assert "noise: interleaved rounds per kernel" in captured.out
     records = cal_cli.load(saved)
     # every split on 1 or 2 cores: 4 of a matmul (none, m, n, k), 3 of the others
     matmuls = sum(kind == "matmul" for kind, _ in cal_cli.KERNELS)
     assert len(records) == 4 * matmuls + 3 * (len(cal_cli.KERNELS) - matmuls)
     assert {m.cores for m in records} == {2}
     assert {math.prod(m.splits.values()) for m in records} == {1, 2}
-    fitted = load_toml(out)
-    assert fitted.name == "cpu"
+    assert all(m.noise is not None and m.noise["rounds"] >= cal_cli.REPEATS for m in records)
+    # this machine's load decides which: a target fitted, or none and why (both are right)
+    if status == 0:
+        assert load_toml(out).name == "cpu"
+    else:
+        assert status == cal_cli.INCONCLUSIVE and not out.exists()
+        assert "could not be trusted" in captured.err and "not written" in captured.err
 
 
 @pytest.mark.slow
@@ -245,7 +251,7 @@ def test_measurements_that_could_not_be_trusted_write_no_target_and_exit_3(
                            f"{len(cal_cli.KERNELS)} kernels could not be trusted (matmul "
                            "256x1024x1024: the load average 7.10 was over the machine's 2 cores)"
                            f": {out} not written, the fit above is of noise")
-    assert "noise: 3 interleaved rounds per kernel" in captured.out
+    assert "noise: interleaved rounds per kernel 3 to 3" in captured.out
     # the measurements themselves are kept, their noise with them
     kept = cal_cli.load(saved)
     assert kept and all(m.noise == {"rounds": 3, "spread": 0.0, "load": [6.8, 7.1]}
