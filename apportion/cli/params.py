@@ -5,7 +5,6 @@ symbolic mesh axis sizes share one syntax) and the argparse ``type`` of every nu
 from __future__ import annotations
 
 import argparse
-import math
 import re
 from collections.abc import Callable, Sequence
 
@@ -56,9 +55,14 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+#: the longest ``--timeout``: torch.distributed's clocks count nanoseconds in an int64 (about
+#: 9.2e9 s; --timeout 1e11 hung the ranks, 1e13 and over failed in them)
+MAX_SECONDS = 10 ** 9
+
+
 def seconds(text: str) -> float:
-    """An argparse ``type``: a finite number of seconds > 0 in plain ASCII digits (``float``
-    alone also takes ``1_0``, other scripts' digits, ``inf`` and ``nan``).
+    """An argparse ``type``: a number of seconds in (0, ``MAX_SECONDS``] in plain ASCII digits
+    (``float`` alone also takes ``1_0``, other scripts' digits, ``inf`` and ``nan``).
 
     >>> seconds("2.5"), seconds("1e2")
     (2.5, 100.0)
@@ -67,8 +71,9 @@ def seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 in digits 0-9 "
                                          f"(like 30 or 2.5), got {text!r}")
     value = float(text)
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    if not 0 < value <= MAX_SECONDS:  # nan fails both
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0 and at most "
+                                         f"{MAX_SECONDS:g}, got {text!r}")
     return value
 
 

@@ -406,6 +406,12 @@ def test_a_thread_count_over_the_limit_is_refused(argv, capsys, no_work):
     refused(argv, capsys, "argument --threads: must be an integer in 1..4096, got")
 
 
+def test_a_timeout_beyond_what_torch_distributed_counts_is_refused(capsys, no_work):
+    # its clocks count nanoseconds in an int64: --timeout 1e11 hung the ranks
+    refused(["run", MLP, "--mesh", "dp=2", "--backend", "dtensor", "--timeout", "1e11"], capsys,
+            "argument --timeout: must be a number of seconds > 0 and at most 1e+09, got '1e11'")
+
+
 def _write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
