@@ -332,10 +332,13 @@ def _open_regular(path: Path, flags: int) -> int:
     return fd
 
 
-def read_table(path: Path, key: HostKey | None = None) -> HostTable | None:
+def read_table(path: Path, key: HostKey | None = None, quiet: bool = False
+               ) -> HostTable | None:
     """The table at ``path``, or None where there is none, it does not parse, it names a
     factor measuring never tries or it is for another host than ``key`` (then it is measured
-    again); TargetError naming the path where it is not a regular file."""
+    again, which a warning says unless ``quiet``: a second look at a file already reported);
+    TargetError naming the path where it is not a regular file."""
+    warn = (lambda *a: None) if quiet else log.warning
     try:
         fd = _open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -344,21 +347,21 @@ def read_table(path: Path, key: HostKey | None = None) -> HostTable | None:
         if e.errno == errno.ENXIO:  # a FIFO or socket no one holds open (as os.open says)
             raise TargetError(f"host split-K table cache {str(path)!r} is not a regular "
                               "file: remove it (or set APPORTION_CPU_SPLIT_K=shipped)") from None
-        log.warning("host split-K table %s is not readable (%s): measuring again", path, e)
+        warn("host split-K table %s is not readable (%s): measuring again", path, e)
         return None
     try:
         with os.fdopen(fd, encoding="utf-8") as f:
             text = f.read()
     except (OSError, ValueError) as e:
-        log.warning("host split-K table %s is not readable (%s): measuring again", path, e)
+        warn("host split-K table %s is not readable (%s): measuring again", path, e)
         return None
     try:
         table = HostTable.from_doc(json.loads(text))
     except (json.JSONDecodeError, TargetError) as e:
-        log.warning("host split-K table %s is not valid (%s): measuring again", path, e)
+        warn("host split-K table %s is not valid (%s): measuring again", path, e)
         return None
     if key is not None and table.key != key:
-        log.warning("host split-K table %s is for another host: measuring again", path)
+        warn("host split-K table %s is for another host: measuring again", path)
         return None
     return table
 
@@ -461,7 +464,7 @@ def host_table(environ: Mapping[str, str] | None = None, measure_again: bool = F
                           "APPORTION_CPU_SPLIT_K=shipped for the shipped table)")
     with _locked(path):
         # another process may have measured it while this one waited for the lock
-        found = None if measure_again else read_table(path, key)
+        found = None if measure_again else read_table(path, key, quiet=True)
         if found is None:
             got = _config.measure(key)
             measured = got if isinstance(got, HostMeasurement) else HostMeasurement(tuple(got))
