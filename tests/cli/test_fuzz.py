@@ -32,7 +32,9 @@ FUZZ = settings(deadline=None,  # example counts: the profile (tests/conftest.py
                                        HealthCheck.too_slow])
 
 ints = st.sampled_from(["1", "2", "3", "4", "8", "16", "24", "32", "0", "-1", "33", "1000",
-                        "x", "1.5", "", " 4", "1e3", "2_0", "99999999999999999999"])
+                        "x", "1.5", "", " 4", "1e3", "2_0", "99999999999999999999",
+                        # other scripts' digits: int() reads the first two, fails on the third
+                        "\u0664", "\uff18", "\u00b2"])
 # odd values for a program's or a target's fields: wrong types, zero, negative, huge, near misses
 odd = st.one_of(
     st.sampled_from([0, 1, 2, 3, -1, 7, 64, 2 ** 40, 2 ** 100, 1.5, float("inf"), True, None,
@@ -175,7 +177,7 @@ def argv_lists(draw: st.DrawFn, folder: Path) -> list[str]:
             "--threads": [draw(ints)],
             "--seed": [draw(st.sampled_from(["0", "7", "-1", "x", str(2 ** 70)]))],
             "--param": [draw(st.sampled_from(["T=2", "T=4", "T", "T=x", "=4", "U=1", "T=0",
-                                              "T=65536"]))],
+                                              "T=65536", "T=\u0664", "T=\u2074"]))],
         }
     else:
         options |= {f: [] for f in ("--bundle", "--unrolled", "--loopspec", "--loopspec-json")}

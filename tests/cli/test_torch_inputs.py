@@ -3,6 +3,7 @@ bound by ``run --param``, and programs saved by ``torch.export.save`` (``.pt2``)
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -117,6 +118,39 @@ def test_a_malformed_dynamic_spec_is_one_error_line_and_exit_2(spec, message, ca
     assert main(["plan", "--torch", MLP, "--dynamic", spec]) == 2
     line = _one_error_line(capsys)
     assert line.startswith(f"apportion: error: --dynamic {spec!r}") and message in line
+
+
+# digits of several scripts (str.isdigit takes them all; int() reads the Arabic-Indic and
+# fullwidth ones as 0-9 and fails on superscripts), with signs and blanks
+_NUMBERS = st.lists(st.sampled_from(["0", "1", "2", "6", "4", "9", "\u2076", "\u2074",
+                                     "\u00b9", "\u0666", "\u0660", "\uff18", "-", " ", "_"]),
+                    max_size=4).map("".join) | st.sampled_from(["64", "99999999999999999999"])
+
+
+@st.composite
+def _dynamic_texts(draw: st.DrawFn) -> str:
+    """``INPUT:DIM=SYMBOL[:MIN..MAX]`` with odd numbers, or loose pieces of it."""
+    name, symbol = draw(st.sampled_from(["x", "seq", ""])), draw(st.sampled_from(["s", "x", ""]))
+    bounds = draw(st.none() | st.tuples(_NUMBERS, _NUMBERS).map("..".join) | _NUMBERS)
+    text = f"{name}:{draw(_NUMBERS)}={symbol}" + ("" if bounds is None else f":{bounds}")
+    return draw(st.just(text) | st.lists(st.sampled_from(list(text) + [":", "=", ".."]),
+                                         max_size=12).map("".join))
+
+
+@given(st.lists(_dynamic_texts(), min_size=1, max_size=3))
+@settings(max_examples=300, deadline=None)
+def test_any_dynamic_text_parses_to_a_range_in_ascii_digits_or_is_a_factory_error(texts):
+    try:
+        dims = parse_dynamic(texts)
+    except FactoryError as e:
+        assert str(e).startswith("--dynamic ") and "\n" not in str(e)
+        return
+    for d, text in zip(dims, texts, strict=True):
+        assert d.min is not None and d.max is not None and 2 <= d.min < d.max
+        # the dim and bounds were written in ASCII digits (no other script's digit read as one)
+        m = re.fullmatch(r"[^:=]*:([0-9]+)=[^:]*(?::([0-9]+)\.\.([0-9]+))?", text)
+        assert m is not None and int(m[1]) == d.dim, text
+        assert m[2] is None or (int(m[2]), int(m[3])) == (d.min, d.max), text
 
 
 def test_a_symbol_given_two_bounds_is_refused():
