@@ -299,13 +299,29 @@ REDUCERS: dict[str, Reducer] = {r.name: r for r in (SUM, MEAN, MAX, MIN, PROD, A
 # --- pointwise semantics ---------------------------------------------------------------------
 
 def _sigmoid(xp: Any, x: Array) -> Array:
-    return 0.5 * (1.0 + xp.tanh(0.5 * x))  # the tanh form never overflows
+    # with e = exp(-|x|): 1 / (1 + e) from 0 up, e / (1 + e) below; never overflows, and
+    # accurate relatively in both tails, where 0.5 * (1 + tanh(x / 2)) cancels (to 0 below
+    # about -37 in float64, -17 in float32)
+    e = xp.exp(-xp.abs(x))
+    d = 1.0 + e
+    return xp.where(x >= 0, 1.0 / d, e / d)
+
+
+def _silu(xp: Any, x: Array) -> Array:
+    # x sigmoid(x) through h = exp(-|x| / 2): x / (1 + h h) from 0 up, (x h) h / (1 + h h)
+    # below, so that no factor is subnormal where the result is not (sigmoid(x) is subnormal
+    # in float32 from -103 to -87, where x sigmoid(x) is still normal down to -91.8)
+    h = xp.exp(-0.5 * xp.abs(x))
+    d = 1.0 + h * h
+    return xp.where(x >= 0, x / d, x * h * h / d)
 
 
 def _gelu_tanh(xp: Any, x: Array) -> Array:
-    # the tanh approximation (torch's gelu(approximate="tanh")), not the erf form
-    c = math.sqrt(2.0 / math.pi)
-    return 0.5 * x * (1.0 + xp.tanh(c * (x + 0.044715 * x * x * x)))
+    # the tanh approximation (torch's gelu(approximate="tanh")), not the erf form:
+    # 0.5 x (1 + tanh(u)) written as x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3), the same
+    # function without the cancellation of 1 + tanh(u) in the negative tail
+    c = 2.0 * math.sqrt(2.0 / math.pi)
+    return x * _sigmoid(xp, c * (x + 0.044715 * x * x * x))
 
 
 def _softplus(xp: Any, x: Array) -> Array:
@@ -415,7 +431,7 @@ KINDS: tuple[OpKind, ...] = (
     _pointwise("tanh", 1, lambda xp, a: xp.tanh(a), "hyperbolic tangent"),
     _pointwise("sigmoid", 1, _sigmoid, "logistic sigmoid"),
     _pointwise("relu", 1, lambda xp, a: xp.maximum(a, 0), "``max(x, 0)``"),
-    _pointwise("silu", 1, lambda xp, a: a * _sigmoid(xp, a), "``x * sigmoid(x)``"),
+    _pointwise("silu", 1, _silu, "``x * sigmoid(x)``"),
     _pointwise("gelu", 1, _gelu_tanh, "GELU, tanh approximation"),
     _pointwise("square", 1, lambda xp, a: xp.square(a), "``x * x``"),
     _pointwise("reciprocal", 1, lambda xp, a: xp.reciprocal(a), "``1 / x``"),

@@ -41,6 +41,9 @@ class MlirBody:
     ``{ri}``, its index, for a value-index reducer). A template that defines nothing (``""``)
     passes ``{a}`` through. Numeric attributes are SSA constants ``{min}``, ``{max}`` in the
     compute type (``{value}`` for a fill), ``defaults`` standing in for those an op leaves out.
+    A ``wide`` body computes in f64 where the compute type is f32 (its operands, all values of
+    the compute type, extended; its result truncated once): for a formula whose float32
+    arithmetic would magnify its own rounding past an ulp or two.
 
     ``float`` computes in a float type; ``int`` in ``i64``, or None where the kind computes
     integers through ``f64``, as the reference executor does (kinds over truth values only write
@@ -60,6 +63,7 @@ class MlirBody:
     construction: str | None = None
     identity: float = 0.0
     defaults: tuple[tuple[str, float], ...] = ()
+    wide: bool = False
 
     def text(self, integer: bool) -> str:
         """The template for an integer (``i64``) or a float compute type."""
@@ -86,11 +90,22 @@ def _lines(*lines: str) -> str:
     return "\n".join(lines)
 
 
-_SIGMOID = ("%{p}h = arith.constant 0.5 : {t}",
-            "%{p}one = arith.constant 1.0 : {t}",
-            "%{p}hx = arith.mulf %{p}h, {a} : {t}",
-            "%{p}th = math.tanh %{p}hx : {t}",
-            "%{p}s = arith.addf %{p}one, %{p}th : {t}")
+def _sigmoid(x: str, out: str) -> tuple[str, ...]:
+    """Lines setting ``out`` to the logistic sigmoid of ``x``, the registry's form: with
+    e = exp(-|x|), 1 / (1 + e) for x >= 0 and e / (1 + e) below, accurate relatively in both
+    tails (0.5 * (1 + tanh(x / 2)) cancels to 0 below about -17 in f32) and never overflowing."""
+    return ("%{p}sz = arith.constant 0.0 : {t}",
+            "%{p}sone = arith.constant 1.0 : {t}",
+            f"%{{p}}sab = math.absf {x} : {{t}}",
+            "%{p}sna = arith.negf %{p}sab : {t}",
+            "%{p}se = math.exp %{p}sna : {t}",
+            "%{p}sd = arith.addf %{p}sone, %{p}se : {t}",
+            "%{p}spos = arith.divf %{p}sone, %{p}sd : {t}",
+            "%{p}sneg = arith.divf %{p}se, %{p}sd : {t}",
+            f"%{{p}}sge = arith.cmpf oge, {x}, %{{p}}sz : {{t}}",
+            f"{out} = arith.select %{{p}}sge, %{{p}}spos, %{{p}}sneg : {{t}}")
+
+
 # Python's % and //: the remainder takes the divisor's sign
 _REMAINDER = ("%{p}m = {rem} {a}, {b} : {t}",
               "%{p}z = arith.constant {zero} : {t}",
@@ -174,26 +189,42 @@ BODIES: dict[str, MlirBody] = {
     "rsqrt": MlirBody(_lines("%{p}one = arith.constant 1.0 : {t}", "%{p}s = math.sqrt {a} : {t}",
                              "{r} = arith.divf %{p}one, %{p}s : {t}")),
     "tanh": _un("math.tanh"),
-    "sigmoid": MlirBody(_lines(*_SIGMOID, "{r} = arith.mulf %{p}h, %{p}s : {t}")),
+    "sigmoid": MlirBody(_lines(*_sigmoid("{a}", "{r}"))),
     "relu": MlirBody(_lines("%{p}z = arith.constant 0.0 : {t}",
                             "{r} = arith.maximumf {a}, %{p}z : {t}"),
                      _lines("%{p}z = arith.constant 0 : {t}",
                             "{r} = arith.maxsi {a}, %{p}z : {t}")),
-    "silu": MlirBody(_lines(*_SIGMOID, "%{p}sg = arith.mulf %{p}h, %{p}s : {t}",
-                            "{r} = arith.mulf {a}, %{p}sg : {t}")),
-    "gelu": MlirBody(_lines("%{p}h = arith.constant 0.5 : {t}",
-                            "%{p}one = arith.constant 1.0 : {t}",
-                            f"%{{p}}c = arith.constant {math.sqrt(2.0 / math.pi)!r} : {{t}}",
+    # the registry's x sigmoid(x) through h = exp(-|x| / 2): x / (1 + h h) from 0 up,
+    # (x h) h / (1 + h h) below, so that no factor is subnormal where the result is not
+    # (sigmoid(x) is subnormal in float32 from -103 to -87, flushed to 0 by IREE's CPU code,
+    # where x sigmoid(x) is normal down to -91.8)
+    "silu": MlirBody(_lines("%{p}one = arith.constant 1.0 : {t}",
+                            "%{p}mh = arith.constant -0.5 : {t}",
+                            "%{p}z = arith.constant 0.0 : {t}",
+                            "%{p}ab = math.absf {a} : {t}",
+                            "%{p}na = arith.mulf %{p}ab, %{p}mh : {t}",
+                            "%{p}h = math.exp %{p}na : {t}",
+                            "%{p}e = arith.mulf %{p}h, %{p}h : {t}",
+                            "%{p}d = arith.addf %{p}one, %{p}e : {t}",
+                            "%{p}pos = arith.divf {a}, %{p}d : {t}",
+                            "%{p}xh = arith.mulf {a}, %{p}h : {t}",
+                            "%{p}xe = arith.mulf %{p}xh, %{p}h : {t}",
+                            "%{p}neg = arith.divf %{p}xe, %{p}d : {t}",
+                            "%{p}ge = arith.cmpf oge, {a}, %{p}z : {t}",
+                            "{r} = arith.select %{p}ge, %{p}pos, %{p}neg : {t}")),
+    # the tanh form 0.5 x (1 + tanh(u)) as x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3):
+    # the same function without the cancellation below -5; in f64 where the compute type is f32
+    # (``wide``), as the tail's exp magnifies the argument's own rounding 2u times (150 float32
+    # ulps near -10 in f32, where IREE also flushes the subnormal sigmoid of the result's factor)
+    "gelu": MlirBody(_lines(f"%{{p}}c = arith.constant {2.0 * math.sqrt(2.0 / math.pi)!r} : {{t}}",
                             "%{p}k = arith.constant 0.044715 : {t}",
                             "%{p}x1 = arith.mulf %{p}k, {a} : {t}",
                             "%{p}x2 = arith.mulf %{p}x1, {a} : {t}",
                             "%{p}x3 = arith.mulf %{p}x2, {a} : {t}",
                             "%{p}in = arith.addf {a}, %{p}x3 : {t}",
                             "%{p}arg = arith.mulf %{p}c, %{p}in : {t}",
-                            "%{p}th = math.tanh %{p}arg : {t}",
-                            "%{p}s = arith.addf %{p}one, %{p}th : {t}",
-                            "%{p}hx = arith.mulf %{p}h, {a} : {t}",
-                            "{r} = arith.mulf %{p}hx, %{p}s : {t}")),
+                            *_sigmoid("%{p}arg", "%{p}sg"),
+                            "{r} = arith.mulf {a}, %{p}sg : {t}"), wide=True),
     "square": MlirBody("{r} = arith.mulf {a}, {a} : {t}", "{r} = arith.muli {a}, {a} : {t}"),
     "reciprocal": MlirBody(_lines("%{p}one = arith.constant 1.0 : {t}",
                                   "{r} = arith.divf %{p}one, {a} : {t}")),

@@ -91,6 +91,10 @@ def _f32_to_bf16(blk: _Block, f32: str) -> str:
 def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mapping[str, str],
            results: Sequence[str] = ("r",)) -> list[str]:
     """Format a body template into ``blk``; returns the SSA names of its results."""
+    if body.wide and not integer and ty == "f32":  # in f64, rounded once to f32
+        wide = {k: _convert(blk, v, "f32", "f64") for k, v in operands.items()}
+        return [_convert(blk, r, "f64", "f32")
+                for r in _apply(blk, body, integer, "f64", wide, results)]
     text = body.text(integer)
     if ty == "f64":  # no libm in IREE's executables: f64 tanh, sin, cos, erf as arithmetic
         text = expand_f64_math(text)

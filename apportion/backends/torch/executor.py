@@ -25,7 +25,7 @@ How an op runs:
   over the views; BLAS either way. How each kind runs is one table, ``kernels.KERNELS``.
   Pointwise and layout kinds: their registry semantics
   (``ir.kinds``, written against an array namespace) run with torch as the namespace
-  (``XP``), or one fused torch kernel where a formula would take several (``silu``, ``gelu``,
+  (``XP``), or one fused torch kernel where a formula would take several (``silu``,
   ``sigmoid``, ...; same math); copies and casts are one ``copy_``. Reductions ``sum``,
   ``mean``, ``max``, ``min``, ``prod``, ``any`` and ``argmax`` (value and global index pairs,
   as the reference) in torch. A split reduction's partials are combined in
