@@ -19,8 +19,8 @@ Two tables over ``split_k_shapes_MNK`` of the models file (each ``[M, N, K]``, o
   figure met or missed over its whole interval across the resampled rounds, for the last
   rounds; up to a cap). Per shape: the fastest factor, the stock ``cpu`` target's own pick for
   the measured shape (its plan, not a pin), fastest / pick, IREE's unsplit time over the pick's
-  (above 1: the plan runs faster than IREE's own compile) and the rounds timed; a line under
-  the table gives the noise (rounds, spread, load average before and after).
+  (above 1: the plan runs faster than IREE's own compile); a line under the table gives the
+  noise (rounds, spread, load average before and after).
 
 Goals (``goals``, checked by ``--check``): on every measured shape the ``cpu`` pick runs within
 ``GOAL`` of the fastest factor (fastest / pick at least ``GOAL``) and no slower than no split
@@ -304,7 +304,7 @@ def measured_table(measured: Sequence[Shape], verdicts: Sequence[Verdict]) -> Ta
     t.add_column("M x N x K")
     for f in factors:
         t.add_column(str(f), justify="right")
-    for c in ("IREE", "fastest", "cpu pick", "fastest / pick", "IREE / pick", "rounds"):
+    for c in ("IREE", "fastest", "cpu pick", "fastest / pick", "IREE / pick"):
         t.add_column(c, justify="right")
     for s, v in zip(measured, verdicts, strict=True):
         by = {x.factor: x for x in s.timed}
@@ -315,7 +315,7 @@ def measured_table(measured: Sequence[Shape], verdicts: Sequence[Verdict]) -> Ta
         iree = "-" if v.iree_ratio is None else f"{v.iree_ratio:.2f}"
         t.add_row(label, *(f"{by[f].least * 1e3:.2f}" if f in by else "-" for f in factors),
                   "-" if v.iree_s is None else f"{v.iree_s * 1e3:.2f}",
-                  str(v.fastest), str(v.pick), ratio, iree, str(len(s.rounds)))
+                  str(v.fastest), str(v.pick), ratio, iree)
     return t
 
 

@@ -73,7 +73,7 @@ def judged(what: str, v: Verdict, fmt: str = "{:.3g}", where: str = "") -> Goal:
     >>> import numpy as np
     >>> from apportion.cost.noise import verdict
     >>> judged("ratio <= 2", verdict("r", 1.9, np.array([1.8, 2.2]), 2.0), "{:.2f}x").figure
-    '1.90x [1.82x, 2.18x], too noisy: its interval 1.82 to 2.18 holds the bound 2'
+    '1.90x [1.80x, 2.20x], too noisy: its interval 1.8 to 2.2 holds the bound 2'
     """
     interval = "" if v.exact else f" [{fmt.format(v.low)}, {fmt.format(v.high)}]"
     figure = fmt.format(v.value) + interval + (f" ({where})" if where else "")

@@ -31,7 +31,8 @@ timed); it is then reported unstable, with why.
 **Load**: the 1-minute load average (``os.getloadavg``) before the first round and after the
 last. A wall-clock measurement taken while it was over the machine's cores is not trusted
 (``Measured.trusted``) and its verdicts are inconclusive: other work then held the cores, and a
-steady load slows long calls more than short ones, which no spread shows. A CPU-time
+steady load slows long calls more than short ones, which no spread shows. One begun under such
+a load takes its least rounds and stops: no number of rounds would make it trusted. A CPU-time
 measurement (``wall_clock=False``: ``time.process_time``, which other work does not inflate)
 records the load but is judged by its spread alone.
 
@@ -194,8 +195,11 @@ class Verdict:
 
 
 def _quantiles(samples: np.ndarray, confidence: float) -> tuple[float, float]:
+    """The interval's ends: resampled values themselves (no interpolation, which an infinite
+    resample, a case none of its rounds timed, would turn into NaN), the wider way."""
     finite = np.where(np.isnan(samples), np.inf, samples)
-    low, high = np.quantile(finite, [1 - confidence, confidence])
+    low = np.quantile(finite, 1 - confidence, method="lower")
+    high = np.quantile(finite, confidence, method="higher")
     return float(low), float(high)
 
 
@@ -210,7 +214,7 @@ def verdict(name: str, value: float, samples: np.ndarray, bound: float, at_most:
     'met'
     >>> v = verdict("r", 1.9, np.array([1.8, 1.9, 2.1]), 2.0)
     >>> v.state, v.why
-    ('inconclusive', 'its interval 1.81 to 2.08 holds the bound 2')
+    ('inconclusive', 'its interval 1.8 to 2.1 holds the bound 2')
     """
     samples = np.asarray(samples, dtype=float)
     low, high = _quantiles(samples, confidence)
@@ -376,6 +380,9 @@ def until_stable(calls: Sequence[Callable[[], float]],
     crit = criteria or (lambda _: ())
     cores = cores or machine_cores()
     before = load()
+    # a wall-clock measurement begun under a load over the cores is untrusted however many
+    # rounds it takes: it takes its least and stops
+    doomed = bool(_noisy(Load(before, None, cores), wall_clock))
     for call in calls:
         for _ in range(warmup):
             call()
@@ -413,6 +420,10 @@ def until_stable(calls: Sequence[Callable[[], float]],
                 why = f"the decision changed within the last {rules.settle} rounds"
             if not why:
                 stable = True
+                break
+            if doomed:
+                why = f"not settled after {r} rounds, the least asked for: {why}; no more " \
+                      "were timed under a load over the cores"
                 break
         if last:
             why = f"not stable after {r} rounds: {why}"

@@ -124,6 +124,15 @@ def test_a_wall_clock_measurement_under_a_load_over_the_cores_decides_nothing():
     assert m.untrusted_why == "the load average 3.50 was over the machine's 2 cores"
 
 
+def test_a_wall_clock_measurement_begun_under_a_load_over_the_cores_takes_its_least_rounds():
+    # unsettled rounds would go on to the cap; under such a load no number of them is trusted
+    m = until_stable([lambda: 1.0, one_quiet_round(1.9, 2.2)], lambda _: [ratio(2.0)],
+                     Rules(min_rounds=5, max_rounds=40), load=lambda: 3.5, cores=2)
+    assert m.rounds == 5 and not m.stable and not m.trusted
+    assert m.why.startswith("not settled after 5 rounds, the least asked for: b / a: 1.9")
+    assert m.why.endswith("no more were timed under a load over the cores")
+
+
 def test_a_cpu_time_measurement_is_judged_by_its_spread_whatever_the_load():
     m = until_stable(steady(1.0, 1.5), lambda _: [ratio(2.0)], Rules(min_rounds=3),
                      load=lambda: 3.5, cores=2, wall_clock=False)
