@@ -521,7 +521,7 @@ def _locked(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = handle.read().strip()
-            by = f"process {holder}" if holder.isdigit() else "another process"
+            by = f"process {holder}" if _alive(holder) else "another process"
             log.warning("waiting for %s measuring this host's split-K table (it holds %s)", by,
                         lock)
             fcntl.flock(handle, fcntl.LOCK_EX)
@@ -533,3 +533,17 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _alive(pid: str) -> bool:
+    """Whether ``pid`` (as a lock holds it) names a running process: the holder may not have
+    written its own over its predecessor's yet."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True  # another user's: it runs
+    return True

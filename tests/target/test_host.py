@@ -229,15 +229,25 @@ def test_a_lock_that_is_not_a_regular_file_is_refused_naming_it(measured_here):
     assert fake.calls == 0
 
 
+@pytest.mark.parametrize("holder", ["running", "gone"])
 def test_a_process_waiting_for_anothers_measurement_says_so_naming_the_lock_and_pid(
-        measured_here, caplog):
+        measured_here, caplog, holder):
     import fcntl
+    import os
+    import subprocess
+    import sys
     import threading
 
     fake, folder = measured_here
     folder.mkdir(exist_ok=True)
     lock = host.cache_path(host.host_key()).with_suffix(".lock")
-    lock.write_text("4242")
+    if holder == "running":
+        pid = os.getppid()
+    else:  # a pid the holder has not yet written over: its process has ended
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        child.wait()
+        pid = child.pid
+    lock.write_text(str(pid))
     holder = open(lock, "r+")  # noqa: SIM115 - the other process's hold, released below
     fcntl.flock(holder, fcntl.LOCK_EX)
     table = host.HostTable(host.host_key(), (synthetic(best=4),))
@@ -255,9 +265,9 @@ def test_a_process_waiting_for_anothers_measurement_says_so_naming_the_lock_and_
         waiting.join()
     assert got == table and fake.calls == 0  # it read what the other one measured
     (line,) = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
-    assert line == f"waiting for process 4242 measuring this host's split-K table (it holds " \
-                   f"{lock})"
-    assert lock.read_text() == str(__import__("os").getpid())
+    by = f"process {pid}" if holder == "running" else "another process"
+    assert line == f"waiting for {by} measuring this host's split-K table (it holds {lock})"
+    assert lock.read_text() == str(os.getpid())
 
 
 class Untrusted:
