@@ -248,14 +248,14 @@ def test_a_process_waiting_for_anothers_measurement_says_so_naming_the_lock_and_
         child.wait()
         pid = child.pid
     lock.write_text(str(pid))
-    holder = open(lock, "r+")  # noqa: SIM115 - the other process's hold, released below
-    fcntl.flock(holder, fcntl.LOCK_EX)
+    hold = open(lock, "r+")  # noqa: SIM115 - the other process's hold, released below
+    fcntl.flock(hold, fcntl.LOCK_EX)
     table = host.HostTable(host.host_key(), (synthetic(best=4),))
 
     def finish() -> None:  # the other process caches its table, then lets go
         host.write_table(host.cache_path(host.host_key()), table)
-        fcntl.flock(holder, fcntl.LOCK_UN)
-        holder.close()
+        fcntl.flock(hold, fcntl.LOCK_UN)
+        hold.close()
 
     waiting = threading.Timer(0.2, finish)
     waiting.start()
