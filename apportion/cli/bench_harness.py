@@ -6,12 +6,14 @@ arguments to an ``Outcome`` (the JSON document, the goals it states, and whether
 wrong). ``run_suite`` refuses the options the suite does not take (one line naming the suite
 and the ones it does), checks the ``--json`` path before any work, writes the document once,
 and turns the goals into the exit status (``goals.status``: 1 under ``--check`` when one is
-missed; a wrong result is 1 with or without it).
+missed, else 3 when one is too noisy to judge; a wrong result is 1 with or without it).
 
-Timing goes through ``interleaved``: rounds that call every case once, so a burst of load
-elsewhere slows one round of each case rather than every round of one; the fastest and the
-median of each case's times are reported (a stall only lengthens a run, so the fastest is the
-steadiest figure; the median says how noisy the machine was).
+Timing goes through ``interleaved`` (a fixed number of rounds) or ``until_stable`` (rounds until
+the suite's goals are settled, ``cost/noise.py``): rounds that call every case once, so a burst
+of load elsewhere slows one round of each case rather than every round of one; the fastest and
+the median of each case's times are reported (a stall only lengthens a run, so the fastest is
+the steadiest figure), and ``until_stable`` also gives the measurement's noise: its intervals,
+the verdict of each goal and the load average before and after.
 
 >>> calls = [lambda: sum(range(1000)), lambda: sum(range(10))]
 >>> [len(t.seconds) for t in interleaved(calls, repeat=3)]
