@@ -79,3 +79,22 @@ def assert_runs_as_unplanned(text: str, prog: Program) -> None:
         checks = compare(run_unplanned(prog, xs), dict(zip(prog.outputs, outs, strict=True)),
                          prog)
     assert all(c.ok for c in checks), [str(c) for c in checks]
+
+
+def cli_status(argv: list[str]) -> int:
+    """``apportion``'s exit status for ``argv``, whether ``main`` returns it or argparse raises
+    it (SystemExit)."""
+    from apportion.cli.main import main
+
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+
+
+def one_error_line(capsys: Any) -> str:
+    """The one stderr line of a refused command (no traceback)."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]

@@ -11,6 +11,7 @@ import pytest
 
 from apportion.cli.main import main
 from apportion.runtime import upstream_mlir
+from tests.helpers import cli_status, one_error_line
 
 pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
@@ -25,21 +26,6 @@ def tiny_mlp():
     from apportion.frontend.torch_demo import mlp
 
     return mlp(tokens=8, hidden=32)
-
-
-def _status(argv: list[str]) -> int:
-    """``main``'s exit status, argparse's own refusals (SystemExit) included."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-
-
-def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 def _eager_results(bundle: Path, model, args) -> None:
@@ -107,7 +93,7 @@ def test_what_a_torch_model_s_bundle_cannot_take_is_refused_in_one_line(tmp_path
     out = tmp_path / "b"
     assert main(["cuda", "build", "--torch", TINY, "--cores", "8", "--out", str(out),
                  *extra]) == 2
-    assert said in _one_error_line(capsys)
+    assert said in one_error_line(capsys)
     assert not out.exists()
 
 
@@ -124,8 +110,8 @@ def test_what_a_torch_model_s_bundle_cannot_take_is_refused_in_one_line(tmp_path
 ])
 def test_an_out_of_range_number_is_refused_in_one_line(tmp_path, capsys, argv, said):
     out = ["--out", str(tmp_path / "b")] if argv[0] == "build" else []
-    assert _status(["cuda", *argv, *out]) == 2
-    assert said in _one_error_line(capsys)
+    assert cli_status(["cuda", *argv, *out]) == 2
+    assert said in one_error_line(capsys)
     assert not (tmp_path / "b").exists()
 
 
@@ -133,4 +119,4 @@ def test_a_program_with_a_loop_count_names_the_param_it_needs(tmp_path, capsys):
     examples = Path(FUSED).parent
     assert main(["cuda", "build", str(examples / "softmax_symbolic.json"), "--out",
                  str(tmp_path / "b")]) == 2
-    assert "pass --param T=N" in _one_error_line(capsys)
+    assert "pass --param T=N" in one_error_line(capsys)

@@ -16,6 +16,7 @@ import apportion.cli.main as cli
 from apportion.cli import bench_tiling, bench_workdiv
 from apportion.cli.main import main
 from apportion.errors import EmitError
+from tests.helpers import cli_status, one_error_line
 
 ROOT = Path(__file__).parents[2]
 MLP = str(ROOT / "examples/mlp.json")
@@ -28,25 +29,15 @@ SCALAR = {  # one op whose output is a scalar: nothing to draw
 }
 
 
-def status(argv: list[str]) -> int:
-    """main's exit status, whether returned or raised by argparse."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-
-
 def one_error(capsys: pytest.CaptureFixture[str]) -> str:
-    """The one stderr line of a refused command."""
-    err = capsys.readouterr().err
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("apportion: error: ") and "Traceback" not in err
-    return lines[0]
+    """The one stderr line of a refused command, apportion's own."""
+    line = one_error_line(capsys)
+    assert line.startswith("apportion: error: "), line
+    return line
 
 
 def refused(argv: list[str], capsys: pytest.CaptureFixture[str], *parts: str) -> str:
-    assert status(argv) == 2
+    assert cli_status(argv) == 2
     line = one_error(capsys)
     for part in parts:
         assert part in line, line
@@ -485,7 +476,7 @@ def test_an_op_at_a_lesser_loop_depth_is_emitted_by_emit_forall_in_the_outer_loo
     doc = json.loads(Path(FUSED).read_text())
     doc["tiling"][0]["depths"] = {"add": 1}
     path = _write(tmp_path / "depth.json", json.dumps(doc))
-    assert status(["emit", path, "--forall"]) == 0
+    assert cli_status(["emit", path, "--forall"]) == 0
     text = capsys.readouterr().out
     outer = text.index("scf.for %i0")
     inner = text.index("scf.for %i1")

@@ -22,6 +22,7 @@ from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.runtime import upstream_mlir
 from apportion.runtime.reference import run_unplanned
+from tests.helpers import cli_status, one_error_line
 
 pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
@@ -38,21 +39,6 @@ def _digest(folder: Path) -> dict[str, str]:
     """Every file under ``folder`` by relative path, with its content's hash."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _status(argv: list[str]) -> int:
-    """``main``'s exit status, argparse's own refusals (SystemExit) included."""
-    try:
-        return main(argv)
-    except SystemExit as e:
-        return int(e.code or 0)
-
-
-def _one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in err, err
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +70,7 @@ def test_a_folder_that_is_not_a_bundle_is_refused_and_kept(tmp_path, capsys, hol
     (project / holds).write_text('{"name": "my extension", "version": "1.0"}')
     before = _digest(project)
     assert main(["cuda", "build", FUSED, "--cores", "8", "--out", str(project)]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert f"will not build the bundle into {str(project)!r}" in line
     assert "not a cuda bundle" in line
     assert _digest(project) == before
@@ -95,7 +81,7 @@ def test_a_bundle_holding_a_file_of_the_user_is_not_replaced(old, capsys):
     (old / "notes.txt").write_text("what I found on the H100")
     before = _digest(old)
     assert main(["cuda", "build", FUSED, "--cores", "8", "--out", str(old)]) == 2
-    assert "it holds 'notes.txt'" in _one_error_line(capsys)
+    assert "it holds 'notes.txt'" in one_error_line(capsys)
     assert _digest(old) == before
 
 
@@ -184,8 +170,8 @@ def test_the_current_folder_its_parents_home_root_and_an_empty_path_are_refused(
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.chdir(here)
     given = {"~": str(tmp_path / "home"), "cwd": str(here)}.get(out, out)
-    assert _status(["cuda", "build", FUSED, "--cores", "8", "--out", given]) == 2
-    line = _one_error_line(capsys)
+    assert cli_status(["cuda", "build", FUSED, "--cores", "8", "--out", given]) == 2
+    line = one_error_line(capsys)
     assert ("is empty (an unset variable?)" in line if out == "" else
             f"will not build the bundle into {given!r}" in line)
     assert (here / "main.py").read_text() == "print('mine')"
@@ -196,10 +182,10 @@ def test_the_current_folder_its_parents_home_root_and_an_empty_path_are_refused(
 def test_a_file_or_a_symbolic_link_as_the_folder_is_refused(tmp_path, capsys, old):
     (tmp_path / "f").write_text("data")
     assert main(["cuda", "build", FUSED, "--cores", "8", "--out", str(tmp_path / "f")]) == 2
-    assert "it is a file, not a folder" in _one_error_line(capsys)
+    assert "it is a file, not a folder" in one_error_line(capsys)
     (tmp_path / "link").symlink_to(old)
     assert main(["cuda", "build", FUSED, "--cores", "8", "--out", str(tmp_path / "link")]) == 2
-    assert "it is a symbolic link" in _one_error_line(capsys)
+    assert "it is a symbolic link" in one_error_line(capsys)
     assert (tmp_path / "f").read_text() == "data" and (tmp_path / "link").is_symlink()
 
 
@@ -238,7 +224,7 @@ def test_a_manifest_field_of_the_wrong_type_or_an_unknown_element_type_is_refuse
     with pytest.raises(ExecutionError, match=said):
         check_bundle(old, old / "results")
     assert main(["cuda", "check", str(old)]) == 2
-    line = _one_error_line(capsys)
+    line = one_error_line(capsys)
     assert "manifest.json: " in line and "not a bundle manifest" in line
 
 
