@@ -317,19 +317,6 @@ def one_blas_thread() -> Iterator[bool]:
         put(before)
 
 
-def time_planned(planned: Any, inputs: Mapping[str, Any], threads: int, repeats: int = 5
-                 ) -> float:
-    """Median wall time in microseconds of ``planned.run(inputs, threads=threads)`` over
-    ``repeats`` runs after one warm-up run, numpy's BLAS on one thread. The one timing function
-    of ``calibrate --measure`` and ``bench costmodel``."""
-    from apportion.cli.bench_harness import interleaved
-
-    with one_blas_thread():
-        (timing,) = interleaved([lambda: planned.run(inputs, threads=threads)], repeats,
-                                warmup=1)
-    return timing.median * 1e6
-
-
 def pointwise_document(fn: str, m: int, n: int, dtype: str) -> dict[str, Any]:
     """``y[m,n] = fn(x[m,n])`` (or ``fn(x, z)`` for a binary ``fn`` such as mul)."""
     ins = ["x[m,n]", "z[m,n]"] if fn == "mul" else ["x[m,n]"]
@@ -365,26 +352,6 @@ def kernel_spec(kind: str, shape: tuple[int, ...]) -> tuple[str, dict[str, Any]]
     if kind == "sum":
         return "program", reduction_document(kind, *shape, DTYPE)
     return "program", pointwise_document(kind, *shape, DTYPE)
-
-
-@dataclass(frozen=True)
-class Timed:
-    """One program planned for a target and timed on this machine."""
-
-    planned: Any  # PlannedProgram
-    threads: int
-    time_us: float
-
-
-def time_program(program: Program, target: Target, repeats: int = 5, seed: int = 0) -> Timed:
-    """Plan ``program`` for ``target`` (balanced) and time its planned run, one thread per
-    core, on fixed random inputs."""
-    from apportion.planned import plan
-    from apportion.runtime import random_inputs
-
-    planned = plan(program, target)
-    inputs = random_inputs(program, seed)
-    return Timed(planned, target.cores, time_planned(planned, inputs, target.cores, repeats))
 
 
 #: at most this many splits of one kernel are timed before only the even ones are

@@ -216,10 +216,15 @@ def test_bench_costmodel_times_cpu_programs(tmp_path, capsys):
     out = tmp_path / "bench.json"
     assert main(["bench", "costmodel", "--target", "cpu", "--cores", "2", "--limit", "2",
                  "--json", str(out)]) == 0
-    assert "geometric mean of predicted/measured" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "geometric mean of predicted/measured" in text
+    assert "noise: interleaved rounds per core count " in text
     doc = json.loads(out.read_text())
     rows = [r for r in doc if "program" in r]
     assert [r["program"] for r in rows] == ["matmul_512x1024x1024", "matmul_256x2048x512"]
+    # timed in rounds together, at least the least asked for, their noise in the JSON
+    assert all(r["rounds"] >= bench_costmodel.MIN_ROUNDS and r["noise"]["rounds"] == r["rounds"]
+               for r in rows)
     # the packaged every-split timings: each kernel's 2-core splits tie under the preset, and
     # the ties count against it
     shapes = [r for r in doc if "balanced_split" in r]
