@@ -5,7 +5,8 @@ figure gets against a bound: met, missed, or inconclusive (too noisy).
 Everything apportion times and then caches or judges goes through here: this host's split-K
 table (``targets/host_splitk.py``, cached per host), ``calibrate --measure``
 (``cli/calibrate.py``) and the timed bench suites (``splitk``, ``forall``, ``e2e``, the forward
-solve of ``sharding``, ``scale``).
+solve of ``sharding``, ``scale``, the programs ``costmodel --target cpu`` runs, the 8B of
+``fullsize``).
 
 **Rounds** (``until_stable``): each case is a callable that runs once and returns its seconds;
 a round calls every live case once, in reverse order every other round (a drift of the
