@@ -237,7 +237,7 @@ def program_rows(target: Target, cores: Sequence[int], programs: Sequence[Progra
 
 def program_table(rows: Sequence[ProgramRow], label: str) -> Table:
     t = Table(title=f"cost model of {label} against planned runs on this machine (one "
-              "thread per core; fastest of interleaved rounds)", title_justify="left")
+              "thread per core)", title_justify="left")
     for col in ("program", "cores", "predicted us", "measured us", "predicted/measured"):
         t.add_column(col, justify="left" if col == "program" else "right")
     for r in rows:
