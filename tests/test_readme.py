@@ -450,6 +450,7 @@ def test_the_cpu_costmodel_output_leaves_out_what_the_leave_one_out_refit_decide
     assert sum("ranks first: 2 of 13 miss it" in s for s in other) == 1
     assert matches(shown.expected, other, timed=True)
 
+
 if __name__ == "__main__":
     if len(sys.argv) < 3 or sys.argv[1] != "--update":
         raise SystemExit("usage: python -m tests.test_readme --update 'apportion ...' ...")
