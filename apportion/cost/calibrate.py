@@ -487,6 +487,12 @@ def fit(measurements: Sequence[Measurement], base: Target, predict: Predictor,
     Minimises the sum of squared ``log(predicted / measured)`` over the records, each
     coefficient within ``bounds`` (default: ``default_bounds(base, names, caps)``), starting
     from the base value clipped into its bounds.
+
+    A fit of many coefficients (the cpu preset's ten) is ill-conditioned: the model has kinks
+    (compute time against memory time) and coefficients that trade off against each other, so
+    the fit stops at a point that moves with the last bits of the arithmetic (a relative change
+    of 1e-15 in the residuals moves some predictions by over ten percent), which differ between
+    CPUs and BLAS builds; near ties between splits can then rank either way.
     """
     from scipy.optimize import least_squares
 
