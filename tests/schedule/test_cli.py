@@ -18,6 +18,8 @@ def test_schedule_binds_symbolic_counts_and_refuses_bad_ones(capsys):
     assert main([*args, "--param", "T=8"]) == 0
     assert "loop 8 (T = 8) over m:" in capsys.readouterr().out
     assert main([*args, "--param", "T=3"]) == 2
-    assert "'T' = 3 is below 8" in capsys.readouterr().err
+    # refused before planning, naming the group and its bounds
+    assert "--param T=3: loop count 'T' of tiling group" in (err := capsys.readouterr().err)
+    assert "takes 8..64" in err
     assert main(args) == 2
     assert "pass --param T=N" in capsys.readouterr().err
