@@ -40,7 +40,9 @@ def test_bench_e2e_prints_the_table_and_writes_every_row_on_one_thread(tmp_path,
     rows = json.loads(out.read_text())
     assert [(r["model"], r["cores"], r["threads"], r["repeat"]) for r in rows] == [
         ("mlp", 8, 1, 2), ("mlp", 32, 1, 2)]
-    assert all(r["rounds"] >= 3 and r["noise"]["rounds"] == r["rounds"] for r in rows)
+    # at least --repeat rounds: more only while unsettled on a quiet machine (a loaded one
+    # stops at the least, so the count depends on the load)
+    assert all(r["rounds"] >= 2 and r["noise"]["rounds"] == r["rounds"] for r in rows)
     for r in rows:
         assert r["ops"] > 0 and r["max_abs_err"] < 1e-4
         assert r["compiled_err"] < 1e-4
