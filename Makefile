@@ -26,7 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: lint
-	$(PY) -m pytest -q -n 2 -p no:cacheprovider $(DEFAULT_TESTS)
+	$(PY) -m pytest -q -n 2 -p no:cacheprovider --durations=15 $(DEFAULT_TESTS)
 
 # everything, slow, multi-process and GPU tests included (GPU tests skip without a GPU)
 test-all: lint

@@ -16,8 +16,9 @@ How the README is read:
   block before it (and that block's own chain), and runs after it in the same script.
 - No other fenced block may hold an ``apportion`` command: every command the README shows is run.
 
-Commands in ``SLOW``, and python blocks that import torch, take too long for CI and are marked
-slow (skipped under ``CI=true``); commands in ``TIMED`` print times, so their output is compared
+Commands in ``SLOW``, commands that export a PyTorch model (``--torch``) or time kernels on this
+machine, and python blocks that import torch, take too long for the default suite and are marked
+slow (``make test-all`` runs them); commands in ``TIMED`` print times, so their output is compared
 with every number as a wildcard (and runs of spaces or table rules as one, and a bench goal's
 verdict and worst case left out), which checks the table's structure, not the numbers.
 
@@ -290,8 +291,16 @@ def _diff(expected: tuple[str, ...], actual: str) -> str:
     return "\n--- README shows:\n" + "\n".join(expected) + "\n--- the command printed:\n" + actual
 
 
+#: commands that export a PyTorch model (``--torch``: 5-20 s each) or time kernels on this
+#: machine take too long for the default suite too: marked slow as the SLOW ones are
+EXPORTS_TORCH = re.compile(r"\s--torch\s")
+TIMES_THIS_MACHINE = {"apportion bench costmodel --target cpu"}
+
+
 def _param(c: Command) -> object:
-    marks = [pytest.mark.slow] if c.command in SLOW else []
+    slow = c.command in SLOW or c.command in TIMES_THIS_MACHINE or \
+        EXPORTS_TORCH.search(c.command) is not None
+    marks = [pytest.mark.slow] if slow else []
     return pytest.param(c, id=f"line{c.line}:{c.command[:60]}", marks=marks)
 
 

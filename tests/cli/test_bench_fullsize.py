@@ -35,6 +35,7 @@ def result(case: str, cpu_seconds: float, peak: int) -> FullSizeResult:
     return FullSizeResult(case, "plan spyre 32", dict(per), per, 2000, peak)
 
 
+@pytest.mark.slow
 def test_a_case_times_every_stage_and_reports_its_peak_memory_planned_or_sharded():
     planned = measure("tiny", TINY, "plan spyre 4")
     assert list(planned.wall) == list(planned.cpu) == list(STAGES)

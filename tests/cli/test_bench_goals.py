@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
 from rich.console import Console
 
 from apportion.cli import (
@@ -154,6 +155,7 @@ def test_costmodel_misses_a_program_predicted_off_by_more_than_its_factor():
     assert not goal.met and goal.figure.startswith("2.00x (p@2: predicted/measured 0.50)")
 
 
+@pytest.mark.slow
 def test_bench_costmodel_check_fails_on_kernels_the_model_mispredicts(tmp_path, capsys):
     assert main(["bench", "costmodel"]) == 0  # the packaged Spyre kernels
     assert "goal met: predicted time of the measured-best split within 30%" in \
@@ -193,6 +195,7 @@ def test_sharding_misses_a_block_under_half_of_perfect_scaling_and_a_slow_solve(
     assert "over the goal by 2.00 s" in goals[1].figure
 
 
+@pytest.mark.slow
 def test_bench_sharding_check_passes_on_a_small_model(tmp_path, capsys):
     doc = load_models()
     doc["models"] = {"gpt2-small": doc["models"]["gpt2-small"]}  # no forward: no solve timing

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from apportion.cli import goals as bench_goals
 from apportion.cli.bench_scale import LAYERS, ScaleResult, chain_program, goals, group_program
 from apportion.cli.main import main
 from apportion.cost import noise
 
 
+@pytest.mark.slow
 def test_bench_scale_prints_its_tables_with_their_goals_and_writes_every_row(tmp_path, capsys):
     out = tmp_path / "scale.json"
     # without --check the goals only report: real timings decide nothing in a unit test

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from rich.console import Console
 
 from apportion.cli import bench_sharding
@@ -11,6 +12,7 @@ from apportion.cli.main import main
 from apportion.frontend.models import load_models
 
 
+@pytest.mark.slow
 def test_blocks_of_a_model_are_searched_on_every_mesh(tmp_path):
     doc = load_models()
     doc["models"] = {"gpt2-small": doc["models"]["gpt2-small"]}

@@ -70,6 +70,7 @@ def test_sencores_is_honoured_by_the_cli(monkeypatch, capsys):
     assert from_json(capsys.readouterr().out).cores == 4
 
 
+@pytest.mark.slow
 def test_demo_program_plans_tiles_and_checks_the_default_program(capsys):
     assert main(["demo", "--program", "--cores", "16"]) == 0
     out = capsys.readouterr().out

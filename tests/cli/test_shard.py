@@ -243,6 +243,7 @@ def test_shard_torch_json_carries_each_ops_pytorch_origin(capsys):
     assert doc["origins"]["mm"]["module"] == "gate"
 
 
+@pytest.mark.slow
 def test_run_torch_with_a_mesh_checks_the_per_device_programs_against_eager_pytorch(capsys):
     pytest.importorskip("torch")
     status, out, _ = run(capsys, "run", "--torch", TORCH_MLP, "--mesh", "dp=2,tp=2", "--check")

@@ -129,6 +129,7 @@ def run_check(spec, *extra):
     return main(["run", "--torch", f"dtypefactories:{spec}", "--check", "--cores", "8", *extra])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["reference", "torch", "iree"])
 @pytest.mark.parametrize(("spec", "dtype"), [("llama_bf16", "bfloat16"),
                                              ("gpt2_fp16", "float16")])
@@ -159,6 +160,7 @@ def loaded():
                for spec in ("llama_bf16", "llama_fp16", "gpt2_bf16", "gpt2_fp16")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["reference", "torch",
                                      pytest.param("iree", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("spec", ["llama_bf16", "llama_fp16", "gpt2_bf16", "gpt2_fp16"])

@@ -183,6 +183,7 @@ def test_run_param_runs_at_that_size_against_eager_at_that_size(rows, capsys):
     assert f"rows={rows})" in out and "matches the model run eagerly in PyTorch" in out
 
 
+@pytest.mark.slow
 def test_hugging_face_llama_with_a_mask_runs_at_a_dynamic_sequence_length(capsys):
     assert main(["run", "--torch", f"{F}:llama_masked", "--dynamic", "input_ids:1=seq:2..64",
                  "--dynamic", "attention_mask:1=seq", "--param", "seq=40", "--check",
@@ -191,6 +192,7 @@ def test_hugging_face_llama_with_a_mask_runs_at_a_dynamic_sequence_length(capsys
     assert "seq=40)" in out and "matches the model run eagerly in PyTorch" in out
 
 
+@pytest.mark.slow
 def test_a_factorys_dynamic_shapes_run_at_a_param_size(capsys):
     assert main(["run", "--torch", f"{F}:llama_keyed", "--param", "seq=5", "--check",
                  "--cores", "8"]) == 0

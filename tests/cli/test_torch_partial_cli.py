@@ -58,6 +58,7 @@ def test_plan_of_a_meta_device_llama_prints_the_model_report(capsys):
     assert "by op family" in out and "22 weights with shapes only (meta device)" in out
 
 
+@pytest.mark.slow
 def test_emit_and_shard_of_a_meta_device_llama_work_from_shapes(capsys):
     assert main(["emit", "--forall", "--torch", META, "--cores", "4"]) == 0
     assert "scf.forall" in capsys.readouterr().out

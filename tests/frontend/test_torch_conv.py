@@ -229,6 +229,7 @@ def test_a_transposed_convolution_is_refused_naming_the_node():
         lowered(deconv, torch.randn(1, 2, 5, 5))
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_convolutions_match_eager_pytorch(data):
@@ -334,6 +335,7 @@ def test_pooling_and_padding_match_eager_pytorch(name):
     check_planned(tp, (x,), eager(model, x))
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_poolings_match_eager_pytorch(data):

@@ -67,6 +67,7 @@ def hf_model(request):
     return model, ids, dtype, from_torch(model, (ids,))
 
 
+@pytest.mark.slow
 def test_hugging_face_models_in_bf16_and_fp16_match_eager_on_every_plan(hf_model):
     model, ids, dtype, tp = hf_model
     assert tp.program.tensor(tp.outputs[0]).dtype == dtype
@@ -95,6 +96,7 @@ def test_weights_keep_their_dtype_and_bfloat16_ones_are_held_exactly_in_float32(
     assert np.array_equal(held, table.detach().float().numpy().astype(held.dtype))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_many_aten_ops_in_a_narrow_float_match_eager(dtype):
     torch.manual_seed(4)

@@ -87,11 +87,13 @@ def gpt2():
     return model, ids, from_torch(model, (ids,))
 
 
+@pytest.mark.slow
 def test_llama_matches_eager_pytorch_on_every_plan(llama):
     model, ids, tp = llama
     check_everywhere(tp, (ids,), eager(model, ids))
 
 
+@pytest.mark.slow
 def test_gpt2_matches_eager_pytorch_on_every_plan(gpt2):
     model, ids, tp = gpt2
     check_everywhere(tp, (ids,), eager(model, ids))
@@ -399,6 +401,7 @@ def test_a_size_that_is_a_dynamic_size_plus_one_is_refused_naming_the_node():
         ap.from_torch(Prepend(), (torch.randn(8, 4),), dynamic_shapes=({0: batch},))
 
 
+@pytest.mark.slow
 def test_causal_self_attention_runs_at_any_dynamic_sequence_length():
     torch.manual_seed(3)
     model = SelfAttention().eval()
@@ -441,6 +444,7 @@ def test_a_lowered_model_round_trips_through_the_program_format(which, request):
     np.testing.assert_allclose(got, eager(model, ids)[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_dynamic_sequence_in_a_hugging_face_model_is_refused_naming_node_and_size(llama):
     # the position ids' packed-sequence check concatenates one element before the sequence
     model, ids, _ = llama
@@ -449,6 +453,7 @@ def test_a_dynamic_sequence_in_a_hugging_face_model_is_refused_naming_node_and_s
         from_torch(model, (ids,), dynamic_shapes=({1: seq},))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["llama", "gpt2"])
 def test_hugging_face_models_given_an_attention_mask_run_at_any_sequence_length(which, request):
     # with a mask the models skip the packed-sequence check and its seq + 1 concatenation;

@@ -208,6 +208,7 @@ def test_static_experts_swaps_the_forward_for_the_export_only():
     assert "forward" not in vars(experts) and not hasattr(experts, "_apportion_ids")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", [MIXTRAL, QWEN2_MOE])
 def test_moe_models_lower_their_blocks_with_no_fallback(spec):
     from apportion.cli.torch_models import load_model
@@ -301,6 +302,7 @@ def test_a_deepseek_v3_moe_block_alone_matches_eager_with_its_parts_told_apart()
     assert {tp.origins[n].module for n, (p, _) in parts.items() if p == "router"} == {"gate"}
 
 
+@pytest.mark.slow
 def test_the_model_report_shows_router_and_expert_work_and_the_dense_cost(capsys):
     assert main(["plan", "--torch", QWEN2_MOE]) == 0
     out = capsys.readouterr().out

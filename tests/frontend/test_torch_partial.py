@@ -133,6 +133,7 @@ def test_partial_is_refused_when_nothing_is_left_to_plan(unlowerable):
 
 # --- meta-device models ----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_meta_device_llama_lowers_to_the_program_its_cpu_twin_lowers_to():
     meta, (ids,) = llama3_tiny()
     cpu, (cpu_ids,) = meta_llama(LLAMA3_TINY, 16, dtype="float32", device="cpu")
@@ -182,6 +183,7 @@ def test_a_large_embedding_table_is_gathered_in_row_blocks_exactly(monkeypatch):
     np.testing.assert_array_equal(tp.torch_outputs(planned.run(tp.inputs(ids)))[0], want)
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=st.integers(2, 40), width=st.integers(1, 6), block_rows=st.integers(1, 12),

@@ -160,6 +160,7 @@ def test_the_forward_program_plans_the_same_with_and_without_reuse():
     assert (result.reuse.planned, result.reuse.reused) == (21, 72)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["balanced", "greedy"])
 def test_tiny_models_and_a_tiled_group_plan_the_same_with_and_without_reuse(strategy):
     for model in ("tiny-gqa", "tiny-mha"):
@@ -263,6 +264,7 @@ def test_a_trials_cost_is_the_pipelines_iteration_time(case, cores, scratch):
         assert round(group_cost(group, ctxs, roles, final, cache), 4) == g.iteration_time_us
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("n_ops", [50, 100, 200])
 def test_long_groups_are_no_slower_than_op_by_op_and_no_op_slower_than_greedy(n_ops):
     target = spyre(cores=32)

@@ -46,6 +46,7 @@ def _matches_at(plan: ShardingPlan, counts: list[int]) -> str:
     return text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("example", "spec"), [
     pytest.param("examples/mlp.json", "tp=N~4", marks=pytest.mark.slow),  # ~30 s
     ("examples/megatron.json", "tp=N~4"),
@@ -58,6 +59,7 @@ def test_examples_run_at_two_three_and_four_devices_from_one_text(example, spec)
     _matches_at(plan, [2, 3, 4])
 
 
+@pytest.mark.slow
 def test_a_split_contraction_sums_the_partials_of_the_run_time_list():
     # mlp's down projection split along k over tp: each device's partial float32 sum
     # combined into the whole, cast to float16 once every part is in
@@ -113,6 +115,7 @@ _ARGMAX_MEAN = """{"format": "apportion.program/1", "name": "rowstats",
          {"name": "mean", "op": "mean", "out": "avg[t,0]", "ins": ["x[t,n]"]}]}"""
 
 
+@pytest.mark.slow
 def test_an_argmax_and_a_mean_split_along_their_reduction_finish_across_the_list():
     prog = loads(_ARGMAX_MEAN)
     mesh = parse("tp=N~4")
@@ -131,6 +134,7 @@ def _random_plan(seed: int, peered: bool = False) -> tuple[Program, Mesh, Shardi
     return c.program, mesh, plan
 
 
+@pytest.mark.slow
 # seeded mesh cases with a symbolic axis: a reduction's partial max (12), an argmax's keys and
 # a split mean (16), two axes (20, 47, 143), an inner digit of a merged read split (37)
 @pytest.mark.parametrize("seed", [12, 16, 20, 37, 47, 143])
@@ -142,6 +146,7 @@ def test_random_mesh_cases_with_a_symbolic_axis_match_at_each_device_count(seed)
     _matches_at(plan, list(range(2, top + 1)))
 
 
+@pytest.mark.slow
 # peered meshes: halos (windows read across shards, 14 and 121: split over the run-time axis),
 # reads of peers' memory in place and an all-to-all (98); over the whole held tensor each is
 # an insert and the reader's cut

@@ -110,6 +110,7 @@ def _matches(prog: Program, plan: ShardingPlan, text: str) -> None:
     assert all(c.ok for c in checks), [str(c) for c in checks]
 
 
+@pytest.mark.slow
 def test_the_halo_example_is_partitioned_with_update_halo_and_runs_as_the_unplanned_program():
     prog, ann = load("examples/halo.json")
     plan = search(prog, parse("die=2:peered"), target=COPIES, annotations=ann)
@@ -124,6 +125,7 @@ def test_the_halo_example_is_partitioned_with_update_halo_and_runs_as_the_unplan
     _matches(prog, plan, text)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(4))
 def test_a_random_even_strided_convolution_gets_upstreams_one_halo_pair_and_runs_exactly(seed):
     rng = random.Random(seed)
@@ -228,6 +230,7 @@ def test_the_exchanges_read_back_from_the_text_are_the_plans_halo_steps():
         [(s.dim, s.axis) for s in steps]
 
 
+@pytest.mark.slow
 def test_a_2d_window_on_a_2d_mesh_exchanges_each_dim_in_turn_corners_included():
     doc = {"format": "apportion.program/1", "name": "conv2d",
            "tensors": {"x": {"shape": [18, 10, 3], "dtype": "float32"},

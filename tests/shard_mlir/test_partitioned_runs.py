@@ -37,6 +37,7 @@ def _run(name: str, spec: str) -> tuple[list, set[str]]:
     return checks, {h.kind for h in spmd.exchanges(text)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "spec", "kinds"), CASES)
 def test_the_partitioned_form_run_device_by_device_matches_the_unplanned_program(name, spec,
                                                                                   kinds):

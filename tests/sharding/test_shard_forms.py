@@ -176,6 +176,7 @@ TINY = {"hidden": 64, "ffn": 128, "heads": 4, "kv_heads": 2, "head_dim": 16, "vo
         "layers": 1, "norm": "rms", "act": "silu", "gated_mlp": True}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["tp=2", pytest.param("dp=2,tp=2", marks=pytest.mark.slow)])
 def test_a_sharded_llama_block_runs_upstream_in_the_unrolled_form_and_matches(spec):
     prog = forward_program("tiny", layers=1, tokens=16, dtype="float32",

@@ -13,6 +13,7 @@ from apportion.runtime.upstream_mlir import MISSING, available
 pytestmark = pytest.mark.skipif(not available(), reason=MISSING)
 
 
+@pytest.mark.slow
 def test_bench_upstream_prints_cases_rates_and_kinds_and_writes_json(tmp_path, capsys):
     out = tmp_path / "up.json"
     # the first examples (attention: upstream refuses; big: agrees) and random cases 0..2

@@ -172,6 +172,7 @@ def cases(draw: st.DrawFn) -> MeshCase:
     return random_mesh_case(HypothesisDraw(draw))
 
 
+@pytest.mark.slow
 @needs_mlir
 @conformance(10)
 @given(cases())

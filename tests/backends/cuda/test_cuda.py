@@ -193,6 +193,7 @@ def _cases(draw):
     return random_case(HypothesisDraw(draw)), draw(st.integers(1, 64))
 
 
+@pytest.mark.slow
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_cases())
 def test_random_gpu_plans_lower_to_one_kernel_per_forall_or_name_the_refusal(case_cores):

@@ -92,6 +92,7 @@ def _cases(draw):
         st.sampled_from([2, 8, 32]))
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_cases())
 def test_random_plans_split_over_threads_compute_what_the_plan_computes(case):

@@ -513,6 +513,7 @@ def test_cores_run_in_any_order_give_identical_results(planned, seed):
         np.testing.assert_array_equal(got[name], expected[name])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", [p for p in EXAMPLES if "lm_head" not in p.name],
                          ids=lambda p: p.stem)
 def test_examples_run_in_any_order_give_identical_results(path):

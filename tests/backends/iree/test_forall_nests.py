@@ -284,6 +284,7 @@ def _examples(n: int) -> Any:
                                            HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.slow
 @_examples(10)
 @given(nest_programs(), st.integers(0, 3))
 def test_random_nests_the_reference_runs_exactly_run_in_iree(cache, case, seed):

@@ -257,6 +257,7 @@ torch_models = pytest.mark.skipif(not (_has("torch") and _has("transformers")),
                                   reason="needs torch and transformers")
 
 
+@pytest.mark.slow
 @torch_models
 def test_emit_forall_covers_a_whole_model_with_embeddings(capsys):
     rc = main(["emit", "--torch", "apportion.frontend.torch_demo:tiny_gpt2", "--forall",
@@ -517,6 +518,7 @@ def _settings(n: int) -> Any:
                                            HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.slow
 @_settings(4)
 @given(op_programs(), st.integers(0, 3))
 def test_random_programs_of_fills_gathers_and_dead_ops_run_in_iree(cache, case, seed):

@@ -221,6 +221,7 @@ def _runs(n: int) -> Any:
                                            HealthCheck.function_scoped_fixture])
 
 
+@pytest.mark.slow
 @_runs(4)
 @given(nest_programs(), st.integers(0, 3))
 def test_random_nests_run_in_iree_as_the_reference_executor_runs_them(cache, case, seed):

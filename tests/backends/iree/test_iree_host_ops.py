@@ -93,6 +93,7 @@ def test_run_time_sizes_with_host_ops_that_read_tensors_are_refused_naming_them(
                    cache_dir=tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factory", ["tiny_llama", "tiny_gpt2"])
 def test_hugging_face_models_run_in_iree_and_match_eager(factory, tmp_path):
     """Gathers and constants on the host; Llama's rotary embeddings read the query and key

@@ -178,6 +178,7 @@ def test_run_mesh_backend_iree_without_check_runs_and_threads_are_refused(cache,
     assert "--threads applies to the reference and torch backends" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_registrys_run_mesh_runs_the_schedule_in_iree_and_refuses_threads(cache,
                                                                             monkeypatch):
     monkeypatch.setenv("HOME", str(cache.parent))  # the backend takes the default module cache
@@ -211,6 +212,7 @@ def test_uneven_meshes_run_through_the_registrys_run_mesh_in_iree_and_match(name
     assert checks and all(c.ok for c in checks), checks
 
 
+@pytest.mark.slow
 def test_a_symbolic_loop_count_runs_in_iree_at_the_value_the_schedule_was_lowered_at(cache):
     plan = search(load("examples/softmax_symbolic.json"), parse("tp=2"))
     s = lower_plan(plan, params={"T": 16})

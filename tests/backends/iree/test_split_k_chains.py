@@ -27,6 +27,7 @@ def run_at(p: PlannedProgram, sizes: tuple[int, ...], cache: Path) -> None:
     assert len(list(cache.glob("*.vmfb"))) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("preset", "cores"), TARGETS)
 def test_a_chain_of_more_slices_than_cores_runs_in_iree_at_each_size(preset, cores, tmp_path):
     p = planned(preset, cores)

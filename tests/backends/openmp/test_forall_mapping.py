@@ -60,6 +60,7 @@ def test_cpu_and_spyre_foralls_carry_no_mapping():
         assert "scf.forall (" in text and "mapping" not in text
 
 
+@pytest.mark.slow
 @needs_mlir
 def test_a_plan_for_the_gpu_target_runs_on_openmp_threads_as_the_reference():
     from apportion.backends.openmp.run import openmp_check

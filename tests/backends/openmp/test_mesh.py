@@ -72,6 +72,7 @@ def test_megatron_over_a_2x2_mesh_matches_the_reference_run_mesh_and_the_unplann
     _matches_reference(s, random_inputs(s.program, 1))
 
 
+@pytest.mark.slow
 def test_mlp_in_float32_over_2x2_gathers_and_reduce_scatters_along_each_axis():
     s = lower_plan(search(as_float32(load("examples/mlp.json")), parse("dp=2,tp=2")))
     assert [(c.kind, c.axis) for c in s.collectives] == [("reduce_scatter", "dp"),
@@ -161,6 +162,7 @@ def test_run_mesh_backend_openmp_check_matches_and_exits_0(capsys):
         capsys.readouterr().out
 
 
+@pytest.mark.slow
 @conformance(6)
 @given(mesh_cases())
 def test_random_sharded_plans_match_the_reference_or_name_a_documented_limit(c):

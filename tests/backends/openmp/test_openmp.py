@@ -98,6 +98,7 @@ def test_a_gpu_reduction_over_several_dims_beside_a_run_time_size_runs_at_every_
         assert run.cached == (i > 0), k  # one module for every size
 
 
+@pytest.mark.slow
 def test_one_thread_many_threads_and_sequential_loops_give_the_same_bits():
     planned = ap.plan(ap.load(ROOT / "examples/attention.json"), ap.targets.spyre(cores=8))
     inputs = random_inputs(planned.program, 3)
@@ -219,6 +220,7 @@ def cases(draw: Any) -> Any:
     return random_case(HypothesisDraw(draw))
 
 
+@pytest.mark.slow
 @conformance(12)
 @given(cases())
 def test_random_programs_match_the_reference_or_name_a_documented_limit(c):
@@ -248,6 +250,7 @@ def test_iree_and_the_openmp_backend_run_in_one_process():
     assert ok(checks)  # upstream's bindings live in the worker process
 
 
+@pytest.mark.slow
 def test_a_worker_that_ended_is_started_again_and_compiles_the_module_again():
     planned = ap.plan(ap.load(ROOT / "examples/splitk.json"), ap.targets.spyre(cores=8))
     openmp_check(planned.program, planned.plan, planned.target, threads=1)

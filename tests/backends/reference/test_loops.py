@@ -120,6 +120,7 @@ def test_groups_whose_ops_tile_different_dims():
     check(p, pl, threads=3)
 
 
+@pytest.mark.slow
 def test_symbolic_count_takes_its_value_at_run_time():
     p = fused(loops=[{"count": "T", "dims": ["m"]}, {"count": 2, "dims": ["n"]}])
     pl = plan(p, spyre())

@@ -46,6 +46,7 @@ def test_random_sharded_programs_run_from_their_mesh_schedule_match_the_unplanne
     _matches(propagate(program, mesh, annotations=ann), random_inputs(program, 1))
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(annotated())
 def test_the_mesh_runner_gives_bit_for_bit_what_the_unrolled_planned_run_gives(case):
@@ -63,6 +64,7 @@ def test_uneven_meshes_match_and_equal_the_unrolled_run_bit_for_bit(name):
     assert _same(got, unroll(plan).run(xs, planned=True))
 
 
+@pytest.mark.slow
 def test_a_symbolic_loop_count_kept_by_the_devices_is_bound_when_lowered():
     plan = search(load("examples/softmax_symbolic.json"), parse("tp=2"))
     xs = random_inputs(plan.program, 0)

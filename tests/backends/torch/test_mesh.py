@@ -79,6 +79,7 @@ def test_run_mesh_backend_torch_checks_against_the_unplanned_program(capsys):
            capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_a_pytorch_model_sharded_runs_with_torch_kernels_and_matches_eager(capsys):
     assert main(["run", "--torch", "apportion.frontend.torch_demo:mlp", "--mesh", "tp=2",
                  "--backend", "torch", "--check"]) == 0
