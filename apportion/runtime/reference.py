@@ -450,6 +450,36 @@ TOLERANCES: dict[str, Tolerance] = {
 }
 
 
+#: float32 epsilons of an output's largest finite value that any of its values may differ by,
+#: besides ``TOLERANCES``' atol: a value near zero computed from larger ones (the cumsum of
+#: mean-centred values, a difference of two dot products) carries their rounding, which another
+#: summation order changes by a few ulps of them per term; 64 covers sums of thousands of terms,
+#: while a wrong slice (missing, doubled, misplaced) is off by values of the output's own scale
+FLOAT32_SCALE_EPS = 64
+
+
+def planned_tolerance(dtype: str, expected: np.ndarray) -> Tolerance:
+    """The tolerance of a planned run's output of ``dtype`` against the unplanned run's
+    ``expected``: ``TOLERANCES``, and for float32 an atol of at least ``FLOAT32_SCALE_EPS``
+    epsilons of the largest finite value of ``expected`` (named in the basis when it wins).
+
+    >>> str(planned_tolerance("float32", np.array([0.5, -1.0])))
+    'atol=1e-05 rtol=0.0001'
+    >>> str(planned_tolerance("float32", np.array([26.0, 1e-4])))
+    'atol=0.000198 rtol=0.0001 (atol 64 float32 eps at max |expected| 26)'
+    """
+    base = TOLERANCES[dtype]
+    if dtype != "float32":
+        return base
+    e = np.abs(np.asarray(expected, dtype=np.float64))
+    scale = float(e[np.isfinite(e)].max(initial=0.0))  # an inf must not excuse every value
+    atol = FLOAT32_SCALE_EPS * FLOAT_EPS["float32"] * scale
+    if atol <= base.atol:
+        return base
+    return Tolerance(atol, base.rtol, f"atol {FLOAT32_SCALE_EPS} float32 eps at max |expected| "
+                                      f"{scale:.3g}")
+
+
 #: machine epsilons of its least precise float dtype that an output may differ by from the
 #: model it was lowered from, run eagerly in PyTorch, where that dtype is float16 or bfloat16.
 #: Eager rounds each ATen op's result to the dtype; the lowered program rounds where its
@@ -516,8 +546,9 @@ class OutputCheck:
 def compare(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray],
             program: Program, tolerances: Mapping[str, Tolerance] | None = None
             ) -> list[OutputCheck]:
-    """Check every program output of ``actual`` against ``expected`` with ``TOLERANCES``, or,
-    for a float output named in ``tolerances``, with its tolerance there.
+    """Check every program output of ``actual`` against ``expected`` with
+    ``planned_tolerance`` (``TOLERANCES``, float32 at the output's scale too), or, for a float
+    output named in ``tolerances``, with its tolerance there.
 
     Equal infinities and NaN against NaN count as equal (both runs overflowed alike).
 
@@ -546,7 +577,8 @@ def compare(expected: Mapping[str, np.ndarray], actual: Mapping[str, np.ndarray]
         diff = np.where(np.isnan(diff), np.inf, diff)
         with np.errstate(invalid="ignore"):
             rel = np.where(same, 0.0, diff / np.maximum(np.abs(e), np.finfo(np.float64).tiny))
-        tol = (tolerances or {}).get(name, TOLERANCES[t.dtype])
+        given = (tolerances or {}).get(name)
+        tol = given if given is not None else planned_tolerance(t.dtype, e)
         with np.errstate(invalid="ignore"):
             # isfinite: an inf expected must not excuse any finite actual through rtol * inf.
             ok = bool(np.all(same | (np.isfinite(diff)
