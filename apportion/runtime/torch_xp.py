@@ -32,7 +32,26 @@ def _asarray(value: Any, dtype: Any = None) -> Any:
     return torch.as_tensor(value, dtype=dtype)
 
 
+def _integer_safe(name: str) -> Callable[[Any, Any], Any]:
+    # torch raises ZeroDivisionError for an integer division by 0, where numpy gives 0 (and
+    # x // -1 is -x, wrapping at the least value, x % -1 is 0): the divisor is 1 there and the
+    # result set to numpy's, as the MLIR bodies do
+    def fn(a: Any, b: Any) -> Any:
+        import torch
+
+        op = getattr(torch, name)
+        if not isinstance(b, torch.Tensor) or b.is_floating_point() or b.dtype == torch.bool:
+            return op(a, b)
+        zero, minus_one = b == 0, b == -1
+        out = op(a, torch.where(zero | minus_one, torch.ones_like(b), b))
+        if name == "floor_divide":
+            out = torch.where(minus_one, torch.zeros_like(out) - out, out)
+        return torch.where(zero, torch.zeros_like(out), out)
+    return fn
+
+
 _RENAMED: dict[str, Any] = {
+    "floor_divide": _integer_safe("floor_divide"), "remainder": _integer_safe("remainder"),
     "equal": "eq", "not_equal": "ne", "less": "lt", "less_equal": "le", "greater": "gt",
     "greater_equal": "ge", "power": "pow", "asarray": _asarray,
     "maximum": _scalar_aware("maximum", "clamp_min"),

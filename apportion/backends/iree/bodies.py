@@ -106,8 +106,19 @@ def _sigmoid(x: str, out: str) -> tuple[str, ...]:
             f"{out} = arith.select %{{p}}sge, %{{p}}spos, %{{p}}sneg : {{t}}")
 
 
+# an integer division by 0, or of the least value by -1, traps (SIGFPE on x86) and would
+# end the process: the divisor is 1 there, and the result is set to numpy's (0 for a divisor
+# of 0; -a, wrapping, for -1)
+_SAFE_DIVISOR = ("%{p}zi = arith.constant 0 : {t}",
+                 "%{p}onei = arith.constant 1 : {t}",
+                 "%{p}m1 = arith.constant -1 : {t}",
+                 "%{p}bz = arith.cmpi eq, {b}, %{p}zi : {t}",
+                 "%{p}bn1 = arith.cmpi eq, {b}, %{p}m1 : {t}",
+                 "%{p}trap = arith.ori %{p}bz, %{p}bn1 : i1",
+                 "%{p}sb = arith.select %{p}trap, %{p}onei, {b} : {t}")
+
 # Python's % and //: the remainder takes the divisor's sign
-_REMAINDER = ("%{p}m = {rem} {a}, {b} : {t}",
+_REMAINDER = ("%{p}m = {rem} {a}, {divisor} : {t}",
               "%{p}z = arith.constant {zero} : {t}",
               "%{p}nz = {cmp} {ne}, %{p}m, %{p}z : {t}",
               "%{p}mn = {cmp} {lt}, %{p}m, %{p}z : {t}",
@@ -118,10 +129,11 @@ _REMAINDER = ("%{p}m = {rem} {a}, {b} : {t}",
               "{r} = arith.select %{p}fix, %{p}adj, %{p}m : {t}")
 
 
-def _remainder(**ops: str) -> str:
+def _remainder(divisor: str = "{b}", **ops: str) -> str:
     # fills the op names now and keeps the emitter's placeholders
     keep = {k: "{" + k + "}" for k in ("p", "a", "b", "t", "r")}
-    return _lines(*(line.format(**ops, **keep) for line in _REMAINDER))
+    return _lines(*(line.format(**ops, **keep, divisor=divisor.format(**keep))
+                    for line in _REMAINDER))
 
 
 #: kind name -> its body (elementwise, matmul and fallback kinds; reductions use ``COMBINES``)
@@ -163,12 +175,19 @@ BODIES: dict[str, MlirBody] = {
                            "{r} = arith.select %{p}o2, %{p}one, %{p}pr : {t}")),
     "floor_div": MlirBody(_lines("%{p}q = arith.divf {a}, {b} : {t}",
                                  "{r} = math.floor %{p}q : {t}"),
-                          "{r} = arith.floordivsi {a}, {b} : {t}"),
+                          _lines(*_SAFE_DIVISOR,
+                                 "%{p}q = arith.floordivsi {a}, %{p}sb : {t}",
+                                 # a // -1 is -a, wrapping at the least value as numpy's does
+                                 "%{p}na = arith.subi %{p}zi, {a} : {t}",
+                                 "%{p}q1 = arith.select %{p}bn1, %{p}na, %{p}q : {t}",
+                                 "{r} = arith.select %{p}bz, %{p}zi, %{p}q1 : {t}")),
     "remainder": MlirBody(
         _remainder(rem="arith.remf", zero="0.0", cmp="arith.cmpf", ne="one", lt="olt",
                    add="arith.addf"),
-        _remainder(rem="arith.remsi", zero="0", cmp="arith.cmpi", ne="ne", lt="slt",
-                   add="arith.addi")),
+        # x % 0 and x % -1 are 0, as numpy's: a remainder by 1 gives it without a trap
+        _lines(*_SAFE_DIVISOR, _remainder(rem="arith.remsi", zero="0", cmp="arith.cmpi",
+                                          ne="ne", lt="slt", add="arith.addi",
+                                          divisor="%{p}sb"))),
     "eq": _cmp("oeq", "eq"),
     "ne": _cmp("une", "ne"),  # NaN != x is true
     "lt": _cmp("olt", "slt"),

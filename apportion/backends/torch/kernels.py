@@ -86,7 +86,7 @@ def _pow(a: Any, b: Any) -> Any:
 #: formula's Python around it; ``logical_and(a != 0, b != 0)`` is ``logical_and(a, b)``)
 DIRECT: dict[str, str] = {
     "add": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "maximum",
-    "min": "minimum", "floor_div": "floor_divide", "remainder": "remainder",
+    "min": "minimum",
     "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
     "logical_and": "logical_and", "logical_or": "logical_or", "logical_not": "logical_not",
     "where": "where", "neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt",
@@ -104,6 +104,8 @@ def direct(name: str) -> Callable[..., Any] | None:
     """
     if name == "pow":
         return _pow
+    if name in ("floor_div", "remainder"):  # numpy's at a divisor of 0 (torch's raises)
+        return XP.floor_divide if name == "floor_div" else XP.remainder
     return getattr(torch, DIRECT[name]) if name in DIRECT else None
 
 
