@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from apportion.backends.limits import cite
 from apportion.errors import ExecutionError, PlanningError, ProgramError, TargetError
 from apportion.ir.program import Program
+from apportion.limits import cite
 from apportion.passes.pipeline import Stage
 from apportion.passes.pipeline import plan as run_pipeline
 from apportion.passes.split_k import rewrite_as_planned
@@ -154,10 +154,10 @@ class PlannedProgram:
     def forall_mlir(self) -> str:
         """The plan as thread-first parallel IR on tensors (MLIR text), checked to parse and
         verify: one ``scf.forall`` over each op's core grid, ``scf.for`` loops around the
-        foralls of a loop group's tile (``backends.iree.forall``); one function for every run-time
-        size (``backends.iree.forall_sizes``)."""
-        from apportion.backends.iree.forall import forall_mlir, verify_mlir
+        foralls of a loop group's tile (``mlir.forall``); one function for every run-time
+        size (``mlir.forall_sizes``)."""
         from apportion.backends.iree.run import emitted
+        from apportion.mlir.forall import forall_mlir, verify_mlir
 
         text = forall_mlir(emitted(self.program, self.plan, self.target,
                                    self.given if self.symbols else None))

@@ -65,7 +65,7 @@ def assert_runs_as_unplanned(text: str, prog: Program) -> None:
 
     import numpy as np
 
-    from apportion.backends.mlir import symbol_name
+    from apportion.mlir.text import symbol_name
     from apportion.runtime.reference import compare, random_inputs, run_unplanned
     from apportion.runtime.upstream_mlir import run_function
 

@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from apportion.backends.iree.forall import forall_mlir, symbol_name
+from apportion.mlir.forall import forall_mlir, symbol_name
 from apportion.backends.iree.run import emitted
 from apportion.backends.iree.runtime import lower_forall
 from apportion.errors import ApportionError

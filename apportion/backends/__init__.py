@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from apportion.backends.limits import Limit, Unsupported
 from apportion.errors import ExecutionError
+from apportion.limits import Limit, Unsupported
 
 if TYPE_CHECKING:
     import numpy as np
@@ -177,7 +177,7 @@ def require(backend: Backend, planned: Any) -> None:
     >>> require(get("dtensor"), planned)
     Traceback (most recent call last):
     ...
-    apportion.backends.limits.Unsupported: backend 'dtensor' cannot run program 'fused': the \
+    apportion.limits.Unsupported: backend 'dtensor' cannot run program 'fused': the \
 dtensor backend runs sharding plans over a mesh of devices (--mesh, ap.sharding); a plan for \
 one device's cores is not one [limit dtensor-needs-mesh, docs/limits.md]
     """

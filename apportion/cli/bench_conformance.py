@@ -55,7 +55,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.backends import BACKENDS, Backend
-from apportion.backends.limits import cited
 from apportion.cli import goals as bench_goals
 from apportion.cli.bench_harness import Outcome as SuiteOutcome
 from apportion.cli.bench_harness import Suite
@@ -63,6 +62,7 @@ from apportion.errors import ApportionError, PlanningError, ProgramError, Target
 from apportion.frontend.random_meshes import MeshCase, mesh_case
 from apportion.frontend.random_programs import Case, case
 from apportion.ir.program import Program
+from apportion.limits import cited
 from apportion.runtime import upstream_mlir
 from apportion.schedule.mesh import Collective, MeshFinish, MeshSchedule, box_shape
 

@@ -344,7 +344,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
 def _check_run_backend(args: argparse.Namespace) -> None:
     """Refuse, naming the documented limit, a ``--backend`` that cannot run this: ``bundle``
     emits, ``dtensor`` runs sharding plans (``--mesh``)."""
-    from apportion.backends.limits import cite
+    from apportion.limits import cite
 
     if args.backend == "bundle":
         raise UsageError("--backend bundle emits, it does not run: apportion emit --bundle (or "

@@ -8,7 +8,7 @@ is reproduced from its seed: ``case(seed)``). The families are the ones the prop
 drew from first: chains of pointwise, reduction, matmul, broadcast and merged ops
 (``tests/passes/test_pipeline_properties.py``); masks, wheres, scalars, row statistics, and
 fallbacks or a loop over rows (``test_kinds_properties.py``); one op of a merged write with
-pinned splits (``tests/backends/iree/test_forall.py``); plus one op of any registry kind with
+pinned splits (``tests/mlir/test_forall.py``); plus one op of any registry kind with
 a consumer, chains in one or two nested loops, and programs with run-time sizes run at a
 drawn size.
 

@@ -5,7 +5,7 @@ inputs it takes, what dtypes it accepts and gives, its numeric attributes, its s
 arrays, how partial results of a split or tiled reduction combine (identity, combine, accumulator
 dtype, finish), its work per iteration point for the cost model, and whether it computes integers
 exactly. What code a backend runs for a kind is the backend's own table (the iree backend's MLIR
-bodies: ``backends.iree.bodies``); the registry holds no backend's text.
+bodies: ``mlir.bodies``); the registry holds no backend's text.
 Passes, the builder, the executors and the cost model ask the entry; none compares kind names.
 
 Semantics are written against an *array namespace* ``xp`` that the executor passes in (numpy

@@ -5,7 +5,7 @@ interface understands (linalg has a ``ShardingInterface`` external model), so
 An op is its iteration space: one loop per op dim (``parallel`` for the output's dims,
 ``reduction`` for the rest), each operand read through the affine map of its access (sums of
 dims and literal indices included), the scalar computation taken from the IREE backend's body
-templates (``backends.iree.bodies``: one table of MLIR bodies per kind, so both emitters compute
+templates (``mlir.bodies``: one table of MLIR bodies per kind, so both emitters compute
 alike). Values are converted to the op's compute type as the IREE emitter does (float16 and
 bfloat16 in ``f32``; float32 sums, means and products in ``f64``; integers in ``i64`` where the
 kind computes them exactly); a reduction or matmul accumulates into a ``linalg.fill`` of its
@@ -30,20 +30,20 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from apportion.backends.iree.bodies import MlirBody, body_of, combine_of
-from apportion.backends.iree.forall_types import (
-    INDEX_MAX,
-    MLIR_TYPES,
-    _literal,
-    fptosi_saturating,
-)
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.dtypes import FLOAT_DTYPES
 from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import TensorType
+from apportion.mlir.bodies import MlirBody, body_of, combine_of
+from apportion.mlir.text import symbol_name
+from apportion.mlir.types import (
+    INDEX_MAX,
+    MLIR_TYPES,
+    _literal,
+    fptosi_saturating,
+)
 
 _FLOATS = ("f16", "bf16", "f32", "f64")
 _BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i1": 1, "i8": 8, "i32": 32, "i64": 64}

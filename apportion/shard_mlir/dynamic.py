@@ -47,14 +47,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from apportion.backends.iree.bodies import body_of, combine_of
-from apportion.backends.iree.forall_types import INDEX_MAX
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.kinds import REDUCERS, Category
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TensorType
+from apportion.mlir.bodies import body_of, combine_of
+from apportion.mlir.text import symbol_name
+from apportion.mlir.types import INDEX_MAX
 from apportion.runtime.upstream_mlir import run_function, verify_upstream
 from apportion.shard_mlir.body import (
     Block,

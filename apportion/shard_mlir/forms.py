@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.program import Program, TensorType
+from apportion.mlir.text import symbol_name
 from apportion.runtime.upstream_mlir import verify_upstream
 from apportion.shard_mlir.body import (
     Block,

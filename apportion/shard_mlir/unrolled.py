@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import math
 
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.program import Program, TensorType
+from apportion.mlir.text import symbol_name
 from apportion.runtime.upstream_mlir import verify_upstream
 from apportion.schedule.mesh import (
     REDUCING,

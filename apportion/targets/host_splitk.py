@@ -42,13 +42,13 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.forall import forall_mlir, symbol_name
 from apportion.backends.iree.run import emitted, iree_run
 from apportion.cost.noise import Criterion, Load, Measured, Rules, load_average, until_stable
 from apportion.errors import ApportionError, ExecutionError, PlanningError
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import load_models
 from apportion.ir.program import Program
+from apportion.mlir.forall import forall_mlir, symbol_name
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan
 from apportion.runtime.reference import compare, random_inputs, run_unplanned

@@ -14,9 +14,9 @@ import pytest
 
 import apportion as ap
 from apportion.backends import BACKENDS, Backend, get, require
-from apportion.backends.limits import LIMITS_BY_ID, Unsupported, cited
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
+from apportion.limits import LIMITS_BY_ID, Unsupported, cited
 from apportion.runtime import compare, random_inputs, run_unplanned
 
 ROOT = Path(__file__).parents[2]
@@ -156,7 +156,7 @@ def test_iree_runs_random_numbers_beside_run_time_sizes():
 
 def test_iree_supports_turns_a_cited_emitter_error_into_its_limit(monkeypatch):
     from apportion.backends.iree import adapter
-    from apportion.backends.limits import cite
+    from apportion.limits import cite
 
     def refuse(*args, **kwargs):
         raise ap.EmitError(f"op 'x': no MLIR for it {cite('iree-kind-without-mlir')}")

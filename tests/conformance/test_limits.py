@@ -1,5 +1,5 @@
 """The documented limits are one list: ``docs/limits.md`` is rendered from
-``apportion/backends/limits.py``, every id code cites is listed, every listed id is cited by a
+``apportion/limits.py``, every id code cites is listed, every listed id is cited by a
 refusal somewhere, and the list only shrinks (no id beyond those known when it was made)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from apportion.backends.limits import LIMITS, LIMITS_BY_ID, Unsupported, cite, cited, render
+from apportion.limits import LIMITS, LIMITS_BY_ID, Unsupported, cite, cited, render
 
 ROOT = Path(__file__).parents[2]
 #: ``cite("id")`` and ``LIMITS_BY_ID["id"]`` in the package's code (limits.py itself aside)
@@ -38,19 +38,19 @@ def cited_in_code() -> dict[str, list[str]]:
 
 def test_docs_limits_md_is_rendered_from_the_list():
     assert (ROOT / "docs/limits.md").read_text() == render(), (
-        "docs/limits.md is stale: python -c 'from apportion.backends.limits import render; "
+        "docs/limits.md is stale: python -c 'from apportion.limits import render; "
         "print(render(), end=\"\")' > docs/limits.md")
 
 
 def test_every_cited_limit_is_documented():
     undocumented = {k: v for k, v in cited_in_code().items() if k not in LIMITS_BY_ID}
-    assert not undocumented, f"cited but not in apportion/backends/limits.py: {undocumented}"
+    assert not undocumented, f"cited but not in apportion/limits.py: {undocumented}"
 
 
 def test_every_documented_limit_is_cited_by_a_refusal():
     never = sorted(set(LIMITS_BY_ID) - set(cited_in_code()))
     assert not never, (f"documented but cited nowhere (lifted? delete them from "
-                       f"apportion/backends/limits.py and docs/limits.md): {never}")
+                       f"apportion/limits.py and docs/limits.md): {never}")
 
 
 def test_the_list_only_shrinks():

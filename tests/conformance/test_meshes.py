@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from apportion.backends import BACKENDS, Backend
-from apportion.backends.limits import LIMITS_BY_ID, cite
 from apportion.cli import bench_conformance
 from apportion.cli.bench_conformance import (
     MESH_STEPS,
@@ -36,6 +35,7 @@ from apportion.cli.bench_conformance import (
 from apportion.cli.main import main
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.frontend.random_meshes import MeshCase, mesh_case, random_mesh_case
+from apportion.limits import LIMITS_BY_ID, cite
 from apportion.runtime import random_inputs, run_unplanned
 from apportion.sharding.mesh import parse
 from apportion.sharding.spec import Sharding

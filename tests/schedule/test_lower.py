@@ -23,9 +23,9 @@ from apportion.plans.tiles import core_boxes, region, resolve_counts, tile_box
 from apportion.plans.views import core_slices, ring_groups
 from apportion.schedule import Copy, Finish, Host, Init, Launch, Loop, Schedule, lower
 from apportion.schedule.values import WorkerAxis, moved
-from tests.backends.iree.test_forall import plan_small, resplit_programs, small_programs
 from tests.backends.reference.test_loops_properties import tiled_programs
 from tests.helpers import program
+from tests.mlir.test_forall import plan_small, resplit_programs, small_programs
 
 ROOT = Path(__file__).parents[2]
 CORES = (1, 8, 32)

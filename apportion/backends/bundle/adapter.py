@@ -14,8 +14,8 @@ from __future__ import annotations
 from apportion.backends import Backend, Planned
 from apportion.backends.bundle.bundle import render_bundle
 from apportion.backends.bundle.loopspec import loopspec
-from apportion.backends.limits import LIMITS_BY_ID, Limit, refusals
-from apportion.backends.mlir import verify_mlir
+from apportion.limits import LIMITS_BY_ID, Limit, refusals
+from apportion.mlir.text import verify_mlir
 from apportion.schedule.mesh import MeshSchedule
 
 

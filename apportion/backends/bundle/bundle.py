@@ -28,10 +28,10 @@ from collections.abc import Iterator
 
 from apportion.backends.bundle.loopspec import loopspec
 from apportion.backends.bundle.specs import LoopSpec, OpSpec, Spec, TensorArg, walk
-from apportion.backends.mlir import SsaNames, alias_name, check_index, symbol_name
-from apportion.backends.mlir import verify_mlir as verify_mlir
 from apportion.errors import EmitError
 from apportion.ir.program import Program
+from apportion.mlir.text import SsaNames, alias_name, check_index, symbol_name
+from apportion.mlir.text import verify_mlir as verify_mlir
 from apportion.plans.plan import Plan
 from apportion.target.target import Target
 

@@ -63,10 +63,10 @@ from apportion.backends.bundle.specs import OpSpec as OpSpec
 from apportion.backends.bundle.specs import Spec as Spec
 from apportion.backends.bundle.specs import SpecProgram as SpecProgram
 from apportion.backends.bundle.specs import TensorArg as TensorArg
-from apportion.backends.limits import cite
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
+from apportion.limits import cite
 from apportion.plans.memory import Buffer
 from apportion.plans.plan import Plan
 from apportion.schedule.lower import lower, planned_counts

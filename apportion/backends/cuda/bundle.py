@@ -1,7 +1,7 @@
 """A plan's parallel IR built for an NVIDIA GPU as a bundle a GPU machine runs, and checked
 against the reference executor.
 
-``build_bundle`` emits the plan's ``scf.forall`` IR (``backends.iree.forall``, the function
+``build_bundle`` emits the plan's ``scf.forall`` IR (``mlir.forall``, the function
 IREE compiles and the openmp backend runs; for the ``gpu`` target each forall carries
 ``#gpu.block`` mappings), lowers it with upstream MLIR (``lowering.lower_nvvm``: each forall a
 kernel, a core of the plan a block), links the host library (``lowering.link``) and writes a
@@ -45,7 +45,6 @@ import numpy as np
 
 from apportion.backends.cuda import device_main
 from apportion.backends.cuda.lowering import AMPERE, GpuArch, link, linker, lower_nvvm
-from apportion.backends.iree.forall import symbol_name
 from apportion.backends.iree.run import (
     bind_run,
     check_gathers,
@@ -55,6 +54,7 @@ from apportion.backends.iree.run import (
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import dumps, load
 from apportion.ir.program import Program
+from apportion.mlir.forall import symbol_name
 from apportion.plans.plan import Plan
 from apportion.runtime import upstream_mlir
 from apportion.runtime.isolated import python_command

@@ -20,7 +20,7 @@ import numpy as np
 from apportion.backends import Backend
 from apportion.backends.dtensor.runner import check_schedule
 from apportion.backends.dtensor.runner import run_mesh as run_dist
-from apportion.backends.limits import LIMITS_BY_ID, Limit, refusals
+from apportion.limits import LIMITS_BY_ID, Limit, refusals
 from apportion.schedule.mesh import MeshSchedule
 
 

@@ -40,9 +40,9 @@ import numpy as np
 
 from apportion.backends.dtensor import launch as launching
 from apportion.backends.dtensor.rank import worker
-from apportion.backends.limits import cite
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import dumps
+from apportion.limits import cite
 from apportion.runtime.reference import (
     OutputCheck,
     bind_inputs,

@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from apportion.backends import Backend, Planned
-from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.mesh import run_mesh
 from apportion.backends.iree.run import emitted, iree_run, modules
-from apportion.backends.limits import Limit, refusals
 from apportion.errors import ExecutionError
+from apportion.limits import Limit, refusals
+from apportion.mlir.forall import forall_mlir
 from apportion.schedule.mesh import Compute, MeshSchedule
 
 

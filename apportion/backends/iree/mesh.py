@@ -57,12 +57,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from apportion.backends.iree.forall import forall_mlir
-from apportion.backends.iree.forall_types import mlir_type
 from apportion.backends.iree.run import iree_run
-from apportion.backends.mlir import SsaNames, symbol_name, verify_mlir
 from apportion.errors import EmitError
 from apportion.ir.program import TensorType
+from apportion.mlir.forall import forall_mlir
+from apportion.mlir.text import SsaNames, symbol_name, verify_mlir
+from apportion.mlir.types import mlir_type
 from apportion.runtime.reference import (
     OutputCheck,
     compare,

@@ -1,4 +1,4 @@
-"""Running a plan on IREE: its parallel IR (``backends.iree.forall``) compiled and run by
+"""Running a plan on IREE: its parallel IR (``mlir.forall``) compiled and run by
 IREE (``backends.iree.runtime``), checked against the reference executor.
 
 This module joins an emitter and an executor, which the import contracts keep apart
@@ -22,8 +22,12 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.bodies import supported
-from apportion.backends.iree.forall import (
+from apportion.errors import EmitError, ExecutionError, ProgramError
+from apportion.ir.op import Op
+from apportion.ir.program import Program
+from apportion.limits import cite
+from apportion.mlir.bodies import supported
+from apportion.mlir.forall import (
     forall_mlir,
     mlir_type,
     size_symbols,
@@ -31,10 +35,6 @@ from apportion.backends.iree.forall import (
     symbols,
     verify_mlir,
 )
-from apportion.backends.limits import cite
-from apportion.errors import EmitError, ExecutionError, ProgramError
-from apportion.ir.op import Op
-from apportion.ir.program import Program
 from apportion.plans.plan import Plan
 from apportion.runtime.reference import (
     OutputCheck,
@@ -85,7 +85,7 @@ def emitted(program: Program, plan: Plan, target: Target, symbolic: Program | No
 
 def host_ops(program: Program) -> tuple[str, ...]:
     """The ops the IREE backend runs on the host: those whose kind its per-kind table lacks
-    (``backends.iree.bodies``), numpy's random generators, which no compiled module reproduces.
+    (``mlir.bodies``), numpy's random generators, which no compiled module reproduces.
     Every other whole-tensor kind (gathers, reshapes, concatenations, constants, ranges, top-k)
     is parallel IR."""
     return tuple(op.name for op in program.ops if not supported(op.kind))

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from apportion.backends import Backend, Planned
-from apportion.backends.limits import Limit, refusals
 from apportion.backends.openmp.mesh import mesh_parallel_ir, run_mesh
 from apportion.backends.openmp.run import openmp_run, parallel_ir
 from apportion.errors import ExecutionError
+from apportion.limits import Limit, refusals
 from apportion.schedule.mesh import MeshSchedule
 
 

@@ -1,5 +1,5 @@
 """Running a plan's parallel IR on this machine's cores: the schedule emitted as ``scf.forall``
-IR (``backends.iree.forall``, the same function IREE compiles), lowered by upstream MLIR to
+IR (``mlir.forall``, the same function IREE compiles), lowered by upstream MLIR to
 OpenMP and LLVM and JIT-compiled (``engine``), called with the inputs, checked against the
 reference executor.
 
@@ -26,11 +26,6 @@ from typing import Any
 
 import numpy as np
 
-from apportion.backends.iree.forall import (
-    mlir_type,
-    symbol_name,
-    symbols,
-)
 from apportion.backends.iree.run import (
     bind_run,
     check_gathers,
@@ -40,6 +35,11 @@ from apportion.backends.iree.run import (
 from apportion.backends.openmp import engine as omp
 from apportion.errors import ExecutionError
 from apportion.ir.program import Program
+from apportion.mlir.forall import (
+    mlir_type,
+    symbol_name,
+    symbols,
+)
 from apportion.plans.plan import Plan
 from apportion.runtime.reference import (
     OutputCheck,

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 
 from apportion.backends import Backend, Planned
-from apportion.backends.limits import Limit
 from apportion.backends.reference.execute import run_planned
 from apportion.backends.reference.mesh import run_mesh
+from apportion.limits import Limit
 from apportion.schedule.mesh import MeshSchedule
 
 

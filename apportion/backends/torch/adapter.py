@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from apportion.backends import Backend, Planned
-from apportion.backends.limits import LIMITS_BY_ID, Limit
 from apportion.backends.torch.mesh import run_mesh
 from apportion.ir.program import Program
+from apportion.limits import LIMITS_BY_ID, Limit
 from apportion.plans.plan import Plan
 from apportion.runtime.reference import bind_inputs
 from apportion.schedule.mesh import MeshSchedule

@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from apportion.backends.limits import cite
 from apportion.errors import ExecutionError
 from apportion.ir.kinds import KINDS, Category, OpKind, Partial, Reducer
+from apportion.limits import cite
 from apportion.runtime.torch_xp import XP as XP
 
 try:

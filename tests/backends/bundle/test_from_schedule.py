@@ -20,11 +20,11 @@ from apportion.backends.bundle.addressing import (
 )
 from apportion.backends.bundle.loopspec import from_schedule, loopspec
 from apportion.backends.bundle.specs import LoopSpec, OpSpec, Spec, SpecProgram, TensorArg
-from apportion.backends.limits import cite
 from apportion.errors import ApportionError, EmitError, PlanningError, ProgramError
 from apportion.frontend.random_programs import case
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
+from apportion.limits import cite
 from apportion.planned import PlannedProgram
 from apportion.plans.memory import Buffer, FinishOp, GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan, Plan

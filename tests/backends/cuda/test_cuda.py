@@ -25,9 +25,9 @@ from apportion.backends.cuda.lowering import (
     host_shared,
     lower_nvvm,
 )
-from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.run import emitted
 from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.mlir.forall import forall_mlir
 from apportion.runtime import upstream_mlir
 from apportion.runtime.reference import random_inputs, run_unplanned
 from tests.backends.iree.trig import (

@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 import apportion as ap
 from apportion.backends.cuda.lowering import lower_nvvm
 from apportion.backends.cuda.threads import ThreadSplit, thread_tiles
-from apportion.backends.iree.forall import forall_mlir, symbol_name
 from apportion.backends.iree.run import bind_run, emitted, reference_at
 from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.mlir.forall import forall_mlir, symbol_name
 from apportion.runtime import upstream_mlir
 from apportion.runtime.reference import bind_inputs, compare, random_inputs, run_unplanned
 

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.run import emitted
 from apportion.ir.program import Program
+from apportion.mlir.forall import forall_mlir
 from apportion.plans.plan import Plan
 from apportion.target.presets import PRESETS
 from apportion.target.target import Target

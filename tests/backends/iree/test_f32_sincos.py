@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 import apportion as ap
-from apportion.backends.iree.bodies import BODIES, widen_f32_math
-from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.run import iree_run
+from apportion.mlir.bodies import BODIES, widen_f32_math
+from apportion.mlir.forall import forall_mlir
 from apportion.planned import PlannedProgram
 from apportion.runtime.reference import compare, run_unplanned
 from apportion.schedule.lower import lower

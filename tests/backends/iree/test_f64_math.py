@@ -15,9 +15,9 @@ import pytest
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.bodies import BODIES, F64_MATH, expand_f64_math
 from apportion.backends.iree.run import iree_run
 from apportion.ir.kinds import KINDS, Category
+from apportion.mlir.bodies import BODIES, F64_MATH, expand_f64_math
 from apportion.planned import PlannedProgram
 from apportion.runtime.kernels import XP
 from apportion.runtime.reference import run_unplanned

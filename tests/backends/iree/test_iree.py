@@ -29,13 +29,6 @@ from apportion.ir.kinds import KINDS, Category
 from apportion.planned import PlannedProgram
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from tests.backends.iree.emitting import emit
-from tests.backends.iree.test_forall import (
-    golden,
-    plan_small,
-    resplit,
-    resplit_programs,
-    small_programs,
-)
 from tests.backends.merged import (
     EXAMPLE,
     looped_program,
@@ -46,6 +39,13 @@ from tests.backends.merged import (
 from tests.backends.reference.test_loops_properties import tiled_programs
 from tests.backends.sums import SUM3, sums_program, tiled_sums_program
 from tests.helpers import edge_accesses_program, program, runnable_examples
+from tests.mlir.test_forall import (
+    golden,
+    plan_small,
+    resplit,
+    resplit_programs,
+    small_programs,
+)
 
 ROOT = Path(__file__).parents[3]
 EXAMPLES = runnable_examples(ROOT)
@@ -308,7 +308,7 @@ def test_cli_emits_and_runs_a_merged_write(cache, tmp_path, capsys):
 
 # --- reads through sums of three or more dims -------------------------------------------------
 # IREE 3.13 crashes on a generic with two inputs whose first reads through such a sum
-# (backends.iree.forall_tensors.iree_safe_map); the emitter reads those operands through a gather.
+# (mlir.forall_tensors.iree_safe_map); the emitter reads those operands through a gather.
 
 @pytest.mark.parametrize("cores", [1, 8, 32])
 def test_a_pointwise_read_through_a_sum_of_three_dims(cores, cache):

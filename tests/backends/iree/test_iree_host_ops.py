@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 import apportion as ap
-from apportion.backends.iree import bodies
 from apportion.backends.iree.run import host_ops, iree_check, iree_run, segments
 from apportion.errors import ExecutionError
 from apportion.ir.op import Op
+from apportion.mlir import bodies
 from apportion.runtime import random_inputs, run_unplanned
 from tests.helpers import program
 

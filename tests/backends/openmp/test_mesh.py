@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given
 
 from apportion.backends import get, require
-from apportion.backends.limits import LIMITS_BY_ID, Unsupported
 from apportion.backends.reference.mesh import run_mesh as reference_run_mesh
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import load
+from apportion.limits import LIMITS_BY_ID, Unsupported
 from apportion.runtime import upstream_mlir
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.mesh import MeshSchedule, box_shape

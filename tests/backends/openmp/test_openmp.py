@@ -16,8 +16,8 @@ from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.backends.limits import LIMITS_BY_ID, cited
 from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.limits import LIMITS_BY_ID, cited
 from apportion.runtime import upstream_mlir
 from apportion.runtime.reference import random_inputs, run_unplanned
 from apportion.schedule.lower import planned_counts
@@ -242,7 +242,7 @@ def test_random_programs_match_the_reference_or_name_a_documented_limit(c):
 
 
 def test_iree_and_the_openmp_backend_run_in_one_process():
-    from apportion.backends.iree.forall import verify_mlir
+    from apportion.mlir.forall import verify_mlir
 
     planned = ap.plan(ap.load(ROOT / "examples/splitk.json"), ap.targets.spyre(cores=8))
     verify_mlir(parallel_ir(planned.program, planned.plan, planned.target))  # IREE's bindings

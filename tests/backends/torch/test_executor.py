@@ -33,15 +33,15 @@ from apportion.errors import ExecutionError, PlanningError, ProgramError  # noqa
 from apportion.frontend.json_format import from_dict  # noqa: E402
 from apportion.planned import PlannedProgram  # noqa: E402
 from apportion.runtime.reference import compare, random_inputs, run_unplanned  # noqa: E402
-from tests.backends.iree.test_forall import (  # noqa: E402
+from tests.backends.reference.test_loops_properties import tiled_programs  # noqa: E402
+from tests.helpers import edge_accesses_program, program, runnable_examples  # noqa: E402
+from tests.mlir.test_forall import (  # noqa: E402
     golden,
     plan_small,
     resplit,
     resplit_programs,
     small_programs,
 )
-from tests.backends.reference.test_loops_properties import tiled_programs  # noqa: E402
-from tests.helpers import edge_accesses_program, program, runnable_examples  # noqa: E402
 from tests.passes.test_kinds_properties import kind_programs  # noqa: E402
 
 ROOT = Path(__file__).parents[3]

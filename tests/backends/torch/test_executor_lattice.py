@@ -18,14 +18,14 @@ from apportion.backends.torch.executor import TorchExecutor, from_torch_storage 
 from apportion.errors import PlanningError, ProgramError  # noqa: E402
 from apportion.planned import PlannedProgram  # noqa: E402
 from apportion.runtime.reference import compare, random_inputs, run_unplanned  # noqa: E402
-from tests.backends.iree.test_forall import (  # noqa: E402
+from tests.backends.reference.test_loops_properties import tiled_programs  # noqa: E402
+from tests.helpers import program  # noqa: E402
+from tests.mlir.test_forall import (  # noqa: E402
     plan_small,
     resplit,
     resplit_programs,
     small_programs,
 )
-from tests.backends.reference.test_loops_properties import tiled_programs  # noqa: E402
-from tests.helpers import program  # noqa: E402
 
 
 def both_ways(planned: PlannedProgram, seed: int = 0, params: dict[str, int] | None = None

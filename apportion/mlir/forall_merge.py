@@ -1,4 +1,4 @@
-"""Outputs written through a merge of dims in the parallel IR (``backends.iree.forall``).
+"""Outputs written through a merge of dims in the parallel IR (``mlir.forall``).
 
 An op that writes ``y[t, 64*h+d]`` runs as the op that writes ``y[t, h, d]`` (``written``: one
 dim per digit, outermost first, as ``Op.out_digits`` lists them) into a ``tensor.expand_shape``
@@ -19,14 +19,14 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from apportion.backends.iree.forall_block import _Block
-from apportion.backends.iree.forall_index import Ix
-from apportion.backends.iree.forall_tensors import TensorVal, _Tensors
-from apportion.backends.limits import cite
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
+from apportion.limits import cite
+from apportion.mlir.forall_block import _Block
+from apportion.mlir.forall_index import Ix
+from apportion.mlir.forall_tensors import TensorVal, _Tensors
+from apportion.mlir.text import symbol_name
 
 
 def merges(op: Op) -> bool:

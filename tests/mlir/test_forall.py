@@ -15,7 +15,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.backends.iree.forall import (
+from apportion.backends.reference.execute import run_sliced
+from apportion.cli.main import main
+from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
+from apportion.frontend.json_format import from_dict, to_dict
+from apportion.ir.kinds import KINDS
+from apportion.mlir.forall import (
     Ix,
     TensorVal,
     _Function,
@@ -23,14 +28,9 @@ from apportion.backends.iree.forall import (
     thread_slices,
     verify_mlir,
 )
-from apportion.backends.iree.forall_block import _Block
-from apportion.backends.iree.forall_merge import reassociation, written
-from apportion.backends.iree.forall_tensors import iree_safe_map
-from apportion.backends.reference.execute import run_sliced
-from apportion.cli.main import main
-from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
-from apportion.frontend.json_format import from_dict, to_dict
-from apportion.ir.kinds import KINDS
+from apportion.mlir.forall_block import _Block
+from apportion.mlir.forall_merge import reassociation, written
+from apportion.mlir.forall_tensors import iree_safe_map
 from apportion.planned import PlannedProgram
 from apportion.plans.views import core_slices, dim_slices
 from apportion.runtime.reference import (
@@ -51,7 +51,7 @@ from tests.backends.merged import (
 from tests.backends.sums import DYNAMIC, SUM3, sums_program, tiled_sums_program
 from tests.helpers import program
 
-ROOT = Path(__file__).parents[3]
+ROOT = Path(__file__).parents[2]
 EXAMPLES = sorted(ROOT.joinpath("examples").glob("*.json"))
 
 GOLDEN = """\

@@ -16,7 +16,7 @@ access names alone gets a shape-only ``tensor.empty`` operand so that the generi
 range). A read through a sum that IREE 3.13 crashes on (three dims or more, ``64*a+32*c+d``:
 ``forall_tensors.iree_safe_map``) is a gather instead, a ``tensor.extract`` at the sum into a
 tensor of one axis per dim that the generic reads through a projection. The body is the
-backend's (``backends.iree.bodies``): value inputs convert to the compute type (``f32`` for
+backend's (``mlir.bodies``): value inputs convert to the compute type (``f32`` for
 float16, bfloat16 and bool operands, as the reference executor computes; ``f32`` for float32
 too, where the reference uses float64, but ``f64`` for a float32 sum, mean or product, whose
 float32 error a later op can multiply by a row's length; ``i64`` for integers; ``f64`` where
@@ -73,12 +73,12 @@ gets an empty slice), and a forall whose shared output has a run-time size one l
 An op writing its output through a merge of dims (``y[t, 64*h+d]``) writes the split view of
 its destination: a ``tensor.expand_shape`` into ``Op.split_shape`` (the row-major reshape), the op
 then as one writing ``y[t, h, d]``, and a ``tensor.collapse_shape`` back
-(``backends.iree.forall_merge``); its split reductions, accumulators and loop tiles are those of the
+(``mlir.forall_merge``); its split reductions, accumulators and loop tiles are those of the
 split view.
 
-A kind the backend's table (``backends.iree.bodies``) lacks raises ``EmitError`` naming the op,
+A kind the backend's table (``mlir.bodies``) lacks raises ``EmitError`` naming the op,
 the kind and the backend; whole-tensor kinds (gathers, reshapes, constants, ...) read their
-inputs by computed index (``backends.iree.forall_fallback``).
+inputs by computed index (``mlir.forall_fallback``).
 
 >>> import apportion as ap
 >>> from apportion.schedule.lower import lower
@@ -95,32 +95,32 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from apportion.backends.iree import bodies
-from apportion.backends.iree.bodies import body_of, combine_of
-from apportion.backends.iree.forall_block import INDENT as INDENT
-from apportion.backends.iree.forall_block import _Block, _Emitter
-from apportion.backends.iree.forall_block import slice_of as slice_of
-from apportion.backends.iree.forall_fallback import _Fallbacks
-from apportion.backends.iree.forall_index import Ix as Ix
-from apportion.backends.iree.forall_index import IxLike as IxLike
-from apportion.backends.iree.forall_index import Key as Key
-from apportion.backends.iree.forall_merge import _MergedWrites, merges, written
-from apportion.backends.iree.forall_sizes import Sizes
-from apportion.backends.iree.forall_split_reduction import _SplitReductions
-from apportion.backends.iree.forall_tensors import Box as Box
-from apportion.backends.iree.forall_tensors import TensorVal as TensorVal
-from apportion.backends.iree.forall_tensors import Work, _Carried, _Env
-from apportion.backends.iree.forall_types import INDEX_MAX as INDEX_MAX
-from apportion.backends.iree.forall_types import MLIR_TYPES as MLIR_TYPES
-from apportion.backends.iree.forall_types import mlir_type as mlir_type
-from apportion.backends.limits import cite
-from apportion.backends.mlir import check_index
-from apportion.backends.mlir import symbol_name as symbol_name
-from apportion.backends.mlir import verify_mlir as verify_mlir
 from apportion.errors import EmitError
 from apportion.ir.kinds import Category, OpKind
 from apportion.ir.op import Op
 from apportion.ir.program import Program
+from apportion.limits import cite
+from apportion.mlir import bodies
+from apportion.mlir.bodies import body_of, combine_of
+from apportion.mlir.forall_block import INDENT as INDENT
+from apportion.mlir.forall_block import _Block, _Emitter
+from apportion.mlir.forall_block import slice_of as slice_of
+from apportion.mlir.forall_fallback import _Fallbacks
+from apportion.mlir.forall_index import Ix as Ix
+from apportion.mlir.forall_index import IxLike as IxLike
+from apportion.mlir.forall_index import Key as Key
+from apportion.mlir.forall_merge import _MergedWrites, merges, written
+from apportion.mlir.forall_sizes import Sizes
+from apportion.mlir.forall_split_reduction import _SplitReductions
+from apportion.mlir.forall_tensors import Box as Box
+from apportion.mlir.forall_tensors import TensorVal as TensorVal
+from apportion.mlir.forall_tensors import Work, _Carried, _Env
+from apportion.mlir.text import check_index
+from apportion.mlir.text import symbol_name as symbol_name
+from apportion.mlir.text import verify_mlir as verify_mlir
+from apportion.mlir.types import INDEX_MAX as INDEX_MAX
+from apportion.mlir.types import MLIR_TYPES as MLIR_TYPES
+from apportion.mlir.types import mlir_type as mlir_type
 from apportion.schedule.values import Finish, Host, Init, Launch, Loop, Schedule, Step
 
 
@@ -133,7 +133,7 @@ def forall_mlir(schedule: Schedule) -> str:
     and the dims each level tiles (the launch's nonzero steps), where accumulators reset and
     finish (``Init``/``Finish`` steps) and the fallbacks (``Host``). A schedule of a program
     with run-time sizes (``Schedule.given``) is one function for every size
-    (``backends.iree.forall_sizes``).
+    (``mlir.forall_sizes``).
     """
     program, symbolic = schedule.program, schedule.given
     if symbolic is not None:
@@ -251,7 +251,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
     def viewed(self, blk: _Block, op: Op, env: _Env) -> tuple[Op, _Env]:
         """``op`` and the tensors it reads, with the inputs of a partial op whose slice length
         is known only at run time read through a ``tensor.expand_shape`` of the reduction axis
-        into ``[slices, step]`` (``backends.iree.forall_sizes``)."""
+        into ``[slices, step]`` (``mlir.forall_sizes``)."""
         views = self.sizes.views(op)
         if not views:
             return op, env
@@ -591,7 +591,7 @@ def _ops_in(loop: Loop) -> list[str]:
 
 
 def supported(kind: OpKind) -> bool:
-    """True when the emitter can emit ops of ``kind`` (``backends.iree.bodies`` has its code)."""
+    """True when the emitter can emit ops of ``kind`` (``mlir.bodies`` has its code)."""
     return bodies.supported(kind)
 
 

@@ -1,4 +1,4 @@
-"""Scalar types of the parallel IR (``backends.iree.forall``): tensor dtypes as MLIR element
+"""Scalar types of the parallel IR (``mlir.forall``): tensor dtypes as MLIR element
 types, the type classes its bodies compute in, and ``arith.constant`` literals."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def fptosi_saturating(blk: _Emits, value: str, src: str, dst: str) -> str:
     as -2**(n-1) and 2**(n-1), exact in every float type from f32 up (2**63 - 1 is not), so
     f16 and bf16 (whose range may not reach 2**(n-1)) compare in f32, exactly.
 
-    >>> from apportion.backends.iree.forall_block import _Block, _Emitter
+    >>> from apportion.mlir.forall_block import _Block, _Emitter
     >>> blk = _Block(_Emitter(), 0)
     >>> fptosi_saturating(blk, "%x", "f64", "i8")
     '%v_8'

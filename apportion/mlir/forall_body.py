@@ -1,5 +1,5 @@
-"""Bodies of the parallel IR (``backends.iree.forall``): scalar conversions, the backend's body
-templates (``backends.iree.bodies``), and a thread's computation of an op: an elementwise
+"""Bodies of the parallel IR (``mlir.forall``): scalar conversions, the backend's body
+templates (``mlir.bodies``), and a thread's computation of an op: an elementwise
 ``linalg.generic``, or a reduction or matmul accumulated into identities, combined and finished
 (argmax's indices, a mean divided by its count)."""
 
@@ -7,17 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from apportion.backends.iree.bodies import (
+from apportion.ir.dtypes import FLOAT_DTYPES
+from apportion.ir.kinds import Category
+from apportion.ir.op import Op
+from apportion.mlir.bodies import (
     MlirBody,
     body_of,
     combine_of,
     expand_f64_math,
     widen_f32_math,
 )
-from apportion.backends.iree.forall_block import _Block
-from apportion.backends.iree.forall_index import Ix
-from apportion.backends.iree.forall_tensors import Box, TensorVal, _Env, _Slice, _Tensors
-from apportion.backends.iree.forall_types import (
+from apportion.mlir.forall_block import _Block
+from apportion.mlir.forall_index import Ix
+from apportion.mlir.forall_tensors import Box, TensorVal, _Env, _Slice, _Tensors
+from apportion.mlir.text import symbol_name
+from apportion.mlir.types import (
     _FLOAT_BITS,
     _FLOAT_TYPES,
     _INT_BITS,
@@ -27,10 +31,6 @@ from apportion.backends.iree.forall_types import (
     fptosi_saturating,
     mlir_type,
 )
-from apportion.backends.mlir import symbol_name
-from apportion.ir.dtypes import FLOAT_DTYPES
-from apportion.ir.kinds import Category
-from apportion.ir.op import Op
 
 
 def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
@@ -118,7 +118,7 @@ _WIDE_REDUCERS = frozenset({"sum", "mean", "prod"})
 
 class _Bodies(_Tensors):
     """A thread's computation of an op over its box, typed as the module docstring of
-    ``backends.iree.forall`` says."""
+    ``mlir.forall`` says."""
 
     # -- typing -----------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The iree backend's per-kind code: each op kind's scalar computation as MLIR text templates,
 keyed by kind name (``BODIES``), and each reducer's combine, keyed by reducer name
-(``COMBINES``). The parallel-IR emitter (``backends.iree.forall``) formats them; the registry
+(``COMBINES``). The parallel-IR emitter (``mlir.forall``) formats them; the registry
 (``ir.kinds``) knows nothing of MLIR. A kind this table lacks is refused in one place,
 ``body_of`` (and ``combine_of`` for reducers), with an ``EmitError`` naming the kind and the
 backend.
@@ -19,9 +19,9 @@ import re
 import sys
 from dataclasses import dataclass
 
-from apportion.backends.limits import cite
 from apportion.errors import EmitError
 from apportion.ir.kinds import KINDS, REDUCERS, Category, OpKind, Reducer
+from apportion.limits import cite
 
 #: the backend's name, as refusals print it
 BACKEND = "iree"
@@ -30,7 +30,7 @@ BACKEND = "iree"
 @dataclass(frozen=True)
 class MlirBody:
     """A kind's scalar computation as MLIR text templates, formatted by the parallel-IR emitter
-    (``apportion.backends.iree.forall``); the IR imports no MLIR bindings.
+    (``apportion.mlir.forall``); the IR imports no MLIR bindings.
 
     A template is lines of MLIR whose placeholders the emitter fills with ``str.format``:
     ``{a}``, ``{b}``, ``{c}`` are the operands (value inputs converted to the compute type,

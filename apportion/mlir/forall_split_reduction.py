@@ -1,4 +1,4 @@
-"""Split reductions in the parallel IR (``backends.iree.forall``): a reduction dim split over
+"""Split reductions in the parallel IR (``mlir.forall``): a reduction dim split over
 cores makes the forall write one partial per slice into a ``[slices, ...output dims]``
 tensor that a ``linalg.reduce`` then combines with the reducer's combine."""
 
@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 
-from apportion.backends.iree.bodies import combine_of
-from apportion.backends.iree.forall_block import INDENT, _Block
-from apportion.backends.iree.forall_body import _apply, _Bodies
-from apportion.backends.iree.forall_index import Ix
-from apportion.backends.iree.forall_tensors import Box, TensorVal, Work, _Carried, _Env
-from apportion.backends.mlir import symbol_name
 from apportion.ir.op import Op
+from apportion.mlir.bodies import combine_of
+from apportion.mlir.forall_block import INDENT, _Block
+from apportion.mlir.forall_body import _apply, _Bodies
+from apportion.mlir.forall_index import Ix
+from apportion.mlir.forall_tensors import Box, TensorVal, Work, _Carried, _Env
+from apportion.mlir.text import symbol_name
 
 
 class _SplitReductions(_Bodies):

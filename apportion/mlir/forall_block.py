@@ -1,4 +1,4 @@
-"""Text blocks of the parallel IR (``backends.iree.forall``): the lines of one region, the index
+"""Text blocks of the parallel IR (``mlir.forall``): the lines of one region, the index
 values it materializes (``affine.apply``, ``affine.min``, ``arith`` on ``index`` where an
 expression is not affine), what every block of one function shares (SSA names, index
 constants), and the start and size of a thread's slice of a dim."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from apportion.backends.iree.forall_index import Ix, IxLike, _map
-from apportion.backends.iree.forall_types import _literal
-from apportion.backends.mlir import SsaNames
+from apportion.mlir.forall_index import Ix, IxLike, _map
+from apportion.mlir.text import SsaNames
+from apportion.mlir.types import _literal
 from apportion.plans.views import dim_slices
 
 INDENT = "  "

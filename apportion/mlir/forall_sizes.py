@@ -1,4 +1,4 @@
-"""Run-time sizes in the parallel IR (``backends.iree.forall``): the size of every op dim and tensor
+"""Run-time sizes in the parallel IR (``mlir.forall``): the size of every op dim and tensor
 axis as an index expression: constants for a static program, and for a program with symbolic
 sizes (``"shape": [32, "K"]``) the values one function computes for every size.
 
@@ -23,14 +23,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from apportion.backends.iree.forall_block import _Block
-from apportion.backends.iree.forall_index import Ix
-from apportion.backends.limits import cite
-from apportion.backends.mlir import SsaNames
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
+from apportion.limits import cite
+from apportion.mlir.forall_block import _Block
+from apportion.mlir.forall_index import Ix
+from apportion.mlir.text import SsaNames
 from apportion.plans.plan import SplitK
 from apportion.target.split_k import SelectChain
 

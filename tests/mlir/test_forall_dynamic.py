@@ -19,14 +19,14 @@ import pytest
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.forall import verify_mlir
-from apportion.backends.iree.forall_block import _Block, _Emitter
-from apportion.backends.iree.forall_index import Ix
-from apportion.backends.iree.forall_sizes import select
 from apportion.backends.iree.run import iree_check, iree_run
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict
+from apportion.mlir.forall import verify_mlir
+from apportion.mlir.forall_block import _Block, _Emitter
+from apportion.mlir.forall_index import Ix
+from apportion.mlir.forall_sizes import select
 from apportion.planned import PlannedProgram
 from apportion.target.split_k import Case, SelectChain
 from tests.backends.iree.emitting import emit
@@ -35,7 +35,7 @@ from tests.runtime_reductions import PROGRAMS as RUNTIME_REDUCTIONS
 from tests.runtime_reductions import SIZES as RUNTIME_SIZES
 from tests.runtime_reductions import planned as runtime_planned
 
-ROOT = Path(__file__).parents[3]
+ROOT = Path(__file__).parents[2]
 
 
 def dynk(m: int | str = 32, k_max: int = 65536) -> dict:

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.forall import forall_mlir, symbols, verify_mlir
 from apportion.backends.iree.run import emitted, iree_run
+from apportion.mlir.forall import forall_mlir, symbols, verify_mlir
 from apportion.plans import memory, plan, tiles, views
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.lower import lower, planned_counts
@@ -30,7 +30,7 @@ from apportion.schedule.values import Launch, Operand, Schedule, WorkerAxis
 from tests.backends.iree.nests import nest_programs, plan_nest, reference_exact
 from tests.helpers import program
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
@@ -174,7 +174,7 @@ def test_an_edited_schedule_changes_the_ir_though_the_plan_did_not(cache):
 
 
 def _elt(p: ap.Program, tensor: str) -> str:
-    from apportion.backends.iree.forall import mlir_type
+    from apportion.mlir.forall import mlir_type
 
     return mlir_type(p.tensor(tensor).dtype)
 

@@ -1,4 +1,4 @@
-"""Fallbacks in the parallel IR (``backends.iree.forall``): sort, cumsum and flip run whole along
+"""Fallbacks in the parallel IR (``mlir.forall``): sort, cumsum and flip run whole along
 the last axis of their input, with upstream linalg only: cumsum a running combine over
 ``j <= i``, flip a gather, sort by rank (each element's rank counts the smaller ones, ties by
 position, then each rank picks its element).
@@ -15,16 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from apportion.backends.iree.bodies import BACKEND, MlirBody, body_of
-from apportion.backends.iree.forall_block import _Block
-from apportion.backends.iree.forall_body import _apply, _Bodies, _convert
-from apportion.backends.iree.forall_index import Ix
-from apportion.backends.iree.forall_tensors import Box, TensorVal, _Env, _Slice
-from apportion.backends.iree.forall_types import _FLOAT_TYPES
-from apportion.backends.limits import cite
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.op import Op
+from apportion.limits import cite
+from apportion.mlir.bodies import BACKEND, MlirBody, body_of
+from apportion.mlir.forall_block import _Block
+from apportion.mlir.forall_body import _apply, _Bodies, _convert
+from apportion.mlir.forall_index import Ix
+from apportion.mlir.forall_tensors import Box, TensorVal, _Env, _Slice
+from apportion.mlir.text import symbol_name
+from apportion.mlir.types import _FLOAT_TYPES
 
 
 class _Fallbacks(_Bodies):

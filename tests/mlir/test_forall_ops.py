@@ -19,8 +19,6 @@ from hypothesis import strategies as st
 
 import apportion as ap
 import apportion.backends.bundle as bundle_backend
-from apportion.backends.iree import bodies
-from apportion.backends.iree.forall import verify_mlir
 from apportion.backends.iree.run import (
     IreeRun,
     host_ops,
@@ -34,6 +32,8 @@ from apportion.frontend.json_format import from_dict
 from apportion.ir import kinds
 from apportion.ir.kinds import KINDS, kind
 from apportion.ir.op import Op
+from apportion.mlir import bodies
+from apportion.mlir.forall import verify_mlir
 from apportion.planned import PlannedProgram
 from apportion.runtime.reference import random_inputs, run_unplanned
 from tests.backends.iree.emitting import emit

@@ -1,4 +1,4 @@
-"""Affine index expressions of the parallel IR (``backends.iree.forall``): ``Ix``, integer
+"""Affine index expressions of the parallel IR (``mlir.forall``): ``Ix``, integer
 coefficients times SSA ``index`` values (or their floordiv, ceildiv and mod by constants) plus
 a constant, rendered as the results of an ``affine_map``."""
 

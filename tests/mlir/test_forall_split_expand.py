@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import apportion as ap
-from apportion.backends.iree.forall import forall_mlir
 from apportion.backends.iree.run import emitted, iree_check
 from apportion.frontend.json_format import from_dict
+from apportion.mlir.forall import forall_mlir
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan
 from apportion.target.presets import cpu
@@ -76,7 +76,7 @@ def test_an_expanded_split_k_partial_matches_the_unplanned_run_in_iree(
 
 def test_a_sum_outside_a_split_k_partial_keeps_its_form():
     # q[t, 128*h+d] of attention heads is no partial's slice: the map keeps the sum
-    text = ap.plan(ap.load(Path(__file__).parents[3] / "examples/attention.json"),
+    text = ap.plan(ap.load(Path(__file__).parents[2] / "examples/attention.json"),
                    ap.targets.spyre(cores=32)).forall_mlir()
     assert "affine_map<(d0, d1, d2, d3) -> (d1, d0 * 128 + d3)>" in text
     assert "tensor.expand_shape %q" not in text

@@ -35,7 +35,7 @@ class Limit:
 
 
 LIMITS: tuple[Limit, ...] = (
-    # -- iree: the parallel IR (backends/iree/forall*.py) and its run (backends/iree/run.py);
+    # -- iree: the parallel IR (mlir/forall*.py) and its run (backends/iree/run.py);
     # -- openmp runs the same IR, so the emitter's limits bind it too
     Limit("iree-kind-without-mlir",
           "an op kind with no MLIR construction in the parallel IR (a pointwise body, a "
@@ -146,8 +146,8 @@ class Unsupported(ExecutionError):
 def render() -> str:
     """``docs/limits.md``: every limit, grouped by backend, as the docs show it."""
     lines = ["# Documented limits of the backends", "",
-             "Generated from `apportion/backends/limits.py` (`python -c 'from "
-             "apportion.backends.limits import render; print(render(), end=\"\")' > "
+             "Generated from `apportion/limits.py` (`python -c 'from "
+             "apportion.limits import render; print(render(), end=\"\")' > "
              "docs/limits.md`); `tests/conformance/test_limits.py` keeps the two equal.", "",
              "Every refusal a backend makes cites one of these ids in its message "
              "(`[limit ID, docs/limits.md]`). A limit that is lifted is deleted here, and a "

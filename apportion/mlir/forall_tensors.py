@@ -1,4 +1,4 @@
-"""Tensor values of the parallel IR (``backends.iree.forall``) and the emitter's tensor work: a
+"""Tensor values of the parallel IR (``mlir.forall``) and the emitter's tensor work: a
 thread's box of an op, operands read as ``tensor.extract_slice`` over their bounding box,
 pieces written back with ``tensor.insert_slice`` or ``tensor.parallel_insert_slice``, and
 ``linalg.generic`` with indexing maps relative to the slices."""
@@ -11,12 +11,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from apportion.backends.iree.forall_block import INDENT, _Block, _Emitter, slice_of
-from apportion.backends.iree.forall_index import Ix, IxLike, _map
-from apportion.backends.iree.forall_sizes import Sizes
-from apportion.backends.mlir import symbol_name
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
+from apportion.mlir.forall_block import INDENT, _Block, _Emitter, slice_of
+from apportion.mlir.forall_index import Ix, IxLike, _map
+from apportion.mlir.forall_sizes import Sizes
+from apportion.mlir.text import symbol_name
 from apportion.schedule.values import Host, Launch, Loop, Schedule
 
 
@@ -240,7 +240,7 @@ class _Tensors(_Emitter):
             raise EmitError(f"schedule of {program.name!r} runs ops {ran}, not the program's "
                             f"{[o.name for o in program.ops]} in order")
         #: every op dim and tensor axis as an index expression (run-time sizes: see
-        #: ``backends.iree.forall_sizes``)
+        #: ``mlir.forall_sizes``)
         self.sizes = Sizes(program)
 
     def work(self, op: Op) -> Work:
