@@ -211,17 +211,17 @@ class Work:
         return tuple(d for d, v in zip(self.dims, steps[level], strict=True) if v)
 
 
-def forall_mapping(target: str, ids: int) -> str:
-    """The ``mapping`` of a forall of ``ids`` induction variables on ``target``, as the text
-    after its region: the ``gpu`` target maps the worker grid onto GPU blocks (the last id
-    ``x``; beyond three ids ``linear_dim_i``); a block's work runs as loops in it, so nothing
-    maps to GPU threads. Other targets give none (``cpu``, ``spyre``: a forall's threads are
-    the cores).
+def forall_mapping(workers: str, ids: int) -> str:
+    """The ``mapping`` of a forall of ``ids`` induction variables whose workers are ``workers``
+    (the schedule's ``forall_mapping``, its target's), as the text after its region:
+    ``gpu_blocks`` maps the worker grid onto GPU blocks (the last id ``x``; beyond three ids
+    ``linear_dim_i``); a block's work runs as loops in it, so nothing maps to GPU threads.
+    ``cores`` gives none (a forall's threads are the cores).
 
-    >>> forall_mapping("gpu", 2), forall_mapping("cpu", 2)
+    >>> forall_mapping("gpu_blocks", 2), forall_mapping("cores", 2)
     (' {mapping = [#gpu.block<y>, #gpu.block<x>]}', '')
     """
-    if target != "gpu":
+    if workers != "gpu_blocks":
         return ""
     dims = ["x", "y", "z"][:ids] if ids <= 3 else [f"linear_dim_{i}" for i in range(ids)]
     return f" {{mapping = [{', '.join(f'#gpu.block<{d}>' for d in reversed(dims))}]}}"
@@ -308,7 +308,8 @@ class _Tensors(_Emitter):
     def mapping(self, grid: str) -> str:
         """What follows the region of the forall over ``grid`` (``(%a, %b) in (2, 4)``): its
         ``mapping`` where the schedule's target gives one (``forall_mapping``)."""
-        return forall_mapping(self.schedule.target, grid.split(" in ")[0].count(",") + 1)
+        return forall_mapping(self.schedule.forall_mapping,
+                              grid.split(" in ")[0].count(",") + 1)
 
     def thread_slice(self, blk: _Block, tile: tuple[Ix, Ix], per: int, split: int,
                      iv: str | None) -> tuple[Ix, Ix]:

@@ -88,9 +88,11 @@ def lower(program: Program, plan: Plan, target: Target | str,
     sched = Schedule(program=program, target=name, cores=plan.cores, steps=steps,
                      buffers=plan.buffers, sizes=bound,
                      params=tuple(sorted((params or {}).items())))
+    # a target's name alone maps nothing: its foralls' workers are cores
+    mapping = "cores" if isinstance(target, str) else target.forall_mapping
     return Schedule(program=program, target=name, cores=plan.cores, steps=steps,
                     buffers=plan.buffers, lifetimes=_lifetimes(program, sched),
-                    sizes=bound, params=sched.params, given=given)
+                    sizes=bound, params=sched.params, given=given, forall_mapping=mapping)
 
 
 def planned_counts(plan: Plan) -> dict[str, int]:

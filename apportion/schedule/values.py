@@ -416,7 +416,9 @@ class Schedule:
     (``params``), the plan's ``buffers`` and every tensor's ``lifetimes``, and the ``steps``
     in program order. ``given`` is the program as given, with its symbols, where it has
     run-time sizes (``program`` is it bound at ``sizes``; split-K ops cut as the plan cuts
-    them): what an emitter of one function for every size reads (None: no run-time sizes)."""
+    them): what an emitter of one function for every size reads (None: no run-time sizes).
+    ``forall_mapping`` is the target's (``Target.forall_mapping``: its workers the cores or GPU
+    blocks), what a parallel-IR emitter maps each worker grid to; not printed."""
 
     program: Program
     target: str
@@ -427,6 +429,7 @@ class Schedule:
     sizes: tuple[tuple[str, int], ...] = ()
     params: tuple[tuple[str, int], ...] = ()
     given: Program | None = None
+    forall_mapping: str = "cores"
 
     def walk(self) -> Iterator[tuple[Step, tuple[Loop, ...]]]:
         """Every step at any depth, in order, with the loops enclosing it (outermost first)."""

@@ -171,7 +171,7 @@ def gpu(cores: int | None = None) -> Target:
     return Target(name="gpu", cores=304 if cores is None else cores, max_cores=304,
                   span_limit=1 << 62, stick_bytes=128, scratchpad_bytes=64 * 1024,
                   scratchpad_reserve=0.0, max_loop_count=(1 << 31) - 1, split_k="gpu",
-                  **GPU_COST)
+                  forall_mapping="gpu_blocks", **GPU_COST)
 
 
 PRESETS = {"spyre": spyre, "cpu": cpu, "gpu": gpu}

@@ -11,6 +11,9 @@ from apportion.ir.dtypes import DTYPE_BYTES, dtype_bytes
 from apportion.target.split_k import RESOLVERS, TableRow
 
 LAYOUTS = ("stick", "row_major")
+#: how a forall's worker grid maps onto the device (``Target.forall_mapping``): ``cores`` (its
+#: threads are the cores, no mapping attribute) or ``gpu_blocks`` (each worker a GPU block)
+FORALL_MAPPINGS = ("cores", "gpu_blocks")
 
 # Whole-number fields: counts and byte sizes, all > 0.
 INT_FIELDS = ("max_cores", "cores", "span_limit", "stick_bytes", "scratchpad_bytes", "alignment",
@@ -113,6 +116,8 @@ class Target:
     layout: str = "stick"
     alignment: int = 128  # scratchpad offsets are multiples of this
     max_loop_count: int = 65535  # most iterations one counted loop may run
+    # capabilities: what the device can do, read where it matters (never its name)
+    forall_mapping: str = "cores"  # a forall's workers: the cores or GPU blocks (FORALL_MAPPINGS)
 
     def __post_init__(self) -> None:
         where = f"target {self.name!r}"
@@ -149,6 +154,9 @@ class Target:
         if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
             raise TargetError(f"{where}: layout must be one of {', '.join(LAYOUTS)}, "
                               f"got {describe(self.layout)}")
+        if not isinstance(self.forall_mapping, str) or self.forall_mapping not in FORALL_MAPPINGS:
+            raise TargetError(f"{where}: forall_mapping must be one of "
+                              f"{', '.join(FORALL_MAPPINGS)}, got {describe(self.forall_mapping)}")
         for dt, b in DTYPE_BYTES.items():
             if self.stick_bytes % b:
                 raise TargetError(f"{where}: stick_bytes {self.stick_bytes} is not a "

@@ -5,6 +5,7 @@ parallel either way)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -34,11 +35,11 @@ def emitted(example: str, target: ap.Target) -> str:
 
 @given(st.integers(1, 6))
 def test_a_gpu_forall_maps_each_id_to_one_block_dim_the_last_to_x(ids):
-    text = forall_mapping("gpu", ids)
+    text = forall_mapping("gpu_blocks", ids)
     dims = re.findall(r"#gpu\.block<(\w+)>", text)
     assert len(dims) == ids == len(set(dims))
     assert dims[-1] in ("x", "linear_dim_0")
-    assert forall_mapping("cpu", ids) == forall_mapping("spyre", ids) == ""
+    assert forall_mapping("cores", ids) == ""
 
 
 @pytest.mark.parametrize("example", ["attention", "softmax_tiled", "splitk"])
@@ -52,6 +53,17 @@ def test_every_gpu_forall_carries_a_block_mapping_and_verifies(example):
     verify_mlir(text)  # IREE's bindings
     if upstream_mlir.available():
         upstream_mlir.verify_upstream(text)
+
+
+def test_a_toml_target_from_the_gpu_preset_with_its_own_name_maps_foralls_to_blocks(tmp_path):
+    # the mapping is the target's declared capability, not its name
+    path = tmp_path / "h100.toml"
+    path.write_text('preset = "gpu"\nname = "h100"\ncores = 16\n')
+    target = ap.targets.resolve(str(path))
+    assert target.name == "h100" and target.forall_mapping == "gpu_blocks"
+    assert emitted("attention", target) == emitted("attention", ap.targets.gpu(cores=16))
+    named_gpu = dataclasses.replace(ap.targets.spyre(cores=8), name="gpu")
+    assert "mapping" not in emitted("attention", named_gpu)
 
 
 def test_cpu_and_spyre_foralls_carry_no_mapping():
