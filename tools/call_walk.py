@@ -67,9 +67,9 @@ def trace(argv: list[str]) -> list[tuple[str, str, str, str]]:
     out, err = io.StringIO(), io.StringIO()
     sys.setprofile(profile)
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            with contextlib.suppress(SystemExit):
-                main(argv)
+        with (contextlib.redirect_stdout(out), contextlib.redirect_stderr(err),
+              contextlib.suppress(SystemExit)):
+            main(argv)
     finally:
         sys.setprofile(None)
     return calls

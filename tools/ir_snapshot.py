@@ -43,11 +43,11 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _record(out: dict[str, str], key: str, make: Callable[[], str]) -> None:
+def _record(out: dict[str, str], key: str, make: Callable[..., str], *args: object) -> None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out[key] = _digest(make())
+            out[key] = _digest(make(*args))
     except Exception as e:  # noqa: BLE001 - a refusal is part of what the snapshot records
         first = (str(e).splitlines() or [""])[0]
         out[key] = f"error {type(e).__name__}: {first}"
@@ -72,16 +72,16 @@ def examples(root: Path, out: dict[str, str]) -> None:
         for target in TARGETS:
             for form in EXAMPLE_FORMS:
                 _record(out, f"example {path.name} {target} {form}",
-                        lambda: _cli(["emit", str(path), "--target", target, "--cores", "8",
-                                      form, *PARAMS.get(path.name, [])]))
+                        _cli, ["emit", str(path), "--target", target, "--cores", "8", form,
+                               *PARAMS.get(path.name, [])])
             _record(out, f"example {path.name} {target} --forall symbolic",
-                    lambda: _cli(["emit", str(path), "--target", target, "--forall"]))
+                    _cli, ["emit", str(path), "--target", target, "--forall"])
         mesh = ["--mesh", MESHES.get(path.name, "tp=2"), *PARAMS.get(path.name, [])]
         _record(out, f"example {path.name} mesh --forall",
-                lambda: _cli(["emit", str(path), *mesh, "--forall"]))
+                _cli, ["emit", str(path), *mesh, "--forall"])
         for form in SHARD_FORMS:
             _record(out, f"example {path.name} shard-form {form}",
-                    lambda: _cli(["emit", str(path), *mesh, "--shard-form", form]))
+                    _cli, ["emit", str(path), *mesh, "--shard-form", form])
 
 
 def program_case(seed: int, out: dict[str, str]) -> None:
@@ -106,7 +106,7 @@ def _parallel_ir(planned: object, seed: int, out: dict[str, str]) -> None:
     render = _one_module_ir()
     for backend in ("iree", "openmp", "cuda"):
         _record(out, f"case {seed} forall {backend}",
-                lambda: render(planned, backend))
+                render, planned, backend)
 
 
 def _one_module_ir() -> Callable[[object, str], str]:
@@ -135,12 +135,12 @@ def mesh_case(seed: int, out: dict[str, str]) -> None:
     plan = _sharding_plan(c)
     forms = _shard_forms()
     for name, form in forms.items():
-        _record(out, f"mesh {seed} shard-form {name}", lambda: form(plan))
+        _record(out, f"mesh {seed} shard-form {name}", form, plan)
 
 
 def _plan_mesh(c: object) -> object:
     try:
-        from apportion.cli.bench_conformance import plan_mesh_case
+        from apportion.bench.conformance import plan_mesh_case
     except ImportError:
         from apportion.bench.conformance import plan_mesh_case  # type: ignore[no-redef]
     return plan_mesh_case(c)
@@ -166,7 +166,7 @@ def _mesh_mlir(schedule: object) -> str:
 
 def _shard_forms() -> dict[str, Callable[[object], str]]:
     try:
-        import apportion.shard_mlir as forms
+        import apportion.mlir.shard as forms
     except ImportError:
         import apportion.mlir.shard as forms  # type: ignore[no-redef]
     return {"propagated": forms.propagated_mlir, "partitioned": forms.partitioned_mlir,
