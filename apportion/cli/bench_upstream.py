@@ -5,7 +5,7 @@ where there are none) and ``--n`` random mesh cases (``frontend.random_meshes.me
 0..N-1, default ``DEFAULT_N``):
 
 * propagation: upstream's ``--sharding-propagation`` on the annotated form against apportion's
-  ``propagate`` from the same annotations, tensor by tensor (``shard_mlir.upstream_check``);
+  ``propagate`` from the same annotations, tensor by tensor (``sharding.upstream_check``);
 * the search: for a case the search plans, upstream's propagation against the search's plan
   (where propagation agrees and the search does not, the search chose another strategy);
 * partitioning: upstream's ``--shard-partition`` on the fully annotated form of apportion's
@@ -38,7 +38,7 @@ from apportion.errors import ApportionError
 from apportion.frontend.random_meshes import mesh_case
 from apportion.ir.program import Program
 from apportion.runtime.upstream_mlir import MISSING, available
-from apportion.shard_mlir.upstream_check import (
+from apportion.sharding.upstream_check import (
     PartitionReport,
     PropagationReport,
     against,

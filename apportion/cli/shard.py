@@ -13,7 +13,7 @@
   process per device (``dtensor``), and compared with the unsharded program.
 * ``apportion emit PROG --mesh SPEC --forall``: the per-device programs as parallel IR (the
   mesh schedule emitted by ``backends.iree.mesh.mesh_mlir``); ``--shard-form FORM`` the
-  program in upstream MLIR's shard dialect (``apportion.shard_mlir``), verified upstream.
+  program in upstream MLIR's shard dialect (``apportion.mlir.shard``), verified upstream.
 * ``apportion schedule PROG --mesh SPEC``: the mesh schedule as text, each device's core
   schedule nested under it.
 
@@ -583,7 +583,7 @@ SYMBOLIC_FORMS = ("annotated", "propagated", "dynamic")
 def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
     """``emit --mesh``: the per-device programs (``--forall``: the plan lowered to its mesh
     schedule, emitted by the IREE backend, ``backends.iree.mesh.mesh_mlir``), or
-    ``--shard-form FORM``: the program in upstream MLIR's shard dialect (``apportion.shard_mlir``:
+    ``--shard-form FORM``: the program in upstream MLIR's shard dialect (``apportion.mlir.shard``:
     ``annotated``, ``propagated``, ``partitioned``, ``unrolled``, ``dynamic``: over a symbolic
     mesh left unbound), verified upstream."""
     from apportion.sharding.lower import lower_plan
@@ -600,7 +600,7 @@ def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
                               f"{axis.name!r}); --param {name} binds it for --shard-form "
                               "partitioned or unrolled and --forall")
     if args.shard:
-        from apportion import shard_mlir
+        from apportion.mlir import shard as shard_mlir
 
         if args.shard == "annotated":
             text = shard_mlir.annotated_mlir(plan.program, plan.mesh, dict(plan.annotations))

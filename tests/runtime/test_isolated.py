@@ -69,7 +69,7 @@ CHILDREN = f"""
 import numpy as np
 from apportion.cli.main import main
 from apportion.runtime.upstream_mlir import run_function
-from apportion.shard_mlir.upstream_check import compare_propagation
+from apportion.sharding.upstream_check import compare_propagation
 from apportion.sharding.mesh import parse
 from apportion.sharding.spec import load
 

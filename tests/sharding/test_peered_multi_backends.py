@@ -71,7 +71,7 @@ def test_iree_splits_a_channel_of_the_two_axes_a_halo_runs_across_on_a_three_axi
 
 @pytest.mark.skipif(not available(), reason=MISSING)
 def test_the_unrolled_form_runs_a_halo_across_two_peered_axes_upstream():
-    from apportion.shard_mlir import unrolled_mlir
+    from apportion.mlir.shard import unrolled_mlir
 
     for s in two_axis_schedules():
         prog = s.program
@@ -80,7 +80,7 @@ def test_the_unrolled_form_runs_a_halo_across_two_peered_axes_upstream():
 
 @pytest.mark.skipif(not available(), reason=MISSING)
 def test_the_partitioned_form_refuses_a_halo_across_two_axes_naming_them():
-    from apportion.shard_mlir import partitioned_mlir
+    from apportion.mlir.shard import partitioned_mlir
 
     with pytest.raises(EmitError, match=r"tensor 'x' dim 1.*\ba\b.*\bb\b"):
         partitioned_mlir(conv_plan(h=18))
@@ -99,7 +99,7 @@ def test_dtensor_on_gloo_runs_halos_across_two_peered_axes_by_point_to_point_row
 def test_the_dynamic_form_runs_a_halo_across_two_peered_axes_at_each_device_count():
     """One text for a run-time count on ``a``: the windows of ``h`` split over ``(a, b)`` are
     computed from the counts it is run with, and match at 2 and 3."""
-    from apportion.shard_mlir.dynamic import dynamic_mlir, run_dynamic
+    from apportion.mlir.shard.dynamic import dynamic_mlir, run_dynamic
     from apportion.sharding.search import search
 
     prog = conv_plan().program

@@ -1,4 +1,4 @@
-"""The shard-dialect forms (``apportion.shard_mlir``): every example program and a Llama-shaped
+"""The shard-dialect forms (``apportion.mlir.shard``): every example program and a Llama-shaped
 block emitted in each form and verified by upstream MLIR 22; the unrolled form compiled and
 run by upstream MLIR against the unplanned reference run."""
 
@@ -13,10 +13,10 @@ from apportion.errors import EmitError
 from apportion.frontend.models import forward_program
 from apportion.ir.program import Program
 from apportion.runtime.upstream_mlir import MISSING, available, mlir_opt
-from apportion.shard_mlir import annotated_mlir, partitioned_mlir, propagated_mlir, unrolled_mlir
+from apportion.mlir.shard import annotated_mlir, partitioned_mlir, propagated_mlir, unrolled_mlir
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import Mesh, parse
-from apportion.sharding.mlir import grid_op, sharding_op
+from apportion.mlir.shard.dialect import grid_op, sharding_op
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding, load
 from tests.helpers import assert_runs_as_unplanned

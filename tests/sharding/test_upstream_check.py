@@ -1,4 +1,4 @@
-"""Upstream MLIR 22 as a second opinion (``shard_mlir.upstream_check``): its propagation and
+"""Upstream MLIR 22 as a second opinion (``sharding.upstream_check``): its propagation and
 partitioning against apportion's, tensor by tensor and collective by collective; where they
 differ, both choices run against the unplanned reference."""
 
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from apportion.cli.bench_upstream import compare, random_cases
 from apportion.frontend.random_meshes import MeshCase, mesh_case, random_mesh_case
 from apportion.runtime.upstream_mlir import MISSING, available
-from apportion.shard_mlir.upstream_check import (
+from apportion.sharding.upstream_check import (
     PARTIAL_UNSAID,
     CollectiveUse,
     PartitionReport,

@@ -1,4 +1,4 @@
-"""The dynamic-list form (``shard_mlir.dynamic``): a mesh with a run-time axis size emitted
+"""The dynamic-list form (``mlir.shard.dynamic``): a mesh with a run-time axis size emitted
 once, verified upstream, and run by upstream MLIR's execution engine at 2, 3 and 4 devices
 from the same text, matching the unplanned program's numbers (uneven shards among them)."""
 
@@ -18,9 +18,9 @@ from apportion.frontend.random_programs import Seeded
 from apportion.ir.program import Program
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available
-from apportion.shard_mlir import dynamic_mlir
-from apportion.shard_mlir.body import opaque
-from apportion.shard_mlir.dynamic import run_dynamic, runnable_mlir
+from apportion.mlir.shard import dynamic_mlir
+from apportion.mlir.shard.body import opaque
+from apportion.mlir.shard.dynamic import run_dynamic, runnable_mlir
 from apportion.sharding.mesh import Mesh, parse
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.propagate import propagate

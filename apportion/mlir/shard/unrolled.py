@@ -32,11 +32,11 @@ from apportion.schedule.mesh import (
     intersect,
     within,
 )
-from apportion.shard_mlir.body import Block, declarations, elt, generic, render_op
-from apportion.shard_mlir.body import tensor_type as ttype
-from apportion.shard_mlir.finish import cast_body, finish_op, identity_map
+from apportion.mlir.shard.body import Block, declarations, elt, generic, render_op
+from apportion.mlir.shard.body import tensor_type as ttype
+from apportion.mlir.shard.finish import cast_body, finish_op, identity_map
 from apportion.sharding.mesh import Mesh
-from apportion.sharding.mlir import grid_op
+from apportion.mlir.shard.dialect import grid_op
 from apportion.sharding.rules import Finish
 
 _COMBINE_F = {"sum": "arith.addf", "max": "arith.maximumf", "min": "arith.minimumf",

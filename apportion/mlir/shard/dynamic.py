@@ -56,7 +56,7 @@ from apportion.mlir.bodies import body_of, combine_of
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import INDEX_MAX
 from apportion.runtime.upstream_mlir import run_function, verify_upstream
-from apportion.shard_mlir.body import (
+from apportion.mlir.shard.body import (
     Block,
     _apply,
     compute_type,
@@ -70,10 +70,10 @@ from apportion.shard_mlir.body import (
     render_op,
     tensor_type,
 )
-from apportion.shard_mlir.finish import cast_body, identity_map, pack_key
-from apportion.shard_mlir.unrolled import _COMBINE_F, _COMBINE_I
+from apportion.mlir.shard.finish import cast_body, identity_map, pack_key
+from apportion.mlir.shard.unrolled import _COMBINE_F, _COMBINE_I
 from apportion.sharding.mesh import Mesh
-from apportion.sharding.mlir import GRID, grid_op
+from apportion.mlir.shard.dialect import GRID, grid_op
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import Finish, Strategy
 

@@ -13,7 +13,7 @@
   whose shards differ in size is ``?``), each op on the device's shards, and apportion's
   resharding steps as ``shard`` collectives (``all_gather``, ``all_reduce``,
   ``reduce_scatter``, ``all_to_all``, ``all_slice``; a ``halo`` read as ``update_halo`` on
-  the shard grown by upstream's one halo pair, ``sharding.mlir.halo_pair``, each device then
+  the shard grown by upstream's one halo pair, ``dialect.halo_pair``, each device then
   reading its window at its own offset; a ``peer_read``, read in place, is refused: no shard op
   says it); where devices run different local code
   (uneven shards, a device reading at its own offset, a split mean's share), an
@@ -21,7 +21,7 @@
 
 Each text is verified by upstream MLIR 22 (``runtime.upstream_mlir.verify_upstream``) before it
 is returned. Partial values carry ``apportion.partial_axes``/``apportion.reducer`` (see
-``sharding.mlir``); a peered step's collective carries ``apportion.remote``.
+``dialect``); a peered step's collective carries ``apportion.remote``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from apportion.errors import EmitError
 from apportion.ir.program import Program, TensorType
 from apportion.mlir.text import symbol_name
 from apportion.runtime.upstream_mlir import verify_upstream
-from apportion.shard_mlir.body import (
+from apportion.mlir.shard.body import (
     Block,
     declarations,
     elt,
@@ -40,10 +40,10 @@ from apportion.shard_mlir.body import (
     render_op,
     tensor_type,
 )
-from apportion.shard_mlir.finish import cast_body, finish_op, identity_map
+from apportion.mlir.shard.finish import cast_body, finish_op, identity_map
 from apportion.sharding.collectives import Step
 from apportion.sharding.mesh import Mesh
-from apportion.sharding.mlir import grid_op, halo_pair, sharding_op
+from apportion.mlir.shard.dialect import grid_op, halo_pair, sharding_op
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import local_ops
 from apportion.sharding.spec import Sharding

@@ -17,10 +17,10 @@ form 2. This package sits above ``sharding`` (it reads plans) and the IREE backe
 templates (one table of MLIR bodies per kind).
 """
 
-from apportion.shard_mlir.dynamic import dynamic_mlir as dynamic_mlir
-from apportion.shard_mlir.forms import annotated_mlir as annotated_mlir
-from apportion.shard_mlir.forms import partitioned_mlir as partitioned_mlir
-from apportion.shard_mlir.forms import propagated_mlir as propagated_mlir
-from apportion.shard_mlir.unrolled import unrolled_mlir as unrolled_mlir
+from apportion.mlir.shard.dynamic import dynamic_mlir as dynamic_mlir
+from apportion.mlir.shard.forms import annotated_mlir as annotated_mlir
+from apportion.mlir.shard.forms import partitioned_mlir as partitioned_mlir
+from apportion.mlir.shard.forms import propagated_mlir as propagated_mlir
+from apportion.mlir.shard.unrolled import unrolled_mlir as unrolled_mlir
 
 __all__ = ["annotated_mlir", "dynamic_mlir", "partitioned_mlir", "propagated_mlir", "unrolled_mlir"]

@@ -40,8 +40,8 @@ from apportion.errors import ApportionError, EmitError
 from apportion.ir.program import Program
 from apportion.runtime.isolated import python_command
 from apportion.runtime.upstream_mlir import tool
-from apportion.shard_mlir.body import Block, render_op
-from apportion.shard_mlir.forms import _annotate, annotated_mlir, propagated_mlir
+from apportion.mlir.shard.body import Block, render_op
+from apportion.mlir.shard.forms import _annotate, annotated_mlir, propagated_mlir
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.propagate import propagate
@@ -330,7 +330,7 @@ def _annotated_values(program: Program, mesh: Mesh, annotations: Mapping[str, Sh
             if t.name in annotations else out
     if blk.text() not in text:  # the emitter changed its naming: say so, never guess
         raise EmitError(f"program {program.name}: the annotated form's SSA names are not the "
-                        "ones upstream_check expects (shard_mlir.forms.annotated_mlir changed)")
+                        "ones upstream_check expects (mlir.shard.forms.annotated_mlir changed)")
     return text, made, emitted
 
 

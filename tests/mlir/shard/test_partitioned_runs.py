@@ -10,11 +10,11 @@ import pytest
 
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available
-from apportion.shard_mlir import partitioned_mlir
+from apportion.mlir.shard import partitioned_mlir
 from apportion.sharding.mesh import parse
 from apportion.sharding.search import search
 from apportion.sharding.spec import load
-from tests.shard_mlir import spmd
+from tests.mlir.shard import spmd
 
 pytestmark = pytest.mark.skipif(not available(), reason=MISSING)
 

@@ -17,8 +17,8 @@ from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available, mlir_opt
-from apportion.shard_mlir import partitioned_mlir, propagated_mlir
-from apportion.shard_mlir.upstream_check import (
+from apportion.mlir.shard import partitioned_mlir, propagated_mlir
+from apportion.sharding.upstream_check import (
     PARTITION,
     CollectiveUse,
     _run_upstream,
@@ -30,7 +30,7 @@ from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding, load
 from apportion.target.presets import spyre
-from tests.shard_mlir.spmd import exchanges, run_partitioned
+from tests.mlir.shard.spmd import exchanges, run_partitioned
 
 pytestmark = pytest.mark.skipif(not available(), reason=MISSING)
 

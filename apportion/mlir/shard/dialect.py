@@ -2,9 +2,9 @@
 a ``shard.grid``, a ``Sharding`` as a ``shard.sharding``.
 
 IREE 3.13's bindings lack the dialect; upstream MLIR 22 (the ``mlir`` extra,
-``runtime.upstream_mlir``) registers it, and ``apportion.shard_mlir`` emits whole programs in
+``runtime.upstream_mlir``) registers it, and ``apportion.mlir.shard`` emits whole programs in
 its forms and verifies each with it. This module writes only the dialect's vocabulary for the
-values of this package (it imports no backend, so the op bodies live in ``shard_mlir``).
+values of this package (it imports no backend, so the op bodies live in ``mlir.shard``).
 
 What upstream's attributes cannot say travels as discardable ``apportion.*`` attributes, which
 upstream keeps and ignores:
