@@ -3,8 +3,8 @@ forms, verified by upstream MLIR 22, are tested in test_shard_forms.py)."""
 
 from __future__ import annotations
 
-from apportion.backends.iree.mesh import mesh_mlir
 from apportion.frontend.json_format import load
+from apportion.mlir.mesh import mesh_mlir
 from apportion.sharding.lower import lower_mesh
 from apportion.sharding.mesh import parse
 from apportion.sharding.search import search

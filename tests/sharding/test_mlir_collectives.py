@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from apportion.backends.iree.mesh import device_mlir, exchange, mesh_mlir
 from apportion.errors import EmitError
 from apportion.frontend.json_format import from_dict, load
 from apportion.ir.kinds import REDUCERS
+from apportion.mlir.mesh import device_mlir, exchange, mesh_mlir
 from apportion.mlir.text import verify_mlir
 from apportion.runtime import kernels
 from apportion.schedule.mesh import Collective, MeshFinish, argmax_index, box_shape, within

@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from apportion.backends.iree.mesh import check_mesh, exchange, mesh_mlir
+from apportion.backends.iree.mesh import check_mesh
 from apportion.frontend.json_format import load
+from apportion.mlir.mesh import exchange, mesh_mlir
 from apportion.schedule.mesh import MeshSchedule
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse

@@ -14,10 +14,11 @@ from hypothesis import HealthCheck, given, settings
 
 from apportion.backends import get
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.mesh import check_mesh, device_mlir, run_mesh
+from apportion.backends.iree.mesh import check_mesh, run_mesh
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict, load
+from apportion.mlir.mesh import device_mlir
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.mesh import Collective, MeshSchedule, box_shape, unshard_outputs
 from apportion.sharding.lower import lower_mesh, lower_plan
