@@ -44,7 +44,7 @@ from pathlib import Path
 
 import pytest
 
-from apportion.cli.goals import INCONCLUSIVE
+from apportion.bench.goals import INCONCLUSIVE
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

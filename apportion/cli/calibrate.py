@@ -411,7 +411,7 @@ def measure(target: Target, core_counts: Sequence[int], console: Console | None 
     split (its noise kept), and each kernel's measurement. A kernel's splits are timed in
     interleaved rounds, so load elsewhere on the machine slows each of them alike rather than
     one of them, until settled (``fastest_criteria``, every split within ``PRECISION``)."""
-    from apportion.cli.bench_harness import until_stable
+    from apportion.bench.harness import until_stable
     from apportion.planned import plan
     from apportion.runtime import random_inputs
 

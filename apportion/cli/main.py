@@ -500,7 +500,7 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
     return 0
 
 
-#: the bench suites, by name: each module's ``SUITE`` (``cli/bench_harness.py``)
+#: the bench suites, by name: each module's ``SUITE`` (``bench/harness.py``)
 BENCH_SUITES = ("workdiv", "tiling", "costmodel", "scale", "splitk", "e2e", "sharding",
                 "conformance", "fullsize", "forall", "upstream")
 
@@ -508,9 +508,9 @@ BENCH_SUITES = ("workdiv", "tiling", "costmodel", "scale", "splitk", "e2e", "sha
 def cmd_bench(args: argparse.Namespace, console: Console) -> int:
     import importlib
 
-    from apportion.cli.bench_harness import run_suite
+    from apportion.bench.harness import run_suite
 
-    suite = importlib.import_module(f"apportion.cli.bench_{args.suite}").SUITE
+    suite = importlib.import_module(f"apportion.bench.{args.suite}").SUITE
     return run_suite(suite, args, console)
 
 

@@ -79,7 +79,7 @@ def test_division_by_zero_and_of_the_least_value_by_minus_one_does_not_trap_on_o
 
 
 def test_the_mesh_case_that_trapped_in_iree_runs_and_matches():
-    from apportion.cli.bench_conformance import run_mesh_case
+    from apportion.bench.conformance import run_mesh_case
 
     record = run_mesh_case(100034, ("iree",))
     assert record.planned == "yes"

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from apportion.cli import bench_costmodel
+from apportion.bench import costmodel as bench_costmodel
 from apportion.cli import calibrate as cal_cli
 from apportion.cli.main import main
 from apportion.cost import calibrate as cal_cost

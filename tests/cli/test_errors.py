@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import apportion.cli.main as cli
-from apportion.cli import bench_tiling, bench_workdiv
+from apportion.bench import tiling as bench_tiling
+from apportion.bench import workdiv as bench_workdiv
 from apportion.cli.main import main
 from apportion.errors import EmitError
 from tests.helpers import cli_status, one_error_line

@@ -86,7 +86,7 @@ def test_bench_workdiv_reports_strategies_and_bound(capsys):
 
 
 def test_bench_tiling_reports_traffic_with_and_without_tiling(capsys):
-    from apportion.cli import bench_tiling
+    from apportion.bench import tiling as bench_tiling
     from apportion.frontend.models import load_models
     from apportion.target import spyre
 

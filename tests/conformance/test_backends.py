@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.backends import BACKENDS
-from apportion.cli.bench_conformance import Outcome, run_backend, run_case
+from apportion.bench.conformance import Outcome, run_backend, run_case
 from apportion.errors import PlanningError, ProgramError
 from apportion.frontend.random_programs import KIND_NAMES, Case, random_case, single, target
 from apportion.limits import LIMITS_BY_ID

@@ -8,8 +8,8 @@ import json
 import pytest
 from rich.console import Console
 
-from apportion.cli import bench_conformance
-from apportion.cli.bench_conformance import Outcome, Record, goals, tallies
+from apportion.bench import conformance as bench_conformance
+from apportion.bench.conformance import Outcome, Record, goals, tallies
 from apportion.cli.main import main
 
 

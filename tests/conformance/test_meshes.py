@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from apportion.backends import BACKENDS, Backend
-from apportion.cli import bench_conformance
-from apportion.cli.bench_conformance import (
+from apportion.bench import conformance as bench_conformance
+from apportion.bench.conformance import (
     MESH_STEPS,
     MeshRecord,
     Outcome,

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.cli.bench_tiling import accumulator_traffic
+from apportion.bench.tiling import accumulator_traffic
 from apportion.errors import PlanningError
 from apportion.plans.memory import FinishOp
 from apportion.plans.serialize import from_json, to_json

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from apportion.cli.bench_scale import group_program
-from apportion.cli.bench_tiling import mlp_block, softmax_block, tiled
+from apportion.bench.scale import group_program
+from apportion.bench.tiling import mlp_block, softmax_block, tiled
 from apportion.errors import PlanningError, ProgramError
 from apportion.frontend.models import forward_program, load_models
 from apportion.passes.auto_tile import Trial, candidate_counts, with_counts

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from apportion.backends import get
-from apportion.cli.bench_conformance import plan_mesh_case
+from apportion.bench.conformance import plan_mesh_case
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.random_meshes import mesh_case
 from apportion.ir.program import Program

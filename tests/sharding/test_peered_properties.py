@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apportion.cli.bench_conformance import plan_mesh_case
+from apportion.bench.conformance import plan_mesh_case
 from apportion.errors import PlanningError
 from apportion.frontend.random_meshes import MeshCase, random_mesh_case
 from apportion.runtime.reference import compare, random_inputs, run_unplanned

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from apportion.cli.bench_upstream import compare, random_cases
+from apportion.bench.upstream import compare, random_cases
 from apportion.frontend.random_meshes import MeshCase, mesh_case, random_mesh_case
 from apportion.runtime.upstream_mlir import MISSING, available
 from apportion.sharding.upstream_check import (
@@ -179,7 +179,7 @@ def cases(draw: st.DrawFn) -> MeshCase:
 def test_every_random_case_agrees_differs_by_a_named_class_or_is_refused_and_both_run(case):
     """Every difference has a class; where propagation differs, apportion's plan and one
     pinned to upstream's shardings both run against the unplanned reference."""
-    from apportion.cli.bench_upstream import Case
+    from apportion.bench.upstream import Case
 
     c = Case("random", case.program, parse(case.mesh),
              {k: Sharding(v) for k, v in case.shardings.items()}, case.chooser,

@@ -336,7 +336,7 @@ def test_a_factor_measured_at_the_targets_core_count_is_taken_as_measured(measur
     # a host's row was timed at its own core count (more slices than cores included), so a
     # target of that many cores takes it whole; a row of another machine is cut to the cores
     import apportion as ap
-    from apportion.cli.bench_splitk import matmul_program, split_of
+    from apportion.bench.splitk import matmul_program, split_of
     from apportion.target.split_k import TableRow
 
     target = cpu(cores=2, split_k_table=(TableRow(16, cores=measured_on),))

@@ -224,7 +224,7 @@ def cases(draw: Any) -> Any:
 @conformance(12)
 @given(cases())
 def test_random_programs_match_the_reference_or_name_a_documented_limit(c):
-    from apportion.cli.bench_conformance import run_backend
+    from apportion.bench.conformance import run_backend
 
     try:
         planned = ap.plan(c.program, c.target, c.strategy)

@@ -10,8 +10,8 @@ import json
 import pytest
 
 import apportion as ap
-from apportion.cli import bench_splitk
-from apportion.cli import goals as bench_goals
+from apportion.bench import goals as bench_goals
+from apportion.bench import splitk as bench_splitk
 from apportion.cli.main import main
 from apportion.frontend.models import load_models
 from apportion.target.presets import CPU_SPLIT_K

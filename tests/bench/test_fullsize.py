@@ -12,9 +12,9 @@ from rich.console import Console
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from apportion.cli import bench_fullsize  # noqa: E402
-from apportion.cli import goals as bench_goals  # noqa: E402
-from apportion.cli.bench_fullsize import (  # noqa: E402
+from apportion.bench import fullsize as bench_fullsize  # noqa: E402
+from apportion.bench import goals as bench_goals  # noqa: E402
+from apportion.bench.fullsize import (  # noqa: E402
     GOAL_BYTES,
     MAX_ROUNDS,
     MIN_ROUNDS,

@@ -49,8 +49,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite, until_stable
+from apportion.bench import goals as bench_goals
+from apportion.bench.harness import Outcome, Suite, until_stable
 from apportion.cli.calibrate import (
     ShapeCheck,
     best_records,

@@ -49,8 +49,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite, core_counts, interleaved, until_stable
+from apportion.bench import goals as bench_goals
+from apportion.bench.harness import Outcome, Suite, core_counts, interleaved, until_stable
 from apportion.cli.usage import from_models
 from apportion.cost import noise
 from apportion.frontend.json_format import from_dict
@@ -166,7 +166,7 @@ def best_of(programs: list[Program], cores: int, repeat: int,
             load: Callable[[], float | None] = noise.load_average
             ) -> tuple[list[tuple[float, Any]], noise.Measured]:
     """Per program, the fastest of its plans (CPU seconds) and that plan, and the measurement
-    with its noise. The rounds are interleaved (``bench_harness.until_stable``), so a burst of
+    with its noise. The rounds are interleaved (``harness.until_stable``), so a burst of
     load elsewhere slows one round of each rather than every round of one, at least ``repeat``
     of them and more until ``criteria`` (the table's goal) is settled, up to ``MAX_REPEAT``;
     each plan gets a fresh copy of its program, so none finds what an earlier run cached on

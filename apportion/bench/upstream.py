@@ -32,7 +32,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from apportion.cli.bench_harness import Outcome, Suite
+from apportion.bench.harness import Outcome, Suite
 from apportion.cli.usage import UsageError
 from apportion.errors import ApportionError
 from apportion.frontend.random_meshes import mesh_case

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_scale import LAYERS, ScaleResult, chain_program, goals, group_program
+from apportion.bench import goals as bench_goals
+from apportion.bench.scale import LAYERS, ScaleResult, chain_program, goals, group_program
 from apportion.cli.main import main
 from apportion.cost import noise
 
@@ -41,7 +41,7 @@ def test_bench_scale_prints_its_tables_with_their_goals_and_writes_every_row(tmp
 
 
 def test_the_default_rows_reach_160_layers_and_a_20000_op_chain():
-    from apportion.cli.bench_scale import CHAIN_OPS
+    from apportion.bench.scale import CHAIN_OPS
 
     assert LAYERS[-1] == 160 and 8 in LAYERS and CHAIN_OPS[-1] == 20000
 

@@ -46,8 +46,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite
+from apportion.bench import goals as bench_goals
+from apportion.bench.harness import Outcome, Suite
 from apportion.cost import noise
 from apportion.errors import ApportionError
 from apportion.runtime.isolated import python_command
@@ -154,7 +154,7 @@ def _plan(program: Any, kind: str, how: list[str]) -> str:
 def run_case(case: str) -> FullSizeResult:
     """``case`` measured in a fresh Python process (its own peak memory, nothing cached)."""
     factory, action = CASES[case]
-    done = subprocess.run(python_command("-m", "apportion.cli.bench_fullsize", case, factory,
+    done = subprocess.run(python_command("-m", "apportion.bench.fullsize", case, factory,
                                          action), capture_output=True, text=True, check=False)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:

@@ -55,9 +55,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.backends import BACKENDS, Backend
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome as SuiteOutcome
-from apportion.cli.bench_harness import Suite
+from apportion.bench import goals as bench_goals
+from apportion.bench.harness import Outcome as SuiteOutcome
+from apportion.bench.harness import Suite
 from apportion.errors import ApportionError, PlanningError, ProgramError, TargetError
 from apportion.frontend.random_meshes import MeshCase, mesh_case
 from apportion.frontend.random_programs import Case, case

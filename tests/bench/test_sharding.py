@@ -7,7 +7,7 @@ import json
 import pytest
 from rich.console import Console
 
-from apportion.cli import bench_sharding
+from apportion.bench import sharding as bench_sharding
 from apportion.cli.main import main
 from apportion.frontend.models import load_models
 

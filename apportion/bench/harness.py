@@ -34,7 +34,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from rich.console import Console
 
-from apportion.cli import goals as bench_goals
+from apportion.bench import goals as bench_goals
 from apportion.cli.usage import UsageError, output_path, write_json
 from apportion.cost import noise
 from apportion.cost.noise import Criterion, Measured, Rules, load_average

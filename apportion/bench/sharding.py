@@ -43,8 +43,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite, until_stable
+from apportion.bench import goals as bench_goals
+from apportion.bench.harness import Outcome, Suite, until_stable
 from apportion.cli.usage import UsageError
 from apportion.cost import noise
 from apportion.frontend.models import forward_program, load_models

@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from apportion.cli import goals as bench_goals  # noqa: E402
-from apportion.cli.bench_e2e import (  # noqa: E402
+from apportion.bench import goals as bench_goals  # noqa: E402
+from apportion.bench.e2e import (  # noqa: E402
     MODELS,
     SLOWDOWN_GOAL,
     E2EResult,

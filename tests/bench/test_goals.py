@@ -11,13 +11,11 @@ import json
 import pytest
 from rich.console import Console
 
-from apportion.cli import (
-    bench_costmodel,
-    bench_sharding,
-    bench_tiling,
-    bench_workdiv,
-)
-from apportion.cli import goals as bench_goals
+from apportion.bench import costmodel as bench_costmodel
+from apportion.bench import goals as bench_goals
+from apportion.bench import sharding as bench_sharding
+from apportion.bench import tiling as bench_tiling
+from apportion.bench import workdiv as bench_workdiv
 from apportion.cli.main import main
 from apportion.frontend.models import load_models
 from apportion.passes.pipeline import plan
@@ -173,7 +171,7 @@ def test_bench_costmodel_check_fails_on_kernels_the_model_mispredicts(tmp_path, 
     assert "over the goal by" in err[0]
 
 
-# splitk's goals: tests/cli/test_bench_splitk.py
+# splitk's goals: tests/bench/test_splitk.py
 
 
 # --- sharding ---------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from apportion.cli import bench_forall
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_forall import GOAL, Result, goals
+from apportion.bench import forall as bench_forall
+from apportion.bench import goals as bench_goals
+from apportion.bench.forall import GOAL, Result, goals
 from apportion.cli.main import main
 from apportion.cost import noise
 from apportion.runtime import upstream_mlir

@@ -45,8 +45,8 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite
+from apportion.bench import goals as bench_goals
+from apportion.bench.harness import Outcome, Suite
 from apportion.cost import noise
 from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program

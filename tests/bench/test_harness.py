@@ -9,8 +9,8 @@ import json
 import pytest
 from rich.console import Console
 
-from apportion.cli import goals
-from apportion.cli.bench_harness import OPTIONS, Outcome, Suite, interleaved, run_suite
+from apportion.bench import goals
+from apportion.bench.harness import OPTIONS, Outcome, Suite, interleaved, run_suite
 from apportion.cli.main import BENCH_SUITES, main
 from apportion.cli.usage import UsageError
 
@@ -130,7 +130,7 @@ def test_a_json_path_in_a_missing_folder_is_refused_before_the_suite_runs(tmp_pa
 
 @pytest.mark.parametrize("name", BENCH_SUITES)
 def test_every_bench_suite_runs_through_the_harness(name):
-    suite = importlib.import_module(f"apportion.cli.bench_{name}").SUITE
+    suite = importlib.import_module(f"apportion.bench.{name}").SUITE
     assert isinstance(suite, Suite) and suite.name == name
     assert suite.options <= set(OPTIONS)
 

@@ -51,8 +51,8 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_harness import Outcome, Suite
+from apportion.bench import goals as bench_goals
+from apportion.bench.harness import Outcome, Suite
 from apportion.cli.usage import from_models
 from apportion.cost import noise
 from apportion.errors import PlanningError

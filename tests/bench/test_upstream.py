@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from apportion.cli import bench_upstream
-from apportion.cli.bench_upstream import example_cases
+from apportion.bench import upstream as bench_upstream
+from apportion.bench.upstream import example_cases
 from apportion.cli.main import main
 from apportion.cli.usage import UsageError
 from apportion.runtime.upstream_mlir import MISSING, available

@@ -10,9 +10,9 @@ import io
 import pytest
 from rich.console import Console
 
-from apportion.cli import bench_costmodel
-from apportion.cli import goals as bench_goals
-from apportion.cli.bench_costmodel import ProgramRow, program_goals
+from apportion.bench import costmodel as bench_costmodel
+from apportion.bench import goals as bench_goals
+from apportion.bench.costmodel import ProgramRow, program_goals
 from apportion.cli.main import main
 from apportion.cost import noise
 from apportion.target.presets import resolve

@@ -1,0 +1,1 @@
+"""The ``apportion bench`` suites, one module each, run through one harness (``harness.py``)."""
