@@ -158,9 +158,9 @@ def _sharding_plan(c: object) -> object:
 
 def _mesh_mlir(schedule: object) -> str:
     try:
-        from apportion.backends.iree.mesh import mesh_mlir
+        from apportion.mlir.mesh import mesh_mlir
     except ImportError:
-        from apportion.mlir import mesh_mlir  # type: ignore[no-redef]
+        from apportion.backends.iree.mesh import mesh_mlir  # type: ignore[no-redef]
     return mesh_mlir(schedule)
 
 

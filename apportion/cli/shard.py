@@ -12,7 +12,7 @@
   between devices moved on the host by the schedule), or on ``torch.distributed`` with one
   process per device (``dtensor``), and compared with the unsharded program.
 * ``apportion emit PROG --mesh SPEC --forall``: the per-device programs as parallel IR (the
-  mesh schedule emitted by ``backends.iree.mesh.mesh_mlir``); ``--shard-form FORM`` the
+  mesh schedule emitted by ``mlir.mesh.mesh_mlir``); ``--shard-form FORM`` the
   program in upstream MLIR's shard dialect (``apportion.mlir.shard``), verified upstream.
 * ``apportion schedule PROG --mesh SPEC``: the mesh schedule as text, each device's core
   schedule nested under it.
@@ -582,7 +582,7 @@ SYMBOLIC_FORMS = ("annotated", "propagated", "dynamic")
 
 def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
     """``emit --mesh``: the per-device programs (``--forall``: the plan lowered to its mesh
-    schedule, emitted by the IREE backend, ``backends.iree.mesh.mesh_mlir``), or
+    schedule, rendered by ``mlir.mesh.mesh_mlir``), or
     ``--shard-form FORM``: the program in upstream MLIR's shard dialect (``apportion.mlir.shard``:
     ``annotated``, ``propagated``, ``partitioned``, ``unrolled``, ``dynamic``: over a symbolic
     mesh left unbound), verified upstream."""
@@ -618,7 +618,7 @@ def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
     if not args.forall:
         raise ShardUsageError("with --mesh, emit --forall (the per-device programs as parallel "
                               "IR) or --shard-form FORM")
-    from apportion.backends.iree.mesh import mesh_mlir
+    from apportion.mlir.mesh import mesh_mlir
 
     print(mesh_mlir(lower_plan(plan, sizes)), end="")
     return 0

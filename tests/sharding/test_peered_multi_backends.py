@@ -11,8 +11,9 @@ import re
 
 import pytest
 
-from apportion.backends.iree.mesh import check_mesh, exchange, mesh_mlir
+from apportion.backends.iree.mesh import check_mesh
 from apportion.errors import EmitError
+from apportion.mlir.mesh import exchange, mesh_mlir
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available
 from apportion.schedule.mesh import MeshSchedule
