@@ -1,7 +1,7 @@
 """Programs that read through sums of three dims (``x[b, 64*a+32*c+d]``, as the rotary
 embeddings of a Llama from transformers do), shared by the emitter and IREE tests: IREE 3.13
 crashes on some of these maps, so the emitter reads such operands through a gather
-(``mlir.forall_tensors.iree_safe_map``)."""
+(``mlir.forall.tensors.iree_safe_map``)."""
 
 from __future__ import annotations
 

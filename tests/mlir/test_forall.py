@@ -20,6 +20,7 @@ from apportion.cli.main import main
 from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict, to_dict
 from apportion.ir.kinds import KINDS
+from apportion.mlir.builder import _Block
 from apportion.mlir.forall import (
     Ix,
     TensorVal,
@@ -28,9 +29,8 @@ from apportion.mlir.forall import (
     thread_slices,
     verify_mlir,
 )
-from apportion.mlir.forall_block import _Block
-from apportion.mlir.forall_merge import reassociation, written
-from apportion.mlir.forall_tensors import iree_safe_map
+from apportion.mlir.forall.merge import reassociation, written
+from apportion.mlir.forall.tensors import iree_safe_map
 from apportion.planned import PlannedProgram
 from apportion.plans.views import core_slices, dim_slices
 from apportion.runtime.reference import (

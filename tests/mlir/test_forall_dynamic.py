@@ -23,10 +23,10 @@ from apportion.backends.iree.run import iree_check, iree_run
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict
+from apportion.mlir.builder import _Block, _Emitter
 from apportion.mlir.forall import verify_mlir
-from apportion.mlir.forall_block import _Block, _Emitter
-from apportion.mlir.forall_index import Ix
-from apportion.mlir.forall_sizes import select
+from apportion.mlir.forall.sizes import select
+from apportion.mlir.index import Ix
 from apportion.planned import PlannedProgram
 from apportion.target.split_k import Case, SelectChain
 from tests.backends.iree.emitting import emit

@@ -308,7 +308,7 @@ def test_cli_emits_and_runs_a_merged_write(cache, tmp_path, capsys):
 
 # --- reads through sums of three or more dims -------------------------------------------------
 # IREE 3.13 crashes on a generic with two inputs whose first reads through such a sum
-# (mlir.forall_tensors.iree_safe_map); the emitter reads those operands through a gather.
+# (mlir.forall.tensors.iree_safe_map); the emitter reads those operands through a gather.
 
 @pytest.mark.parametrize("cores", [1, 8, 32])
 def test_a_pointwise_read_through_a_sum_of_three_dims(cores, cache):

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.mlir.forall import forall_mlir, verify_mlir
-from apportion.mlir.forall_tensors import forall_mapping
+from apportion.mlir.forall.tensors import forall_mapping
 from apportion.runtime import upstream_mlir
 from apportion.schedule.lower import lower
 

@@ -28,8 +28,8 @@ from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
 from apportion.limits import cite
-from apportion.mlir.forall_block import _Block
-from apportion.mlir.forall_index import Ix
+from apportion.mlir.builder import _Block
+from apportion.mlir.index import Ix
 from apportion.mlir.text import SsaNames
 from apportion.plans.plan import SplitK
 from apportion.target.split_k import SelectChain

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
-from apportion.mlir.forall_block import INDENT, _Block, _Emitter, slice_of
-from apportion.mlir.forall_index import Ix, IxLike, _map
-from apportion.mlir.forall_sizes import Sizes
+from apportion.mlir.builder import INDENT, _Block, _Emitter, slice_of
+from apportion.mlir.forall.sizes import Sizes
+from apportion.mlir.index import Ix, IxLike, _map
 from apportion.mlir.text import symbol_name
 from apportion.schedule.values import Host, Launch, Loop, Schedule
 
@@ -240,7 +240,7 @@ class _Tensors(_Emitter):
             raise EmitError(f"schedule of {program.name!r} runs ops {ran}, not the program's "
                             f"{[o.name for o in program.ops]} in order")
         #: every op dim and tensor axis as an index expression (run-time sizes: see
-        #: ``mlir.forall_sizes``)
+        #: ``mlir.forall.sizes``)
         self.sizes = Sizes(program)
 
     def work(self, op: Op) -> Work:

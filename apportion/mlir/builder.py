@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from apportion.mlir.forall_index import Ix, IxLike, _map
+from apportion.mlir.index import Ix, IxLike, _map
 from apportion.mlir.text import SsaNames
 from apportion.mlir.types import _literal
 from apportion.plans.views import dim_slices

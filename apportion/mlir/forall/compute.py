@@ -17,9 +17,9 @@ from apportion.mlir.bodies import (
     expand_f64_math,
     widen_f32_math,
 )
-from apportion.mlir.forall_block import _Block
-from apportion.mlir.forall_index import Ix
-from apportion.mlir.forall_tensors import Box, TensorVal, _Env, _Slice, _Tensors
+from apportion.mlir.builder import _Block
+from apportion.mlir.forall.tensors import Box, TensorVal, _Env, _Slice, _Tensors
+from apportion.mlir.index import Ix
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import (
     _FLOAT_BITS,

@@ -8,10 +8,10 @@ import math
 
 from apportion.ir.op import Op
 from apportion.mlir.bodies import combine_of
-from apportion.mlir.forall_block import INDENT, _Block
-from apportion.mlir.forall_body import _apply, _Bodies
-from apportion.mlir.forall_index import Ix
-from apportion.mlir.forall_tensors import Box, TensorVal, Work, _Carried, _Env
+from apportion.mlir.builder import INDENT, _Block
+from apportion.mlir.forall.compute import _apply, _Bodies
+from apportion.mlir.forall.tensors import Box, TensorVal, Work, _Carried, _Env
+from apportion.mlir.index import Ix
 from apportion.mlir.text import symbol_name
 
 

@@ -14,7 +14,7 @@ the op runs on the slices as a ``linalg.generic`` whose indexing maps are the ac
 to the slice (``x[t, 128*h+d]`` reads a wider slice through ``d1, d0 * 128 + d3``; a dim that no
 access names alone gets a shape-only ``tensor.empty`` operand so that the generic knows its
 range). A read through a sum that IREE 3.13 crashes on (three dims or more, ``64*a+32*c+d``:
-``forall_tensors.iree_safe_map``) is a gather instead, a ``tensor.extract`` at the sum into a
+``forall.tensors.iree_safe_map``) is a gather instead, a ``tensor.extract`` at the sum into a
 tensor of one axis per dim that the generic reads through a projection. The body is the
 backend's (``mlir.bodies``): value inputs convert to the compute type (``f32`` for
 float16, bfloat16 and bool operands, as the reference executor computes; ``f32`` for float32
@@ -59,11 +59,11 @@ shared tensor keeps a static shape (the whole dim bounds a run-time tile: IREE c
 dynamic tensor carried through a loop).
 
 A forall carries a ``mapping`` where the schedule's target gives one
-(``forall_tensors.forall_mapping``): the ``gpu`` target's worker grids as ``#gpu.block<x>``
+(``forall.tensors.forall_mapping``): the ``gpu`` target's worker grids as ``#gpu.block<x>``
 (``y``, ``z``, or ``linear_dim_i`` beyond three ids); ``cpu`` and ``spyre`` give none.
 
 A schedule of a program with run-time sizes (``Schedule.given``, the program as given) is one
-function for every size (``forall_sizes``): ``?`` for symbolic dims, their sizes read with
+function for every size (``forall.sizes``): ``?`` for symbolic dims, their sizes read with
 ``tensor.dim``, each split-K op's slices an ``arith.select`` chain on its run-time reduction
 size (the partial launch's ``Launch.split_k``), every op's
 slices cut from the run-time sizes as ``dim_slices`` cuts them (a thread past the last unit
@@ -73,12 +73,12 @@ gets an empty slice), and a forall whose shared output has a run-time size one l
 An op writing its output through a merge of dims (``y[t, 64*h+d]``) writes the split view of
 its destination: a ``tensor.expand_shape`` into ``Op.split_shape`` (the row-major reshape), the op
 then as one writing ``y[t, h, d]``, and a ``tensor.collapse_shape`` back
-(``mlir.forall_merge``); its split reductions, accumulators and loop tiles are those of the
+(``mlir.forall.merge``); its split reductions, accumulators and loop tiles are those of the
 split view.
 
 A kind the backend's table (``mlir.bodies``) lacks raises ``EmitError`` naming the op,
 the kind and the backend; whole-tensor kinds (gathers, reshapes, constants, ...) read their
-inputs by computed index (``mlir.forall_fallback``).
+inputs by computed index (``mlir.forall.fallback``).
 
 >>> import apportion as ap
 >>> from apportion.schedule.lower import lower
@@ -102,19 +102,19 @@ from apportion.ir.program import Program
 from apportion.limits import cite
 from apportion.mlir import bodies
 from apportion.mlir.bodies import body_of, combine_of
-from apportion.mlir.forall_block import INDENT as INDENT
-from apportion.mlir.forall_block import _Block, _Emitter
-from apportion.mlir.forall_block import slice_of as slice_of
-from apportion.mlir.forall_fallback import _Fallbacks
-from apportion.mlir.forall_index import Ix as Ix
-from apportion.mlir.forall_index import IxLike as IxLike
-from apportion.mlir.forall_index import Key as Key
-from apportion.mlir.forall_merge import _MergedWrites, merges, written
-from apportion.mlir.forall_sizes import Sizes
-from apportion.mlir.forall_split_reduction import _SplitReductions
-from apportion.mlir.forall_tensors import Box as Box
-from apportion.mlir.forall_tensors import TensorVal as TensorVal
-from apportion.mlir.forall_tensors import Work, _Carried, _Env
+from apportion.mlir.builder import INDENT as INDENT
+from apportion.mlir.builder import _Block, _Emitter
+from apportion.mlir.builder import slice_of as slice_of
+from apportion.mlir.forall.fallback import _Fallbacks
+from apportion.mlir.forall.merge import _MergedWrites, merges, written
+from apportion.mlir.forall.sizes import Sizes
+from apportion.mlir.forall.split import _SplitReductions
+from apportion.mlir.forall.tensors import Box as Box
+from apportion.mlir.forall.tensors import TensorVal as TensorVal
+from apportion.mlir.forall.tensors import Work, _Carried, _Env
+from apportion.mlir.index import Ix as Ix
+from apportion.mlir.index import IxLike as IxLike
+from apportion.mlir.index import Key as Key
 from apportion.mlir.text import check_index
 from apportion.mlir.text import symbol_name as symbol_name
 from apportion.mlir.text import verify_mlir as verify_mlir
@@ -133,7 +133,7 @@ def forall_mlir(schedule: Schedule) -> str:
     and the dims each level tiles (the launch's nonzero steps), where accumulators reset and
     finish (``Init``/``Finish`` steps) and the fallbacks (``Host``). A schedule of a program
     with run-time sizes (``Schedule.given``) is one function for every size
-    (``mlir.forall_sizes``).
+    (``mlir.forall.sizes``).
     """
     program, symbolic = schedule.program, schedule.given
     if symbolic is not None:
@@ -251,7 +251,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
     def viewed(self, blk: _Block, op: Op, env: _Env) -> tuple[Op, _Env]:
         """``op`` and the tensors it reads, with the inputs of a partial op whose slice length
         is known only at run time read through a ``tensor.expand_shape`` of the reduction axis
-        into ``[slices, step]`` (``mlir.forall_sizes``)."""
+        into ``[slices, step]`` (``mlir.forall.sizes``)."""
         views = self.sizes.views(op)
         if not views:
             return op, env
@@ -288,7 +288,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
            carried: _Carried | None) -> TensorVal:
         """Emit ``op`` over ``tile`` writing into ``dest`` (the accumulator when ``carried``
         accumulates); returns the new value of ``dest``."""
-        if merges(op):  # the op writing the split view of dest (forall_merge)
+        if merges(op):  # the op writing the split view of dest (forall.merge)
             view = self.split_view(blk, op, dest)
             new = self.op(blk, written(op), work, tile, view, env, carried)
             return self.merge_view(blk, op, new, dest)
@@ -511,7 +511,7 @@ class _Function(_SplitReductions, _Fallbacks, _MergedWrites):
         if t in nest.whole:
             state.vals[t] = self.op(blk, op, work, tile, state.vals[t], env, None)
             return
-        split = written(op)  # a merged write makes its tile split (forall_merge)
+        split = written(op)  # a merged write makes its tile split (forall.merge)
         _, dest = self.destination(blk, nest, op, self.out_region(split, tile), state)
         piece = self.op(blk, split, work, tile, dest, env, None)
         self.store(blk, nest, op, None, piece, state)

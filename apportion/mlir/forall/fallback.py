@@ -19,10 +19,10 @@ from apportion.errors import EmitError
 from apportion.ir.op import Op
 from apportion.limits import cite
 from apportion.mlir.bodies import BACKEND, MlirBody, body_of
-from apportion.mlir.forall_block import _Block
-from apportion.mlir.forall_body import _apply, _Bodies, _convert
-from apportion.mlir.forall_index import Ix
-from apportion.mlir.forall_tensors import Box, TensorVal, _Env, _Slice
+from apportion.mlir.builder import _Block
+from apportion.mlir.forall.compute import _apply, _Bodies, _convert
+from apportion.mlir.forall.tensors import Box, TensorVal, _Env, _Slice
+from apportion.mlir.index import Ix
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import _FLOAT_TYPES
 
@@ -181,7 +181,7 @@ class _Fallbacks(_Bodies):
               ) -> TensorVal:
         """A whole-tensor kind: one generic over the whole output (``dest``), each element read
         by computed index from the inputs as stored. Sizes may be run-time values
-        (``forall_sizes``): the index arithmetic takes them as SSA values."""
+        (``forall.sizes``): the index arithmetic takes them as SSA values."""
         build = _WHOLE.get(body.construction or "")
         if build is None:
             raise EmitError(f"op {op.name!r}: kind {op.kind.name!r} names construction "

@@ -23,9 +23,9 @@ from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
 from apportion.limits import cite
-from apportion.mlir.forall_block import _Block
-from apportion.mlir.forall_index import Ix
-from apportion.mlir.forall_tensors import TensorVal, _Tensors
+from apportion.mlir.builder import _Block
+from apportion.mlir.forall.tensors import TensorVal, _Tensors
+from apportion.mlir.index import Ix
 from apportion.mlir.text import symbol_name
 
 
