@@ -57,15 +57,7 @@ from apportion.passes.geometry import OpContext, check_pins, contexts
 from apportion.passes.layouts import layouts
 from apportion.passes.relayout import relayout
 from apportion.plans.plan import SplitK
-from apportion.target.split_k import (
-    ReductionShape,
-    Resolver,
-    SelectChain,
-    gpu_chain,
-    gpu_split,
-    table_chain,
-    table_row,
-)
+from apportion.target.split_k import ReductionShape, Resolver, SelectChain
 from apportion.target.target import Target
 
 
@@ -194,38 +186,12 @@ def reduction_shape(ctx: OpContext, symbols: Mapping[str, Symbol] | None = None
 
 def _target_slices(ctx: OpContext, shape: ReductionShape
                    ) -> tuple[int | dict[str, int] | SelectChain | None, str]:
+    """The target's resolver asked (``Target.split_k.decide``), within the cores the op's
+    pins leave."""
     target = ctx.target
-    if shape.symbol is None and shape.dim in shape.runtime and target.split_k == "table":
-        # every reduction dim of several is a run-time size: a table's one static count would
-        # cut one into whole slices only at its multiples (the gpu rules leave them whole)
-        return None, "cost"
-    if shape.symbol is not None and target.split_k in ("gpu", "table"):
-        if target.split_k == "gpu" and shape.family not in ("matmul_like", "inner_reduction"):
-            return 1, "gpu"  # IREE leaves a run-time reduction of these families whole
-        # a chain's factors are the static resolver's: the gpu heuristic's not clamped, a table
-        # row measured at this core count as measured, any other row cut to the cores the
-        # op's pins leave (a case's slices are divided over the cores as a static split's)
-        held = ctx.program.pins.get(ctx.op.name, {})
-        budget = target.cores // math.prod(held.values()) if held else target.cores
-        unit = ctx.per[shape.dim]
-        chain = gpu_chain(shape, unit) if target.split_k == "gpu" else table_chain(
-            target.split_k_table, shape, unit, cap=budget, cores=target.cores)
-        if chain is None:
-            return (1, "gpu") if target.split_k == "gpu" else (None, "cost")
-        return chain, target.split_k
-    if target.split_k == "gpu":
-        return gpu_split(shape) or 1, "gpu"
-    if target.split_k == "table":
-        row = table_row(target.split_k_table, shape)
-        if row is None:
-            return None, "cost"
-        # a factor measured at this target's core count is taken as measured (the slices then
-        # divided over the cores, as the gpu resolver's are); one measured one core per slice
-        # is cut to the cores
-        return ({shape.dim: row.slices} if row.cores == target.cores else row.slices), "table"
-    if target.split_k == "none":
-        return 1, "none"
-    return None, "cost"
+    held = ctx.program.pins.get(ctx.op.name, {})
+    budget = target.cores // math.prod(held.values()) if held else target.cores
+    return target.split_k.decide(shape, target, budget, ctx.per[shape.dim])
 
 
 def split_k(ctxs: Mapping[str, OpContext], pins: Mapping[str, int | str | SplitKPin],

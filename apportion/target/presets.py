@@ -12,7 +12,7 @@ from typing import Any
 from apportion.errors import TargetError
 from apportion.settings import sencores
 from apportion.target.host import host_table
-from apportion.target.split_k import TableRow
+from apportion.target.split_k import CostModel, IreeGpu, Table, TableRow
 from apportion.target.target import Target, describe, finite, is_int, is_real
 
 MiB = 1 << 20
@@ -147,7 +147,8 @@ def cpu(cores: int | None = None, split_k_table: tuple[TableRow, ...] | None = N
         max_cores=max(n, cores) if is_int(cores) else n,
         span_limit=1 << 62, stick_bytes=64, scratchpad_bytes=1 * MiB, scratchpad_reserve=0.25,
         # no rows (a host table of no shapes): every split of K is the cost model's
-        split_k="table" if split_k_table else "cost", split_k_table=split_k_table, **CPU_COST,
+        split_k=Table() if split_k_table else CostModel(), split_k_table=split_k_table,
+        **CPU_COST,
     )
 
 
@@ -166,11 +167,11 @@ def gpu(cores: int | None = None) -> Target:
     """A GPU: 304 compute units as cores (``cores`` fewer), IREE's split-K heuristic.
 
     >>> gpu().split_k, gpu(cores=64).cores
-    ('gpu', 64)
+    (IreeGpu(), 64)
     """
     return Target(name="gpu", cores=304 if cores is None else cores, max_cores=304,
                   span_limit=1 << 62, stick_bytes=128, scratchpad_bytes=64 * 1024,
-                  scratchpad_reserve=0.0, max_loop_count=(1 << 31) - 1, split_k="gpu",
+                  scratchpad_reserve=0.0, max_loop_count=(1 << 31) - 1, split_k=IreeGpu(),
                   forall_mapping="gpu_blocks", **GPU_COST)
 
 

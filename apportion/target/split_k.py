@@ -4,7 +4,8 @@ A resolver sees an op's reduction problem (``ReductionShape``: batch, M, N and K
 reduction dim's name and dtype) and returns the number of slices to cut K into, or ``None`` to
 leave the choice to the cost model's search (``cost``, the Spyre resolver: the split that
 minimises predicted time among every assignment work distribution weighs). A target names its
-resolver in ``Target.split_k``:
+resolver in ``Target.split_k``, a typed object (``CostModel()``, ``IreeGpu()``, ``Table()``,
+``NoSplit()``) that a TOML file and a preset spell by its name:
 
 * ``cost``: the cost model decides (``None``);
 * ``gpu``: IREE's split-reduction heuristic for matmul-like ops on GPUs (below);
@@ -68,10 +69,15 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, ClassVar
 
 from apportion.errors import TargetError
+
+if TYPE_CHECKING:
+    from apportion.target.target import Target
 
 #: IREE's matmul-like constants (see the module docstring)
 GPU_LARGE_OUTPUT = 2048 * 4096
@@ -94,7 +100,6 @@ CONV_RATIO_THRESHOLD = 64
 #: (output below) -> most slices, checked in order; else min(8, the first tiled dim)
 CONV_LIMITS = ((32 * 32, 2048), (128 * 128, 128), (256 * 256, 64), (512 * 512, 16))
 
-RESOLVERS = ("cost", "gpu", "table", "none")
 #: the families an op's reduction is sorted into (``passes.split_k.family``)
 FAMILIES = ("outer_reduction", "convolution", "matmul_like", "inner_reduction", "arg_compare")
 
@@ -459,3 +464,149 @@ def table_chain(rows: tuple[TableRow, ...], shape: ReductionShape, unit: int = 1
 #: a user resolver: the shape in, the slices (1: no split), a ``SelectChain`` (for a run-time
 #: K, ``shape.symbol`` set) or None (let the cost model decide)
 Resolver = Callable[[ReductionShape], "int | SelectChain | None"]
+
+
+# --- the target's resolver: a typed object, as the planning strategy is --------------------------
+
+#: what a target's resolver decides for one op: the slices (an int, slices per dim for the gpu
+#: rules, a ``SelectChain`` for a run-time K, or None: left to the cost model's search) and who
+#: decided (the resolver's name, or ``cost`` where it leaves the op to the search)
+Decision = tuple["int | dict[str, int] | SelectChain | None", str]
+
+
+@dataclass(frozen=True)
+class TargetResolver:
+    """A target's split-K resolver (``Target.split_k``): ``decide`` is what the split-K pass asks
+    of it for each op with a reducer, ``name`` how a TOML file, a preset and a plan's
+    ``SplitK.by`` spell it. A new resolver is a subclass (a target carries it, nothing else
+    changes); the stock ones are ``CostModel``, ``IreeGpu``, ``Table`` and ``NoSplit``."""
+
+    name: ClassVar[str] = ""
+    #: it reads the target's ``split_k_table`` (a target naming it needs rows)
+    needs_table: ClassVar[bool] = False
+
+    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+               unit: int) -> Decision:
+        """The decision for ``shape`` on ``target``, within ``budget`` cores (those the op's pins
+        leave), a run-time K's slices whole ``unit``-element pieces."""
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class CostModel(TargetResolver):
+    """``cost`` (Spyre's): decides nothing; work distribution's search splits the reduction by
+    predicted time.
+
+    >>> CostModel().decide(ReductionShape(1, 32, 32, 40960), None, 8, 1)
+    (None, 'cost')
+    """
+
+    name: ClassVar[str] = "cost"
+
+    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+               unit: int) -> Decision:
+        return None, "cost"
+
+
+@dataclass(frozen=True)
+class NoSplit(TargetResolver):
+    """``none``: never split a reduction.
+
+    >>> NoSplit().decide(ReductionShape(1, 32, 32, 40960), None, 8, 1)
+    (1, 'none')
+    """
+
+    name: ClassVar[str] = "none"
+
+    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+               unit: int) -> Decision:
+        return 1, "none"
+
+
+@dataclass(frozen=True)
+class IreeGpu(TargetResolver):
+    """``gpu``: IREE's split-reduction heuristic (the module docstring), slices per dim not
+    clamped to the cores; a run-time K's select chain for the matmul-like families, every other
+    family's run-time reduction left whole, as IREE leaves it.
+
+    >>> IreeGpu().decide(ReductionShape(1, 32, 32, 40960), None, 8, 1)
+    ({'k': 128}, 'gpu')
+    """
+
+    name: ClassVar[str] = "gpu"
+
+    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+               unit: int) -> Decision:
+        if shape.symbol is None:
+            return gpu_split(shape) or 1, "gpu"
+        if shape.family not in ("matmul_like", "inner_reduction"):
+            return 1, "gpu"  # IREE leaves a run-time reduction of these families whole
+        # the heuristic's factors, not clamped (a case's slices are divided over the cores)
+        chain = gpu_chain(shape, unit)
+        return (1, "gpu") if chain is None else (chain, "gpu")
+
+
+@dataclass(frozen=True)
+class Table(TargetResolver):
+    """``table``: the first row of the target's ``split_k_table`` holding the shape (no row: the
+    cost model's search). A factor measured at the target's core count is taken as measured
+    (the slices then divided over the cores, as the gpu resolver's are); one measured one core
+    per slice is cut to the cores.
+
+    >>> from apportion.target.presets import CPU_SPLIT_K, cpu
+    >>> Table().decide(ReductionShape(1, 1, 4096, 14336), cpu(2, CPU_SPLIT_K), 2, 1)
+    (32, 'table')
+    """
+
+    name: ClassVar[str] = "table"
+    needs_table: ClassVar[bool] = True
+
+    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+               unit: int) -> Decision:
+        assert target is not None  # a table is the target's
+        if shape.symbol is None and shape.dim in shape.runtime:
+            # every reduction dim of several is a run-time size: one static count would cut
+            # one into whole slices only at its multiples (the gpu rules leave them whole)
+            return None, "cost"
+        if shape.symbol is not None:
+            # a row measured at this core count as measured, any other cut to the cores the
+            # op's pins leave (a case's slices are divided over the cores as a static split's)
+            chain = table_chain(target.split_k_table, shape, unit, cap=budget,
+                                cores=target.cores)
+            return (None, "cost") if chain is None else (chain, "table")
+        row = table_row(target.split_k_table, shape)
+        if row is None:
+            return None, "cost"
+        return ({shape.dim: row.slices} if row.cores == target.cores else row.slices), "table"
+
+
+#: every stock resolver, by the name a TOML file and a preset spell it
+BY_NAME: Mapping[str, TargetResolver] = MappingProxyType(
+    {r.name: r for r in (CostModel(), IreeGpu(), Table(), NoSplit())})
+RESOLVERS = tuple(BY_NAME)
+
+
+def parse_split_k(value: object, where: str = "split_k") -> TargetResolver:
+    """The resolver ``value`` names (``cost``, ``gpu``, ``table``, ``none``), or ``value``
+    itself when it is one; anything else a ``TargetError`` naming ``where``.
+
+    >>> parse_split_k("gpu"), str(parse_split_k(Table()))
+    (IreeGpu(), 'table')
+    >>> parse_split_k("magic", "target 'x'")
+    Traceback (most recent call last):
+    ...
+    apportion.errors.TargetError: target 'x': split_k must be one of cost, gpu, table, none, \
+got 'magic' (str)
+    """
+    if isinstance(value, TargetResolver):
+        return value
+    if isinstance(value, str) and value in BY_NAME:
+        return BY_NAME[value]
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    if not isinstance(value, int | float) or isinstance(value, bool):  # a number's value is all
+        text += f" ({type(value).__name__})"
+    raise TargetError(f"{where}: split_k must be one of {', '.join(RESOLVERS)}, got {text}")

@@ -8,7 +8,7 @@ from typing import TypeGuard
 
 from apportion.errors import TargetError
 from apportion.ir.dtypes import DTYPE_BYTES, dtype_bytes
-from apportion.target.split_k import RESOLVERS, TableRow
+from apportion.target.split_k import CostModel, TableRow, TargetResolver, parse_split_k
 
 LAYOUTS = ("stick", "row_major")
 #: how a forall's worker grid maps onto the device (``Target.forall_mapping``): ``cores`` (its
@@ -111,7 +111,8 @@ class Target:
     core_scaling: float = 1.0  # compute each core beyond the first adds, in cores (1: all)
     stick_split_us_per_byte: float = 0.0  # gather cost per byte per halving of a stick dim
     split_padded_reduction: bool = True  # may a reduction dim with a padded last stick split?
-    split_k: str = "cost"  # the split-K resolver: cost, gpu, table or none (target/split_k.py)
+    # the split-K resolver (target/split_k.py); its name (cost, gpu, table, none) is taken too
+    split_k: TargetResolver = CostModel()
     split_k_table: tuple[TableRow, ...] = ()  # the rows of the ``table`` resolver
     layout: str = "stick"
     alignment: int = 128  # scratchpad offsets are multiples of this
@@ -142,15 +143,13 @@ class Target:
         if not isinstance(self.split_padded_reduction, bool):
             raise TargetError(f"{where}: split_padded_reduction must be true or false, got "
                               f"{describe(self.split_padded_reduction)}")
-        if not isinstance(self.split_k, str) or self.split_k not in RESOLVERS:
-            raise TargetError(f"{where}: split_k must be one of {', '.join(RESOLVERS)}, got "
-                              f"{describe(self.split_k)}")
+        object.__setattr__(self, "split_k", parse_split_k(self.split_k, where))
         if not isinstance(self.split_k_table, tuple) or not all(
                 isinstance(r, TableRow) for r in self.split_k_table):
             raise TargetError(f"{where}: split_k_table must be a tuple of rows, got "
                               f"{describe(self.split_k_table)}")
-        if self.split_k == "table" and not self.split_k_table:
-            raise TargetError(f"{where}: split_k = \"table\" needs split_k_table rows")
+        if self.split_k.needs_table and not self.split_k_table:
+            raise TargetError(f"{where}: split_k = \"{self.split_k}\" needs split_k_table rows")
         if not isinstance(self.layout, str) or self.layout not in LAYOUTS:
             raise TargetError(f"{where}: layout must be one of {', '.join(LAYOUTS)}, "
                               f"got {describe(self.layout)}")
