@@ -239,7 +239,8 @@ class Backend:
         import torch
         from torch.utils import _pytree as pytree
 
-        from apportion.backends.torch.executor import TorchExecutor, to_torch_storage
+        from apportion.backends.torch.executor import TorchExecutor
+        from apportion.backends.torch.tensors import to_torch_storage
         from apportion.frontend.torch_export import from_torch
 
         lowered = from_torch(gm, example_inputs)

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import apportion as ap  # noqa: E402
-from apportion.backends.torch.executor import from_torch_storage  # noqa: E402
+from apportion.backends.torch.tensors import from_torch_storage  # noqa: E402
 from apportion.frontend import torch_demo  # noqa: E402
 from apportion.runtime.reference import compare, eager_tolerance  # noqa: E402
 from tests.frontend.test_torch_dtypes import Mixed  # noqa: E402

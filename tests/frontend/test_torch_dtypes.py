@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 F = torch.nn.functional
 
 import apportion as ap  # noqa: E402
-from apportion.backends.torch.executor import from_torch_storage  # noqa: E402
+from apportion.backends.torch.tensors import from_torch_storage  # noqa: E402
 from apportion.frontend import torch_demo  # noqa: E402
 from apportion.frontend.torch_export import TorchProgram, from_torch  # noqa: E402
 from apportion.runtime.kernels import round_bf16  # noqa: E402

@@ -208,6 +208,7 @@ def test_integer_programs_planned_over_any_cores_give_numpys_exact_wrapped_resul
 @given(integer_programs(), st.integers(1, 32))
 def test_the_torch_executor_gives_numpys_exact_wrapped_integers_too(case, cores):
     torch_exec = pytest.importorskip("apportion.backends.torch.executor")
+    from apportion.backends.torch.tensors import from_torch_storage
     p, xs, expected = case
     try:
         pl = plan(p, spyre(cores=cores))
@@ -215,7 +216,7 @@ def test_the_torch_executor_gives_numpys_exact_wrapped_integers_too(case, cores)
         assume(False)
         return
     ys = torch_exec.run_torch(SimpleNamespace(program=p, plan=pl), xs, threads=2, grain=0)
-    got = {name: torch_exec.from_torch_storage(y) for name, y in ys.items()}
+    got = {name: from_torch_storage(y) for name, y in ys.items()}
     _assert_exact(got, expected, p, "torch")
 
 

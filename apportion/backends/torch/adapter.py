@@ -52,7 +52,8 @@ def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] |
     """Run ``planned`` on ``inputs`` with torch kernels (at the run-time sizes their shapes and
     ``sizes`` give; ``params``: symbolic loop counts; ``threads``: the pool's size, default 1).
     Returns the inputs and outputs as the reference's storage arrays."""
-    from apportion.backends.torch.executor import from_torch_storage, run_torch
+    from apportion.backends.torch.executor import run_torch
+    from apportion.backends.torch.tensors import from_torch_storage
 
     program, plan = planned.bound(sizes)
     env = bind_inputs(program, inputs)

@@ -34,7 +34,8 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0
     program's outputs by name as storage arrays. Nothing is drawn at random (``seed`` is
     unused); ``timeout_s`` and ``device`` (a process runner's and an accelerator's) are
     refused: the kernels run on the CPU in this process."""
-    from apportion.backends.torch.executor import TorchExecutor, from_torch_storage
+    from apportion.backends.torch.executor import TorchExecutor
+    from apportion.backends.torch.tensors import from_torch_storage
 
     if timeout_s is not None or device not in (None, "cpu"):
         raise ExecutionError("the torch backend runs the mesh in this process on the CPU: "

@@ -21,14 +21,9 @@ torch = pytest.importorskip("torch")
 import apportion as ap  # noqa: E402
 from apportion.backends.reference.execute import run_planned  # noqa: E402
 from apportion.backends.torch import executor as torch_exec  # noqa: E402
-from apportion.backends.torch.executor import (  # noqa: E402
-    GRAIN,
-    XP,
-    TorchExecutor,
-    from_torch_storage,
-    run_torch,
-    to_torch_storage,
-)
+from apportion.backends.torch.executor import GRAIN, XP, TorchExecutor, run_torch  # noqa: E402
+from apportion.backends.torch.steps import Step  # noqa: E402
+from apportion.backends.torch.tensors import from_torch_storage, to_torch_storage  # noqa: E402
 from apportion.errors import ExecutionError, PlanningError, ProgramError  # noqa: E402
 from apportion.frontend.json_format import from_dict  # noqa: E402
 from apportion.planned import PlannedProgram  # noqa: E402
@@ -500,13 +495,13 @@ def test_cores_run_on_the_pool_threads_and_small_ops_on_the_calling_thread(monke
         return run_boxes(step, *args)
 
     monkeypatch.setattr(torch_exec, "_run_boxes", spy)
-    all_boxes = torch_exec._Step.all_boxes
+    all_boxes = Step.all_boxes
 
     def spy_batched(step, *args):  # a lattice of small boxes: one batched call
         seen.setdefault(step.op.name, []).append(threading.current_thread().name)
         return all_boxes(step, *args)
 
-    monkeypatch.setattr(torch_exec._Step, "all_boxes", spy_batched)
+    monkeypatch.setattr(Step, "all_boxes", spy_batched)
     xs = random_inputs(planned.program)
     here = [threading.current_thread().name]
     with TorchExecutor(planned.program, planned.plan, threads=4) as ex:

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import apportion as ap  # noqa: E402
-from apportion.backends.torch.executor import TorchExecutor, from_torch_storage  # noqa: E402
+from apportion.backends.torch.executor import TorchExecutor  # noqa: E402
+from apportion.backends.torch.tensors import from_torch_storage  # noqa: E402
 from apportion.errors import PlanningError, ProgramError  # noqa: E402
 from apportion.planned import PlannedProgram  # noqa: E402
 from apportion.runtime.reference import compare, random_inputs, run_unplanned  # noqa: E402
