@@ -19,14 +19,14 @@ from apportion.errors import ExecutionError as ExecutionError
 from apportion.errors import PlanningError as PlanningError
 from apportion.errors import ProgramError as ProgramError
 from apportion.errors import TargetError as TargetError
-from apportion.frontend.builder import OP_FUNCTIONS as _OP_FUNCTIONS
 from apportion.frontend.builder import Dim as Dim
 from apportion.frontend.builder import Tensor as Tensor
-from apportion.frontend.builder import cast as cast
 from apportion.frontend.builder import dim as dim
 from apportion.frontend.builder import hint as hint
 from apportion.frontend.builder import matmul as matmul
 from apportion.frontend.builder import program as program
+from apportion.frontend.builder_ops import OP_FUNCTIONS as _OP_FUNCTIONS
+from apportion.frontend.builder_ops import cast as cast
 from apportion.frontend.json_format import dumps as dumps
 from apportion.frontend.json_format import load as load
 from apportion.frontend.json_format import loads as loads

@@ -487,7 +487,7 @@ KINDS: tuple[OpKind, ...] = (
 )
 
 #: constants, convolution, pooling, top-k and re-layout; builder functions ``ap.fill``,
-#: ``ap.conv``, ``ap.max_pool``, ``ap.avg_pool``, ``ap.topk`` (``frontend/builder.py``: their
+#: ``ap.conv``, ``ap.max_pool``, ``ap.avg_pool``, ``ap.topk`` (``frontend/builder_ops.py``: their
 #: structure is in their accesses, not in a generated elementwise function)
 KINDS += (
     OpKind("fill", Category.POINTWISE, 0, _fill, attrs=("value",), attrs_required=True,

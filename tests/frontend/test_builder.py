@@ -6,8 +6,10 @@ from collections.abc import Callable
 
 import pytest
 
-import apportion.frontend.builder as ap
+import apportion as ap
 from apportion.errors import ProgramError
+from apportion.frontend.builder import ProgramBuilder, Tensor
+from apportion.frontend.builder_ops import BinaryOp, Reduction, UnaryOp
 from apportion.frontend.json_format import dumps, loads
 from apportion.ir import LoopLevel, Program, TilingGroup
 
@@ -112,7 +114,7 @@ def test_broadcast_reads_size_one_and_missing_dims_with_index_zero_or_not_at_all
     (ap.exp, "exp"), (ap.log, "log"), (ap.sqrt, "sqrt"), (ap.rsqrt, "rsqrt"), (ap.tanh, "tanh"),
     (ap.sigmoid, "sigmoid"), (ap.relu, "relu"), (ap.silu, "silu"), (ap.gelu, "gelu"),
     (ap.neg, "neg")])
-def test_unary_functions_emit_their_pointwise_op(fn: ap.UnaryOp, ir_fn: str) -> None:
+def test_unary_functions_emit_their_pointwise_op(fn: UnaryOp, ir_fn: str) -> None:
     with ap.program("u") as p:
         y = fn(p.input("x", [A], "float32"))
     assert p.program.ops[0].fn == ir_fn and y.dims == (A,)
@@ -121,7 +123,7 @@ def test_unary_functions_emit_their_pointwise_op(fn: ap.UnaryOp, ir_fn: str) -> 
 @pytest.mark.parametrize(("fn", "ir_fn"), [
     (ap.add, "add"), (ap.sub, "sub"), (ap.mul, "mul"), (ap.div, "div"), (ap.maximum, "max"),
     (ap.minimum, "min")])
-def test_binary_functions_emit_their_pointwise_op_with_a_chosen_name(fn: ap.BinaryOp,
+def test_binary_functions_emit_their_pointwise_op_with_a_chosen_name(fn: BinaryOp,
                                                                      ir_fn: str) -> None:
     with ap.program("b") as p:
         x = p.input("x", [A], "float32")
@@ -132,7 +134,7 @@ def test_binary_functions_emit_their_pointwise_op_with_a_chosen_name(fn: ap.Bina
 @pytest.mark.parametrize(("fn", "ir_fn"), [
     (ap.sum, "sum"), (ap.mean, "mean"), (ap.amax, "max"), (ap.amin, "min"), (ap.argmax, "argmax")])
 def test_reductions_keep_the_dim_by_default_and_drop_it_with_keepdim_false(
-        fn: ap.Reduction, ir_fn: str) -> None:
+        fn: Reduction, ir_fn: str) -> None:
     with ap.program("r") as p:
         x = p.input("x", [A, B], "float32")
         kept, dropped = fn(x, A), fn(x, A, keepdim=False)
@@ -294,7 +296,7 @@ def test_a_dim_name_reused_with_another_size_is_an_error() -> None:
     (lambda p, x: p.input("z", [A, 0], "float16"), r"tensor 'z': axis 1 must be a Dim or a pos"),
 ])
 def test_other_misuses_raise_program_errors_naming_the_culprit(
-        build: Callable[[ap.ProgramBuilder, ap.Tensor], object], message: str) -> None:
+        build: Callable[[ProgramBuilder, Tensor], object], message: str) -> None:
     with ap.program("bad") as p:
         x = p.input("x", [A], "float16")
         with pytest.raises(ProgramError, match=message):
