@@ -92,12 +92,12 @@ def load(path: str | Path) -> tuple[Measurement, ...]:
 # --- the model's view of a record ----------------------------------------------------------------
 
 def _record_target(target: Target, m: Measurement) -> Target:
-    """``target`` with the record's core count. The cpu preset's ``max_cores`` is this machine's
-    core count, so a record timed on a bigger machine widens it; any other target's
-    ``max_cores`` is a limit of the device."""
+    """``target`` with the record's core count. A host target's ``max_cores`` (the cpu
+    preset's) is this machine's core count, so a record timed on a bigger machine widens it;
+    any other target's ``max_cores`` is a limit of the device."""
     if target.cores == m.cores:
         return target
-    top = max(target.max_cores, m.cores) if target.name == "cpu" else target.max_cores
+    top = max(target.max_cores, m.cores) if target.host else target.max_cores
     if m.cores > top:
         raise CalibrationError(f"field 'cores' {m.cores} is more than the {top} cores "
                                f"(max_cores) of target {target.name!r} ({m.shape})")
@@ -551,7 +551,7 @@ def command(measurements_path: str | None, target: Target, preset: str | None,
         console.print(noise.summary(kernels_measured, "kernel"), highlight=False)
         why = untrusted(KERNELS, kernels_measured)
         source = "this machine"
-        if target.name == "cpu":  # the stock cpu target's split-K table, measured here too
+        if target.host:  # the host's split-K table (the cpu preset's), measured here too
             from apportion.targets.host_splitk import measure_table_again
 
             measure_table_again(console)

@@ -658,8 +658,12 @@ def target_toml(calibration: Calibration, preset: str | None,
         lines += [f"{c.name} = {_toml_value(getattr(t, c.name))}"
                   for c in calibration.coefficients]
     else:
+        if t.cost_terms:  # objects of Python code: a TOML file cannot hold them
+            raise CalibrationError(f"target {t.name!r} has cost terms ("
+                                   f"{', '.join(c.name for c in t.cost_terms)}), which a "
+                                   "target file cannot hold: write it with a preset")
         lines += [f"{f.name} = {_toml_value(getattr(t, f.name))}" for f in fields(Target)
-                  if f.name != "split_k_table"]
+                  if f.name not in ("split_k_table", "cost_terms")]
         for row in t.split_k_table:  # an array of tables, after every plain field
             lines.append("[[split_k_table]]")
             lines.append(f"slices = {row.slices}")

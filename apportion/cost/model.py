@@ -49,6 +49,8 @@ any of them. The terms, for one op whose cores each compute at most the largest 
 * **stick split**: cutting a tensor's stick dim (its innermost) ``s`` ways makes every byte of
   it a strided gather, ``stick_split_us_per_byte`` per byte the op touches per halving
   (``log2(s)``).
+* **a target's own terms** (``Target.cost_terms``, ``target/terms.py``): each term object's
+  microseconds, added; how a new device adds a component without touching this module.
 
 Tensors a loop group keeps in the scratchpad (``resident``) cost no device-memory traffic.
 Where each figure comes from is documented at the preset (``target/presets.py``).
@@ -68,6 +70,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from apportion.errors import TargetError
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
@@ -87,13 +90,14 @@ class OpCost:
     overlap: float = 0.0
     batch_us: float = 0.0  # output slices drained between the batch elements a core iterates
     sync_us: float = 0.0  # starting and joining the cores beyond the first
+    extra_us: float = 0.0  # the target's own terms (``Target.cost_terms``)
 
     @property
     def time_us(self) -> float:
         busy = max(self.compute_us, self.memory_us) + \
             self.overlap * min(self.compute_us, self.memory_us)
         return busy * self.batch_factor + self.combine_us + self.stick_us + self.batch_us + \
-            self.sync_us
+            self.sync_us + self.extra_us
 
 
 def largest_slice(sizes: Mapping[str, int], unit_elems: Mapping[str, int],
@@ -141,7 +145,22 @@ def op_cost(op: Op, program: Program, target: Target, sizes: Mapping[str, int],
         overlap=1.0 if _element_overflows(op, program, target, largest) else target.overlap,
         batch_us=_batch_us(op, program, target, largest),
         sync_us=(cores - 1) * target.core_sync_us,
+        extra_us=_extra_us(op, program, target, sizes, splits, largest),
     )
+
+
+def _extra_us(op: Op, program: Program, target: Target, sizes: Mapping[str, int],
+              splits: Mapping[str, int], largest: Mapping[str, int]) -> float:
+    total = 0.0
+    for term in target.cost_terms:
+        us = term.us(op, program, target, sizes, splits, largest)
+        # the search's lower bound counts on every term being a time >= 0 (target/terms.py)
+        if isinstance(us, bool) or not isinstance(us, int | float) or not us >= 0 or \
+                not math.isfinite(us):
+            raise TargetError(f"target {target.name!r}: cost term {term.name} gave {us!r} for "
+                              f"op {op.name!r}; a term must be a finite time >= 0 (us)")
+        total += us
+    return total
 
 
 def matmul_rows(op: Op) -> tuple[str, ...]:

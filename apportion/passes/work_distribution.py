@@ -25,10 +25,14 @@ assignments completing the partial one: compute time at the smallest slices the 
 budget allows (and never below the op's work spread over every core), memory time of the bytes
 each operand must move at least once (every slice of a tensor its op reads through whole dims is
 fetched once: the tensor's bytes in all) or of the slices already cut, broadcast contention of the
-cuts made, combine, stick-split and batch-split costs of the cuts made. Each term is monotone in
-the splits, so the bound never exceeds the time of any completion, and a subtree is skipped only
-when even its bound is predicted slower than the incumbent (with a relative slack of 1e-9 for
-rounding): the result is the exhaustive search's, assignment for assignment
+cuts made, combine, stick-split and batch-split costs of the cuts made, and each of the target's
+own terms (``Target.cost_terms``) at its ``least`` (0 unless the term bounds itself). Each term
+is monotone in the splits, so the bound never exceeds the time of any completion; what the model
+adds that the bound leaves out (batch drain, core sync and scaling, a target's term bounded by
+0) is >= 0 and only weakens the bound: a new term of the model must be bounded here or be >= 0
+(``op_cost`` refuses a target term's negative time). A subtree is skipped only when even its
+bound is predicted slower than the incumbent (with a relative slack of 1e-9 for rounding): the
+result is the exhaustive search's, assignment for assignment
 (``ranked(..., exhaustive=True)`` is the plain enumeration it is tested against). Children are
 visited best bound first, so a good incumbent comes early. Spans only shrink as splits grow: when
 the fewest cuts fit the span limit every candidate does and none is checked; otherwise a subtree
@@ -379,7 +383,11 @@ class _Search:
             cuts = math.prod(acc.get(d, 1) for d in last)
             if cuts > 1:
                 stick += nbytes * math.log2(cuts)
-        return busy * factor + combine + stick * target.stick_split_us_per_byte
+        bound = busy * factor + combine + stick * target.stick_split_us_per_byte
+        for term in target.cost_terms:
+            ctx = self.ctx
+            bound += term.least(ctx.op, ctx.program, target, ctx.sizes, acc, small)
+        return bound
 
 
 def balanced(ctx: OpContext, minimum: dict[str, int]) -> dict[str, int]:

@@ -12,7 +12,7 @@ from typing import Any
 from apportion.errors import TargetError
 from apportion.settings import sencores
 from apportion.target.host import host_table
-from apportion.target.split_k import CostModel, IreeGpu, Table, TableRow
+from apportion.target.split_k import ByCost, ByTable, IreeGpu, TableRow
 from apportion.target.target import Target, describe, finite, is_int, is_real
 
 MiB = 1 << 20
@@ -147,8 +147,8 @@ def cpu(cores: int | None = None, split_k_table: tuple[TableRow, ...] | None = N
         max_cores=max(n, cores) if is_int(cores) else n,
         span_limit=1 << 62, stick_bytes=64, scratchpad_bytes=1 * MiB, scratchpad_reserve=0.25,
         # no rows (a host table of no shapes): every split of K is the cost model's
-        split_k=Table() if split_k_table else CostModel(), split_k_table=split_k_table,
-        **CPU_COST,
+        split_k=ByTable() if split_k_table else ByCost(), split_k_table=split_k_table,
+        host=True, **CPU_COST,
     )
 
 

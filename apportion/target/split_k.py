@@ -4,7 +4,7 @@ A resolver sees an op's reduction problem (``ReductionShape``: batch, M, N and K
 reduction dim's name and dtype) and returns the number of slices to cut K into, or ``None`` to
 leave the choice to the cost model's search (``cost``, the Spyre resolver: the split that
 minimises predicted time among every assignment work distribution weighs). A target names its
-resolver in ``Target.split_k``, a typed object (``CostModel()``, ``IreeGpu()``, ``Table()``,
+resolver in ``Target.split_k``, a typed object (``ByCost()``, ``IreeGpu()``, ``ByTable()``,
 ``NoSplit()``) that a TOML file and a preset spell by its name:
 
 * ``cost``: the cost model decides (``None``);
@@ -72,12 +72,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 from apportion.errors import TargetError
-
-if TYPE_CHECKING:
-    from apportion.target.target import Target
 
 #: IREE's matmul-like constants (see the module docstring)
 GPU_LARGE_OUTPUT = 2048 * 4096
@@ -474,18 +471,28 @@ Resolver = Callable[[ReductionShape], "int | SelectChain | None"]
 Decision = tuple["int | dict[str, int] | SelectChain | None", str]
 
 
+class ResolverTarget(Protocol):
+    """What a resolver reads of its target: a ``Target`` (which imports this module)."""
+
+    @property
+    def cores(self) -> int: ...
+
+    @property
+    def split_k_table(self) -> tuple[TableRow, ...]: ...
+
+
 @dataclass(frozen=True)
 class TargetResolver:
     """A target's split-K resolver (``Target.split_k``): ``decide`` is what the split-K pass asks
     of it for each op with a reducer, ``name`` how a TOML file, a preset and a plan's
     ``SplitK.by`` spell it. A new resolver is a subclass (a target carries it, nothing else
-    changes); the stock ones are ``CostModel``, ``IreeGpu``, ``Table`` and ``NoSplit``."""
+    changes); the stock ones are ``ByCost``, ``IreeGpu``, ``ByTable`` and ``NoSplit``."""
 
     name: ClassVar[str] = ""
     #: it reads the target's ``split_k_table`` (a target naming it needs rows)
     needs_table: ClassVar[bool] = False
 
-    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+    def decide(self, shape: ReductionShape, target: ResolverTarget | None, budget: int,
                unit: int) -> Decision:
         """The decision for ``shape`` on ``target``, within ``budget`` cores (those the op's pins
         leave), a run-time K's slices whole ``unit``-element pieces."""
@@ -496,17 +503,17 @@ class TargetResolver:
 
 
 @dataclass(frozen=True)
-class CostModel(TargetResolver):
+class ByCost(TargetResolver):
     """``cost`` (Spyre's): decides nothing; work distribution's search splits the reduction by
     predicted time.
 
-    >>> CostModel().decide(ReductionShape(1, 32, 32, 40960), None, 8, 1)
+    >>> ByCost().decide(ReductionShape(1, 32, 32, 40960), None, 8, 1)
     (None, 'cost')
     """
 
     name: ClassVar[str] = "cost"
 
-    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+    def decide(self, shape: ReductionShape, target: ResolverTarget | None, budget: int,
                unit: int) -> Decision:
         return None, "cost"
 
@@ -521,7 +528,7 @@ class NoSplit(TargetResolver):
 
     name: ClassVar[str] = "none"
 
-    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+    def decide(self, shape: ReductionShape, target: ResolverTarget | None, budget: int,
                unit: int) -> Decision:
         return 1, "none"
 
@@ -538,7 +545,7 @@ class IreeGpu(TargetResolver):
 
     name: ClassVar[str] = "gpu"
 
-    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+    def decide(self, shape: ReductionShape, target: ResolverTarget | None, budget: int,
                unit: int) -> Decision:
         if shape.symbol is None:
             return gpu_split(shape) or 1, "gpu"
@@ -550,21 +557,21 @@ class IreeGpu(TargetResolver):
 
 
 @dataclass(frozen=True)
-class Table(TargetResolver):
+class ByTable(TargetResolver):
     """``table``: the first row of the target's ``split_k_table`` holding the shape (no row: the
     cost model's search). A factor measured at the target's core count is taken as measured
     (the slices then divided over the cores, as the gpu resolver's are); one measured one core
     per slice is cut to the cores.
 
     >>> from apportion.target.presets import CPU_SPLIT_K, cpu
-    >>> Table().decide(ReductionShape(1, 1, 4096, 14336), cpu(2, CPU_SPLIT_K), 2, 1)
+    >>> ByTable().decide(ReductionShape(1, 1, 4096, 14336), cpu(2, CPU_SPLIT_K), 2, 1)
     (32, 'table')
     """
 
     name: ClassVar[str] = "table"
     needs_table: ClassVar[bool] = True
 
-    def decide(self, shape: ReductionShape, target: Target | None, budget: int,
+    def decide(self, shape: ReductionShape, target: ResolverTarget | None, budget: int,
                unit: int) -> Decision:
         assert target is not None  # a table is the target's
         if shape.symbol is None and shape.dim in shape.runtime:
@@ -585,7 +592,7 @@ class Table(TargetResolver):
 
 #: every stock resolver, by the name a TOML file and a preset spell it
 BY_NAME: Mapping[str, TargetResolver] = MappingProxyType(
-    {r.name: r for r in (CostModel(), IreeGpu(), Table(), NoSplit())})
+    {r.name: r for r in (ByCost(), IreeGpu(), ByTable(), NoSplit())})
 RESOLVERS = tuple(BY_NAME)
 
 
@@ -593,7 +600,7 @@ def parse_split_k(value: object, where: str = "split_k") -> TargetResolver:
     """The resolver ``value`` names (``cost``, ``gpu``, ``table``, ``none``), or ``value``
     itself when it is one; anything else a ``TargetError`` naming ``where``.
 
-    >>> parse_split_k("gpu"), str(parse_split_k(Table()))
+    >>> parse_split_k("gpu"), str(parse_split_k(ByTable()))
     (IreeGpu(), 'table')
     >>> parse_split_k("magic", "target 'x'")
     Traceback (most recent call last):

@@ -8,7 +8,8 @@ from typing import TypeGuard
 
 from apportion.errors import TargetError
 from apportion.ir.dtypes import DTYPE_BYTES, dtype_bytes
-from apportion.target.split_k import CostModel, TableRow, TargetResolver, parse_split_k
+from apportion.target.split_k import ByCost, TableRow, TargetResolver, parse_split_k
+from apportion.target.terms import CostTerm
 
 LAYOUTS = ("stick", "row_major")
 #: how a forall's worker grid maps onto the device (``Target.forall_mapping``): ``cores`` (its
@@ -112,13 +113,18 @@ class Target:
     stick_split_us_per_byte: float = 0.0  # gather cost per byte per halving of a stick dim
     split_padded_reduction: bool = True  # may a reduction dim with a padded last stick split?
     # the split-K resolver (target/split_k.py); its name (cost, gpu, table, none) is taken too
-    split_k: TargetResolver = CostModel()
+    split_k: TargetResolver = ByCost()
     split_k_table: tuple[TableRow, ...] = ()  # the rows of the ``table`` resolver
     layout: str = "stick"
     alignment: int = 128  # scratchpad offsets are multiples of this
     max_loop_count: int = 65535  # most iterations one counted loop may run
     # capabilities: what the device can do, read where it matters (never its name)
     forall_mapping: str = "cores"  # a forall's workers: the cores or GPU blocks (FORALL_MAPPINGS)
+    # the machine apportion runs on (the cpu preset): its plans can be timed here, and its
+    # max_cores is this machine's count, not a limit of the device
+    host: bool = False
+    # further cost terms, beyond the model's own (target/terms.py): a new device's extension
+    cost_terms: tuple[CostTerm, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"target {self.name!r}"
@@ -140,9 +146,10 @@ class Target:
             if not is_real(v) or not finite(v) or v < low or (v == low and not low_ok) \
                     or (high is not None and (v > high if shut else v >= high)):
                 raise TargetError(f"{where}: {f} must be a finite number {rng}, got {describe(v)}")
-        if not isinstance(self.split_padded_reduction, bool):
-            raise TargetError(f"{where}: split_padded_reduction must be true or false, got "
-                              f"{describe(self.split_padded_reduction)}")
+        for flag in ("split_padded_reduction", "host"):
+            if not isinstance(getattr(self, flag), bool):
+                raise TargetError(f"{where}: {flag} must be true or false, got "
+                                  f"{describe(getattr(self, flag))}")
         object.__setattr__(self, "split_k", parse_split_k(self.split_k, where))
         if not isinstance(self.split_k_table, tuple) or not all(
                 isinstance(r, TableRow) for r in self.split_k_table):
@@ -156,6 +163,10 @@ class Target:
         if not isinstance(self.forall_mapping, str) or self.forall_mapping not in FORALL_MAPPINGS:
             raise TargetError(f"{where}: forall_mapping must be one of "
                               f"{', '.join(FORALL_MAPPINGS)}, got {describe(self.forall_mapping)}")
+        if not isinstance(self.cost_terms, tuple) or not all(
+                isinstance(t, CostTerm) for t in self.cost_terms):
+            raise TargetError(f"{where}: cost_terms must be a tuple of CostTerm objects (a "
+                              f"target made in Python), got {describe(self.cost_terms)}")
         for dt, b in DTYPE_BYTES.items():
             if self.stick_bytes % b:
                 raise TargetError(f"{where}: stick_bytes {self.stick_bytes} is not a "

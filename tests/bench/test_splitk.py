@@ -15,7 +15,7 @@ from apportion.bench import splitk as bench_splitk
 from apportion.cli.main import main
 from apportion.frontend.models import load_models
 from apportion.target.presets import CPU_SPLIT_K
-from apportion.target.split_k import ReductionShape, Table, table_slices
+from apportion.target.split_k import ByTable, ReductionShape, table_slices
 from apportion.targets.host_splitk import Timed
 from tests.helpers import program
 
@@ -53,7 +53,7 @@ def test_each_resolver_picks_its_factor(shape):
 
 def test_the_cpu_preset_resolves_split_k_by_its_table_and_caps_at_its_cores():
     target = ap.targets.cpu(cores=2)
-    assert target.split_k == Table() and target.split_k_table == CPU_SPLIT_K
+    assert target.split_k == ByTable() and target.split_k_table == CPU_SPLIT_K
     planned = ap.plan(bench_splitk.matmul_program(1, 4096, 14336, "float32"), target)
     factor, by, _, _ = bench_splitk.split_of(planned)
     assert by == "table" and factor == 2

@@ -13,7 +13,7 @@ from apportion.errors import TargetError
 from apportion.settings import cpu_split_k
 from apportion.target import host
 from apportion.target.presets import CPU_SPLIT_K, cpu
-from apportion.target.split_k import CostModel, ReductionShape, Table, table_slices
+from apportion.target.split_k import ByCost, ByTable, ReductionShape, table_slices
 
 FACTORS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -115,7 +115,7 @@ def test_a_missing_table_is_measured_once_cached_per_host_and_read_back(measured
 
 def test_the_stock_cpu_target_reads_the_hosts_table(measured_here):
     target = cpu(cores=2)
-    assert target.split_k == Table() and target.split_k_table == host.host_table().rows
+    assert target.split_k == ByTable() and target.split_k_table == host.host_table().rows
     assert table_slices(target.split_k_table, ReductionShape(1, 1, 4096, 14336)) == 16
 
 
@@ -315,7 +315,7 @@ def test_a_trusted_measurement_records_its_load_and_spread_in_the_cache(monkeypa
 def test_a_host_table_of_no_shapes_leaves_every_split_to_the_cost_model(monkeypatch, tmp_path):
     monkeypatch.setenv("APPORTION_CPU_SPLIT_K", "host")
     with host.injected(lambda key: [], tmp_path):
-        assert cpu().split_k == CostModel()
+        assert cpu().split_k == ByCost()
 
 
 def test_other_code_makes_another_key_and_measures_again(monkeypatch, tmp_path):
