@@ -42,9 +42,10 @@ from dataclasses import dataclass, replace
 
 from apportion.errors import EmitError
 from apportion.ir.program import TensorType
+from apportion.mlir.bodies import REDUCER_OPS
 from apportion.mlir.forall import forall_mlir
 from apportion.mlir.text import SsaNames, symbol_name, verify_mlir
-from apportion.mlir.types import mlir_type
+from apportion.mlir.types import MLIR_TYPES, mlir_type
 from apportion.schedule.mesh import (
     MAX_KEYED_INDEX,
     READS,
@@ -60,12 +61,10 @@ from apportion.schedule.mesh import (
     within,
 )
 
-#: tensor dtype -> IREE's collective element type
-COLLECTIVE_TYPES = {"float16": "f16", "bfloat16": "bf16", "float32": "f32", "int8": "si8",
-                    "int32": "si32", "int64": "si64"}
-#: reducer -> IREE's collective reduction (an argmax's keys reduce by max)
-COLLECTIVE_REDUCTIONS = {"sum": "sum", "max": "maximum", "min": "minimum", "prod": "product",
-                         "argmax": "maximum"}
+#: tensor dtype -> IREE's collective element type: its MLIR element type, integers signed (no
+#: truth values)
+COLLECTIVE_TYPES = {d: f"s{e}" if e.startswith("i") else e for d, e in MLIR_TYPES.items()
+                    if e != "i1"}
 
 
 #: an SSA name in a generic's body template
@@ -284,11 +283,13 @@ class _DeviceFunction:
                             f"{', '.join(COLLECTIVE_TYPES)})")
         reduction = ""
         if c.reducer is not None:
-            if c.reducer not in COLLECTIVE_REDUCTIONS:
+            ops = REDUCER_OPS.get(c.reducer)
+            if ops is None or ops.collective is None:
+                have = [n for n, r in REDUCER_OPS.items() if r.collective is not None]
                 raise EmitError(f"{c.kind} of tensor {c.tensor!r} along axis {c.axis!r}: "
                                 f"IREE's collectives have no {c.reducer!r} reduction (they "
-                                f"have {', '.join(COLLECTIVE_REDUCTIONS)})")
-            reduction = f"{COLLECTIVE_REDUCTIONS[c.reducer]}, "
+                                f"have {', '.join(have)})")
+            reduction = f"{ops.collective}, "
         ch = self.channel(c)
         self.lines.append(f"  // collective: {c} over devices {list(c.group(d))}")
         if c.kind == "all_reduce":

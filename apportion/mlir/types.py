@@ -1,10 +1,16 @@
-"""Scalar types of the parallel IR (``mlir.forall``): tensor dtypes as MLIR element
-types, the type classes its bodies compute in, and ``arith.constant`` literals."""
+"""Scalar types of the MLIR the emitters write (the parallel IR, the mesh modules, the shard
+forms): tensor dtypes as MLIR element types (``mlir_type``), the type an op computes in
+(``compute_type``), and ``arith.constant`` literals."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Protocol
+
+from apportion.errors import EmitError
+from apportion.ir.dtypes import FLOAT_DTYPES
+from apportion.ir.kinds import Category, OpKind
 
 #: tensor dtype -> MLIR element type
 MLIR_TYPES: dict[str, str] = {
@@ -24,6 +30,9 @@ _INF = {"f16": 0x7C00, "bf16": 0x7F80, "f32": 0x7F800000, "f64": 0x7FF0000000000
 _NARROW = frozenset({"float16", "bfloat16", "bool"})
 _INTS = frozenset({"int8", "int32", "int64"})
 INDEX_MAX = 2**63 - 1  # the index a fresh argmax accumulator holds: any real one is lower
+#: the reducers a float32 op accumulates in f64; max, min and the argument reductions are exact
+#: in any float type
+WIDE_REDUCERS = frozenset({"sum", "mean", "prod"})
 
 
 def mlir_type(dtype: str) -> str:
@@ -31,8 +40,48 @@ def mlir_type(dtype: str) -> str:
 
     >>> mlir_type("bfloat16"), mlir_type("bool")
     ('bf16', 'i1')
+    >>> mlir_type("float64")
+    Traceback (most recent call last):
+    apportion.errors.EmitError: dtype 'float64' has no MLIR element type
     """
-    return MLIR_TYPES[dtype]
+    try:
+        return MLIR_TYPES[dtype]
+    except KeyError:
+        raise EmitError(f"dtype {dtype!r} has no MLIR element type") from None
+
+
+def compute_type(kind: OpKind, dtypes: Sequence[str]) -> str:
+    """The scalar type an op of ``kind`` computes in, given its inputs' dtypes, in every
+    emitter: a kind without inputs (a constant) in ``f64``, as the reference executor's Python
+    float, converted once to the output type; one with only truth-value inputs in ``i1``;
+    float16, bfloat16 and bool values in ``f32``; integers in ``i64`` where the kind computes
+    them exactly; floats in ``f32``, but a float32 sum, mean or product in ``f64``; anything
+    else (integers meeting floats, integers a kind computes through floats) in ``f64``.
+
+    >>> from apportion.ir.kinds import kind
+    >>> compute_type(kind("add"), ["float16", "bfloat16"]), compute_type(kind("sum"), ["float32"])
+    ('f32', 'f64')
+    >>> compute_type(kind("add"), ["int8", "int32"]), compute_type(kind("div"), ["int32"] * 2)
+    ('i64', 'f64')
+    """
+    values = [dtypes[i] for i in kind.value_inputs(len(dtypes))]
+    if not dtypes:
+        return "f64"
+    if not values:
+        return "i1"
+    if all(d in _NARROW for d in values):
+        return "f32"
+    if all(d in _INTS | {"bool"} for d in values) and kind.exact_integers:
+        return "i64"
+    if all(d in FLOAT_DTYPES | {"bool"} for d in values):
+        # a float32 sum, mean or product accumulates in f64, as the reference does: a row
+        # mean's float32 error (a few ulps of the row's sum) recurs in every element the
+        # mean is subtracted from, and a later sum of them multiplies it by the row's length
+        # (conformance seed 142: a mean 4.7e-7 off gave a cumsum 6e-5 off)
+        wide = kind.category is Category.REDUCTION and kind.reducer is not None and \
+            kind.reducer.name in WIDE_REDUCERS  # a matmul stays f32: IREE's kernels
+        return "f64" if wide and "float32" in values else "f32"
+    return "f64"
 
 
 def _literal(value: float | int | bool, ty: str) -> str:
@@ -74,7 +123,7 @@ def fptosi_saturating(blk: _Emits, value: str, src: str, dst: str) -> str:
     as -2**(n-1) and 2**(n-1), exact in every float type from f32 up (2**63 - 1 is not), so
     f16 and bf16 (whose range may not reach 2**(n-1)) compare in f32, exactly.
 
-    >>> from apportion.mlir.forall_block import _Block, _Emitter
+    >>> from apportion.mlir.builder import _Block, _Emitter
     >>> blk = _Block(_Emitter(), 0)
     >>> fptosi_saturating(blk, "%x", "f64", "i8")
     '%v_8'

@@ -432,7 +432,7 @@ def test_a_kind_the_table_lacks_is_refused_in_one_place_naming_kind_and_backend(
                   "ins": ["x[i,j]"]}], ["y", "s", "z"])
     planned = plan(p, cores=2)
     for table, key, op, name in [(bodies.BODIES, "exp", "e", "exp"),
-                                 (bodies.COMBINES, "sum", "r", "sum"),
+                                 (bodies.REDUCER_OPS, "sum", "r", "sum"),
                                  (bodies.BODIES, "sort", "f", "sort")]:
         with monkeypatch.context() as m:
             m.delitem(table, key)
@@ -447,7 +447,7 @@ def test_the_integer_templates_follow_the_registry_s_exact_integers():
         if k.whole or not bodies.supported(k):
             continue
         found = [bodies.BODIES[k.name]] if k.category is not kinds.Category.REDUCTION else []
-        found += [bodies.COMBINES[k.reducer.name]] if k.reducer is not None else []
+        found += [bodies.REDUCER_OPS[k.reducer.name].combine] if k.reducer is not None else []
         assert all(b.int is not None for b in found) == k.exact_integers, k.name
 
 

@@ -7,17 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from apportion.ir.dtypes import FLOAT_DTYPES
 from apportion.ir.kinds import Category
 from apportion.ir.op import Op
-from apportion.mlir.bodies import (
-    MlirBody,
-    body_of,
-    combine_of,
-    expand_f64_math,
-    widen_f32_math,
-)
+from apportion.mlir.bodies import MlirBody, body_of, combine_of
 from apportion.mlir.builder import _Block
+from apportion.mlir.f64_math import expand_f64_math, widen_f32_math
 from apportion.mlir.forall.tensors import Box, TensorVal, _Env, _Slice, _Tensors
 from apportion.mlir.index import Ix
 from apportion.mlir.text import symbol_name
@@ -25,9 +19,8 @@ from apportion.mlir.types import (
     _FLOAT_BITS,
     _FLOAT_TYPES,
     _INT_BITS,
-    _INTS,
-    _NARROW,
     INDEX_MAX,
+    compute_type,
     fptosi_saturating,
     mlir_type,
 )
@@ -111,11 +104,6 @@ def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mappin
     return [names[r] for r in results]
 
 
-#: the reducers a float32 op accumulates in f64 (``_Bodies.compute_type``); max, min and the
-#: argument reductions are exact in any float type
-_WIDE_REDUCERS = frozenset({"sum", "mean", "prod"})
-
-
 class _Bodies(_Tensors):
     """A thread's computation of an op over its box, typed as the module docstring of
     ``mlir.forall`` says."""
@@ -123,29 +111,8 @@ class _Bodies(_Tensors):
     # -- typing -----------------------------------------------------------------------------
 
     def compute_type(self, op: Op) -> str:
-        """The scalar type ``op`` computes in (see the module docstring): a kind without inputs
-        (a constant) in ``f64``, as the reference executor's Python float, converted once to
-        the output type; one with only truth-value inputs in ``i1``."""
-        kind = op.kind
-        dtypes = [self.dtype(a.tensor) for a in op.ins]
-        values = [dtypes[i] for i in kind.value_inputs(len(dtypes))]
-        if not dtypes:
-            return "f64"
-        if not values:
-            return "i1"
-        if all(d in _NARROW for d in values):
-            return "f32"
-        if all(d in _INTS | {"bool"} for d in values) and kind.exact_integers:
-            return "i64"
-        if all(d in FLOAT_DTYPES | {"bool"} for d in values):
-            # a float32 sum, mean or product accumulates in f64, as the reference does: a row
-            # mean's float32 error (a few ulps of the row's sum) recurs in every element the
-            # mean is subtracted from, and a later sum of them multiplies it by the row's length
-            # (conformance seed 142: a mean 4.7e-7 off gave a cumsum 6e-5 off)
-            wide = kind.category is Category.REDUCTION and kind.reducer is not None and \
-                kind.reducer.name in _WIDE_REDUCERS  # a matmul stays f32: IREE's kernels
-            return "f64" if wide and "float32" in values else "f32"
-        return "f64"
+        """The scalar type ``op`` computes in: ``types.compute_type``, every emitter's rule."""
+        return compute_type(op.kind, [self.dtype(a.tensor) for a in op.ins])
 
     def inputs_to(self, blk: _Block, op: Op, args: Sequence[str], ty: str) -> list[str]:
         """Block arguments of ``op``'s inputs converted: values to ``ty``, conditions to i1."""

@@ -6,11 +6,12 @@ An op is its iteration space: one loop per op dim (``parallel`` for the output's
 ``reduction`` for the rest), each operand read through the affine map of its access (sums of
 dims and literal indices included), the scalar computation taken from the IREE backend's body
 templates (``mlir.bodies``: one table of MLIR bodies per kind, so both emitters compute
-alike). Values are converted to the op's compute type as the IREE emitter does (float16 and
-bfloat16 in ``f32``; float32 sums, means and products in ``f64``; integers in ``i64`` where the
-kind computes them exactly); a reduction or matmul accumulates into a ``linalg.fill`` of its
-identity, an argmax into a (value, flat index) pair; a finishing elementwise generic divides a
-mean by its count and converts to the output's dtype. A kind without an iteration-space model
+alike). Values are converted to the op's compute type, every emitter's rule
+(``mlir.types.compute_type``: float16 and bfloat16 in ``f32``; float32 sums, means and products
+in ``f64``; integers in ``i64`` where the kind computes them exactly); a reduction or matmul
+accumulates into a ``linalg.fill`` of its identity, an argmax into a (value, flat index) pair;
+a finishing elementwise generic divides a mean by its count and converts to the output's dtype.
+A kind without an iteration-space model
 (a fallback: a sort, a scan ...) is a call of a private function named after the op
 (``@apportion.fallback.OP``), declared in the module: upstream sees an opaque call, as apportion
 runs it whole on one core.
@@ -30,9 +31,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
-from apportion.ir.dtypes import FLOAT_DTYPES
 from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import TensorType
@@ -40,29 +39,14 @@ from apportion.mlir.bodies import MlirBody, body_of, combine_of
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import (
     INDEX_MAX,
-    MLIR_TYPES,
     _literal,
+    compute_type,
     fptosi_saturating,
 )
+from apportion.mlir.types import mlir_type as elt
 
 _FLOATS = ("f16", "bf16", "f32", "f64")
 _BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i1": 1, "i8": 8, "i32": 32, "i64": 64}
-_NARROW = frozenset({"float16", "bfloat16", "bool"})
-_INTS = frozenset({"int8", "int32", "int64"})
-#: reducers a float32 op accumulates in f64, as the IREE emitter and the reference do
-_WIDE = frozenset({"sum", "mean", "prod"})
-
-
-def elt(dtype: str) -> str:
-    """The MLIR element type of a tensor dtype.
-
-    >>> elt("bfloat16")
-    'bf16'
-    """
-    try:
-        return MLIR_TYPES[dtype]
-    except KeyError:
-        raise EmitError(f"dtype {dtype!r} has no MLIR element type") from None
 
 
 def tensor_type(shape: Sequence[int | None], element: str) -> str:
@@ -145,26 +129,6 @@ def convert(blk: Block, value: str, src: str, dst: str) -> str:
         op = "extsi" if _BITS[dst] > _BITS[src] else "trunci"
     blk.emit(f"{name} = arith.{op} {value} : {src} to {dst}")
     return name
-
-
-def compute_type(op: Op, types: Mapping[str, TensorType]) -> str:
-    """The scalar type ``op`` computes in (the IREE emitter's rule, ``_Bodies.compute_type``)."""
-    kind = op.kind
-    dtypes = [types[a.tensor].dtype for a in op.ins]
-    values = [dtypes[i] for i in kind.value_inputs(len(dtypes))]
-    if not dtypes:
-        return "f64"
-    if not values:
-        return "i1"
-    if all(d in _NARROW for d in values):
-        return "f32"
-    if all(d in _INTS | {"bool"} for d in values) and kind.exact_integers:
-        return "i64"
-    if all(d in FLOAT_DTYPES | {"bool"} for d in values):
-        wide = kind.category is Category.REDUCTION and kind.reducer is not None and \
-            kind.reducer.name in _WIDE
-        return "f64" if wide and "float32" in values else "f32"
-    return "f64"
 
 
 def affine_map(dims: Sequence[str], access: Access) -> str:
@@ -277,7 +241,7 @@ def render_op(blk: Block, op: Op, types: Mapping[str, TensorType], vals: Mapping
     out_acc = Access(op.out.tensor, tuple(e for e in op.out.index if e.terms))
     out_shape = tuple(n for j, n in enumerate(out_t.shape) if j not in unit)
     omap = affine_map(dims, out_acc)
-    ty = compute_type(op, types)
+    ty = compute_type(op.kind, [types[a.tensor].dtype for a in op.ins])
     stem = op.out.tensor
     if unit:
         squeezed = render_whole(blk, op, replace(out_t, shape=out_shape), ins, omap, ty, dims)

@@ -52,17 +52,12 @@ from apportion.ir.affine import AffineExpr
 from apportion.ir.kinds import REDUCERS, Category
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TensorType
-from apportion.mlir.bodies import body_of, combine_of
-from apportion.mlir.text import symbol_name
-from apportion.mlir.types import INDEX_MAX
-from apportion.runtime.upstream_mlir import run_function, verify_upstream
+from apportion.mlir.bodies import REDUCER_OPS, body_of, combine_of
 from apportion.mlir.shard.body import (
     Block,
     _apply,
-    compute_type,
     convert,
     declarations,
-    elt,
     finished,
     flat_index,
     generic,
@@ -70,10 +65,13 @@ from apportion.mlir.shard.body import (
     render_op,
     tensor_type,
 )
-from apportion.mlir.shard.finish import cast_body, identity_map, pack_key
-from apportion.mlir.shard.unrolled import _COMBINE_F, _COMBINE_I
-from apportion.sharding.mesh import Mesh
 from apportion.mlir.shard.dialect import GRID, grid_op
+from apportion.mlir.shard.finish import cast_body, identity_map, pack_key
+from apportion.mlir.text import symbol_name
+from apportion.mlir.types import INDEX_MAX, compute_type
+from apportion.mlir.types import mlir_type as elt
+from apportion.runtime.upstream_mlir import run_function, verify_upstream
+from apportion.sharding.mesh import Mesh
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import Finish, Strategy
 
@@ -274,7 +272,7 @@ class _Dynamic:
         out_shape: list[Val] = [_reach(ix, e, sizes) if _split_dims(e, split) else n
                                 for e, n in zip(op.out.index, out_t.shape, strict=True)]
         omap = _map(dims, out_exprs)
-        ty = compute_type(op, program.tensor_map)
+        ty = compute_type(op.kind, [program.tensor(a.tensor).dtype for a in op.ins])
         extra = _ranges(blk, dims, sizes, [m for *_, m in ins] + [omap])
         if op.kind.elementwise:
             out = self._pointwise(blk, op, ins, extra, out_shape, elt(held), omap, ty, dims)
@@ -460,12 +458,13 @@ class _Dynamic:
             have = blk.fresh(f"{out_t.name}_have")
             blk.emit(f"{have} = tensor.extract_slice {acc}{where} : {whole_ty} to {part_ty}")
             floats = he in _FLOATS
-            table = _COMBINE_F if floats and partial != "argmax" else _COMBINE_I
-            if partial not in table or (partial == "any" and floats):
+            ops = REDUCER_OPS.get(partial)
+            combine = None if ops is None else ops.elementwise(floats)
+            if combine is None:
                 raise EmitError(f"op {op.name!r}: partial {partial!r} of {held} has no "
                                 "elementwise combine")
             both = blk.fresh(f"{out_t.name}_combined")
-            blk.emit(f"{both} = {table[partial]} {have}, {part} : {part_ty}")
+            blk.emit(f"{both} = {combine} {have}, {part} : {part_ty}")
             part = both
         put = blk.fresh(f"{out_t.name}_put")
         blk.emit(f"{put} = tensor.insert_slice {part} into {acc}{where} : {part_ty} into "

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from apportion.ir.program import TensorType
-from apportion.mlir.shard.body import Block, convert, elt, generic, tensor_type
+from apportion.mlir.shard.body import Block, convert, generic, tensor_type
+from apportion.mlir.types import mlir_type as elt
 from apportion.sharding.rules import Finish
 
 #: the largest flat index an argmax key holds (its low 32 bits; ``schedule.mesh.argmax_keys``)

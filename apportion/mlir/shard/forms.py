@@ -30,28 +30,24 @@ from collections.abc import Mapping, Sequence
 
 from apportion.errors import EmitError
 from apportion.ir.program import Program, TensorType
-from apportion.mlir.text import symbol_name
-from apportion.runtime.upstream_mlir import verify_upstream
+from apportion.mlir.bodies import REDUCER_OPS
 from apportion.mlir.shard.body import (
     Block,
     declarations,
-    elt,
     generic,
     render_op,
     tensor_type,
 )
+from apportion.mlir.shard.dialect import grid_op, halo_pair, sharding_op
 from apportion.mlir.shard.finish import cast_body, finish_op, identity_map
+from apportion.mlir.text import symbol_name
+from apportion.mlir.types import mlir_type as elt
+from apportion.runtime.upstream_mlir import verify_upstream
 from apportion.sharding.collectives import Step
 from apportion.sharding.mesh import Mesh
-from apportion.mlir.shard.dialect import grid_op, halo_pair, sharding_op
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import local_ops
 from apportion.sharding.spec import Sharding
-
-#: upstream's reduction kinds for apportion's reducers across devices (``any`` over truth
-#: values is a bitwise or; an argmax's keys reduce by max)
-REDUCTIONS = {"sum": "sum", "max": "max", "min": "min", "prod": "product", "any": "bitwise_or",
-              "argmax": "max"}
 
 
 def _module(mesh: Mesh, blk: Block, name: str, args: Sequence[tuple[str, str]],
@@ -338,7 +334,7 @@ class _Spmd:
         kind = step.kind
         held_after = self.types[result][0].dtype
         if kind in ("all_reduce", "reduce_scatter"):
-            red = REDUCTIONS[step.reducer or "sum"]
+            red = REDUCER_OPS[step.reducer or "sum"].shard
             after_held = tensor_type(self._shape(result), elt(self.types[src][0].dtype))
             scatter = f" scatter_axis = {step.dim}" if kind == "reduce_scatter" else ""
             self.blk.emit(f"{res} = shard.{kind} {v} on @mesh grid_axes = [{axis}] reduction = "
@@ -484,7 +480,7 @@ class _Spmd:
             what = f"all_to_all {self.vals[pre]} on @mesh grid_axes = [{grid_axis}] " \
                    f"split_axis = {split} concat_axis = {concat}"
         else:
-            red = REDUCTIONS[step.reducer or "sum"]
+            red = REDUCER_OPS[step.reducer or "sum"].shard
             what = f"reduce_scatter {self.vals[pre]} on @mesh grid_axes = [{grid_axis}] " \
                    f"reduction = {red} scatter_axis = {split}"
         self.blk.emit(f"{res} = shard.{what}{remote} : {self.spmd_type(pre)} -> "

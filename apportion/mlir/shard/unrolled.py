@@ -19,7 +19,13 @@ import math
 
 from apportion.errors import EmitError
 from apportion.ir.program import Program, TensorType
+from apportion.mlir.bodies import REDUCER_OPS
+from apportion.mlir.shard.body import Block, declarations, generic, render_op
+from apportion.mlir.shard.body import tensor_type as ttype
+from apportion.mlir.shard.dialect import grid_op
+from apportion.mlir.shard.finish import cast_body, finish_op, identity_map
 from apportion.mlir.text import symbol_name
+from apportion.mlir.types import mlir_type as elt
 from apportion.runtime.upstream_mlir import verify_upstream
 from apportion.schedule.mesh import (
     REDUCING,
@@ -32,17 +38,8 @@ from apportion.schedule.mesh import (
     intersect,
     within,
 )
-from apportion.mlir.shard.body import Block, declarations, elt, generic, render_op
-from apportion.mlir.shard.body import tensor_type as ttype
-from apportion.mlir.shard.finish import cast_body, finish_op, identity_map
 from apportion.sharding.mesh import Mesh
-from apportion.mlir.shard.dialect import grid_op
 from apportion.sharding.rules import Finish
-
-_COMBINE_F = {"sum": "arith.addf", "max": "arith.maximumf", "min": "arith.minimumf",
-              "prod": "arith.mulf"}
-_COMBINE_I = {"sum": "arith.addi", "max": "arith.maxsi", "min": "arith.minsi",
-              "prod": "arith.muli", "any": "arith.ori", "argmax": "arith.maxsi"}
 
 
 def _fn(name: str) -> str:
@@ -163,14 +160,15 @@ class _Unrolled:
         e = elt(src_dtype)
         ty = ttype(shape, e)
         floats = e in ("f16", "bf16", "f32", "f64")
-        table = _COMBINE_F if floats and c.reducer != "argmax" else _COMBINE_I
-        if c.reducer not in table or (c.reducer == "any" and floats):
+        ops = REDUCER_OPS.get(c.reducer)
+        combine = None if ops is None else ops.elementwise(floats)
+        if combine is None:
             raise EmitError(f"collective on tensor {c.tensor!r}: reducer {c.reducer!r} over "
                             f"{src_dtype} has no elementwise combine in the unrolled form")
         acc = parts[0][0]
         for v, _ in parts[1:]:  # tensors of the same shape combine elementwise
             nxt = self.blk.fresh(f"{c.result}_sum")
-            self.blk.emit(f"{nxt} = {table[c.reducer]} {acc}, {v} : {ty}")
+            self.blk.emit(f"{nxt} = {combine} {acc}, {v} : {ty}")
             acc = nxt
         unpack = c.reducer == "argmax" and c.unpack
         if src_dtype == out_dtype and not unpack:

@@ -250,7 +250,7 @@ def _trig_bundle(out: Path, x: np.ndarray, threads: int = 1):
 
 
 def test_float32_sin_and_cos_build_for_the_gpu_through_f64(tmp_path):
-    # the emitter computes them in f64 for every backend (``bodies.widen_f32_math``): the
+    # the emitter computes them in f64 for every backend (``f64_math.widen_f32_math``): the
     # extended operand, the reduction's i64 arithmetic and the f64 kernels all lower to PTX
     b = _trig_bundle(tmp_path / "trig", rotary_angles())
     text = (b.path / "forall.mlir").read_text()

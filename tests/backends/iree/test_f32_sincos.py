@@ -1,5 +1,5 @@
 """float32 sin and cos in IREE: MLIR's own f32 expansion reduces by a float32 pi/2 and drifts
-by 2.8e-8 * |x| (1.1e-4 at 4096), so the emitter computes them in f64 (``bodies.
+by 2.8e-8 * |x| (1.1e-4 at 4096), so the emitter computes them in f64 (``f64_math.
 widen_f32_math``). Compiled and run in IREE they equal the reference within float32 rounding
 at rotary-embedding angles in the thousands to 1e5, and are the float64 sine rounded to
 float32 over the whole float32 range: the values closest to a multiple of pi/2 (hardest to
@@ -14,7 +14,8 @@ import pytest
 
 import apportion as ap
 from apportion.backends.iree.run import iree_run
-from apportion.mlir.bodies import BODIES, widen_f32_math
+from apportion.mlir.bodies import BODIES
+from apportion.mlir.f64_math import widen_f32_math
 from apportion.mlir.forall import forall_mlir
 from apportion.planned import PlannedProgram
 from apportion.runtime.reference import compare, run_unplanned

@@ -1,6 +1,6 @@
 """f64 tanh, sin, cos, erf and pow in IREE: its executables link no libm, so where an op computes
 in f64 (integer inputs of kinds that are not exact in integers) the emitter expands them into
-f64 arithmetic (``bodies.expand_f64_math``). The expansions are compiled in IREE and compared
+f64 arithmetic (``f64_math.expand_f64_math``). The expansions are compiled in IREE and compared
 with numpy float64 (scipy's erf, as the reference executor) on edge values, within a few ulps;
 integer tensors, which compute through f64 and truncate, equal the reference run exactly."""
 
@@ -17,7 +17,8 @@ import apportion as ap
 from apportion.backends.iree import runtime as iree
 from apportion.backends.iree.run import iree_run
 from apportion.ir.kinds import KINDS, Category
-from apportion.mlir.bodies import BODIES, F64_MATH, expand_f64_math
+from apportion.mlir.bodies import BODIES
+from apportion.mlir.f64_math import F64_MATH, expand_f64_math
 from apportion.planned import PlannedProgram
 from apportion.runtime.kernels import XP
 from apportion.runtime.reference import run_unplanned

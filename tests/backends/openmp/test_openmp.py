@@ -264,7 +264,7 @@ def test_a_worker_that_ended_is_started_again_and_compiles_the_module_again():
 
 
 def test_float32_sin_and_cos_on_openmp_are_correctly_rounded_up_to_the_largest_float32():
-    # the emitter computes them in f64 for every backend (``bodies.widen_f32_math``): rotary
+    # the emitter computes them in f64 for every backend (``f64_math.widen_f32_math``): rotary
     # angles up to 1e5 and the whole float32 range, the hardest to reduce among them
     planned = plan_trig(ap.targets.spyre(cores=4))
     x = np.concatenate([rotary_angles(), whole_range()])
