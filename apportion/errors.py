@@ -27,5 +27,9 @@ class EmitError(ApportionError):
     """A plan cannot be emitted in the asked form, or the emitted IR does not verify."""
 
 
+class UsageError(ApportionError):
+    """A bad option value given to a command: an option, a ``--param``, an output path."""
+
+
 class CalibrationError(ApportionError):
     """Measurements cannot be read or fitted: names the record, the field and the fault."""

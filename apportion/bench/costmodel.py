@@ -63,12 +63,12 @@ from apportion.cli.calibrate import (
     shape_checks,
     with_cores,
 )
-from apportion.cli.report import predicted_total_us
-from apportion.cli.usage import UsageError
 from apportion.cost import noise
 from apportion.cost.calibrate import by_shape, default_fit, split_text
+from apportion.errors import UsageError
 from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
+from apportion.report.tables import predicted_total_us
 from apportion.target.target import Target
 
 #: a measured kernel's predicted time within this fraction of its measured time

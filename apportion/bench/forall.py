@@ -252,7 +252,7 @@ def table(results: Sequence[Result], workers: int) -> Table:
 
 
 def _suite(args: argparse.Namespace, console: Console) -> Outcome:
-    from apportion.cli.usage import UsageError
+    from apportion.errors import UsageError
     from apportion.runtime import upstream_mlir
 
     if args.cores and len(args.cores) > 1:

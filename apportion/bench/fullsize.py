@@ -108,8 +108,8 @@ def measure(case: str, factory: str, action: str) -> FullSizeResult:
 
     import torch
 
-    from apportion.cli.torch_models import load_factory
     from apportion.frontend.torch_export import lower_exported
+    from apportion.workflows.torch_model import load_factory
 
     wall: dict[str, float] = {}
     cpu: dict[str, float] = {}

@@ -35,12 +35,14 @@ import numpy as np
 from rich.console import Console
 
 from apportion.bench import goals as bench_goals
-from apportion.cli.usage import UsageError, output_path, write_json
 from apportion.cost import noise
 from apportion.cost.noise import Criterion, Measured, Rules, load_average
+from apportion.errors import UsageError
+from apportion.report.files import output_path, write_json
 from apportion.target.presets import spyre
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 #: bench options a suite may take, as the parser stores them, with their flags
 OPTIONS: dict[str, str] = {
@@ -197,3 +199,15 @@ def run_suite(suite: Suite, args: argparse.Namespace, console: Console) -> int:
     if outcome.failed:
         return 1
     return bench_goals.status(suite.name, outcome.goals, bool(getattr(args, "check", False)))
+
+
+def from_models(path: str | None, build: Callable[[], T]) -> T:
+    """``build()``, with a malformed ``--models`` file (JSON, keys, types) refused in one line."""
+    if path is None:  # the packaged file: a failure here is a bug, not bad input
+        return build()
+    try:
+        return build()
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        why = f"no key {e.args[0]!r}" if isinstance(e, KeyError) and e.args else str(e)
+        raise UsageError(f"--models {path!r} is not a models file like the packaged "
+                         f"models.json: {why or type(e).__name__}") from None

@@ -50,8 +50,14 @@ from rich.console import Console
 from rich.table import Table
 
 from apportion.bench import goals as bench_goals
-from apportion.bench.harness import Outcome, Suite, core_counts, interleaved, until_stable
-from apportion.cli.usage import from_models
+from apportion.bench.harness import (
+    Outcome,
+    Suite,
+    core_counts,
+    from_models,
+    interleaved,
+    until_stable,
+)
 from apportion.cost import noise
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import forward_program, load_models

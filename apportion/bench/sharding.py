@@ -45,8 +45,8 @@ from rich.table import Table
 
 from apportion.bench import goals as bench_goals
 from apportion.bench.harness import Outcome, Suite, until_stable
-from apportion.cli.usage import UsageError
 from apportion.cost import noise
+from apportion.errors import UsageError
 from apportion.frontend.models import forward_program, load_models
 from apportion.ir.program import Program
 from apportion.sharding.collectives import cached_steps

@@ -52,8 +52,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.bench import goals as bench_goals
-from apportion.bench.harness import Outcome, Suite
-from apportion.cli.usage import from_models
+from apportion.bench.harness import Outcome, Suite, from_models
 from apportion.cost import noise
 from apportion.errors import PlanningError
 from apportion.planned import PlannedProgram, plan

@@ -31,9 +31,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.bench import goals as bench_goals
-from apportion.bench.harness import Outcome, Suite, core_counts
-from apportion.cli.report import predicted_total_us
-from apportion.cli.usage import from_models
+from apportion.bench.harness import Outcome, Suite, core_counts, from_models
 from apportion.errors import PlanningError
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import load_models
@@ -41,6 +39,7 @@ from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.program import LoopLevel, Program, TilingGroup
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan
+from apportion.report.tables import predicted_total_us
 from apportion.target.layout import device_layout
 from apportion.target.presets import spyre
 from apportion.target.target import Target

@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from apportion.bench.harness import Outcome, Suite
-from apportion.cli.usage import UsageError
+from apportion.errors import UsageError
 from apportion.errors import ApportionError
 from apportion.frontend.random_meshes import mesh_case
 from apportion.ir.program import Program

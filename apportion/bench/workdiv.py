@@ -35,8 +35,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.bench import goals as bench_goals
-from apportion.bench.harness import Outcome, Suite, core_counts
-from apportion.cli.usage import from_models
+from apportion.bench.harness import Outcome, Suite, core_counts, from_models
 from apportion.errors import PlanningError
 from apportion.frontend.models import OpCase, bench_cases, linear, load_models
 from apportion.passes.geometry import OpContext

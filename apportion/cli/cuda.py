@@ -24,8 +24,8 @@ from typing import Any
 from rich.console import Console
 
 from apportion.cli.params import int_in
-from apportion.cli.report import print_checks
-from apportion.cli.usage import UsageError
+from apportion.errors import UsageError
+from apportion.report.tables import print_checks
 
 #: threads per block of ``cuda build``
 DEFAULT_THREADS = 128
@@ -121,7 +121,7 @@ def _torch_planned(args: argparse.Namespace, shared: Shared, target: Any,
                    params: dict[str, int]) -> tuple[Any, dict[str, Any]]:
     """The ``--torch`` model (or ``.pt2`` program) planned, and its example inputs and
     weights at the ``--param`` sizes: what the bundle runs, as ``run --torch`` does."""
-    from apportion.cli.torch_models import at_sizes, failures, model_inputs, plan_model
+    from apportion.workflows.torch_model import at_sizes, failures, model_inputs, plan_model
 
     if args.seed is not None:
         raise UsageError(f"--seed {args.seed}: a --torch model's bundle runs on the model's "

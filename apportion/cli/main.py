@@ -21,11 +21,11 @@ from rich.console import Console
 
 from apportion.backends import BACKENDS
 from apportion.cli.params import MAX_THREADS, int_in, parse_params, seconds
-from apportion.cli.report import print_checks
-from apportion.cli.usage import UsageError, make_folder, output_path
-from apportion.errors import ApportionError, ProgramError
+from apportion.errors import ApportionError, ProgramError, UsageError
 from apportion.ir.program import Program
 from apportion.passes.strategy import STRATEGIES
+from apportion.report.files import make_folder, output_path
+from apportion.report.tables import print_checks
 from apportion.target.presets import PRESETS, resolve
 from apportion.target.target import Target
 
@@ -224,7 +224,7 @@ def _drawable(args: argparse.Namespace, program: Program) -> tuple[str, ...]:
 
 def _torch_model(args: argparse.Namespace) -> Any:
     """The ``--torch module:factory`` model, lowered; refuses a program file given as well."""
-    from apportion.cli.torch_models import load_model
+    from apportion.workflows.torch_model import load_model
 
     if args.program != DEFAULT:
         raise UsageError(f"give a program file or --torch, not both ({args.program!r} and "
@@ -235,13 +235,14 @@ def _torch_model(args: argparse.Namespace) -> Any:
 
 
 def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
-    from apportion.cli.torch_models import plan_model, print_plan
+    from apportion.report.model import print_model_plan
+    from apportion.workflows.torch_model import plan_model
 
     if args.format == "coeffs" or args.op is not None:
         raise UsageError("with --torch: --format table or json, and --plot DIR (no --op)")
     plot_dir = None
     if args.plot is not None:  # a folder for utilization.png and largest_op.png, made if missing
-        from apportion.cli.plot import is_plot_file
+        from apportion.report.plot import is_plot_file
 
         if is_plot_file(args.plot):
             raise UsageError(f"--plot {args.plot!r}: with --torch, --plot names a folder (for "
@@ -249,13 +250,19 @@ def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
         plot_dir = _plot_folder(args.plot)
     tm = _torch_model(args)
     planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)
-    print_plan(tm, planned, args.format, plot_dir, console)
+    print_model_plan(planned, tm.lowered, tm.model, args.format, plot_dir, console)
     return 0
 
 
 def cmd_run_torch(args: argparse.Namespace, console: Console) -> int:
     from apportion.cli.progress import progress
-    from apportion.cli.torch_models import at_sizes, check_model, failures, model_inputs, plan_model
+    from apportion.workflows.torch_model import (
+        at_sizes,
+        check_model,
+        failures,
+        model_inputs,
+        plan_model,
+    )
 
     params = _params(args.param)
     with progress(console, f"exporting {args.torch} with torch.export and lowering it"):
@@ -293,8 +300,8 @@ def cmd_run_torch(args: argparse.Namespace, console: Console) -> int:
 
 
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
-    from apportion.cli.report import print_report
     from apportion.plans.export import coefficient_splits
+    from apportion.report.tables import print_report
 
     if args.torch is not None:
         return cmd_plan_torch(args, console)
@@ -302,7 +309,7 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     plot: Path | None = None
     plot_dir: Path | None = None
     if args.plot is not None:  # the path first: a bad one is refused before any loading
-        from apportion.cli.plot import check_plot_path, is_plot_file
+        from apportion.report.plot import check_plot_path, is_plot_file
 
         if is_plot_file(args.plot):
             check_plot_path(Path(args.plot))  # the extension before any folder is made
@@ -322,14 +329,14 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     else:
         print_report(planned.plan, planned.target, console)
     if plot is not None:
-        from apportion.cli.plot import plot_op
+        from apportion.report.plot import plot_op
 
         name = args.op or max((o for o in planned.ops if o.name in drawable),
                               key=lambda o: o.predicted_time_us).name
         path = plot_op(planned.op(name), planned.program.op(name).out.dims, plot)
         console.print(f"wrote {path} (op {name})", highlight=False)
     elif plot_dir is not None:  # one picture per op (the ops of a split-K rewrite included)
-        from apportion.cli.plot import plot_file_name, plot_op
+        from apportion.report.plot import plot_file_name, plot_op
 
         names = [args.op] if args.op else [o.name for o in planned.program.ops if o.out.dims]
         for name in names:
@@ -439,7 +446,7 @@ def cmd_emit(args: argparse.Namespace, console: Console) -> int:
         return cmd_emit_sharded(args, console)
 
     if args.torch is not None:
-        from apportion.cli.torch_models import plan_model
+        from apportion.workflows.torch_model import plan_model
 
         planned = plan_model(_torch_model(args), resolve(args.target, args.cores),
                              args.strategy)
@@ -485,7 +492,7 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
 
         return cmd_schedule_sharded(args, console)
     if args.torch is not None:
-        from apportion.cli.torch_models import plan_model
+        from apportion.workflows.torch_model import plan_model
 
         planned = plan_model(_torch_model(args), resolve(args.target, args.cores),
                              args.strategy)
@@ -548,8 +555,9 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     against PyTorch; ``--program``: the built-in program (no PyTorch needed), tiled too."""
     if args.program:
         return _demo_program(args, console)
-    from apportion.cli.report import predicted_total_us
-    from apportion.cli.torch_models import check_model, load_model, plan_model, print_plan
+    from apportion.report.model import print_model_plan
+    from apportion.report.tables import predicted_total_us
+    from apportion.workflows.torch_model import check_model, load_model, plan_model
 
     try:
         tm = load_model(DEMO_MODEL)
@@ -565,7 +573,7 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
                   f"with torch.export and planned for spyre on {target.cores} cores",
                   highlight=False)
     planned = plan_model(tm, target, "balanced")
-    print_plan(tm, planned, "table", None, console)
+    print_model_plan(planned, tm.lowered, tm.model, "table", None, console)
     greedy = plan_model(tm, target, "greedy").plan
     console.print(f"greedy for comparison: mean utilization {greedy.mean_utilization:.1%}, "
                   f"predicted {predicted_total_us(greedy)[0]:.1f} us in all", highlight=False)
@@ -574,9 +582,9 @@ def cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
 
 def _demo_program(args: argparse.Namespace, console: Console) -> int:
-    from apportion.cli.report import group_lines, predicted_total_us, print_report, summary_line
     from apportion.frontend.models import default_program, default_tiling
     from apportion.planned import plan
+    from apportion.report.tables import group_lines, predicted_total_us, print_report, summary_line
 
     program = default_program()
     target = resolve("spyre", args.cores)

@@ -12,7 +12,7 @@ from rich.console import Console
 from apportion.bench import goals
 from apportion.bench.harness import OPTIONS, Outcome, Suite, interleaved, run_suite
 from apportion.cli.main import BENCH_SUITES, main
-from apportion.cli.usage import UsageError
+from apportion.errors import UsageError
 
 
 def test_interleaved_calls_every_case_once_per_round_in_order():

@@ -10,7 +10,7 @@ import pytest
 from apportion.bench import upstream as bench_upstream
 from apportion.bench.upstream import example_cases
 from apportion.cli.main import main
-from apportion.cli.usage import UsageError
+from apportion.errors import UsageError
 from apportion.runtime.upstream_mlir import MISSING, available
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -109,7 +109,7 @@ def test_plan_report_has_a_line_per_loop_group(capsys):
 
 def test_plan_summary_counts_every_iteration_with_tiles_on_chip(capsys):
     import apportion as ap
-    from apportion.cli.report import predicted_total_us
+    from apportion.report.tables import predicted_total_us
 
     planned = ap.plan(ap.load(ROOT / "examples/softmax_tiled.json"), ap.targets.spyre())
     (g,) = planned.plan.groups

@@ -8,9 +8,9 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import apportion.planned  # noqa: E402
-from apportion.cli import torch_models  # noqa: E402
 from apportion.cli.main import main  # noqa: E402
 from apportion.target.presets import resolve  # noqa: E402
+from apportion.workflows import torch_model as torch_models  # noqa: E402
 
 FACTORIES = '''
 import torch

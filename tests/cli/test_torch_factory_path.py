@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from apportion.cli.torch_models import FactoryError, load_factory
+from apportion.workflows.torch_model import FactoryError, load_factory
 
 
 @pytest.fixture

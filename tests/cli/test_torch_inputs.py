@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from apportion.cli.main import main
-from apportion.cli.torch_models import (
+from apportion.workflows.torch_model import (
     FactoryError,
     at_sizes,
     load_factory,

@@ -12,10 +12,10 @@ import pytest
 from rich.console import Console
 
 from apportion.cli.main import build_parser, main
-from apportion.cli.plot import core_colour, is_plot_file, plot_file_name
 from apportion.cli.progress import progress
-from apportion.cli.report import lowest_utilization, span_limit_text
 from apportion.planned import plan
+from apportion.report.plot import core_colour, is_plot_file, plot_file_name
+from apportion.report.tables import lowest_utilization, span_limit_text
 from apportion.target.presets import PRESETS, resolve
 from tests.helpers import program
 

@@ -211,7 +211,7 @@ def test_static_experts_swaps_the_forward_for_the_export_only():
 @pytest.mark.slow
 @pytest.mark.parametrize("spec", [MIXTRAL, QWEN2_MOE])
 def test_moe_models_lower_their_blocks_with_no_fallback(spec):
-    from apportion.cli.torch_models import load_model
+    from apportion.workflows.torch_model import load_model
 
     tm = load_model(spec)
     parts = torch_moe.moe_parts(tm.lowered.origins, torch_moe.moe_blocks(tm.model))

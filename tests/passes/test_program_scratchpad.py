@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.cli.report import scratchpad_lines
 from apportion.errors import PlanningError
 from apportion.plans.serialize import from_json, to_json
+from apportion.report.tables import scratchpad_lines
 from apportion.target import spyre
 from tests.helpers import program
 

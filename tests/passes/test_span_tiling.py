@@ -130,7 +130,7 @@ def result_tiling():
 
 
 def test_report_names_the_added_loop():
-    from apportion.cli.report import group_lines
+    from apportion.report.tables import group_lines
 
     line = group_lines(plan(big(), tiny(), "greedy"))[0]
     assert "added by the planner" in line and "5 over b" in line

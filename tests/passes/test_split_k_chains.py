@@ -13,10 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.cli.report import symbol_lines
 from apportion.frontend.json_format import from_dict
 from apportion.planned import PlannedProgram
 from apportion.plans.plan import SplitK
+from apportion.report.tables import symbol_lines
 from apportion.schedule.lower import lower
 from apportion.schedule.values import Launch
 from apportion.target.split_k import (

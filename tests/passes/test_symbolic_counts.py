@@ -15,13 +15,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.cli.report import group_lines
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import dumps, loads
 from apportion.ir.program import LoopLevel
 from apportion.passes.coarse_tile import coarse_tile
 from apportion.passes.layouts import layouts
 from apportion.plans.serialize import from_json, to_json
+from apportion.report.tables import group_lines
 from apportion.target import spyre
 from tests.helpers import program
 

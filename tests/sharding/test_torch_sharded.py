@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apportion.cli.torch_models import compare_eager, load_model
+from apportion.workflows.torch_model import compare_eager, load_model
 from apportion.sharding.mesh import parse
 from apportion.sharding.search import search
 from apportion.sharding.unroll import unroll

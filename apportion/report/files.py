@@ -1,21 +1,13 @@
-"""What the command line refuses and how it writes files: ``UsageError`` (a bad value on the
-command line: exit status 2, one line) and the checks on output paths shared by the commands and
-the bench suites."""
+"""Output files checked before any work is done: the paths the commands and the bench suites
+write (``--plot``, ``--json``, ``-o``), their missing folders made, a write that fails refused in
+one line (``UsageError``: exit status 2 from the command line)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
-from apportion.errors import ApportionError
-
-T = TypeVar("T")
-
-
-class UsageError(ApportionError):
-    """A bad command-line value: an option, a ``--param``, an output path."""
+from apportion.errors import UsageError
 
 
 def output_path(option: str, text: str, make_folders: bool = False) -> Path:
@@ -51,18 +43,6 @@ def make_folder(option: str, text: str, folder: Path) -> None:
     except OSError as e:
         raise UsageError(f"{option} {text!r}: cannot make folder {str(folder)!r}: "
                          f"{e.strerror or e}") from None
-
-
-def from_models(path: str | None, build: Callable[[], T]) -> T:
-    """``build()``, with a malformed ``--models`` file (JSON, keys, types) refused in one line."""
-    if path is None:  # the packaged file: a failure here is a bug, not bad input
-        return build()
-    try:
-        return build()
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        why = f"no key {e.args[0]!r}" if isinstance(e, KeyError) and e.args else str(e)
-        raise UsageError(f"--models {path!r} is not a models file like the packaged "
-                         f"models.json: {why or type(e).__name__}") from None
 
 
 def write_json(out: Path, text: str) -> None:

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, TextIO
 import numpy as np
 
 from apportion.errors import ApportionError
+from apportion.report.model import origins_doc
 
 if TYPE_CHECKING:
-    from rich.console import Console
 
     from apportion.frontend.torch_export import TorchProgram
     from apportion.planned import PlannedProgram
@@ -453,59 +453,6 @@ def _quiet_torch() -> Iterator[None]:
     sys.stderr.write(held.getvalue())  # only reached on success
 
 
-def _origins(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, Any]:
-    """Op name -> its ``Origin`` (split-K's partial and combine ops take their op's)."""
-    out = {}
-    for name in ops:
-        base = name.removesuffix(".partial").removesuffix(".combine")
-        origin = lowered.origins.get(name) or lowered.origins.get(base)
-        if origin is not None:
-            out[name] = origin
-    return out
-
-
-def labels(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, str]:
-    """Op name -> where it comes from in the model."""
-    return {name: str(o) for name, o in _origins(lowered, ops).items()}
-
-
-def origins_doc(lowered: TorchProgram, ops: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Op name -> its origin as plan JSON carries it (``"origins"``)."""
-    return {name: {k: v for k, v in dataclasses.asdict(o).items() if v is not None}
-            for name, o in _origins(lowered, ops).items()}
-
-
-def lowered_line(lowered: TorchProgram) -> str:
-    c = lowered.node_counts
-    fallback = sorted({n.target for n in lowered.nodes if n.status == "fallback"})
-    left = (f", {c['unsupported']} left out by --partial ("
-            f"{', '.join(sorted({u.origin.target for u in lowered.unsupported}))})"
-            if c["unsupported"] else "")
-    weights = (f"; {len(lowered.shapes_only)} weights with shapes only (meta device)"
-               if lowered.shapes_only else "")
-    return (f"ATen nodes: {c['lowered']} lowered to non-fallback ops, {c['fallback']} to "
-            f"fallbacks ({', '.join(fallback) or 'none'}), {c['dropped']} dropped{left}; "
-            f"{lowered.lowered_share:.1%} lowered{weights}")
-
-
-def sizes_line(lowered: TorchProgram) -> str:
-    """The program's run-time sizes, their bounds, planning size and the inputs they size
-    (empty for a static program): ``run-time sizes: seq in 2..64, planned at 64 (input_ids
-    dim 1, attention_mask dim 1); run --param seq=N``."""
-    program = lowered.program
-    parts = []
-    for sym in program.symbols:
-        where = ", ".join(f"{n} dim {axis}" for n in lowered.user_inputs
-                          for axis, s in program.tensor(n).symbols.items() if s == sym.name)
-        top = "" if sym.max is None else str(sym.max)
-        parts.append(f"{sym.name} in {sym.min}..{top}, planned at {sym.planning_size}"
-                     + (f" ({where})" if where else ""))
-    if not parts:
-        return ""
-    flags = " ".join(f"--param {s.name}=N" for s in program.symbols)
-    return f"run-time sizes: {'; '.join(parts)}; run {flags}"
-
-
 def with_origins(planned: PlannedProgram, lowered: TorchProgram) -> PlannedProgram:
     """``planned`` whose plan JSON carries each op's PyTorch origin (and, for a ``--partial``
     lowering, the nodes left out: ``"unsupported"``)."""
@@ -524,34 +471,6 @@ def plan_model(tm: TorchModel, target: Any, strategy: str) -> PlannedProgram:
     from apportion.planned import plan
 
     return with_origins(plan(tm.lowered.program, target, strategy), tm.lowered)
-
-
-def print_plan(tm: TorchModel, planned: PlannedProgram, fmt: str, plot_dir: Path | None,
-               console: Console) -> None:
-    from apportion.cli.report import moe_lines, print_model_report
-    from apportion.frontend.torch_moe import moe_blocks, moe_parts
-
-    if fmt == "json":
-        print(planned.to_json())
-    else:
-        parts = moe_parts(tm.lowered.origins, moe_blocks(tm.model))
-        print_model_report(planned.plan, planned.target,
-                           labels(tm.lowered, [o.name for o in planned.ops]), console,
-                           lowered_line(tm.lowered), planned.program,
-                           moe_lines(planned.plan, planned.program, parts))
-        line = sizes_line(tm.lowered)
-        if line:
-            console.print(line, highlight=False)
-    if plot_dir is not None:
-        from apportion.cli.plot import plot_op, plot_utilization
-        from apportion.cli.report import op_work
-
-        util = plot_utilization(planned.plan, plot_dir / "utilization.png")
-        drawable = [o for o in planned.ops if planned.program.op(o.name).out.dims]
-        largest = max(drawable, key=lambda o: op_work(o, planned.program))
-        cores = plot_op(largest, planned.program.op(largest.name).out.dims,
-                        plot_dir / "largest_op.png")
-        console.print(f"wrote {util} and {cores} (op {largest.name})", highlight=False)
 
 
 def eager_outputs(tm: TorchModel) -> tuple[np.ndarray, ...]:
