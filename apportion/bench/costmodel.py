@@ -252,16 +252,17 @@ def run(target: Target, measurements: str | None = None, cores: Sequence[int] | 
     """Run the benchmark and print its table(s); returns every row and the measurement of each
     core count's programs (none off a ``cpu`` target).
 
-    A target named ``cpu`` runs the cpu section (``cores``: core counts, default all of this
-    machine's; ``limit``: only the first N programs), plus the table of ``measurements`` when
-    given; any other target the measurements table (default: the packaged Spyre file).
-    ``label`` names the target in the titles (default: its name).
+    A host target (``Target.host``: the cpu preset, or a file from it) runs the cpu section
+    (``cores``: core counts, default all of this machine's; ``limit``: only the first N
+    programs), plus the table of ``measurements`` when given; any other target the measurements
+    table (default: the packaged Spyre file). ``label`` names the target in the titles
+    (default: its name).
     """
     console = console or Console()
     label = label or target.name
     results: list[Any] = []
     measured: list[noise.Measured] = []
-    cpu = target.name == "cpu"
+    cpu = target.host  # timed on this machine
     path = measurements if measurements is not None else \
         str(packaged_path("cpu" if cpu else "spyre"))
     if path is not None:
@@ -378,9 +379,9 @@ def goals(rows: Sequence[Any], measured: Sequence[noise.Measured] = ()
 
 def check_options(target: Target, cores: Sequence[int] | None, limit: int | None) -> None:
     """Refuse ``--cores`` and ``--limit`` where ``run`` would drop them (they pick the programs
-    timed on a ``cpu`` target), and core counts this machine lacks: a plan for more cores
-    than it has is not timed as that plan."""
-    if target.name != "cpu":
+    timed on a host target, the cpu preset's), and core counts this machine lacks: a plan for
+    more cores than it has is not timed as that plan."""
+    if not target.host:
         flag = "--cores" if cores else "--limit" if limit is not None else None
         if flag is not None:
             raise UsageError(f"{flag} applies to bench costmodel --target cpu (programs timed on "
