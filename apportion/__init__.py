@@ -45,7 +45,7 @@ globals().update(_OP_FUNCTIONS)
 #: names imported on first use: the PyTorch frontend and the torch.compile backend (torch itself
 #: only when a model is lowered)
 _LAZY = {"from_torch": "apportion.frontend.torch_export",
-         "TorchProgram": "apportion.frontend.torch_export",
+         "TorchProgram": "apportion.frontend.torch_program",
          "backend": "apportion.torch_compile"}
 
 

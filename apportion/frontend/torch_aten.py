@@ -3,7 +3,10 @@
 ``LOWERINGS`` maps a node target as ``str(node.target)`` prints it (``"aten.mm.default"``) to a
 function ``(cx, *args, **kwargs)`` that receives the node's arguments with every input node
 replaced by its ``Value`` (torch_lower) and returns the node's value: a ``Value``, a tuple of
-them, or a Python number. ``DROPPED`` are no-op asserts. What each op lowers to:
+them, or a Python number (``torch_table``: ``Ctx``, ``registrar``; ``DROPPED`` are the no-op
+asserts). It is the one table: the lowerings here, and those of ``torch_layout`` (views,
+slices, concatenation, gathers), ``torch_conv`` (convolutional models) and ``torch_moe``
+(``topk``, ``scatter``) merged into it. What the ops here lower to:
 
 - pointwise: unary and binary kinds with torch's broadcasting and type promotion (operands are
   cast to the computing dtype by ``copy`` ops); a Python scalar operand is a rank-0 constant
@@ -12,130 +15,38 @@ them, or a Python number. ``DROPPED`` are no-op asserts. What each op lowers to:
   ``argmin``, ``max.dim``/``min.dim``, ``var``/``std``; ``_softmax``/``_log_softmax`` and
   ``native_layer_norm`` as reductions and pointwise ops;
 - ``mm``, ``bmm``, ``addmm``, ``baddbmm``, ``linear``, ``matmul``: matmul ops;
-- layout: views, permutes, expands, slices, splits, ``repeat_interleave``: index maps only;
-  ``cat``: ``where`` ops over a chunk dim, each reading one chunk (a ``concat`` fallback past
-  ``CAT_CHUNKS`` chunks);
-- fallbacks: ``embedding``, ``index``, ``index_select``, ``gather`` (``gather``), ``cumsum``,
-  ``flip``,
-  constants (``full``, ``arange``) and random numbers (``uniform``, ``normal``).
+- constants (``full``, ``arange``: fallbacks, or planned ``fill`` ops) and random numbers
+  (``uniform``, ``normal``).
 
 This module imports torch only inside the functions that need it.
+
+>>> LOWERINGS["aten.mm.default"].__name__, LOWERINGS["aten.cat.default"].__name__
+('_mm', '_cat')
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
-
-import numpy as np
 
 from apportion.errors import ProgramError
 from apportion.frontend.torch_conv import LOWERINGS as CONV_LOWERINGS
+from apportion.frontend.torch_layout import LOWERINGS as LAYOUT_LOWERINGS
 from apportion.frontend.torch_lower import (
-    Lowering,
     Value,
     broadcast_shapes,
     dim_index,
-    expand,
-    permute,
-    slice_bounds,
-    slice_dim,
     squeeze,
     unsqueeze,
-    view,
 )
-from apportion.ir.dtypes import DTYPE_BYTES, FLOAT_DTYPES
+from apportion.frontend.torch_moe import LOWERINGS as MOE_LOWERINGS
+from apportion.frontend.torch_table import Ctx, Lower, dim_list, registrar, torch_dtype
+from apportion.ir.dtypes import FLOAT_DTYPES
 
-#: most chunks ``cat`` selects among with ``where`` ops before it falls back to ``concat``
-CAT_CHUNKS = 32
-
-#: node targets that check something at export time and compute nothing
-DROPPED = frozenset({
-    "aten._assert_tensor_metadata.default", "aten._assert_scalar.default",
-    "aten._assert_async.default", "aten._assert_async.msg",
-    "aten._functional_assert_async.msg", "aten._functional_assert_scalar.default",
-    "aten.sym_constrain_range.default", "aten.sym_constrain_range_for_size.default",
-})
-
-
-def torch_dtype(dt: Any, what: str = "dtype") -> str:
-    """An apportion dtype for a torch dtype (``torch.float32`` -> ``"float32"``)."""
-    name = str(dt).removeprefix("torch.")
-    if name not in DTYPE_BYTES:
-        raise ProgramError(f"{what} {name} is not supported; apportion has "
-                           f"{', '.join(DTYPE_BYTES)}")
-    return name
-
-
-def static_shape(shape: Sequence[Any]) -> tuple[int, ...]:
-    """A torch shape of plain ints; a symbolic size is refused."""
-    if not all(isinstance(n, int) for n in shape):
-        raise ProgramError(f"shape {list(shape)} has a symbolic size; symbolic sizes are not "
-                           "supported yet")
-    return tuple(shape)
-
-
-@dataclass
-class Ctx:
-    """What a lowering function sees: the program being built and the node being lowered."""
-
-    lw: Lowering
-    node: Any  # torch.fx.Node
-
-    @property
-    def val(self) -> Any:
-        v = self.node.meta.get("val")
-        return v[0] if isinstance(v, list | tuple) else v
-
-    def dtype(self) -> str:
-        return torch_dtype(self.val.dtype, "result dtype")
-
-    def shape(self) -> tuple[int, ...]:
-        return static_shape(self.val.shape)
-
-    def promoted(self) -> str:
-        """torch's promoted dtype of the node's first two arguments (tensors or numbers): the
-        dtype a comparison compares in."""
-        import torch
-
-        args = []
-        for a in self.node.args[:2]:
-            meta = getattr(a, "meta", None)
-            if meta is not None:  # a tensor, or a zero-dim one, which promotes like a number
-                v = meta["val"]
-                args.append(torch.empty((0,) if v.dim() else (), dtype=v.dtype))
-            else:
-                args.append(a)
-        return torch_dtype(torch.result_type(*args))
-
-    def operand(self, x: Value | float | int | bool, dtype: str) -> Value:
-        """A tensor operand in ``dtype``: a cast, or a rank-0 constant for a Python number."""
-        if isinstance(x, Value):
-            return self.lw.cast(x, dtype)
-        if not isinstance(x, int | float | bool):
-            raise ProgramError(f"operand {x!r} is neither a tensor nor a number")
-        return self.lw.scalar(x, dtype)
-
-
-Lower = Callable[..., Any]
+#: target name -> lowering: every lowering of the frontend
 LOWERINGS: dict[str, Lower] = {}
-
-
-def aten(*names: str) -> Callable[[Lower], Lower]:
-    """Register a lowering for ``aten.<name>`` targets (``"mm.default"``)."""
-    def register(fn: Lower) -> Lower:
-        for n in names:
-            LOWERINGS[f"aten.{n}"] = fn
-        return fn
-    return register
-
-
-def _value(x: object, what: str) -> Value:
-    if not isinstance(x, Value):
-        raise ProgramError(f"{what} must be a tensor, got {x!r}")
-    return x
+aten = registrar(LOWERINGS)
 
 
 # --- pointwise ---------------------------------------------------------------------------
@@ -331,18 +242,12 @@ LOWERINGS["prims.convert_element_type.default"] = lambda cx, x, dtype: cx.lw.cas
 
 # --- reductions ----------------------------------------------------------------------------
 
-def _dims(dim: Any) -> list[int] | None:
-    if dim is None:
-        return None
-    return [int(d) for d in dim] if isinstance(dim, list | tuple) else [int(dim)]
-
-
 def _reduction(fn: str, cast: bool) -> Lower:
     def lower(cx: Ctx, x: Value, dim: Any = None, keepdim: bool = False,
               dtype: Any = None) -> Value:
         if cast:
             x = cx.lw.cast(x, cx.dtype())
-        return cx.lw.reduce(fn, x, _dims(dim), keepdim)
+        return cx.lw.reduce(fn, x, dim_list(dim), keepdim)
     return lower
 
 
@@ -357,7 +262,7 @@ aten("any.dim", "any.dims", "any.default")(_reduction("any", False))
 @aten("all.dim", "all.dims", "all.default")
 def _all(cx: Ctx, x: Value, dim: Any = None, keepdim: bool = False) -> Value:
     n = cx.lw.elementwise("logical_not", [x], part="not")
-    a = cx.lw.reduce("any", n, _dims(dim), keepdim, part="any")
+    a = cx.lw.reduce("any", n, dim_list(dim), keepdim, part="any")
     return cx.lw.elementwise("logical_not", [a])
 
 
@@ -393,7 +298,7 @@ def _var(cx: Ctx, x: Value, dim: Any, correction: float | None, keepdim: bool
          ) -> tuple[Value, Value]:
     lw, dt = cx.lw, cx.dtype()
     x = lw.cast(x, dt)
-    dims = _dims(dim) or list(range(x.rank))
+    dims = dim_list(dim) or list(range(x.rank))
     n = math.prod(x.shape[dim_index(d, x.rank)] for d in dims)
     mean = lw.reduce("mean", x, dims, True, part="mean")
     xc = lw.elementwise("sub", [x, mean], part="centered")
@@ -522,299 +427,6 @@ def _linear(cx: Ctx, x: Value, w: Value, b: Value | None = None) -> Value:
     return prod if b is None else cx.lw.elementwise("add", [prod, b])
 
 
-# --- layout: index maps --------------------------------------------------------------------
-
-def _view(cx: Ctx, x: Value, shape: Sequence[int]) -> Value:
-    found = view(x, shape)
-    if found is not None:
-        return found
-    p = cx.lw.plain(x)
-    found = view(p, shape)
-    if found is not None:
-        return found
-    return cx.lw.whole("reshape", [p], cx.shape())
-
-
-aten("view.default", "_unsafe_view.default", "reshape.default", "view_copy.default")(_view)
-
-
-@aten("permute.default", "permute_copy.default")
-def _permute(cx: Ctx, x: Value, dims: Sequence[int]) -> Value:
-    return permute(x, dims)
-
-
-@aten("transpose.int", "transpose_copy.int")
-def _transpose(cx: Ctx, x: Value, d0: int, d1: int) -> Value:
-    perm = list(range(x.rank))
-    i, j = dim_index(d0, x.rank), dim_index(d1, x.rank)
-    perm[i], perm[j] = perm[j], perm[i]
-    return permute(x, perm)
-
-
-@aten("t.default", "numpy_T.default")
-def _t(cx: Ctx, x: Value) -> Value:
-    return permute(x, list(reversed(range(x.rank))))
-
-
-@aten("expand.default", "expand_copy.default")
-def _expand(cx: Ctx, x: Value, size: Sequence[int], implicit: bool = False) -> Value:
-    return expand(x, size)
-
-
-@aten("unsqueeze.default", "unsqueeze_copy.default")
-def _unsqueeze(cx: Ctx, x: Value, dim: int) -> Value:
-    return unsqueeze(x, dim)
-
-
-@aten("squeeze.default", "squeeze.dim", "squeeze.dims", "squeeze_copy.dim",
-      "squeeze_copy.dims")
-def _squeeze(cx: Ctx, x: Value, dim: Any = None) -> Value:
-    return squeeze(x, _dims(dim))
-
-
-def _slice(cx: Ctx, x: Value, dim: int, start: int, length: int, step: int = 1) -> Value:
-    found = slice_dim(x, dim, start, length, step)
-    if found is None:
-        found = slice_dim(cx.lw.plain(x), dim, start, length, step)
-    assert found is not None, "a plain value slices along any dim"
-    return found
-
-
-@aten("slice.Tensor", "slice_copy.Tensor")
-def _slice_tensor(cx: Ctx, x: Value, dim: int = 0, start: int | None = None,
-                  end: int | None = None, step: int = 1) -> Value:
-    d = dim_index(dim, x.rank)
-    lo, length = slice_bounds(x.shape[d], start, end, step)
-    return _slice(cx, x, d, lo, length, step)
-
-
-@aten("narrow.default")
-def _narrow(cx: Ctx, x: Value, dim: int, start: int, length: int) -> Value:
-    d = dim_index(dim, x.rank)
-    lo, n = slice_bounds(x.shape[d], start, start + length if start >= 0 else start + length
-                         + x.shape[d])
-    return _slice(cx, x, d, lo, n)
-
-
-@aten("select.int", "select_copy.int")
-def _select(cx: Ctx, x: Value, dim: int, index: int) -> Value:
-    d = dim_index(dim, x.rank)
-    i = index + x.shape[d] if index < 0 else index
-    return squeeze(_slice(cx, x, d, i, 1), [d])
-
-
-def _pieces(cx: Ctx, x: Value, sizes: Sequence[int], dim: int) -> tuple[Value, ...]:
-    d = dim_index(dim, x.rank)
-    out, start = [], 0
-    for n in sizes:
-        out.append(_slice(cx, x, d, start, n))
-        start += n
-    return tuple(out)
-
-
-@aten("split.Tensor", "split_copy.Tensor")
-def _split(cx: Ctx, x: Value, size: int, dim: int = 0) -> tuple[Value, ...]:
-    n = x.shape[dim_index(dim, x.rank)]
-    return _pieces(cx, x, [min(size, n - s) for s in range(0, n, size)], dim)
-
-
-@aten("split_with_sizes.default", "split_with_sizes_copy.default")
-def _split_sizes(cx: Ctx, x: Value, sizes: Sequence[int], dim: int = 0) -> tuple[Value, ...]:
-    return _pieces(cx, x, sizes, dim)
-
-
-@aten("chunk.default")
-def _chunk(cx: Ctx, x: Value, chunks: int, dim: int = 0) -> tuple[Value, ...]:
-    n = x.shape[dim_index(dim, x.rank)]
-    return _split(cx, x, -(-n // chunks), dim)
-
-
-@aten("unbind.int", "unbind_copy.int")
-def _unbind(cx: Ctx, x: Value, dim: int = 0) -> tuple[Value, ...]:
-    d = dim_index(dim, x.rank)
-    return tuple(squeeze(p, [d]) for p in _pieces(cx, x, [1] * x.shape[d], d))
-
-
-@aten("clone.default", "alias.default", "detach.default", "lift_fresh_copy.default",
-      "contiguous.default", "alias_copy.default", "detach_copy.default")
-def _same(cx: Ctx, x: Value, *args: Any, **kw: Any) -> Value:
-    return x
-
-
-@aten("repeat_interleave.self_int")
-def _repeat_interleave(cx: Ctx, x: Value, repeats: int, dim: int | None = None,
-                       output_size: int | None = None) -> Value:
-    from apportion.frontend.torch_lower import fresh
-
-    if dim is None:
-        x, dim = _view(cx, x, [-1]), 0
-    d = dim_index(dim, x.rank)
-    if repeats == 1:
-        return x
-    digits = x.digits[d] + ((fresh(), repeats),)
-    return Value(x.tensor, x.dtype, x.shape[:d] + (x.shape[d] * repeats,) + x.shape[d + 1:],
-                 x.digits[:d] + (digits,) + x.digits[d + 1:], x.index)
-
-
-@aten("repeat.default")
-def _repeat(cx: Ctx, x: Value, repeats: Sequence[int]) -> Value:
-    from apportion.frontend.torch_lower import fresh
-
-    lead = len(repeats) - x.rank
-    if lead < 0:
-        raise ProgramError(f"repeat {list(repeats)} has fewer sizes than rank {x.rank}")
-    shape, digits = [], []
-    for j, r in enumerate(repeats):
-        n = x.shape[j - lead] if j >= lead else 1
-        ds = x.digits[j - lead] if j >= lead else ()
-        shape.append(n * r)
-        digits.append((((fresh(), r),) if r > 1 else ()) + ds)
-    return Value(x.tensor, x.dtype, tuple(shape), tuple(digits), x.index)
-
-
-@aten("cat.default", "concat.default")
-def _cat(cx: Ctx, tensors: Sequence[Value], dim: int = 0) -> Value:
-    lw, dt = cx.lw, cx.dtype()
-    shape = cx.shape()
-    vals = [lw.cast(v, dt) for v in (_value(t, "a cat input") for t in tensors)
-            if math.prod(v.shape) > 0]
-    d = dim_index(dim, len(shape))
-    if len(vals) == 1:
-        return vals[0]
-    sizes = [v.shape[d] for v in vals]
-    g = math.gcd(*sizes)
-    chunks = [(v, k) for v, n in zip(vals, sizes, strict=True) for k in range(n // g)]
-    if len(chunks) > CAT_CHUNKS:  # one concat fallback per input after the first
-        acc = lw.plain(vals[0])
-        for i, v in enumerate(vals[1:]):
-            last = i == len(vals) - 2
-            acc = lw.whole("concat", [acc, lw.plain(v)],
-                           acc.shape[:d] + (acc.shape[d] + v.shape[d],) + acc.shape[d + 1:],
-                           attrs={"axis": d}, part=None if last else "concat")
-        return acc
-    # out[..., c, r, ...] = chunk c at r: a where per chunk but the last, selecting by a
-    # constant one-hot row; each chunk is a slice of its input, read through its index map
-    n_chunks = len(chunks)
-    eye = lw.constant(f"{cx.node.name}.select", np.eye(n_chunks, dtype=bool), "bool")
-    sizes_ax = [*shape[:d], n_chunks, g, *shape[d + 1:]]
-    piece_map = [*range(d), d + 1, *range(d + 2, len(shape) + 1)]
-    full_map = list(range(len(shape) + 1))
-    acc = None
-    for c in range(n_chunks - 1, -1, -1):
-        v, k = chunks[c]
-        piece = _slice(cx, v, d, k * g, g)
-        if acc is None:
-            acc = (piece, piece_map)
-            continue
-        sel = squeeze(_slice(cx, eye, 0, c, 1), [0])
-        out = lw.op("where", sizes_ax, full_map, [(sel, [d]), (piece, piece_map), acc],
-                    part=None if c == 0 else f"chunk{c}")
-        acc = (out, full_map)
-    assert acc is not None
-    merged = view(acc[0], shape)
-    assert merged is not None, "merging the chunk dim is a view"
-    return merged
-
-
-@aten("flip.default")
-def _flip(cx: Ctx, x: Value, dims: Sequence[int]) -> Value:
-    for i, d in enumerate(dims):
-        x = _along_last(cx, "flip", x, d, part=None if i == len(dims) - 1 else f"flip{i}")
-    return x
-
-
-@aten("cumsum.default")
-def _cumsum(cx: Ctx, x: Value, dim: int, dtype: Any = None) -> Value:
-    return _along_last(cx, "cumsum", cx.lw.cast(x, cx.dtype()), dim)
-
-
-def _along_last(cx: Ctx, fn: str, x: Value, dim: int, part: str | None = None) -> Value:
-    """A fallback along dim ``dim``: the input stored with that dim last, the result read back
-    in the original order."""
-    d = dim_index(dim, x.rank)
-    perm = [i for i in range(x.rank) if i != d] + [d]
-    src = cx.lw.plain(permute(x, perm))
-    return cx.lw.op(fn, src.shape, [perm.index(i) for i in range(x.rank)],
-                    [(src, list(range(x.rank)))], part=part)
-
-
-# --- gathers -----------------------------------------------------------------------------
-
-@aten("embedding.default")
-def _embedding(cx: Ctx, weight: Value, indices: Value, *args: Any) -> Value:
-    return cx.lw.whole("gather", [weight, indices], indices.shape + weight.shape[1:])
-
-
-@aten("index.Tensor")
-def _index(cx: Ctx, x: Value, indices: Sequence[Value | None]) -> Value:
-    lw = cx.lw
-    pos = [i for i, t in enumerate(indices) if t is not None]
-    idx = [_value(indices[i], "an index") for i in pos]
-    if any(t.dtype == "bool" for t in idx):
-        raise ProgramError("indexing with a boolean mask gives a shape that depends on the "
-                           "data; it has no static lowering")
-    batch = broadcast_shapes([t.shape for t in idx])
-    flat, stride = None, 1
-    for i in reversed(pos):  # the row-major flat index over the indexed dims
-        n = x.shape[i]
-        if n > 1:
-            t = lw.cast(indices[i], "int64")  # type: ignore[arg-type]
-            term = lw.elementwise("remainder", [t, lw.scalar(n, "int64")], part="wrap")
-            if stride != 1:
-                term = lw.elementwise("mul", [term, lw.scalar(stride, "int64")], part="stride")
-            flat = term if flat is None else lw.elementwise("add", [term, flat], part="flat")
-        stride *= n
-    if flat is None:
-        flat = lw.whole("full", [], batch, "int64", {"value": 0}, part="zero")
-    flat = expand(flat, batch)
-    others = [i for i in range(x.rank) if i not in pos]
-    out = lw.whole("gather", [permute(x, pos + others), flat],
-                   (*batch, *(x.shape[i] for i in others)))
-    nb = len(batch)
-    if pos == list(range(pos[0], pos[0] + len(pos))) and pos[0] > 0:
-        p0 = pos[0]  # adjacent indexed dims: the batch dims go where they were
-        return permute(out, [*range(nb, nb + p0), *range(nb), *range(nb + p0, out.rank)])
-    return out
-
-
-@aten("index_select.default")
-def _index_select(cx: Ctx, x: Value, dim: int, index: Value) -> Value:
-    d = dim_index(dim, x.rank)
-    others = [i for i in range(x.rank) if i != d]
-    out = cx.lw.whole("gather", [permute(x, [d, *others]), index],
-                      (*index.shape, *(x.shape[i] for i in others)))
-    return permute(out, [*range(1, d + 1), 0, *range(d + 1, out.rank)]) if index.rank == 1 \
-        else out
-
-
-@aten("gather.default")
-def _gather_along(cx: Ctx, x: Value, dim: int, index: Value, *args: Any) -> Value:
-    """``out[.., j, ..] = x[.., index[.., j, ..], ..]`` along ``dim``: the flat row-major index
-    into ``x`` (``index`` times the dim's stride plus each other dim's position times its
-    stride, positions from ``arange``) picks single elements with a ``gather``."""
-    d = dim_index(dim, x.rank)
-    if index.rank != x.rank or any(index.shape[e] > x.shape[e]
-                                   for e in range(x.rank) if e != d):
-        raise ProgramError(f"gather along dim {d}: index of shape {list(index.shape)} does not "
-                           f"fit input of shape {list(x.shape)}")
-    lw = cx.lw
-    strides = [math.prod(x.shape[e + 1:]) for e in range(x.rank)]
-    flat = lw.cast(index, "int64")
-    if strides[d] != 1:
-        flat = lw.elementwise("mul", [flat, lw.scalar(strides[d], "int64")], part="stride")
-    for e in range(x.rank):
-        n = index.shape[e]
-        if e == d or n == 1:
-            continue
-        pos = lw.whole("arange", [], (n,), "int64", {"start": 0.0, "step": 1.0}, part="pos")
-        pos = view(pos, [n if k == e else 1 for k in range(x.rank)])
-        assert pos is not None, "adding size-1 dims is always a view"
-        if strides[e] != 1:
-            pos = lw.elementwise("mul", [pos, lw.scalar(strides[e], "int64")], part="offset")
-        flat = lw.elementwise("add", [flat, pos], part="flat")
-    return lw.whole("gather", [x, flat], index.shape)
-
-
 # --- constants and random numbers ------------------------------------------------------------
 
 def _fill(cx: Ctx, value: float | int | bool) -> Value:
@@ -865,5 +477,8 @@ def _dropout(cx: Ctx, x: Value, p: float, train: bool | None) -> tuple[Value, Va
     return lw.elementwise("where", [keep, scaled, lw.scalar(0.0, dt)]), keep
 
 
-# convolutions, batch norm, pooling and padding: lowered in their own module, one table here
+# views, slices, concatenation and gathers; convolutions, batch norm, pooling and padding;
+# top-k and scatter: in their own modules, one table here
+LOWERINGS.update(LAYOUT_LOWERINGS)
 LOWERINGS.update(CONV_LOWERINGS)
+LOWERINGS.update(MOE_LOWERINGS)

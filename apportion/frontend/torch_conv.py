@@ -2,20 +2,16 @@
 
 ``LOWERINGS`` here has the form of ``torch_aten.LOWERINGS`` (target name -> function of the
 node's context and arguments) and ``torch_aten`` merges it into its own table: this module
-imports nothing of ``torch_aten``, so the frontend's modules stay free of import cycles. What
-each op lowers to:
+imports nothing of ``torch_aten``, so the frontend's modules stay free of import cycles. Windows
+are read through index sums and padding is made of ``where`` ops (``torch_windows``: one per
+padded dim, only the padding a window reads). What each op lowers to:
 
 - ``convolution`` (1-D, 2-D and more spatial dims; stride, padding, dilation, groups, bias): one
   ``conv`` op, a matmul over index sums ``x[n, Cg*g+c, s*o+d*k] * w[Fg*g+f, c, k]`` whose output
   is written ``[n, g, f, o]`` (the channel ``Fg*g+f`` as two digits, so the group and the filter
   within it split over cores like any output dim) and whose reduction is the input channels of
   the group times the kernel window; the bias is a broadcast ``add``;
-- padding (of a convolution, a pooling window, ``constant_pad_nd``): the IR has neither a pad
-  op nor a guarded read (index constants are never negative), so each padded dim of size ``n``
-  is one ``where`` op writing blocks of ``n`` (the fill, the input, the fill) through a merged
-  axis, read back at an offset (``_pad_blocks``); a selection is exact for every value, inf
-  and NaN included. A padding wider than its dim is a concatenation. Only the padding a window
-  actually reads is made;
+- ``constant_pad_nd``: a slice for a negative pad, ``torch_windows.pad`` for the rest;
 - ``_native_batch_norm_legit_no_training`` / ``batch_norm`` in eval: the running statistics,
   weight and bias folded into a per-channel ``scale = weight * rsqrt(var + eps)`` and
   ``shift = bias - mean * scale`` (as torch's CPU kernel folds them: two constants computed at
@@ -43,351 +39,39 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from apportion.errors import ProgramError
 from apportion.frontend.torch_lower import (
-    Digit,
-    Lin,
     Lowering,
     Value,
     expand,
-    fresh,
     permute,
-    slice_dim,
     squeeze,
     unsqueeze,
     view,
 )
-from apportion.ir.affine import AffineExpr
+from apportion.frontend.torch_table import Ctx, Lower, registrar
+from apportion.frontend.torch_windows import (
+    Form,
+    Space,
+    concat,
+    emit,
+    form,
+    int_list,
+    out_size,
+    pad,
+    read_at,
+    single_digits,
+    window_pads,
+)
 from apportion.ir.dtypes import FLOAT_DTYPES
-from apportion.ir.op import Access, Op
 
-#: most chunks the interleaving of adaptive pooling's residues selects among with ``where``
-#: ops before it takes ``concat`` fallbacks (``torch_aten.CAT_CHUNKS``, as ``cat`` does)
-CAT_CHUNKS = 32
-
-#: most chunks a padding wider than its dim (which ``_pad_blocks`` cannot take) selects among
-#: with ``where`` ops before it takes ``concat`` fallbacks: each ``where`` op of such a chain
-#: writes the whole padded tensor, so the chain costs about as many passes as chunks
-PAD_CHUNKS = 4
-
-#: an index of one torch dim in an op's dims: {dim name: coefficient}, constant
-Form = tuple[dict[str, int], int]
-
-
-class Ctx(Protocol):
-    """What a lowering reads of its node (``torch_aten.Ctx`` has it): the program being built,
-    the fx node and the node's result dtype."""
-
-    lw: Lowering
-    node: Any
-
-    def dtype(self) -> str: ...
-
-
-Lower = Callable[..., Any]
 #: target name (``"aten.convolution.default"``) -> lowering, merged into ``torch_aten``'s table
 LOWERINGS: dict[str, Lower] = {}
-
-
-def aten(*names: str) -> Callable[[Lower], Lower]:
-    """Register a lowering for ``aten.<name>`` targets (``torch_aten.aten``'s form)."""
-    def register(fn: Lower) -> Lower:
-        for n in names:
-            LOWERINGS[f"aten.{n}"] = fn
-        return fn
-    return register
-
-
-# --- reading a value through index sums --------------------------------------------------------
-
-def _single_digits(lw: Lowering, v: Value) -> Value:
-    """``v`` with at most one digit per torch dim, so each dim's index can be any affine form of
-    the op's dims (a merged dim, ``64*h+d``, is copied to a plain tensor first)."""
-    return v if all(len(ds) <= 1 for ds in v.digits) else lw.plain(v)
-
-
-def _read(v: Value, forms: Sequence[Form | None],
-          by: dict[int, Form] | None = None) -> Access:
-    """The access reading torch dim ``j`` of ``v`` at ``forms[j]`` (None: a size-1 dim, or a
-    dim whose digits ``by`` already maps), through ``v``'s index map. A dim read at a form has
-    one digit (``_single_digits``); ``by`` maps further digits to forms."""
-    by = dict(by or {})
-    for j, (ds, form) in enumerate(zip(v.digits, forms, strict=True)):
-        if not ds or form is None:
-            continue
-        assert len(ds) == 1, f"dim {j}: one digit, read at a form"
-        by[ds[0][0]] = form
-    index = []
-    for e in v.index:
-        acc: dict[str, int] = {}
-        const = e.const
-        for d, c in e.terms:
-            terms, k = by[d]
-            const += c * k
-            for name, c2 in terms.items():
-                acc[name] = acc.get(name, 0) + c * c2
-        index.append(AffineExpr(tuple(acc.items()), const))
-    return Access(v.tensor, tuple(index))
-
-
-def _form(*parts: tuple[str | None, int], const: int = 0) -> Form:
-    """``sum(coeff * dim) + const``; a None dim (a size-1 dim of the op) adds nothing."""
-    return {d: c for d, c in parts if d is not None}, const
-
-
-class _Space:
-    """An op's dims, output first: ``dim(name, size)`` names a dim (None for size 1, which the
-    op does not iterate)."""
-
-    def __init__(self) -> None:
-        self.dims: list[tuple[str, int]] = []
-
-    def dim(self, name: str, size: int) -> str | None:
-        if size == 1:
-            return None
-        self.dims.append((name, size))
-        return name
-
-
-def _emit(lw: Lowering, fn: str, space: _Space, out: Sequence[tuple[str | None, int]],
-          groups: Sequence[int], ins: Sequence[Access], part: str | None) -> Value:
-    """An op of kind ``fn`` writing one tensor axis per entry of ``out`` (a dim, or None for a
-    size-1 axis), grouped into torch dims by ``groups`` (how many entries each torch dim has,
-    outermost digit first): the torch value it writes, in torch's row-major order."""
-    base = lw.origin.node if part is None else f"{lw.origin.node}.{part}"
-    name = lw._fresh_name(base)
-    index = tuple(AffineExpr.dim(d) if d is not None else AffineExpr.constant(0)
-                  for d, _ in out)
-    op = Op(name, fn, Access(name, index), tuple(ins), tuple(space.dims))
-    dtype = lw._add(op, tuple(n if d is not None else 1 for d, n in out))
-    digits: list[tuple[Digit, ...]] = []
-    lins: list[Lin] = []
-    shape: list[int] = []
-    pos = 0
-    for count in groups:
-        ds: list[Digit] = []
-        size = 1
-        for d, n in out[pos:pos + count]:
-            size *= n
-            if d is None:
-                lins.append(Lin())
-                continue
-            i = fresh()
-            ds.append((i, n))
-            lins.append(Lin(((i, 1),)))
-        digits.append(tuple(ds))
-        shape.append(size)
-        pos += count
-    return Value(name, dtype, tuple(shape), tuple(digits), tuple(lins))
-
-
-# --- concatenation and padding -----------------------------------------------------------------
-
-def _constant(lw: Lowering, value: float, dtype: str, shape: Sequence[int]) -> Value:
-    """A constant of ``shape``: a rank-0 constant read by no dim (no op, no data)."""
-    return expand(lw.scalar(value, dtype), list(shape))
-
-
-def _slice(lw: Lowering, v: Value, d: int, start: int, length: int, step: int = 1) -> Value:
-    found = slice_dim(v, d, start, length, step)
-    if found is None:
-        found = slice_dim(lw.plain(v), d, start, length, step)
-    assert found is not None, "a plain value slices along any dim"
-    return found
-
-
-def concat(lw: Lowering, vals: Sequence[Value], d: int, part: str,
-           limit: int = CAT_CHUNKS) -> Value:
-    """``vals`` (one dtype) concatenated along dim ``d``: ``where`` ops over a chunk dim of the
-    pieces' gcd size, each selecting one chunk by a constant one-hot row (as ``cat`` lowers), or
-    ``concat`` fallbacks past ``limit`` chunks.
-
-    >>> lw = Lowering("demo")
-    >>> x = lw.input("x", "float32", (2, 3))
-    >>> z = _constant(lw, 0.0, "float32", (2, 1))
-    >>> concat(lw, [z, x, z], 1, "pad").shape
-    (2, 5)
-    """
-    vals = [v for v in vals if v.shape[d] > 0]
-    if len(vals) == 1:
-        return vals[0]
-    shape = list(vals[0].shape)
-    shape[d] = sum(v.shape[d] for v in vals)
-    sizes = [v.shape[d] for v in vals]
-    g = math.gcd(*sizes)
-    chunks = [(v, k) for v, n in zip(vals, sizes, strict=True) for k in range(n // g)]
-    if len(chunks) > limit:  # one concat fallback per piece after the first
-        acc = lw.plain(vals[0])
-        for v in vals[1:]:
-            grown = (*acc.shape[:d], acc.shape[d] + v.shape[d], *acc.shape[d + 1:])
-            acc = lw.whole("concat", [acc, lw.plain(v)], grown, attrs={"axis": d},
-                           part=f"{part}.concat")
-        return acc
-    n_chunks = len(chunks)
-    eye = lw.constant(f"{lw.origin.node}.{part}.select", np.eye(n_chunks, dtype=bool), "bool")
-    sizes_ax = [*shape[:d], n_chunks, g, *shape[d + 1:]]
-    piece_map = [*range(d), d + 1, *range(d + 2, len(shape) + 1)]
-    full_map = list(range(len(shape) + 1))
-    acc: tuple[Value, list[int]] | None = None
-    for c in range(n_chunks - 1, -1, -1):
-        v, k = chunks[c]
-        piece = _slice(lw, v, d, k * g, g)
-        if acc is None:
-            acc = (piece, piece_map)
-            continue
-        sel = squeeze(_slice(lw, eye, 0, c, 1), [0])
-        out = lw.op("where", sizes_ax, full_map, [(sel, [d]), (piece, piece_map), acc],
-                    part=f"{part}.chunk{c}")
-        acc = (out, full_map)
-    assert acc is not None
-    merged = view(acc[0], shape)
-    assert merged is not None, "merging the chunk dim is a view"
-    return merged
-
-
-def pad(lw: Lowering, x: Value, pads: Sequence[tuple[int, int]], value: float,
-        part: str = "pad") -> Value:
-    """``x`` with ``pads[j] = (before, after)`` elements of ``value`` around its last
-    ``len(pads)`` dims (both >= 0): one ``where`` op per padded dim (``_pad_blocks``), or a
-    concatenation where a padding is wider than the dim.
-
-    >>> from apportion.frontend.torch_lower import Origin
-    >>> lw = Lowering("demo")
-    >>> x = lw.input("x", "float32", (4, 6))
-    >>> lw.at(Origin("pad_1", "aten.constant_pad_nd.default"))
-    >>> y = pad(lw, x, [(1, 2)], 0.0)   # blocks [0, x, 0] of 6; y is [5, 15) of them
-    >>> y.shape, str(lw.ops[0].out), str(lw.ops[0].ins[1])
-    ((4, 9), 'pad_1.pad0[b0, 6*c+r]', 'x[b0, r]')
-    >>> y.index[1]
-    Lin(terms=((..., 1),), const=5)
-    """
-    first = x.rank - len(pads)
-    for j, (lo, hi) in enumerate(pads):
-        if lo == hi == 0:
-            continue
-        d = first + j
-        if max(lo, hi) <= x.shape[d]:
-            x = _pad_blocks(lw, x, d, lo, hi, value, f"{part}{j}")
-            continue
-        pieces = []
-        for n in (lo, None, hi):
-            if n is None:
-                pieces.append(x)
-            elif n > 0:
-                pieces.append(_constant(lw, value, x.dtype, (*x.shape[:d], n, *x.shape[d + 1:])))
-        x = concat(lw, pieces, d, f"{part}{j}", PAD_CHUNKS)
-    return x
-
-
-def _pad_blocks(lw: Lowering, x: Value, d: int, lo: int, hi: int, value: float,
-                part: str) -> Value:
-    """Dim ``d`` of ``x`` (size ``n``, ``lo, hi <= n``) padded by one ``where`` op: blocks of
-    ``n`` along the dim, ``[value] x [value]`` (a block only for a side that is padded), each
-    element selected by its block, ``where(sel[c], x[.., r, ..], value)``, written through the
-    merge ``n*c + r``; the padded value is the slice ``[n - lo, 2n + hi)`` of it, an offset in
-    its readers' index maps. A read of ``x`` only by ``r`` never leaves ``x``, which is why the
-    padding cannot be written at an offset: the IR's index constants are never negative.
-
-    One divisible pass over at most three times the dim, where a concatenation takes a chain
-    of selects (one per chunk of the pieces' gcd) or whole-tensor fallbacks: the small CNN of
-    ``torch_cnn_demo`` is predicted 13 us on 32 Spyre cores this way, 26 us with ``concat``
-    fallbacks and 89 us with chains of selects."""
-    n = x.shape[d]
-    blocks = [b for b, on in (("lo", lo > 0), ("x", True), ("hi", hi > 0)) if on]
-    if len(x.digits[d]) > 1:  # the padded dim is read by one dim
-        x = lw.plain(x)
-    sel = lw.constant(f"{lw.origin.node}.{part}.select",
-                      np.asarray([b == "x" for b in blocks]), "bool")
-    fill = lw.scalar(value, x.dtype)
-    space = _Space()
-    by: dict[int, Form] = {}
-    out_index: list[AffineExpr] = []
-    shape: list[int] = []
-    digits: list[tuple[Digit, ...]] = []
-    lins: list[Lin] = []
-    cd = rd = None
-    for j, dig in enumerate(x.digits):
-        if j == d:
-            cd = space.dim("c", len(blocks))
-            rd = space.dim("r", n)
-            out_index.append(AffineExpr(tuple((name, coeff) for name, coeff
-                                              in ((cd, n), (rd, 1)) if name is not None)))
-            shape.append(len(blocks) * n)
-            i = fresh()
-            digits.append(((i, len(blocks) * n),))
-            lins.append(Lin(((i, 1),)))
-            if dig:
-                by[dig[0][0]] = _form((rd, 1))
-            continue
-        ds: list[Digit] = []
-        for t, (u, size) in enumerate(dig):  # one op dim per digit
-            name = space.dim(f"b{j}" if len(dig) == 1 else f"b{j}_{t}", size)
-            by[u] = _form((name, 1))
-            out_index.append(AffineExpr.dim(name))  # type: ignore[arg-type]
-            shape.append(size)
-            i = fresh()
-            ds.append((i, size))
-            lins.append(Lin(((i, 1),)))
-        if not dig:
-            out_index.append(AffineExpr.constant(0))
-            shape.append(1)
-            lins.append(Lin())
-        digits.append(tuple(ds))
-    name = lw._fresh_name(f"{lw.origin.node}.{part}")
-    ins = (_read(sel, [_form((cd, 1))]), _read(x, [None] * x.rank, by), Access(fill.tensor, ()))
-    op = Op(name, "where", Access(name, tuple(out_index)), ins, tuple(space.dims))
-    dtype = lw._add(op, tuple(shape))
-    torch_shape = [*x.shape[:d], len(blocks) * n, *x.shape[d + 1:]]
-    blocked = Value(name, dtype, tuple(torch_shape), tuple(digits), tuple(lins))
-    padded = slice_dim(blocked, d, n - lo if lo else 0, n + lo + hi)
-    assert padded is not None, "a dim of one digit slices"
-    return padded
-
-
-# --- windows ---------------------------------------------------------------------------------
-
-def _ints(value: Any, n: int, what: str, default: int | None = None) -> list[int]:
-    """A torch int-list argument for ``n`` spatial dims (one int repeats; an empty list takes
-    ``default``)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return [value] * n
-    values = [int(v) for v in value]
-    if not values and default is not None:
-        return [default] * n
-    if len(values) == 1:
-        return values * n
-    if len(values) != n:
-        raise ProgramError(f"{what} {values} for {n} spatial dims")
-    return values
-
-
-def _out_size(size: int, k: int, s: int, p: int, d: int, ceil: bool) -> int:
-    """torch's pooling/convolution output size (ceil mode: a last window must start inside the
-    input or its left padding)."""
-    span = size + 2 * p - d * (k - 1) - 1
-    if span < 0:
-        raise ProgramError(f"a window of {k} (dilation {d}) is larger than the input of "
-                           f"{size} padded by {p}")
-    out = (-(-span // s) if ceil else span // s) + 1
-    if ceil and (out - 1) * s >= size + p:
-        out -= 1
-    return out
-
-
-def _window_pads(sizes: Sequence[int], outs: Sequence[int], ks: Sequence[int],
-                 ss: Sequence[int], ps: Sequence[int], ds: Sequence[int]
-                 ) -> list[tuple[int, int]]:
-    """The padding each spatial dim's windows read: ``p`` before, and after only as far as
-    the last window reaches."""
-    pads = []
-    for n, o, k, s, p, d in zip(sizes, outs, ks, ss, ps, ds, strict=True):
-        reach = (o - 1) * s + d * (k - 1) + 1
-        pads.append((p, max(0, reach - n - p)))
-    return pads
+aten = registrar(LOWERINGS)
 
 
 # --- convolution -------------------------------------------------------------------------------
@@ -399,7 +83,7 @@ def _convolution(cx: Ctx, x: Value, w: Value, bias: Value | None, stride: Sequen
     if transposed:
         raise ProgramError("transposed convolution (conv_transpose) has no lowering: its input "
                            "index is a quotient of the output's, not an affine form")
-    pairs = [(p, p) for p in _ints(padding, w.rank - 2, "padding")]
+    pairs = [(p, p) for p in int_list(padding, w.rank - 2, "padding")]
     return conv_nd(cx, x, w, bias, stride, pairs, dilation, groups)
 
 
@@ -408,7 +92,7 @@ def _convolution(cx: Ctx, x: Value, w: Value, bias: Value | None, stride: Sequen
 def _conv_nd(cx: Ctx, x: Value, w: Value, bias: Value | None = None, stride: Any = 1,
              padding: Any = 0, dilation: Any = 1, groups: int = 1) -> Value:
     n = w.rank - 2
-    dil = _ints(dilation, n, "dilation")
+    dil = int_list(dilation, n, "dilation")
     pairs: list[tuple[int, int]]
     if padding == "valid":
         pairs = [(0, 0)] * n
@@ -418,7 +102,7 @@ def _conv_nd(cx: Ctx, x: Value, w: Value, bias: Value | None = None, stride: Any
     elif isinstance(padding, str):
         raise ProgramError(f"convolution padding {padding!r}: torch takes 'valid' or 'same'")
     else:
-        pairs = [(p, p) for p in _ints(padding, n, "padding")]
+        pairs = [(p, p) for p in int_list(padding, n, "padding")]
     unbatched = x.rank == n + 1
     out = conv_nd(cx, unsqueeze(x, 0) if unbatched else x, w, bias, stride, pairs, dil, groups)
     return squeeze(out, [0]) if unbatched else out
@@ -443,8 +127,8 @@ def conv_nd(cx: Ctx, x: Value, w: Value, bias: Value | None, stride: Any,
     if n < 1 or x.rank != n + 2:
         raise ProgramError(f"{where}: takes x [N, C, *spatial] and weight [F, C/groups, "
                            "*window] with one window dim per spatial dim")
-    ss = _ints(stride, n, "stride")
-    ds = _ints(dilation, n, "dilation")
+    ss = int_list(stride, n, "stride")
+    ds = int_list(dilation, n, "dilation")
     if min(ss) < 1 or min(ds) < 1 or min(min(p) for p in padding) < 0:
         raise ProgramError(f"{where}: stride {ss} and dilation {ds} must be >= 1, padding "
                            f"{list(padding)} >= 0")
@@ -462,30 +146,27 @@ def conv_nd(cx: Ctx, x: Value, w: Value, bias: Value | None, stride: Any,
                                f"{i} is larger than the input {spatial[i]} padded by "
                                f"{padding[i]}")
         outs.append(span // ss[i] + 1)
-    # the padding the windows read: all of it before, after only as far as the last window
-    pads = [(lo, max(0, (o - 1) * s + d * (k - 1) + 1 - size - lo))
-            for (lo, _), o, s, d, k, size in zip(padding, outs, ss, ds, window, spatial,
-                                                 strict=True)]
+    pads = window_pads(spatial, outs, window, ss, [lo for lo, _ in padding], ds)
     dt = cx.dtype()
     xp = pad(lw, lw.cast(x, dt), pads, 0.0)
     by_group = [big_n, groups, c_group, *xp.shape[2:]]
-    xv = _single_digits(lw, view(xp, by_group) or view(lw.plain(xp), by_group))
-    wv = _single_digits(lw, view(lw.cast(w, dt), [groups, f_out // groups, c_group, *window]))
-    space = _Space()
+    xv = single_digits(lw, view(xp, by_group) or view(lw.plain(xp), by_group))
+    wv = single_digits(lw, view(lw.cast(w, dt), [groups, f_out // groups, c_group, *window]))
+    space = Space()
     nd = space.dim("n", big_n)
     gd = space.dim("g", groups)
     fd = space.dim("f", f_out // groups)
     od = [space.dim(f"o{i}", outs[i]) for i in range(n)]
     cd = space.dim("c", c_group)
     kd = [space.dim(f"k{i}", window[i]) for i in range(n)]
-    x_forms: list[Form | None] = [_form((nd, 1)), _form((gd, 1)), _form((cd, 1))]
-    x_forms += [_form((od[i], ss[i]), (kd[i], ds[i])) for i in range(n)]
-    w_forms: list[Form | None] = [_form((gd, 1)), _form((fd, 1)), _form((cd, 1))]
-    w_forms += [_form((kd[i], 1)) for i in range(n)]
+    x_forms: list[Form | None] = [form((nd, 1)), form((gd, 1)), form((cd, 1))]
+    x_forms += [form((od[i], ss[i]), (kd[i], ds[i])) for i in range(n)]
+    w_forms: list[Form | None] = [form((gd, 1)), form((fd, 1)), form((cd, 1))]
+    w_forms += [form((kd[i], 1)) for i in range(n)]
     out = [(nd, big_n), (gd, groups), (fd, f_out // groups),
            *((od[i], outs[i]) for i in range(n))]
-    y = _emit(lw, "conv", space, out, [1, 2, *([1] * n)],
-              [_read(xv, x_forms), _read(wv, w_forms)], part=None if bias is None else "conv")
+    y = emit(lw, "conv", space, out, [1, 2, *([1] * n)],
+             [read_at(xv, x_forms), read_at(wv, w_forms)], part=None if bias is None else "conv")
     if bias is None:
         return y
     b = lw.cast(bias, dt)
@@ -596,15 +277,15 @@ def _pool_args(x: Value, n: int, kernel: Any, stride: Any, padding: Any, dilatio
                ceil_mode: bool, what: str) -> tuple[list[int], ...]:
     if x.rank < n + 1:
         raise ProgramError(f"{what} of x {list(x.shape)}: needs at least {n + 1} dims")
-    ks = _ints(kernel, n, "kernel")
-    ss = _ints(stride, n, "stride", default=0) if stride is not None else [0] * n
+    ks = int_list(kernel, n, "kernel")
+    ss = int_list(stride, n, "stride", default=0) if stride is not None else [0] * n
     ss = [s or k for s, k in zip(ss, ks, strict=True)]  # no stride: the kernel's
-    ps = _ints(padding, n, "padding")
-    ds = _ints(dilation, n, "dilation")
+    ps = int_list(padding, n, "padding")
+    ds = int_list(dilation, n, "dilation")
     if any(p * 2 > k for p, k in zip(ps, ks, strict=True)):
         raise ProgramError(f"{what}: padding {ps} must be at most half the kernel {ks}")
     spatial = x.shape[-n:]
-    outs = [_out_size(spatial[i], ks[i], ss[i], ps[i], ds[i], ceil_mode) for i in range(n)]
+    outs = [out_size(spatial[i], ks[i], ss[i], ps[i], ds[i], ceil_mode) for i in range(n)]
     return ks, ss, ps, ds, outs
 
 
@@ -619,14 +300,14 @@ def _window_op(cx: Ctx, fn: str, x: Value, ks: Sequence[int], ss: Sequence[int],
     lead = x.rank - n
     if any(len(dg) > 1 for dg in x.digits[lead:]):  # a windowed dim is read through a sum
         x = lw.plain(x)
-    space = _Space()
+    space = Space()
     by: dict[int, Form] = {}
     out: list[tuple[str | None, int]] = []
     groups: list[int] = []
     for j, digits in enumerate(x.digits[:lead]):  # a dim per digit: no copy of merged dims
         for t, (u, size) in enumerate(digits):
             name = space.dim(f"b{j}" if len(digits) == 1 else f"b{j}_{t}", size)
-            by[u] = _form((name, 1))
+            by[u] = form((name, 1))
             out.append((name, size))
         if not digits:
             out.append((None, 1))
@@ -635,10 +316,10 @@ def _window_op(cx: Ctx, fn: str, x: Value, ks: Sequence[int], ss: Sequence[int],
     kd = [space.dim(f"k{i}", ks[i]) for i in range(n)]
     offs = offsets or [0] * n
     forms: list[Form | None] = [None] * lead
-    forms += [_form((od[i], ss[i]), (kd[i], ds[i]), const=offs[i]) for i in range(n)]
+    forms += [form((od[i], ss[i]), (kd[i], ds[i]), const=offs[i]) for i in range(n)]
     out += [(od[i], outs[i]) for i in range(n)]
     kind = fn if any(k is not None for k in kd) else "copy"
-    return _emit(lw, kind, space, out, [*groups, *([1] * n)], [_read(x, forms, by)], part)
+    return emit(lw, kind, space, out, [*groups, *([1] * n)], [read_at(x, forms, by)], part)
 
 
 def _max_pool(cx: Ctx, n: int, x: Value, kernel: Any, stride: Any = None, padding: Any = 0,
@@ -648,7 +329,7 @@ def _max_pool(cx: Ctx, n: int, x: Value, kernel: Any, stride: Any = None, paddin
     ks, ss, ps, ds, outs = _pool_args(x, n, kernel, stride, padding, dilation, ceil_mode,
                                       f"max_pool{n}d")
     low = -math.inf if x.dtype in FLOAT_DTYPES else float(np.iinfo(x.dtype).min)
-    x_p = pad(cx.lw, x, _window_pads(x.shape[-n:], outs, ks, ss, ps, ds), low)
+    x_p = pad(cx.lw, x, window_pads(x.shape[-n:], outs, ks, ss, ps, ds), low)
     values = _window_op(cx, "max_pool", x_p, ks, ss, ds, outs)
     origin = cx.lw.origin
 
@@ -756,7 +437,7 @@ def _avg_pool(cx: Ctx, x: Value, kernel: Any, stride: Any = None, padding: Any =
     ks, ss, ps, ds, outs = _pool_args(x, n, kernel, stride, padding, 1, ceil_mode,
                                       f"avg_pool{n}d")
     dt = cx.dtype()
-    xp = pad(lw, lw.cast(x, dt), _window_pads(x.shape[-n:], outs, ks, ss, ps, ds), 0.0)
+    xp = pad(lw, lw.cast(x, dt), window_pads(x.shape[-n:], outs, ks, ss, ps, ds), 0.0)
     per_dim = [_avg_divisors(x.shape[-n + i], outs[i], ks[i], ss[i], ps[i], count_include_pad)
                for i in range(n)]
     counts = np.ones(outs, dtype=np.int64) * (divisor_override or 1)
@@ -852,7 +533,7 @@ def _constant_pad(cx: Ctx, x: Value, pads: Sequence[int], value: float = 0) -> V
         if end <= start:
             raise ProgramError(f"constant_pad_nd: pads {list(pads)} leave dim {d} empty")
         if (start, end) != (0, x.shape[d]):
-            x = _slice(cx.lw, x, d, start, end - start)
+            x = cx.lw.sliced(x, d, start, end - start)
     dt = cx.dtype()
     return pad(cx.lw, cx.lw.cast(x, dt), [(max(lo, 0), max(hi, 0)) for lo, hi in pairs],
                float(value))

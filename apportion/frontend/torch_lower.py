@@ -350,7 +350,9 @@ class Lowering:
     def at(self, origin: Origin) -> None:
         self.origin = origin
 
-    def _fresh_name(self, base: str) -> str:
+    def fresh_name(self, base: str) -> str:
+        """``base``, or ``base.<n>`` for the first ``n`` that names no tensor yet: the name of
+        a new op (its output tensor takes it)."""
         name = base
         for n in itertools.count(2):
             if name not in self.types:  # an op's output tensor takes the op's name
@@ -371,7 +373,7 @@ class Lowering:
 
     def constant(self, base: str, array: np.ndarray, dtype: str) -> Value:
         """A constant tensor: a program input whose value the lowering knows."""
-        return self.input(self._fresh_name(base), dtype, array.shape, array)
+        return self.input(self.fresh_name(base), dtype, array.shape, array)
 
     def scalar(self, value: float | int | bool, dtype: str) -> Value:
         """A rank-0 constant (one per value and dtype in the program)."""
@@ -437,8 +439,8 @@ class Lowering:
         letters = {a: [(next(names), t) for t in refined[a]] for a in order}
         rank = {lt: i for i, lt in enumerate(lt for a in order for lt, _ in letters[a])}
         accesses = tuple(self._access(v, amap, letters, rank) for v, amap in ins)
-        name = self._fresh_name(self.origin.node if part is None else
-                                f"{self.origin.node}.{part}")
+        name = self.fresh_name(self.origin.node if part is None else
+                               f"{self.origin.node}.{part}")
         out_index: list[AffineExpr] = []
         out_shape: list[int] = []
         digits: list[tuple[Digit, ...]] = []
@@ -471,7 +473,7 @@ class Lowering:
         dims = tuple((lt, t) for a in order for lt, t in letters[a])
         op = Op(name, fn, Access(name, tuple(out_index)), accesses, dims,
                 tuple(sorted((attrs or {}).items())))
-        dtype = self._add(op, tuple(out_shape))
+        dtype = self.add_op(op, tuple(out_shape))
         shape = tuple(1 if a is None else sizes[a] for a in out)
         return Value(name, dtype, shape, tuple(digits), tuple(index))
 
@@ -515,7 +517,9 @@ class Lowering:
                                     e.const))
         return Access(v.tensor, tuple(index))
 
-    def _add(self, op: Op, shape: tuple[int, ...]) -> str:
+    def add_op(self, op: Op, shape: tuple[int, ...]) -> str:
+        """Add ``op`` (named by ``fresh_name``), its output of ``shape``, lowered from the
+        current node; returns the output's dtype."""
         dtype = op.kind.out_dtype([self.types[a.tensor].dtype for a in op.ins], dict(op.attrs),
                                   f"op {op.name!r}")
         self.types[op.name] = TensorType(op.name, shape, dtype)
@@ -542,15 +546,15 @@ class Lowering:
                     out.append(AffineExpr.dim(lt))
             return tuple(out)
 
-        name = self._fresh_name(self.origin.node if part is None else
-                                f"{self.origin.node}.{part}")
+        name = self.fresh_name(self.origin.node if part is None else
+                               f"{self.origin.node}.{part}")
         out = Access(name, whole_index(shape))
         accesses = tuple(Access(v.tensor, whole_index(self.types[v.tensor].shape)) for v in ins)
         text = {k: _num(x) for k, x in (attrs or {}).items()}
         if not ins:
             text["dtype"] = dtype or "float32"
         op = Op(name, fn, out, accesses, tuple(sizes.items()), tuple(sorted(text.items())))
-        dtype = self._add(op, tuple(shape))
+        dtype = self.add_op(op, tuple(shape))
         return plain_value(name, dtype, shape)
 
     def fill(self, shape: Sequence[int], dtype: str, value: float) -> Value:
@@ -591,6 +595,15 @@ class Lowering:
             return v
         axes = list(range(v.rank))
         return self.op("copy", v.shape, axes, [(v, axes)], part="copy", merge=True)
+
+    def sliced(self, v: Value, d: int, start: int, length: int, step: int = 1) -> Value:
+        """``length`` elements of dim ``d`` of ``v`` from ``start`` by ``step``: a view
+        (``slice_dim``), of ``v``'s plain copy where its digits cannot be sliced."""
+        found = slice_dim(v, d, start, length, step)
+        if found is None:
+            found = slice_dim(self.plain(v), d, start, length, step)
+        assert found is not None, "a plain value slices along any dim"
+        return found
 
     def cast(self, v: Value, dtype: str) -> Value:
         if v.dtype == dtype:

@@ -49,7 +49,6 @@ from typing import Any
 import numpy as np
 
 from apportion.errors import ProgramError
-from apportion.frontend.torch_aten import Ctx, aten
 from apportion.frontend.torch_lower import (
     Lowering,
     Origin,
@@ -60,12 +59,17 @@ from apportion.frontend.torch_lower import (
     squeeze,
     unsqueeze,
 )
+from apportion.frontend.torch_table import Ctx, Lower, registrar
 from apportion.ir.dtypes import FLOAT_DTYPES
 
 #: the dispatch form ``static_experts`` exports, as the model report names it
 DENSE_FORM = "dense: every expert on every token, weighted by the routing mask"
 
 _INT_MIN = {"int8": -(2 ** 7), "int32": -(2 ** 31), "int64": -(2 ** 63)}
+
+#: ``aten.topk`` and ``aten.scatter.value`` -> their lowerings, merged into ``torch_aten``'s table
+LOWERINGS: dict[str, Lower] = {}
+aten = registrar(LOWERINGS)
 
 
 # --- topk --------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ F = torch.nn.functional
 import apportion as ap  # noqa: E402
 from apportion.errors import ProgramError  # noqa: E402
 from apportion.frontend import torch_cnn_demo as demo  # noqa: E402
-from apportion.frontend.torch_export import TorchProgram, from_torch  # noqa: E402
+from apportion.frontend.torch_export import from_torch  # noqa: E402
+from apportion.frontend.torch_program import TorchProgram  # noqa: E402
 from apportion.runtime import run_unplanned  # noqa: E402
 
 # torch.export deep-copies pytree specs, which warns inside torch; torch warns that its own

@@ -15,7 +15,8 @@ F = torch.nn.functional
 import apportion as ap  # noqa: E402
 from apportion.backends.torch.tensors import from_torch_storage  # noqa: E402
 from apportion.frontend import torch_demo  # noqa: E402
-from apportion.frontend.torch_export import TorchProgram, from_torch  # noqa: E402
+from apportion.frontend.torch_export import from_torch  # noqa: E402
+from apportion.frontend.torch_program import TorchProgram  # noqa: E402
 from apportion.runtime.kernels import round_bf16  # noqa: E402
 from apportion.runtime.reference import compare, eager_tolerance, run_unplanned  # noqa: E402
 from tests.frontend.test_torch_export import MLP, Sink  # noqa: E402

@@ -14,7 +14,8 @@ nn = torch.nn
 F = torch.nn.functional
 
 import apportion as ap  # noqa: E402
-from apportion.frontend.torch_export import TorchProgram, from_torch  # noqa: E402
+from apportion.frontend.torch_export import from_torch  # noqa: E402
+from apportion.frontend.torch_program import TorchProgram  # noqa: E402
 from apportion.runtime import run_unplanned  # noqa: E402
 
 # torch.export deep-copies pytree specs, which warns inside torch

@@ -13,8 +13,9 @@ pytest.importorskip("transformers")
 import apportion as ap  # noqa: E402
 from apportion.frontend import torch_lower  # noqa: E402
 from apportion.frontend.torch_aten import LOWERINGS  # noqa: E402
-from apportion.frontend.torch_export import UnsupportedNodes, from_torch  # noqa: E402
+from apportion.frontend.torch_export import from_torch  # noqa: E402
 from apportion.frontend.torch_models import LLAMA3_TINY, llama3_tiny, meta_llama  # noqa: E402
+from apportion.frontend.torch_program import UnsupportedNodes  # noqa: E402
 from apportion.runtime.reference import run_unplanned  # noqa: E402
 
 nn = torch.nn
