@@ -137,7 +137,7 @@ class Backend:
         """The run of one graph of static shapes: planned whole, split at the nodes apportion
         cannot lower, or eager; recorded in ``graphs`` (at ``sizes``) and said once on the
         ``apportion`` logger unless planned whole."""
-        from apportion.frontend.torch_export import UnsupportedNodes
+        from apportion.frontend.torch_program import UnsupportedNodes
 
         try:
             _check_inputs(example_inputs)
@@ -172,7 +172,8 @@ class Backend:
         import torch
         from torch.fx.passes.split_module import split_module
 
-        from apportion.frontend.torch_export import UnsupportedNodes, lower_exported
+        from apportion.frontend.torch_graph import lower_exported
+        from apportion.frontend.torch_program import UnsupportedNodes
 
         ep = torch.export.export(gm, tuple(example_inputs)).run_decompositions()
         try:  # every unsupported node of this export (a partial lowering lists them)
