@@ -33,11 +33,16 @@ from rich.console import Console
 from rich.table import Table
 
 from apportion.bench.harness import Outcome, Suite
-from apportion.errors import UsageError
-from apportion.errors import ApportionError
+from apportion.errors import ApportionError, UsageError
 from apportion.frontend.random_meshes import mesh_case
 from apportion.ir.program import Program
 from apportion.runtime.upstream_mlir import MISSING, available
+from apportion.sharding import oracle
+from apportion.sharding.mesh import Mesh, parse
+from apportion.sharding.propagate import propagate
+from apportion.sharding.search import search
+from apportion.sharding.spec import Sharding, load
+from apportion.sharding.unroll import unroll
 from apportion.sharding.upstream_check import (
     PartitionReport,
     PropagationReport,
@@ -48,11 +53,6 @@ from apportion.sharding.upstream_check import (
     refusal_class,
     upstream_choice,
 )
-from apportion.sharding.mesh import Mesh, parse
-from apportion.sharding.propagate import propagate
-from apportion.sharding.search import search
-from apportion.sharding.spec import Sharding, load
-from apportion.sharding.unroll import unroll
 
 #: random mesh cases when --n is not given
 DEFAULT_N = 20
@@ -149,7 +149,7 @@ def both_run(case: Case, prop: PropagationReport) -> str:
     out = []
     for plan in (mine, theirs):
         bound = plan.bind(dict(case.sizes) if case.sizes else None)
-        ok = all(c.ok for c in unroll(bound).check())
+        ok = all(c.ok for c in oracle.check(unroll(bound)))
         out.append(f"{'ok' if ok else 'WRONG'} {plan.predicted_us:.1f}")
     return " / ".join(out) + " us"
 

@@ -7,17 +7,18 @@ over several devices. A ``ShardingPlan`` says for every tensor how it is laid ou
 (``Transfer``: resharding steps, collectives priced by the mesh's links). ``propagate``
 completes the user's annotations along the ops' indexing maps; ``search`` chooses every op's
 strategy as an integer program (HiGHS) for the least predicted time within each device's
-memory. ``unroll`` turns a plan into one ordinary program per device with collective steps
-between, runnable with the reference executor and numpy collectives; ``lower_plan`` lowers it
-to the ``MeshSchedule`` every backend's ``run_mesh`` runs (the dtensor backend's with one
-process per device on ``torch.distributed``; the IREE backend emits it too). A mesh axis size
-may be symbolic (``dp=N~4``): plans are made at its planning size, and ``unroll`` and
-``lower_plan`` bind it (``sizes={"N": 2}``, ``ShardingPlan.bind``).
+memory. ``lower_plan`` lowers a plan to the ``MeshSchedule`` every backend's ``run_mesh`` runs
+(the dtensor backend's with one process per device on ``torch.distributed``; the IREE backend
+emits it too), through its per-device programs (``unroll``). A mesh axis size may be symbolic
+(``dp=N~4``): plans are made at its planning size, and ``lower_plan`` binds it
+(``sizes={"N": 2}``, ``ShardingPlan.bind``).
 
 Modules: ``mesh`` (meshes, presets, TOML), ``spec`` (shardings, annotations, ``ap.shard``),
 ``collectives`` (resharding steps, their cost, numpy collectives), ``rules`` (per-op
 strategies), ``plan`` (the plan value, costs, memory), ``propagate``, ``search``, ``unroll``
-(per-device programs and the wrappers), ``lower`` (the mesh schedule), ``mlir``.
+(per-device programs), ``lower`` (the mesh schedule), ``oracle`` (the per-device programs run
+with numpy collectives: an independent check of the lowered path), ``upstream_check``
+(upstream MLIR's propagation beside apportion's).
 """
 
 from apportion.sharding.collectives import Step as Step
@@ -42,13 +43,8 @@ from apportion.sharding.spec import annotations_of as annotations_of
 from apportion.sharding.spec import load as load
 from apportion.sharding.spec import loads as loads
 from apportion.sharding.spec import shard as shard
-from apportion.sharding.unroll import Collective as Collective
-from apportion.sharding.unroll import DeviceProgram as DeviceProgram
-from apportion.sharding.unroll import Unrolled as Unrolled
-from apportion.sharding.unroll import unroll as unroll
 
-__all__ = ["PRESETS", "Axis", "Collective", "DeviceProgram", "Finish", "Link", "Mesh", "Sharding",
-           "ShardingPlan", "Step", "Strategy", "Transfer", "Unrolled", "annotations_of",
-           "load", "load_toml", "loads", "make_strategy", "op_strategies",
-           "lower_plan", "parse_mesh", "propagate", "resolve_mesh", "search",
-           "shard", "unroll"]
+__all__ = ["PRESETS", "Axis", "Finish", "Link", "Mesh", "Sharding", "ShardingPlan", "Step",
+           "Strategy", "Transfer", "annotations_of", "load", "load_toml", "loads",
+           "make_strategy", "op_strategies", "lower_plan", "parse_mesh", "propagate",
+           "resolve_mesh", "search", "shard"]

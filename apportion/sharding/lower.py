@@ -63,7 +63,7 @@ from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.rules import Finish
 from apportion.sharding.spec import Sharding
 from apportion.sharding.unroll import Collective as UnrolledCollective
-from apportion.sharding.unroll import DeviceProgram, Unrolled, _step_names, unroll
+from apportion.sharding.unroll import DeviceProgram, Unrolled, step_names, unroll
 from apportion.target.target import Target
 
 # what one device does at one stage, before planning: a run of ops (with the segment it is
@@ -217,13 +217,28 @@ def _boxes(plan: ShardingPlan, step: Step, tensor: str) -> tuple[tuple[Box, ...]
 
 def _collective(plan: ShardingPlan, items: list[Any], kind: str) -> Collective:
     """One step, from every device's part of it (the same step on each)."""
-    mesh = plan.mesh
     if kind == "slice":
         op, tensor, step = items[0]
-        source, result = op.ins[0].tensor, op.out.tensor
-    else:
-        c: UnrolledCollective = items[0]
-        step, tensor, source, result = c.step, c.tensor, c.source, c.result
+        return step_collective(plan, step, tensor, op.ins[0].tensor, op.out.tensor)
+    c: UnrolledCollective = items[0]
+    return step_collective(plan, c.step, c.tensor, c.source, c.result)
+
+
+def step_collective(plan: ShardingPlan, step: Step, tensor: str, source: str, result: str
+                    ) -> Collective:
+    """Resharding ``step`` of ``tensor``'s value ``source`` into ``result`` as the mesh
+    schedule's ``Collective``: every device's box before and after, the groups of devices it
+    runs between, the dtypes it moves and makes.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.sharding.mesh import parse
+    >>> from apportion.sharding.search import search
+    >>> plan = search(load("examples/mlp.json"), parse("tp=2"), outputs="replicated")
+    >>> t = plan.transfers[-1]
+    >>> str(step_collective(plan, t.steps[0], t.tensor, t.source, t.name))
+    'y@1 = all_gather(tp) dim 1(y)'
+    """
+    mesh = plan.mesh
     src, dst = _boxes(plan, step, tensor)
     # a halo across several peered axes reads from the devices differing along any of them
     groups = group_order({read_group(mesh, d, step.axes) for d in range(mesh.devices)})
@@ -259,7 +274,7 @@ def _layouts(plan: ShardingPlan) -> tuple[Layout, ...]:
         add(op.out.tensor, op.out.tensor, shard.strategy.out)
     for t in plan.transfers:
         for k, step in enumerate(t.steps):
-            src, dst = _step_names(t, k)
+            src, dst = step_names(t, k)
             add(t.tensor, src, step.src)
             add(t.tensor, dst, step.dst)
     return tuple(out.values())

@@ -1,5 +1,5 @@
 """Per-device programs: a sharding plan unrolled into one ordinary program per device, with
-explicit collective steps between, and the wrappers that keep the caller's signature.
+explicit collective steps between: what ``lower.lower_plan`` lowers to the mesh schedule.
 
 Every device runs the same *stages* in the same order (SPMD): compute segments, each a normal
 apportion ``Program`` over that device's shards (``ap.plan`` plans it on the device's cores),
@@ -39,25 +39,18 @@ cores, restricted to the segment's ops and at the sizes the device sees (``carry
   the mesh in one op, whole in another). A level no op of a run tiles is dropped (an op of
   the run only recomputed the same box along it), and a run whose ops sit only in such levels
   runs untiled. A symbolic count stays symbolic (the planner sizes each device's tiles at its
-  smallest value; ``run(planned=True, params={"T": 16})`` gives it). Every run and every
+  smallest value; ``params={"T": 16}`` of the run or lowering gives it). Every run and every
   change is recorded (``Unrolled.tiling``, ``GroupCarry``), and ``tiling_lines`` says what
   became of each group;
 * ``work_division`` and ``split_k`` pins stay on the op they pin (the device's part of it,
   same name, same dims), the pinned core splits unchanged: they now split the device's share.
   A pin that does not fit the share is the planner's error naming the op, dim and factor,
-  with the device and segment said (``Unrolled.planned``). The extra ``.value`` op of an
+  with the device and segment said (``oracle.planned``). The extra ``.value`` op of an
   argmax split over devices is not pinned.
 
-``Unrolled.shard_inputs`` cuts each host input into the devices' shards (numpy views of the
-host array, no copy per device); ``unshard_outputs`` assembles each output from the devices'
-shards (checking that replicas agree); ``run`` (or calling the value) does the three with the
-reference executor and numpy collectives (``collectives.apply``), and returns the outputs by
-their names, so the caller keeps the program's signature. ``run(planned=True)`` runs each
-device's segments as ``ap.plan`` plans them for its cores (core slice by core slice). These
-runs check the unrolled programs themselves (the tests' cross-check, the segments run
-unplanned too); what runs a sharded program is the plan lowered to its mesh schedule
-(``sharding.lower.lower_plan``) and a backend's ``run_mesh``, whose reference runner gives
-bit for bit what ``run(planned=True)`` gives.
+``lower.lower_plan`` lowers these programs to the mesh schedule every backend runs;
+``oracle`` runs them as they are, with the reference executor and numpy collectives, as an
+independent check of that path.
 
 >>> from apportion.frontend.json_format import load
 >>> from apportion.sharding.mesh import parse
@@ -65,8 +58,8 @@ bit for bit what ``run(planned=True)`` gives.
 >>> u = unroll(search(load("examples/mlp.json"), parse("tp=2"), outputs="replicated"))
 >>> [type(s).__name__ for s in u.devices[0].stages]
 ['Program', 'Collective', 'Program', 'Collective']
->>> all(c.ok for c in u.check())
-True
+>>> u.distinct_segments
+2
 """
 
 from __future__ import annotations
@@ -76,24 +69,13 @@ from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
-import numpy as np
-
-from apportion.errors import ApportionError, ExecutionError, PlanningError
+from apportion.errors import PlanningError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
 from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
-from apportion.runtime.reference import (
-    OutputCheck,
-    bind_inputs,
-    compare,
-    random_inputs,
-    run_unplanned,
-)
-from apportion.schedule.mesh import assemble_outputs
-from apportion.sharding.collectives import Step, apply
+from apportion.sharding.collectives import Step
 from apportion.sharding.plan import ShardingPlan, Transfer, transfer_point
 from apportion.sharding.rules import Finish, local_ops
-from apportion.target.target import Target
 
 
 @dataclass(frozen=True)
@@ -256,7 +238,7 @@ def _schedule(plan: ShardingPlan) -> list[tuple[str, Any]]:
     return out
 
 
-def _step_names(t: Transfer, k: int) -> tuple[str, str]:
+def step_names(t: Transfer, k: int) -> tuple[str, str]:
     src = t.source if k == 0 else f"{t.name}~{k}"
     dst = t.name if k == len(t.steps) - 1 else f"{t.name}~{k + 1}"
     return src, dst
@@ -288,7 +270,7 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
             continue
         t, k = item
         step = t.steps[k]
-        src, dst = _step_names(t, k)
+        src, dst = step_names(t, k)
         if step.kind == "slice":
             entries.append(_slice_op(t, k, step, src, dst, plan, coords, types))
         else:
@@ -381,125 +363,11 @@ class Unrolled:
     def program(self) -> Program:
         return self.plan.program
 
-    # -- the wrappers ---------------------------------------------------------------------------
-
-    def shard_inputs(self, inputs: Mapping[str, Any]) -> list[dict[str, np.ndarray]]:
-        """Each device's shards of the inputs: views of the host arrays (in storage dtype)."""
-        host = bind_inputs(self.program, inputs)
-        return [{local: host[name][tuple(slice(lo, hi) for lo, hi in block)]
-                 for name, local, block in dev.inputs} for dev in self.devices]
-
-    def unshard_outputs(self, envs: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        """Each output assembled from the devices' shards; replicas must agree."""
-        return assemble_outputs(self.program,
-                                [[(local, block) for _, local, block in dev.outputs]
-                                 for dev in self.devices],
-                                [dev.device for dev in self.devices], envs)
-
-    # -- running --------------------------------------------------------------------------------
-
-    def run(self, inputs: Mapping[str, Any] | None = None, planned: bool = False,
-            target: Target | None = None, seed: int = 0,
-            params: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-        """Run every device's stages with the reference executor (``planned``: each segment
-        as ``ap.plan`` plans it for the device's cores, its tiling groups' symbolic loop
-        counts taken from ``params``) and numpy collectives; returns the outputs by name."""
-        xs = random_inputs(self.program, seed) if inputs is None else inputs
-        envs = self.shard_inputs(xs)
-        plans = self._segment_plans(target) if planned else {}
-        if planned:
-            self._check_counts(params)
-        for k in range(len(self.devices[0].stages)):
-            first = self.devices[0].stages[k]
-            if isinstance(first, Finish):
-                for dev, env in zip(self.devices, envs, strict=True):
-                    fin = dev.stages[k]
-                    assert isinstance(fin, Finish)
-                    env[fin.result] = fin.run(env)
-                continue
-            if isinstance(first, Collective):
-                arrays = [env[first.source] for env in envs]
-                dtype = first.step.dst.held_dtype(self.program.tensor(first.tensor).dtype)
-                shape = self.program.tensor(first.tensor).shape
-                for env, res in zip(envs, apply(first.step, arrays, self.plan.mesh, dtype,
-                                                shape), strict=True):
-                    env[first.result] = res
-                continue
-            for dev, env in zip(self.devices, envs, strict=True):
-                seg = dev.stages[k]
-                assert isinstance(seg, Program)
-                given = {n: env[n] for n in seg.inputs}
-                if planned:
-                    sp = plans[_key(seg)]
-                    res = sp.run(given, params={k: v for k, v in (params or {}).items()
-                                                if k in sp.params} or None)
-                else:
-                    res = run_unplanned(seg, given)
-                env.update({n: res[n] for n in seg.outputs})
-        return self.unshard_outputs(envs)
-
-    __call__ = run
-
-    def check(self, seed: int = 0, planned: bool = False, target: Target | None = None,
-              params: Mapping[str, int] | None = None) -> list[OutputCheck]:
-        """The per-device programs run on random inputs against the unsharded program."""
-        inputs = random_inputs(self.program, seed)
-        expected = run_unplanned(self.program, inputs)
-        return compare(expected, self.run(inputs, planned, target, params=params),
-                       self.program)
-
     @cached_property
     def counts(self) -> tuple[str, ...]:
         """The symbolic loop counts of the source's tiling groups (a planned run needs each)."""
         return tuple(dict.fromkeys(lv.count for g in self.program.tiling for lv in g.loops
                                    if isinstance(lv.count, str)))
-
-    def _check_counts(self, params: Mapping[str, int] | None) -> None:
-        """Refuse a planned run missing a symbolic loop count or given a name that is none."""
-        given = dict(params or {})
-        missing = [c for c in self.counts if c not in given]
-        unknown = sorted(set(given) - set(self.counts))
-        if missing or unknown:
-            what = (f"needs a value for symbolic loop count {', '.join(missing)}" if missing
-                    else f"has no symbolic loop count {unknown[0]!r}")
-            raise ExecutionError(f"the per-device programs of {self.program.name!r} {what} "
-                                 f"(its counts: {', '.join(self.counts) or 'none'})")
-
-    def _segment_plans(self, target: Target | None) -> dict[Program, Any]:
-        from apportion.planned import plan
-
-        tgt = target or self.plan.target
-        out: dict[Program, Any] = {}
-        for dev in self.devices:
-            for seg in dev.segments:
-                key = _key(seg)
-                if key in out:
-                    continue
-                try:
-                    out[key] = plan(replace(seg, name=seg.name), tgt)
-                except ApportionError as e:  # a pin or tile the device's share cannot take
-                    coords = ", ".join(f"{a}={i}" for a, i in dev.coords)
-                    raise PlanningError(f"device {dev.device} ({coords}), segment "
-                                        f"{seg.name!r} (its shares of the ops): {e}") from None
-        return out
-
-    def planned(self, target: Target | None = None) -> list[list[Any]]:
-        """Per device, each segment planned by ``ap.plan`` for the device's cores (identical
-        segments planned once), with the tiling groups and pins it carries
-        (``carry_tiling``): a group's loops are the plan's loop groups.
-
-        >>> from apportion.frontend.json_format import load
-        >>> from apportion.sharding.mesh import parse
-        >>> from apportion.sharding.propagate import propagate
-        >>> from apportion.sharding.spec import Sharding
-        >>> p = load("examples/fused.json")
-        >>> rows = Sharding((("tp",), ()))
-        >>> u = unroll(propagate(p, parse("tp=2"), annotations={"a": rows, "z": rows}))
-        >>> [[g.counts for g in seg.plan.groups] for seg in u.planned()[1]]
-        [[(2, 4)]]
-        """
-        plans = self._segment_plans(target)
-        return [[plans[_key(s)] for s in dev.segments] for dev in self.devices]
 
     @property
     def tiling(self) -> tuple[GroupCarry, ...]:
@@ -535,7 +403,7 @@ class Unrolled:
 
     @cached_property
     def distinct_segments(self) -> int:
-        return len({_key(s) for dev in self.devices for s in dev.segments})
+        return len({segment_key(s) for dev in self.devices for s in dev.segments})
 
 
 def _run_text(c: GroupCarry, runs: int) -> str:
@@ -550,7 +418,7 @@ def _run_text(c: GroupCarry, runs: int) -> str:
     return ops + how + "".join(f" ({x})" for x in c.changes)
 
 
-def _key(seg: Program) -> Program:
+def segment_key(seg: Program) -> Program:
     """A segment without its device in its name: devices with equal shards share its plan."""
     return replace(seg, name=seg.name.split(".d")[0] + ".s" + seg.name.rsplit(".s", 1)[1])
 

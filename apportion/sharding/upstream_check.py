@@ -38,10 +38,10 @@ from dataclasses import dataclass
 
 from apportion.errors import ApportionError, EmitError
 from apportion.ir.program import Program
-from apportion.runtime.isolated import python_command
-from apportion.runtime.upstream_mlir import tool
 from apportion.mlir.shard.body import Block, render_op
 from apportion.mlir.shard.forms import _annotate, annotated_mlir, propagated_mlir
+from apportion.runtime.isolated import python_command
+from apportion.runtime.upstream_mlir import tool
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.propagate import propagate
@@ -415,7 +415,7 @@ def upstream_choice(program: Program, mesh: Mesh, annotations: Mapping[str, Shar
                     report: PropagationReport) -> ShardingPlan:
     """Upstream's completed shardings made an apportion plan: ``propagate`` with every tensor
     upstream annotated pinned to upstream's sharding (over the user's own annotations), so
-    that its choice can be run (``unroll(plan).check()``) and priced (``predicted_us``)
+    that its choice can be run (``oracle.check``) and priced (``predicted_us``)
     beside apportion's own.
 
     >>> from apportion.sharding.spec import load

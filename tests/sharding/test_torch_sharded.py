@@ -8,10 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apportion.workflows.torch_model import compare_eager, load_model
+from apportion.sharding import oracle
 from apportion.sharding.mesh import parse
 from apportion.sharding.search import search
 from apportion.sharding.unroll import unroll
+from apportion.workflows.torch_model import compare_eager, load_model
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -56,13 +57,13 @@ def test_the_search_splits_the_weights_of_a_torch_mlp_column_then_row(mlp):
 @pytest.mark.parametrize("mesh", ["tp=2", "tp=4", "dp=2", "dp=2,tp=2", "tp=3"])
 def test_the_per_device_programs_of_a_sharded_torch_mlp_match_the_model_run_eagerly(mlp, mesh):
     u = unroll(search(mlp.lowered.program, parse(mesh)))
-    _matches_eager(mlp, u.run(_inputs(mlp), planned=True))
+    _matches_eager(mlp, oracle.run(u, _inputs(mlp), planned=True))
 
 
 def test_a_sharded_torch_model_on_a_symbolic_mesh_matches_eager_once_bound(mlp):
     plan = search(mlp.lowered.program, parse("tp=N~4"))
     for n in (2, 4):
-        _matches_eager(mlp, unroll(plan, {"N": n}).run(_inputs(mlp)))
+        _matches_eager(mlp, oracle.run(unroll(plan, {"N": n}), _inputs(mlp)))
 
 
 def test_the_per_device_programs_of_a_sharded_llama_match_the_model_run_eagerly(llama):
@@ -71,12 +72,12 @@ def test_the_per_device_programs_of_a_sharded_llama_match_the_model_run_eagerly(
     fallbacks = [o for o in llama.lowered.program.ops if not o.kind.divisible]
     assert fallbacks and all(plan.strategy(o.name).label == "replicated" for o in fallbacks)
     u = unroll(plan)
-    _matches_eager(llama, u.run(_inputs(llama)))
-    _matches_eager(llama, u.run(_inputs(llama), planned=True))
+    _matches_eager(llama, oracle.run(u, _inputs(llama)))
+    _matches_eager(llama, oracle.run(u, _inputs(llama), planned=True))
 
 
 def test_a_llama_with_a_mismatched_output_is_reported_not_hidden(llama):
-    out = unroll(search(llama.lowered.program, parse("tp=2"))).run(_inputs(llama))
+    out = oracle.run(unroll(search(llama.lowered.program, parse("tp=2"))), _inputs(llama))
     (name,) = llama.lowered.outputs
     bad = {name: np.asarray(out[name]) + 1.0}
     (check,) = compare_eager(llama, bad)

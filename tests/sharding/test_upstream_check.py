@@ -11,6 +11,12 @@ from hypothesis import strategies as st
 from apportion.bench.upstream import compare, random_cases
 from apportion.frontend.random_meshes import MeshCase, mesh_case, random_mesh_case
 from apportion.runtime.upstream_mlir import MISSING, available
+from apportion.sharding import oracle
+from apportion.sharding.mesh import parse
+from apportion.sharding.propagate import propagate
+from apportion.sharding.search import search
+from apportion.sharding.spec import Sharding, load
+from apportion.sharding.unroll import unroll
 from apportion.sharding.upstream_check import (
     PARTIAL_UNSAID,
     CollectiveUse,
@@ -23,11 +29,6 @@ from apportion.sharding.upstream_check import (
     refusal_class,
     upstream_choice,
 )
-from apportion.sharding.mesh import parse
-from apportion.sharding.propagate import propagate
-from apportion.sharding.search import search
-from apportion.sharding.spec import Sharding, load
-from apportion.sharding.unroll import unroll
 from tests.conformance.draws import HypothesisDraw, conformance
 
 needs_mlir = pytest.mark.skipif(not available(), reason=MISSING)
@@ -38,7 +39,7 @@ def _case(seed: int):
 
 
 def _runs(plan, sizes=None) -> bool:
-    return all(c.ok for c in unroll(plan.bind(dict(sizes) if sizes else None)).check())
+    return all(c.ok for c in oracle.check(unroll(plan.bind(dict(sizes) if sizes else None))))
 
 
 def test_upstream_split_axes_are_read_as_axis_names_padded_to_the_rank():

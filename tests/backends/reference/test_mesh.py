@@ -2,7 +2,7 @@
 device's core schedule run as the reference runs one device's, the data between devices moved
 by the schedule. It matches the unplanned program on random sharded programs and meshes
 (uneven cuts included), gives bit for bit what the per-device programs' own planned run
-(``Unrolled.run(planned=True)``) gives, and is what ``run --mesh --backend reference`` runs."""
+(``oracle.run(planned=True)``) gives, and is what ``run --mesh --backend reference`` runs."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from apportion.errors import ExecutionError, PlanningError
 from apportion.frontend.json_format import load
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.values import Loop
+from apportion.sharding import oracle
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse
 from apportion.sharding.propagate import propagate
@@ -53,7 +54,7 @@ def test_the_mesh_runner_gives_bit_for_bit_what_the_unrolled_planned_run_gives(c
     program, mesh, ann = case
     plan = search(program, mesh, annotations=ann)
     xs = random_inputs(program, 2)
-    assert _same(run_mesh(lower_plan(plan), xs), unroll(plan).run(xs, planned=True))
+    assert _same(run_mesh(lower_plan(plan), xs), oracle.run(unroll(plan), xs, planned=True))
 
 
 @pytest.mark.parametrize("name", list(ALL))
@@ -61,7 +62,7 @@ def test_uneven_meshes_match_and_equal_the_unrolled_run_bit_for_bit(name):
     plan = ALL[name]()
     xs = _inputs(name, plan.program)
     got = _matches(plan, xs)
-    assert _same(got, unroll(plan).run(xs, planned=True))
+    assert _same(got, oracle.run(unroll(plan), xs, planned=True))
 
 
 @pytest.mark.slow
@@ -69,7 +70,7 @@ def test_a_symbolic_loop_count_kept_by_the_devices_is_bound_when_lowered():
     plan = search(load("examples/softmax_symbolic.json"), parse("tp=2"))
     xs = random_inputs(plan.program, 0)
     got = _matches(plan, xs, params={"T": 16})
-    assert _same(got, unroll(plan).run(xs, planned=True, params={"T": 16}))
+    assert _same(got, oracle.run(unroll(plan), xs, planned=True, params={"T": 16}))
     (launch,) = lower_plan(plan, params={"T": 16}).launches(0)
     assert [(lp.count, lp.symbol) for lp in launch.schedule.steps if isinstance(lp, Loop)] == \
         [(16, "T")]
