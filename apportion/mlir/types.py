@@ -105,8 +105,9 @@ def _literal(value: float | int | bool, ty: str) -> str:
     return f"{text} : {ty}"
 
 
-class _Emits(Protocol):
-    """What ``fptosi_saturating`` writes into: the parallel IR's blocks and the shard forms'."""
+class Emits(Protocol):
+    """What ``fptosi_saturating`` and the argmax keys (``mlir.keys``) write into: the parallel
+    IR's blocks and the shard forms'."""
 
     def fresh(self, stem: str, /) -> str: ...
 
@@ -115,7 +116,7 @@ class _Emits(Protocol):
     def emit(self, line: str, /) -> None: ...
 
 
-def fptosi_saturating(blk: _Emits, value: str, src: str, dst: str) -> str:
+def fptosi_saturating(blk: Emits, value: str, src: str, dst: str) -> str:
     """``value`` of float type ``src`` as the integer type ``dst`` (not ``i1``), as
     ``kernels.saturate`` converts: truncated toward zero, clamped to ``dst``'s range, NaN to 0.
     ``arith.fptosi`` alone is poison out of range; here it only sees values in range (others

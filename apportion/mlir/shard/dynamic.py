@@ -53,6 +53,7 @@ from apportion.ir.kinds import REDUCERS, Category
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TensorType
 from apportion.mlir.bodies import REDUCER_OPS, body_of, combine_of
+from apportion.mlir.keys import pack_key
 from apportion.mlir.shard.body import (
     Block,
     _apply,
@@ -66,7 +67,7 @@ from apportion.mlir.shard.body import (
     tensor_type,
 )
 from apportion.mlir.shard.dialect import GRID, grid_op
-from apportion.mlir.shard.finish import cast_body, identity_map, pack_key
+from apportion.mlir.shard.finish import cast_body, identity_map
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import INDEX_MAX, compute_type
 from apportion.mlir.types import mlir_type as elt
@@ -358,7 +359,8 @@ class _Dynamic:
                            [(parts[0], st_shape.format(ty), ty, ident),
                             (parts[1], st_shape.format("i64"), "i64", ident)],
                            [(init, out_ty, held_e, ident)],
-                           lambda b, a, o: [pack_key(b, a[0], ty, a[1], "i64", whole)],
+                           lambda b, a, o: [pack_key(b, a[0], ty, a[1], "i64", whole.local,
+                                                     whole.starts, whole.sizes)],
                            f"{stem}_keys")[0]
         acc, acc_elt = (parts[1], "i64") if reducer.pairs else (parts[0], ty)
         is_mean = reducer.finish is not None and not reducer.pairs
