@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from apportion.mlir.index import Ix, IxLike, _map
 from apportion.mlir.text import SsaNames
-from apportion.mlir.types import _literal
+from apportion.mlir.types import literal
 from apportion.plans.views import dim_slices
 
 INDENT = "  "
@@ -122,7 +122,7 @@ class _Block:
 
     def const(self, value: float | int | bool, ty: str) -> str:
         name = self.fresh("cst")
-        self.emit(f"{name} = arith.constant {_literal(value, ty)}")
+        self.emit(f"{name} = arith.constant {literal(value, ty)}")
         return name
 
 

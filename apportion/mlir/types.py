@@ -84,9 +84,13 @@ def compute_type(kind: OpKind, dtypes: Sequence[str]) -> str:
     return "f64"
 
 
-def _literal(value: float | int | bool, ty: str) -> str:
+def literal(value: float | int | bool, ty: str) -> str:
     """An ``arith.constant`` attribute of ``value`` in type ``ty`` (infinities as bit patterns,
-    integers clamped to the type's range: an identity of -inf is the least integer)."""
+    integers clamped to the type's range: an identity of -inf is the least integer).
+
+    >>> literal(-math.inf, "f32"), literal(-math.inf, "i8"), literal(0.5, "f64")
+    ('0xFF800000 : f32', '-128 : i8', '0.5 : f64')
+    """
     if ty == "i1":
         return "true" if value else "false"
     if ty in _INT_BITS or ty == "index":

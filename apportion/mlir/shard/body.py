@@ -39,9 +39,9 @@ from apportion.mlir.bodies import MlirBody, body_of, combine_of
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import (
     INDEX_MAX,
-    _literal,
     compute_type,
     fptosi_saturating,
+    literal,
 )
 from apportion.mlir.types import mlir_type as elt
 
@@ -96,7 +96,7 @@ class Block:
 
     def const(self, value: float | int | bool, ty: str) -> str:
         name = self.fresh("c")
-        self.emit(f"{name} = arith.constant {_literal(value, ty)}")
+        self.emit(f"{name} = arith.constant {literal(value, ty)}")
         return name
 
     def text(self) -> str:
