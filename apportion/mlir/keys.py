@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from apportion.mlir.types import Emits
+from apportion.mlir.types import FLOAT_TYPES, Emits
 from apportion.schedule.mesh import MAX_KEYED_INDEX
-
-_FLOATS = ("f16", "bf16", "f32", "f64")
 
 
 def _widen(b: Emits, value: str, src: str, dst: str) -> str:
@@ -27,7 +25,7 @@ def _widen(b: Emits, value: str, src: str, dst: str) -> str:
     if src == dst:
         return value
     name = b.fresh("v")
-    op = "extf" if src in _FLOATS else "extsi"
+    op = "extf" if src in FLOAT_TYPES else "extsi"
     b.emit(f"{name} = arith.{op} {value} : {src} to {dst}")
     return name
 
@@ -37,7 +35,7 @@ def pack_key(b: Emits, value: str, v_elt: str, index: str, i_elt: str, local: Se
     """The int64 key of ``value`` (of element type ``v_elt``) at ``index``, its flat index in
     the device's part of the reduction (``local``, the part's sizes; ``starts``, where it
     starts in each reduced dim; ``sizes``, each dim's whole size); the key's SSA name."""
-    if v_elt in _FLOATS:
+    if v_elt in FLOAT_TYPES:
         f = _widen(b, value, v_elt, "f32")
         zero = b.const(0.0, "f32")
         z = b.fresh("plus0")

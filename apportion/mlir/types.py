@@ -22,9 +22,10 @@ MLIR_TYPES: dict[str, str] = {
     "int64": "i64",
     "bool": "i1",
 }
-_FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
-_FLOAT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
-_INT_BITS = {"i1": 1, "i8": 8, "i32": 32, "i64": 64}
+#: the MLIR float element types, and each one's width in bits (and each integer type's)
+FLOAT_TYPES = ("f16", "bf16", "f32", "f64")
+FLOAT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
+INT_BITS = {"i1": 1, "i8": 8, "i32": 32, "i64": 64}
 #: float types' infinities as bit patterns (MLIR float literals have no ``inf``)
 _INF = {"f16": 0x7C00, "bf16": 0x7F80, "f32": 0x7F800000, "f64": 0x7FF0000000000000}
 _NARROW = frozenset({"float16", "bfloat16", "bool"})
@@ -93,14 +94,14 @@ def literal(value: float | int | bool, ty: str) -> str:
     """
     if ty == "i1":
         return "true" if value else "false"
-    if ty in _INT_BITS or ty == "index":
-        bits = 64 if ty == "index" else _INT_BITS[ty]
+    if ty in INT_BITS or ty == "index":
+        bits = 64 if ty == "index" else INT_BITS[ty]
         lo, hi = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
         v = hi if value == math.inf else lo if value == -math.inf else int(value)
         return f"{min(max(v, lo), hi)} : {ty}"
     v = float(value)
     if math.isinf(v):
-        bits = _INF[ty] | (1 << (_FLOAT_BITS[ty] - 1) if v < 0 else 0)
+        bits = _INF[ty] | (1 << (FLOAT_BITS[ty] - 1) if v < 0 else 0)
         return f"0x{bits:X} : {ty}"
     text = repr(v)
     if "e" in text and "." not in text.split("e")[0]:
@@ -142,11 +143,11 @@ def fptosi_saturating(blk: Emits, value: str, src: str, dst: str) -> str:
     %v_7 = arith.select %v, %cst_3, %v_6 : i8
     %v_8 = arith.select %v_1, %cst_4, %v_7 : i8
     """
-    if _FLOAT_BITS[src] < 32:
+    if FLOAT_BITS[src] < 32:
         wide = blk.fresh("v")
         blk.emit(f"{wide} = arith.extf {value} : {src} to f32")
         value, src = wide, "f32"
-    edge = 2.0 ** (_INT_BITS[dst] - 1)
+    edge = 2.0 ** (INT_BITS[dst] - 1)
     hi, lo = blk.const(edge, src), blk.const(-edge, src)
     over, under, nan, either, bad, safe, conv, top, out = (blk.fresh("v") for _ in range(9))
     blk.emit(f"{over} = arith.cmpf oge, {value}, {hi} : {src}")

@@ -16,10 +16,10 @@ from apportion.mlir.forall.tensors import Box, TensorVal, _Env, _Slice, _Tensors
 from apportion.mlir.index import Ix
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import (
-    _FLOAT_BITS,
-    _FLOAT_TYPES,
-    _INT_BITS,
+    FLOAT_BITS,
+    FLOAT_TYPES,
     INDEX_MAX,
+    INT_BITS,
     compute_type,
     fptosi_saturating,
     mlir_type,
@@ -32,11 +32,11 @@ def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
     anything to ``i1`` is ``!= 0``, ``i1`` to numbers is 0 or 1."""
     if src == dst:
         return value
-    if src in _FLOAT_TYPES and dst in _INT_BITS and dst != "i1":
+    if src in FLOAT_TYPES and dst in INT_BITS and dst != "i1":
         return fptosi_saturating(blk, value, src, dst)
     name = blk.fresh("v")
     if dst == "i1":
-        if src in _FLOAT_TYPES:
+        if src in FLOAT_TYPES:
             zero = blk.const(0.0, src)
             blk.emit(f"{name} = arith.cmpf une, {value}, {zero} : {src}")
         else:
@@ -47,14 +47,14 @@ def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
         return _convert(blk, _convert(blk, value, src, "f32"), "f32", dst)
     if src == "f32" and dst == "bf16":
         return _f32_to_bf16(blk, value)
-    if src in _FLOAT_TYPES and dst in _FLOAT_TYPES:
-        op = "extf" if _FLOAT_BITS[dst] > _FLOAT_BITS[src] else "truncf"
-    elif dst in _FLOAT_TYPES:
+    if src in FLOAT_TYPES and dst in FLOAT_TYPES:
+        op = "extf" if FLOAT_BITS[dst] > FLOAT_BITS[src] else "truncf"
+    elif dst in FLOAT_TYPES:
         op = "uitofp" if src == "i1" else "sitofp"
     elif src == "i1":
         op = "extui"
     else:
-        op = "extsi" if _INT_BITS[dst] > _INT_BITS[src] else "trunci"
+        op = "extsi" if INT_BITS[dst] > INT_BITS[src] else "trunci"
     blk.emit(f"{name} = arith.{op} {value} : {src} to {dst}")
     return name
 
@@ -290,7 +290,7 @@ class _Bodies(_Tensors):
             index = blk.value(count, "count")
             as_int = blk.fresh("count")
             blk.emit(f"{as_int} = arith.index_cast {index} : index to i64")
-            fty = acc.elt if acc.elt in _FLOAT_TYPES else "f64"
+            fty = acc.elt if acc.elt in FLOAT_TYPES else "f64"
             run_count = blk.fresh("count")
             blk.emit(f"{run_count} = arith.uitofp {as_int} : i64 to {fty}")
 
@@ -298,7 +298,7 @@ class _Bodies(_Tensors):
             v = args[0]
             src = acc.elt
             if is_mean:
-                fty = src if src in _FLOAT_TYPES else "f64"
+                fty = src if src in FLOAT_TYPES else "f64"
                 v = _convert(b, v, src, fty)
                 c = b.const(float(count.value), fty) if count.is_const else run_count
                 q = b.fresh("mean")

@@ -24,7 +24,7 @@ from apportion.mlir.forall.compute import _apply, _Bodies, _convert
 from apportion.mlir.forall.tensors import Box, TensorVal, _Env, _Slice
 from apportion.mlir.index import Ix
 from apportion.mlir.text import symbol_name
-from apportion.mlir.types import _FLOAT_TYPES
+from apportion.mlir.types import FLOAT_TYPES
 
 
 class _Fallbacks(_Bodies):
@@ -208,7 +208,7 @@ class _Fallbacks(_Bodies):
         element ``f % row`` of the table's row ``ids.flat[f // row]``, a row being (output
         elements / index elements) table elements."""
         table, ids = ins
-        if ids.elt in _FLOAT_TYPES:
+        if ids.elt in FLOAT_TYPES:
             raise EmitError(f"op {op.name!r}: gather reads indices from tensor "
                             f"{op.ins[1].tensor!r} of dtype {self.dtype(op.ins[1].tensor)}; "
                             "indices must be integers or bools")

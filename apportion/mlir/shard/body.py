@@ -38,15 +38,15 @@ from apportion.ir.program import TensorType
 from apportion.mlir.bodies import MlirBody, body_of, combine_of
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import (
+    FLOAT_BITS,
+    FLOAT_TYPES,
     INDEX_MAX,
+    INT_BITS,
     compute_type,
     fptosi_saturating,
     literal,
 )
 from apportion.mlir.types import mlir_type as elt
-
-_FLOATS = ("f16", "bf16", "f32", "f64")
-_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64, "i1": 1, "i8": 8, "i32": 32, "i64": 64}
 
 
 def tensor_type(shape: Sequence[int | None], element: str) -> str:
@@ -109,24 +109,24 @@ def convert(blk: Block, value: str, src: str, dst: str) -> str:
     ``!= 0``, ``i1`` to numbers is 0 or 1."""
     if src == dst:
         return value
-    if src in _FLOATS and dst not in _FLOATS and dst != "i1":
+    if src in FLOAT_TYPES and dst not in FLOAT_TYPES and dst != "i1":
         return fptosi_saturating(blk, value, src, dst)
     name = blk.fresh("v")
     if dst == "i1":
-        zero = blk.const(0.0 if src in _FLOATS else 0, src)
-        cmp = "arith.cmpf une" if src in _FLOATS else "arith.cmpi ne"
+        zero = blk.const(0.0 if src in FLOAT_TYPES else 0, src)
+        cmp = "arith.cmpf une" if src in FLOAT_TYPES else "arith.cmpi ne"
         blk.emit(f"{name} = {cmp}, {value}, {zero} : {src}")
         return name
-    if src in _FLOATS and dst in _FLOATS:
+    if src in FLOAT_TYPES and dst in FLOAT_TYPES:
         if {src, dst} == {"f16", "bf16"}:  # no direct conversion: through f32
             return convert(blk, convert(blk, value, src, "f32"), "f32", dst)
-        op = "extf" if _BITS[dst] > _BITS[src] else "truncf"
-    elif dst in _FLOATS:
+        op = "extf" if FLOAT_BITS[dst] > FLOAT_BITS[src] else "truncf"
+    elif dst in FLOAT_TYPES:
         op = "uitofp" if src == "i1" else "sitofp"
     elif src == "i1":
         op = "extui"
     else:
-        op = "extsi" if _BITS[dst] > _BITS[src] else "trunci"
+        op = "extsi" if INT_BITS[dst] > INT_BITS[src] else "trunci"
     blk.emit(f"{name} = arith.{op} {value} : {src} to {dst}")
     return name
 
@@ -457,7 +457,7 @@ def finished(b: Block, v: str, src: str, out_elt: str, mean_of: int | None) -> s
     """Inside a finish body: the accumulated ``v`` (of element type ``src``) as ``out_elt``,
     divided by ``mean_of`` first for a mean (in ``src`` where it is a float, else f64)."""
     if mean_of is not None:
-        fty = src if src in _FLOATS else "f64"
+        fty = src if src in FLOAT_TYPES else "f64"
         v = convert(b, v, src, fty)
         c = b.const(float(mean_of), fty)
         q = b.fresh("mean")
