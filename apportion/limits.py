@@ -81,6 +81,18 @@ LIMITS: tuple[Limit, ...] = (
     Limit("dtensor-axes-in-mesh-order",
           "a tensor dim split over several mesh axes must list them in mesh order (DTensor "
           "nests the cuts of one dim in mesh order)", ("dtensor",)),
+    # -- cuda: the parallel IR built into CUDA kernels (backends/cuda)
+    Limit("cuda-needs-gpu",
+          "the cuda backend runs its bundle on this machine's NVIDIA GPU (the driver's "
+          "libcuda.so.1); without one, apportion cuda build writes the bundle and a GPU "
+          "machine runs it (cuda run, cuda check)", ("cuda",)),
+    Limit("cuda-needs-gpu-target",
+          "the cuda backend runs plans whose foralls map to GPU blocks (a target with "
+          "forall_mapping gpu_blocks: the gpu preset); foralls over cores make no kernels",
+          ("cuda",)),
+    Limit("cuda-one-device",
+          "the cuda backend runs one device's plan; a program sharded over a mesh (--mesh) "
+          "runs on the backends that run meshes", ("cuda",)),
 )
 
 LIMITS_BY_ID: dict[str, Limit] = {limit.id: limit for limit in LIMITS}

@@ -11,7 +11,8 @@ True
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from apportion.errors import ExecutionError, PlanningError, ProgramError, TargetError
@@ -30,16 +31,21 @@ from apportion.target.target import Target
 if TYPE_CHECKING:
     from apportion.backends.bundle.specs import SpecProgram
     from apportion.runtime.reference import OutputCheck
+    from apportion.schedule.values import Schedule
 
 
 @dataclass(frozen=True)
 class PlannedProgram:
     """A program, the target it was planned for, and its plan.
 
-    ``run`` executes the plan core by core (loop nests iteration by iteration in simulated
-    memory; ``backend="iree"``: its parallel IR compiled and run by IREE), ``check`` compares
-    that with the unplanned program, ``loopspec``/``bundle_mlir``/``forall_mlir`` emit it,
-    ``to_json`` prints plan format v1 and ``from_json`` reads it back.
+    ``lowered`` is the plan lowered once (the schedule every emitter renders) and
+    ``schedule(sizes, params)`` the schedule of a run, bound from it at run-time sizes and
+    symbolic loop counts (by substitution: no planning pass runs again), once per binding.
+    ``run`` hands that schedule to a backend (``apportion.backends``: the reference runs it
+    core by core, loop nests iteration by iteration in simulated memory; ``backend="iree"``
+    compiles its parallel IR), ``check`` compares a run with the unplanned program,
+    ``loopspec``/``bundle_mlir``/``forall_mlir`` emit it, ``to_json`` prints plan format v1
+    and ``from_json`` reads it back.
     """
 
     program: Program
@@ -135,10 +141,10 @@ class PlannedProgram:
         >>> [s.count for s in planned.loopspec()]
         [2]
         """
-        from apportion.backends.bundle.loopspec import loopspec
+        from apportion.backends.bundle.loopspec import from_schedule
 
         self._static("the LoopSpec program")
-        return loopspec(self.program, self.plan, self.target)
+        return from_schedule(self.lowered, self.target)
 
     def bundle_mlir(self, unrolled: bool = False) -> str:
         """The loop bundle as MLIR text, checked to parse and verify: ``scf.for`` loops of
@@ -156,13 +162,66 @@ class PlannedProgram:
         verify: one ``scf.forall`` over each op's core grid, ``scf.for`` loops around the
         foralls of a loop group's tile (``mlir.forall``); one function for every run-time
         size (``mlir.forall_sizes``)."""
-        from apportion.backends.iree.run import emitted
         from apportion.mlir.forall import forall_mlir, verify_mlir
 
-        text = forall_mlir(emitted(self.program, self.plan, self.target,
-                                   self.given if self.symbols else None))
+        text = forall_mlir(self.lowered)
         verify_mlir(text)
         return text
+
+    # -- lowering -------------------------------------------------------------------------------
+
+    @cached_property
+    def lowered(self) -> Schedule:
+        """The plan lowered once (``schedule.lower``): at the planning sizes, the program as
+        given recorded where it has run-time sizes, and the symbolic loop counts at their
+        planned values (``planned_counts``): what every emitter renders, one function for
+        every size and count.
+
+        >>> import apportion as ap
+        >>> planned = ap.plan(ap.load("examples/dynamic_k.json"), ap.targets.spyre(cores=8))
+        >>> planned.lowered.sizes, planned.lowered is planned.lowered
+        ((('K', 65536),), True)
+        """
+        from apportion.schedule.lower import lower, planned_counts
+
+        return lower(self.program, self.plan, self.target,
+                     params=planned_counts(self.plan) or None,
+                     given=self.given if self.symbols else None)
+
+    @cached_property
+    def _schedules(self) -> dict[tuple[tuple[tuple[str, int], ...], ...], Schedule]:
+        return {}
+
+    def schedule(self, sizes: Mapping[str, int] | None = None,
+                 params: Mapping[str, int] | None = None) -> Schedule:
+        """The schedule of a run at run-time ``sizes`` of the symbols (default: the planning
+        sizes) and symbolic loop counts ``params``: ``lowered`` bound by substitution
+        (``schedule.bind``; no planning pass runs again), once per binding. Its ``unbound``
+        is ``lowered`` where they differ. Raises ExecutionError for sizes or counts the plan
+        cannot take (out of bounds, unbound, a split-K cut into parts of units).
+
+        >>> import apportion as ap
+        >>> planned = ap.plan(ap.load("examples/dynamic_k.json"), ap.targets.spyre(cores=8))
+        >>> s = planned.schedule({"K": 4096})
+        >>> s.program.tensor("x").shape, s.unbound is planned.lowered
+        ((32, 4096), True)
+        """
+        from apportion.schedule.lower import lower
+
+        sizes = _mapping(sizes, "schedule: sizes", ExecutionError)
+        params = _mapping(params, "schedule: params", ExecutionError)
+        key = (tuple(sorted(sizes.items())), tuple(sorted(params.items())))
+        found = self._schedules.get(key)
+        if found is None:
+            found = lower(self.program, self.plan, self.target, sizes or None, params or None,
+                          given=self.given if self.symbols else None)
+            module = self.lowered
+            if (found.sizes, found.params) == (module.sizes, module.params):
+                found = module
+            else:
+                found = replace(found, unbound=module)
+            self._schedules[key] = found
+        return found
 
     # -- running ----------------------------------------------------------------------------------
 
@@ -183,14 +242,15 @@ class PlannedProgram:
         if inputs is not None and not isinstance(inputs, Mapping):
             raise ExecutionError(f"run: inputs must be a mapping of input name to array, got "
                                  f"{_describe(inputs)}")
-        sizes, params = self._split_params(params)
+        sizes, counts = self._split_params(params)
         runner = _runner(backend, self)
         if self.symbols and inputs is not None:  # the sizes the inputs' shapes have
-            from apportion.passes.bind import infer_sizes
+            from apportion.schedule.bind import infer_sizes
 
             sizes = infer_sizes(self.given, inputs, sizes)
-        xs = random_inputs(self.bound(sizes)[0]) if inputs is None else inputs
-        return runner(self, xs, params=params, sizes=sizes or None, threads=threads)
+        schedule = self.schedule(sizes, counts)
+        xs = random_inputs(schedule.program) if inputs is None else inputs
+        return runner(schedule, xs, threads=threads)
 
     @property
     def given(self) -> Program:
@@ -210,10 +270,11 @@ class PlannedProgram:
                 raise ExecutionError(f"program {self.program.name!r} has no symbolic sizes; "
                                      f"got {sorted(sizes)}")
             return self.program, self.plan
-        from apportion.passes.bind import bind_plan
+        from apportion.schedule.bind import bind_plan
 
         try:
-            return bind_plan(self.given, self.plan, self.target, sizes or {})
+            return bind_plan(self.program, self.plan, self.given, sizes or {},
+                             self.target.split_padded_reduction)
         except ProgramError as e:
             raise ExecutionError(str(e)) from None
 
@@ -221,17 +282,17 @@ class PlannedProgram:
               params: Mapping[str, int] | None = None, backend: str = "reference"
               ) -> list[OutputCheck]:
         """Run planned (on ``backend``) and unplanned on the same random inputs and compare
-        every output."""
-        from apportion.runtime import compare, random_inputs, run_unplanned
+        every output (``runtime.check``)."""
+        from apportion.runtime.check import check
 
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ExecutionError(f"check: seed must be an int >= 0, got {_describe(seed)}")
         _check_threads(threads)
         sizes, _ = self._split_params(params)
         given = self.given.bind(sizes) if self.symbols else self.given
-        inputs = random_inputs(given, seed)
-        return compare(run_unplanned(given, inputs),
-                       self.run(inputs, threads=threads, params=params, backend=backend), given)
+        checks, _ = check(given, lambda xs: self.run(xs, threads=threads, params=params,
+                                                     backend=backend), seed)
+        return checks
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -284,8 +345,9 @@ def _check_threads(threads: Any) -> None:
 
 
 def _runner(backend: Any, planned: PlannedProgram) -> Any:
-    """The ``run`` of backend ``backend`` (``apportion.backends``), or an error naming the valid
-    names, or the documented limit that stops it (``bundle`` emits; ``dtensor`` needs a mesh)."""
+    """The ``run`` of backend ``backend`` (``apportion.backends``: a schedule and inputs in),
+    or an error naming the valid names, or the documented limit that stops it (``bundle``
+    emits; ``dtensor`` needs a mesh; ``cuda`` a GPU)."""
     from apportion.backends import get, require
 
     found = get(backend)

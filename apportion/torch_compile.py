@@ -257,7 +257,7 @@ class Backend:
         planned = plan(lowered.program, self.target, self.strategy)
         program = planned.program
         threads = self.threads or torch.get_num_threads()
-        executor = TorchExecutor(program, planned.plan, threads)
+        executor = TorchExecutor(planned.schedule(), threads)
         constants = {name: to_torch_storage(value, program.tensor(name).dtype)
                      for name, value in lowered.constants.items()}
         names = lowered.user_inputs

@@ -66,18 +66,19 @@ def assert_runs_as_unplanned(text: str, prog: Program) -> None:
     import numpy as np
 
     from apportion.mlir.text import symbol_name
-    from apportion.runtime.reference import compare, random_inputs, run_unplanned
+    from apportion.runtime.check import check
     from apportion.runtime.upstream_mlir import run_function
 
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        xs = random_inputs(prog, 0)
+    def run(xs: dict[str, Any]) -> dict[str, Any]:
         outs = run_function(text, symbol_name(prog.name), [xs[n] for n in prog.inputs],
                             [(prog.tensor(n).shape, prog.tensor(n).dtype)
                              for n in prog.outputs],
                             [prog.tensor(n).dtype for n in prog.inputs])
-        checks = compare(run_unplanned(prog, xs), dict(zip(prog.outputs, outs, strict=True)),
-                         prog)
+        return dict(zip(prog.outputs, outs, strict=True))
+
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        checks, _ = check(prog, run, 0)
     assert all(c.ok for c in checks), [str(c) for c in checks]
 
 
@@ -98,3 +99,90 @@ def one_error_line(capsys: Any) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
+
+
+# -- running a plan at (program, plan) or a planned program at sizes: what the tests of the
+# -- backends share now that a backend takes a schedule (issue 29)
+
+def schedule_of(program: Program, plan: Any, target: Any = None,
+                params: dict[str, int] | None = None) -> Any:
+    """``plan`` lowered for ``program`` (on ``target``, default the target it names) at the
+    symbolic loop counts ``params``: the schedule a backend runs."""
+    from apportion.schedule.lower import lower
+
+    return lower(program, plan, plan.target if target is None else target, params=params)
+
+
+def run_planned(program: Program, plan: Any, inputs: Any, threads: int | None = None,
+                params: dict[str, int] | None = None, target: Any = None) -> dict[str, Any]:
+    """The reference backend's run of ``plan`` (``execute`` of its schedule)."""
+    from apportion.backends.reference.execute import execute
+
+    return execute(schedule_of(program, plan, target, params), inputs, threads)
+
+
+def run_tiled(program: Program, plan: Any, inputs: Any, threads: int | None = None,
+              params: dict[str, int] | None = None) -> dict[str, Any]:
+    """``plan``'s schedule run in simulated memory (``loops.run_schedule``)."""
+    from apportion.backends.reference.loops import run_schedule
+
+    return run_schedule(schedule_of(program, plan, params=params), inputs, threads)
+
+
+def run_sliced(program: Program, plan: Any, inputs: Any, threads: int | None = None
+               ) -> dict[str, Any]:
+    """``plan``'s schedule run op by op on whole arrays (``run_sliced_schedule``)."""
+    from apportion.backends.reference.execute import run_sliced_schedule
+
+    return run_sliced_schedule(schedule_of(program, plan), inputs, threads)
+
+
+def bound(planned: Any, params: dict[str, int] | None = None, inputs: Any = None) -> Any:
+    """``planned``'s schedule at the run-time sizes and loop counts ``params`` names (and the
+    sizes ``inputs`` have)."""
+    from apportion.schedule.bind import infer_sizes
+
+    counts = dict(params or {})
+    sizes = {k: counts.pop(k) for k in list(counts) if k in planned.symbols}
+    if inputs is not None and planned.symbols:
+        sizes = infer_sizes(planned.given, inputs, sizes)
+    return planned.schedule(sizes, counts)
+
+
+def checked(planned: Any, run: Any, seed: int = 0, params: dict[str, int] | None = None
+            ) -> tuple[list[Any], Any]:
+    """``run(schedule, inputs)`` of ``planned``'s schedule at ``params`` (``bound``) checked
+    against the unplanned program on random inputs (``runtime.check``): the program as
+    given bound at those sizes, a static one as planned. The checks and what ``run``
+    returned."""
+    from apportion.runtime.check import check
+
+    schedule = bound(planned, params)
+    sizes = {k: v for k, v in (params or {}).items() if k in planned.symbols}
+    unplanned = planned.given.bind(sizes) if planned.symbols else planned.program
+    return check(unplanned, lambda xs: run(schedule, xs), seed)
+
+
+def emitted(program: Program, plan: Any, target: Any, symbolic: Program | None = None) -> Any:
+    """The schedule a module of ``plan`` is rendered from, as ``PlannedProgram.lowered`` has
+    it: lowered at the values its symbolic loop counts were planned at, and, where
+    ``symbolic`` (the program as given) has run-time sizes, with it (``program`` and ``plan``
+    at its planning sizes): one function for every size."""
+    from apportion.schedule.lower import lower, planned_counts
+
+    given = symbolic if symbolic is not None and symbolic.symbols else None
+    return lower(program, plan, target, params=planned_counts(plan) or None, given=given)
+
+
+def runs_checked(runner: Any, schedules: list[Any], seed: int = 0, **launch: Any
+                 ) -> list[tuple[list[Any], Any]]:
+    """The dtensor ``runner``'s ``run_mesh_many`` of ``schedules`` in one launch (on the
+    CPU unless ``launch`` says), each run checked against its unplanned program on random
+    inputs of ``seed`` (``runtime.check``): the checks and the run of each."""
+    from apportion.runtime.check import check
+    from apportion.runtime.reference import random_inputs
+
+    inputs = [random_inputs(s.program, seed) for s in schedules]
+    runs = runner.run_mesh_many(schedules, inputs, seed, **{"device": "cpu", **launch})
+    return [check(s.program, lambda _, run=run: run, inputs=xs)
+            for s, xs, run in zip(schedules, inputs, runs, strict=True)]

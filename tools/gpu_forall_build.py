@@ -71,8 +71,9 @@ def main() -> None:
         entry: dict[str, object] = {"bundle": name, "program": program.name, "cores": cores}
         try:
             planned = ap.plan(program, ap.targets.gpu(cores=cores), strategy)
-            b = build_bundle(planned.program, planned.plan, planned.target, out / name,
-                             params=params, symbolic=planned.given if planned.symbols else None,
+            sizes = {k: v for k, v in (params or {}).items() if k in planned.symbols}
+            counts = {k: v for k, v in (params or {}).items() if k not in sizes}
+            b = build_bundle(planned.schedule(sizes, counts), out / name,
                              threads=args.threads)
             entry.update(kernels=b.kernels, threads=b.threads, threaded=b.threaded,
                          bytes=_size(b.path))

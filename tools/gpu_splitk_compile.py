@@ -35,11 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-from apportion.mlir.forall import forall_mlir, symbol_name
-from apportion.backends.iree.run import emitted
 from apportion.backends.iree.runtime import lower_forall
 from apportion.errors import ApportionError
 from apportion.frontend.models import load_models
+from apportion.mlir.forall import forall_mlir, symbol_name
 from apportion.planned import plan
 from apportion.target.presets import gpu
 from apportion.target.split_k import ReductionShape, gpu_slices
@@ -123,7 +122,7 @@ def compile_one(m: int, n: int, k: int, factor: int) -> dict[str, object]:
     if got != factor:
         raise ApportionError(f"{m}x{n}x{k}: split_k {factor} planned as {got} slices")
     planned = result.program
-    text = lower_forall(forall_mlir(emitted(planned, result.plan, target)))
+    text = lower_forall(forall_mlir(result.lowered))
     start = time.perf_counter()
     form, function = "plan", symbol_name(planned.name)
     try:

@@ -3,17 +3,22 @@
 ``reference`` (numpy, core by core, simulated memory), ``torch`` (PyTorch kernels on a thread
 pool), ``iree`` (parallel IR compiled and run by IREE), ``bundle`` (LoopSpec/OpSpec values and
 the MLIR loop bundle; it emits, it does not run), ``dtensor`` (a sharding plan over a mesh of
-devices on torch.distributed) and ``openmp`` (the parallel IR lowered by upstream MLIR, each
-``scf.forall`` an OpenMP loop, run on this machine's cores; the ``mlir`` extra). ``mlir``
-holds the MLIR text helpers the emitters share; ``limits`` the documented limits every refusal
-cites.
+devices on torch.distributed), ``openmp`` (the parallel IR lowered by upstream MLIR, each
+``scf.forall`` an OpenMP loop, run on this machine's cores; the ``mlir`` extra) and ``cuda``
+(the parallel IR for the gpu target built into CUDA kernels, run on this machine's NVIDIA GPU;
+``cuda-needs-gpu`` where there is none). ``apportion.mlir`` renders the parallel IR the
+compiled backends share; ``apportion.limits`` holds the documented limits every refusal cites.
 
 Each is a ``Backend``: its name, ``supports(planned)`` (the documented limits that stop it, empty
-when it takes the plan), and ``run`` or ``emit``. A backend that runs a program sharded over a
+when it takes the plan), and ``run`` or ``emit``. ``run(schedule, inputs, *, threads=None)``
+takes the schedule of the run (``PlannedProgram.schedule``: the plan lowered once, bound at the
+run's sizes and symbolic loop counts; a compiled backend renders the schedule it binds,
+``Schedule.covering``); no backend lowers a plan. A backend that runs a program sharded over a
 mesh of devices, lowered (``schedule.mesh.MeshSchedule``), has ``run_mesh`` too, and its
 ``supports`` answers for a ``MeshSchedule`` as for a planned program: ``reference``, ``torch``
 and ``iree`` run every device's core schedule their own way, the data moving between devices
-by the schedule's own host movement (``schedule.mesh.execute``).
+by the schedule's own host movement (``schedule.mesh.execute``). Every run is checked the same
+way (``runtime.check.check``: run, run unplanned, compare).
 
 ``BACKENDS`` maps each name to its backend, imported on first use from its module path, so
 importing apportion imports no torch and no IREE, and no backend imports another (the
@@ -22,7 +27,7 @@ importing apportion imports no torch and no IREE, and no backend imports another
 
 >>> from apportion.backends import BACKENDS, get
 >>> list(BACKENDS)
-['reference', 'torch', 'iree', 'bundle', 'dtensor', 'openmp']
+['reference', 'torch', 'iree', 'bundle', 'dtensor', 'openmp', 'cuda']
 >>> get("reference").does
 'run'
 """
@@ -41,40 +46,40 @@ if TYPE_CHECKING:
     import numpy as np
 
     from apportion.ir.program import Program
-    from apportion.plans.plan import Plan
     from apportion.schedule.mesh import MeshSchedule
+    from apportion.schedule.values import Schedule
     from apportion.target.target import Target
 
 __all__ = ["BACKENDS", "Backend", "Planned", "get", "require"]
 
 
 class Planned(Protocol):
-    """What a backend reads of a planned program (``PlannedProgram`` is one): the program as
-    planned (split-K rewritten, at its planning sizes), its plan and target, the program as
-    given (with its run-time sizes), and the two bound at given sizes. The dtensor backend
-    takes a bound sharding plan instead (``sharding.plan.ShardingPlan``)."""
+    """What ``supports`` and ``emit`` read of a planned program (``PlannedProgram`` is one):
+    the program as planned (split-K rewritten, at its planning sizes), its target, the names
+    of its run-time sizes, and its schedule lowered once (``lowered``)."""
 
     @property
     def program(self) -> Program: ...
 
     @property
-    def plan(self) -> Plan: ...
-
-    @property
     def target(self) -> Target: ...
-
-    @property
-    def given(self) -> Program: ...
 
     @property
     def symbols(self) -> tuple[str, ...]: ...
 
-    def bound(self, sizes: Mapping[str, int] | None = None) -> tuple[Program, Plan]: ...
+    @property
+    def lowered(self) -> Schedule: ...
 
 
-#: ``run(planned, inputs, params=None, threads=None)``: the inputs and outputs (and, for the
-#: reference, every tensor held whole) as numpy storage arrays
-Runner = Callable[..., "dict[str, np.ndarray]"]
+class Runner(Protocol):
+    """``run(schedule, inputs, *, threads=None)``: the schedule of a run (bound at its sizes
+    and symbolic loop counts) on ``inputs`` (by the program's input names, at those sizes);
+    returns the inputs and outputs (the reference: every tensor held whole) as numpy storage
+    arrays. ``threads``: how many threads run an op's cores concurrently (the cuda backend:
+    per block); a runner refuses (an ``ExecutionError`` naming it) what it cannot honour."""
+
+    def __call__(self, schedule: Schedule, inputs: Mapping[str, Any], *,
+                 threads: int | None = None) -> dict[str, np.ndarray]: ...
 
 
 class MeshRunner(Protocol):
@@ -131,6 +136,7 @@ _MODULES: dict[str, str] = {
     "bundle": "apportion.backends.bundle.adapter",
     "dtensor": "apportion.backends.dtensor.adapter",
     "openmp": "apportion.backends.openmp.adapter",
+    "cuda": "apportion.backends.cuda.adapter",
 }
 
 
@@ -161,7 +167,7 @@ def get(name: object) -> Backend:
     Traceback (most recent call last):
     ...
     apportion.errors.ExecutionError: unknown backend 'numpy'; valid: reference, torch, iree, \
-bundle, dtensor, openmp
+bundle, dtensor, openmp, cuda
     """
     if not isinstance(name, str) or name not in _MODULES:
         raise ExecutionError(f"unknown backend {name!r}; valid: {', '.join(_MODULES)}")

@@ -64,6 +64,8 @@ from apportion.frontend.random_programs import Case, case
 from apportion.ir.program import Program
 from apportion.limits import cited
 from apportion.runtime import upstream_mlir
+from apportion.runtime.check import check
+from apportion.runtime.reference import OutputCheck
 from apportion.schedule.mesh import Collective, MeshFinish, MeshSchedule, box_shape
 
 #: cases run when ``--n`` is not given
@@ -147,16 +149,10 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:240]
 
 
-def _outputs_match(c: Case, planned: Any, want: dict[str, np.ndarray],
-                   got: dict[str, np.ndarray]) -> str:
-    """Empty when every output of the program is within its dtype's tolerance, else which
-    differ (the reference's ``compare``)."""
-    from apportion.runtime import compare
-
-    given = c.program.bind(dict(c.sizes)) if c.program.symbols else c.program
-    bad = [f"{x.tensor} (max abs err {x.max_abs_err:.3g})"
-           for x in compare(want, got, given) if not x.ok]
-    return ", ".join(bad)
+def _mismatches(checks: list[OutputCheck]) -> str:
+    """Empty when every output is within its dtype's tolerance, else which differ."""
+    return ", ".join(f"{x.tensor} (max abs err {x.max_abs_err:.3g})"
+                     for x in checks if not x.ok)
 
 
 def _raised(backend: str, e: Exception, took: float) -> Outcome:
@@ -181,8 +177,11 @@ def run_backend(backend: Backend, c: Case, planned: Any, inputs: dict[str, np.nd
             backend.emit(planned)  # parses and verifies, or raises
             return Outcome(backend.name, "match", seconds=time.perf_counter() - start)
         assert backend.run is not None
-        got = backend.run(planned, inputs, params=None, sizes=dict(c.sizes) or None)
-        bad = _outputs_match(c, planned, want, got)
+        run = backend.run
+        schedule = planned.schedule(dict(c.sizes))
+        given = c.program.bind(dict(c.sizes)) if c.program.symbols else c.program
+        checks, _ = check(given, lambda xs: run(schedule, xs), inputs=inputs, expected=want)
+        bad = _mismatches(checks)
     except Exception as e:  # a crash of a backend is a finding, not the end of the bench
         return _raised(backend.name, e, time.perf_counter() - start)
     took = time.perf_counter() - start
@@ -337,17 +336,16 @@ def run_mesh_backend(backend: Backend, program: Program, schedule: MeshSchedule,
     and compared with the unplanned program's outputs ``want``, refused while running (an
     error citing a documented limit), or failed (wrong numbers, an error citing none, a
     crash)."""
-    from apportion.runtime import compare
-
-    assert backend.run_mesh is not None
+    run_mesh = backend.run_mesh
+    assert run_mesh is not None
     start = time.perf_counter()
     try:
         limits = backend.supports(schedule)
         if limits:
             return Outcome(backend.name, "refused", limits[0].id, up_front=True)
-        got = backend.run_mesh(schedule, inputs)
-        bad = ", ".join(f"{x.tensor} (max abs err {x.max_abs_err:.3g})"
-                        for x in compare(want, got, program) if not x.ok)
+        checks, _ = check(program, lambda xs: run_mesh(schedule, xs), inputs=inputs,
+                          expected=want)
+        bad = _mismatches(checks)
     except Exception as e:  # a crash of a backend is a finding, not the end of the bench
         return _raised(backend.name, e, time.perf_counter() - start)
     took = time.perf_counter() - start

@@ -141,17 +141,17 @@ def run_case(case: Case, workers: int, threads: int, repeat: int,
     from apportion.backends.openmp import engine
     from apportion.backends.openmp.run import prepare
     from apportion.planned import plan
-    from apportion.runtime.reference import compare, random_inputs, run_unplanned
+    from apportion.runtime.check import check
+    from apportion.runtime.reference import random_inputs
     from apportion.target.presets import spyre
 
     planned = plan(case.program, spyre(cores=workers))
     p = planned.program
     inputs = random_inputs(p, 0)
-    par = prepare(p, planned.plan, planned.target, inputs)
-    seq = prepare(p, planned.plan, planned.target, inputs, lowering=engine.SEQUENTIAL)
-    got = dict(inputs)
-    got.update(zip(par.outputs, par.call(threads).outputs, strict=True))
-    checks = compare(run_unplanned(p, inputs), got, p)
+    par = prepare(planned.lowered, inputs)
+    seq = prepare(planned.lowered, inputs, lowering=engine.SEQUENTIAL)
+    checks, _ = check(p, lambda xs: {**xs, **dict(zip(par.outputs, par.call(threads).outputs,
+                                                        strict=True))}, inputs=inputs)
     cpu: list[float] = []
 
     def column(ready: Any, team: int, keep_cpu: bool = False) -> Callable[[], float]:
@@ -174,8 +174,7 @@ def run_case(case: Case, workers: int, threads: int, repeat: int,
     many_cpu = cpu[1:][int(np.nanargmin(measured.array[:, 2]))]
     from apportion.backends.openmp.run import parallel_ir
 
-    grids = tuple("x".join(g.split(", ")) for g in _GRID.findall(
-        parallel_ir(p, planned.plan, planned.target)))
+    grids = tuple("x".join(g.split(", ")) for g in _GRID.findall(parallel_ir(planned.lowered)))
     worst = max((c.max_rel_err for c in checks), default=0.0)
     return Result(case.name, case.what, case.large, grids,
                   round(par.engine.compile_s + seq.engine.compile_s, 3),

@@ -118,7 +118,7 @@ def _plan(program: Program, target: Target, strategy: Strategy, debug: Stage | N
     # 0. relayout: an explicit re-layout op before each op that reads a tensor transposed
     #    (another stick dim); the planned program is then the rewritten one. It runs before
     #    binding so that a copy of a run-time axis is symbolic too; binding sizes
-    #    (passes/bind.py) rewrites the bound program alike: the same copies at any size
+    #    (schedule/bind.py) sizes the same copies from the axes they read
     program, copies = relayout(program, target)
     if copies:
         dump("relayout", copies)

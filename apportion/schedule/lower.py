@@ -1,13 +1,14 @@
 """Lowering a plan to its schedule: every per-core and per-iteration box made explicit once.
 
-``lower(program, plan, target, sizes, params)`` binds the run-time sizes of a program that has
-them (``passes.bind.bind_plan``: split-K select chains evaluated, every op's slices cut from the
-bound sizes) and the symbolic loop counts (``params``, each checked against what its group was
-planned for), then walks the program in order: an op outside loops becomes a ``Launch`` over its
-cores (the plan's core slices, ``plans.views.core_slices``) or a ``Host`` step (a fallback); a
-loop group becomes its nest of ``Loop``s (``plans.tiles.loop_tree``) with the ``Init`` of each
-accumulator before the loop tiling its reduction, the ``Finish`` after it, and a ``Copy`` after
-each producer whose tile is copied out. A launch in a loop gives its tile and its cores' boxes
+``lower(program, plan, target, sizes, params, given)`` binds the run-time sizes of a program
+that has them (``schedule.bind.bind_plan``: by substitution in the planned program, split-K
+select chains evaluated, every op's slices cut from the bound sizes) and the symbolic loop
+counts (``params``, each checked against what its group was planned for), then walks the
+program in order: an op outside loops becomes a ``Launch`` over its cores (the plan's core
+slices, ``plans.views.core_slices``) or a ``Host`` step (a fallback); a loop group becomes its
+nest of ``Loop``s (``plans.tiles.loop_tree``) with the ``Init`` of each accumulator before the
+loop tiling its reduction, the ``Finish`` after it, and a ``Copy`` after each producer whose
+tile is copied out. A launch in a loop gives its tile and its cores' boxes
 (``plans.tiles.tile_box`` and ``core_boxes``) at iteration 0 and their step per loop level: a
 tile is the previous level's divided by a count that divides it, so every box moves by the same
 amount each iteration. Every error of a loop count (one that does not divide a dim, an unbound
@@ -21,19 +22,19 @@ from collections.abc import Mapping, Sequence
 from apportion.errors import ApportionError, ExecutionError, ProgramError
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
-from apportion.passes.bind import bind_plan, infer_sizes
 from apportion.plans.memory import GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan, Plan
 from apportion.plans.tiles import Box, core_boxes, loop_tree, region, resolve_counts, tile_box
 from apportion.plans.tiles import Loop as TreeLoop
 from apportion.plans.views import core_slices
+from apportion.schedule.bind import bind_plan
+from apportion.schedule.parts import lifetimes
 from apportion.schedule.values import (
     Copy,
     Finish,
     Host,
     Init,
     Launch,
-    Lifetime,
     Loop,
     Operand,
     Ranges,
@@ -44,19 +45,21 @@ from apportion.schedule.values import (
 )
 from apportion.target.target import Target
 
-#: ``infer_sizes`` (the run-time sizes input arrays have) belongs to binding, a lowering step:
-#: a backend asks it here, not of the planning passes
-__all__ = ["infer_sizes", "lower", "planned_counts"]
+__all__ = ["lower", "planned_counts"]
 
 
 def lower(program: Program, plan: Plan, target: Target | str,
-          sizes: Mapping[str, int] | None = None, params: Mapping[str, int] | None = None
-          ) -> Schedule:
+          sizes: Mapping[str, int] | None = None, params: Mapping[str, int] | None = None,
+          given: Program | None = None) -> Schedule:
     """The schedule of ``plan`` for ``program`` on ``target`` (a ``Target``, or its name where
-    nothing needs more: binding run-time sizes asks the target's split-K resolvers), at
-    run-time ``sizes`` of the program's symbols (default: the planning sizes) and symbolic
-    loop counts ``params``. Raises ExecutionError for a plan that does not fit the program, a
-    loop count that does not divide a dim or is unbound, or sizes the plan cannot take.
+    nothing needs more: binding run-time sizes asks whether the target pads a split stick),
+    at symbolic loop counts ``params``. ``given`` is the program as given where it has
+    run-time sizes (``program``, the planned one, is then at its planning sizes): the
+    schedule is at run-time ``sizes`` of its symbols (default: the planning sizes), bound by
+    substitution (``schedule.bind``); a program with run-time sizes passed as ``program`` is
+    its own given one (a plan that rewrote nothing). Raises ExecutionError for a plan that
+    does not fit the program, a loop count that does not divide a dim or is unbound, or sizes
+    the plan cannot take.
 
     >>> import apportion as ap
     >>> planned = ap.plan(ap.load("examples/mlp.json"), ap.targets.spyre(cores=8))
@@ -67,32 +70,37 @@ def lower(program: Program, plan: Plan, target: Target | str,
     """
     name = target if isinstance(target, str) else target.name
     bound: tuple[tuple[str, int], ...] = ()
-    given: Program | None = None
-    if program.symbol_map:
-        given = program
+    if given is None and program.symbol_map:
+        given, program = program, program.bind()
+        if [o.name for o in program.ops] != [o.name for o in plan.ops]:
+            raise ExecutionError(f"plan of {plan.program!r} rewrote program {given.name!r} "
+                                 "(relayout copies, split-K ops): lower the planned program "
+                                 "with the program as given (given=)")
+    if given is not None and given.symbol_map:
         if isinstance(target, str):
-            raise ExecutionError(f"program {program.name!r} has run-time sizes "
-                                 f"({', '.join(program.symbol_map)}): binding them needs the "
+            raise ExecutionError(f"program {given.name!r} has run-time sizes "
+                                 f"({', '.join(given.symbol_map)}): binding them needs the "
                                  f"target {name!r} itself, not its name")
-        chosen = {**program.planning_sizes(), **dict(sizes or {})}
+        chosen = {**given.planning_sizes(), **dict(sizes or {})}
         try:
-            program, plan = bind_plan(program, plan, target, sizes or {})
+            program, plan = bind_plan(program, plan, given, sizes or {},
+                                      target.split_padded_reduction)
         except ProgramError as e:
             raise ExecutionError(str(e)) from None
         bound = tuple(chosen.items())
-    elif sizes:
-        raise ExecutionError(f"program {program.name!r} has no symbolic sizes; got "
-                             f"{sorted(sizes)}")
+    else:
+        given = None
+        if sizes:
+            raise ExecutionError(f"program {program.name!r} has no symbolic sizes; got "
+                                 f"{sorted(sizes)}")
     counts = _bind_counts(program, plan, params)
     steps = _Lowering(program, plan, counts).steps()
-    sched = Schedule(program=program, target=name, cores=plan.cores, steps=steps,
-                     buffers=plan.buffers, sizes=bound,
-                     params=tuple(sorted((params or {}).items())))
     # a target's name alone maps nothing: its foralls' workers are cores
     mapping = "cores" if isinstance(target, str) else target.forall_mapping
     return Schedule(program=program, target=name, cores=plan.cores, steps=steps,
-                    buffers=plan.buffers, lifetimes=_lifetimes(program, sched),
-                    sizes=bound, params=sched.params, given=given, forall_mapping=mapping)
+                    buffers=plan.buffers, lifetimes=lifetimes(program, steps), sizes=bound,
+                    params=tuple(sorted((params or {}).items())), given=given,
+                    forall_mapping=mapping)
 
 
 def planned_counts(plan: Plan) -> dict[str, int]:
@@ -131,20 +139,6 @@ def _bind_counts(program: Program, plan: Plan, params: Mapping[str, int] | None
                     raise ExecutionError(why)
                 out[count] = value
     return out
-
-
-def _lifetimes(program: Program, sched: Schedule) -> tuple[Lifetime, ...]:
-    ops = sched.ops
-    end = len(ops)
-    first = {t: -1 for t in program.inputs}
-    last: dict[str, int] = {}
-    for i, s in enumerate(ops):
-        for t in (s.reads if isinstance(s, Host) else [o.tensor for o in s.reads]):
-            last[t] = i
-        out = s.write if isinstance(s, Host) else s.write.tensor
-        first.setdefault(out, i)
-    held = set(program.inputs) | set(program.outputs)
-    return tuple(Lifetime(t, f, end if t in held else last.get(t, f)) for t, f in first.items())
 
 
 def _axis_steps(access: Access, steps: Sequence[Mapping[str, int]]) -> Steps:

@@ -45,14 +45,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from apportion.errors import ExecutionError
 from apportion.ir.kinds import REDUCERS
 from apportion.ir.program import Program
-from apportion.plans.plan import Plan
 from apportion.runtime import kernels
 from apportion.runtime.reference import bind_inputs
 from apportion.schedule.values import Launch, Schedule, WorkerAxis
@@ -150,15 +149,11 @@ class DeviceLaunch:
     (``schedule.lower``), every launch in it over the device's core worker axes. ``name`` is
     the device's own name for it; devices whose segments are equal share one ``schedule``
     (its program named after the first of them), so a backend compiles or plans it once.
-
-    ``plan`` is the core plan the schedule was lowered from, kept for the IREE runner alone
-    (``backends.iree.run.iree_run`` still cuts a program at its host ops and lowers each part
-    from its plan; the IREE emitter, like every other backend, reads ``schedule``). It takes
-    no part in equality."""
+    A compiled backend renders the schedule it binds (``Schedule.covering``: the segment's
+    symbolic loop counts kept as arguments)."""
 
     name: str
     schedule: Schedule
-    plan: Plan = field(compare=False, repr=False)
 
 
 @dataclass(frozen=True)

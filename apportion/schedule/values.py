@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 from apportion.errors import ExecutionError
@@ -418,7 +418,13 @@ class Schedule:
     run-time sizes (``program`` is it bound at ``sizes``; split-K ops cut as the plan cuts
     them): what an emitter of one function for every size reads (None: no run-time sizes).
     ``forall_mapping`` is the target's (``Target.forall_mapping``: its workers the cores or GPU
-    blocks), what a parallel-IR emitter maps each worker grid to; not printed."""
+    blocks), what a parallel-IR emitter maps each worker grid to; not printed.
+
+    ``unbound`` is the schedule this one binds, where they differ: the plan lowered once at
+    the planning sizes and the symbolic loop counts' planned values (``planned_counts``),
+    which a compiled backend renders as one function for every size and count, this
+    schedule's ``sizes`` and ``params`` its arguments (``covering``). It takes no part in
+    equality."""
 
     program: Program
     target: str
@@ -430,6 +436,13 @@ class Schedule:
     params: tuple[tuple[str, int], ...] = ()
     given: Program | None = None
     forall_mapping: str = "cores"
+    unbound: Schedule | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def covering(self) -> Schedule:
+        """The schedule a compiled backend renders for this one (``unbound``, or this one
+        where it binds nothing)."""
+        return self.unbound if self.unbound is not None else self
 
     def walk(self) -> Iterator[tuple[Step, tuple[Loop, ...]]]:
         """Every step at any depth, in order, with the loops enclosing it (outermost first)."""

@@ -44,7 +44,7 @@ from typing import Any
 from apportion.errors import PlanningError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
-from apportion.schedule.lower import lower, planned_counts
+from apportion.schedule.lower import planned_counts
 from apportion.schedule.mesh import (
     Box,
     Collective,
@@ -115,10 +115,9 @@ def lower_mesh(unrolled: Unrolled, target: Target | None = None,
                     pp = plan_program(seg, tgt)
                     at = {**planned_counts(pp.plan),
                           **{c: v for c, v in counts.items() if c in pp.params}}
-                    lowered[key] = DeviceLaunch(seg.name, lower(pp.program, pp.plan, tgt,
-                                                                params=at or None), pp.plan)
-                first = lowered[key]
-                launches.append(DeviceLaunch(seg.name, first.schedule, first.plan))
+                    # lowered once, bound at the counts (the lowered one its ``unbound``)
+                    lowered[key] = DeviceLaunch(seg.name, pp.schedule(params=at))
+                launches.append(DeviceLaunch(seg.name, lowered[key].schedule))
             stages.append(Compute(tuple(launches)))
         elif kind == "finish":
             fins = [per_device[d][k][1] for d in range(len(unrolled.devices))]

@@ -42,7 +42,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.run import emitted, iree_run
+from apportion.backends.iree.run import iree_run
 from apportion.cost.noise import Criterion, Load, Measured, Rules, load_average, until_stable
 from apportion.errors import ApportionError, ExecutionError, PlanningError
 from apportion.frontend.json_format import from_dict
@@ -52,6 +52,8 @@ from apportion.mlir.forall import forall_mlir, symbol_name
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from apportion.schedule.lower import lower, planned_counts
+from apportion.schedule.values import Schedule
 from apportion.target.host import (
     FACTORS,
     REGRET,
@@ -226,12 +228,19 @@ def prepare(m: int, n: int, k: int, factor: int, ops: Operands | None = None) ->
     if got != factor:
         raise ExecutionError(f"split-K measurement {m}x{n}x{k}: split_k {factor} planned as "
                              f"{got} slices on {cores} cores")
-    run = iree_run(planned, result, target, ops.inputs)
+    schedule = _lowered(planned, result, target)
+    run = iree_run(schedule, ops.inputs)
     err = _checked(f"{m}x{n}x{k} with K split {factor} ways", ops, run.tensors)
-    compiled = iree.compile_mlir(forall_mlir(emitted(planned, result, target)))
+    compiled = iree.compile_mlir(forall_mlir(schedule))
     once = _timer(compiled.vmfb, symbol_name(planned.name),
                   [ops.inputs[name] for name in program.inputs])
     return Prepared(m, n, k, factor, run.compile_s, run.cached, err, once)
+
+
+def _lowered(program: Program, result: Plan, target: Target) -> Schedule:
+    """The plan's schedule at its symbolic loop counts' planned values, as
+    ``PlannedProgram.lowered`` has it."""
+    return lower(program, result, target, params=planned_counts(result) or None)
 
 
 def unsplit_iree_text(m: int, n: int, k: int) -> str:
@@ -496,5 +505,5 @@ def fingerprint(shapes: Sequence[tuple[int, int, int]] | None = None,
                 h.update(str(e).encode())
                 continue
             planned = result.rewritten if result.rewritten is not None else program
-            h.update(forall_mlir(emitted(planned, result, target)).encode())
+            h.update(forall_mlir(_lowered(planned, result, target)).encode())
     return h.hexdigest()

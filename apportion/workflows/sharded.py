@@ -278,11 +278,10 @@ def check_sharded(schedule: MeshSchedule, backend: str = "reference", seed: int 
                   ) -> tuple[list[OutputCheck], dict[str, np.ndarray]]:
     """``run_sharded`` on random inputs of ``seed``, every output compared with the unsharded
     program run by the reference executor; the checks and the outputs."""
-    from apportion.runtime.reference import compare, random_inputs, run_unplanned
+    from apportion.runtime.check import check
 
-    inputs = random_inputs(schedule.program, seed)
-    outputs = run_sharded(schedule, inputs, backend, seed, threads)
-    return compare(run_unplanned(schedule.program, inputs), outputs, schedule.program), outputs
+    return check(schedule.program, lambda xs: run_sharded(schedule, xs, backend, seed, threads),
+                 seed)
 
 
 def run_distributed(schedule: MeshSchedule, inputs: Mapping[str, Any] | None = None,
@@ -304,6 +303,9 @@ def check_distributed(schedule: MeshSchedule, seed: int = 0, timeout_s: float = 
                       device: str = "auto") -> tuple[list[OutputCheck], DistRun]:
     """``run_distributed`` on random inputs of ``seed``, every output compared with the
     unsharded program run by the reference executor."""
-    from apportion.backends.dtensor.runner import check_mesh
+    from apportion.backends.dtensor.runner import run_mesh
+    from apportion.runtime.check import check
 
-    return check_mesh(schedule, seed=seed, timeout_s=timeout_s, device=device)
+    return check(schedule.program, lambda xs: run_mesh(schedule, xs, seed=seed,
+                                                       timeout_s=timeout_s, device=device),
+                 seed)

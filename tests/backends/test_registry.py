@@ -5,6 +5,8 @@ backend's heavy dependency."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -27,11 +29,12 @@ def fused(cores: int = 8):
 
 
 def test_the_registry_names_every_backend_once_in_order():
-    assert list(BACKENDS) == ["reference", "torch", "iree", "bundle", "dtensor", "openmp"]
-    assert len(BACKENDS) == 6 and "numpy" not in BACKENDS
+    assert list(BACKENDS) == ["reference", "torch", "iree", "bundle", "dtensor", "openmp",
+                              "cuda"]
+    assert len(BACKENDS) == 7 and "numpy" not in BACKENDS
     for name, backend in BACKENDS.items():
         assert isinstance(backend, Backend) and backend.name == name
-    assert [get(n).does for n in BACKENDS] == ["run", "run", "run", "emit", "run", "run"]
+    assert [get(n).does for n in BACKENDS] == ["run", "run", "run", "emit", "run", "run", "run"]
 
 
 def test_an_unknown_backend_is_refused_listing_the_valid_names():
@@ -86,7 +89,7 @@ def test_each_running_backend_matches_the_unplanned_program(name):
         pytest.importorskip("torch")
     planned = fused()
     xs = random_inputs(planned.program, seed=2)
-    got = get(name).run(planned, xs)
+    got = get(name).run(planned.lowered, xs)
     assert get(name).supports(planned) == ()
     assert set(planned.program.outputs) <= set(got)
     assert all(c.ok for c in compare(run_unplanned(planned.program, xs), got, planned.program))
@@ -246,3 +249,50 @@ def test_iree_runs_a_mesh_schedule_as_per_device_modules():
     assert all(c.ok for c in compare(run_unplanned(program, xs), got, program))
     with pytest.raises(ExecutionError, match="runs by run_mesh"):
         get("iree").run(schedule, xs)
+
+
+def test_a_backend_runs_the_schedule_it_is_given_and_lowers_nothing(monkeypatch):
+    """``run`` takes the schedule of the run: a planned program lowers once, binds a run's
+    sizes once per binding, and no backend lowers (IREE renders the lowered schedule)."""
+    lowering = importlib.import_module("apportion.schedule.lower")
+    planned = ap.plan(ap.load(ROOT / "examples/dynamic_k.json"), ap.targets.spyre(cores=4))
+    module = planned.lowered
+    calls = []
+    real = lowering.lower
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lowering, "lower", counted)
+    for name in ("reference", "torch", "iree"):
+        if name == "torch" and importlib.util.find_spec("torch") is None:
+            continue
+        assert all(c.ok for c in planned.check(params={"K": 64}, backend=name)), name
+    assert calls == ["dynamic_k"]  # the binding at K = 64, once for every backend
+    assert planned.schedule({"K": 64}).unbound is module and planned.lowered is module
+
+
+def test_cuda_is_registered_and_says_what_stops_it_here():
+    from apportion.backends.cuda.adapter import has_gpu
+
+    spyre = fused()
+    assert get("cuda").supports(spyre) == (LIMITS_BY_ID["cuda-needs-gpu-target"],)
+    gpu = ap.plan(ap.load(ROOT / "examples/fused.json"), ap.targets.gpu(cores=8))
+    if has_gpu():
+        assert get("cuda").supports(gpu) == ()
+        return
+    assert get("cuda").supports(gpu) == (LIMITS_BY_ID["cuda-needs-gpu"],)
+    with pytest.raises(Unsupported, match=r"backend 'cuda' cannot run program 'fused'.*"
+                                          r"\[limit cuda-needs-gpu, docs/limits\.md\]"):
+        gpu.run(backend="cuda")
+
+
+def test_cuda_refuses_a_mesh_schedule_naming_its_limit():
+    from apportion.sharding.lower import lower_plan
+    from apportion.sharding.mesh import parse
+    from apportion.sharding.search import search
+
+    schedule = lower_plan(search(ap.load(ROOT / "examples/mlp.json"), parse("tp=2")))
+    assert get("cuda").supports(schedule) == (LIMITS_BY_ID["cuda-one-device"],)
+    assert get("cuda").run_mesh is None

@@ -141,7 +141,7 @@ def test_floats_out_of_range_nan_and_infinities_saturate_on_torch(case):
 
 def test_floats_out_of_range_nan_and_infinities_saturate_on_iree(case, tmp_path: Path):
     planned, inputs, want = case
-    check(iree_run(planned.program, planned.plan, planned.target, inputs,
+    check(iree_run(planned.lowered, inputs,
                    cache_dir=tmp_path).tensors, want)
 
 
@@ -150,5 +150,5 @@ def test_floats_out_of_range_nan_and_infinities_saturate_on_openmp(case):
     from apportion.backends.openmp.run import openmp_run
 
     planned, inputs, want = case
-    check(openmp_run(planned.program, planned.plan, planned.target, inputs, threads=2).tensors,
+    check(openmp_run(planned.lowered, inputs, threads=2).tensors,
           want)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import apportion as ap
-from apportion.backends.reference import run_planned
 from apportion.errors import ProgramError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.kinds import KINDS, REDUCERS, Category, kind, names, resolve
@@ -19,7 +18,7 @@ from apportion.ir.program import Program, TensorType
 from apportion.passes.pipeline import plan
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.target import spyre
-from tests.helpers import program
+from tests.helpers import program, run_planned
 
 _erf = np.vectorize(math.erf)
 

@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.backends.reference.execute import run_sliced
 from apportion.cli.main import main
 from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict, to_dict
@@ -49,7 +48,7 @@ from tests.backends.merged import (
     split_k_program,
 )
 from tests.backends.sums import DYNAMIC, SUM3, sums_program, tiled_sums_program
-from tests.helpers import program
+from tests.helpers import program, run_sliced
 
 ROOT = Path(__file__).parents[2]
 EXAMPLES = sorted(ROOT.joinpath("examples").glob("*.json"))

@@ -19,7 +19,7 @@ import pytest
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.run import iree_check, iree_run
+from apportion.backends.iree.run import iree_run
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict
@@ -31,6 +31,7 @@ from apportion.planned import PlannedProgram
 from apportion.target.split_k import Case, SelectChain
 from tests.backends.iree.emitting import emit
 from tests.backends.sums import DYNAMIC as SUMS
+from tests.helpers import bound, checked
 from tests.runtime_reductions import PROGRAMS as RUNTIME_REDUCTIONS
 from tests.runtime_reductions import SIZES as RUNTIME_SIZES
 from tests.runtime_reductions import planned as runtime_planned
@@ -97,8 +98,7 @@ def planned(doc: dict, target: str = "gpu", cores: int | None = None) -> Planned
 def run_at(p: PlannedProgram, sizes: list[dict[str, int]], cache: Path) -> None:
     """Check ``p`` in IREE at each of ``sizes``: one compile, then cache hits."""
     for i, at in enumerate(sizes):
-        checks, run = iree_check(p.program, p.plan, p.target, params=at, cache_dir=cache,
-                                 symbolic=p.given)
+        checks, run = checked(p, lambda s, xs: iree_run(s, xs, cache), params=at)
         bad = [c for c in checks if not c.ok]
         assert checks and not bad, (at, bad)
         assert run.cached == (i > 0), at  # the module covers every size
@@ -274,12 +274,12 @@ def test_planned_run_and_check_and_the_cli_on_the_iree_backend(home, capsys):
     assert len(list(home.glob("*.vmfb"))) == 1
     with pytest.raises(ExecutionError, match="input 'x' dim 1 has size 64, but the sizes "
                                              "given make it 128"):
-        iree_run(p.program, p.plan, p.target, xs, {"K": 128}, home, symbolic=p.given)
+        iree_run(bound(p, {"K": 128}, inputs=xs), xs, home)
     with pytest.raises(ExecutionError, match="'K' = 70000 is outside its bounds"):
-        iree_check(p.program, p.plan, p.target, params={"K": 70000}, symbolic=p.given)
+        checked(p, lambda s, xs: iree_run(s, xs, home), params={"K": 70000})
     static = ap.plan(ap.load(ROOT / "examples/mlp.json"), ap.targets.cpu(cores=2))
-    with pytest.raises(ExecutionError, match="has no run-time sizes"):
-        iree_run(static.program, static.plan, static.target, {}, sizes={"M": 4})
+    with pytest.raises(ExecutionError, match="has no symbolic sizes"):
+        iree_run(static.schedule({"M": 4}), {})
 
     path = home.parent / "dynk.json"
     path.write_text(json.dumps(dynk(m="M")))

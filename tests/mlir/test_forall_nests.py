@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.run import IreeRun, iree_check
+from apportion.backends.iree.run import IreeRun, iree_run
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.planned import PlannedProgram
 from apportion.plans.tiles import loop_tree
 from tests.backends.iree.emitting import emit
 from tests.backends.iree.nests import nest_programs, plan_nest, reference_exact
-from tests.helpers import program
+from tests.helpers import checked, program
 
 M, N = 16, 256
 
@@ -44,7 +44,7 @@ def check(planned: PlannedProgram, cache: Path, params: dict[str, int] | None = 
     of it does."""
     reference = planned.check(seed=seed, params=params)
     assert reference and all(c.ok for c in reference), reference
-    checks, run = iree_check(planned.program, planned.plan, planned.target, seed, params, cache)
+    checks, run = checked(planned, lambda s, xs: iree_run(s, xs, cache), seed, params)
     bad = [c for c in checks if not c.ok]
     assert checks and not bad, bad
     return run
@@ -273,7 +273,7 @@ def _random_nest_matches(case: tuple, seed: int, cache: Path) -> None:
         assume(False)
         return
     assume(reference_exact(planned, params, seed))
-    checks, _ = iree_check(planned.program, planned.plan, planned.target, seed, params, cache)
+    checks, _ = checked(planned, lambda s, xs: iree_run(s, xs, cache), seed, params)
     bad = [c for c in checks if not c.ok]
     assert checks and not bad, bad
 

@@ -19,13 +19,7 @@ from hypothesis import strategies as st
 
 import apportion as ap
 import apportion.backends.bundle as bundle_backend
-from apportion.backends.iree.run import (
-    IreeRun,
-    host_ops,
-    iree_check,
-    iree_run,
-    segments,
-)
+from apportion.backends.iree.run import IreeRun, iree_run, modules
 from apportion.cli.main import main
 from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict
@@ -33,19 +27,21 @@ from apportion.ir import kinds
 from apportion.ir.kinds import KINDS, kind
 from apportion.ir.op import Op
 from apportion.mlir import bodies
-from apportion.mlir.forall import verify_mlir
+from apportion.mlir.forall import forall_mlir, verify_mlir
+from apportion.mlir.module import host_ops
 from apportion.planned import PlannedProgram
 from apportion.runtime.reference import random_inputs, run_unplanned
+from apportion.schedule.parts import ops_in, segments
+from apportion.schedule.values import Loop
 from tests.backends.iree.emitting import emit
-from tests.helpers import program
+from tests.helpers import bound, checked, program
 
 DTYPES = ["float16", "bfloat16", "float32", "int8", "int32", "int64", "bool"]
 
 
 def check(planned: PlannedProgram, cache: Path, seed: int = 0) -> IreeRun:
     """Run ``planned`` in IREE and unplanned on the same random inputs; every output matches."""
-    checks, run = iree_check(planned.program, planned.plan, planned.target, seed,
-                             cache_dir=cache)
+    checks, run = checked(planned, lambda s, xs: iree_run(s, xs, cache), seed)
     bad = [c for c in checks if not c.ok]
     assert checks and not bad, bad
     return run
@@ -86,8 +82,7 @@ def test_fill_rounds_a_float_value_as_numpy_converts_it(cache):
                      {"name": "a", "op": "neg", "out": "y[i,j]", "ins": ["x[i,j]"]}],
                     ["y", "c"], name=f"round_{dtype}")
         planned = plan(p)
-        run = iree_run(planned.program, planned.plan, planned.target,
-                       random_inputs(planned.program), cache_dir=cache)
+        run = iree_run(planned.lowered, random_inputs(planned.program), cache_dir=cache)
         want = run_unplanned(planned.program, random_inputs(planned.program))["c"]
         np.testing.assert_array_equal(run.tensors["c"], want)
 
@@ -109,13 +104,13 @@ def embedding_program(ids_dtype: str = "int64", table_dtype: str = "float32") ->
 def test_an_embedding_is_parallel_ir_with_no_host_step(cores, cache):
     planned = plan(embedding_program(), cores)
     assert host_ops(planned.program) == ()
-    assert segments(planned.program, planned.plan) == [(planned.program, planned.plan)]
+    assert segments(planned.lowered, host_ops(planned.program)) == [planned.lowered]
     text = emit(planned.program, planned.plan)
     assert re.search(r"= tensor\.extract %ids\[", text)  # the index, read by computed position
     assert re.search(r"= tensor\.extract %t2\w*\[", text)  # the table row it picks
     inputs = random_inputs(planned.program, seed=1)
     inputs["ids"] = np.array([[3, 0, 9], [-1, -10, 7]])  # negative: counted from the end
-    run = iree_run(planned.program, planned.plan, planned.target, inputs, cache_dir=cache)
+    run = iree_run(planned.lowered, inputs, cache_dir=cache)
     want = run_unplanned(planned.program, inputs)
     np.testing.assert_array_equal(run.tensors["e"], want["e"])
     np.testing.assert_allclose(run.tensors["y"], want["y"], rtol=1e-5, atol=1e-6)
@@ -134,7 +129,7 @@ def test_an_index_outside_the_table_is_refused_as_the_reference_refuses_it(bad, 
     with pytest.raises(ExecutionError) as reference:
         run_unplanned(planned.program, inputs)
     with pytest.raises(ExecutionError) as got:
-        iree_run(planned.program, planned.plan, planned.target, inputs, cache_dir=cache)
+        iree_run(planned.lowered, inputs, cache_dir=cache)
     assert str(got.value) == str(reference.value) == (
         f"op 'emb': gather failed: index {bad} is out of bounds for axis 0 with size 10")
 
@@ -149,13 +144,13 @@ def test_indices_the_program_computes_are_checked_after_the_run(cache):
     inputs = random_inputs(planned.program, seed=2)
     inputs["ids"] = np.array([0, 1, 2, 3, 4, -5], dtype=np.int32)
     inputs["k"] = np.zeros(6, dtype=np.int32)
-    run = iree_run(planned.program, planned.plan, planned.target, inputs, cache_dir=cache)
+    run = iree_run(planned.lowered, inputs, cache_dir=cache)
     assert set(run.tensors) == {"ids", "k", "table", "e"}  # the checked indices stay inside
     np.testing.assert_array_equal(run.tensors["e"], run_unplanned(planned.program, inputs)["e"])
     inputs["k"] = np.array([0, 0, 0, 0, 1, 0], dtype=np.int32)
     with pytest.raises(ExecutionError, match="op 'emb': gather failed: index 5 is out of bounds "
                                              "for axis 0 with size 5"):
-        iree_run(planned.program, planned.plan, planned.target, inputs, cache_dir=cache)
+        iree_run(planned.lowered, inputs, cache_dir=cache)
 
 
 def test_float_indices_are_refused_naming_the_op_and_tensor():
@@ -200,7 +195,7 @@ def test_top_k_puts_nan_first_and_keeps_ties(cache):
                   "dims": {"k": 4}}], ["t"])
     planned = plan(p)
     x = np.array([[1, np.nan, 3, 3, -np.inf, 2], [0, -0.0, 5, 5, 5, 1]], dtype=np.float32)
-    got = iree_run(planned.program, planned.plan, planned.target, {"x": x},
+    got = iree_run(planned.lowered, {"x": x},
                    cache_dir=cache).tensors["t"]
     np.testing.assert_array_equal(got, run_unplanned(planned.program, {"x": x})["t"])
 
@@ -229,8 +224,7 @@ def test_whole_tensor_kinds_over_run_time_sizes_run_at_any_size_in_one_module(si
          {"name": "top", "op": "topk", "out": "t[i,k]", "ins": ["e[i,d]"]}]})
     planned = plan(p)
     assert host_ops(planned.program) == ()
-    checks, run = iree_check(planned.program, planned.plan, planned.target, 2, {"B": size},
-                             cache, symbolic=planned.given)
+    checks, run = checked(planned, lambda s, xs: iree_run(s, xs, cache), 2, {"B": size})
     assert checks and all(c.ok for c in checks), [c for c in checks if not c.ok]
     assert run.tensors["e"].shape == (size, 64)
 
@@ -294,9 +288,8 @@ def test_a_model_at_a_run_time_sequence_length_runs_in_iree_and_matches_eager(ca
     planned = plan(tp.program, cores=8)
     assert host_ops(planned.program) == ()
     x = torch.randint(0, 1000, (1, 40))
-    run = iree_run(planned.program, planned.plan, planned.target,
-                   tp.inputs(x, attention_mask=torch.ones_like(x)), cache_dir=cache,
-                   symbolic=planned.given)
+    xs = tp.inputs(x, attention_mask=torch.ones_like(x))
+    run = iree_run(bound(planned, inputs=xs), xs, cache_dir=cache)
     got, = tp.torch_outputs(run.tensors)
     with torch.no_grad():
         want = model(x, attention_mask=torch.ones_like(x)).logits.numpy()
@@ -326,8 +319,8 @@ def dead_program(tiled: bool) -> ap.Program:
 
 def parts_of(planned: PlannedProgram) -> list[Any]:
     """The segments of a plan by name: a host op's name, a module's op names."""
-    return [s.name if isinstance(s, Op) else [o.name for o in s[0].ops]
-            for s in segments(planned.program, planned.plan)]
+    return [s.name if isinstance(s, Op) else [o.name for o in s.program.ops]
+            for s in segments(planned.lowered, host_ops(planned.program))]
 
 
 @pytest.mark.parametrize("tiled", [False, True])
@@ -338,9 +331,8 @@ def test_dead_ops_anywhere_give_valid_ir_and_run(tiled, cache, monkeypatch):
     # random numbers first; the run of the dead op before the sort is left out: nothing
     # reads it
     assert parts_of(planned) == ["noise", "srt", ["add", "dead1", "act", "dead2"]]
-    for part, part_plan in (s for s in segments(planned.program, planned.plan)
-                            if isinstance(s, tuple)):
-        text = emit(part, part_plan)
+    for part in modules(planned.lowered):
+        text = forall_mlir(part.covering)
         verify_mlir(text)
         assert not re.search(r"return\s*:", text)
     check(planned, cache)
@@ -384,12 +376,15 @@ def test_host_steps_run_between_modules_that_keep_their_loop_nests(noise_in_grou
     planned = plan(nests_program(noise_in_group), cores=8)
     assert len(planned.plan.groups) == 2
     assert parts_of(planned) == ["noise", ["mm", "act"], "srt", ["mix", "mx", "sub"]]
-    lifted, first, srt, last = segments(planned.program, planned.plan)
-    assert [g.ops for g in first[1].groups] == [("mm", "act")]
-    assert [t.ops for t in first[0].tiling] == [("mm", "act")]
-    assert [g.ops for g in last[1].groups] == [("mix", "mx", "sub")]
-    assert "r" in last[0].inputs  # the random numbers, made on the host before the modules
-    assert "scf.for" in emit(*first) and "scf.for" in emit(*last)
+    lifted, first, srt, last = segments(planned.lowered, host_ops(planned.program))
+    assert [t.ops for t in first.program.tiling] == [("mm", "act")]
+    assert [t.ops for t in last.program.tiling] == [("mix", "mx", "sub")]
+    assert [[s.op for s in ops_in(lp)] for lp in first.steps if isinstance(lp, Loop)] == \
+        [["mm", "act"]]
+    assert [[s.op for s in ops_in(lp)] for lp in last.steps if isinstance(lp, Loop)] == \
+        [["mix", "mx", "sub"]]
+    assert "r" in last.program.inputs  # the random numbers, made on the host before the modules
+    assert "scf.for" in forall_mlir(first) and "scf.for" in forall_mlir(last)
     check(planned, cache, seed=1)
 
 
@@ -402,7 +397,7 @@ def test_a_host_step_that_reads_a_tensor_inside_a_loop_group_is_refused(monkeypa
     planned = plan(p)
     with pytest.raises(ExecutionError, match=r"op 'e' \(exp\) runs on the host but sits in "
                                              r"loop group \[0\] \['e', 'n'\]"):
-        segments(planned.program, planned.plan)
+        modules(planned.lowered)
 
 
 # --- 5. the per-kind table is the backend's ------------------------------------------------------

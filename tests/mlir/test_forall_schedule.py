@@ -21,14 +21,14 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.run import emitted, iree_run
+from apportion.backends.iree.run import iree_run
 from apportion.mlir.forall import forall_mlir, symbols, verify_mlir
 from apportion.plans import memory, plan, tiles, views
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.lower import lower, planned_counts
 from apportion.schedule.values import Launch, Operand, Schedule, WorkerAxis
 from tests.backends.iree.nests import nest_programs, plan_nest, reference_exact
-from tests.helpers import program
+from tests.helpers import bound, emitted, program
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -208,7 +208,7 @@ def _iree_matches_reference(case: tuple, seed: int, cache: Path) -> None:
     p = planned.program
     inputs = random_inputs(p, seed)
     want = planned.run(inputs, params=params)  # the reference executor, its schedule
-    got = iree_run(p, planned.plan, planned.target, inputs, params, cache).tensors
+    got = iree_run(bound(planned, params), inputs, cache).tensors
     checks = compare({n: want[n] for n in (*p.inputs, *p.outputs)}, got, p)
     bad = [c for c in checks if not c.ok]
     assert checks and not bad, bad

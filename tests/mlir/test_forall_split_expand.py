@@ -12,13 +12,15 @@ from pathlib import Path
 import pytest
 
 import apportion as ap
-from apportion.backends.iree.run import emitted, iree_check
+from apportion.backends.iree.run import iree_run
 from apportion.frontend.json_format import from_dict
 from apportion.mlir.forall import forall_mlir
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan
+from apportion.runtime.check import check
 from apportion.target.presets import cpu
 from apportion.target.target import Target
+from tests.helpers import emitted
 
 FACTORS = [2, 4, 8, 16, 32, 64]
 M, N, K = 8, 16, 1024
@@ -70,7 +72,8 @@ def test_an_even_split_k_partial_reads_k_expanded_with_plain_maps(factor: int, c
 def test_an_expanded_split_k_partial_matches_the_unplanned_run_in_iree(
         factor: int, cores: int, tmp_path: Path):
     program, result, target = planned(factor, cores)
-    checks, _ = iree_check(program, result, target, seed=factor + cores, cache_dir=tmp_path)
+    checks, _ = check(program, lambda xs: iree_run(emitted(program, result, target), xs,
+                                                   tmp_path), factor + cores)
     assert checks and all(c.ok for c in checks), checks
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from apportion.backends.reference.loops import run_tiled
 from apportion.errors import PlanningError, ProgramError
 from apportion.passes.geometry import OpContext
 from apportion.passes.layouts import layouts, tensor_layouts
@@ -13,7 +12,7 @@ from apportion.passes.pipeline import plan
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.target import spyre
 from tests.backends.reference.test_loops_properties import tiled_programs
-from tests.helpers import program
+from tests.helpers import program, run_tiled
 
 F16 = "float16"
 # a plain MLP (up, gelu, down) over 128 tokens, one loop of count 1 around all three

@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 import apportion as ap
-from apportion.backends.reference import run_planned
 from apportion.errors import ProgramError
 from apportion.frontend.json_format import dumps, loads
 from apportion.runtime import compare, random_inputs, run_unplanned
-from tests.helpers import program
+from tests.helpers import program, run_planned
 
 
 def merge_heads(**extra) -> ap.Program:

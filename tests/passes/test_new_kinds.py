@@ -15,7 +15,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.backends.reference import run_planned
 from apportion.errors import ProgramError
 from apportion.frontend.json_format import dumps, loads
 from apportion.ir.kinds import Category, kind
@@ -23,7 +22,7 @@ from apportion.passes.relayout import relayout
 from apportion.plans.serialize import from_json, to_json
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.target import cpu, spyre
-from tests.helpers import program
+from tests.helpers import program, run_planned
 
 
 def checked(prog, target=None, inputs=None) -> tuple[ap.PlannedProgram, dict]:

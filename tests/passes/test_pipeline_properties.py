@@ -9,13 +9,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from apportion.backends.reference import run_planned
 from apportion.errors import PlanningError
 from apportion.passes.pipeline import plan
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.target import cpu, spyre
 from apportion.target.target import Target
-from tests.helpers import program
+from tests.helpers import program, run_planned
 
 DTYPES = ["float16", "float32", "bfloat16"]
 UNARY = ["exp", "neg", "relu", "silu", "sigmoid", "tanh", "sqrt"]

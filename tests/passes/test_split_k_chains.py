@@ -17,7 +17,6 @@ from apportion.frontend.json_format import from_dict
 from apportion.planned import PlannedProgram
 from apportion.plans.plan import SplitK
 from apportion.report.tables import symbol_lines
-from apportion.schedule.lower import lower
 from apportion.schedule.values import Launch
 from apportion.target.split_k import (
     Case,
@@ -41,7 +40,7 @@ from tests.split_k_chains import (
 
 def partial_slices_per_core(p: PlannedProgram, k: int) -> list[int]:
     """How many slices each core's box of the partial op holds at run-time size ``k``."""
-    schedule = lower(p.given, p.plan, p.target, {"K": k})
+    schedule = p.schedule({"K": k})
     launch = next(s for s in schedule.steps if isinstance(s, Launch) and s.op == "mm.partial")
     axis = launch.dims.index("k_slice")
     return [0 if b is None else b[axis][1] - b[axis][0] for b in launch.boxes]

@@ -10,7 +10,6 @@ INT64_MIN) passes it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,14 +17,13 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from apportion.backends.reference import run_planned
 from apportion.errors import PlanningError, ProgramError
 from apportion.ir.program import Program
 from apportion.passes.geometry import divisors
 from apportion.passes.pipeline import plan
 from apportion.runtime import compare, run_unplanned
 from apportion.target import spyre
-from tests.helpers import one_op, program
+from tests.helpers import one_op, program, run_planned, schedule_of
 
 BIG = 2**53 + 1  # the first integer float64 cannot hold
 INT64_MAX = np.iinfo(np.int64).max
@@ -215,7 +213,7 @@ def test_the_torch_executor_gives_numpys_exact_wrapped_integers_too(case, cores)
     except (PlanningError, ProgramError):
         assume(False)
         return
-    ys = torch_exec.run_torch(SimpleNamespace(program=p, plan=pl), xs, threads=2, grain=0)
+    ys = torch_exec.run_torch(schedule_of(p, pl), xs, threads=2, grain=0)
     got = {name: from_torch_storage(y) for name, y in ys.items()}
     _assert_exact(got, expected, p, "torch")
 
@@ -353,7 +351,7 @@ def test_iree_and_the_reference_agree_exactly_on_int64_near_2_53_and_on_overflow
     pl = plan(p, spyre(cores=4))
     ref = run_unplanned(p, xs)
     _assert_exact(ref, want, p, "unplanned")
-    got = iree_run(p, pl, spyre(cores=4), xs, cache_dir=iree_cache).tensors
+    got = iree_run(schedule_of(p, pl, spyre(cores=4)), xs, cache_dir=iree_cache).tensors
     _assert_exact(got, want, p, "iree")
     assert all(c.ok for c in compare(ref, got, p))
 
@@ -388,7 +386,7 @@ def test_iree_agrees_on_integer_reductions_tiled_by_a_loop(name: str, iree_cache
     x = np.full((2, 256), 100, dtype=np.int8)
     x[:, ::3] = -7
     want = REDUCE[name](x)[:, 0]
-    got = iree_run(p, plan(p, spyre(cores=2)), spyre(cores=2), {"x": x},
+    got = iree_run(schedule_of(p, plan(p, spyre(cores=2)), spyre(cores=2)), {"x": x},
                    cache_dir=iree_cache).tensors
     assert np.array_equal(got["s"], want)
     assert np.array_equal(run_unplanned(p, {"x": x})["s"], want)

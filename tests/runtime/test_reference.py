@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from apportion.backends.reference import run_planned
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import loads
 from apportion.ir.kinds import KINDS, Category
@@ -24,6 +23,7 @@ from apportion.runtime import (
     run_unplanned,
 )
 from apportion.runtime.kernels import to_storage
+from tests.helpers import run_planned
 
 #: the lowering module (``apportion.schedule.lower`` is also the name of its function)
 LOWERING = sys.modules["apportion.schedule.lower"]

@@ -39,9 +39,9 @@ def test_the_cast_has_the_row_major_strides_of_the_expanded_sizes():
 
 @pytest.mark.parametrize("k", [4096, 3000])
 def test_a_run_time_k_split_for_the_gpu_runs_on_openmp_as_the_reference(k):
-    from apportion.backends.openmp.run import openmp_check
+    from apportion.backends.openmp.run import openmp_run
+    from tests.helpers import checked
 
     planned = ap.plan(ap.load(EXAMPLES / "dynamic_k.json"), ap.targets.gpu(cores=8))
-    checks, _ = openmp_check(planned.program, planned.plan, planned.target, params={"K": k},
-                             symbolic=planned.given, threads=2)
+    checks, _ = checked(planned, lambda s, xs: openmp_run(s, xs, 2), params={"K": k})
     assert all(c.ok for c in checks), checks

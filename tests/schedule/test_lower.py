@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 import apportion as ap
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict
-from apportion.passes.bind import bind_plan
 from apportion.planned import PlannedProgram
 from apportion.plans.tiles import core_boxes, region, resolve_counts, tile_box
 from apportion.plans.views import core_slices, ring_groups
@@ -148,12 +147,12 @@ def test_run_time_sizes_are_bound_before_the_boxes_are_cut(sticks):
     planned = ap.plan(ap.load(ROOT / "examples/dynamic_k.json"), ap.targets.spyre(cores=8))
     k = 32 * sticks  # whole float32 sticks
     try:
-        program, plan = bind_plan(planned.given, planned.plan, planned.target, {"K": k})
+        program, plan = planned.bound({"K": k})
     except (ExecutionError, ProgramError):
         with pytest.raises(ExecutionError):
-            lower(planned.given, planned.plan, planned.target, sizes={"K": k})
+            planned.schedule({"K": k})
         return
-    sched = lower(planned.given, planned.plan, planned.target, sizes={"K": k})
+    sched = planned.schedule({"K": k})
     assert dict(sched.sizes) == {"K": k}
     assert sched.program.tensor("x").shape == (32, k)
     assert [s.op for s in sched.ops] == [o.name for o in program.ops]
@@ -347,7 +346,7 @@ def test_a_split_k_partial_launch_carries_the_plans_split_and_its_select_chain()
     planned = ap.plan(from_dict(doc), ap.targets.resolve("gpu", None))
     split = planned.plan.op("mm.partial").split_k
     assert split is not None and split.select is not None  # a run-time K: a select chain
-    sched = lower(planned.given, planned.plan, planned.target)
+    sched = planned.lowered
     launches = {s.op: s for s in sched.ops if isinstance(s, Launch)}
     assert launches["mm.partial"].split_k == split
     assert all(s.split_k == planned.plan.op(n).split_k for n, s in launches.items())

@@ -8,14 +8,16 @@ import re
 
 import pytest
 
-from apportion.backends.iree.mesh import check_mesh
+from apportion.backends.iree.mesh import run_mesh
 from apportion.frontend.json_format import load
 from apportion.mlir.mesh import exchange, mesh_mlir
+from apportion.runtime.check import check
 from apportion.schedule.mesh import MeshSchedule
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding
+from tests.helpers import runs_checked
 from tests.sharding.test_peered import PEERED, ROWS4, conv_program, plan_of, shift_program
 
 
@@ -48,7 +50,7 @@ def test_iree_exchanges_only_the_rows_a_peer_lacks_in_slots_of_the_halo_not_the_
 @pytest.mark.slow
 def test_iree_runs_a_halo_and_a_read_in_place_to_the_unplanned_numbers(tmp_path):
     for s in halo_schedules():
-        checks, run = check_mesh(s, cache_dir=tmp_path)
+        checks, run = check(s.program, lambda xs, s=s: run_mesh(s, xs, tmp_path))
         assert all(c.ok for c in checks), [str(c) for c in checks]
 
 
@@ -73,6 +75,6 @@ def _example():
 def test_dtensor_on_gloo_runs_a_halo_and_a_read_in_place_by_point_to_point_rows():
     pytest.importorskip("torch")
     runner = pytest.importorskip("apportion.backends.dtensor.runner")
-    for (checks, run) in runner.check_mesh_many(halo_schedules(), device="cpu"):
+    for (checks, run) in runs_checked(runner, halo_schedules()):
         assert run.backend == "gloo"
         assert all(c.ok for c in checks), [str(c) for c in checks]

@@ -1,8 +1,8 @@
 """The bundle backend: a plan as LoopSpec/OpSpec values and the MLIR loop bundle, built from
 the plan's schedule (``apportion.schedule``) alone.
 
-The builder is ``apportion.backends.bundle.loopspec.loopspec`` (not re-exported here, where
-the name would hide its module).
+The builder is ``apportion.backends.bundle.loopspec.from_schedule`` (of
+``PlannedProgram.lowered``).
 """
 
 from apportion.backends.bundle.bundle import bundle_mlir as bundle_mlir

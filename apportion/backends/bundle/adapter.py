@@ -1,7 +1,7 @@
 """The bundle backend behind the one backend interface (``apportion.backends``): the plan as
-LoopSpec/OpSpec values (``loopspec.loopspec``, from its schedule) and the MLIR loop bundle of
-their launches (``bundle.render_bundle``), checked to parse and verify. It emits; it does not
-run.
+LoopSpec/OpSpec values (``loopspec.from_schedule``, of its lowered schedule) and the MLIR loop
+bundle of their launches (``bundle.render_bundle``), checked to parse and verify. It emits; it
+does not run.
 
 >>> import apportion as ap
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from apportion.backends import Backend, Planned
 from apportion.backends.bundle.bundle import render_bundle
-from apportion.backends.bundle.loopspec import loopspec
+from apportion.backends.bundle.loopspec import from_schedule
 from apportion.limits import LIMITS_BY_ID, Limit, refusals
 from apportion.mlir.text import verify_mlir
 from apportion.schedule.mesh import MeshSchedule
@@ -27,14 +27,13 @@ def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
         return (LIMITS_BY_ID["bundle-emits-only"],)
     if planned.symbols:
         return (LIMITS_BY_ID["bundle-static-sizes"],)
-    return refusals(lambda: loopspec(planned.program, planned.plan, planned.target))
+    return refusals(lambda: from_schedule(planned.lowered, planned.target))
 
 
 def emit(planned: Planned) -> str:
     """The loop bundle of ``planned`` as MLIR text: ``scf.for`` loops of ``apportion.execute``
     launches, checked to parse and verify."""
-    text = render_bundle(loopspec(planned.program, planned.plan, planned.target),
-                         planned.program.name)
+    text = render_bundle(from_schedule(planned.lowered, planned.target), planned.program.name)
     verify_mlir(text)
     return text
 

@@ -26,13 +26,12 @@ import itertools
 import re
 from collections.abc import Iterator
 
-from apportion.backends.bundle.loopspec import loopspec
+from apportion.backends.bundle.loopspec import from_schedule
 from apportion.backends.bundle.specs import LoopSpec, OpSpec, Spec, TensorArg, walk
 from apportion.errors import EmitError
-from apportion.ir.program import Program
 from apportion.mlir.text import SsaNames, alias_name, check_index, symbol_name
 from apportion.mlir.text import verify_mlir as verify_mlir
-from apportion.plans.plan import Plan
+from apportion.schedule.values import Schedule
 from apportion.target.target import Target
 
 INDENT = "  "
@@ -49,16 +48,17 @@ def stride_symbols(strides: tuple[int | str, ...]) -> list[str]:
     return out
 
 
-def bundle_mlir(program: Program, plan: Plan, target: Target, unrolled: bool = False) -> str:
-    """The loop bundle of ``plan`` as MLIR text (``unrolled``: every iteration listed).
+def bundle_mlir(schedule: Schedule, target: Target, unrolled: bool = False) -> str:
+    """The loop bundle of a plan's ``schedule`` on ``target`` as MLIR text (``unrolled``:
+    every iteration listed).
 
     >>> import apportion as ap
     >>> planned = ap.plan(ap.load("examples/fused.json"), target=ap.targets.spyre(cores=32))
-    >>> text = bundle_mlir(planned.program, planned.plan, planned.target)
+    >>> text = bundle_mlir(planned.lowered, planned.target)
     >>> text.splitlines()[0]
     '#tile_a = affine_map<(d0, d1)[s0] -> (s0 + d0 * 4194304 + d1 * 2048)>'
     """
-    return render_bundle(loopspec(program, plan, target), program.name, unrolled)
+    return render_bundle(from_schedule(schedule, target), schedule.program.name, unrolled)
 
 
 def address_map(strides: tuple[int | str, ...]) -> str:

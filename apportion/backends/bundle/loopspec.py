@@ -65,11 +65,8 @@ from apportion.backends.bundle.specs import SpecProgram as SpecProgram
 from apportion.backends.bundle.specs import TensorArg as TensorArg
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
-from apportion.ir.program import Program
 from apportion.limits import cite
 from apportion.plans.memory import Buffer
-from apportion.plans.plan import Plan
-from apportion.schedule.lower import lower, planned_counts
 from apportion.schedule.values import (
     Copy,
     Finish,
@@ -88,19 +85,14 @@ from apportion.target.layout import device_layout
 from apportion.target.target import Target
 
 
-def loopspec(program: Program, plan: Plan, target: Target) -> SpecProgram:
-    """The LoopSpec program of ``plan`` (see the module docstring): its schedule, lowered at
-    the values its symbolic loop counts were planned at, which stay symbolic in the loops."""
-    return from_schedule(lower(program, plan, target, params=planned_counts(plan)), target)
-
-
 def from_schedule(schedule: Schedule, target: Target) -> SpecProgram:
-    """The LoopSpec program of ``schedule`` on ``target`` (whose layouts address the tensors).
+    """The LoopSpec program of ``schedule`` on ``target`` (whose layouts address the tensors;
+    see the module docstring): a plan's schedule lowered at the values its symbolic loop
+    counts were planned at (``PlannedProgram.lowered``), which stay symbolic in the loops.
 
     >>> import apportion as ap
     >>> planned = ap.plan(ap.load("examples/mlp.json"), ap.targets.spyre(cores=8))
-    >>> specs = from_schedule(lower(planned.program, planned.plan, planned.target),
-    ...                       planned.target)
+    >>> specs = from_schedule(planned.lowered, planned.target)
     >>> specs[0]   # doctest: +NORMALIZE_WHITESPACE
     OpSpec(gate=matmul: m 256/2, n 2816/4, k 1024/1; x hbm:0, wg hbm:524288 -> g hbm:17825792)
     """

@@ -1,7 +1,7 @@
 """A plan's parallel IR built for an NVIDIA GPU as a bundle a GPU machine runs, and checked
 against the reference executor.
 
-``build_bundle`` emits the plan's ``scf.forall`` IR (``mlir.forall``, the function
+``build_bundle`` emits a schedule's ``scf.forall`` IR (``mlir.module``, the function
 IREE compiles and the openmp backend runs; for the ``gpu`` target each forall carries
 ``#gpu.block`` mappings), lowers it with upstream MLIR (``lowering.lower_nvvm``: each forall a
 kernel, a core of the plan a block), links the host library (``lowering.link``) and writes a
@@ -22,7 +22,7 @@ folder a GPU machine runs with Python, numpy and the NVIDIA driver alone
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.gpu(cores=8))
 >>> if upstream_mlir.available():
 ...     with tempfile.TemporaryDirectory() as tmp:
-...         b = build_bundle(planned.program, planned.plan, planned.target, Path(tmp) / "fused")
+...         b = build_bundle(planned.lowered, Path(tmp) / "fused")
 ...         assert (b.path / "module.so").exists() and b.kernels == 2
 """
 
@@ -45,27 +45,15 @@ import numpy as np
 
 from apportion.backends.cuda import device_main
 from apportion.backends.cuda.lowering import AMPERE, GpuArch, link, linker, lower_nvvm
-from apportion.backends.iree.run import (
-    bind_run,
-    check_gathers,
-    one_module_ir,
-    reference_at,
-)
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import dumps, load
 from apportion.ir.program import Program
-from apportion.mlir.forall import symbol_name
-from apportion.plans.plan import Plan
+from apportion.mlir.module import call, one_module_ir, with_gather_indices
 from apportion.runtime import upstream_mlir
+from apportion.runtime.check import check
 from apportion.runtime.isolated import python_command
-from apportion.runtime.reference import (
-    OutputCheck,
-    bind_inputs,
-    compare,
-    random_inputs,
-    run_unplanned,
-)
-from apportion.target.target import Target
+from apportion.runtime.reference import OutputCheck, bind_inputs, check_gathers, random_inputs
+from apportion.schedule.values import Schedule
 
 
 @dataclass(frozen=True)
@@ -98,14 +86,20 @@ def _from_storage(value: np.ndarray, elt: str) -> np.ndarray:
     return value
 
 
-def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: int = 0,
-                 params: Mapping[str, int] | None = None, symbolic: Program | None = None,
-                 arch: GpuArch = AMPERE, threads: int = 1,
-                 inputs: Mapping[str, np.ndarray] | None = None) -> Bundle:
-    """Build ``plan`` for the GPU into the folder ``out``, with ``inputs`` (None: random ones,
-    ``seed``) at the sizes and loop counts ``params`` names (``symbolic``: the program as
-    given, where it has run-time sizes). Refuses, naming the op and the limit, what the
-    parallel IR has no construction for, and a target whose foralls carry no GPU mapping.
+def reference(schedule: Schedule) -> Program:
+    """The unplanned program a run of ``schedule`` is checked against: the program as given
+    bound at the schedule's sizes, where it has run-time sizes, else the schedule's."""
+    if schedule.given is None:
+        return schedule.program
+    return schedule.given.bind(dict(schedule.sizes))
+
+
+def build_bundle(schedule: Schedule, out: Path, seed: int = 0, arch: GpuArch = AMPERE,
+                 threads: int = 1, inputs: Mapping[str, np.ndarray] | None = None) -> Bundle:
+    """Build ``schedule`` (a plan's, bound at the run's sizes and loop counts) for the GPU
+    into the folder ``out``, with ``inputs`` (None: random ones, ``seed``). Refuses, naming the
+    op and the limit, what the parallel IR has no construction for, and a target whose
+    foralls carry no GPU mapping.
     ``threads``: per block, each block's work split over them where that is safe
     (``threads.thread_tiles``; 1: a block's work runs as loops on one thread).
 
@@ -116,27 +110,29 @@ def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: 
     start = time.perf_counter()
     check_out(out)
     upstream_mlir.require()
-    reference = reference_at(program, symbolic, params)
-    given = random_inputs(reference, seed) if inputs is None else inputs
-    b = bind_run(program, plan, target, given, params, symbolic, None)
-    schedule, text = one_module_ir(b.program, plan, target, "cuda", b.symbolic)
-    env = bind_inputs(b.bound.program, given)
-    check_gathers(b.bound.program, env)
+    unplanned = reference(schedule)
+    given = random_inputs(unplanned, seed) if inputs is None else inputs
+    s = with_gather_indices(schedule)
+    text = one_module_ir(s, "cuda")
+    env = bind_inputs(schedule.program, given)
+    check_gathers(schedule.program, env)
     lowered = lower_nvvm(text, arch, threads)
     llvm = lowered.llvm
     args: list[dict[str, object]] = []
     stored: dict[str, np.ndarray] = {}
-    for name, value, elt in b.arguments(env, schedule):
+    c = call(s, env)
+    for name, value, elt in c.arguments:
         if elt == "index":
             args.append({"kind": "index", "name": name, "value": value})
         else:
             args.append({"kind": "memref", "name": name, "type": elt})
             stored[name] = _storage(np.asarray(value), elt)
-    results = [{"name": n, "shape": list(shape), "type": elt} for n, shape, elt in b.results()]
+    results = [{"name": n, "shape": list(shape), "type": elt} for n, shape, elt in c.results]
     kernels = llvm.count("gpu.binary @")
-    manifest = {"program": program.name, "function": f"_mlir_ciface_{symbol_name(program.name)}",
-                "args": args, "results": results, "outputs": list(b.given_outputs),
-                "blocks": target.cores, "kernels": kernels, "threads": threads,
+    program = schedule.program
+    manifest = {"program": program.name, "function": f"_mlir_ciface_{c.function}",
+                "args": args, "results": results, "outputs": list(program.outputs),
+                "blocks": schedule.cores, "kernels": kernels, "threads": threads,
                 "threaded": lowered.threaded, "chip": arch.chip}
 
     def write(folder: Path) -> None:
@@ -146,7 +142,7 @@ def build_bundle(program: Program, plan: Plan, target: Target, out: Path, seed: 
                     folder / "libmlir_cuda_runtime.so")
         _stand_in(folder / "libLLVM.so")
         np.savez(folder / "inputs.npz", **stored)
-        (folder / "reference.json").write_text(dumps(reference))
+        (folder / "reference.json").write_text(dumps(unplanned))
         # last: a folder with a manifest is a bundle (``check_out``)
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
@@ -338,9 +334,12 @@ def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, object]:
     return json.loads((out / "run.json").read_text())
 
 
-def check_bundle(bundle: Path, results: Path) -> list[OutputCheck]:
-    """The outputs a run of ``bundle`` wrote under ``results`` (``outputs.npz``) checked
-    against the reference executor's run of the unplanned program on the same inputs."""
+def read_run(bundle: Path, results: Path) -> tuple[Program, dict[str, np.ndarray],
+                                                   dict[str, np.ndarray]]:
+    """What a run of ``bundle`` wrote under ``results`` (``outputs.npz``): the unplanned
+    program it is checked against, the bundle's inputs and the function's results (the
+    program's outputs, then the indices its gathers computed), as the reference executor's
+    arrays. An ExecutionError names a missing or misshapen result."""
     try:
         manifest = device_main.read_manifest(bundle)
         stored = device_main.read_inputs(bundle, manifest)
@@ -350,7 +349,7 @@ def check_bundle(bundle: Path, results: Path) -> list[OutputCheck]:
         outputs = device_main.read_arrays(results / "outputs.npz")
     except device_main.BundleError as e:
         raise ExecutionError(f"cuda backend: {e}") from None
-    reference = load(bundle / "reference.json")
+    unplanned = load(bundle / "reference.json")
     types = {a["name"]: a["type"] for a in manifest["args"] if a["kind"] == "memref"}
     inputs = {k: _from_storage(v, types[k]) for k, v in stored.items()}
     got = {}
@@ -361,6 +360,12 @@ def check_bundle(bundle: Path, results: Path) -> list[OutputCheck]:
             raise ExecutionError(f"cuda backend: output {r['name']!r} in {results}/outputs.npz "
                                  f"{said}; the bundle's function returns {r['shape']}")
         got[r["name"]] = _from_storage(value, r["type"])
-    want = run_unplanned(reference, inputs)
-    kept = {k: v for k, v in got.items() if k in manifest["outputs"]}
-    return compare(want, {**inputs, **kept}, reference)
+    return unplanned, inputs, got
+
+
+def check_bundle(bundle: Path, results: Path) -> list[OutputCheck]:
+    """The outputs a run of ``bundle`` wrote under ``results`` (``outputs.npz``) checked
+    against the reference executor's run of the unplanned program on the same inputs."""
+    unplanned, inputs, outputs = read_run(bundle, results)
+    checks, _ = check(unplanned, lambda xs: {**xs, **outputs}, inputs=inputs)
+    return checks

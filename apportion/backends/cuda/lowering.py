@@ -61,6 +61,7 @@ from apportion.backends.cuda.threads import (
     thread_tiles,
 )
 from apportion.errors import EmitError, ExecutionError
+from apportion.limits import cite
 from apportion.runtime import upstream_mlir
 from apportion.runtime.upstream_mlir import expand_as_cast, pipeline, widen_bools
 
@@ -175,7 +176,8 @@ def _unmapped(text: str) -> None:
     if n_forall > n_mapped:
         raise ExecutionError(f"cuda backend: {n_forall - n_mapped} of the {n_forall} scf.forall "
                              "ops carry no #gpu.block mapping (the plan's target gives none): "
-                             "plan for the 'gpu' target (--target gpu)")
+                             "plan for the 'gpu' target (--target gpu) "
+                             f"{cite('cuda-needs-gpu-target')}")
 
 
 #: upstream's assertion on an expand_shape group of two run-time sizes

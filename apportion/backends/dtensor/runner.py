@@ -6,8 +6,8 @@ backend on the CPU over loopback, or ``nccl`` with one GPU per rank where the ma
 per device: ``device="auto"``, or ``cpu`` / ``cuda`` to choose); each rank runs every stage of
 the schedule on its device (``rank``: inputs placed, ops on DTensors or local shards,
 collectives as redistributions or its own steps for uneven cuts, finishes, a placement check
-after each) and rank 0 hands the gathered outputs back. ``check_mesh`` compares them with the
-reference executor's run of the unsharded program. ``launch`` watches the ranks: a failing
+after each) and rank 0 hands the gathered outputs back (``runtime.check.check`` compares them
+with the reference executor's run of the unsharded program). ``launch`` watches the ranks: a failing
 or killed rank ends the run naming the root-cause rank and where it was; ``timeout_s`` bounds
 the whole run; ``fault`` injects a failure on one rank at one op (``raise`` or ``kill``), for
 tests. ``run_mesh_many`` runs several schedules over meshes of one device count in one launch
@@ -24,8 +24,9 @@ order (DTensor nests the cuts of several mesh dims on one tensor dim in mesh ord
 >>> from apportion.sharding.search import search
 >>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
 >>> check_schedule(s)
->>> checks, run = check_mesh(s)  # doctest: +SKIP
->>> all(c.ok for c in checks), run.backend  # doctest: +SKIP
+>>> from apportion.runtime.check import check
+>>> checks, run = check(s.program, lambda xs: run_mesh(s, xs))  # doctest: +SKIP
+>>> all(c.ok for c in checks), run.backend                      # doctest: +SKIP
 (True, 'gloo')
 """
 
@@ -43,13 +44,7 @@ from apportion.backends.dtensor.rank import worker
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import dumps
 from apportion.limits import cite
-from apportion.runtime.reference import (
-    OutputCheck,
-    bind_inputs,
-    compare,
-    random_inputs,
-    run_unplanned,
-)
+from apportion.runtime.reference import bind_inputs, random_inputs
 from apportion.schedule.mesh import Collective, Compute, MeshFinish, MeshSchedule
 
 
@@ -183,21 +178,3 @@ def run_mesh_many(schedules: Sequence[MeshSchedule],
     backend = "nccl" if device == "cuda" else "gloo"
     return [DistRun(r["outputs"], r["checks"], tuple(r["native"]), wall, backend, r["ops"])
             for r in results]
-
-
-def check_mesh(schedule: MeshSchedule, seed: int = 0, timeout_s: float = 120.0,
-               fault: Mapping[str, Any] | None = None, device: str = "auto"
-               ) -> tuple[list[OutputCheck], DistRun]:
-    """``run_mesh`` on random inputs, every output compared with the reference executor's run
-    of the unsharded program."""
-    return check_mesh_many([schedule], seed, timeout_s, fault, device)[0]
-
-
-def check_mesh_many(schedules: Sequence[MeshSchedule], seed: int = 0,
-                    timeout_s: float = 120.0, fault: Mapping[str, Any] | None = None,
-                    device: str = "auto") -> list[tuple[list[OutputCheck], DistRun]]:
-    """``check_mesh`` of several schedules in one launch."""
-    inputs = [random_inputs(s.program, seed) for s in schedules]
-    runs = run_mesh_many(schedules, inputs, seed, timeout_s, fault, device)
-    return [(compare(run_unplanned(s.program, xs), run.outputs, s.program), run)
-            for s, xs, run in zip(schedules, inputs, runs, strict=True)]

@@ -1,7 +1,8 @@
-"""The iree backend behind the one backend interface (``apportion.backends``): the plan's
-parallel IR (``forall``) compiled by IREE for the CPU and run (``run.iree_run``), whole-tensor
-fallbacks on the host between modules. ``supports`` emits the parallel IR without compiling it,
-so what the emitter refuses is known before a compile, by the documented limit it cites.
+"""The iree backend behind the one backend interface (``apportion.backends``): a schedule's
+parallel IR (``forall``) compiled by IREE for the CPU and run (``run.iree_run``),
+whole-tensor fallbacks on the host between modules. ``supports`` emits the parallel IR of the
+plan's lowered schedule without compiling it, so what the emitter refuses is known before a
+compile, by the documented limit it cites.
 
 Its ``run_mesh`` runs a program sharded over a mesh, lowered (``schedule.mesh.MeshSchedule``,
 from ``sharding.lower.lower_plan``): every device's segments as IREE modules, the collectives
@@ -22,25 +23,25 @@ import numpy as np
 
 from apportion.backends import Backend, Planned
 from apportion.backends.iree.mesh import run_mesh
-from apportion.backends.iree.run import emitted, iree_run, modules
+from apportion.backends.iree.run import iree_run, modules
 from apportion.errors import ExecutionError
 from apportion.limits import Limit, refusals
 from apportion.mlir.forall import forall_mlir
 from apportion.schedule.mesh import Compute, MeshSchedule
+from apportion.schedule.values import Schedule
 
 
 def supports(planned: Planned) -> tuple[Limit, ...]:
-    """The documented limits that stop IREE from running ``planned``: the program cut at its
-    host ops as ``iree_run`` cuts it, and each part's parallel IR emitted (not compiled). An
-    emitter error that cites no limit is a bug and propagates. A mesh schedule: every
-    device's launches emitted."""
+    """The documented limits that stop IREE from running ``planned``: its lowered schedule
+    cut at its host ops as ``iree_run`` cuts it, and each part's parallel IR emitted (not
+    compiled). An emitter error that cites no limit is a bug and propagates. A mesh schedule:
+    every device's launches emitted."""
     if isinstance(planned, MeshSchedule):
         return refusals(lambda: _emit_mesh(planned))
 
     def emit() -> None:
-        for program, plan, given in modules(planned.program, planned.plan,
-                                            planned.given if planned.symbols else None):
-            forall_mlir(emitted(program, plan, planned.target, given))
+        for module in modules(planned.lowered):
+            forall_mlir(module.covering)
 
     return refusals(emit)
 
@@ -52,21 +53,17 @@ def _emit_mesh(schedule: MeshSchedule) -> None:
                 forall_mlir(launch.schedule)
 
 
-def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None,
-        sizes: Mapping[str, int] | None = None, threads: int | None = None
+def run(schedule: Schedule, inputs: Mapping[str, Any], *, threads: int | None = None
         ) -> dict[str, np.ndarray]:
-    """Compile (or take from the cache) and run ``planned`` in IREE on ``inputs`` (at the
-    run-time sizes their shapes and ``sizes`` give; ``params``: symbolic loop counts). Returns
-    the inputs and outputs as storage arrays. IREE runs with its own task pool: ``threads`` is
-    refused."""
+    """Compile (or take from the cache) and run ``schedule`` (bound at the run's sizes and
+    loop counts) in IREE on ``inputs``. Returns the inputs and outputs as storage arrays. IREE
+    runs with its own task pool: ``threads`` is refused."""
     if threads is not None:
         raise ExecutionError("threads applies to the reference and torch backends; IREE runs "
                              "with its own task pool")
-    if isinstance(planned, MeshSchedule):
-        raise ExecutionError(f"the mesh schedule of {planned.program.name!r} runs by run_mesh")
-    return iree_run(planned.program, planned.plan, planned.target, inputs, params,
-                    symbolic=planned.given if planned.symbols else None,
-                    sizes=sizes or None).tensors
+    if isinstance(schedule, MeshSchedule):
+        raise ExecutionError(f"the mesh schedule of {schedule.program.name!r} runs by run_mesh")
+    return iree_run(schedule, inputs).tensors
 
 
 def run_mesh_schedule(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0,

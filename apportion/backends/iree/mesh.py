@@ -7,19 +7,20 @@ Consumes only a ``schedule.mesh.MeshSchedule`` (``apportion.sharding.lower`` mak
 ``run_mesh`` runs each device's segments with ``backends.iree.run.iree_run`` (compiled once per
 distinct segment; the module cache keeps them) and performs every collective and finish on the
 host with the schedule's own data movement (``schedule.mesh.execute``: ``Collective.move``,
-``FinishPart.apply``), as every mesh runner does; ``check_mesh`` compares the outputs with the
-unplanned program's. The host stands in for the channel because IREE's CPU driver has no
-collectives: the device modules compile for ``llvm-cpu``, but creating their channel fails
-at run time (``hal.channel.create``: "collectives not implemented" in ``local_task``).
+``FinishPart.apply``), as every mesh runner does (``runtime.check.check`` compares the
+outputs with the unplanned program's). The host stands in for the channel because IREE's CPU
+driver has no collectives: the device modules compile for ``llvm-cpu``, but creating their
+channel fails at run time (``hal.channel.create``: "collectives not implemented" in ``local_task``).
 
 >>> from apportion.frontend.json_format import load
 >>> from apportion.sharding.lower import lower_plan
 >>> from apportion.sharding.mesh import parse
 >>> from apportion.sharding.search import search
+>>> from apportion.runtime.check import check
 >>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
->>> checks, run = check_mesh(s)  # doctest: +SKIP
->>> all(c.ok for c in checks)    # doctest: +SKIP
-True
+>>> checks, run = check(s.program, lambda xs: run_mesh(s, xs))  # doctest: +SKIP
+>>> all(c.ok for c in checks), run.modules                       # doctest: +SKIP
+(True, 2)
 """
 
 from __future__ import annotations
@@ -32,12 +33,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from apportion.backends.iree.run import iree_run
-from apportion.runtime.reference import (
-    OutputCheck,
-    compare,
-    random_inputs,
-    run_unplanned,
-)
 from apportion.schedule.mesh import DeviceLaunch, MeshSchedule, execute
 
 
@@ -69,9 +64,8 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
         nonlocal compile_s, run_s, inside_s, cached
         start = time.perf_counter()
         prog = launch.schedule.program
-        # the symbolic loop counts the segment was lowered at: the module's count arguments
-        done = iree_run(prog, launch.plan, schedule.target, env,
-                        params=dict(launch.schedule.params) or None, cache_dir=cache_dir)
+        # the segment's schedule at the mesh's loop counts: the module's count arguments
+        done = iree_run(launch.schedule, env, cache_dir)
         if id(launch.schedule) not in modules:
             modules.add(id(launch.schedule))
             compile_s += done.compile_s
@@ -84,12 +78,3 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
     outputs = execute(schedule, inputs, compute)
     return MeshRun(outputs, len(modules), compile_s, cached, run_s,
                    time.perf_counter() - start - inside_s)
-
-
-def check_mesh(schedule: MeshSchedule, seed: int = 0,
-               cache_dir: str | os.PathLike[str] | None = None
-               ) -> tuple[list[OutputCheck], MeshRun]:
-    """``run_mesh`` on random inputs against the unplanned program; every output compared."""
-    inputs = random_inputs(schedule.program, seed)
-    run = run_mesh(schedule, inputs, cache_dir)
-    return compare(run_unplanned(schedule.program, inputs), run.outputs, schedule.program), run

@@ -1,9 +1,9 @@
-"""The openmp backend behind the one backend interface (``apportion.backends``): the plan's
+"""The openmp backend behind the one backend interface (``apportion.backends``): a schedule's
 parallel IR (``emit --forall``, the function IREE compiles) lowered by upstream MLIR 22, each
 ``scf.forall`` an OpenMP work-sharing loop, JIT-compiled and run on this machine's cores
-(``run.openmp_run``). ``supports`` emits the parallel IR without lowering it, so what the
-emitter refuses is known up front, by the documented limit it cites; a run without the
-``mlir`` extra is refused naming the extra.
+(``run.openmp_run``). ``supports`` emits the parallel IR of the plan's lowered schedule
+without lowering it, so what the emitter refuses is known up front, by the documented limit it
+cites; a run without the ``mlir`` extra is refused naming the extra.
 
 Its ``run_mesh`` runs a program sharded over a mesh, lowered (``schedule.mesh.MeshSchedule``,
 from ``sharding.lower.lower_plan``): every device's segments as OpenMP modules, the collectives
@@ -28,6 +28,7 @@ from apportion.backends.openmp.run import openmp_run, parallel_ir
 from apportion.errors import ExecutionError
 from apportion.limits import Limit, refusals
 from apportion.schedule.mesh import MeshSchedule
+from apportion.schedule.values import Schedule
 
 
 def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
@@ -35,22 +36,18 @@ def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
     emitted (not lowered); of a mesh schedule, every distinct segment's."""
     if isinstance(planned, MeshSchedule):
         return refusals(lambda: mesh_parallel_ir(planned))
-    return refusals(lambda: parallel_ir(planned.program, planned.plan, planned.target,
-                                        planned.given if planned.symbols else None))
+    return refusals(lambda: parallel_ir(planned.lowered))
 
 
-def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None,
-        sizes: Mapping[str, int] | None = None, threads: int | None = None
+def run(schedule: Schedule, inputs: Mapping[str, Any], *, threads: int | None = None
         ) -> dict[str, np.ndarray]:
-    """Lower (or take from this process's cache) and run ``planned`` with OpenMP on ``inputs``
-    (at the run-time sizes their shapes and ``sizes`` give; ``params``: symbolic loop counts),
-    ``threads`` OpenMP threads (None: the runtime's default, ``OMP_NUM_THREADS`` or the
-    cores). Returns the inputs and outputs as storage arrays."""
-    if isinstance(planned, MeshSchedule):
-        raise ExecutionError(f"the mesh schedule of {planned.program.name!r} runs by run_mesh")
-    return openmp_run(planned.program, planned.plan, planned.target, inputs, params,
-                      symbolic=planned.given if planned.symbols else None,
-                      sizes=sizes or None, threads=threads).tensors
+    """Lower (or take from this process's cache) and run ``schedule`` (bound at the run's
+    sizes and loop counts) with OpenMP on ``inputs``, ``threads`` OpenMP threads (None: the
+    runtime's default, ``OMP_NUM_THREADS`` or the cores). Returns the inputs and outputs as
+    storage arrays."""
+    if isinstance(schedule, MeshSchedule):
+        raise ExecutionError(f"the mesh schedule of {schedule.program.name!r} runs by run_mesh")
+    return openmp_run(schedule, inputs, threads).tensors
 
 
 def run_mesh_schedule(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0,

@@ -16,8 +16,9 @@ is lowered.
 >>> s = lower_plan(search(load("examples/megatron.json"), parse("tp=2")))
 >>> len(mesh_parallel_ir(s)) == s.distinct()
 True
+>>> from apportion.runtime.check import check
 >>> if upstream_mlir.available() and upstream_mlir.openmp_library() is not None:
-...     checks, run = check_mesh(s, threads=2)
+...     checks, run = check(s.program, lambda xs: run_mesh(s, xs, threads=2))
 ...     assert all(c.ok for c in checks) and run.modules == s.distinct()
 """
 
@@ -31,7 +32,6 @@ import numpy as np
 
 from apportion.backends.openmp import engine as omp
 from apportion.backends.openmp.run import openmp_run, parallel_ir
-from apportion.runtime.reference import OutputCheck, compare, random_inputs, run_unplanned
 from apportion.schedule.mesh import DeviceLaunch, MeshSchedule, execute
 
 
@@ -55,8 +55,7 @@ def mesh_parallel_ir(schedule: MeshSchedule) -> tuple[str, ...]:
     """The parallel IR of every distinct segment of ``schedule``, as ``run_mesh`` lowers it
     (not lowered here); an op the IR has no construction for is refused naming the op and
     the documented limit, as for one device's plan."""
-    return tuple(parallel_ir(launch.schedule.program, launch.plan, schedule.target)
-                 for launch in schedule.distinct_launches())
+    return tuple(parallel_ir(launch.schedule) for launch in schedule.distinct_launches())
 
 
 def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
@@ -75,10 +74,8 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
         nonlocal compile_s, run_s, inside_s
         start = time.perf_counter()
         prog = launch.schedule.program
-        # the symbolic loop counts the segment was lowered at: the module's count arguments
-        done = openmp_run(prog, launch.plan, schedule.target, env,
-                          params=dict(launch.schedule.params) or None, threads=team,
-                          lowering=lowering)
+        # the segment's schedule at the mesh's loop counts: the module's count arguments
+        done = openmp_run(launch.schedule, env, team, lowering)
         if id(launch.schedule) not in modules:
             modules.add(id(launch.schedule))
             compile_s += done.compile_s
@@ -90,12 +87,3 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
     outputs = execute(schedule, inputs, compute)
     host_s = time.perf_counter() - start - inside_s
     return OpenmpMeshRun(outputs, len(modules), compile_s, run_s, host_s, team)
-
-
-def check_mesh(schedule: MeshSchedule, seed: int = 0, threads: int | None = None
-               ) -> tuple[list[OutputCheck], OpenmpMeshRun]:
-    """``run_mesh`` on random inputs (``seed``) against the unplanned program; every output
-    compared."""
-    inputs = random_inputs(schedule.program, seed)
-    run = run_mesh(schedule, inputs, threads)
-    return compare(run_unplanned(schedule.program, inputs), run.outputs, schedule.program), run

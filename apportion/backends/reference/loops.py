@@ -42,7 +42,6 @@ from apportion.ir.kinds import REDUCERS
 from apportion.ir.op import Op
 from apportion.ir.program import Program
 from apportion.plans.memory import Buffer
-from apportion.plans.plan import Plan
 from apportion.plans.tiles import Box, Region, inside, region
 from apportion.runtime import kernels
 from apportion.runtime.reference import (
@@ -57,7 +56,6 @@ from apportion.runtime.reference import (
     run_op_boxes,
     split_view,
 )
-from apportion.schedule.lower import lower
 from apportion.schedule.values import (
     Copy,
     Finish,
@@ -587,9 +585,8 @@ def run_schedule(schedule: Schedule, inputs: Mapping[str, np.ndarray],
     >>> import apportion as ap
     >>> from apportion.runtime.reference import compare, random_inputs, run_unplanned
     >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre())
-    >>> s = lower(planned.program, planned.plan, planned.target)
     >>> xs = random_inputs(planned.program)
-    >>> got = run_schedule(s, xs)
+    >>> got = run_schedule(planned.lowered, xs)
     >>> all(c.ok for c in compare(run_unplanned(planned.program, xs), got, planned.program))
     True
     """
@@ -609,22 +606,3 @@ def run_schedule(schedule: Schedule, inputs: Mapping[str, np.ndarray],
     finally:
         if pool is not None:
             pool.shutdown()
-
-
-def run_tiled(program: Program, plan: Plan, inputs: Mapping[str, np.ndarray],
-              threads: int | None = None, params: Mapping[str, int] | None = None
-              ) -> dict[str, np.ndarray]:
-    """Run ``program`` as ``plan`` tiles, places and divides it: its schedule (lowered for the
-    plan's target, ``params`` giving symbolic loop counts) run by ``run_schedule``; returns its
-    whole tensors.
-
-    >>> from apportion.frontend.json_format import load
-    >>> from apportion.passes.pipeline import plan
-    >>> from apportion.runtime.reference import compare, random_inputs, run_unplanned
-    >>> from apportion.target import spyre
-    >>> p = load("examples/fused.json")
-    >>> xs = random_inputs(p)
-    >>> all(c.ok for c in compare(run_unplanned(p, xs), run_tiled(p, plan(p, spyre()), xs), p))
-    True
-    """
-    return run_schedule(lower(program, plan, plan.target, params=params), inputs, threads)

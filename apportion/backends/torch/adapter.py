@@ -8,7 +8,8 @@ schedule (``mesh.run_mesh``).
 >>> import apportion as ap
 >>> from apportion.runtime import random_inputs
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
->>> BACKEND.supports(planned), BACKEND.run(planned, random_inputs(planned.program))["z"].shape
+>>> xs = random_inputs(planned.program)
+>>> BACKEND.supports(planned), BACKEND.run(planned.lowered, xs)["z"].shape
 ((), (1024, 4096))
 """
 
@@ -16,26 +17,16 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from apportion.backends import Backend, Planned
 from apportion.backends.torch.mesh import run_mesh
-from apportion.ir.program import Program
 from apportion.limits import LIMITS_BY_ID, Limit
-from apportion.plans.plan import Plan
 from apportion.runtime.reference import bind_inputs
 from apportion.schedule.mesh import MeshSchedule
-
-
-@dataclass(frozen=True)
-class _Bound:
-    """A program and its plan at bound sizes: what ``run_torch`` reads."""
-
-    program: Program
-    plan: Plan
+from apportion.schedule.values import Schedule
 
 
 def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
@@ -46,19 +37,16 @@ def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
     return ()
 
 
-def run(planned: Planned, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None,
-        sizes: Mapping[str, int] | None = None, threads: int | None = None
+def run(schedule: Schedule, inputs: Mapping[str, Any], *, threads: int | None = None
         ) -> dict[str, np.ndarray]:
-    """Run ``planned`` on ``inputs`` with torch kernels (at the run-time sizes their shapes and
-    ``sizes`` give; ``params``: symbolic loop counts; ``threads``: the pool's size, default 1).
-    Returns the inputs and outputs as the reference's storage arrays."""
+    """Run ``schedule`` (bound at the run's sizes and loop counts) on ``inputs`` with torch
+    kernels (``threads``: the pool's size, default 1). Returns the inputs and outputs as the
+    reference's storage arrays."""
     from apportion.backends.torch.executor import run_torch
     from apportion.backends.torch.tensors import from_torch_storage
 
-    program, plan = planned.bound(sizes)
-    env = bind_inputs(program, inputs)
-    outs = run_torch(_Bound(program, plan), env, threads=1 if threads is None else threads,
-                     params=params)
+    env = bind_inputs(schedule.program, inputs)
+    outs = run_torch(schedule, env, threads=1 if threads is None else threads)
     return {**env, **{name: from_torch_storage(t) for name, t in outs.items()}}
 
 

@@ -1,12 +1,12 @@
 """The threaded torch executor: a plan run core slice by core slice with torch kernels.
 
-``run_torch(planned, inputs, threads)`` runs a plan's schedule (``schedule.lower``: the one
-lowered form, symbolic loop counts bound): every launch's boxes at every iteration of its loops
-(``Launch.boxes_at``, the boxes the reference executor computes), checked by
-``reference.check_cover`` to cover the op's iteration space once, computed by torch kernels on
-torch views of the operands; host steps whole. It reads nothing of the plan itself. The boxes
-of one op run concurrently on a pool of ``threads`` threads; ops run in program order.
-It gives the reference executor's numbers within the dtype tolerances
+``run_torch(schedule, inputs, threads)`` runs a plan's schedule (``PlannedProgram.schedule``:
+the one lowered form, run-time sizes and symbolic loop counts bound): every launch's boxes at
+every iteration of its loops (``Launch.boxes_at``, the boxes the reference executor computes),
+checked by ``reference.check_cover`` to cover the op's iteration space once, computed by torch
+kernels on torch views of the operands; host steps whole. It reads nothing of the plan
+itself. The boxes of one op run concurrently on a pool of ``threads`` threads; ops run in
+program order. It gives the reference executor's numbers within the dtype tolerances
 (``reference.TOLERANCES``).
 
 The parts: ``tensors`` (how tensors are stored, and strided views of them over boxes),
@@ -29,8 +29,8 @@ thread pool).
   before it is whole either way, so the numbers are the same. A reduction tiled by a loop
   combines each iteration's cores, then the iterations in loop order, as an accumulator does.
   Where tensors live (device memory, scratchpads, tile buffers) does not change a number, so
-  the simulated memory of ``loops.run_tiled``, which checks the plan's buffers, is not
-  repeated here. Symbolic loop counts come from ``params``.
+  the simulated memory of the reference's ``loops.run_schedule``, which checks the plan's
+  buffers, is not repeated here. Symbolic loop counts are the schedule's, bound.
 
 Threads: with ``threads`` > 1 each op's boxes are dealt to ``threads`` pool tasks (box ``i`` to
 task ``i mod threads``), but for ops with fewer than ``grain`` iteration points per core
@@ -53,7 +53,7 @@ import it.
 >>> from apportion.runtime.reference import compare, random_inputs, run_unplanned
 >>> planned = ap.plan(ap.load("examples/attention.json"), ap.targets.spyre(cores=8))
 >>> xs = random_inputs(planned.program)
->>> ys = run_torch(planned, xs, threads=2)
+>>> ys = run_torch(planned.lowered, xs, threads=2)
 >>> got = {name: from_torch_storage(y) for name, y in ys.items()}
 >>> all(c.ok for c in compare(run_unplanned(planned.program, xs), got, planned.program))
 True
@@ -64,7 +64,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -82,23 +82,10 @@ from apportion.backends.torch.tensors import (
 from apportion.errors import ExecutionError
 from apportion.ir.kinds import Partial, Reducer
 from apportion.ir.program import Program
-from apportion.plans.plan import Plan
 from apportion.runtime.reference import evaluate_op, run_op_boxes
-from apportion.schedule.lower import lower
 from apportion.schedule.values import Schedule
-from apportion.target.target import Target
 
 __all__ = ["GRAIN", "XP", "TorchExecutor", "from_torch_storage", "run_torch", "to_torch_storage"]
-
-
-class PlannedLike(Protocol):
-    """What ``run_torch`` needs of a ``PlannedProgram``."""
-
-    @property
-    def program(self) -> Program: ...
-
-    @property
-    def plan(self) -> Plan: ...
 
 
 def _combine(step: Step, reducer: Reducer, group: Sequence[int], parts: Mapping[int, Partial]
@@ -186,51 +173,42 @@ def _intra_op_threads(n: int) -> Iterator[None]:
 
 
 class TorchExecutor:
-    """A plan made ready to run with torch: the schedule (every op's boxes, checked to cover
-    its iteration space once) is built once, and a pool of ``threads`` threads is kept for the
-    runs (ops of fewer than ``grain`` points per core run on the calling thread). ``run(inputs)``
-    returns the program's outputs; ``close()`` ends the pool (also on ``with``, and when the
-    executor is collected).
+    """A plan's schedule (bound at its sizes and loop counts) made ready to run with torch: its
+    steps (every op's boxes, checked to cover its iteration space once) are built once, and a
+    pool of ``threads`` threads is kept for the runs (ops of fewer than ``grain`` points per
+    core run on the calling thread). ``run(inputs)`` returns the program's outputs;
+    ``close()`` ends the pool (also on ``with``, and when the executor is collected).
 
     >>> import apportion as ap
     >>> from apportion.runtime.reference import random_inputs
     >>> planned = ap.plan(ap.load("examples/mlp.json"), ap.targets.spyre(cores=8))
-    >>> with TorchExecutor(planned.program, planned.plan, threads=2) as ex:
+    >>> with TorchExecutor(planned.lowered, threads=2) as ex:
     ...     ys = ex.run(random_inputs(planned.program))
     >>> ys["y"].shape, ys["y"].dtype
     (torch.Size([256, 1024]), torch.float16)
     """
 
-    def __init__(self, program: Program, plan: Plan | Schedule, threads: int = 1,
-                 grain: int = GRAIN, target: Target | str | None = None,
+    def __init__(self, schedule: Schedule, threads: int = 1, grain: int = GRAIN,
                  batched: bool = True) -> None:
         require_torch()
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
             raise ExecutionError(f"threads must be an int >= 1, got {threads!r}")
         if isinstance(grain, bool) or not isinstance(grain, int) or grain < 0:
             raise ExecutionError(f"grain must be an int >= 0, got {grain!r}")
-        self.program = program
-        #: a schedule given already lowered (a device's segment of a mesh schedule, its loop
-        #: counts bound): run as it is, never lowered again
-        self.given = plan if isinstance(plan, Schedule) else None
-        self.plan = plan
-        #: the target, or its name: lowering a program with static shapes needs no more
-        self.target = plan.target if target is None else target
+        self.program = program = schedule.program
         self.threads = threads
         self.grain = grain
         #: run an op whose boxes form a lattice (``batching.batched``) as one batched kernel call
         #: where it runs on the calling thread; False: box by box, always
         self.batched = batched
-        self._steps: dict[tuple[tuple[str, int], ...], tuple[Step, ...]] = {}
         self._pool: ThreadPoolExecutor | None = None
         #: results of steps with no inputs (``full``, ``arange``), by tensor
         self._constants: dict[str, Any] = {}
         #: each input: name, shape and the torch dtype that stores it
         self._inputs = tuple((n, program.tensor(n).shape, torch_dtype(program.tensor(n).dtype))
                              for n in program.inputs)
-        if isinstance(plan, Schedule) or \
-                not any(isinstance(c, str) for g in plan.groups for c in g.counts):
-            self.schedule()  # a plan that does not fit the program fails here, not at a run
+        #: the torch steps of the schedule (every op's boxes and views)
+        self.steps = schedule_steps(schedule)
 
     def __enter__(self) -> TorchExecutor:
         return self
@@ -271,12 +249,10 @@ class TorchExecutor:
                 env[name] = to_torch_storage(value, program.tensor(name).dtype)
         return env
 
-    def run(self, inputs: Mapping[str, Any], params: Mapping[str, int] | None = None
-            ) -> dict[str, Any]:
-        """Run the plan on ``inputs`` (torch tensors or numpy arrays by program input name);
-        returns the program's outputs as torch tensors of their dtypes. ``params``: symbolic
-        loop counts (plans with loop groups only)."""
-        steps = self.schedule(params)
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Run the schedule on ``inputs`` (torch tensors or numpy arrays by program input
+        name); returns the program's outputs as torch tensors of their dtypes."""
+        steps = self.steps
         env = self.bind(inputs)
         batched = self.batched
         with _intra_op_threads(1), torch.no_grad():
@@ -296,25 +272,6 @@ class TorchExecutor:
             # a cached constant is the executor's: the caller gets a copy to keep
             outs[name] = t.clone() if any(t is c for c in self._constants.values()) else t
         return outs
-
-    def lowered(self, params: Mapping[str, int] | None = None) -> Schedule:
-        """The plan's schedule at these symbolic loop counts (``schedule.lower``); a schedule
-        given lowered is itself (its counts are bound: ``params`` are refused)."""
-        if self.given is not None:
-            if params:
-                raise ExecutionError(f"schedule of {self.program.name!r} given lowered, its loop "
-                                     f"counts bound: params {sorted(params)} are refused")
-            return self.given
-        assert isinstance(self.plan, Plan)
-        return lower(self.program, self.plan, self.target, params=params)
-
-    def schedule(self, params: Mapping[str, int] | None = None) -> tuple[Step, ...]:
-        """The torch steps of the schedule at these symbolic loop counts (every op's boxes and
-        views), built once per distinct ``params``."""
-        key = tuple(sorted((params or {}).items()))
-        if key not in self._steps:
-            self._steps[key] = schedule_steps(self.lowered(params))
-        return self._steps[key]
 
     def _pool_for(self, step: Step) -> ThreadPoolExecutor | None:
         if self.threads == 1:
@@ -372,11 +329,11 @@ class TorchExecutor:
         return out
 
 
-def run_torch(planned: PlannedLike, inputs: Mapping[str, Any], threads: int = 1,
-              params: Mapping[str, int] | None = None, grain: int = GRAIN) -> dict[str, Any]:
-    """Run ``planned`` (a ``PlannedProgram``, or anything with its ``program`` and ``plan``)
-    core slice by core slice with torch kernels, the cores of each op on ``threads`` threads
-    (those of ops with fewer than ``grain`` iteration points per core on the calling thread);
-    returns the program's outputs as torch tensors (see the module docstring)."""
-    with TorchExecutor(planned.program, planned.plan, threads, grain) as ex:
-        return ex.run(inputs, params)
+def run_torch(schedule: Schedule, inputs: Mapping[str, Any], threads: int = 1,
+              grain: int = GRAIN) -> dict[str, Any]:
+    """Run ``schedule`` (a plan's, bound at its sizes and loop counts) core slice by core
+    slice with torch kernels, the cores of each op on ``threads`` threads (those of ops with
+    fewer than ``grain`` iteration points per core on the calling thread); returns the
+    program's outputs as torch tensors (see the module docstring)."""
+    with TorchExecutor(schedule, threads, grain) as ex:
+        return ex.run(inputs)

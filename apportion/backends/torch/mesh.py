@@ -46,7 +46,7 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0
                 ) -> dict[str, np.ndarray]:
         s = launch.schedule
         if id(s) not in executors:
-            executors[id(s)] = TorchExecutor(s.program, s, 1 if threads is None else threads)
+            executors[id(s)] = TorchExecutor(s, 1 if threads is None else threads)
         outs = executors[id(s)].run(env)
         return {name: from_torch_storage(t) for name, t in outs.items()}
 

@@ -14,8 +14,8 @@ from apportion.backends.bundle.loopspec import (
     TensorArg,
     _Builder,
     from_json,
+    from_schedule,
     from_source,
-    loopspec,
     to_json,
     to_source,
 )
@@ -280,7 +280,7 @@ def test_values_validate_and_freeze():
 def test_plan_without_buffers_is_an_emit_error():
     planned = ap.plan(fused(), target=SPYRE)
     with pytest.raises(EmitError, match="no buffer"):
-        loopspec(planned.program, replace(planned.plan, buffers=()), planned.target)
+        from_schedule(replace(planned.lowered, buffers=()), planned.target)
 
 
 def test_consumer_after_the_nest_reads_the_finished_result_not_the_accumulator():

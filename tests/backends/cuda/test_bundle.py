@@ -45,8 +45,7 @@ def _digest(folder: Path) -> dict[str, str]:
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A bundle of the fused example, with a run's results in it (the reference's outputs)."""
     p = _planned()
-    b = build_bundle(p.program, p.plan, p.target, tmp_path_factory.mktemp("built") / "b",
-                     seed=1)
+    b = build_bundle(p.lowered, tmp_path_factory.mktemp("built") / "b", seed=1)
     want = run_unplanned(p.program, {k: np.asarray(v) for k, v in
                                      np.load(b.path / "inputs.npz").items()})
     (b.path / "results").mkdir()
@@ -88,7 +87,7 @@ def test_a_bundle_holding_a_file_of_the_user_is_not_replaced(old, capsys):
 def test_rebuilding_over_a_bundle_replaces_it_whole_and_leaves_nothing_beside(old, capsys):
     p = _planned()
     before = _digest(old)
-    b = build_bundle(p.program, p.plan, p.target, old, seed=2)
+    b = build_bundle(p.lowered, old, seed=2)
     assert b.path == old
     after = _digest(old)
     assert "results/outputs.npz" not in after  # the old bundle's run is not the new one's
@@ -111,7 +110,7 @@ def test_an_interrupted_or_failed_rebuild_leaves_the_old_bundle_and_its_results(
     monkeypatch.setattr(bundle_module, "link", half_link)
     p = _planned()
     with pytest.raises(fault):
-        build_bundle(p.program, p.plan, p.target, old, seed=2)
+        build_bundle(p.lowered, old, seed=2)
     assert linked and linked[0].parent != old  # the link wrote beside the bundle, not in it
     assert _digest(old) == before
     assert [q.name for q in old.parent.iterdir()] == ["b"]  # no half-written folder
@@ -123,7 +122,7 @@ def test_sigterm_during_the_link_leaves_the_old_bundle_and_no_half_written_folde
     build = (f"sys.exit(main(['cuda', 'build', {FUSED!r}, '--cores', '8', '--out', "
              f"{str(old)!r}]))" if caller == "command line" else
              f"p = ap.plan(ap.load({FUSED!r}), ap.targets.gpu(cores=8))\n"
-             f"bundle.build_bundle(p.program, p.plan, p.target, Path({str(old)!r}), seed=2)")
+             f"bundle.build_bundle(p.lowered, Path({str(old)!r}), seed=2)")
     # the build in a process of its own, terminated (as a batch system's time limit does)
     # while its link is running
     script = "\n".join([

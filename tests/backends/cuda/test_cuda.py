@@ -25,7 +25,6 @@ from apportion.backends.cuda.lowering import (
     host_shared,
     lower_nvvm,
 )
-from apportion.backends.iree.run import emitted
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.mlir.forall import forall_mlir
 from apportion.runtime import upstream_mlir
@@ -38,6 +37,7 @@ from tests.backends.iree.trig import (
     whole_range,
     worst_float32_ulps,
 )
+from tests.helpers import emitted
 from tests.runtime_reductions import PROGRAMS as RUNTIME_REDUCTIONS
 from tests.runtime_reductions import planned as runtime_planned
 
@@ -116,7 +116,7 @@ def test_a_plan_whose_foralls_carry_no_gpu_mapping_is_refused_naming_the_target(
 
 def test_a_bundle_holds_the_library_its_runtime_and_what_a_run_needs(tmp_path):
     planned = _gpu_plan("megatron")
-    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "m", seed=3)
+    b = build_bundle(planned.lowered, tmp_path / "m", seed=3)
     manifest = json.loads((b.path / "manifest.json").read_text())
     assert manifest["function"] == "_mlir_ciface_megatron" and manifest["kernels"] == b.kernels
     assert [a["name"] for a in manifest["args"]] == list(planned.program.inputs)
@@ -132,8 +132,7 @@ def test_a_bundle_holds_the_library_its_runtime_and_what_a_run_needs(tmp_path):
 
 def test_a_run_time_size_and_a_loop_count_travel_as_index_arguments(tmp_path):
     planned = ap.plan(ap.load(EXAMPLES / "softmax_symbolic.json"), ap.targets.gpu(cores=8))
-    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "s",
-                     params={"T": 16}, symbolic=planned.given if planned.symbols else None)
+    b = build_bundle(planned.schedule(params={"T": 16}), tmp_path / "s")
     indexes = [a for a in json.loads((b.path / "manifest.json").read_text())["args"]
                if a["kind"] == "index"]
     assert {"name": "T", "kind": "index", "value": 16} in indexes
@@ -141,7 +140,7 @@ def test_a_run_time_size_and_a_loop_count_travel_as_index_arguments(tmp_path):
 
 def test_outputs_that_differ_from_the_reference_fail_the_check(tmp_path):
     planned = _gpu_plan("transposed")
-    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "t")
+    b = build_bundle(planned.lowered, tmp_path / "t")
     reference = planned.program
     want = run_unplanned(reference, random_inputs(reference, 0))
     results = tmp_path / "results"
@@ -157,7 +156,7 @@ def test_outputs_that_differ_from_the_reference_fail_the_check(tmp_path):
 @pytest.mark.skipif(_has_gpu(), reason="this machine has an NVIDIA driver")
 def test_without_a_driver_the_device_runner_exits_2_with_one_line(tmp_path):
     planned = _gpu_plan("transposed")
-    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "t")
+    b = build_bundle(planned.lowered, tmp_path / "t")
     done = subprocess.run([sys.executable, device_main.__file__, str(b.path),
                            str(tmp_path / "out")], capture_output=True, text=True, check=False)
     assert done.returncode == 2
@@ -178,7 +177,7 @@ def test_the_device_runner_imports_nothing_of_apportion():
 @pytest.mark.parametrize("name", ["fused", "megatron", "rmsnorm_argmax", "splitk", "attention"])
 def test_an_example_runs_on_the_gpu_and_matches_the_reference(tmp_path, name, threads):
     planned = _gpu_plan(name, cores=32)
-    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / name,
+    b = build_bundle(planned.lowered, tmp_path / name,
                      threads=threads)
     run_bundle(b.path, tmp_path / "out")
     checks = check_bundle(b.path, tmp_path / "out")
@@ -225,7 +224,7 @@ def test_a_gpu_or_ptx_version_llvm_does_not_know_is_refused_naming_it(arch, said
 
 def test_a_malformed_manifest_or_outputs_file_is_refused_naming_the_file(tmp_path):
     planned = _gpu_plan("transposed")
-    b = build_bundle(planned.program, planned.plan, planned.target, tmp_path / "t")
+    b = build_bundle(planned.lowered, tmp_path / "t")
     results = tmp_path / "results"
     results.mkdir()
     np.savez(results / "outputs.npz", other=np.zeros(3))
@@ -245,7 +244,7 @@ def test_a_malformed_manifest_or_outputs_file_is_refused_naming_the_file(tmp_pat
 
 def _trig_bundle(out: Path, x: np.ndarray, threads: int = 1):
     planned = plan_trig(ap.targets.gpu(cores=32))
-    return build_bundle(planned.program, planned.plan, planned.target, out, inputs={"x": x},
+    return build_bundle(planned.lowered, out, inputs={"x": x},
                         threads=threads)
 
 

@@ -29,8 +29,7 @@ def test_a_chain_of_more_slices_than_blocks_runs_on_the_gpu_at_each_size(tmp_pat
     p = planned("gpu", cores)
     assert max(p.plan.op("mm.partial").split_k.select.factors) == 128 > cores
     for k in SIZES:
-        b = build_bundle(p.program, p.plan, p.target, tmp_path / f"k{k}", params={"K": k},
-                         symbolic=p.given, threads=threads)
+        b = build_bundle(p.schedule({"K": k}), tmp_path / f"k{k}", threads=threads)
         run_bundle(b.path, tmp_path / f"out{k}")
         checks = check_bundle(b.path, tmp_path / f"out{k}")
         assert checks and all(c.ok for c in checks), (k, checks)

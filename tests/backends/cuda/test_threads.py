@@ -14,11 +14,13 @@ from hypothesis import strategies as st
 import apportion as ap
 from apportion.backends.cuda.lowering import lower_nvvm
 from apportion.backends.cuda.threads import ThreadSplit, thread_tiles
-from apportion.backends.iree.run import bind_run, emitted, reference_at
 from apportion.errors import ExecutionError, PlanningError, ProgramError
-from apportion.mlir.forall import forall_mlir, symbol_name
+from apportion.mlir.forall import forall_mlir
+from apportion.mlir.module import call, with_gather_indices
 from apportion.runtime import upstream_mlir
-from apportion.runtime.reference import bind_inputs, compare, random_inputs, run_unplanned
+from apportion.runtime.check import check
+from apportion.runtime.reference import bind_inputs
+from tests.helpers import bound, emitted
 
 pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
@@ -32,24 +34,26 @@ def _split_matches(planned: ap.PlannedProgram, threads: int,
     threads and assert every output matches the reference; the split."""
     from apportion.backends.openmp.engine import Engine
 
-    symbolic = planned.given if planned.symbols else None
-    reference = reference_at(planned.program, symbolic, params)
-    inputs = random_inputs(reference, 0)
-    b = bind_run(planned.program, planned.plan, planned.target, inputs, params, symbolic, None)
-    schedule = emitted(b.program, planned.plan, planned.target, b.symbolic)
-    split = thread_tiles(forall_mlir(schedule), threads)
-    env = bind_inputs(b.bound.program, inputs)
-    args = [(v, elt) for _, v, elt in b.arguments(env, schedule)]
-    results = [(shape, elt) for _, shape, elt in b.results()]
-    engine = Engine(split.text)
-    try:
-        call = engine.call(symbol_name(b.program.name), args, results, threads=2)
-    finally:
-        engine.drop()
-    got = {n: a for n, a in zip(b.program.outputs, call.outputs, strict=True)
-           if n in b.given_outputs}
+    schedule = with_gather_indices(bound(planned, params))
+    split = thread_tiles(forall_mlir(schedule.covering), threads)
+    sizes = {k: v for k, v in (params or {}).items() if k in planned.symbols}
+    unplanned = planned.given.bind(sizes) if planned.symbols else planned.program
+
+    def run(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        env = bind_inputs(schedule.program, inputs)
+        c = call(schedule, env)
+        engine = Engine(split.text)
+        try:
+            done = engine.call(c.function, [(v, elt) for _, v, elt in c.arguments],
+                               [(shape, elt) for _, shape, elt in c.results], threads=2)
+        finally:
+            engine.drop()
+        outputs = planned.program.outputs
+        return {**env, **{n: a for (n, _, _), a in zip(c.results, done.outputs, strict=True)
+                          if n in outputs}}
+
     with np.errstate(all="ignore"):
-        checks = compare(run_unplanned(reference, inputs), {**env, **got}, reference)
+        checks, _ = check(unplanned, run)
     assert all(c.ok for c in checks), checks
     return split
 

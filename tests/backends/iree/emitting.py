@@ -1,14 +1,14 @@
 """The parallel IR of a program and plan as a run emits it: the plan lowered to its schedule
-(``backends.iree.run.emitted``), which is all ``forall_mlir`` reads."""
+(``tests.helpers.emitted``), which is all ``forall_mlir`` reads."""
 
 from __future__ import annotations
 
-from apportion.backends.iree.run import emitted
 from apportion.ir.program import Program
 from apportion.mlir.forall import forall_mlir
 from apportion.plans.plan import Plan
 from apportion.target.presets import PRESETS
 from apportion.target.target import Target
+from tests.helpers import emitted
 
 
 def emit(program: Program, plan: Plan, target: Target | None = None,

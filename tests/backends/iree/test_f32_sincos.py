@@ -42,7 +42,7 @@ def trig() -> PlannedProgram:
 
 
 def run(planned: PlannedProgram, x: np.ndarray, cache: Path) -> dict[str, np.ndarray]:
-    return iree_run(planned.program, planned.plan, planned.target, {"x": x},
+    return iree_run(planned.lowered, {"x": x},
                     cache_dir=cache).tensors
 
 

@@ -169,7 +169,7 @@ def test_integer_kinds_through_f64_in_iree_equal_the_reference_exactly(dtype, ca
     y = np.resize(np.arange(-3, 12), N)
     planned = planned_kinds(dtype, F64_KINDS, f"int_math_{dtype}")
     inputs = {"x": x.astype(dtype).reshape(SHAPE), "y": y.astype(dtype).reshape(SHAPE)}
-    got = iree_run(planned.program, planned.plan, planned.target, inputs,
+    got = iree_run(planned.lowered, inputs,
                    cache_dir=cache).tensors
     with np.errstate(all="ignore"):
         want = run_unplanned(planned.program, inputs)

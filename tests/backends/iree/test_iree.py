@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.run import IreeRun, iree_check, iree_run
+from apportion.backends.iree.run import IreeRun, iree_run
 from apportion.cli.main import main
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict
@@ -38,7 +38,7 @@ from tests.backends.merged import (
 )
 from tests.backends.reference.test_loops_properties import tiled_programs
 from tests.backends.sums import SUM3, sums_program, tiled_sums_program
-from tests.helpers import edge_accesses_program, program, runnable_examples
+from tests.helpers import bound, checked, edge_accesses_program, program, runnable_examples
 from tests.mlir.test_forall import (
     golden,
     plan_small,
@@ -75,8 +75,7 @@ def examples(n: int) -> Any:
 
 def check(planned: PlannedProgram, cache: Path, params: dict[str, int] | None = None,
           seed: int = 0) -> IreeRun:
-    checks, run = iree_check(planned.program, planned.plan, planned.target, seed, params,
-                             cache)
+    checks, run = checked(planned, lambda s, xs: iree_run(s, xs, cache), seed, params)
     bad = [c for c in checks if not c.ok]
     assert checks and not bad, bad
     return run
@@ -131,8 +130,7 @@ def test_coarse_tiled_with_an_accumulator_and_a_symbolic_count(cache):
     again = check(planned, cache, {"T": 4})  # one module for every value of T
     assert not first.cached and again.cached and again.compile_s == 0.0
     with pytest.raises(ExecutionError, match=r"count 3 \(symbolic 'T'\) does not divide"):
-        iree_run(planned.program, planned.plan, planned.target,
-                 random_inputs(planned.program), {"T": 3}, cache)
+        iree_run(bound(planned, {"T": 3}), random_inputs(planned.program), cache)
 
 
 def test_every_dtype_and_cast(cache):
@@ -373,7 +371,7 @@ def test_bfloat16_and_bool_cross_the_boundary(cache):
                 ["n", "l"])
     planned = ap.plan(p, ap.targets.spyre(cores=2))
     xs = random_inputs(p)
-    got = iree_run(p, planned.plan, planned.target, xs, cache_dir=cache).tensors
+    got = iree_run(planned.lowered, xs, cache_dir=cache).tensors
     np.testing.assert_array_equal(got["n"], -xs["b"])  # exact: bfloat16 bits round trip
     np.testing.assert_array_equal(got["l"], ~xs["c"])
 

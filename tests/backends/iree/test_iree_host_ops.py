@@ -7,12 +7,14 @@ import numpy as np
 import pytest
 
 import apportion as ap
-from apportion.backends.iree.run import host_ops, iree_check, iree_run, segments
+from apportion.backends.iree.run import iree_run
 from apportion.errors import ExecutionError
 from apportion.ir.op import Op
 from apportion.mlir import bodies
+from apportion.mlir.module import host_ops
 from apportion.runtime import random_inputs, run_unplanned
-from tests.helpers import program
+from apportion.schedule.parts import segments
+from tests.helpers import checked, program
 
 torch = pytest.importorskip("torch")
 
@@ -34,20 +36,20 @@ def test_random_numbers_are_made_first_and_the_other_ops_are_one_module():
     p = noise_program()
     planned = ap.plan(p, ap.targets.spyre(cores=8))
     assert host_ops(planned.program) == ("noise",)
-    host, (part, part_plan) = segments(planned.program, planned.plan)
+    host, part = segments(planned.lowered, host_ops(planned.program))
     assert isinstance(host, Op) and host.name == "noise"  # reads nothing: made before
-    assert [o.name for o in part.ops] == ["scale", "add", "mm", "act"]
-    assert part.inputs == ("table", "e", "w") and part.outputs == ("t2", "z")
-    assert [o.name for o in part_plan.ops] == ["scale", "add", "mm", "act"]
+    assert [o.name for o in part.program.ops] == ["scale", "add", "mm", "act"]
+    assert part.program.inputs == ("table", "e", "w") and part.program.outputs == ("t2", "z")
+    assert [s.op for s in part.ops] == ["scale", "add", "mm", "act"]
 
 
 def test_segments_cut_the_program_at_host_ops_that_read_tensors(monkeypatch):
     monkeypatch.delitem(bodies.BODIES, "mul")  # the scale runs on the host
     planned = ap.plan(noise_program(), ap.targets.spyre(cores=8))
     assert host_ops(planned.program) == ("scale", "noise")
-    noise, scale, (part, _) = segments(planned.program, planned.plan)
+    noise, scale, part = segments(planned.lowered, host_ops(planned.program))
     assert (noise.name, scale.name) == ("noise", "scale")
-    assert part.inputs == ("t2", "e", "w") and part.outputs == ("z",)
+    assert part.program.inputs == ("t2", "e", "w") and part.program.outputs == ("z",)
 
 
 @pytest.mark.parametrize("cores", [1, 8, 32])
@@ -55,7 +57,7 @@ def test_random_numbers_run_on_the_host_between_iree_modules(cores, tmp_path):
     p = noise_program()
     planned = ap.plan(p, ap.targets.spyre(cores=cores))
     inputs = random_inputs(planned.program, seed=2)
-    run = iree_run(planned.program, planned.plan, planned.target, inputs, cache_dir=tmp_path)
+    run = iree_run(planned.lowered, inputs, cache_dir=tmp_path)
     want = run_unplanned(planned.program, inputs)
     for name in ("z", "t2"):
         np.testing.assert_allclose(run.tensors[name], want[name], rtol=1e-5, atol=1e-6)
@@ -73,8 +75,7 @@ def run_time_noise_program() -> ap.Program:
 @pytest.mark.parametrize("size", [3, 8])
 def test_random_numbers_beside_run_time_sizes_are_made_on_the_host_first(size, tmp_path):
     planned = ap.plan(run_time_noise_program(), ap.targets.spyre(cores=4))
-    checks, run = iree_check(planned.program, planned.plan, planned.target, 1, {"B": size},
-                             tmp_path, symbolic=planned.given)
+    checks, run = checked(planned, lambda s, xs: iree_run(s, xs, tmp_path), 1, {"B": size})
     assert checks and all(c.ok for c in checks)
     assert run.tensors["z"].shape == (size, 64)
 
@@ -89,8 +90,7 @@ def test_run_time_sizes_with_host_ops_that_read_tensors_are_refused_naming_them(
     planned = ap.plan(p, ap.targets.spyre(cores=4))
     with pytest.raises(ExecutionError, match=r"run-time sizes and host ops that read tensors "
                                              r"\(e\)"):
-        iree_check(planned.program, planned.plan, planned.target, symbolic=planned.given,
-                   cache_dir=tmp_path)
+        checked(planned, lambda s, xs: iree_run(s, xs, tmp_path))
 
 
 @pytest.mark.slow
@@ -104,8 +104,7 @@ def test_hugging_face_models_run_in_iree_and_match_eager(factory, tmp_path):
     model, xs = getattr(torch_demo, factory)()
     tp = ap.from_torch(model, xs)
     planned = ap.plan(tp.program, ap.targets.spyre(cores=32))
-    run = iree_run(planned.program, planned.plan, planned.target, tp.inputs(*xs),
-                   cache_dir=tmp_path)
+    run = iree_run(planned.lowered, tp.inputs(*xs), cache_dir=tmp_path)
     got, = tp.torch_outputs(run.tensors)
     with torch.no_grad():
         want = model(*xs).logits.numpy()
@@ -122,7 +121,6 @@ def test_pow_of_negative_bases_and_edge_cases_matches_numpy_in_iree(tmp_path):
                   [1.5, np.nan, -1, 3, 2, np.inf, np.inf, -1]], dtype=np.float32)
     for cores in (1, 4):
         planned = ap.plan(p, ap.targets.spyre(cores=cores))
-        got = iree_run(planned.program, planned.plan, planned.target, {"x": x, "y": y},
-                       cache_dir=tmp_path).tensors["z"]
+        got = iree_run(planned.lowered, {"x": x, "y": y}, cache_dir=tmp_path).tensors["z"]
         with np.errstate(all="ignore"):
             np.testing.assert_allclose(got, np.power(x, y), equal_nan=True)

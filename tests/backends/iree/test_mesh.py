@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 
 from apportion.backends import get
 from apportion.backends.iree import runtime as iree
-from apportion.backends.iree.mesh import check_mesh, run_mesh
+from apportion.backends.iree.mesh import run_mesh
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict, load
 from apportion.mlir.mesh import device_mlir
+from apportion.runtime.check import check
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.mesh import Collective, MeshSchedule, box_shape, unshard_outputs
 from apportion.sharding.lower import lower_mesh, lower_plan
@@ -39,7 +40,7 @@ def cache(tmp_path_factory) -> Path:
 
 
 def _ok(schedule: MeshSchedule, cache: Path, seed: int = 0):
-    checks, run = check_mesh(schedule, seed, cache)
+    checks, run = check(schedule.program, lambda xs: run_mesh(schedule, xs, cache), seed)
     assert checks and all(c.ok for c in checks), checks
     return run
 

@@ -104,10 +104,10 @@ def cache(tmp_path_factory) -> Path:
 
 def test_sigmoid_silu_and_gelu_on_iree_match_the_reference_in_both_tails(planned, cache):
     x = tails()
-    got = iree_run(planned.program, planned.plan, planned.target, {"x": x},
+    got = iree_run(planned.lowered, {"x": x},
                    cache_dir=cache).tensors
     check_tails(got, x, planned)
-    check_specials(iree_run(planned.program, planned.plan, planned.target, {"x": specials()},
+    check_specials(iree_run(planned.lowered, {"x": specials()},
                             cache_dir=cache).tensors, planned)
 
 
@@ -116,7 +116,7 @@ def test_sigmoid_silu_and_gelu_on_openmp_match_the_reference_in_both_tails(plann
     from apportion.backends.openmp.run import openmp_run
 
     x = tails()
-    got = openmp_run(planned.program, planned.plan, planned.target, {"x": x}, threads=2).tensors
+    got = openmp_run(planned.lowered, {"x": x}, threads=2).tensors
     check_tails(got, x, planned)
-    check_specials(openmp_run(planned.program, planned.plan, planned.target, {"x": specials()},
+    check_specials(openmp_run(planned.lowered, {"x": specials()},
                               threads=2).tensors, planned)

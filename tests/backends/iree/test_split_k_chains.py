@@ -10,17 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from apportion.backends.iree.run import iree_check
+from apportion.backends.iree.run import iree_run
 from apportion.planned import PlannedProgram
 from tests.backends.iree.emitting import emit
+from tests.helpers import checked
 from tests.split_k_chains import SIZES, TARGETS, planned, planned_uneven
 
 
 def run_at(p: PlannedProgram, sizes: tuple[int, ...], cache: Path) -> None:
     """Check ``p`` in IREE at each K of ``sizes``: one compile, then cache hits."""
     for i, k in enumerate(sizes):
-        checks, run = iree_check(p.program, p.plan, p.target, params={"K": k}, cache_dir=cache,
-                                 symbolic=p.given)
+        checks, run = checked(p, lambda s, xs: iree_run(s, xs, cache), params={"K": k})
         bad = [c for c in checks if not c.ok]
         assert checks and not bad, (k, bad)
         assert run.cached == (i > 0), k  # the module covers every size

@@ -75,8 +75,9 @@ def test_cpu_and_spyre_foralls_carry_no_mapping():
 @pytest.mark.slow
 @needs_mlir
 def test_a_plan_for_the_gpu_target_runs_on_openmp_threads_as_the_reference():
-    from apportion.backends.openmp.run import openmp_check
+    from apportion.backends.openmp.run import openmp_run
+    from tests.helpers import checked
 
     planned = ap.plan(ap.load(ROOT / "examples/attention.json"), ap.targets.gpu(cores=16))
-    checks, _ = openmp_check(planned.program, planned.plan, planned.target, threads=2)
+    checks, _ = checked(planned, lambda s, xs: openmp_run(s, xs, 2))
     assert all(c.ok for c in checks)

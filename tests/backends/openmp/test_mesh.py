@@ -37,11 +37,8 @@ pytestmark = pytest.mark.skipif(not upstream_mlir.available() or
 
 from apportion.backends.openmp import engine  # noqa: E402
 from apportion.backends.openmp.adapter import BACKEND  # noqa: E402
-from apportion.backends.openmp.mesh import (  # noqa: E402
-    check_mesh,
-    mesh_parallel_ir,
-    run_mesh,
-)
+from apportion.backends.openmp.mesh import mesh_parallel_ir, run_mesh  # noqa: E402
+from apportion.runtime.check import check  # noqa: E402
 
 ROWS, COLS, REP = Sharding((("tp",), ())), Sharding(((), ("tp",))), Sharding(((), ()))
 
@@ -116,9 +113,9 @@ def test_sequential_loops_and_one_thread_give_the_same_numbers():
     assert all(np.array_equal(one[k], many[k]) for k in one)
 
 
-def test_check_mesh_compares_every_output_with_the_unplanned_program():
+def test_the_one_check_compares_every_output_of_a_mesh_run_with_the_unplanned_program():
     s = lower_plan(search(load("examples/megatron.json"), parse("tp=2")))
-    checks, run = check_mesh(s, seed=3, threads=2)
+    checks, run = check(s.program, lambda xs: run_mesh(s, xs, threads=2), seed=3)
     assert [c.tensor for c in checks] == list(s.program.outputs) and all(c.ok for c in checks)
     assert run.modules == 1 and run.run_s > 0
 

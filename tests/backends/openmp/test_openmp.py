@@ -30,7 +30,7 @@ from tests.backends.iree.trig import (
     worst_float32_ulps,
 )
 from tests.conformance.draws import HypothesisDraw, conformance
-from tests.helpers import program, runnable_examples
+from tests.helpers import checked, program, runnable_examples
 from tests.runtime_reductions import PROGRAMS as RUNTIME_REDUCTIONS
 from tests.runtime_reductions import SIZES as RUNTIME_SIZES
 from tests.runtime_reductions import planned as runtime_planned
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.skipif(not upstream_mlir.available() or
 
 from apportion.backends.openmp import engine  # noqa: E402
 from apportion.backends.openmp.adapter import BACKEND  # noqa: E402
-from apportion.backends.openmp.run import openmp_check, openmp_run, parallel_ir  # noqa: E402
+from apportion.backends.openmp.run import openmp_run, parallel_ir  # noqa: E402
 
 ROOT = Path(__file__).parents[3]
 #: matmuls of hundreds of millions of points as scalar loops (mlp, the prime-vocabulary lm_head):
@@ -58,8 +58,7 @@ def ok(checks: list[Any]) -> bool:
                                   for p in runnable_examples(ROOT)], ids=lambda p: p.stem)
 def test_every_example_matches_the_reference_on_two_openmp_threads(path):
     planned = ap.plan(ap.load(path), ap.targets.spyre(cores=8))
-    checks, run = openmp_check(planned.program, planned.plan, planned.target, threads=2,
-                               symbolic=planned.given if planned.symbols else None)
+    checks, run = checked(planned, lambda s, xs: openmp_run(s, xs, 2))
     assert ok(checks), [c for c in checks if not c.ok]
     assert run.threads == 2
 
@@ -68,11 +67,9 @@ def test_a_symbolic_loop_count_is_an_argument_of_the_one_module():
     planned = ap.plan(ap.load(ROOT / "examples/softmax_symbolic.json"),
                       ap.targets.spyre(cores=8))
     counts = planned_counts(planned.plan)
-    checks, first = openmp_check(planned.program, planned.plan, planned.target,
-                                 params=counts, threads=2)
+    checks, first = checked(planned, lambda s, xs: openmp_run(s, xs, 2), params=counts)
     assert ok(checks)
-    checks, again = openmp_check(planned.program, planned.plan, planned.target, seed=1,
-                                 params=counts, threads=1)
+    checks, again = checked(planned, lambda s, xs: openmp_run(s, xs, 1), seed=1, params=counts)
     assert ok(checks) and again.cached and again.compile_s == 0.0
 
 
@@ -81,8 +78,7 @@ def test_run_time_sizes_run_from_one_module_at_each_size():
     assert planned.symbols
     runs = []
     for k in (65536, 8192):
-        checks, run = openmp_check(planned.program, planned.plan, planned.target,
-                                   params={"K": k}, symbolic=planned.given, threads=2)
+        checks, run = checked(planned, lambda s, xs: openmp_run(s, xs, 2), params={"K": k})
         assert ok(checks), (k, [c for c in checks if not c.ok])
         runs.append(run)
     assert runs[1].cached  # the second size needs no new module
@@ -92,8 +88,7 @@ def test_run_time_sizes_run_from_one_module_at_each_size():
 def test_a_gpu_reduction_over_several_dims_beside_a_run_time_size_runs_at_every_size(name):
     planned = runtime_planned(name)
     for i, k in enumerate(RUNTIME_SIZES):
-        checks, run = openmp_check(planned.program, planned.plan, planned.target,
-                                   params={"K": k}, symbolic=planned.given, threads=2)
+        checks, run = checked(planned, lambda s, xs: openmp_run(s, xs, 2), params={"K": k})
         assert ok(checks), (k, [c for c in checks if not c.ok])
         assert run.cached == (i > 0), k  # one module for every size
 
@@ -102,9 +97,9 @@ def test_a_gpu_reduction_over_several_dims_beside_a_run_time_size_runs_at_every_
 def test_one_thread_many_threads_and_sequential_loops_give_the_same_bits():
     planned = ap.plan(ap.load(ROOT / "examples/attention.json"), ap.targets.spyre(cores=8))
     inputs = random_inputs(planned.program, 3)
-    runs = [openmp_run(planned.program, planned.plan, planned.target, inputs, threads=t)
+    runs = [openmp_run(planned.lowered, inputs, threads=t)
             for t in (1, 2, 4)]
-    runs.append(openmp_run(planned.program, planned.plan, planned.target, inputs,
+    runs.append(openmp_run(planned.lowered, inputs,
                            lowering=engine.SEQUENTIAL))
     for run in runs[1:]:
         for name in planned.program.outputs:
@@ -115,7 +110,7 @@ def test_one_thread_many_threads_and_sequential_loops_give_the_same_bits():
 
 def test_each_forall_becomes_an_openmp_loop_and_the_sequential_lowering_has_none():
     planned = ap.plan(ap.load(ROOT / "examples/fused.json"), ap.targets.spyre(cores=8))
-    text = parallel_ir(planned.program, planned.plan, planned.target)
+    text = parallel_ir(planned.lowered)
     foralls = text.count("scf.forall (")
     assert foralls >= 2
     parallel = engine.lower_llvm(text, engine.PARALLEL)
@@ -139,18 +134,18 @@ def dtypes_program() -> ap.Program:
 
 def test_every_dtype_crosses_the_boundary_and_matches():
     planned = ap.plan(dtypes_program(), ap.targets.spyre(cores=8))
-    checks, _ = openmp_check(planned.program, planned.plan, planned.target, threads=2)
+    checks, _ = checked(planned, lambda s, xs: openmp_run(s, xs, 2))
     assert ok(checks), [c for c in checks if not c.ok]
     assert {c.dtype for c in checks} >= {"float16", "bfloat16", "float32", "int32", "bool"}
 
 
-def test_the_backend_interface_runs_a_planned_program():
+def test_the_backend_interface_runs_a_planned_programs_schedule():
     planned = ap.plan(ap.load(ROOT / "examples/splitk.json"), ap.targets.spyre(cores=8))
     assert BACKEND.name == "openmp" and BACKEND.does == "run" and BACKEND.run_mesh is not None
     assert BACKEND.supports(planned) == ()
     inputs = random_inputs(planned.program, 0)
     assert BACKEND.run is not None
-    got = BACKEND.run(planned, inputs, threads=2)
+    got = BACKEND.run(planned.lowered, inputs, threads=2)
     want = run_unplanned(planned.program, inputs)
     from apportion.runtime.reference import compare
 
@@ -170,16 +165,14 @@ def test_an_op_without_parallel_ir_is_refused_naming_it_and_the_limit():
     planned = ap.plan(noise_program(), ap.targets.spyre(cores=8))
     assert BACKEND.supports(planned) == (LIMITS_BY_ID["iree-kind-without-mlir"],)
     with pytest.raises(ExecutionError, match=r"op 'noise' \(uniform\) has no parallel IR") as e:
-        openmp_run(planned.program, planned.plan, planned.target,
-                   random_inputs(planned.program, 0))
+        openmp_run(planned.lowered, random_inputs(planned.program, 0))
     assert cited(str(e.value)) is LIMITS_BY_ID["iree-kind-without-mlir"]
 
 
 def test_a_team_of_no_threads_is_refused():
     planned = ap.plan(ap.load(ROOT / "examples/fused.json"), ap.targets.spyre(cores=8))
     with pytest.raises(ExecutionError, match="threads must be at least 1, got 0"):
-        openmp_run(planned.program, planned.plan, planned.target,
-                   random_inputs(planned.program, 0), threads=0)
+        openmp_run(planned.lowered, random_inputs(planned.program, 0), threads=0)
 
 
 def test_a_mesh_schedule_is_supported_and_run_by_run_mesh_not_run():
@@ -199,8 +192,7 @@ def test_without_the_mlir_extra_a_run_is_refused_naming_the_extra(monkeypatch):
     monkeypatch.setattr(upstream_mlir, "package_dir", lambda: None)
     monkeypatch.setattr(engine, "ENGINES", engine.EngineCache())
     with pytest.raises(ap.errors.ApportionError, match="install apportion's 'mlir' extra"):
-        openmp_run(planned.program, planned.plan, planned.target,
-                   random_inputs(planned.program, 0))
+        openmp_run(planned.lowered, random_inputs(planned.program, 0))
 
 
 def test_the_engine_cache_keeps_the_most_recent_modules():
@@ -245,21 +237,21 @@ def test_iree_and_the_openmp_backend_run_in_one_process():
     from apportion.mlir.forall import verify_mlir
 
     planned = ap.plan(ap.load(ROOT / "examples/splitk.json"), ap.targets.spyre(cores=8))
-    verify_mlir(parallel_ir(planned.program, planned.plan, planned.target))  # IREE's bindings
-    checks, _ = openmp_check(planned.program, planned.plan, planned.target, seed=2, threads=2)
+    verify_mlir(parallel_ir(planned.lowered))  # IREE's bindings
+    checks, _ = checked(planned, lambda s, xs: openmp_run(s, xs, 2), seed=2)
     assert ok(checks)  # upstream's bindings live in the worker process
 
 
 @pytest.mark.slow
 def test_a_worker_that_ended_is_started_again_and_compiles_the_module_again():
     planned = ap.plan(ap.load(ROOT / "examples/splitk.json"), ap.targets.spyre(cores=8))
-    openmp_check(planned.program, planned.plan, planned.target, threads=1)
+    checked(planned, lambda s, xs: openmp_run(s, xs, 1))
     before = engine.WORKER.generation
     proc = engine.WORKER._proc
     assert proc is not None
     proc.kill()
     proc.wait()
-    checks, run = openmp_check(planned.program, planned.plan, planned.target, threads=2)
+    checks, run = checked(planned, lambda s, xs: openmp_run(s, xs, 2))
     assert ok(checks) and run.cached and engine.WORKER.generation == before + 1
 
 
@@ -269,7 +261,7 @@ def test_float32_sin_and_cos_on_openmp_are_correctly_rounded_up_to_the_largest_f
     planned = plan_trig(ap.targets.spyre(cores=4))
     x = np.concatenate([rotary_angles(), whole_range()])
     for part in np.split(x, 2):
-        got = openmp_run(planned.program, planned.plan, planned.target, {"x": part},
+        got = openmp_run(planned.lowered, {"x": part},
                          threads=2).tensors
         for name, fn in FUNCTIONS.items():
             err, at = worst_float32_ulps(got[name], part, fn)

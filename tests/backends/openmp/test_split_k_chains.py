@@ -14,13 +14,13 @@ pytestmark = pytest.mark.skipif(not upstream_mlir.available() or
                                 upstream_mlir.openmp_library() is None,
                                 reason="needs the mlir extra (upstream MLIR 22 and libiomp5)")
 
-from apportion.backends.openmp.run import openmp_check  # noqa: E402
+from apportion.backends.openmp.run import openmp_run  # noqa: E402
+from tests.helpers import checked  # noqa: E402
 
 
 def run_at(p: PlannedProgram, sizes: tuple[int, ...]) -> None:
     for i, k in enumerate(sizes):
-        checks, run = openmp_check(p.program, p.plan, p.target, params={"K": k},
-                                   symbolic=p.given, threads=2)
+        checks, run = checked(p, lambda s, xs: openmp_run(s, xs, 2), params={"K": k})
         bad = [c for c in checks if not c.ok]
         assert checks and not bad, (k, bad)
         assert run.cached == (i > 0), k  # one module for every size

@@ -14,8 +14,7 @@ from hypothesis import strategies as st
 import apportion as ap
 import apportion.backends.reference.execute as execute
 import apportion.backends.reference.loops as loops
-from apportion.backends.reference import run_planned
-from apportion.backends.reference.execute import run_sliced, run_sliced_schedule
+from apportion.backends.reference.execute import run_sliced_schedule
 from apportion.backends.reference.loops import run_schedule
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import load
@@ -25,7 +24,7 @@ from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.schedule.lower import lower
 from apportion.schedule.values import Copy, Host, Launch, Loop, WorkerAxis, outer_tile
 from apportion.target import spyre
-from tests.helpers import program
+from tests.helpers import program, run_planned, run_sliced
 from tests.passes.test_coarse_tile import fused
 
 ROOT = Path(__file__).parents[3]
@@ -99,8 +98,8 @@ def test_the_sliced_run_walks_the_schedule_of_an_untiled_plan():
 def test_the_sliced_run_refuses_a_loop_nest_naming_its_op_and_the_entry_that_runs_it():
     p = load(ROOT / "examples/fused.json")
     pl = plan(p, spyre())
-    with pytest.raises(ExecutionError, match=r"op '\w+' sits in a loop nest: run the plan "
-                                             r"with run_planned"):
+    with pytest.raises(ExecutionError, match=r"op '\w+' sits in a loop nest: run the schedule "
+                                             r"with execute"):
         run_sliced(p, pl, random_inputs(p))
 
 

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from apportion.backends.reference.loops import decode, encode, run_tiled
+from apportion.backends.reference.loops import decode, encode
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict, load
 from apportion.passes.pipeline import plan
 from apportion.plans.serialize import from_json, to_json
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.target import spyre
-from tests.helpers import program
+from tests.helpers import program, run_tiled
 from tests.passes.test_coarse_tile import fused
 
 ROOT = Path(__file__).parents[3]

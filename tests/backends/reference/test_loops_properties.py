@@ -7,14 +7,13 @@ import dataclasses
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from apportion.backends.reference.loops import run_tiled
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict
 from apportion.passes.geometry import divisors
 from apportion.passes.pipeline import plan
 from apportion.runtime import compare, random_inputs, run_unplanned
 from apportion.target import spyre
-from tests.helpers import program
+from tests.helpers import program, run_tiled
 
 DTYPES = {"float16": 64, "bfloat16": 64, "float32": 32}  # elements per 128-byte stick
 UNARY = ["exp", "neg", "relu", "sigmoid", "tanh"]

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import apportion as ap  # noqa: E402
-from apportion.backends.reference.execute import run_planned  # noqa: E402
 from apportion.backends.torch import executor as torch_exec  # noqa: E402
 from apportion.backends.torch.executor import GRAIN, XP, TorchExecutor, run_torch  # noqa: E402
 from apportion.backends.torch.steps import Step  # noqa: E402
@@ -29,7 +28,14 @@ from apportion.frontend.json_format import from_dict  # noqa: E402
 from apportion.planned import PlannedProgram  # noqa: E402
 from apportion.runtime.reference import compare, random_inputs, run_unplanned  # noqa: E402
 from tests.backends.reference.test_loops_properties import tiled_programs  # noqa: E402
-from tests.helpers import edge_accesses_program, program, runnable_examples  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    bound,
+    edge_accesses_program,
+    program,
+    run_planned,
+    runnable_examples,
+    schedule_of,
+)
 from tests.mlir.test_forall import (  # noqa: E402
     golden,
     plan_small,
@@ -59,7 +65,7 @@ def check(planned: PlannedProgram, threads: int, seed: int = 0,
     with more than one core on the pool (grain 0), however small."""
     xs = random_inputs(planned.program, seed)
     want = run_planned(planned.program, planned.plan, xs, params=params)
-    ys = run_torch(planned, xs, threads, params=params, grain=0)
+    ys = run_torch(bound(planned, params), xs, threads, grain=0)
     assert set(ys) == set(planned.program.outputs)
     for name, y in ys.items():
         t = planned.program.tensor(name)
@@ -85,8 +91,8 @@ def test_every_example_matches_the_reference_executor(path, cores, threads):
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_hot_kinds_run_as_torch_kernels(path):
     planned = ap.plan(ap.load(path), ap.targets.spyre(cores=8))
-    ex = TorchExecutor(planned.program, planned.plan)
-    modes = {s.op.kind.name: s.mode for s in ex.schedule()}
+    ex = TorchExecutor(planned.lowered)
+    modes = {s.op.kind.name: s.mode for s in ex.steps}
     assert not {k for k, m in modes.items() if k in HOT and m == "numpy"}, modes
 
 
@@ -161,11 +167,11 @@ def test_float64_and_int64_scans_run_in_torch_with_the_references_numbers():
                  {"name": "ch", "op": "cumsum", "out": "ch[c,d]", "ins": ["h[c,d]"]}],
                 ["cs", "ct", "ci", "fl", "ch"])
     planned = ap.plan(p, ap.targets.spyre(cores=8))
-    modes = {s.op.name: s.mode for s in TorchExecutor(planned.program, planned.plan).schedule()}
+    modes = {s.op.name: s.mode for s in TorchExecutor(planned.lowered).steps}
     assert modes == {"cs": "scan", "ct": "scan", "ci": "scan", "fl": "scan", "ch": "numpy"}
     xs = random_inputs(p, 3)
     want = run_unplanned(p, xs)
-    got = numpy_outputs(run_torch(planned, xs))
+    got = numpy_outputs(run_torch(planned.lowered, xs))
     for name in ("cs", "ct", "ci", "fl"):
         np.testing.assert_array_equal(got[name], want[name])
     check(planned, 1)
@@ -191,7 +197,7 @@ def test_a_power_by_a_scalar_operand_takes_torchs_scalar_power_and_matches_the_r
         return real(a, b)
 
     monkeypatch.setattr(torch, "pow", spy)
-    got = numpy_outputs(run_torch(planned, xs))
+    got = numpy_outputs(run_torch(planned.lowered, xs))
     monkeypatch.undo()
     assert seen and all(t is float for t in seen), seen
     assert all(c.ok for c in compare(run_unplanned(p, xs), got, p))
@@ -206,7 +212,7 @@ def test_inputs_that_need_gradients_are_read_detached():
           for n, x in random_inputs(planned.program).items()}
     with_grad = {n: (x.float().requires_grad_().to(x.dtype) if x.is_floating_point() else x)
                  for n, x in xs.items()}
-    a, b = run_torch(planned, xs), run_torch(planned, with_grad)
+    a, b = run_torch(planned.lowered, xs), run_torch(planned.lowered, with_grad)
     assert all(torch.equal(a[n], b[n]) and not b[n].requires_grad for n in a)
 
 
@@ -231,7 +237,7 @@ def test_fill_conv_pooling_topk_and_relayout():
         b.output(y * ap.fill([R, N], 0.25, "float16"))
     for cores in CORES:
         planned = ap.plan(b.program, ap.targets.spyre(cores=cores))
-        assert {s.mode for s in TorchExecutor(planned.program, planned.plan).schedule()} >= {
+        assert {s.mode for s in TorchExecutor(planned.lowered).steps} >= {
             "mm", "reduce", "elementwise", "numpy"}  # numpy: top-k only
         for threads in THREADS:
             check(planned, threads)
@@ -305,7 +311,7 @@ def test_merged_writes_match_the_reference_executor(case, cores, threads):
     assert merged, planned.program.ops
     if case == "split-k" and cores >= 4:  # the partials and their sum both write merged
         assert {op.name for op in merged} == {"mm.partial", "mm.combine"}
-    modes = {s.op.name: s.mode for s in TorchExecutor(planned.program, planned.plan).schedule()}
+    modes = {s.op.name: s.mode for s in TorchExecutor(planned.lowered).steps}
     want = {"matmul": "mm", "einsum": "matmul", "reductions": "reduce", "pointwise":
             "elementwise", "several-axes": "elementwise", "size-one-digits": "copy"}
     for op in merged:  # torch kernels, never numpy
@@ -469,7 +475,7 @@ def test_argmax_takes_the_first_maximum_and_nan_across_split_cores():
     x[0, [40, 70, 100]] = 5.0  # ties in three cores' slices: the first wins
     x[2, [50, 90]], x[2, 60] = np.nan, 9.0  # NaN wins, the first one
     planned = resplit(ap.plan(p, ap.targets.spyre(cores=4)), {"a": {"j": 4}})
-    got = run_torch(planned, {"x": x}, threads=4)["a"].tolist()
+    got = run_torch(planned.lowered, {"x": x}, threads=4)["a"].tolist()
     assert got == np.argmax(x, axis=1).tolist() == [40, 0, 50]
 
 
@@ -477,8 +483,8 @@ def test_torch_and_numpy_inputs_give_the_same_outputs_and_threads_are_restored()
     planned = ap.plan(ap.load(ROOT / "examples/rmsnorm_argmax.json"), ap.targets.spyre(cores=8))
     xs = random_inputs(planned.program)
     before = torch.get_num_threads()
-    a = run_torch(planned, xs, threads=4)
-    b = run_torch(planned, {n: to_torch_storage(x, planned.program.tensor(n).dtype)
+    a = run_torch(planned.lowered, xs, threads=4)
+    b = run_torch(planned.lowered, {n: to_torch_storage(x, planned.program.tensor(n).dtype)
                             for n, x in xs.items()}, threads=1)
     assert torch.get_num_threads() == before
     for name in a:  # the same boxes in the same order: the same numbers
@@ -504,7 +510,7 @@ def test_cores_run_on_the_pool_threads_and_small_ops_on_the_calling_thread(monke
     monkeypatch.setattr(Step, "all_boxes", spy_batched)
     xs = random_inputs(planned.program)
     here = [threading.current_thread().name]
-    with TorchExecutor(planned.program, planned.plan, threads=4) as ex:
+    with TorchExecutor(planned.lowered, threads=4) as ex:
         ex.run(xs)
         # the matmuls (92M points per core) are above the grain: four tasks on pool threads;
         # silu and mul (90K points per core) run on the calling thread
@@ -520,25 +526,26 @@ def test_cores_run_on_the_pool_threads_and_small_ops_on_the_calling_thread(monke
     assert GRAIN == 1 << 20
 
 
-def test_an_executor_is_reused_across_runs_and_symbolic_counts():
+def test_an_executor_runs_one_binding_of_symbolic_counts_and_bad_counts_are_refused():
     doc = json.loads(ap.dumps(ap.load(ROOT / "examples/fused.json")))
     doc["tiling"][0]["loops"][0]["count"] = "T"
     planned = ap.plan(ap.loads(json.dumps(doc)), ap.targets.spyre(cores=8))
     assert planned.params == ("T",)
     xs = random_inputs(planned.program)
     want = run_unplanned(planned.program, xs)
-    with TorchExecutor(planned.program, planned.plan, threads=4) as ex:
-        for t in (2, 4):
-            got = numpy_outputs(ex.run(xs, params={"T": t}))
-            assert all(c.ok for c in compare(want, got, planned.program))
-        with pytest.raises(ExecutionError, match="symbolic loop count 'T' needs a value"):
-            ex.run(xs)
-        with pytest.raises(ExecutionError, match=r"params \['U'\] given"):
-            ex.run(xs, params={"T": 2, "U": 1})
-        for run in (lambda: ex.run(xs, params={"T": 3}),  # as the reference refuses it
-                    lambda: run_planned(planned.program, planned.plan, xs, params={"T": 3})):
-            with pytest.raises(ExecutionError, match="count 3 .* does not divide"):
-                run()
+    for t in (2, 4):
+        with TorchExecutor(planned.schedule(params={"T": t}), threads=4) as ex:
+            for _ in range(2):  # reused across runs
+                got = numpy_outputs(ex.run(xs))
+                assert all(c.ok for c in compare(want, got, planned.program))
+    with pytest.raises(ExecutionError, match="symbolic loop count 'T' needs a value"):
+        planned.schedule()
+    with pytest.raises(ExecutionError, match=r"params \['U'\] given"):
+        planned.schedule(params={"T": 2, "U": 1})
+    for run in (lambda: planned.schedule(params={"T": 3}),  # as the reference refuses it
+                lambda: run_planned(planned.program, planned.plan, xs, params={"T": 3})):
+        with pytest.raises(ExecutionError, match="count 3 .* does not divide"):
+            run()
 
 
 @pytest.mark.parametrize(("inputs", "threads", "match"), [
@@ -552,11 +559,11 @@ def test_bad_inputs_and_threads_are_execution_errors(inputs, threads, match):
     planned = ap.plan(ap.load(ROOT / "examples/mlp.json"), ap.targets.spyre(cores=8))
     xs = random_inputs(planned.program) if inputs is None else inputs
     with pytest.raises(ExecutionError, match=match):
-        run_torch(planned, xs, threads)
+        run_torch(planned.lowered, xs, threads)
 
 
 def test_a_plan_for_another_program_is_refused():
     planned = ap.plan(ap.load(ROOT / "examples/mlp.json"), ap.targets.spyre(cores=8))
     other = ap.plan(ap.load(ROOT / "examples/attention.json"), ap.targets.spyre(cores=8))
     with pytest.raises(ExecutionError, match="op 'gate'"):
-        TorchExecutor(planned.program, other.plan)
+        TorchExecutor(schedule_of(planned.program, other.plan))

@@ -20,7 +20,7 @@ from apportion.errors import PlanningError, ProgramError  # noqa: E402
 from apportion.planned import PlannedProgram  # noqa: E402
 from apportion.runtime.reference import compare, random_inputs, run_unplanned  # noqa: E402
 from tests.backends.reference.test_loops_properties import tiled_programs  # noqa: E402
-from tests.helpers import program  # noqa: E402
+from tests.helpers import bound, program  # noqa: E402
 from tests.mlir.test_forall import (  # noqa: E402
     plan_small,
     resplit,
@@ -35,9 +35,9 @@ def both_ways(planned: PlannedProgram, seed: int = 0, params: dict[str, int] | N
     reference and each other within the dtype's tolerance. Returns the batched executor."""
     xs = random_inputs(planned.program, seed)
     want = run_unplanned(planned.program, xs)
-    batched = TorchExecutor(planned.program, planned.plan, batched=True)
-    boxwise = TorchExecutor(planned.program, planned.plan, batched=False)
-    got = {b: {n: from_torch_storage(y) for n, y in ex.run(xs, params).items()}
+    batched = TorchExecutor(bound(planned, params), batched=True)
+    boxwise = TorchExecutor(bound(planned, params), batched=False)
+    got = {b: {n: from_torch_storage(y) for n, y in ex.run(xs).items()}
            for b, ex in ((True, batched), (False, boxwise))}
     for ys in got.values():
         bad = [c for c in compare(want, ys, planned.program) if not c.ok]
@@ -57,7 +57,7 @@ def pointwise_and_matmul(rows: int) -> ap.Program:
 def test_even_splits_run_as_one_lattice_that_is_the_output():
     planned = ap.plan(pointwise_and_matmul(64), ap.targets.spyre(cores=8))
     ex = both_ways(planned)
-    steps = {s.op.name: s for s in ex.schedule()}
+    steps = {s.op.name: s for s in ex.steps}
     for op in planned.plan.ops:
         if op.cores > 1:
             step = steps[op.name]
@@ -71,7 +71,7 @@ def test_even_splits_run_as_one_lattice_that_is_the_output():
 def test_a_single_core_op_runs_as_a_lattice_of_one_box():
     planned = ap.plan(pointwise_and_matmul(64), ap.targets.spyre(cores=1))
     ex = both_ways(planned)
-    for step in ex.schedule():
+    for step in ex.steps:
         assert [lat.shape for lat in step.lattices] == [()], step.op.name
 
 
@@ -79,7 +79,7 @@ def test_uneven_splits_run_one_lattice_per_box_size():
     planned = ap.plan(pointwise_and_matmul(10), ap.targets.spyre(cores=4))
     planned = resplit(planned, {"e": {"i": 4}})  # 10 rows over 4 cores: 3, 3, 2, 2
     ex = both_ways(planned)
-    e = {s.op.name: s for s in ex.schedule()}["e"]
+    e = {s.op.name: s for s in ex.steps}["e"]
     assert [lat.shape for lat in e.lattices] == [(2,), (2,)]
     assert e.loose == ()
     assert not any(lat.whole for lat in e.lattices)  # each writes its part of the output
@@ -89,7 +89,7 @@ def test_a_split_reduction_runs_box_by_box():
     planned = ap.plan(pointwise_and_matmul(64), ap.targets.spyre(cores=4))
     planned = resplit(planned, {"mm": {"k": 4}})  # the partials combine
     ex = both_ways(planned)
-    assert {s.op.name: s for s in ex.schedule()}["mm"].lattices == ()
+    assert {s.op.name: s for s in ex.steps}["mm"].lattices == ()
 
 
 def test_a_matmul_lattice_runs_as_one_gemm_rows_and_column_blocks_stacked(monkeypatch):
@@ -104,7 +104,7 @@ def test_a_matmul_lattice_runs_as_one_gemm_rows_and_column_blocks_stacked(monkey
         calls.append((tuple(a.shape), tuple(b.shape)))
         return real(a, b)
 
-    ex = TorchExecutor(planned.program, planned.plan)
+    ex = TorchExecutor(planned.lowered)
     xs = random_inputs(planned.program)
     monkeypatch.setattr(torch, "matmul", counting)
     ex.run(xs)

@@ -46,7 +46,7 @@ def test_a_kind_without_a_kernel_is_refused_naming_kind_and_backend(monkeypatch)
     planned = ap.plan(p, ap.targets.spyre(cores=4))
     with pytest.raises(ExecutionError,
                        match=r"op kind 'exp' \(pointwise\) has no kernel in the torch backend"):
-        TorchExecutor(planned.program, planned.plan)
+        TorchExecutor(planned.lowered)
 
 
 def _rounded_once_case(name: str):
