@@ -113,13 +113,24 @@ def _one_module_ir() -> Callable[[object, str], str]:
     try:
         from apportion.backends.iree.run import one_module_ir
     except ImportError:
-        from apportion.mlir import one_module_ir  # type: ignore[no-redef]
+        one_module_ir = None
+    if one_module_ir is not None:
+        def render(planned: object, backend: str) -> str:
+            p = planned
+            return one_module_ir(p.program, p.plan, p.target,  # type: ignore[attr-defined]
+                                 backend, getattr(p, "symbolic", None))[1]
+        return render
+    # since issue 29: a schedule rendered (apportion.mlir.module); the program as planned, at
+    # its planning sizes and planned loop counts, as the old entry rendered it
+    from apportion.mlir.module import one_module_ir as render_schedule
+    from apportion.schedule.lower import lower, planned_counts
 
-    def render(planned: object, backend: str) -> str:
+    def render_planned(planned: object, backend: str) -> str:
         p = planned
-        return one_module_ir(p.program, p.plan, p.target, backend,  # type: ignore[attr-defined]
-                             getattr(p, "symbolic", None))[1]
-    return render
+        schedule = lower(p.program, p.plan, p.target,  # type: ignore[attr-defined]
+                         params=planned_counts(p.plan) or None)  # type: ignore[attr-defined]
+        return render_schedule(schedule, backend)
+    return render_planned
 
 
 def mesh_case(seed: int, out: dict[str, str]) -> None:

@@ -195,7 +195,7 @@ def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: l
             fast = compiled(torch.compile(model, backend=backend(spyre(cores=n),
                                                                  threads=threads)))
             got_compiled = _first_tensor(fast())  # compiles: not timed
-            with TorchExecutor(program, planned.plan, threads) as ex:
+            with TorchExecutor(planned.schedule(), threads) as ex:
                 got = ex.run(inputs)[lowered.outputs[0]].reshape(lowered.output_shapes[0])
                 (runs, eager, comp), measured = until_stable(
                     [lambda ex=ex, xs_=inputs: ex.run(xs_), eager_once, fast],

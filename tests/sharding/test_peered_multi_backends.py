@@ -11,16 +11,17 @@ import re
 
 import pytest
 
-from apportion.backends.iree.mesh import check_mesh
+from apportion.backends.iree.mesh import run_mesh
 from apportion.errors import EmitError
 from apportion.mlir.mesh import exchange, mesh_mlir
+from apportion.runtime.check import check
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available
 from apportion.schedule.mesh import MeshSchedule
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse
 from apportion.sharding.spec import Sharding
-from tests.helpers import assert_runs_as_unplanned
+from tests.helpers import assert_runs_as_unplanned, runs_checked
 from tests.sharding.test_peered import plan_of, shift_program
 from tests.sharding.test_peered_multi import TWO, conv_plan
 
@@ -51,7 +52,7 @@ def test_iree_exchanges_the_rows_a_peer_lacks_over_a_channel_of_both_axes(tmp_pa
     assert "flow.collective.all_to_all f32" in text and "channel_a " not in text
     assert re.search(r"tensor<4x2x1x6x4xf32>", text)
     for s in two_axis_schedules():
-        checks, _ = check_mesh(s, cache_dir=tmp_path)
+        checks, _ = check(s.program, lambda xs, s=s: run_mesh(s, xs, tmp_path))
         assert all(c.ok for c in checks), [str(c) for c in checks]
 
 
@@ -66,13 +67,13 @@ def test_iree_splits_a_channel_of_the_two_axes_a_halo_runs_across_on_a_three_axi
     # devices 0..7 in order: (color, rank) of each, by its group (0, 1, 4, 5) or (2, 3, 6, 7)
     assert splits == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1"), ("0", "2"), ("0", "3"),
                       ("1", "2"), ("1", "3")]
-    checks, _ = check_mesh(s)
+    checks, _ = check(s.program, lambda xs: run_mesh(s, xs))
     assert all(c.ok for c in checks), [str(c) for c in checks]
 
 
 @pytest.mark.skipif(not available(), reason=MISSING)
 def test_the_unrolled_form_runs_a_halo_across_two_peered_axes_upstream():
-    from apportion.mlir.shard import unrolled_mlir
+    from apportion.sharding.forms import unrolled_mlir
 
     for s in two_axis_schedules():
         prog = s.program
@@ -91,7 +92,7 @@ def test_the_partitioned_form_refuses_a_halo_across_two_axes_naming_them():
 def test_dtensor_on_gloo_runs_halos_across_two_peered_axes_by_point_to_point_rows():
     pytest.importorskip("torch")
     runner = pytest.importorskip("apportion.backends.dtensor.runner")
-    for (checks, run) in runner.check_mesh_many(two_axis_schedules(), device="cpu"):
+    for (checks, run) in runs_checked(runner, two_axis_schedules()):
         assert run.backend == "gloo"
         assert all(c.ok for c in checks), [str(c) for c in checks]
 
