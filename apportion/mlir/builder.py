@@ -1,43 +1,164 @@
-"""Text blocks of the parallel IR (``mlir.forall``): the lines of one region, the index
-values it materializes (``affine.apply``, ``affine.min``, ``arith`` on ``index`` where an
-expression is not affine), what every block of one function shares (SSA names, index
-constants), and the start and size of a thread's slice of a dim."""
+"""The one builder of MLIR text: names (``symbol_name``, ``alias_name``, SSA names unique across
+a function), regions as blocks of lines, index arithmetic (``affine.apply``, ``affine.min``,
+``arith`` on ``index`` where an expression is not affine, index constants at the top of the
+function), scalar constants, and checking the text (``check_index``, ``verify_mlir``).
+
+The renderers print MLIR as text and never build it through MLIR's Python bindings: text is
+what every backend takes (iree-compile, mlir-opt, the CUDA build), it stays readable and
+byte-stable (``tools/ir_snapshot.py``), and the renderers import no bindings. The bindings
+shipped in iree-base-compiler are needed only to check the text; they are imported on first use.
+
+>>> blk = Block(Builder(), 1)
+>>> i = Ix.atom("%i")
+>>> blk.value(i * 4 + 2), blk.value(i * 4 + 2), blk.value(3)
+('%ix', '%ix', '%c3')
+>>> print("\\n".join([*blk.builder.const_lines, *blk.lines]))
+  %c3 = arith.constant 3 : index
+  %ix = affine.apply affine_map<(d0) -> (d0 * 4 + 2)>(%i)
+>>> verify_mlir('func.func @f() { "apportion.execute"() : () -> ()\\n return }')
+>>> verify_mlir("func.func @f() { %x = nope }")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+apportion.errors.EmitError: emitted MLIR does not verify: ...
+"""
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections.abc import Callable, Mapping, Sequence
 
-from apportion.mlir.index import Ix, IxLike, _map
-from apportion.mlir.text import SsaNames
+from apportion.errors import EmitError
+from apportion.mlir.index import Ix, IxLike, affine_map
 from apportion.mlir.types import literal
-from apportion.plans.views import dim_slices
 
 INDENT = "  "
 
 
-class _Block:
+def symbol_name(name: str) -> str:
+    """A valid MLIR identifier made from a tensor, op or program name.
+
+    >>> symbol_name("model.layers-0"), symbol_name("0x")
+    ('model.layers_0', '_0x')
+    """
+    out = re.sub(r"[^A-Za-z0-9_$.]", "_", name) or "t"
+    return out if out[0].isalpha() or out[0] == "_" else f"_{out}"
+
+
+#: the largest size, index or address MLIR holds: sizes and ``index`` values are signed 64-bit
+INT64_MAX = 2**63 - 1
+
+
+def check_index(value: int, what: str) -> int:
+    """``value``, or an EmitError naming ``what`` when MLIR cannot hold it (past ``INT64_MAX``;
+    the bindings would say only "invalid dimension").
+
+    >>> check_index(2**63, "tensor 'x' dim 0")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    apportion.errors.EmitError: tensor 'x' dim 0 is 9223372036854775808, past MLIR's limit ...
+    """
+    if value > INT64_MAX:
+        raise EmitError(f"{what} is {value}, past MLIR's limit of 2**63 - 1 = {INT64_MAX} "
+                        "(its sizes and index values are signed 64-bit)")
+    return value
+
+
+def alias_name(name: str) -> str:
+    """An MLIR attribute alias name (after ``#``) made from a tensor name: a bare identifier
+    without ``.`` (dotted alias names are reserved for dialects) or ``$``; the caller keeps
+    aliases unique.
+
+    >>> alias_name("tile_x.y"), alias_name("tile_a$b")
+    ('tile_x_y', 'tile_a_b')
+    """
+    return symbol_name(name).replace(".", "_").replace("$", "_")
+
+
+class SsaNames:
+    """Hands out SSA names, unique across a function, so no region shadows another.
+
+    >>> names = SsaNames()
+    >>> names.fresh("x"), names.fresh("x"), names.fresh("a-b")
+    ('%x', '%x_1', '%a_b')
+    """
+
+    def __init__(self) -> None:
+        self.used: set[str] = set()
+
+    def fresh(self, stem: str) -> str:
+        stem = symbol_name(stem)
+        for i in itertools.count():
+            name = stem if i == 0 else f"{stem}_{i}"
+            if name not in self.used:
+                self.used.add(name)
+                return f"%{name}"
+        raise AssertionError("unreachable")
+
+
+class Builder:
+    """What every block of one function shares: SSA names, index constants (printed at the top
+    of the function), how each index value it made is computed (``defs``, so that tests can
+    evaluate the geometry without MLIR), and the count of body templates formatted (each
+    gets its own prefix for its temporaries)."""
+
+    def __init__(self) -> None:
+        self.names = SsaNames()
+        self.defs: dict[str, Callable[[Mapping[str, int]], int]] = {}
+        self.consts: dict[int, str] = {}
+        self.const_lines: list[str] = []
+        self.templates = 0
+
+    def evaluate(self, ix: IxLike, env: Mapping[str, int]) -> int:
+        """The value of ``ix`` given the values of the thread and loop ids in ``env`` (index
+        values the builder made are computed from how it made them; for tests)."""
+        defs = self.defs
+
+        class Resolver(dict[str, int]):
+            def __missing__(self, key: str) -> int:
+                value = defs[key](self)
+                self[key] = value
+                return value
+
+        return Ix.of(ix).evaluate(Resolver(env))
+
+    def index_const(self, v: int) -> str:
+        if v not in self.consts:
+            name = self.names.fresh(f"c{v}" if v >= 0 else f"cm{-v}")
+            self.consts[v] = name
+            self.const_lines.append(f"{INDENT}{name} = arith.constant {v} : index")
+        return self.consts[v]
+
+    def template_prefix(self) -> str:
+        """A prefix for the temporaries of one more body template: ``-`` never occurs in names
+        from ``SsaNames.fresh``, so they cannot collide."""
+        self.templates += 1
+        return f"b{self.templates}-"
+
+
+class Block:
     """Lines of one region at one indentation, with the index values it has materialized
     (visible to its nested regions, not to its siblings)."""
 
-    def __init__(self, fn: _Emitter, depth: int, parent: _Block | None = None) -> None:
-        self.fn, self.depth, self.parent = fn, depth, parent
+    def __init__(self, builder: Builder, depth: int, parent: Block | None = None) -> None:
+        self.builder, self.depth, self.parent = builder, depth, parent
         self.lines: list[str] = []
         self.cache: dict[object, str] = {}
 
-    def child(self) -> _Block:
-        return _Block(self.fn, self.depth + 1, self)
+    def child(self) -> Block:
+        return Block(self.builder, self.depth + 1, self)
 
     def emit(self, line: str) -> None:
         self.lines.append(INDENT * self.depth + line)
 
-    def extend(self, block: _Block) -> None:
+    def extend(self, block: Block) -> None:
         self.lines.extend(block.lines)
 
     def fresh(self, stem: str) -> str:
-        return self.fn.names.fresh(stem)
+        return self.builder.names.fresh(stem)
 
     def _cached(self, key: object) -> str | None:
-        b: _Block | None = self
+        b: Block | None = self
         while b is not None:
             if key in b.cache:
                 return b.cache[key]
@@ -51,11 +172,15 @@ class _Block:
         ix = Ix.of(ix)
         return str(ix.value) if ix.is_const else self.value(ix, stem)
 
+    def operands(self, items: Sequence[Ix], stem: str = "ix") -> str:
+        """``items`` as a mixed static/dynamic list (``[4, %n]``'s inside)."""
+        return ", ".join(self.operand(i, stem) for i in items)
+
     def value(self, ix: IxLike, stem: str = "ix") -> str:
         """``ix`` as an SSA ``index`` value (constants at the top of the function)."""
         ix = Ix.of(ix)
         if ix.is_const:
-            return self.fn.index_const(ix.value)
+            return self.builder.index_const(ix.value)
         if ix.ssa is not None:
             return ix.ssa
         found = self._cached(ix)
@@ -64,9 +189,9 @@ class _Block:
         atoms = ix.atoms()
         dims = {a: f"d{i}" for i, a in enumerate(atoms)}
         name = self.fresh(stem)
-        self.emit(f"{name} = affine.apply {_map(len(atoms), [ix.render(dims)])}"
+        self.emit(f"{name} = affine.apply {affine_map(len(atoms), [ix.render(dims)])}"
                   f"({', '.join(atoms)})")
-        self.fn.defs[name] = lambda env, ix=ix: ix.evaluate(env)
+        self.builder.defs[name] = lambda env, ix=ix: ix.evaluate(env)
         self.cache[ix] = name
         return name
 
@@ -86,9 +211,10 @@ class _Block:
         atoms = list(dict.fromkeys(a for e in rest for a in e.atoms()))
         dims = {a: f"d{i}" for i, a in enumerate(atoms)}
         name = self.fresh(stem)
-        self.emit(f"{name} = affine.min {_map(len(atoms), [e.render(dims) for e in rest])}"
+        self.emit(f"{name} = affine.min "
+                  f"{affine_map(len(atoms), [e.render(dims) for e in rest])}"
                   f"({', '.join(atoms)})")
-        self.fn.defs[name] = lambda env, rest=rest: min(e.evaluate(env) for e in rest)
+        self.builder.defs[name] = lambda env, rest=rest: min(e.evaluate(env) for e in rest)
         self.cache[key] = name
         return Ix.atom(name)
 
@@ -114,9 +240,23 @@ class _Block:
             va, vb = self.value(a), self.value(b)
             found = self.fresh(op)
             self.emit(f"{found} = arith.{op} {va}, {vb} : index")
-            self.fn.defs[found] = lambda env, a=a, b=b: fold(a.evaluate(env), b.evaluate(env))
+            self.builder.defs[found] = lambda env, a=a, b=b: fold(a.evaluate(env),
+                                                                  b.evaluate(env))
             self.cache[key] = found
         return Ix.atom(found)
+
+    def index_op(self, op: str, x: str, y: str, stem: str = "ix") -> str:
+        """``arith.<op>`` on two ``index`` SSA values, uncached (inside a body, where each
+        element computes its own)."""
+        name = self.fresh(stem)
+        self.emit(f"{name} = arith.{op} {x}, {y} : index")
+        return name
+
+    def linalg_index(self, dim: int, stem: str) -> str:
+        """The current point's index along ``dim`` of the enclosing ``linalg.generic``."""
+        name = self.fresh(stem)
+        self.emit(f"{name} = linalg.index {dim} : index")
+        return name
 
     # scalars in bodies
 
@@ -126,76 +266,29 @@ class _Block:
         return name
 
 
-class _Emitter:
-    """What every block of one function shares: SSA names, index constants (printed at the top
-    of the function), and how each index value it made is computed (``defs``, so that tests can
-    evaluate the geometry without MLIR)."""
+def verify_mlir(text: str) -> None:
+    """Parse and verify ``text``; raise EmitError carrying the MLIR diagnostics when it fails.
 
-    def __init__(self) -> None:
-        self.names = SsaNames()
-        self.defs: dict[str, Callable[[Mapping[str, int]], int]] = {}
-        self.consts: dict[int, str] = {}
-        self.const_lines: list[str] = []
-        self.templates = 0
-
-    def evaluate(self, ix: IxLike, env: Mapping[str, int]) -> int:
-        """The value of ``ix`` given the values of the thread and loop ids in ``env`` (index
-        values the emitter made are computed from how it made them; for tests)."""
-        defs = self.defs
-
-        class Resolver(dict[str, int]):
-            def __missing__(self, key: str) -> int:
-                value = defs[key](self)
-                self[key] = value
-                return value
-
-        return Ix.of(ix).evaluate(Resolver(env))
-
-    def index_const(self, v: int) -> str:
-        if v not in self.consts:
-            name = self.names.fresh(f"c{v}" if v >= 0 else f"cm{-v}")
-            self.consts[v] = name
-            self.const_lines.append(f"{INDENT}{name} = arith.constant {v} : index")
-        return self.consts[v]
+    Unregistered ops are allowed, so that ``"apportion.execute"`` (generic syntax) passes; every
+    other op must belong to a dialect the bindings register (func, scf, arith, affine, ...).
+    """
+    try:
+        from iree.compiler import ir
+    except ImportError as e:  # the package is a dependency; this guards broken installs
+        raise EmitError(f"cannot verify MLIR: the iree-base-compiler bindings are missing ({e})"
+                        ) from None
+    ctx = ir.Context()
+    ctx.allow_unregistered_dialects = True
+    try:
+        module = ir.Module.parse(text, ctx)
+        module.operation.verify()
+    except ir.MLIRError as e:
+        notes = "; ".join(_diagnostic(d) for d in e.error_diagnostics) or str(e)
+        raise EmitError(f"emitted MLIR does not verify: {notes}") from None
 
 
-def slice_of(blk: _Block, n: IxLike, per: int, split: int, s: IxLike, stem: str = "s"
-             ) -> tuple[Ix, Ix]:
-    """(start, size) of slice ``s`` of a dim of ``n`` elements cut into ``split`` slices of
-    whole units of ``per`` elements, larger slices first (``plans.views.dim_slices``);
-    ``stem`` names the index values it makes."""
-    n, s = Ix.of(n), Ix.of(s)
-    if split == 1:
-        return Ix(0), n
-    if s.is_const:
-        if not n.is_const:
-            return _slice_general(blk, n, per, split, s, stem)
-        lo, hi = dim_slices(n.value, per, split)[s.value]
-        return Ix(lo), Ix(hi - lo)
-    if n.is_const:
-        sizes = [hi - lo for lo, hi in dim_slices(n.value, per, split)]
-        if len(set(sizes)) == 1:  # even: static sizes
-            return s * sizes[0], Ix(sizes[0])
-        units = -(-n.value // per)
-        base, extra = divmod(units, split)
-        if base > 0:  # every slice holds units; only the last can be short (a padded unit)
-            if extra == 0:
-                start = s * (per * base)
-                return start, blk.min([Ix(per * base), n - start], f"{stem}_len")
-            start = blk.min([s * (per * (base + 1)), s * (per * base) + per * extra],
-                            f"{stem}_lo")
-            units_s = per * (base + 1) - (s + (split - extra)).floordiv(split) * per
-            return start, blk.min([units_s, n - start], f"{stem}_len")
-    return _slice_general(blk, n, per, split, s, stem)
-
-
-def _slice_general(blk: _Block, n: Ix, per: int, split: int, s: Ix, stem: str
-                   ) -> tuple[Ix, Ix]:
-    # slices of a run-time size: start = min(per * (s * base + min(s, extra)), n)
-    units = n.ceildiv(per)
-    base, extra = units.floordiv(split), units.mod(split)
-    lo_units = blk.mul(s, base) + blk.min([s, extra], f"{stem}_extra")
-    hi_units = blk.mul(s + 1, base) + blk.min([s + 1, extra], f"{stem}_extra")
-    start = blk.min([lo_units * per, n], f"{stem}_lo")
-    stop = blk.min([hi_units * per, n], f"{stem}_hi")
-    return start, stop - start
+def _diagnostic(d: object) -> str:
+    """One diagnostic with its location and notes on one line."""
+    loc = str(getattr(d, "location", ""))
+    notes = [str(n) for n in getattr(d, "notes", ())]
+    return " ".join([f"{loc}: {d}" if loc else str(d), *(f"(note: {n})" for n in notes)])

@@ -1,6 +1,6 @@
-"""Affine index expressions of the parallel IR (``mlir.forall``): ``Ix``, integer
-coefficients times SSA ``index`` values (or their floordiv, ceildiv and mod by constants) plus
-a constant, rendered as the results of an ``affine_map``."""
+"""Affine index expressions, as every MLIR renderer writes them (``mlir.builder``): ``Ix``,
+integer coefficients times SSA ``index`` values (or their floordiv, ceildiv and mod by
+constants) plus a constant, rendered as the results of an ``affine_map``."""
 
 from __future__ import annotations
 
@@ -157,6 +157,11 @@ class Ix:
 IxLike = Ix | int
 
 
-def _map(n_dims: int, results: Sequence[str]) -> str:
+def affine_map(n_dims: int, results: Sequence[str]) -> str:
+    """An ``affine_map`` of ``n_dims`` dims with these results.
+
+    >>> affine_map(2, ["d0 * 4 + d1"])
+    'affine_map<(d0, d1) -> (d0 * 4 + d1)>'
+    """
     dims = ", ".join(f"d{i}" for i in range(n_dims))
     return f"affine_map<({dims}) -> ({', '.join(results)})>"

@@ -129,8 +129,8 @@ def fptosi_saturating(blk: Emits, value: str, src: str, dst: str) -> str:
     as -2**(n-1) and 2**(n-1), exact in every float type from f32 up (2**63 - 1 is not), so
     f16 and bf16 (whose range may not reach 2**(n-1)) compare in f32, exactly.
 
-    >>> from apportion.mlir.builder import _Block, _Emitter
-    >>> blk = _Block(_Emitter(), 0)
+    >>> from apportion.mlir.builder import Block, Builder
+    >>> blk = Block(Builder(), 0)
     >>> fptosi_saturating(blk, "%x", "f64", "i8")
     '%v_8'
     >>> for line in blk.lines[:3] + blk.lines[-4:]:

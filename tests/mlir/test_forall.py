@@ -19,16 +19,15 @@ from apportion.cli.main import main
 from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict, to_dict
 from apportion.ir.kinds import KINDS
-from apportion.mlir.builder import _Block
+from apportion.mlir.builder import Block, Builder
 from apportion.mlir.forall import (
     Ix,
     TensorVal,
-    _Function,
     supported,
     thread_slices,
     verify_mlir,
 )
-from apportion.mlir.forall.merge import reassociation, written
+from apportion.mlir.forall.merge import merged_tile, reassociation, split_view, written
 from apportion.mlir.forall.tensors import iree_safe_map
 from apportion.planned import PlannedProgram
 from apportion.plans.views import core_slices, dim_slices
@@ -38,7 +37,6 @@ from apportion.runtime.reference import (
     random_inputs,
     run_op_boxes,
 )
-from apportion.schedule.lower import lower
 from tests.backends.iree.emitting import emit
 from tests.backends.merged import (
     EXAMPLE,
@@ -440,24 +438,23 @@ def test_merged_writes_in_loop_nests_emit_verified_ir():
 
 def test_a_loop_tile_that_cuts_an_inner_digit_of_a_merge_is_refused():
     planned = ap.plan(from_dict(EXAMPLE), ap.targets.spyre(cores=8))
-    fn = _Function(lower(planned.program, planned.plan, planned.target))
-    blk = _Block(fn, 1)
+    blk = Block(Builder(), 1)
     op = planned.program.op("m")
     # a tile of 2 values of h but half of d: no contiguous part of y's axis 1
     view = TensorVal("%v", (Ix(8), Ix(2), Ix(32)), "f32", (Ix(0), Ix(2), Ix(32)))
     with pytest.raises(EmitError, match=r"op 'm' writes tensor 'y' through a merge of dims on "
                                         r"axis 1 \(64\*h\+d\), but its loop tile takes 2 values "
                                         r"of dim 'h' and only part of dim 'd'"):
-        fn.merged_tile(blk, op, view)
+        merged_tile(blk, op, view)
     # a tile of one h and part of d is contiguous: origin 64*2 + 32
-    one = fn.merged_tile(blk, op, TensorVal("%v", (Ix(8), Ix(1), Ix(32)), "f32",
-                                            (Ix(0), Ix(2), Ix(32))))
+    one = merged_tile(blk, op, TensorVal("%v", (Ix(8), Ix(1), Ix(32)), "f32",
+                                         (Ix(0), Ix(2), Ix(32))))
     assert one.shape == (Ix(8), Ix(32)) and one.origin == (Ix(0), Ix(160))
     part = TensorVal("%p", (Ix(8), Ix(128)), "f32", (Ix(0), Ix(128)))
     with pytest.raises(EmitError, match=r"op 'm' writes tensor 'y' through a merge of dims on "
                                         r"axis 1 \(64\*h\+d\), but its destination holds only a "
                                         r"part of that axis"):
-        fn.split_view(blk, op, part)
+        split_view(blk, op, part)
 
 
 # --- index geometry --------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from apportion.backends.iree.run import iree_run
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict
-from apportion.mlir.builder import _Block, _Emitter
+from apportion.mlir.builder import Block, Builder
 from apportion.mlir.forall import verify_mlir
 from apportion.mlir.forall.sizes import select
 from apportion.mlir.index import Ix
@@ -162,8 +162,8 @@ def test_the_select_chain_picks_the_first_case_holding_k(tmp_path):
                           Case(8, lo=50), Case(3)), default=1),
         SelectChain("K", (Case(16, hi=64, multiple=16), Case(5, lo=1000, hi=1999)), default=7),
     ]
-    em = _Emitter()
-    body = _Block(em, 1)
+    em = Builder()
+    body = Block(em, 1)
     k = Ix.atom("%K")
     results = [body.value(select(body, c, k, f"f{i}")) for i, c in enumerate(chains)]
     types = ", ".join("index" for _ in results)

@@ -1,5 +1,5 @@
 """Bodies of the parallel IR (``mlir.forall``): scalar conversions, the backend's body
-templates (``mlir.bodies``), and a thread's computation of an op: an elementwise
+templates (``mlir.bodies``), and a thread's computation of an op (``Compute``): an elementwise
 ``linalg.generic``, or a reduction or matmul accumulated into identities, combined and finished
 (argmax's indices, a mean divided by its count)."""
 
@@ -10,11 +10,24 @@ from collections.abc import Callable, Mapping, Sequence
 from apportion.ir.kinds import Category
 from apportion.ir.op import Op
 from apportion.mlir.bodies import MlirBody, body_of, combine_of
-from apportion.mlir.builder import _Block
+from apportion.mlir.builder import Block, symbol_name
 from apportion.mlir.f64_math import expand_f64_math, widen_f32_math
-from apportion.mlir.forall.tensors import Box, TensorVal, _Env, _Slice, _Tensors
+from apportion.mlir.forall.context import Context
+from apportion.mlir.forall.tensors import (
+    Box,
+    Env,
+    Slice,
+    TensorVal,
+    elementwise,
+    extract_out,
+    filled,
+    generic,
+    out_results,
+    out_shape,
+    read,
+    region,
+)
 from apportion.mlir.index import Ix
-from apportion.mlir.text import symbol_name
 from apportion.mlir.types import (
     FLOAT_BITS,
     FLOAT_TYPES,
@@ -26,7 +39,7 @@ from apportion.mlir.types import (
 )
 
 
-def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
+def convert(blk: Block, value: str, src: str, dst: str) -> str:
     """``value`` of scalar type ``src`` as type ``dst``: floats to ints saturate
     (``fptosi_saturating``: truncated toward zero, clamped, NaN to 0, as the reference),
     anything to ``i1`` is ``!= 0``, ``i1`` to numbers is 0 or 1."""
@@ -44,9 +57,9 @@ def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
             blk.emit(f"{name} = arith.cmpi ne, {value}, {zero} : {src}")
         return name
     if dst == "bf16" and src != "f32":  # f16, f64 and integers: through f32
-        return _convert(blk, _convert(blk, value, src, "f32"), "f32", dst)
+        return convert(blk, convert(blk, value, src, "f32"), "f32", dst)
     if src == "f32" and dst == "bf16":
-        return _f32_to_bf16(blk, value)
+        return f32_to_bf16(blk, value)
     if src in FLOAT_TYPES and dst in FLOAT_TYPES:
         op = "extf" if FLOAT_BITS[dst] > FLOAT_BITS[src] else "truncf"
     elif dst in FLOAT_TYPES:
@@ -59,7 +72,7 @@ def _convert(blk: _Block, value: str, src: str, dst: str) -> str:
     return name
 
 
-def _f32_to_bf16(blk: _Block, f32: str) -> str:
+def f32_to_bf16(blk: Block, f32: str) -> str:
     """``f32`` rounded to bf16 (nearest even; NaN stays NaN) with integer ops. The compiler
     folds ``truncf(sitofp x)`` into one convert, which CPUs without bf16 instructions leave to
     a runtime library the module is not linked with; integer ops cannot be folded so."""
@@ -81,13 +94,13 @@ def _f32_to_bf16(blk: _Block, f32: str) -> str:
     return name
 
 
-def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mapping[str, str],
-           results: Sequence[str] = ("r",)) -> list[str]:
+def apply(blk: Block, body: MlirBody, integer: bool, ty: str, operands: Mapping[str, str],
+          results: Sequence[str] = ("r",)) -> list[str]:
     """Format a body template into ``blk``; returns the SSA names of its results."""
     if body.wide and not integer and ty == "f32":  # in f64, rounded once to f32
-        wide = {k: _convert(blk, v, "f32", "f64") for k, v in operands.items()}
-        return [_convert(blk, r, "f64", "f32")
-                for r in _apply(blk, body, integer, "f64", wide, results)]
+        wide = {k: convert(blk, v, "f32", "f64") for k, v in operands.items()}
+        return [convert(blk, r, "f64", "f32")
+                for r in apply(blk, body, integer, "f64", wide, results)]
     text = body.text(integer)
     if ty == "f64":  # no libm in IREE's executables: f64 tanh, sin, cos, erf as arithmetic
         text = expand_f64_math(text)
@@ -96,67 +109,68 @@ def _apply(blk: _Block, body: MlirBody, integer: bool, ty: str, operands: Mappin
     if not text.strip():
         return [operands["a"]]
     names = {r: blk.fresh(r) for r in results}
-    # "-" never occurs in names from SsaNames.fresh, so template temporaries cannot collide
-    blk.fn.templates += 1
-    prefix = f"b{blk.fn.templates}-"
+    prefix = blk.builder.template_prefix()
     for line in text.splitlines():
         blk.emit(line.format(p=prefix, t=ty, **operands, **names))
     return [names[r] for r in results]
 
 
-class _Bodies(_Tensors):
+class Compute:
     """A thread's computation of an op over its box, typed as the module docstring of
     ``mlir.forall`` says."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
 
     # -- typing -----------------------------------------------------------------------------
 
     def compute_type(self, op: Op) -> str:
         """The scalar type ``op`` computes in: ``types.compute_type``, every emitter's rule."""
-        return compute_type(op.kind, [self.dtype(a.tensor) for a in op.ins])
+        return compute_type(op.kind, [self.ctx.dtype(a.tensor) for a in op.ins])
 
-    def inputs_to(self, blk: _Block, op: Op, args: Sequence[str], ty: str) -> list[str]:
+    def inputs_to(self, blk: Block, op: Op, args: Sequence[str], ty: str) -> list[str]:
         """Block arguments of ``op``'s inputs converted: values to ``ty``, conditions to i1."""
         out = []
         for i, (a, arg) in enumerate(zip(op.ins, args, strict=True)):
-            elt = mlir_type(self.dtype(a.tensor))
-            out.append(_convert(blk, arg, elt, "i1" if i in op.kind.conditions else ty))
+            elt = mlir_type(self.ctx.dtype(a.tensor))
+            out.append(convert(blk, arg, elt, "i1" if i in op.kind.conditions else ty))
         return out
 
     # -- a thread's computation ---------------------------------------------------------------
 
-    def core(self, blk: _Block, op: Op, box: Box, dest: TensorVal, env: _Env, accumulate: bool
+    def core(self, blk: Block, op: Op, box: Box, dest: TensorVal, env: Env, accumulate: bool
              ) -> TensorVal:
         """``op`` over ``box``: the finished piece of the output (the accumulated piece of
         the accumulator when ``accumulate``), literal axes dropped."""
         kind = op.kind
         dims = list(op.dim_names)
         sizes = {d: box[d][1] for d in dims}
-        split = self.slice_dims(op)
-        ins = [self.read(blk, env.vals[a.tensor], a, box, dims, split) for a in op.ins]
-        out_results = [f"d{dims.index(d)}" for d in self.out_dims(op)]
+        split = self.ctx.slice_dims(op)
+        ins = [read(blk, env[a.tensor], a, box, dims, split) for a in op.ins]
+        results = out_results(op, dims)
         ty = self.compute_type(op)
         integer = ty == "i64"
         out_elt = dest.elt
         if kind.elementwise:
-            o = self.extract_out(blk, dest, self.out_region(op, box), op.out.tensor)
+            o = extract_out(blk, dest, region(op.out, box), op.out.tensor)
             result_ty = "i1" if kind.result_dtype == "bool" else ty
             attrs = self.attr_values(op)
             template = body_of(kind, op.name)
 
-            def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
+            def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
                 xs = self.inputs_to(b, op, args, ty)
                 consts = {k: b.const(v, ty) for k, v in attrs.items()}
                 named = dict(zip("abc", xs, strict=False))
-                r = _apply(b, template, integer, ty, {**named, **consts})[0]
-                return [_convert(b, r, result_ty, out_elt)]
+                r = apply(b, template, integer, ty, {**named, **consts})[0]
+                return [convert(b, r, result_ty, out_elt)]
 
-            return self.generic(blk, dims, sizes, [], ins, [o], out_results, body,
-                                symbol_name(op.out.tensor))[0]
-        acc = self.reduce_into(blk, op, box, ins, out_results, ty, dest if accumulate else None)
+            return generic(blk, dims, sizes, [], ins, [o], results, body,
+                           symbol_name(op.out.tensor))[0]
+        acc = self.reduce_into(blk, op, box, ins, results, ty, dest if accumulate else None)
         if accumulate:
             return acc[0]
-        return self.finish(blk, op, acc, lambda: self.extract_out(
-            blk, dest, self.out_region(op, box), op.out.tensor))
+        return self.finish(blk, op, acc, lambda: extract_out(
+            blk, dest, region(op.out, box), op.out.tensor))
 
     def accumulators(self, op: Op, ty: str) -> list[tuple[str, float]]:
         """(element type, identity) of each accumulator of ``op``."""
@@ -166,8 +180,8 @@ class _Bodies(_Tensors):
             return [(ty, r.identity), ("i64", INDEX_MAX)]
         return [(ty, r.identity)]
 
-    def reduce_into(self, blk: _Block, op: Op, box: Box, ins: list[_Slice],
-                    out_results: list[str], ty: str, acc: TensorVal | None) -> list[TensorVal]:
+    def reduce_into(self, blk: Block, op: Op, box: Box, ins: list[Slice], results: list[str],
+                    ty: str, acc: TensorVal | None) -> list[TensorVal]:
         """The reduction or matmul of ``op`` over ``box`` accumulated into fresh identities, then
         (with ``acc``) combined into the slice of the accumulator ``acc``, as the reference
         combines a tile's partial. Returns the accumulators (two for argmax)."""
@@ -178,34 +192,34 @@ class _Bodies(_Tensors):
         product = body_of(kind, op.name) if kind.category is Category.MATMUL else None
         dims = list(op.dim_names)
         sizes = {d: box[d][1] for d in dims}
-        shape = self.out_shape(op, box)
+        shape = out_shape(op, box)
         integer = ty == "i64"
-        outs = [self.filled(blk, symbol_name(op.out.tensor), shape, elt, ident)
+        outs = [filled(blk, symbol_name(op.out.tensor), shape, elt, ident)
                 for elt, ident in self.accumulators(op, ty)]
         starts = {d: blk.value(box[d][0]) for d in op.reduction_dims} if reducer.pairs else {}
         strides = self.strides(blk, op) if reducer.pairs else {}
 
-        def body(b: _Block, args: list[str], outs_: list[str]) -> list[str]:
+        def body(b: Block, args: list[str], outs_: list[str]) -> list[str]:
             xs = self.inputs_to(b, op, args, ty)
             if product is not None:
-                value = _apply(b, product, integer, ty, {"a": xs[0], "b": xs[1]})[0]
+                value = apply(b, product, integer, ty, {"a": xs[0], "b": xs[1]})[0]
             else:
                 value = xs[0]
             if not reducer.pairs:
-                return _apply(b, combine, integer, ty, {"a": outs_[0], "b": value})
+                return apply(b, combine, integer, ty, {"a": outs_[0], "b": value})
             flat = self.flat_index(b, op, dims, starts, strides)
-            return _apply(b, combine, integer, ty,
-                          {"a": outs_[0], "ai": outs_[1], "b": value, "bi": flat},
-                          results=("r", "ri"))
+            return apply(b, combine, integer, ty,
+                         {"a": outs_[0], "ai": outs_[1], "b": value, "bi": flat},
+                         results=("r", "ri"))
 
-        parts = self.generic(blk, dims, sizes, op.reduction_dims, ins, outs, out_results, body,
-                             f"{symbol_name(op.out.tensor)}_acc")
+        parts = generic(blk, dims, sizes, op.reduction_dims, ins, outs, results, body,
+                        f"{symbol_name(op.out.tensor)}_acc")
         if acc is None:
             return parts
-        return [self.combine_into(blk, op, self.extract_out(
-            blk, acc, self.out_region(op, box), op.out.tensor), parts[0], ty)]
+        return [self.combine_into(blk, op, extract_out(
+            blk, acc, region(op.out, box), op.out.tensor), parts[0], ty)]
 
-    def combine_into(self, blk: _Block, op: Op, acc: TensorVal, part: TensorVal, ty: str
+    def combine_into(self, blk: Block, op: Op, acc: TensorVal, part: TensorVal, ty: str
                      ) -> TensorVal:
         """``acc`` combined elementwise with the partial ``part`` of the same shape (a generic
         that reads a slice of a loop-carried accumulator as its init does not compile in IREE
@@ -213,38 +227,31 @@ class _Bodies(_Tensors):
         reducer = op.kind.reducer
         assert reducer is not None
         combine = combine_of(reducer, op.name, op.kind)
-        ident = [f"d{i}" for i in range(len(acc.shape))]
-        sizes = {f"p{i}": n for i, n in enumerate(acc.shape)}
 
-        def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
-            return _apply(b, combine, ty == "i64", ty, {"a": args[0], "b": args[1]})
+        def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
+            return apply(b, combine, ty == "i64", ty, {"a": args[0], "b": args[1]})
 
-        return self.generic(blk, list(sizes), sizes, [],
-                            [_Slice(acc.ssa, acc.type, acc.elt, ident),
-                             _Slice(part.ssa, part.type, part.elt, ident)],
-                            [acc], ident, body, f"{symbol_name(op.out.tensor)}_comb")[0]
+        return elementwise(blk, [acc, part], acc, body, f"{symbol_name(op.out.tensor)}_comb")
 
-    def strides(self, blk: _Block, op: Op) -> dict[str, Ix | str]:
+    def strides(self, blk: Block, op: Op) -> dict[str, Ix | str]:
         """The row-major stride of each reduction dim of ``op`` over its whole reduction dims:
         a constant, or (a run-time size) its SSA value, made in ``blk``."""
         out: dict[str, Ix | str] = {}
         stride = Ix(1)
         for d in reversed(op.reduction_dims):
             out[d] = stride if stride.is_const else blk.value(stride, "stride")
-            stride = blk.mul(stride, self.sizes.of(op)[d])
+            stride = blk.mul(stride, self.ctx.sizes.of(op)[d])
         return out
 
-    def flat_index(self, b: _Block, op: Op, dims: list[str], starts: Mapping[str, str],
+    def flat_index(self, b: Block, op: Op, dims: list[str], starts: Mapping[str, str],
                    strides: Mapping[str, Ix | str]) -> str:
         """Inside a body: the row-major flat index (i64) over the op's whole reduction dims of
         the current point (``starts``: the box's start in each reduction dim; ``strides``:
         each dim's stride, see ``strides``)."""
         flat: str | None = None
         for d in reversed(op.reduction_dims):
-            i = b.fresh(f"i_{d}")
-            b.emit(f"{i} = linalg.index {dims.index(d)} : index")
-            g = b.fresh(f"g_{d}")
-            b.emit(f"{g} = arith.addi {i}, {starts[d]} : index")
+            i = b.linalg_index(dims.index(d), f"i_{d}")
+            g = b.index_op("addi", i, starts[d], f"g_{d}")
             stride = strides[d]
             if stride != Ix(1):
                 if isinstance(stride, Ix):
@@ -252,15 +259,8 @@ class _Bodies(_Tensors):
                     b.emit(f"{sc} = arith.constant {stride.value} : index")
                 else:
                     sc = stride
-                m = b.fresh(f"m_{d}")
-                b.emit(f"{m} = arith.muli {g}, {sc} : index")
-                g = m
-            if flat is None:
-                flat = g
-            else:
-                s = b.fresh("flat")
-                b.emit(f"{s} = arith.addi {flat}, {g} : index")
-                flat = s
+                g = b.index_op("muli", g, sc, f"m_{d}")
+            flat = g if flat is None else b.index_op("addi", flat, g, "flat")
         if flat is None:
             flat = b.fresh("flat")
             b.emit(f"{flat} = arith.constant 0 : index")
@@ -268,7 +268,7 @@ class _Bodies(_Tensors):
         b.emit(f"{out} = arith.index_cast {flat} : index to i64")
         return out
 
-    def finish(self, blk: _Block, op: Op, accs: list[TensorVal],
+    def finish(self, blk: Block, op: Op, accs: list[TensorVal],
                out: Callable[[], TensorVal]) -> TensorVal:
         """The output piece of finished accumulators: argmax's indices, a mean divided by its
         count, converted to the output type; ``out()`` gives the slice it overwrites (of the
@@ -277,15 +277,13 @@ class _Bodies(_Tensors):
         assert reducer is not None
         acc = accs[-1] if reducer.pairs else accs[0]
         is_mean = reducer.finish is not None and not reducer.pairs
-        out_elt = mlir_type(self.dtype(op.out.tensor))
+        out_elt = mlir_type(self.ctx.dtype(op.out.tensor))
         if acc.elt == out_elt and not is_mean:
             return acc
         o = out()
-        rank = len(acc.shape)
-        ident = [f"d{i}" for i in range(rank)]
         count = Ix(1)
         for d in op.reduction_dims:
-            count = blk.mul(count, self.sizes.of(op)[d])
+            count = blk.mul(count, self.ctx.sizes.of(op)[d])
         if is_mean and not count.is_const:  # a run-time count: converted before the body
             index = blk.value(count, "count")
             as_int = blk.fresh("count")
@@ -294,22 +292,19 @@ class _Bodies(_Tensors):
             run_count = blk.fresh("count")
             blk.emit(f"{run_count} = arith.uitofp {as_int} : i64 to {fty}")
 
-        def body(b: _Block, args: list[str], outs: list[str]) -> list[str]:
+        def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
             v = args[0]
             src = acc.elt
             if is_mean:
                 fty = src if src in FLOAT_TYPES else "f64"
-                v = _convert(b, v, src, fty)
+                v = convert(b, v, src, fty)
                 c = b.const(float(count.value), fty) if count.is_const else run_count
                 q = b.fresh("mean")
                 b.emit(f"{q} = arith.divf {v}, {c} : {fty}")
                 v, src = q, fty
-            return [_convert(b, v, src, out_elt)]
+            return [convert(b, v, src, out_elt)]
 
-        sizes = {f"p{i}": s for i, s in enumerate(acc.shape)}
-        return self.generic(blk, list(sizes), sizes, [], [_Slice(acc.ssa, acc.type, acc.elt,
-                                                                 ident)],
-                            [o], ident, body, f"{symbol_name(op.out.tensor)}_fin")[0]
+        return elementwise(blk, [acc], o, body, f"{symbol_name(op.out.tensor)}_fin")
 
     def attr_values(self, op: Op) -> dict[str, float]:
         values = dict(body_of(op.kind, op.name).defaults)

@@ -23,10 +23,9 @@ from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
 from apportion.limits import cite
-from apportion.mlir.builder import _Block
-from apportion.mlir.forall.tensors import TensorVal, _Tensors
+from apportion.mlir.builder import Block, symbol_name
+from apportion.mlir.forall.tensors import TensorVal
 from apportion.mlir.index import Ix
-from apportion.mlir.text import symbol_name
 
 
 def merges(op: Op) -> bool:
@@ -65,90 +64,91 @@ def reassociation(op: Op) -> list[list[int]]:
     return groups
 
 
-class _MergedWrites(_Tensors):
-    """Destinations of ops that write through a merge of dims, viewed split and back."""
+def _merged_axis(op: Op, axis: int) -> str:
+    return f"axis {axis} ({op.out.index[axis].to_source()})"
 
-    def _merged_axis(self, op: Op, axis: int) -> str:
-        return f"axis {axis} ({op.out.index[axis].to_source()})"
 
-    def split_view(self, blk: _Block, op: Op, dest: TensorVal) -> TensorVal:
-        """``dest`` (the whole of every merged axis) expanded into the split shape."""
-        groups = reassociation(op)
-        if all(len(g) == 1 for g in groups):
-            return dest
-        shape: list[Ix] = []
-        origin: list[Ix] = []
-        for axis, (ds, g) in enumerate(zip(op.out_digits, groups, strict=True)):
-            if len(g) == 1:
-                shape.append(dest.shape[axis])
-                origin.append(dest.origin[axis])
-                continue
-            n = math.prod(op.sizes[d] for d in ds)
-            if dest.shape[axis] != Ix(n) or dest.origin[axis] != Ix(0):
+def _collapsed(blk: Block, op: Op, view: TensorVal, shape: tuple[Ix, ...], origin: tuple[Ix, ...]
+               ) -> TensorVal:
+    """``view`` collapsed back into the output's axes (``shape``, with ``origin``)."""
+    out = TensorVal(blk.fresh(symbol_name(op.out.tensor)), shape, view.elt, origin)
+    blk.emit(f"{out.ssa} = tensor.collapse_shape {view.ssa} {reassociation(op)} : {view.type} "
+             f"into {out.type}")
+    return out
+
+
+def split_view(blk: Block, op: Op, dest: TensorVal) -> TensorVal:
+    """``dest`` (the whole of every merged axis) expanded into the split shape."""
+    groups = reassociation(op)
+    if all(len(g) == 1 for g in groups):
+        return dest
+    shape: list[Ix] = []
+    origin: list[Ix] = []
+    for axis, (ds, g) in enumerate(zip(op.out_digits, groups, strict=True)):
+        if len(g) == 1:
+            shape.append(dest.shape[axis])
+            origin.append(dest.origin[axis])
+            continue
+        n = math.prod(op.sizes[d] for d in ds)
+        if dest.shape[axis] != Ix(n) or dest.origin[axis] != Ix(0):
+            raise EmitError(
+                f"op {op.name!r} writes tensor {op.out.tensor!r} through a merge of dims "
+                f"on {_merged_axis(op, axis)}, but its destination holds only a part of "
+                f"that axis ({dest.shape[axis]} elements from {dest.origin[axis]}); the "
+                "parallel IR splits only a whole merged axis "
+                f"{cite('iree-merged-write-destination')}")
+        shape += [Ix(op.sizes[d]) for d in ds]
+        origin += [Ix(0)] * len(ds)
+    view = TensorVal(blk.fresh(f"{symbol_name(op.out.tensor)}_split"), tuple(shape),
+                     dest.elt, tuple(origin))
+    blk.emit(f"{view.ssa} = tensor.expand_shape {dest.ssa} {groups} output_shape "
+             f"[{blk.operands(shape)}] : {dest.type} into {view.type}")
+    return view
+
+
+def merge_view(blk: Block, op: Op, view: TensorVal, like: TensorVal) -> TensorVal:
+    """``view`` (as ``split_view`` made it from ``like``) collapsed into ``like``'s shape."""
+    groups = reassociation(op)
+    if all(len(g) == 1 for g in groups):
+        return like.renamed(view.ssa)
+    return _collapsed(blk, op, view, like.shape, like.origin)
+
+
+def merged_tile(blk: Block, op: Op, view: TensorVal) -> TensorVal:
+    """A tile made in the split shape (static bounds per digit, an origin per digit) as a
+    tile of the tensor's own axes: each merged axis one contiguous run of elements."""
+    groups = reassociation(op)
+    if all(len(g) == 1 for g in groups):
+        return view
+    shape: list[Ix] = []
+    origin: list[Ix] = []
+    for axis, (ds, g) in enumerate(zip(op.out_digits, groups, strict=True)):
+        if len(g) == 1:
+            shape.append(view.shape[g[0]])
+            origin.append(view.origin[g[0]])
+            continue
+        whole, held, start = 1, 1, Ix(0)
+        spans: list[str] = []
+        for d, i in reversed(list(zip(ds, g, strict=True))):
+            b = view.shape[i]
+            if not b.is_const:
+                raise EmitError(f"op {op.name!r}: the tile of tensor {op.out.tensor!r} has a "
+                                f"run-time extent along dim {d!r} of the merge on "
+                                f"{_merged_axis(op, axis)} "
+                                f"{cite('iree-merged-write-destination')}")
+            if b.value > 1 and held != whole:
                 raise EmitError(
                     f"op {op.name!r} writes tensor {op.out.tensor!r} through a merge of dims "
-                    f"on {self._merged_axis(op, axis)}, but its destination holds only a part of "
-                    f"that axis ({dest.shape[axis]} elements from {dest.origin[axis]}); the "
-                    "parallel IR splits only a whole merged axis "
+                    f"on {_merged_axis(op, axis)}, but its loop tile takes {b.value} "
+                    f"values of dim {d!r} and only part of dim {spans[-1]!r}: that tile is "
+                    "no contiguous part of the axis, as a tile in the parallel IR must be "
+                    "(tile the outer dims of the merge only) "
                     f"{cite('iree-merged-write-destination')}")
-            shape += [Ix(op.sizes[d]) for d in ds]
-            origin += [Ix(0)] * len(ds)
-        view = TensorVal(blk.fresh(f"{symbol_name(op.out.tensor)}_split"), tuple(shape),
-                         dest.elt, tuple(origin))
-        blk.emit(f"{view.ssa} = tensor.expand_shape {dest.ssa} {groups} output_shape "
-                 f"[{self.list(blk, shape)}] : {dest.type} into {view.type}")
-        return view
-
-    def merge_view(self, blk: _Block, op: Op, view: TensorVal, like: TensorVal) -> TensorVal:
-        """``view`` (as ``split_view`` made it from ``like``) collapsed into ``like``'s shape."""
-        groups = reassociation(op)
-        if all(len(g) == 1 for g in groups):
-            return like.renamed(view.ssa)
-        out = TensorVal(blk.fresh(symbol_name(op.out.tensor)), like.shape, like.elt,
-                        like.origin)
-        blk.emit(f"{out.ssa} = tensor.collapse_shape {view.ssa} {groups} : {view.type} into "
-                 f"{out.type}")
-        return out
-
-    def merged_tile(self, blk: _Block, op: Op, view: TensorVal) -> TensorVal:
-        """A tile made in the split shape (static bounds per digit, an origin per digit) as a
-        tile of the tensor's own axes: each merged axis one contiguous run of elements."""
-        groups = reassociation(op)
-        if all(len(g) == 1 for g in groups):
-            return view
-        shape: list[Ix] = []
-        origin: list[Ix] = []
-        for axis, (ds, g) in enumerate(zip(op.out_digits, groups, strict=True)):
-            if len(g) == 1:
-                shape.append(view.shape[g[0]])
-                origin.append(view.origin[g[0]])
-                continue
-            whole, held, start = 1, 1, Ix(0)
-            spans: list[str] = []
-            for d, i in reversed(list(zip(ds, g, strict=True))):
-                b = view.shape[i]
-                if not b.is_const:
-                    raise EmitError(f"op {op.name!r}: the tile of tensor {op.out.tensor!r} has a "
-                                    f"run-time extent along dim {d!r} of the merge on "
-                                    f"{self._merged_axis(op, axis)} "
-                                    f"{cite('iree-merged-write-destination')}")
-                if b.value > 1 and held != whole:
-                    raise EmitError(
-                        f"op {op.name!r} writes tensor {op.out.tensor!r} through a merge of dims "
-                        f"on {self._merged_axis(op, axis)}, but its loop tile takes {b.value} "
-                        f"values of dim {d!r} and only part of dim {spans[-1]!r}: that tile is "
-                        "no contiguous part of the axis, as a tile in the parallel IR must be "
-                        "(tile the outer dims of the merge only) "
-                        f"{cite('iree-merged-write-destination')}")
-                start = start + view.origin[i] * whole
-                if b.value < op.sizes[d]:
-                    spans.append(d)
-                whole *= op.sizes[d]
-                held *= b.value
-            shape.append(Ix(held))
-            origin.append(start)
-        out = TensorVal(blk.fresh(symbol_name(op.out.tensor)), tuple(shape), view.elt,
-                        tuple(origin))
-        blk.emit(f"{out.ssa} = tensor.collapse_shape {view.ssa} {groups} : {view.type} into "
-                 f"{out.type}")
-        return out
+            start = start + view.origin[i] * whole
+            if b.value < op.sizes[d]:
+                spans.append(d)
+            whole *= op.sizes[d]
+            held *= b.value
+        shape.append(Ix(held))
+        origin.append(start)
+    return _collapsed(blk, op, view, tuple(shape), tuple(origin))

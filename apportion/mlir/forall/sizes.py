@@ -21,25 +21,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
 
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
 from apportion.limits import cite
-from apportion.mlir.builder import _Block
+from apportion.mlir.builder import Block, SsaNames
+from apportion.mlir.forall.tensors import TensorVal
 from apportion.mlir.index import Ix
-from apportion.mlir.text import SsaNames
 from apportion.plans.plan import SplitK
 from apportion.target.split_k import SelectChain
-
-
-class _Value(Protocol):
-    ssa: str
-
-    @property
-    def type(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -112,7 +104,7 @@ class Sizes:
 
     # -- defining the run-time sizes ------------------------------------------------------
 
-    def read(self, blk: _Block, inputs: Mapping[str, _Value]) -> None:
+    def read(self, blk: Block, inputs: Mapping[str, TensorVal]) -> None:
         """Emit ``tensor.dim`` of the first input that has each symbol; the others become
         arguments."""
         assert self.given is not None
@@ -127,7 +119,7 @@ class Sizes:
                 done.add(sym)
         self.arguments = [s for s in self.symbols if s not in done]
 
-    def cut(self, blk: _Block, split_k: Mapping[str, SplitK]) -> None:
+    def cut(self, blk: Block, split_k: Mapping[str, SplitK]) -> None:
         """Size every op: the given ops by their symbols, split-K partial and combine ops by
         their cut (slices and step emitted into ``blk``; ``split_k``: op name -> the split
         its launch records, ``schedule.values.Launch.split_k``), and the partials tensors."""
@@ -185,7 +177,7 @@ class Sizes:
             return None
         return {d: found[d] for d in op.dim_names}
 
-    def _cuts(self, blk: _Block, split_k: Mapping[str, SplitK], stem: str,
+    def _cuts(self, blk: Block, split_k: Mapping[str, SplitK], stem: str,
               base: Mapping[str, Ix]) -> tuple[Cut, ...]:
         """The cuts of op ``stem``'s partial op: one per reduction dim its split cuts, in the
         order of the partial's slice dims."""
@@ -227,7 +219,7 @@ class Sizes:
                         f"{stem!r} as a slice and an offset in it")
 
     @staticmethod
-    def _cut(blk: _Block, split: SplitK, stem: str, dim: str, s: str, k: str, size: Ix,
+    def _cut(blk: Block, split: SplitK, stem: str, dim: str, s: str, k: str, size: Ix,
              factor: int | None) -> Cut:
         """Dim ``dim`` of ``size`` cut into slices (``factor``; None: the split's one factor,
         or its select chain's choice at the run-time size) of ``step`` elements."""
@@ -242,7 +234,7 @@ class Sizes:
         else:
             name = blk.fresh(f"{stem}_step")
             blk.emit(f"{name} = arith.divui {blk.value(size)}, {blk.value(slices)} : index")
-            blk.fn.defs[name] = lambda env: size.evaluate(env) // slices.evaluate(env)
+            blk.builder.defs[name] = lambda env: size.evaluate(env) // slices.evaluate(env)
             step = Ix.atom(name)
         return Cut(stem, dim, s, k, size, slices, step)
 
@@ -277,7 +269,7 @@ class Sizes:
         return out
 
 
-def select(blk: _Block, chain: SelectChain, k: Ix, stem: str) -> Ix:
+def select(blk: Block, chain: SelectChain, k: Ix, stem: str) -> Ix:
     """The slices ``chain`` gives the run-time size ``k``: a chain of ``arith.select`` built
     from its last case backwards (the first case holding ``k`` wins), the default last."""
     if k.is_const:
@@ -323,5 +315,5 @@ def select(blk: _Block, chain: SelectChain, k: Ix, stem: str) -> Ix:
     if factor.is_const:
         return factor
     assert factor.ssa is not None
-    blk.fn.defs[factor.ssa] = lambda env: chain.evaluate(k.evaluate(env))
+    blk.builder.defs[factor.ssa] = lambda env: chain.evaluate(k.evaluate(env))
     return factor
