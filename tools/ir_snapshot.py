@@ -177,8 +177,8 @@ def _mesh_mlir(schedule: object) -> str:
 
 def _shard_forms() -> dict[str, Callable[[object], str]]:
     try:
-        import apportion.mlir.shard as forms
-    except ImportError:
+        import apportion.sharding.forms as forms
+    except ImportError:  # before the forms took a plan through sharding/forms.py
         import apportion.mlir.shard as forms  # type: ignore[no-redef]
     return {"propagated": forms.propagated_mlir, "partitioned": forms.partitioned_mlir,
             "unrolled": forms.unrolled_mlir}

@@ -15,7 +15,7 @@ options parsed and what ran printed; the planning, lowering and runs are
   process per device (``dtensor``), and compared with the unsharded program.
 * ``apportion emit PROG --mesh SPEC --forall``: the per-device programs as parallel IR (the
   mesh schedule emitted by ``mlir.mesh.mesh_mlir``); ``--shard-form FORM`` the
-  program in upstream MLIR's shard dialect (``apportion.mlir.shard``), verified upstream.
+  program in upstream MLIR's shard dialect (``apportion.sharding.forms``), verified upstream.
 * ``apportion schedule PROG --mesh SPEC``: the mesh schedule as text, each device's core
   schedule nested under it.
 
@@ -355,7 +355,7 @@ SYMBOLIC_FORMS = ("annotated", "propagated", "dynamic")
 def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
     """``emit --mesh``: the per-device programs (``--forall``: the plan lowered to its mesh
     schedule, rendered by ``mlir.mesh.mesh_mlir``), or
-    ``--shard-form FORM``: the program in upstream MLIR's shard dialect (``apportion.mlir.shard``:
+    ``--shard-form FORM``: the program in upstream MLIR's shard dialect (``sharding.forms``:
     ``annotated``, ``propagated``, ``partitioned``, ``unrolled``, ``dynamic``: over a symbolic
     mesh left unbound), verified upstream."""
     from apportion.sharding.lower import lower_plan
@@ -372,19 +372,19 @@ def cmd_emit_sharded(args: argparse.Namespace, console: Console) -> int:
                               f"{axis.name!r}); --param {name} binds it for --shard-form "
                               "partitioned or unrolled and --forall")
     if args.shard:
-        from apportion.mlir import shard as shard_mlir
+        from apportion.sharding import forms
 
         if args.shard == "annotated":
-            text = shard_mlir.annotated_mlir(plan.program, plan.mesh, dict(plan.annotations))
+            text = forms.annotated_mlir(plan.program, plan.mesh, dict(plan.annotations))
         elif args.shard == "propagated":
-            text = shard_mlir.propagated_mlir(plan)
+            text = forms.propagated_mlir(plan)
         elif args.shard == "partitioned":
-            text = shard_mlir.partitioned_mlir(plan.bind(sizes))
+            text = forms.partitioned_mlir(plan.bind(sizes))
         elif args.shard == "dynamic":  # one text for every device count: never bound
-            text = shard_mlir.dynamic_mlir(plan)
+            text = forms.dynamic_mlir(plan)
         else:
             bound = plan.bind(sizes)
-            text = shard_mlir.unrolled_mlir(lower_plan(bound), bound.mesh)
+            text = forms.unrolled_mlir(lower_plan(bound), bound.mesh)
         print(text, end="")
         return 0
     if not args.forall:

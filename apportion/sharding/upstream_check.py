@@ -38,10 +38,9 @@ from dataclasses import dataclass
 
 from apportion.errors import ApportionError, EmitError
 from apportion.ir.program import Program
-from apportion.mlir.shard.body import Block, render_op
-from apportion.mlir.shard.forms import _annotate, annotated_mlir, propagated_mlir
 from apportion.runtime.isolated import python_command
 from apportion.runtime.upstream_mlir import tool
+from apportion.sharding.forms import annotated_mlir, annotated_ops, propagated_mlir
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.propagate import propagate
@@ -307,30 +306,14 @@ def _trim(s: Sharding) -> tuple[tuple[str, ...], ...]:
 
 def _annotated_values(program: Program, mesh: Mesh, annotations: Mapping[str, Sharding]
                       ) -> tuple[str, dict[str, str], dict[str, list[str]]]:
-    """The annotated form's text and, per op, the SSA value its output is made as; the names
-    are those ``annotated_mlir`` writes (its Block's naming is deterministic; checked)."""
+    """The annotated form's text and, per op, the SSA value its output is made as and the
+    values its code defines (``forms.annotated_ops``: the form's own walk, so the names are
+    the text's)."""
     text = annotated_mlir(program, mesh, annotations)
-    blk = Block()
-    vals: dict[str, str] = {}
-    made: dict[str, str] = {}
-    emitted: dict[str, list[str]] = {}
-    for name in program.inputs:
-        t = program.tensor(name)
-        vals[name] = blk.fresh(f"arg_{name}")
-        if name in annotations:
-            vals[name] = _annotate(blk, vals[name], t, annotations[name], mesh)
-    for op in program.ops:
-        before = len(blk.lines)
-        out = render_op(blk, op, program.tensor_map, vals)
-        made[op.name] = out
-        emitted[op.name] = [m.group(1) for line in blk.lines[before:]
-                            if (m := _DEF.match(line))]
-        t = program.tensor(op.out.tensor)
-        vals[t.name] = _annotate(blk, out, t, annotations[t.name], mesh) \
-            if t.name in annotations else out
-    if blk.text() not in text:  # the emitter changed its naming: say so, never guess
-        raise EmitError(f"program {program.name}: the annotated form's SSA names are not the "
-                        "ones upstream_check expects (mlir.shard.forms.annotated_mlir changed)")
+    ops = annotated_ops(program, mesh, annotations)
+    made = {name: out for name, (out, _) in ops.items()}
+    emitted = {name: [m.group(1) for line in lines if (m := _DEF.match(line))]
+               for name, (_, lines) in ops.items()}
     return text, made, emitted
 
 

@@ -12,7 +12,7 @@ from apportion.errors import EmitError
 from apportion.ir.kinds import REDUCERS
 from apportion.mlir.bodies import REDUCER_OPS
 from apportion.mlir.mesh import mesh_mlir
-from apportion.mlir.shard import unrolled_mlir
+from apportion.sharding.forms import unrolled_mlir
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse
 from apportion.sharding.propagate import propagate

@@ -82,7 +82,7 @@ def test_the_unrolled_form_runs_a_halo_across_two_peered_axes_upstream():
 
 @pytest.mark.skipif(not available(), reason=MISSING)
 def test_the_partitioned_form_refuses_a_halo_across_two_axes_naming_them():
-    from apportion.mlir.shard import partitioned_mlir
+    from apportion.sharding.forms import partitioned_mlir
 
     with pytest.raises(EmitError, match=r"tensor 'x' dim 1.*\ba\b.*\bb\b"):
         partitioned_mlir(conv_plan(h=18))
@@ -101,7 +101,7 @@ def test_dtensor_on_gloo_runs_halos_across_two_peered_axes_by_point_to_point_row
 def test_the_dynamic_form_runs_a_halo_across_two_peered_axes_at_each_device_count():
     """One text for a run-time count on ``a``: the windows of ``h`` split over ``(a, b)`` are
     computed from the counts it is run with, and match at 2 and 3."""
-    from apportion.mlir.shard.dynamic import dynamic_mlir, run_dynamic
+    from apportion.sharding.forms import dynamic_mlir, run_dynamic
     from apportion.sharding.search import search
 
     prog = conv_plan().program

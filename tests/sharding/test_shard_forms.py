@@ -1,6 +1,7 @@
-"""The shard-dialect forms (``apportion.mlir.shard``): every example program and a Llama-shaped
-block emitted in each form and verified by upstream MLIR 22; the unrolled form compiled and
-run by upstream MLIR against the unplanned reference run."""
+"""The shard-dialect forms (``apportion.sharding.forms``, rendered by ``apportion.mlir.shard``):
+every example program and a Llama-shaped block emitted in each form and verified by upstream
+MLIR 22; the unrolled form compiled and run by upstream MLIR against the unplanned reference
+run."""
 
 from __future__ import annotations
 
@@ -12,11 +13,18 @@ import pytest
 from apportion.errors import EmitError
 from apportion.frontend.models import forward_program
 from apportion.ir.program import Program
+from apportion.mlir.shard.dialect import grid_op, sharding_op
 from apportion.runtime.upstream_mlir import MISSING, available, mlir_opt
-from apportion.mlir.shard import annotated_mlir, partitioned_mlir, propagated_mlir, unrolled_mlir
+from apportion.sharding.forms import (
+    annotated_mlir,
+    grid,
+    partitioned_mlir,
+    propagated_mlir,
+    tensor_sharding,
+    unrolled_mlir,
+)
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import Mesh, parse
-from apportion.mlir.shard.dialect import grid_op, sharding_op
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding, load
 from tests.helpers import assert_runs_as_unplanned
@@ -86,7 +94,7 @@ def test_a_llama_block_on_a_2d_mesh_is_emitted_in_every_form():
 
 
 def test_the_grid_carries_static_dynamic_and_peered_axes():
-    text = grid_op(parse("dp=2@node,tp=N~4~2..8@chiplet:peered"))
+    text = grid_op(grid(parse("dp=2@node,tp=N~4~2..8@chiplet:peered")))
     assert text.startswith("shard.grid @mesh(shape = 2x?)")
     for part in ('apportion.axes = ["dp", "tp"]', 'apportion.peered = ["tp"]',
                  'apportion.symbols = {tp = "N"}', 'apportion.levels = ["node", "chiplet"]'):
@@ -96,7 +104,8 @@ def test_the_grid_carries_static_dynamic_and_peered_axes():
 
 def test_an_uneven_cut_lists_its_offsets_and_a_partial_value_its_axes():
     mesh = parse("dp=2,tp=3")
-    s = sharding_op("%s", Sharding((("tp",), ()), partial=("dp",), reducer="sum"), mesh, (10, 4))
+    s = sharding_op("%s", tensor_sharding(Sharding((("tp",), ()), partial=("dp",), reducer="sum"),
+                                          mesh, (10, 4)))
     assert "sharded_dims_offsets = [0, 4, 7, 10]" in s
     assert 'apportion.partial_axes = array<i64: 0>, apportion.reducer = "sum"' in s
 

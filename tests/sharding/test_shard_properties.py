@@ -12,9 +12,14 @@ from hypothesis import strategies as st
 from apportion.errors import EmitError, PlanningError
 from apportion.frontend.random_meshes import MeshCase, mesh_case, random_mesh_case
 from apportion.ir.kinds import Category
-from apportion.runtime.upstream_mlir import MISSING, available
-from apportion.mlir.shard import annotated_mlir, partitioned_mlir, propagated_mlir, unrolled_mlir
 from apportion.mlir.shard.body import opaque
+from apportion.runtime.upstream_mlir import MISSING, available
+from apportion.sharding.forms import (
+    annotated_mlir,
+    partitioned_mlir,
+    propagated_mlir,
+    unrolled_mlir,
+)
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse
 from apportion.sharding.propagate import propagate

@@ -32,11 +32,16 @@ list function itself: it drops the wrapper (the only function reading the grid) 
 list function from an entry that takes the axis sizes as data (an ``int64`` tensor), so the
 text compiled is the same for every device count, which only the data says.
 
+``apportion.sharding.forms.dynamic_mlir`` renders a plan's (``OpSplit`` per op).
+
 >>> from apportion.frontend.json_format import load
->>> from apportion.sharding.mesh import parse
->>> from apportion.sharding.search import search
->>> text = dynamic_mlir(search(load("examples/mlp.json"), parse("tp=N~4")))  # doctest: +SKIP
->>> "shard.grid_shape @mesh axes = [0]" in text                              # doctest: +SKIP
+>>> from apportion.mlir.shard.values import Grid, GridAxis, OpSplit
+>>> p = load("examples/mlp.json")
+>>> splits = [OpSplit((("n", ("tp",)),), "float16", "n:tp") if op.name != "down" else
+...           OpSplit((), "float16", "replicated") for op in p.ops]
+>>> text = dynamic_mlir(p, Grid((GridAxis("tp", 4, symbol="N"),), "tp=N~4"), splits,
+...                     "given")                                         # doctest: +SKIP
+>>> "shard.grid_shape @mesh axes = [0]" in text                          # doctest: +SKIP
 True
 """
 
@@ -68,17 +73,14 @@ from apportion.mlir.shard.body import (
 )
 from apportion.mlir.shard.dialect import GRID, grid_op
 from apportion.mlir.shard.finish import cast_body, identity_map
+from apportion.mlir.shard.values import Grid, OpSplit
 from apportion.mlir.text import symbol_name
-from apportion.mlir.types import INDEX_MAX, compute_type
+from apportion.mlir.types import FLOAT_TYPES, INDEX_MAX, compute_type
 from apportion.mlir.types import mlir_type as elt
 from apportion.runtime.upstream_mlir import run_function, verify_upstream
-from apportion.sharding.mesh import Mesh
-from apportion.sharding.plan import ShardingPlan
-from apportion.sharding.rules import Finish, Strategy
 
 #: a size or offset in index arithmetic: a Python int when static, else an SSA value
 Val = int | str
-_FLOATS = ("f16", "bf16", "f32", "f64")
 
 
 def _fn(name: str) -> str:
@@ -200,12 +202,12 @@ def _static(shape: Sequence[Val]) -> tuple[int | None, ...]:
 
 
 class _Dynamic:
-    def __init__(self, plan: ShardingPlan) -> None:
-        if not plan.mesh.symbolic:
-            raise EmitError(f"mesh {plan.mesh.spec()} has no symbolic axis size: the "
+    def __init__(self, program: Program, grid: Grid) -> None:
+        if not grid.symbolic:
+            raise EmitError(f"mesh {grid.spec} has no symbolic axis size: the "
                             "dynamic-list form is for a run-time device count (tp=N~4); a "
                             "static mesh has the partitioned and unrolled forms")
-        self.plan, self.program, self.mesh = plan, plan.program, plan.mesh
+        self.program, self.grid = program, grid
         self.decl: dict[str, str] = {}
         self.funcs: list[str] = []
         self.blk = Block(declarations=self.decl)
@@ -232,7 +234,7 @@ class _Dynamic:
                                      blk.text(), f"  return {out} : {res}", "}"]))
         return name, reads
 
-    def shard_fn(self, op: Op, st: Strategy, pack: bool) -> str:
+    def shard_fn(self, op: Op, st: OpSplit, pack: bool) -> str:
         """The per-shard function of ``op`` split as ``st`` (see the module docstring): its
         arguments are each split dim's size, each split reduction dim's offset where an argmax
         packs global indices (``pack``), then each operand's cut, by position."""
@@ -268,7 +270,7 @@ class _Dynamic:
             args.append(f"{v}: {ty}")
             ins.append((v, ty, e_t, _map(dims, exprs)))
         out_t = program.tensor(op.out.tensor)
-        held = st.out.held_dtype(out_t.dtype)
+        held = st.held
         out_exprs = [_local_expr(e) if _split_dims(e, split) else e for e in op.out.index]
         out_shape: list[Val] = [_reach(ix, e, sizes) if _split_dims(e, split) else n
                                 for e, n in zip(op.out.index, out_t.shape, strict=True)]
@@ -307,7 +309,7 @@ class _Dynamic:
         return generic(blk, dims, (), ins + extra, [(init, tensor_type(_static(out_shape), out_elt),
                                               out_elt, omap)], body, op.out.tensor)[0]
 
-    def _reduce(self, blk: Block, op: Op, st: Strategy, ins: list[tuple[str, str, str, str]],
+    def _reduce(self, blk: Block, op: Op, st: OpSplit, ins: list[tuple[str, str, str, str]],
                 extra: list[tuple[str, str, str, str]], out_shape: list[Val], held: str,
                 omap: str, ty: str, dims: list[str], starts: Mapping[str, str], pack: bool
                 ) -> str:
@@ -353,14 +355,12 @@ class _Dynamic:
         out_ty = st_shape.format(held_e)
         if reducer.pairs and pack:
             # one coordinate spanning every index: the index is global already
-            whole = Finish(op.name, "pack", (), stem, held, local=(2**62,), starts=(0,),
-                           sizes=(2**62,))
             return generic(blk, [f"p{i}" for i in range(rank)], (),
                            [(parts[0], st_shape.format(ty), ty, ident),
                             (parts[1], st_shape.format("i64"), "i64", ident)],
                            [(init, out_ty, held_e, ident)],
-                           lambda b, a, o: [pack_key(b, a[0], ty, a[1], "i64", whole.local,
-                                                     whole.starts, whole.sizes)],
+                           lambda b, a, o: [pack_key(b, a[0], ty, a[1], "i64", (2**62,), (0,),
+                                                     (2**62,))],
                            f"{stem}_keys")[0]
         acc, acc_elt = (parts[1], "i64") if reducer.pairs else (parts[0], ty)
         is_mean = reducer.finish is not None and not reducer.pairs
@@ -375,7 +375,7 @@ class _Dynamic:
 
     # the list function -----------------------------------------------------------------
 
-    def op(self, op: Op, st: Strategy) -> None:
+    def op(self, op: Op, st: OpSplit) -> None:
         program, blk, ix = self.program, self.blk, self.ix
         out_t = program.tensor(op.out.tensor)
         if opaque(op):  # a call of the op's opaque function on whole tensors: one replica
@@ -392,12 +392,12 @@ class _Dynamic:
             self.vals[op.out.tensor] = res
             return
         split = st.split_map
-        pack = bool(op.kind.reducer and op.kind.reducer.pairs and st.out.partial)
+        pack = bool(op.kind.reducer and op.kind.reducer.pairs and st.partial)
         fname = self.shard_fn(op, st, pack)
-        partial = st.out.reducer
-        held = st.out.held_dtype(out_t.dtype)
+        partial = st.reducer
+        held = st.held
         if pack and held != "int64":
-            raise EmitError(f"op {op.name!r}: an argmax split over {'*'.join(st.out.partial)} "
+            raise EmitError(f"op {op.name!r}: an argmax split over {'*'.join(st.partial)} "
                             f"packs int64 keys, but its partial tensor {out_t.name!r} is held "
                             f"as {held}")
         he = elt(held)
@@ -410,7 +410,7 @@ class _Dynamic:
             blk.emit(f"{filled} = linalg.fill ins({c} : {he}) outs({init} : {whole_ty}) -> "
                      f"{whole_ty}")
             init = filled
-        loop_axes = [a for a in self.mesh.names if a in st.axes]
+        loop_axes = [a for a in self.grid.names if a in st.axes]
         coords: dict[str, str] = {}
         heads: list[tuple[str, str]] = []
         acc = init
@@ -459,7 +459,7 @@ class _Dynamic:
         if partial is not None:
             have = blk.fresh(f"{out_t.name}_have")
             blk.emit(f"{have} = tensor.extract_slice {acc}{where} : {whole_ty} to {part_ty}")
-            floats = he in _FLOATS
+            floats = he in FLOAT_TYPES
             ops = REDUCER_OPS.get(partial)
             combine = None if ops is None else ops.elementwise(floats)
             if combine is None:
@@ -607,11 +607,12 @@ def _list_name(program: Program) -> str:
     return f"{program.name}.list"
 
 
-def dynamic_mlir(plan: ShardingPlan) -> str:
-    """The dynamic-list form of ``plan`` over a mesh with symbolic axes (see the module
-    docstring), verified upstream. The same text serves every device count."""
-    dyn = _Dynamic(plan)
-    program, mesh, blk = dyn.program, dyn.mesh, dyn.blk
+def dynamic_mlir(program: Program, grid: Grid, splits: Sequence[OpSplit], method: str) -> str:
+    """The dynamic-list form of ``program`` over a grid with symbolic axes, each op divided
+    as ``splits`` says (by the plan's ``method``; see the module docstring), verified
+    upstream. The same text serves every device count."""
+    dyn = _Dynamic(program, grid)
+    mesh, blk = grid, dyn.blk
     sym_axes = [a for a in mesh.axes if a.symbolic]
     args = []
     for a in mesh.axes:
@@ -626,8 +627,8 @@ def dynamic_mlir(plan: ShardingPlan) -> str:
         v = blk.fresh(f"arg_{name}")
         args.append(f"{v}: {tensor_type(t.shape, elt(t.dtype))}")
         dyn.vals[name] = v
-    for op in program.ops:
-        dyn.op(op, dyn.plan.strategy(op.name))
+    for op, st in zip(program.ops, splits, strict=True):
+        dyn.op(op, st)
     outs = [tensor_type(program.tensor(n).shape, elt(program.tensor(n).dtype))
             for n in program.outputs]
     ret = [dyn.vals[n] for n in program.outputs]
@@ -657,8 +658,8 @@ def dynamic_mlir(plan: ShardingPlan) -> str:
     rets = [r] if len(outs) == 1 else [f"{r}#{k}" for k in range(len(outs))]
     wrapper = "\n".join([
         f"func.func {_fn(program.name)}({', '.join(w_args)}) -> ({', '.join(outs)}) attributes "
-        f"{{apportion.form = \"dynamic\", apportion.mesh = \"{mesh.spec()}\", apportion.method = "
-        f"\"{plan.method}\"}} {{", w.text(),
+        f"{{apportion.form = \"dynamic\", apportion.mesh = \"{mesh.spec}\", apportion.method = "
+        f"\"{method}\"}} {{", w.text(),
         f"  return {', '.join(rets)} : {', '.join(outs)}", "}"])
     fake = Block(declarations=dyn.decl)
     text = "\n".join([grid_op(mesh), *declarations(fake), *dyn.funcs, list_fn, wrapper]) + "\n"
@@ -666,7 +667,7 @@ def dynamic_mlir(plan: ShardingPlan) -> str:
     return text
 
 
-def runnable_mlir(text: str, program: Program, mesh: Mesh) -> str:
+def runnable_mlir(text: str, program: Program, mesh: Grid) -> str:
     """The dynamic-list form ``text`` made runnable by upstream MLIR's execution engine: the
     wrapper reading the grid (``shard.grid_shape`` lowers only inside a partitioned module)
     dropped, and an entry ``@"PROG.run"(%counts: tensor<Kxi64>, inputs...)`` that passes each
@@ -715,7 +716,7 @@ def _run_name(program: Program) -> str:
     return f"{program.name}.run"
 
 
-def run_dynamic(text: str, program: Program, mesh: Mesh, inputs: Mapping[str, Any],
+def run_dynamic(text: str, program: Program, mesh: Grid, inputs: Mapping[str, Any],
                 sizes: Mapping[str, int]) -> dict[str, Any]:
     """Run the dynamic-list form ``text`` of ``program`` (``runnable_mlir``) with upstream
     MLIR's execution engine at the symbolic axis sizes ``sizes`` (symbol -> devices), given as
@@ -726,11 +727,11 @@ def run_dynamic(text: str, program: Program, mesh: Mesh, inputs: Mapping[str, An
     missing = [a.symbol for a in sym if a.symbol not in sizes]
     if missing:
         raise EmitError(f"run of the dynamic-list form of {program.name!r}: no size for "
-                        f"symbol {', '.join(map(str, missing))} of mesh {mesh.spec()}")
+                        f"symbol {', '.join(map(str, missing))} of mesh {mesh.spec}")
     bad = {a.symbol: sizes[a.symbol] for a in sym
            if not isinstance(sizes[a.symbol], int) or sizes[a.symbol] < 1}
     if bad:
-        raise EmitError(f"run of the dynamic-list form of {program.name!r}: mesh {mesh.spec()} "
+        raise EmitError(f"run of the dynamic-list form of {program.name!r}: mesh {mesh.spec} "
                         f"needs at least one device per axis, got {bad}")
     arrays = [np.array([sizes[a.symbol] for a in sym], dtype=np.int64),
               *(inputs[n] for n in program.inputs)]

@@ -10,7 +10,7 @@ from apportion.ir.program import TensorType
 from apportion.mlir.keys import pack_key, unpack_index
 from apportion.mlir.shard.body import Block, convert, generic, tensor_type
 from apportion.mlir.types import mlir_type as elt
-from apportion.sharding.rules import Finish
+from apportion.schedule.mesh import FinishPart
 
 
 def _ttype(t: TensorType) -> str:
@@ -22,8 +22,8 @@ def identity_map(rank: int) -> str:
     return f"affine_map<({ds}) -> ({ds})>"
 
 
-def finish_op(b: Block, finish: Finish, types: Mapping[str, TensorType], vals: Mapping[str, str]
-            ) -> str:
+def finish_op(b: Block, finish: FinishPart, types: Mapping[str, TensorType],
+              vals: Mapping[str, str]) -> str:
     """A device's finish of a mean or argmax split over devices: its local mean scaled by its
     share of the count, or its local max and index packed into int64 keys
     (``mlir.keys.pack_key``)."""

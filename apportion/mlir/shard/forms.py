@@ -1,19 +1,21 @@
-"""The sharding proposal's forms of a program in upstream MLIR's ``shard`` dialect.
+"""The sharding proposal's forms of a program in upstream MLIR's ``shard`` dialect, rendered
+from what the planner decided (``mlir.shard.values``; ``apportion.sharding.forms`` builds it
+from a plan and takes a plan in every form's name).
 
-* ``annotated_mlir(program, mesh, annotations)``: the input form, the program as
+* ``annotated_mlir(program, grid, annotations)``: the input form, the program as
   ``linalg.generic`` ops on whole tensors with the user's annotations: each annotated tensor's
   value passes through ``shard.shard %v to %sharding`` (the sharding of the value), the grid
   says the mesh (static sizes, ``?`` for a symbolic axis, peered axes as an attribute). What
   upstream's ``--sharding-propagation`` reads.
-* ``propagated_mlir(plan)``: every tensor annotated as apportion's propagation or search made
+* ``propagated_mlir(propagated)``: every tensor annotated as apportion's propagation or search made
   it (each op's result with its strategy's output sharding, each operand ``annotate_for_users``
   with the sharding the op reads it in, so a reshard shows as two annotations of one value),
   what upstream's ``--shard-partition`` reads.
-* ``partitioned_mlir(plan)``: the SPMD form every device runs: per-shard tensor types (a dim
+* ``partitioned_mlir(partitioned)``: the SPMD form every device runs: per-shard tensor types (a dim
   whose shards differ in size is ``?``), each op on the device's shards, and apportion's
   resharding steps as ``shard`` collectives (``all_gather``, ``all_reduce``,
   ``reduce_scatter``, ``all_to_all``, ``all_slice``; a ``halo`` read as ``update_halo`` on
-  the shard grown by upstream's one halo pair, ``dialect.halo_pair``, each device then
+  the shard grown by upstream's one halo pair (``Reshard.halo``), each device then
   reading its window at its own offset; a ``peer_read``, read in place, is refused: no shard op
   says it); where devices run different local code
   (uneven shards, a device reading at its own offset, a split mean's share), an
@@ -26,6 +28,7 @@ is returned. Partial values carry ``apportion.partial_axes``/``apportion.reducer
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 from apportion.errors import EmitError
@@ -38,23 +41,27 @@ from apportion.mlir.shard.body import (
     render_op,
     tensor_type,
 )
-from apportion.mlir.shard.dialect import grid_op, halo_pair, sharding_op
+from apportion.mlir.shard.dialect import grid_op, sharding_op
 from apportion.mlir.shard.finish import cast_body, finish_op, identity_map
+from apportion.mlir.shard.values import (
+    Grid,
+    LocalStage,
+    Partitioned,
+    Propagated,
+    Reshard,
+    TensorSharding,
+)
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import mlir_type as elt
 from apportion.runtime.upstream_mlir import verify_upstream
-from apportion.sharding.collectives import Step
-from apportion.sharding.mesh import Mesh
-from apportion.sharding.plan import ShardingPlan
-from apportion.sharding.rules import local_ops
-from apportion.sharding.spec import Sharding
+from apportion.schedule.mesh import box_shape
 
 
-def _module(mesh: Mesh, blk: Block, name: str, args: Sequence[tuple[str, str]],
+def _module(grid: Grid, blk: Block, name: str, args: Sequence[tuple[str, str]],
             results: Sequence[str], ret: Sequence[str], attrs: str = "") -> str:
     sig = ", ".join(f"{a}: {t}" for a, t in args)
     head = f"func.func @{_sym(name)}({sig}) -> ({', '.join(results)}){attrs} {{"
-    lines = [grid_op(mesh), *declarations(blk), head, blk.text(),
+    lines = [grid_op(grid), *declarations(blk), head, blk.text(),
              f"  return {', '.join(ret)} : {', '.join(results)}" if ret else "  return", "}"]
     text = "\n".join(line for line in lines if line) + "\n"
     verify_upstream(text)
@@ -70,38 +77,33 @@ def _ttype(t: TensorType) -> str:
     return tensor_type(t.shape, elt(t.dtype))
 
 
-def _annotate(blk: Block, value: str, t: TensorType, sharding: Sharding, mesh: Mesh,
+def _annotate(blk: Block, value: str, t: TensorType, sharding: TensorSharding,
               users: bool = False) -> str:
     s = blk.fresh(f"s_{t.name}")
-    blk.emit(sharding_op(s, sharding, mesh, t.shape))
+    blk.emit(sharding_op(s, sharding))
     out = blk.fresh(t.name)
     blk.emit(f"{out} = shard.shard {value} to {s}{' annotate_for_users' if users else ''} : "
              f"{_ttype(t)}")
     return out
 
 
-def _annotate_typed(blk: Block, value: str, ty: str, t: TensorType, sharding: Sharding,
-                    mesh: Mesh, users: bool = False) -> str:
+def _annotate_typed(blk: Block, value: str, ty: str, t: TensorType, sharding: TensorSharding,
+                    users: bool = False) -> str:
     """``_annotate`` of a value of type ``ty`` laid out like tensor ``t`` (an op's destination:
     its accumulator type may differ from the tensor's)."""
     s = blk.fresh(f"s_{t.name}")
-    blk.emit(sharding_op(s, sharding, mesh, t.shape))
+    blk.emit(sharding_op(s, sharding))
     out = blk.fresh(f"{t.name}_dest")
     blk.emit(f"{out} = shard.shard {value} to {s}{' annotate_for_users' if users else ''} : "
              f"{ty}")
     return out
 
 
-def annotated_mlir(program: Program, mesh: Mesh, annotations: Mapping[str, Sharding]) -> str:
-    """The program with the user's annotations (form 1), verified upstream.
-
-    >>> from apportion.sharding.spec import load
-    >>> from apportion.sharding.mesh import parse
-    >>> prog, ann = load("examples/megatron.json")
-    >>> text = annotated_mlir(prog, parse("tp=2"), ann)   # doctest: +SKIP
-    """
-    for name, s in annotations.items():
-        s.check(mesh, program.tensor(name).shape, name)
+def _annotated(program: Program, annotations: Mapping[str, TensorSharding]
+               ) -> tuple[Block, list[tuple[str, str]], dict[str, str],
+                          dict[str, tuple[str, tuple[str, ...]]]]:
+    """The annotated form's function body: its block, arguments, every tensor's value, and
+    per op its output's SSA value and the lines of its code."""
     blk = Block()
     vals: dict[str, str] = {}
     args = []
@@ -111,75 +113,98 @@ def annotated_mlir(program: Program, mesh: Mesh, annotations: Mapping[str, Shard
         args.append((arg, _ttype(t)))
         vals[name] = arg
         if name in annotations:
-            vals[name] = _annotate(blk, arg, t, annotations[name], mesh)
+            vals[name] = _annotate(blk, arg, t, annotations[name])
+    ops: dict[str, tuple[str, tuple[str, ...]]] = {}
     for op in program.ops:
+        before = len(blk.lines)
         out = render_op(blk, op, program.tensor_map, vals)
+        ops[op.name] = (out, tuple(blk.lines[before:]))
         t = program.tensor(op.out.tensor)
-        vals[op.out.tensor] = _annotate(blk, out, t, annotations[t.name], mesh) \
+        vals[op.out.tensor] = _annotate(blk, out, t, annotations[t.name]) \
             if t.name in annotations else out
+    return blk, args, vals, ops
+
+
+def annotated_mlir(program: Program, grid: Grid, annotations: Mapping[str, TensorSharding]
+                   ) -> str:
+    """The program with the user's annotations (form 1, each annotated tensor's value through
+    ``shard.shard``), verified upstream.
+
+    >>> from apportion.frontend.json_format import load
+    >>> from apportion.mlir.shard.values import GridAxis
+    >>> text = annotated_mlir(load("examples/mlp.json"), Grid((GridAxis("tp", 2),), "tp=2"),
+    ...                       {"x": TensorSharding(((0,), ()), cuts=((0, 128, 256), ()))})
+    ...                                                             # doctest: +SKIP
+    """
+    blk, args, vals, _ = _annotated(program, annotations)
     outs = [_ttype(program.tensor(n)) for n in program.outputs]
-    return _module(mesh, blk, program.name, args, outs, [vals[n] for n in program.outputs],
+    return _module(grid, blk, program.name, args, outs, [vals[n] for n in program.outputs],
                    " attributes {apportion.form = \"annotated\"}")
 
 
-def propagated_mlir(plan: ShardingPlan) -> str:
-    """Every tensor's sharding as ``plan`` chose it (form 2), verified upstream."""
-    program, mesh = plan.program, plan.mesh
+def annotated_ops(program: Program, annotations: Mapping[str, TensorSharding]
+                  ) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Per op of ``annotated_mlir``'s form, the SSA value its output is made as and the lines
+    of its code: what upstream's propagation of that form is read back by.
+
+    >>> from apportion.frontend.json_format import load
+    >>> annotated_ops(load("examples/mlp.json"), {})["gate"][0]
+    '%g'
+    """
+    return _annotated(program, annotations)[3]
+
+
+def propagated_mlir(p: Propagated) -> str:
+    """Every tensor's sharding as the plan chose it (form 2), verified upstream."""
+    program = p.program
     blk = Block()
     vals: dict[str, str] = {}
     args = []
-    placed = dict(plan.inputs)
+    placed = dict(p.inputs)
     for name in program.inputs:
         t = program.tensor(name)
         arg = blk.fresh(f"arg_{name}")
         args.append((arg, _ttype(t)))
-        vals[name] = _annotate(blk, arg, t, placed[name], mesh)
-    for op in program.ops:
-        st = plan.strategy(op.name)
+        vals[name] = _annotate(blk, arg, t, placed[name])
+    for op, (ins, result) in zip(program.ops, p.ops, strict=True):
         reads = dict(vals)
-        for acc, s in zip(op.ins, st.ins, strict=True):
+        for acc, s in zip(op.ins, ins, strict=True):
             reads[acc.tensor] = _annotate(blk, vals[acc.tensor], program.tensor(acc.tensor), s,
-                                          mesh, users=True)
+                                          users=True)
         out_t = program.tensor(op.out.tensor)
-        whole = st.out.without_partial()
 
-        def mark(b: Block, value: str, ty: str, t: TensorType = out_t, s: Sharding = whole,
+        def mark(b: Block, value: str, ty: str, t: TensorType = out_t,
+                 s: TensorSharding = result,
                  unit: tuple[int, ...] = tuple(j for j, e in enumerate(op.out.index)
                                                if not e.terms)) -> str:
-            # a destination is laid out as the op's output (a split reduction's
+            # a destination is laid out as the op's output, whole (a split reduction's
             # replicated: upstream zeroes it on all but one device), as upstream's
             # propagation annotates it: its result, then for its user; one written without
             # the output's literal (size-1) dims has their shardings dropped
-            if ty.count("x") < len(t.shape) and unit:
-                s = Sharding(tuple(a for j, a in enumerate(s.dims) if j not in unit))
-                t = TensorType(t.name, tuple(n for j, n in enumerate(t.shape) if j not in unit),
-                               t.dtype)
-            made = _annotate_typed(b, value, ty, t, s, mesh)
-            return _annotate_typed(b, made, ty, t, s, mesh, users=True)
+            s = s.without(unit if ty.count("x") < len(t.shape) else ())
+            made = _annotate_typed(b, value, ty, t, s)
+            return _annotate_typed(b, made, ty, t, s, users=True)
 
-        read_as = {acc.tensor: s for acc, s in zip(op.ins, st.ins, strict=True)}
+        read_as = {acc.tensor: s for acc, s in zip(op.ins, ins, strict=True)}
 
         def mark_read(b: Block, value: str, ty: str, tensor: str, unit: tuple[int, ...],
-                      read_as: dict[str, Sharding] = read_as) -> str:
-            s = read_as[tensor]
+                      read_as: dict[str, TensorSharding] = read_as) -> str:
+            s = read_as[tensor].without(unit)
             t = program.tensor(tensor)
-            s = Sharding(tuple(a for j, a in enumerate(s.dims) if j not in unit))
-            t = TensorType(t.name, tuple(n for j, n in enumerate(t.shape) if j not in unit),
-                           t.dtype)
-            made = _annotate_typed(b, value, ty, t, s, mesh)
-            return _annotate_typed(b, made, ty, t, s, mesh, users=True)
+            made = _annotate_typed(b, value, ty, t, s)
+            return _annotate_typed(b, made, ty, t, s, users=True)
 
         blk.mark_init, blk.mark_read = mark, mark_read
         out = render_op(blk, op, program.tensor_map, reads)
         blk.mark_init = blk.mark_read = None
-        vals[op.out.tensor] = _annotate(blk, out, out_t, st.out, mesh)
+        vals[op.out.tensor] = _annotate(blk, out, out_t, result)
     ret = []
-    for name, s, _local in plan.outputs:
-        ret.append(_annotate(blk, vals[name], program.tensor(name), s, mesh, users=True))
+    for name, s in p.outputs:
+        ret.append(_annotate(blk, vals[name], program.tensor(name), s, users=True))
     outs = [_ttype(program.tensor(n)) for n in program.outputs]
-    return _module(mesh, blk, program.name, args, outs, ret,
+    return _module(p.grid, blk, program.name, args, outs, ret,
                    f" attributes {{apportion.form = \"propagated\", apportion.method = "
-                   f"\"{plan.method}\"}}")
+                   f"\"{p.method}\"}}")
 
 
 # -- the partitioned (SPMD) form -------------------------------------------------------------
@@ -189,14 +214,9 @@ class _Spmd:
     """The SPMD function being written: every local value's SSA name and its type on every
     device (a dim whose devices' sizes differ is ``?``)."""
 
-    def __init__(self, plan: ShardingPlan) -> None:
-        if plan.mesh.symbolic:
-            raise EmitError(f"mesh {plan.mesh.spec()} has symbolic axis sizes "
-                            f"({', '.join(plan.mesh.symbols)}): the partitioned form needs the "
-                            "devices' shard shapes; bind the sizes (--param NAME=SIZE)")
-        self.plan, self.program, self.mesh = plan, plan.program, plan.mesh
-        self.sizes = {a.name: a.size for a in self.mesh.axes}
-        self.coords = [self.mesh.coords(d) for d in range(self.mesh.devices)]
+    def __init__(self, p: Partitioned) -> None:
+        self.program, self.grid = p.program, p.grid
+        self.devices = math.prod(a.size for a in p.grid.axes)
         self.blk = Block()
         self.vals: dict[str, str] = {}
         self.types: dict[str, tuple[TensorType, ...]] = {}  # per device
@@ -207,11 +227,6 @@ class _Spmd:
         shape = tuple(ts[0].shape[i] if len({t.shape[i] for t in ts}) == 1 else None
                       for i in range(len(ts[0].shape)))
         return tensor_type(shape, elt(ts[0].dtype))
-
-    def shard_types(self, tensor: str, local: str, s: Sharding) -> tuple[TensorType, ...]:
-        t = self.program.tensor(tensor)
-        return tuple(TensorType(local, s.local_shape(t.shape, c, self.sizes),
-                                s.held_dtype(t.dtype)) for c in self.coords)
 
     def lin(self) -> str:
         if self.linear is None:
@@ -227,7 +242,7 @@ class _Spmd:
         same code on every device is emitted once, else an ``scf.index_switch``."""
         variants: dict[str, list[int]] = {}
         texts: dict[int, tuple[Block, dict]] = {}
-        for d in range(len(self.coords)):
+        for d in range(self.devices):
             b = Block(indent=0, taken=dict(self.blk.taken),
                       declarations=dict(self.blk.declarations), used=set(self.blk.used))
             outs = write(b, d)
@@ -242,10 +257,10 @@ class _Spmd:
                 b.taken, b.declarations, b.used
             for name in results:
                 self.vals[name] = outs[name][0]
-                self.types[name] = tuple(texts[d][1][name][1] for d in range(len(self.coords)))
+                self.types[name] = tuple(texts[d][1][name][1] for d in range(self.devices))
             return
         for name in results:
-            self.types[name] = tuple(texts[d][1][name][1] for d in range(len(self.coords)))
+            self.types[name] = tuple(texts[d][1][name][1] for d in range(self.devices))
         lin = self.lin()
         rtypes = [self.spmd_type(n) for n in results]
         names = [self.blk.fresh(n) for n in results]
@@ -287,50 +302,51 @@ class _Spmd:
         b.emit(f"{c} = tensor.cast {self.vals[name]} : {self.spmd_type(name)} to {_ttype(t)}")
         return c
 
-    def op(self, op_name: str) -> None:
-        op = self.program.op(op_name)
-        shard = self.plan.op(op_name)
-        out = op.out.tensor
+    def op(self, stage: LocalStage) -> None:
+        out = stage.result
 
         def write(b: Block, d: int) -> dict:
-            lops, types, finish = local_ops(op, self.program, self.mesh, shard.strategy,
-                                            self.coords[d], list(shard.reads), out)
-            vals = {r: self.operand(b, r, d) for r in dict.fromkeys(shard.reads)}
-            for lop in lops:
+            code = stage.devices[d]
+            types = {t.name: t for t in code.types}
+            vals = {r: self.operand(b, r, d) for r in stage.reads}
+            for lop in code.ops:
                 vals[lop.out.tensor] = render_op(b, lop, types, vals)
-            if finish is not None:
-                vals[out] = finish_op(b, finish, types, vals)
+            if code.finish is not None:
+                vals[out] = finish_op(b, code.finish, types, vals)
             return {out: (vals[out], types[out])}
 
         self.local([out], write)
 
     # the collectives -------------------------------------------------------------------------
 
-    def step(self, tensor: str, src: str, result: str, step: Step) -> None:
+    def step(self, r: Reshard) -> None:
         """One resharding step of ``tensor``'s value ``src`` into the new value ``result``."""
-        axis = self.mesh.index(step.axis)
-        self.types[result] = self.shard_types(tensor, result, step.dst)
+        step = r.step
+        tensor, src, result = step.tensor, step.source, step.result
+        axis = self.grid.index(step.axes[0])
+        self.types[result] = tuple(TensorType(result, box_shape(b), step.out_dtype)
+                                   for b in step.dst_boxes)
         before, after = self.spmd_type(src), self.spmd_type(result)
         if step.kind == "peer_read":
             raise EmitError(
                 f"tensor {tensor!r} dim {step.dim}: its reader reads it in place from its peers' "
-                f"memory along peered axis {step.axis!r} (a peer_read from {step.src} to "
-                f"{step.dst}: no copy is made), which nothing in upstream MLIR 22's shard "
+                f"memory along peered axis {step.axes[0]!r} (a peer_read from {r.between[0]} to "
+                f"{r.between[1]}: no copy is made), which nothing in upstream MLIR 22's shard "
                 "dialect says (every op of it that moves data, the collectives, send/recv, "
                 "shift and update_halo, yields a new value on the receiving device); the "
                 "unrolled form (--shard-form unrolled) moves it by its boxes")
         if step.kind == "halo":
-            self._halo(tensor, src, result, step)
+            self._halo(r)
             return
         if step.kind != "all_reduce" and any(
                 len(set(self._lens(tensor, boxes, i))) > 1
                 for i in {step.dim, step.to_dim} - {None}
-                for boxes in (self._boxes(tensor, step.src), self._boxes(tensor, step.dst))):
-            self._uneven(tensor, src, result, step)
+                for boxes in (step.src_boxes, step.dst_boxes)):
+            self._uneven(r)
             return
         v = self.vals[src]
         res = self.blk.fresh(result)
-        remote = " {apportion.remote}" if step.remote else ""
+        remote = " {apportion.remote}" if r.remote else ""
         kind = step.kind
         held_after = self.types[result][0].dtype
         if kind in ("all_reduce", "reduce_scatter"):
@@ -339,7 +355,7 @@ class _Spmd:
             scatter = f" scatter_axis = {step.dim}" if kind == "reduce_scatter" else ""
             self.blk.emit(f"{res} = shard.{kind} {v} on @mesh grid_axes = [{axis}] reduction = "
                           f"{red}{scatter}{remote} : {before} -> {after_held}")
-            self.vals[result] = self._after_reduce(res, result, step, after_held,
+            self.vals[result] = self._after_reduce(res, result, step.unpack, after_held,
                                                    self.types[src][0].dtype, held_after)
             return
         if kind == "all_gather":
@@ -349,27 +365,30 @@ class _Spmd:
         elif kind == "all_to_all":
             what = f"split_axis = {step.to_dim} concat_axis = {step.dim}"
         else:
-            raise EmitError(f"tensor {tensor!r}: resharding step {step} along axis "
-                            f"{step.axis!r} has no shard-dialect collective in upstream MLIR 22")
+            raise EmitError(f"tensor {tensor!r}: resharding step {step} has no shard-dialect "
+                            "collective in upstream MLIR 22")
         self.blk.emit(f"{res} = shard.{kind} {v} on @mesh grid_axes = [{axis}] {what}{remote} "
                       f": {before} -> {after}")
         self.vals[result] = res
 
-    def _halo(self, tensor: str, src: str, result: str, step: Step) -> None:
+    def _halo(self, r: Reshard) -> None:
         """A ``halo`` step as upstream's ``shard.update_halo``: each device puts its shard into
-        a tensor grown by upstream's one (low, high) pair along the dim (``halo_pair``; the
+        a tensor grown by upstream's one (low, high) pair along the dim (``Reshard.halo``; the
         pair is the same on every device, an outermost shard's halo beyond the tensor stays
         zero and is never read), the update fills the halo rows from the adjacent shards, and
         each device reads its window out of it at its own offset (a device with no
         neighbour below reads ``low`` rows further in)."""
-        j, axis = step.dim, step.axis
+        step = r.step
+        src, result = step.source, step.result
+        j, axis = step.dim, step.axes[0]
         assert j is not None  # a halo step names its dim
-        shape = self.program.tensor(tensor).shape
-        low, high = halo_pair(tensor, shape, step.dst, self.mesh, j)
+        if r.halo is None:
+            raise EmitError(r.refusal or f"{step}: no halo pair")
+        low, high = r.halo
         held = self.types[src][0].dtype
         e = elt(held)
         grown = f"{result}.halo"
-        src_boxes, dst_boxes = self._boxes(tensor, step.src), self._boxes(tensor, step.dst)
+        src_boxes, dst_boxes = step.src_boxes, step.dst_boxes
 
         def write_grown(b: Block, d: int) -> dict:
             t = self.types[src][d]
@@ -384,9 +403,9 @@ class _Spmd:
         self.types[updated] = tuple(TensorType(updated, t.shape, t.dtype)
                                     for t in self.types[grown])
         res = self.blk.fresh(updated)
-        axes = ", ".join(f"[{self.mesh.index(axis)}]" if i == j else "[]"
-                         for i in range(len(shape)))
-        remote = " {apportion.remote}" if step.remote else ""
+        axes = ", ".join(f"[{self.grid.index(axis)}]" if i == j else "[]"
+                         for i in range(len(self.program.tensor(step.tensor).shape)))
+        remote = " {apportion.remote}" if r.remote else ""
         self.blk.emit(f"{res} = shard.update_halo {self.vals[grown]} on @mesh split_axes = "
                       f"[{axes}] halo_sizes = [{low}, {high}]{remote} : "
                       f"{self.spmd_type(grown)}")
@@ -403,32 +422,30 @@ class _Spmd:
 
         self.local([result], write_window)
 
-    def _boxes(self, tensor: str, s: Sharding) -> list[tuple[tuple[int, int], ...]]:
-        shape = self.program.tensor(tensor).shape
-        return [s.block(shape, c, self.sizes) for c in self.coords]
-
     @staticmethod
     def _lens(tensor: str, boxes: Sequence[tuple[tuple[int, int], ...]], i: int) -> list[int]:
         return [b[i][1] - b[i][0] for b in boxes]
 
-    def _uneven(self, tensor: str, src: str, result: str, step: Step) -> None:
+    def _uneven(self, reshard: Reshard) -> None:
         """A step over uneven shards, with upstream's collectives on even ones: each device
         pads its shard into equal slots (a dim gathered: its piece padded to the largest
         piece; a dim cut: every piece moved to a slot of the largest piece's size), the
         collective moves the slots, and each device keeps the rows of its own pieces."""
-        kind, axis = step.kind, step.axis
-        k = self.mesh.size(axis)
+        step = reshard.step
+        tensor, src, result = step.tensor, step.source, step.result
+        kind, axis = step.kind, step.axes[0]
+        k = len(step.group(0))
         concat = step.dim if kind in ("all_gather", "all_to_all") else None
         split = step.to_dim if kind == "all_to_all" else \
             step.dim if kind in ("slice", "reduce_scatter") else None
-        sb, db = self._boxes(tensor, step.src), self._boxes(tensor, step.dst)
+        sb, db = step.src_boxes, step.dst_boxes
         m_c = max(self._lens(tensor, sb, concat)) if concat is not None else 0
         m_s = max(self._lens(tensor, db, split)) if split is not None else 0
         held = self.types[src][0].dtype
         e = elt(held)
 
-        def group(d: int) -> list[int]:
-            return [self.mesh.device({**self.coords[d], axis: r}) for r in range(k)]
+        def group(d: int) -> tuple[int, ...]:  # the devices along the axis, in rank order
+            return step.group(d)
 
         def padded_shape(d: int) -> tuple[int, ...]:
             shape = list(self.types[src][d].shape)
@@ -466,9 +483,9 @@ class _Spmd:
         self.types[moved] = tuple(
             TensorType(moved, tuple(k * m_c if i == concat else m_s if i == split else n
                                     for i, n in enumerate(padded_shape(d))), held)
-            for d in range(len(self.coords)))
-        grid_axis = self.mesh.index(axis)
-        remote = " {apportion.remote}" if step.remote else ""
+            for d in range(self.devices))
+        grid_axis = self.grid.index(axis)
+        remote = " {apportion.remote}" if reshard.remote else ""
         res = self.blk.fresh(moved)
         if kind == "all_gather":
             what = f"all_gather {self.vals[pre]} on @mesh grid_axes = [{grid_axis}] " \
@@ -509,7 +526,7 @@ class _Spmd:
         self.local([kept], write_post)
         if kind == "reduce_scatter":
             self.vals[result] = self._after_reduce(
-                self.vals[kept], result, step, self.spmd_type(kept), held,
+                self.vals[kept], result, step.unpack, self.spmd_type(kept), held,
                 self.types[result][0].dtype)
         else:
             self.vals[result] = self.vals[kept]
@@ -519,12 +536,11 @@ class _Spmd:
         return tuple(ts[0].shape[i] if len({t.shape[i] for t in ts}) == 1 else None
                      for i in range(len(ts[0].shape)))
 
-    def _after_reduce(self, res: str, result: str, step: Step, held: str, src_dtype: str,
+    def _after_reduce(self, res: str, result: str, unpack: bool, held: str, src_dtype: str,
                       dst_dtype: str) -> str:
         """A reduction's total cast to the dtype the devices hold next (a float16 sum's float32
         partials become float16 once whole), an argmax's keys unpacked to the index once no
-        axis is pending."""
-        unpack = step.reducer == "argmax" and not step.dst.partial
+        axis is pending (``unpack``)."""
         if src_dtype == dst_dtype and not unpack:
             return res
         shape = self._shape(result)
@@ -579,30 +595,21 @@ def _insert(b: Block, piece: str, size: Sequence[int], acc: str, shape: Sequence
     return out
 
 
-def partitioned_mlir(plan: ShardingPlan) -> str:
-    """The SPMD form every device runs (form 3), verified upstream (a static mesh: bind a
-    symbolic one first, ``plan.bind``)."""
-    sp = _Spmd(plan)
-    program = plan.program
+def partitioned_mlir(p: Partitioned) -> str:
+    """The SPMD form every device runs (form 3), verified upstream."""
+    sp = _Spmd(p)
     args = []
-    for name, s in plan.inputs:
-        sp.types[name] = sp.shard_types(name, name, s)
+    for name, types in p.inputs:
+        sp.types[name] = types
         arg = sp.blk.fresh(f"arg_{name}")
         sp.vals[name] = arg
         args.append((arg, sp.spmd_type(name)))
-    by_point: dict[int, list] = {}
-    for t in plan.transfers:
-        by_point.setdefault(t.at, []).append(t)
-    for i, op in enumerate([*program.ops, None]):
-        for t in by_point.get(i, []):
-            src = t.source or t.tensor
-            for k, step in enumerate(t.steps):
-                dst = t.name if k == len(t.steps) - 1 else f"{t.name}.{k}"
-                sp.step(t.tensor, src, dst, step)
-                src = dst
-        if op is not None:
-            sp.op(op.name)
-    ret = [sp.vals[local] for _, _, local in plan.outputs]
-    outs = [sp.spmd_type(local) for _, _, local in plan.outputs]
-    return _module(plan.mesh, sp.blk, program.name, args, outs, ret,
+    for stage in p.stages:
+        if isinstance(stage, Reshard):
+            sp.step(stage)
+        else:
+            sp.op(stage)
+    ret = [sp.vals[local] for local in p.outputs]
+    outs = [sp.spmd_type(local) for local in p.outputs]
+    return _module(p.grid, sp.blk, p.program.name, args, outs, ret,
                    " attributes {apportion.form = \"partitioned\"}")

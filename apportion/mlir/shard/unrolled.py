@@ -24,6 +24,7 @@ from apportion.mlir.shard.body import Block, declarations, generic, render_op
 from apportion.mlir.shard.body import tensor_type as ttype
 from apportion.mlir.shard.dialect import grid_op
 from apportion.mlir.shard.finish import cast_body, finish_op, identity_map
+from apportion.mlir.shard.values import Grid
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import mlir_type as elt
 from apportion.runtime.upstream_mlir import verify_upstream
@@ -38,8 +39,6 @@ from apportion.schedule.mesh import (
     intersect,
     within,
 )
-from apportion.sharding.mesh import Mesh
-from apportion.sharding.rules import Finish
 
 
 def _fn(name: str) -> str:
@@ -191,15 +190,14 @@ class _Unrolled:
             types = {n: env[n][1] for n in part.sources}
             shape = types[part.sources[0]].shape
             types[part.result] = TensorType(part.result, shape, part.dtype)
-            f = Finish(stage.op, part.kind, part.sources, part.result, part.dtype, part.factor,
-                       part.local, part.starts, part.sizes)
-            v = finish_op(self.blk, f, types, {n: env[n][0] for n in part.sources})
+            v = finish_op(self.blk, part, types, {n: env[n][0] for n in part.sources})
             env[part.result] = (v, types[part.result])
 
 
-def unrolled_mlir(ms: MeshSchedule, mesh: Mesh | None = None) -> str:
+def unrolled_mlir(ms: MeshSchedule, grid: Grid | None = None) -> str:
     """The per-shard unrolled form of a lowered mesh schedule (a static mesh), verified
-    upstream; ``mesh`` adds its ``shard.grid`` (the devices' names and links) for reference.
+    upstream; ``grid`` adds the mesh's ``shard.grid`` (its axes' names, levels and peers) for
+    reference.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.sharding.mesh import parse
@@ -257,7 +255,7 @@ def unrolled_mlir(ms: MeshSchedule, mesh: Mesh | None = None) -> str:
     head = (f"func.func {_fn(program.name)}({', '.join(args)}) -> ({', '.join(outs)}) "
             f"attributes {{apportion.form = \"unrolled\", apportion.mesh = \"{ms.mesh}\", "
             f"apportion.devices = {len(ms.devices)} : i64}} {{")
-    parts = [grid_op(mesh)] if mesh is not None else []
+    parts = [grid_op(grid)] if grid is not None else []
     parts += [*declarations(u.blk), *(text for _, text in u.funcs.values()), head, u.blk.text(),
               f"  return {', '.join(rets)} : {', '.join(outs)}", "}"]
     text = "\n".join(p for p in parts if p) + "\n"

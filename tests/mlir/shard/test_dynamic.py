@@ -1,6 +1,7 @@
-"""The dynamic-list form (``mlir.shard.dynamic``): a mesh with a run-time axis size emitted
-once, verified upstream, and run by upstream MLIR's execution engine at 2, 3 and 4 devices
-from the same text, matching the unplanned program's numbers (uneven shards among them)."""
+"""The dynamic-list form (``mlir.shard.dynamic``, through ``sharding.forms``): a mesh with a
+run-time axis size emitted once, verified upstream, and run by upstream MLIR's execution engine
+at 2, 3 and 4 devices from the same text, matching the unplanned program's numbers (uneven
+shards among them)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from apportion.frontend.json_format import load, loads
 from apportion.frontend.random_meshes import mesh_case, random_mesh_case
 from apportion.frontend.random_programs import Seeded
 from apportion.ir.program import Program
+from apportion.mlir.shard.body import opaque
+from apportion.mlir.shard.dynamic import runnable_mlir
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available
-from apportion.mlir.shard import dynamic_mlir
-from apportion.mlir.shard.body import opaque
-from apportion.mlir.shard.dynamic import run_dynamic, runnable_mlir
+from apportion.sharding.forms import dynamic_mlir, grid, run_dynamic
 from apportion.sharding.mesh import Mesh, parse
 from apportion.sharding.plan import ShardingPlan
 from apportion.sharding.propagate import propagate
@@ -90,7 +91,7 @@ def test_the_wrapper_reads_the_device_count_from_the_grid_and_shards_are_dynamic
 def test_the_runnable_module_takes_the_counts_as_data_not_from_the_grid():
     plan = search(load("examples/megatron.json"), parse("tp=N~4"))
     text = dynamic_mlir(plan)
-    run = runnable_mlir(text, plan.program, plan.mesh)
+    run = runnable_mlir(text, plan.program, grid(plan.mesh))
     assert "shard.grid_shape" not in run and "shard.grid_shape" in text
     assert 'func.func @"megatron.run"(%counts: tensor<1xi64>' in run
 

@@ -17,7 +17,11 @@ from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available, mlir_opt
-from apportion.mlir.shard import partitioned_mlir, propagated_mlir
+from apportion.sharding.forms import partitioned_mlir, propagated_mlir
+from apportion.sharding.mesh import parse
+from apportion.sharding.plan import ShardingPlan
+from apportion.sharding.search import search
+from apportion.sharding.spec import Sharding, load
 from apportion.sharding.upstream_check import (
     PARTITION,
     CollectiveUse,
@@ -25,10 +29,6 @@ from apportion.sharding.upstream_check import (
     compare_partition,
     plan_collectives,
 )
-from apportion.sharding.mesh import parse
-from apportion.sharding.plan import ShardingPlan
-from apportion.sharding.search import search
-from apportion.sharding.spec import Sharding, load
 from apportion.target.presets import spyre
 from tests.mlir.shard.spmd import exchanges, run_partitioned
 

@@ -10,7 +10,7 @@ import pytest
 
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.runtime.upstream_mlir import MISSING, available
-from apportion.mlir.shard import partitioned_mlir
+from apportion.sharding.forms import partitioned_mlir
 from apportion.sharding.mesh import parse
 from apportion.sharding.search import search
 from apportion.sharding.spec import load
