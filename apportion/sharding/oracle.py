@@ -35,10 +35,10 @@ import numpy as np
 
 from apportion.errors import ApportionError, ExecutionError, PlanningError
 from apportion.ir.program import Program
+from apportion.runtime.check import check as check_run
 from apportion.runtime.reference import (
     OutputCheck,
     bind_inputs,
-    compare,
     random_inputs,
     run_unplanned,
 )
@@ -111,11 +111,11 @@ def run(unrolled: Unrolled, inputs: Mapping[str, Any] | None = None, planned: bo
 def check(unrolled: Unrolled, seed: int = 0, planned: bool = False,
           target: Target | None = None, params: Mapping[str, int] | None = None
           ) -> list[OutputCheck]:
-    """The per-device programs run on random inputs against the unsharded program."""
-    inputs = random_inputs(unrolled.program, seed)
-    expected = run_unplanned(unrolled.program, inputs)
-    return compare(expected, run(unrolled, inputs, planned, target, params=params),
-                   unrolled.program)
+    """The per-device programs run on random inputs against the unsharded program
+    (``runtime.check``)."""
+    checks, _ = check_run(unrolled.program,
+                          lambda xs: run(unrolled, xs, planned, target, params=params), seed)
+    return checks
 
 
 def planned(unrolled: Unrolled, target: Target | None = None) -> list[list[Any]]:
