@@ -50,8 +50,16 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.bench import goals as bench_goals
-from apportion.bench.harness import Outcome, Suite, until_stable
-from apportion.cli.calibrate import (
+from apportion.bench.harness import Outcome, Suite
+from apportion.cost import noise
+from apportion.cost.calibrate import by_shape, default_fit, split_text
+from apportion.cost.timing import until_stable
+from apportion.errors import UsageError
+from apportion.frontend.json_format import from_dict
+from apportion.ir.program import Program
+from apportion.report.tables import predicted_total_us
+from apportion.target.target import Target
+from apportion.workflows.calibration import (
     ShapeCheck,
     best_records,
     check_table,
@@ -63,13 +71,6 @@ from apportion.cli.calibrate import (
     shape_checks,
     with_cores,
 )
-from apportion.cost import noise
-from apportion.cost.calibrate import by_shape, default_fit, split_text
-from apportion.errors import UsageError
-from apportion.frontend.json_format import from_dict
-from apportion.ir.program import Program
-from apportion.report.tables import predicted_total_us
-from apportion.target.target import Target
 
 #: a measured kernel's predicted time within this fraction of its measured time
 SHAPE_ERROR_GOAL = 0.30

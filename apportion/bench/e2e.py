@@ -18,7 +18,7 @@ core count, one row:
   same target and threads; compiled before timing), fastest and median of the row's rounds;
 * **x eager**: the executor's fastest run over eager's, and the compiled model's, all measured
   in this run, interleaved round by round so that all see the same load
-  (``harness.until_stable``: in reverse order every other round); **max |err|**: the
+  (``cost.timing.until_stable``: in reverse order every other round); **max |err|**: the
   executor's largest difference from eager, and the compiled model's.
 
 ``threads`` is 1 unless given: on a small shared machine eager PyTorch's own threads stall
@@ -59,8 +59,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.bench import goals as bench_goals
-from apportion.bench.harness import Outcome, Suite, core_counts, until_stable
+from apportion.bench.harness import Outcome, Suite, core_counts
 from apportion.cost import noise
+from apportion.cost.timing import until_stable
 from apportion.errors import ApportionError
 from apportion.target.presets import spyre
 

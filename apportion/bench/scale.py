@@ -50,15 +50,9 @@ from rich.console import Console
 from rich.table import Table
 
 from apportion.bench import goals as bench_goals
-from apportion.bench.harness import (
-    Outcome,
-    Suite,
-    core_counts,
-    from_models,
-    interleaved,
-    until_stable,
-)
+from apportion.bench.harness import Outcome, Suite, core_counts, from_models
 from apportion.cost import noise
+from apportion.cost.timing import interleaved, until_stable
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import forward_program, load_models
 from apportion.ir.program import Program
@@ -172,7 +166,7 @@ def best_of(programs: list[Program], cores: int, repeat: int,
             load: Callable[[], float | None] = noise.load_average
             ) -> tuple[list[tuple[float, Any]], noise.Measured]:
     """Per program, the fastest of its plans (CPU seconds) and that plan, and the measurement
-    with its noise. The rounds are interleaved (``harness.until_stable``), so a burst of
+    with its noise. The rounds are interleaved (``cost.timing.until_stable``), so a burst of
     load elsewhere slows one round of each rather than every round of one, at least ``repeat``
     of them and more until ``criteria`` (the table's goal) is settled, up to ``MAX_REPEAT``;
     each plan gets a fresh copy of its program, so none finds what an earlier run cached on

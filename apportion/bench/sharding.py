@@ -44,8 +44,9 @@ from rich.progress import Progress
 from rich.table import Table
 
 from apportion.bench import goals as bench_goals
-from apportion.bench.harness import Outcome, Suite, until_stable
+from apportion.bench.harness import Outcome, Suite
 from apportion.cost import noise
+from apportion.cost.timing import until_stable
 from apportion.errors import UsageError
 from apportion.frontend.models import forward_program, load_models
 from apportion.ir.program import Program

@@ -16,14 +16,13 @@ reads OUT where the bundle was built.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
-from apportion.cli.params import int_in
+from apportion.cli.options import common, param_values, planned_program, torch_model
+from apportion.cli.params import check_params, int_in
 from apportion.errors import UsageError
 from apportion.report.tables import print_checks
 
@@ -31,21 +30,6 @@ from apportion.report.tables import print_checks
 DEFAULT_THREADS = 128
 #: the most threads a CUDA block has
 MAX_THREADS = 1024
-
-
-@dataclass(frozen=True)
-class Shared:
-    """What ``cuda build`` shares with the other commands (``cli.main``): the options of a
-    program or ``--torch`` model and target (``common``), the plan of a program file
-    (``planned``), ``--param`` values (``params``) and their check against a program and
-    target (``check_params``: program, target, params, loop counts needed), and the
-    ``--torch`` model (``torch_model``)."""
-
-    common: Callable[[argparse.ArgumentParser], None]
-    planned: Callable[[argparse.Namespace], Any]
-    params: Callable[[list[str] | None], dict[str, int]]
-    check_params: Callable[..., None]
-    torch_model: Callable[[argparse.Namespace], Any]
 
 
 def _folder(text: str) -> Path:
@@ -56,14 +40,14 @@ def _folder(text: str) -> Path:
     return Path(text)
 
 
-def add_parser(sub: Any, shared: Shared) -> None:
+def add_parser(sub: Any) -> None:
     """The ``cuda`` subcommand and its three actions."""
     c = sub.add_parser("cuda", help="build a plan's parallel IR for an NVIDIA GPU, run it there, "
                        "check its outputs")
     acts = c.add_subparsers(dest="action", required=True)
     b = acts.add_parser("build", help="lower the plan (target gpu) to CUDA kernels and a host "
                         "library: a bundle folder (the mlir extra, no GPU needed)")
-    shared.common(b)
+    common(b)
     b.set_defaults(target="gpu")
     b.add_argument("--out", type=_folder, required=True,
                    help="the bundle's folder: new, empty, or a bundle (replaced once the new "
@@ -79,7 +63,7 @@ def add_parser(sub: Any, shared: Shared) -> None:
     b.add_argument("--threads", type=int_in(1, MAX_THREADS), default=DEFAULT_THREADS,
                    help="threads per block: each block's work split over them where that is "
                         f"safe, else one thread (default {DEFAULT_THREADS}; 1..{MAX_THREADS})")
-    b.set_defaults(func=lambda a, con: _build(a, con, shared))
+    b.set_defaults(func=_build)
     r = acts.add_parser("run", help="run a bundle on this machine's NVIDIA GPU")
     r.add_argument("bundle", type=Path)
     r.add_argument("--results", type=Path, default=None,
@@ -93,22 +77,22 @@ def add_parser(sub: Any, shared: Shared) -> None:
     k.set_defaults(func=_check)
 
 
-def _build(args: argparse.Namespace, console: Console, shared: Shared) -> int:
+def _build(args: argparse.Namespace, console: Console) -> int:
     from apportion.backends.cuda.bundle import build_bundle, check_out
     from apportion.backends.cuda.lowering import GpuArch
     from apportion.target.presets import resolve
 
     check_out(args.out)  # before any work: a folder that is not a bundle is not replaced
-    params = shared.params(args.param)
+    params = param_values(args.param)
     inputs = None
     if args.torch is not None:
-        planned, inputs = _torch_planned(args, shared, resolve(args.target, args.cores), params)
+        planned, inputs = _torch_planned(args, resolve(args.target, args.cores), params)
     else:
-        planned = shared.planned(args)
-        shared.check_params(planned.given, planned.target, params, planned.params)
-    bundle = build_bundle(planned.program, planned.plan, planned.target, args.out,
-                          args.seed or 0, params or None,
-                          planned.given if planned.symbols else None,
+        planned = planned_program(args)
+        check_params(planned.given, planned.target, params, planned.params)
+    sizes = {k: v for k, v in params.items() if k in planned.symbols}
+    counts = {k: v for k, v in params.items() if k not in sizes}
+    bundle = build_bundle(planned.schedule(sizes, counts), args.out, args.seed or 0,
                           GpuArch(args.chip, args.ptx), args.threads, inputs)
     console.print(f"built {bundle.path}: {planned.program.name}, {bundle.kernels} kernels of "
                   f"{planned.target.cores} blocks, {bundle.threaded} of them on "
@@ -117,8 +101,8 @@ def _build(args: argparse.Namespace, console: Console, shared: Shared) -> int:
     return 0
 
 
-def _torch_planned(args: argparse.Namespace, shared: Shared, target: Any,
-                   params: dict[str, int]) -> tuple[Any, dict[str, Any]]:
+def _torch_planned(args: argparse.Namespace, target: Any, params: dict[str, int]
+                   ) -> tuple[Any, dict[str, Any]]:
     """The ``--torch`` model (or ``.pt2`` program) planned, and its example inputs and
     weights at the ``--param`` sizes: what the bundle runs, as ``run --torch`` does."""
     from apportion.workflows.torch_model import at_sizes, failures, model_inputs, plan_model
@@ -129,12 +113,12 @@ def _torch_planned(args: argparse.Namespace, shared: Shared, target: Any,
     if args.partial:
         raise UsageError("cuda build --partial: a bundle runs every node of the model on the "
                          "GPU; --partial goes with plan, emit, schedule and shard")
-    tm = shared.torch_model(args)
-    shared.check_params(tm.lowered.program, target, params, ())
+    tm = torch_model(args)
+    check_params(tm.lowered.program, target, params, ())
     if params:
         tm = at_sizes(tm, params)
     planned = plan_model(tm, target, args.strategy)
-    shared.check_params(planned.given, target, params, planned.params)
+    check_params(planned.given, target, params, planned.params)
     with failures(tm, "reading the model's example inputs and weights"):
         inputs = model_inputs(tm)
     return planned, inputs

@@ -15,25 +15,39 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rich.console import Console
 
 from apportion.backends import BACKENDS
-from apportion.cli.params import MAX_THREADS, int_in, parse_params, seconds
-from apportion.errors import ApportionError, ProgramError, UsageError
+from apportion.cli import cuda as cuda_cli
+from apportion.cli import options
+from apportion.cli import shard as shard_cli
+from apportion.cli.options import (
+    DEFAULT,
+    common,
+    load_program,
+    param_values,
+    planned_program,
+    plot_folder,
+    torch_model,
+)
+from apportion.cli.params import (
+    MAX_THREADS,
+    check_params,
+    int_in,
+    loop_symbols,
+    seconds,
+    sizes_text,
+)
+from apportion.errors import ApportionError, UsageError
 from apportion.ir.program import Program
-from apportion.passes.strategy import STRATEGIES
-from apportion.report.files import make_folder, output_path
+from apportion.report.files import output_path
 from apportion.report.tables import print_checks
-from apportion.target.presets import PRESETS, resolve
-from apportion.target.target import Target
+from apportion.target.presets import resolve
 
 if TYPE_CHECKING:
     from apportion.planned import PlannedProgram
-
-DEFAULT = "default"
-T = TypeVar("T")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,141 +63,6 @@ class _Console(Console):
     def on_broken_pipe(self) -> None:
         self.quiet = True
         raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
-
-
-class _Given(argparse.Action):
-    """``store``, and a note that the option was given (``args.<dest>_given``): an explicit
-    ``--target`` wins over a mesh's device target, the default does not."""
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
-                 values: Any, option_string: str | None = None) -> None:
-        setattr(namespace, self.dest, values)
-        setattr(namespace, f"{self.dest}_given", True)
-
-
-def _plot_folder(text: str) -> Path:
-    """``--plot DIR``: the folder, made with its missing parents, and writable."""
-    if not text:
-        raise UsageError("--plot: the path is empty")
-    folder = Path(text)
-    make_folder("--plot", text, folder)
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"--plot {text!r}: not writable")
-    return folder
-
-
-def _load_program(spec: str) -> Program:
-    from apportion.frontend.json_format import load
-    from apportion.frontend.models import default_program
-
-    return default_program() if spec == DEFAULT else load(spec)
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("program", nargs="?", default=DEFAULT,
-                   help="program file (format v1), or 'default' for the built-in MLP block")
-    p.add_argument("--target", default="spyre", action=_Given,
-                   help=f"a preset ({', '.join(PRESETS)}) or a target .toml file (default "
-                        "spyre; with --mesh: the devices' target, over the mesh's own)")
-    p.add_argument("--cores", type=int_in(1), default=None,
-                   help="cores to use (spyre: 1..32; default SENCORES or 32)")
-    p.add_argument("--strategy", choices=STRATEGIES, default="balanced",
-                   help="balanced (default): the exact search, uneven splits included; greedy: "
-                        "the reference design's rule; greedy-multiples: its older variant "
-                        "(a span-forced split grows only to multiples of itself)")
-    p.add_argument("--torch", metavar="MODULE:FACTORY|FILE.pt2", default=None,
-                   help="a PyTorch model instead of a program file: a callable returning "
-                        "(model, args), (model, args, kwargs) or (model, {'args': ..., "
-                        "'kwargs': ..., 'dynamic_shapes': ...}), imported from the current "
-                        "directory or PYTHONPATH (e.g. apportion.frontend.torch_demo:"
-                        "tiny_llama); or a file torch.export.save wrote")
-    p.add_argument("--dynamic", action="append", metavar="INPUT:DIM=SYMBOL:MIN..MAX",
-                   help="with --torch: dim DIM of input INPUT (a parameter of forward) is a "
-                        "run-time size SYMBOL in MIN..MAX, as torch.export.Dim; another input "
-                        "of that size names the symbol again, bounds left out (e.g. --dynamic "
-                        "input_ids:1=seq:2..64 --dynamic attention_mask:1=seq); run binds it "
-                        "with --param seq=40")
-    p.add_argument("--trust-pt2", action="store_true",
-                   help="with a .pt2 file: read it even where it holds parts that run code as "
-                        "they are read (pickles, native code, Python in its sizes or guards), "
-                        "which are refused otherwise; only for a file whose source you trust")
-    p.add_argument("--partial", action="store_true",
-                   help="with --torch: plan the part of the model apportion can lower, the "
-                        "results of the nodes it cannot are inputs (their table on stderr); "
-                        "run refuses it")
-    p.add_argument("--auto-tile", action="store_true",
-                   help="choose each tiling group's loop counts: the lowest predicted time of "
-                        "the group, weighing re-read weights against scratchpad savings")
-
-
-def _plan(program: Program, target: Target, args: argparse.Namespace) -> PlannedProgram:
-    from apportion.planned import plan
-
-    return plan(program, target, args.strategy, auto_tile=args.auto_tile)
-
-
-def _planned(args: argparse.Namespace, params: dict[str, int] | None = None
-             ) -> PlannedProgram:
-    """The program file's plan; ``params`` (``--param`` values) are checked before planning."""
-    program = _load_program(args.program)
-    target = resolve(args.target, args.cores)
-    if params:
-        _check_params(program, target, params, ())
-    return _plan(program, target, args)
-
-
-def _params(pairs: list[str] | None) -> dict[str, int]:
-    """``--param T=4`` values (symbolic loop counts, run-time sizes) as a dict."""
-    return parse_params(pairs, UsageError)
-
-
-def _symbols(program: Program) -> tuple[str, ...]:
-    """The program's symbolic loop counts, in order of appearance."""
-    return tuple(dict.fromkeys(level.count for g in program.tiling for level in g.loops
-                               if isinstance(level.count, str)))
-
-
-def _check_params(program: Program, target: Target, params: dict[str, int],
-                  needed: Sequence[str]) -> None:
-    """Refuse a ``--param`` the program has no use for, out of range, or one ``needed``
-    missing."""
-    top = target.max_loop_count
-    known = _symbols(program)
-    for name, value in params.items():
-        if name in program.symbol_map:  # a run-time size, within its bounds
-            try:
-                program.symbol_map[name].check(value)
-            except ProgramError as e:
-                raise UsageError(f"--param {name}={value}: {e}") from None
-            continue
-        if name not in known:
-            sizes = ", ".join(program.symbol_map)
-            raise UsageError(f"--param {name}={value}: {name!r} is not a symbolic loop count of "
-                             f"program {program.name!r}; its symbolic counts: "
-                             f"{', '.join(known) or 'none'}"
-                             + (f"; its symbolic sizes: {sizes}" if sizes else ""))
-        if not 1 <= value <= top:
-            raise UsageError(f"--param {name}={value}: a loop count must be in 1..{top} "
-                             f"(the max_loop_count of target {target.name!r})")
-        for g in program.tiling:  # the bounds the program gives the count, before planning
-            for lv in g.loops:
-                high = top if lv.max is None else lv.max
-                if lv.count == name and not lv.min <= value <= high:
-                    raise UsageError(f"--param {name}={value}: loop count {name!r} of tiling "
-                                     f"group {list(g.ops)} takes {lv.min}..{high}")
-    missing = [n for n in needed if n not in params]
-    if missing:
-        flags = " ".join(f"--param {n}=N" for n in missing)
-        raise UsageError(f"program {program.name!r} has symbolic loop count"
-                         f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}: pass "
-                         f"{flags} (N in 1..{top})")
-
-
-def _sizes_text(program: Program, sizes: dict[str, int]) -> str:
-    """``K=4096 (given), M=64 (planning size)``."""
-    return ", ".join(f"{n}={sizes[n]} (given)" if n in sizes else
-                     f"{n}={s.planning_size} (planning size)"
-                     for n, s in program.symbol_map.items())
 
 
 def _check_memory(program: Program, check: bool) -> None:
@@ -222,88 +101,13 @@ def _drawable(args: argparse.Namespace, program: Program) -> tuple[str, ...]:
     return drawable
 
 
-def _torch_model(args: argparse.Namespace) -> Any:
-    """The ``--torch module:factory`` model, lowered; refuses a program file given as well."""
-    from apportion.workflows.torch_model import load_model
-
-    if args.program != DEFAULT:
-        raise UsageError(f"give a program file or --torch, not both ({args.program!r} and "
-                         f"--torch {args.torch!r})")
-    # run and cuda build run the model: every value needed, nothing left out
-    return load_model(args.torch, partial=args.partial, run=args.command in ("run", "cuda"),
-                      dynamic=args.dynamic or (), trust_pt2=args.trust_pt2)
-
-
-def cmd_plan_torch(args: argparse.Namespace, console: Console) -> int:
-    from apportion.report.model import print_model_plan
-    from apportion.workflows.torch_model import plan_model
-
-    if args.format == "coeffs" or args.op is not None:
-        raise UsageError("with --torch: --format table or json, and --plot DIR (no --op)")
-    plot_dir = None
-    if args.plot is not None:  # a folder for utilization.png and largest_op.png, made if missing
-        from apportion.report.plot import is_plot_file
-
-        if is_plot_file(args.plot):
-            raise UsageError(f"--plot {args.plot!r}: with --torch, --plot names a folder (for "
-                             "utilization.png and largest_op.png), not a picture file")
-        plot_dir = _plot_folder(args.plot)
-    tm = _torch_model(args)
-    planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)
-    print_model_plan(planned, tm.lowered, tm.model, args.format, plot_dir, console)
-    return 0
-
-
-def cmd_run_torch(args: argparse.Namespace, console: Console) -> int:
-    from apportion.cli.progress import progress
-    from apportion.workflows.torch_model import (
-        at_sizes,
-        check_model,
-        failures,
-        model_inputs,
-        plan_model,
-    )
-
-    params = _params(args.param)
-    with progress(console, f"exporting {args.torch} with torch.export and lowering it"):
-        tm = _torch_model(args)
-    sizes = tm.lowered.program.symbol_map
-    for name, value in params.items():
-        if name not in sizes:
-            raise UsageError(f"--param {name}={value}: {name!r} is not a run-time size of "
-                             f"--torch {args.torch} (its sizes: {', '.join(sizes) or 'none'}"
-                             "; --dynamic makes one)")
-        sym = sizes[name]
-        if value < sym.min or (sym.max is not None and value > sym.max):
-            top = "" if sym.max is None else sym.max
-            raise UsageError(f"--param {name}={value}: outside {name}'s bounds "
-                             f"{sym.min}..{top}")
-    if params:
-        tm = at_sizes(tm, params)
-    with progress(console, f"planning {len(tm.lowered.program.ops)} ops"):
-        planned = plan_model(tm, resolve(args.target, args.cores), args.strategy)
-    running = ("compiling the plan with IREE and running it" if args.backend == "iree" else
-               f"running the plan ({args.backend})")
-    at = "".join(f", {k}={v}" for k, v in params.items())
-    label = (f"{planned.program.name} from --torch {args.torch} ({args.strategy}, "
-             f"{planned.plan.cores} cores, {args.backend}{at})")
-    if not args.check:
-        with failures(tm, "the planned run"), progress(console, running):
-            planned.run(model_inputs(tm), threads=args.threads, backend=args.backend,
-                        params=params)
-        console.print(f"ran {len(planned.ops)} ops of {label}", highlight=False)
-        return 0
-    with progress(console, f"{running}, then the model eagerly in PyTorch"):
-        checks = check_model(tm, planned, args.backend, args.threads, params)
-    return print_checks(checks, f"planned run of {label}", console,
-                        "the model run eagerly in PyTorch")
-
-
 def cmd_plan(args: argparse.Namespace, console: Console) -> int:
     from apportion.plans.export import coefficient_splits
     from apportion.report.tables import print_report
 
     if args.torch is not None:
+        from apportion.cli.model import cmd_plan_torch
+
         return cmd_plan_torch(args, console)
 
     plot: Path | None = None
@@ -315,12 +119,12 @@ def cmd_plan(args: argparse.Namespace, console: Console) -> int:
             check_plot_path(Path(args.plot))  # the extension before any folder is made
             plot = output_path("--plot", args.plot, make_folders=True)
         else:
-            plot_dir = _plot_folder(args.plot)
+            plot_dir = plot_folder(args.plot)
     elif args.op is not None:
         raise UsageError(f"--op {args.op!r} picks the op to draw: it needs --plot FILE or DIR")
-    program = _load_program(args.program)
+    program = load_program(args.program)
     drawable = _drawable(args, program) if args.plot is not None else ()
-    planned = _plan(program, resolve(args.target, args.cores), args)
+    planned = options.plan_program(program, resolve(args.target, args.cores), args)
     if args.format == "json":
         print(planned.to_json())
     elif args.format == "coeffs":
@@ -368,18 +172,20 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
         return cmd_run_sharded(args, console, print_checks)
     if args.torch is not None:
+        from apportion.cli.model import cmd_run_torch
+
         return cmd_run_torch(args, console)
-    params = _params(args.param)
-    program = _load_program(args.program)
+    params = param_values(args.param)
+    program = load_program(args.program)
     target = resolve(args.target, args.cores)
-    _check_params(program, target, params, _symbols(program))
+    check_params(program, target, params, loop_symbols(program))
     _check_memory(program.bind({k: v for k, v in params.items() if k in program.symbol_map}),
                   args.check)
-    planned = _plan(program, target, args)
-    _check_params(program, target, params, planned.params)
+    planned = options.plan_program(program, target, args)
+    check_params(program, target, params, planned.params)
     if program.symbols:
         sizes = {k: v for k, v in params.items() if k in program.symbol_map}
-        console.print(f"run-time sizes: {_sizes_text(program, sizes)}", highlight=False)
+        console.print(f"run-time sizes: {sizes_text(program, sizes)}", highlight=False)
     if args.backend == "iree":
         return _run_iree(planned, args, params, console)
     with_torch = ", torch" if args.backend == "torch" else ""
@@ -398,33 +204,26 @@ def _run_iree(planned: PlannedProgram, args: argparse.Namespace, params: dict[st
               console: Console) -> int:
     """``run --backend iree``: the plan's parallel IR compiled (or taken from the cache) and run
     by IREE on the CPU; with ``--check``, the reference backend's check lines."""
-    from apportion.backends.iree.run import iree_check, iree_run
-    from apportion.backends.iree.runtime import default_cache_dir
     from apportion.cli.progress import progress
-    from apportion.runtime.reference import random_inputs
+    from apportion.workflows.iree import run_in_iree
 
     if args.threads is not None:
         raise UsageError("--threads applies to the reference backend; IREE uses its own "
                          "task pool")
     p = planned.program
-    given = planned.given if planned.symbols else None  # one module for every run-time size
-    if args.check:
-        with progress(console, f"compiling {p.name} with IREE, running it and the unplanned "
-                               "program"):
-            checks, run = iree_check(p, planned.plan, planned.target, seed=args.seed,
-                                     params=params, symbolic=given)
-        status = print_checks(checks, f"IREE run of {p.name} ({args.strategy}, "
+    doing = ("compiling {} with IREE, running it and the unplanned program" if args.check else
+             "compiling {} with IREE and running it")
+    with progress(console, doing.format(p.name)):
+        run = run_in_iree(planned, params, args.seed, args.check)
+    if run.checks is not None:
+        status = print_checks(run.checks, f"IREE run of {p.name} ({args.strategy}, "
                               f"{planned.plan.cores} cores)", console)
     else:
-        sizes = {k: v for k, v in params.items() if k in planned.symbols}
-        xs = random_inputs(planned.bound(sizes)[0], args.seed)
-        with progress(console, f"compiling {p.name} with IREE and running it"):
-            run = iree_run(p, planned.plan, planned.target, xs, params, symbolic=given)
         console.print(f"ran {len(planned.ops)} ops of {p.name} over {planned.plan.cores} cores "
                       "in IREE")
         status = 0
     how = "taken from the cache" if run.cached else f"compiled in {run.compile_s:.2f} s"
-    console.print(f"IREE module (llvm-cpu) {how} ({_home_short(default_cache_dir())}); ran in "
+    console.print(f"IREE module (llvm-cpu) {how} ({_home_short(run.cache_dir)}); ran in "
                   f"{run.run_s:.3f} s", highlight=False)
     return status
 
@@ -448,12 +247,12 @@ def cmd_emit(args: argparse.Namespace, console: Console) -> int:
     if args.torch is not None:
         from apportion.workflows.torch_model import plan_model
 
-        planned = plan_model(_torch_model(args), resolve(args.target, args.cores),
+        planned = plan_model(torch_model(args), resolve(args.target, args.cores),
                              args.strategy)
     else:
-        planned = _planned(args, _params(args.param))
-    params = _params(args.param)
-    _check_params(planned.given, planned.target, params, ())
+        planned = planned_program(args, param_values(args.param))
+    params = param_values(args.param)
+    check_params(planned.given, planned.target, params, ())
     sizes = {k: v for k, v in params.items() if k in planned.given.symbol_map}
     if set(params) - set(sizes):
         name = sorted(set(params) - set(sizes))[0]
@@ -485,8 +284,6 @@ def cmd_emit(args: argparse.Namespace, console: Console) -> int:
 def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
     """The plan lowered to its schedule (``schedule.lower``), as text: every launch's workers
     and boxes, loops, accumulator steps and buffers, at the ``--param`` sizes and counts."""
-    from apportion.schedule.lower import lower
-
     if args.mesh is not None:  # sharded over devices: the mesh schedule
         from apportion.cli.shard import cmd_schedule_sharded
 
@@ -494,16 +291,15 @@ def cmd_schedule(args: argparse.Namespace, console: Console) -> int:
     if args.torch is not None:
         from apportion.workflows.torch_model import plan_model
 
-        planned = plan_model(_torch_model(args), resolve(args.target, args.cores),
+        planned = plan_model(torch_model(args), resolve(args.target, args.cores),
                              args.strategy)
     else:
-        planned = _planned(args, _params(args.param))
-    params = _params(args.param)
-    _check_params(planned.given, planned.target, params, planned.params)
+        planned = planned_program(args, param_values(args.param))
+    params = param_values(args.param)
+    check_params(planned.given, planned.target, params, planned.params)
     sizes = {k: v for k, v in params.items() if k in planned.given.symbol_map}
     counts = {k: v for k, v in params.items() if k not in sizes}
-    program = planned.given if planned.symbols else planned.program
-    print(lower(program, planned.plan, planned.target, sizes or None, counts or None))
+    print(planned.schedule(sizes, counts))
     return 0
 
 
@@ -539,7 +335,7 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
                          f"has {here}")
     spec = args.target or ("cpu" if args.measure else "spyre")
     target = resolve(spec)
-    if args.measure and target.name != "cpu":
+    if args.measure and not target.host:  # a target of this machine, whatever its name
         raise UsageError(f"--measure times this machine's CPU, so it calibrates only a cpu "
                          f"target, not {target.name!r}: use --target cpu or a target file with "
                          f"preset = \"cpu\"")
@@ -547,70 +343,24 @@ def cmd_calibrate(args: argparse.Namespace, console: Console) -> int:
                              console)
 
 
-DEMO_MODEL = "apportion.frontend.torch_demo:tiny_llama"
-
-
-def cmd_demo(args: argparse.Namespace, console: Console) -> int:
-    """A Llama-style model from ``transformers`` exported, planned for Spyre, run and checked
-    against PyTorch; ``--program``: the built-in program (no PyTorch needed), tiled too."""
-    if args.program:
-        return _demo_program(args, console)
-    from apportion.report.model import print_model_plan
-    from apportion.report.tables import predicted_total_us
-    from apportion.workflows.torch_model import check_model, load_model, plan_model
-
-    try:
-        tm = load_model(DEMO_MODEL)
-    except ApportionError as e:
-        if "No module named 'torch'" in str(e) or "No module named 'transformers'" in str(e):
-            raise UsageError("the demo exports a PyTorch model: install the torch extra "
-                             "(pip install -e '.[torch]'), or run apportion demo --program") \
-                from None
-        raise
-    target = resolve("spyre", args.cores)
-    console.print("model: a Llama-style decoder from Hugging Face transformers with random "
-                  "weights (2 layers, hidden 256, 4 heads, 2 KV heads), 16 tokens, exported "
-                  f"with torch.export and planned for spyre on {target.cores} cores",
-                  highlight=False)
-    planned = plan_model(tm, target, "balanced")
-    print_model_plan(planned, tm.lowered, tm.model, "table", None, console)
-    greedy = plan_model(tm, target, "greedy").plan
-    console.print(f"greedy for comparison: mean utilization {greedy.mean_utilization:.1%}, "
-                  f"predicted {predicted_total_us(greedy)[0]:.1f} us in all", highlight=False)
-    return print_checks(check_model(tm, planned), "the planned model, run core slice by core "
-                        "slice,", console, "the model run eagerly in PyTorch")
-
-
-def _demo_program(args: argparse.Namespace, console: Console) -> int:
-    from apportion.frontend.models import default_program, default_tiling
-    from apportion.planned import plan
-    from apportion.report.tables import group_lines, predicted_total_us, print_report, summary_line
-
-    program = default_program()
-    target = resolve("spyre", args.cores)
-    console.print(f"program {program.name}: {len(program.ops)} ops "
-                  "(RMS norm, gated MLP of llama3-8b at 128 tokens)")
-    print_report(plan(program, target, "balanced").plan, target, console)
-    greedy = plan(program, target, "greedy").plan
-    console.print(f"greedy for comparison: mean utilization {greedy.mean_utilization:.1%}, "
-                  f"predicted {predicted_total_us(greedy)[0]:.1f} us in all")
-    tiled = plan(default_tiling(program), target, "balanced", auto_tile=True)
-    console.print("\nthe norm and the MLP each as one loop group over tokens (auto-tiled):")
-    for line in group_lines(tiled.plan):
-        console.print(line, highlight=False, soft_wrap=True)
-    console.print(summary_line(tiled.plan), highlight=False)
-    return print_checks(tiled.check(), "the tiled plan, run core by core and iteration by "
-                        "iteration,", console)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from apportion.cli import cuda as cuda_cli
-    from apportion.cli import shard as shard_cli
-
+    """The ``apportion`` command's parser: one function per subcommand adds its options, in the
+    order ``--help`` lists them."""
     parser = _Parser(prog="apportion", description=(__doc__ or "").splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_plan_parser, _run_parser, _emit_parser, _schedule_parser):
+        add(sub)
+    shard_cli.add_parser(sub, common)
+    cuda_cli.add_parser(sub)
+    for add in (_bench_parser, _calibrate_parser, _demo_parser):
+        add(sub)
+    return parser
+
+
+def _plan_parser(sub: Any) -> None:
+    """``apportion plan``: the report, plan JSON or coefficients, and the pictures."""
     p = sub.add_parser("plan", help="plan a program and print the report or plan JSON")
-    _common(p)
+    common(p)
     p.add_argument("--format", choices=("table", "json", "coeffs"), default="table")
     p.add_argument("--plot", metavar="FILE.png|DIR",
                    help="draw which core computes which block: to FILE (the format follows "
@@ -620,8 +370,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "folders are made")
     p.add_argument("--op", help="with --plot: the op to draw (default: the slowest)")
     p.set_defaults(func=cmd_plan)
+
+
+def _run_parser(sub: Any) -> None:
+    """``apportion run``: the plan run by a backend, checked with ``--check``."""
     r = sub.add_parser("run", help="execute the plan slice by slice")
-    _common(r)
+    common(r)
     r.add_argument("--check", action="store_true", help="compare with the unplanned program")
     r.add_argument("--threads", type=int_in(1, MAX_THREADS), default=None,
                    help="run cores concurrently")
@@ -645,8 +399,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--backend dtensor: cpu (gloo), cuda (nccl, one GPU per device of the "
                         "mesh) or auto (cuda where there is a GPU per device; default)")
     r.set_defaults(func=cmd_run)
+
+
+def _emit_parser(sub: Any) -> None:
+    """``apportion emit``: the plan as MLIR (loop bundle, unrolled, parallel IR, shard forms)
+    or LoopSpec."""
     e = sub.add_parser("emit", help="print the plan as a loop bundle (MLIR) or LoopSpec program")
-    _common(e)
+    common(e)
     form = e.add_mutually_exclusive_group(required=True)
     form.add_argument("--bundle", action="store_true", help="MLIR: scf.for loops of launches")
     form.add_argument("--unrolled", action="store_true",
@@ -669,17 +428,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run-time size to emit the loop bundle or LoopSpec at, e.g. "
                         "--param K=4096 (repeatable); with --mesh, a symbolic mesh axis size")
     e.set_defaults(func=cmd_emit)
+
+
+def _schedule_parser(sub: Any) -> None:
+    """``apportion schedule``: the plan lowered to its schedule, as text."""
     sc = sub.add_parser("schedule", help="print the plan lowered to its schedule: every "
                         "launch's workers, boxes and regions, loops and buffers")
-    _common(sc)
+    common(sc)
     sc.add_argument("--param", action="append", metavar="NAME=VALUE",
                     help="a symbolic loop count or run-time size to lower at, e.g. --param "
                          "T=4 (repeatable); with --mesh, a symbolic mesh axis size too")
     shard_cli.add_mesh_options(sc)
     sc.set_defaults(func=cmd_schedule)
-    shard_cli.add_parser(sub, _common)
-    cuda_cli.add_parser(sub, cuda_cli.Shared(_common, _planned, _params, _check_params,
-                                             _torch_model))
+
+
+def _bench_parser(sub: Any) -> None:
+    """``apportion bench SUITE``: the options the suites take (``bench.harness.OPTIONS``)."""
     b = sub.add_parser("bench", help=f"benchmarks: {', '.join(BENCH_SUITES)}")
     b.add_argument("suite", choices=BENCH_SUITES)
     b.add_argument("--cores", type=int_in(1), nargs="+", default=None,
@@ -716,6 +480,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="costmodel: spyre (default) or a .toml file: the measured kernels; cpu: "
                         "programs planned and timed on this machine (--cores: core counts)")
     b.set_defaults(func=cmd_bench)
+
+
+def _calibrate_parser(sub: Any) -> None:
+    """``apportion calibrate``: the cost model's coefficients fitted to measured times."""
     c = sub.add_parser("calibrate", help="fit the cost model's coefficients to measured times")
     c.add_argument("measurements", nargs="?", default=None,
                    help="measurements file (JSON), or --measure")
@@ -734,13 +502,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--cores", type=int_in(1), default=None,
                    help="with --measure: the most cores to time on (default: this machine's)")
     c.set_defaults(func=cmd_calibrate)
+
+
+def _demo_parser(sub: Any) -> None:
+    """``apportion demo``: a small Llama (or the built-in program) planned, run and checked."""
+    from apportion.cli.demo import cmd_demo
+
     d = sub.add_parser("demo", help="a small Llama exported from PyTorch, planned for spyre, "
                                     "run and checked")
     d.add_argument("--cores", type=int_in(1), default=None)
     d.add_argument("--program", action="store_true",
                    help="the built-in program instead (llama3-8b norm + MLP; no PyTorch needed)")
     d.set_defaults(func=cmd_demo)
-    return parser
 
 
 def _fail(message: str) -> int:

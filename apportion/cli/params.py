@@ -1,14 +1,20 @@
 """Numbers on the command line: ``--param NAME=VALUE`` (symbolic loop counts, run-time sizes and
-symbolic mesh axis sizes share one syntax) and the argparse ``type`` of every numeric option
-(``int_in``, ``seconds``), all in plain ASCII digits."""
+symbolic mesh axis sizes share one syntax), checked against the program (``check_params``), and
+the argparse ``type`` of every numeric option (``int_in``, ``seconds``), all in plain ASCII
+digits."""
 
 from __future__ import annotations
 
 import argparse
 import re
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from apportion.errors import ApportionError
+from apportion.errors import ApportionError, ProgramError, UsageError
+
+if TYPE_CHECKING:
+    from apportion.ir.program import Program
+    from apportion.target.target import Target
 
 _DECIMAL = re.compile(r"\s*-?[0-9]+\s*")
 # a plain decimal number: digits with an optional point and exponent, ASCII only
@@ -97,3 +103,52 @@ def parse_params(pairs: Sequence[str] | None, error: type[ApportionError]) -> di
             raise error(f"--param {name} given twice ({name}={out[name]}, {name}={number})")
         out[name] = number
     return out
+
+
+def loop_symbols(program: Program) -> tuple[str, ...]:
+    """The program's symbolic loop counts, in order of appearance."""
+    return tuple(dict.fromkeys(level.count for g in program.tiling for level in g.loops
+                               if isinstance(level.count, str)))
+
+
+def check_params(program: Program, target: Target, params: dict[str, int],
+                  needed: Sequence[str]) -> None:
+    """Refuse a ``--param`` the program has no use for, out of range, or one ``needed``
+    missing."""
+    top = target.max_loop_count
+    known = loop_symbols(program)
+    for name, value in params.items():
+        if name in program.symbol_map:  # a run-time size, within its bounds
+            try:
+                program.symbol_map[name].check(value)
+            except ProgramError as e:
+                raise UsageError(f"--param {name}={value}: {e}") from None
+            continue
+        if name not in known:
+            sizes = ", ".join(program.symbol_map)
+            raise UsageError(f"--param {name}={value}: {name!r} is not a symbolic loop count of "
+                             f"program {program.name!r}; its symbolic counts: "
+                             f"{', '.join(known) or 'none'}"
+                             + (f"; its symbolic sizes: {sizes}" if sizes else ""))
+        if not 1 <= value <= top:
+            raise UsageError(f"--param {name}={value}: a loop count must be in 1..{top} "
+                             f"(the max_loop_count of target {target.name!r})")
+        for g in program.tiling:  # the bounds the program gives the count, before planning
+            for lv in g.loops:
+                high = top if lv.max is None else lv.max
+                if lv.count == name and not lv.min <= value <= high:
+                    raise UsageError(f"--param {name}={value}: loop count {name!r} of tiling "
+                                     f"group {list(g.ops)} takes {lv.min}..{high}")
+    missing = [n for n in needed if n not in params]
+    if missing:
+        flags = " ".join(f"--param {n}=N" for n in missing)
+        raise UsageError(f"program {program.name!r} has symbolic loop count"
+                         f"{'s' if len(missing) > 1 else ''} {', '.join(missing)}: pass "
+                         f"{flags} (N in 1..{top})")
+
+
+def sizes_text(program: Program, sizes: dict[str, int]) -> str:
+    """``K=4096 (given), M=64 (planning size)``."""
+    return ", ".join(f"{n}={sizes[n]} (given)" if n in sizes else
+                     f"{n}={s.planning_size} (planning size)"
+                     for n, s in program.symbol_map.items())

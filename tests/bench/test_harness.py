@@ -10,8 +10,9 @@ import pytest
 from rich.console import Console
 
 from apportion.bench import goals
-from apportion.bench.harness import OPTIONS, Outcome, Suite, interleaved, run_suite
+from apportion.bench.harness import OPTIONS, Outcome, Suite, run_suite
 from apportion.cli.main import BENCH_SUITES, main
+from apportion.cost.timing import interleaved
 from apportion.errors import UsageError
 
 

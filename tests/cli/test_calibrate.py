@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from apportion.bench import costmodel as bench_costmodel
-from apportion.cli import calibrate as cal_cli
+from apportion.cli import calibrate as cal_command
 from apportion.cli.main import main
 from apportion.cost import calibrate as cal_cost
 from apportion.target import load_toml, spyre
 from apportion.target.target import COST_FIELDS, Target
+from apportion.workflows import calibration as cal_cli
 
 ROOT = Path(__file__).parents[2]
 SPYRE_DATA = str(ROOT / "apportion/frontend/data/spyre_measurements.json")
@@ -46,7 +47,7 @@ def no_fit(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("the command started work before refusing its input")
 
-    monkeypatch.setattr(cal_cli, "fit", boom)
+    monkeypatch.setattr(cal_command, "fit", boom)
     monkeypatch.setattr(cal_cli, "measure", boom)
     monkeypatch.setattr(bench_costmodel, "program_rows", boom)
 

@@ -15,6 +15,7 @@ import pytest
 import apportion.cli.main as cli
 from apportion.bench import tiling as bench_tiling
 from apportion.bench import workdiv as bench_workdiv
+from apportion.cli import options
 from apportion.cli.main import main
 from apportion.errors import EmitError
 from tests.helpers import cli_status, one_error_line
@@ -51,7 +52,7 @@ def no_work(monkeypatch: pytest.MonkeyPatch) -> None:
     def boom(*args: object, **kwargs: object) -> None:
         raise AssertionError("the command started work before refusing its input")
 
-    monkeypatch.setattr(cli, "_plan", boom)
+    monkeypatch.setattr(options, "plan_program", boom)
     monkeypatch.setattr(bench_workdiv, "run", boom)
     monkeypatch.setattr(bench_tiling, "run", boom)
 
@@ -334,7 +335,7 @@ def test_out_of_memory_is_one_line(monkeypatch, capsys):
     def oom(*args, **kwargs):
         raise MemoryError("Unable to allocate 8.00 GiB for an array")
 
-    monkeypatch.setattr(cli, "_plan", oom)
+    monkeypatch.setattr(options, "plan_program", oom)
     refused(["plan", MLP], capsys, "out of memory", "8.00 GiB")
 
 
@@ -342,7 +343,7 @@ def test_a_multi_line_error_prints_as_one_line(monkeypatch, capsys):
     def bad(*args, **kwargs):
         raise EmitError("bundle does not verify:\n  error: 'scf.for' op\n  note: here")
 
-    monkeypatch.setattr(cli, "_plan", bad)
+    monkeypatch.setattr(options, "plan_program", bad)
     refused(["plan", MLP], capsys, "does not verify:; error: 'scf.for' op; note: here")
 
 
@@ -350,7 +351,7 @@ def test_interrupt_is_one_line_and_status_130(monkeypatch, capsys):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_plan", interrupt)
+    monkeypatch.setattr(options, "plan_program", interrupt)
     assert main(["plan", MLP]) == 130
     assert capsys.readouterr().err == "apportion: interrupted\n"
 
@@ -501,7 +502,7 @@ def test_a_bug_is_status_70_with_its_traceback_and_one_line_never_status_1(monke
     def bug(*args, **kwargs):
         raise TypeError("unsupported operand")
 
-    monkeypatch.setattr(cli, "_plan", bug)
+    monkeypatch.setattr(options, "plan_program", bug)
     assert main(["plan", MLP]) == cli.INTERNAL_ERROR == 70
     err = capsys.readouterr().err
     assert "Traceback" in err and err.splitlines()[-1].startswith(

@@ -122,8 +122,8 @@ def test_the_spyre_preset_sits_at_the_fit_of_the_shipped_data_within_its_scatter
 
 
 def test_the_cpu_fit_of_every_split_tells_the_splits_apart_where_the_preset_ties_them():
-    from apportion.cli.calibrate import best_records, rank_split
     from apportion.target import cpu
+    from apportion.workflows.calibration import best_records, rank_split
 
     records = read_measurements(DATA / "cpu_measurements.json", from_dict)
     assert {m.cores for m in records} == {2} and len(records) == 4 * 5 + 3 * 8  # every split
@@ -340,9 +340,14 @@ def test_a_cpu_fit_learns_that_one_core_wins_a_small_kernel_and_two_a_big_one():
     # of a small and a big exp; the neutral preset ties the 2-core splits and never picks one
     # core; the fit finds the cost, and its ranks put one core first on the small kernel and
     # two on the big one, as the "host" did
-    from apportion.cli.calibrate import best_records, kernel_splits, pointwise_document, rank_split
     from apportion.cost.calibrate import Measurement
     from apportion.target import cpu
+    from apportion.workflows.calibration import (
+        best_records,
+        kernel_splits,
+        pointwise_document,
+        rank_split,
+    )
 
     host = replace(cpu(cores=2), core_sync_us=300.0, core_scaling=0.9,
                    stick_split_us_per_byte=1e-6)

@@ -163,8 +163,8 @@ def test_batched_terms_move_the_pick_to_the_measured_best_on_a_synthetic_set():
     # the device behaves as the preset says; a model without the drain (and the old, mild batch
     # split factor) picks a 9 x 2 split of the small-K bmm; fitting the drain to the synthetic
     # measurements gives the drain back and the pick m8 n4
-    from apportion.cli.calibrate import predictor, rank_split
     from apportion.cost.calibrate import Measurement, fit
+    from apportion.workflows.calibration import predictor, rank_split
 
     device = spyre()
     shapes = [(8, 512, 64, 512), (8, 512, 4096, 512), (8, 128, 2048, 8192)]
