@@ -69,6 +69,10 @@ def lower(program: Program, plan: Plan, target: Target | str,
     ('gate', ['m:2', 'n:4'], {'m': (128, 256), 'n': (2112, 2816), 'k': (0, 1024)})
     """
     name = target if isinstance(target, str) else target.name
+    cores = plan.cores if isinstance(target, str) else target.cores
+    if (plan.target, plan.cores) != (name, cores):
+        raise ExecutionError(f"plan is for {plan.target!r} with {plan.cores} cores, not "
+                             f"{name!r} with {cores}")
     bound: tuple[tuple[str, int], ...] = ()
     if given is None and program.symbol_map:
         given, program = program, program.bind()

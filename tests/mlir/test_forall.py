@@ -363,7 +363,7 @@ def test_every_registry_kind_has_a_body():
 
 def test_a_plan_for_another_target_is_refused():
     planned = golden()
-    with pytest.raises(EmitError, match="not 'spyre' with 8"):
+    with pytest.raises(ExecutionError, match="not 'spyre' with 8"):  # lowering refuses it
         emit(planned.program, planned.plan, ap.targets.spyre(cores=8))
 
 
