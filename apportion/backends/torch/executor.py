@@ -91,7 +91,7 @@ __all__ = ["GRAIN", "XP", "TorchExecutor", "from_torch_storage", "run_torch", "t
 def _combine(step: Step, reducer: Reducer, group: Sequence[int], parts: Mapping[int, Partial]
              ) -> Partial:
     """The partials of one output slice combined in box order: a loop iteration's cores
-    first, then the iterations into the accumulation, as ``loops.run_tiled`` does (a fixed
+    first, then the iterations into the accumulation, as ``loops.run_schedule`` does (a fixed
     order of float sums)."""
     acc: Partial = None
     cur: Partial = None
