@@ -49,6 +49,15 @@ from apportion.mlir.types import (
 from apportion.mlir.types import mlir_type as elt
 
 
+def value_type(t: TensorType) -> str:
+    """The tensor type of a value of type ``t``.
+
+    >>> value_type(TensorType("x", (2, 3), "bfloat16"))
+    'tensor<2x3xbf16>'
+    """
+    return tensor_type(t.shape, elt(t.dtype))
+
+
 def tensor_type(shape: Sequence[int | None], element: str) -> str:
     """``tensor<2x?xf32>`` (None: a dynamic size); ``tensor<f32>`` for rank 0.
 
@@ -137,9 +146,18 @@ def affine_map(dims: Sequence[str], access: Access) -> str:
     >>> affine_map(["t", "h", "d"], Access.parse("x[t, 64*h+d, 0]"))
     'affine_map<(d0, d1, d2) -> (d0, d1 * 64 + d2, 0)>'
     """
+    return index_map(dims, access.index)
+
+
+def index_map(dims: Sequence[str], exprs: Sequence[AffineExpr]) -> str:
+    """Index expressions over ``dims`` as an affine map (``affine_map`` of an access's).
+
+    >>> index_map(["i"], [AffineExpr.dim("i"), AffineExpr((), 0)])
+    'affine_map<(d0) -> (d0, 0)>'
+    """
     pos = {d: i for i, d in enumerate(dims)}
     results = []
-    for e in access.index:
+    for e in exprs:
         parts = [f"d{pos[d]}" if c == 1 else f"d{pos[d]} * {c}" for d, c in e.terms]
         if e.const or not parts:
             parts.append(str(e.const))
@@ -148,7 +166,7 @@ def affine_map(dims: Sequence[str], access: Access) -> str:
     return f"affine_map<({args}) -> ({', '.join(results)})>"
 
 
-def _apply(blk: Block, body: MlirBody, ty: str, operands: Mapping[str, str],
+def apply_body(blk: Block, body: MlirBody, ty: str, operands: Mapping[str, str],
            results: Sequence[str] = ("r",)) -> list[str]:
     """A body template formatted into ``blk``; the SSA names of its results."""
     text = body.text(ty == "i64")
@@ -257,22 +275,58 @@ def render_whole(blk: Block, op: Op, out_t: TensorType, ins: list[tuple[str, str
     out_elt = elt(out_t.dtype)
     stem = op.out.tensor
     if kind.elementwise:
-        result_ty = "i1" if kind.result_dtype == "bool" else ty
-        template = body_of(kind, op.name)
-        attrs = dict(template.defaults)
-        attrs.update(kind.numeric_attrs(dict(op.attrs)))
+        body = pointwise_body(op, [e for _, _, e, _ in ins], ty, out_elt)
         init = _empty(blk, stem, out_t.shape, out_elt)
-
-        def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
-            xs = [convert(b, arg, e, "i1" if i in kind.conditions else ty)
-                  for i, (arg, (_, _, e, _)) in enumerate(zip(args, ins, strict=True))]
-            consts = {k: b.const(v, ty) for k, v in attrs.items()}
-            r = _apply(b, template, ty, {**dict(zip("abc", xs, strict=False)), **consts})[0]
-            return [convert(b, r, result_ty, out_elt)]
-
         return generic(blk, dims, (), ins, [(init, tensor_type(out_t.shape, out_elt), out_elt,
                                               omap)], body, stem)[0]
     return _reduce(blk, op, out_t, ins, omap, ty, dims)
+
+
+def pointwise_body(op: Op, in_elts: Sequence[str], ty: str, out_elt: str) -> Body:
+    """The region of elementwise ``op``'s generic: each operand (of element types ``in_elts``;
+    block arguments past them only give loop ranges) converted to the compute type ``ty`` (a
+    condition to ``i1``), the kind's body template with its attributes as constants, the
+    result converted to ``out_elt``."""
+    kind = op.kind
+    result_ty = "i1" if kind.result_dtype == "bool" else ty
+    template = body_of(kind, op.name)
+    attrs = dict(template.defaults)
+    attrs.update(kind.numeric_attrs(dict(op.attrs)))
+
+    def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
+        xs = [convert(b, arg, e, "i1" if i in kind.conditions else ty)
+              for i, (arg, e) in enumerate(zip(args[:len(in_elts)], in_elts, strict=True))]
+        consts = {k: b.const(v, ty) for k, v in attrs.items()}
+        r = apply_body(b, template, ty, {**dict(zip("abc", xs, strict=False)), **consts})[0]
+        return [convert(b, r, result_ty, out_elt)]
+
+    return body
+
+
+def reduce_body(op: Op, in_elts: Sequence[str], ty: str, dims: Sequence[str],
+                starts: Mapping[str, str] | None = None) -> Body:
+    """The region of reduction or matmul ``op``'s accumulating generic: the operands (of
+    element types ``in_elts``; block arguments past them only give loop ranges) converted to
+    ``ty``, a matmul's product, combined into the accumulator by the reducer; an argmax's flat
+    index over the reduction dims kept beside it (``starts``: a device's offsets of them)."""
+    kind = op.kind
+    reducer = kind.reducer
+    assert reducer is not None
+    combine = combine_of(reducer, op.name, kind)
+    product = body_of(kind, op.name) if kind.category is Category.MATMUL else None
+    red = op.reduction_dims
+
+    def body(b: Block, args: list[str], outs_: list[str]) -> list[str]:
+        xs = [convert(b, arg, e, ty)
+              for arg, e in zip(args[:len(in_elts)], in_elts, strict=True)]
+        value = apply_body(b, product, ty, {"a": xs[0], "b": xs[1]})[0] if product else xs[0]
+        if not reducer.pairs:
+            return apply_body(b, combine, ty, {"a": outs_[0], "b": value})
+        flat = flat_index(b, list(dims), red, op.sizes, starts)
+        return apply_body(b, combine, ty, {"a": outs_[0], "ai": outs_[1], "b": value,
+                                           "bi": flat}, results=("r", "ri"))
+
+    return body
 
 
 def _unsqueeze(blk: Block, value: str, shape: Sequence[int], full: Sequence[int],
@@ -284,7 +338,7 @@ def _unsqueeze(blk: Block, value: str, shape: Sequence[int], full: Sequence[int]
              f"({', '.join(f'd{i}' for i in range(rank) if i not in unit)})>"
     init = _empty(blk, stem, full, e)
     return generic(blk, ps, (), [(value, tensor_type(shape, e), e, in_map)],
-                   [(init, tensor_type(full, e), e, _ident(rank))],
+                   [(init, tensor_type(full, e), e, identity_map(rank))],
                    lambda b, args, outs: [args[0]], stem)[0]
 
 
@@ -303,7 +357,7 @@ def _squeeze(blk: Block, value: str, shape: Sequence[int], unit: Sequence[int], 
     if blk.mark_read is not None:
         init = blk.mark_read(blk, init, lty, stem, tuple(unit))
     out = generic(blk, ps, [ps[i] for i in unit], [(value, tensor_type(shape, e), e,
-                                                     _ident(rank))],
+                                                     identity_map(rank))],
                   [(init, lty, e, out_map)], lambda b, args, outs: [args[0]],
                   f"{stem}_squeezed")[0]
     if blk.mark_read is not None:
@@ -311,7 +365,12 @@ def _squeeze(blk: Block, value: str, shape: Sequence[int], unit: Sequence[int], 
     return out, left
 
 
-def _ident(rank: int) -> str:
+def identity_map(rank: int) -> str:
+    """The identity map of ``rank`` dims.
+
+    >>> identity_map(2)
+    'affine_map<(d0, d1) -> (d0, d1)>'
+    """
     ds = ", ".join(f"d{i}" for i in range(rank))
     return f"affine_map<({ds}) -> ({ds})>"
 
@@ -410,11 +469,9 @@ def _reduce(blk: Block, op: Op, out_t: TensorType,
             ins: list[tuple[str, str, str, str]], omap: str, ty: str, dims: list[str]) -> str:
     """A reduction or matmul accumulated into its identity, then finished (a mean divided by
     its count, an argmax's index kept) and converted to the output's dtype."""
-    kind = op.kind
-    reducer = kind.reducer
+    reducer = op.kind.reducer
     assert reducer is not None
-    combine = combine_of(reducer, op.name, kind)
-    product = body_of(kind, op.name) if kind.category is Category.MATMUL else None
+    body = reduce_body(op, [e for _, _, e, _ in ins], ty, dims)
     shape = out_t.shape
     stem = op.out.tensor
     accs = [(ty, reducer.identity)] + ([("i64", INDEX_MAX)] if reducer.pairs else [])
@@ -422,16 +479,6 @@ def _reduce(blk: Block, op: Op, out_t: TensorType,
             for e, ident in accs]
     red = op.reduction_dims
     sizes = op.sizes
-
-    def body(b: Block, args: list[str], outs_: list[str]) -> list[str]:
-        xs = [convert(b, arg, e, ty) for arg, (_, _, e, _) in zip(args, ins, strict=True)]
-        value = _apply(b, product, ty, {"a": xs[0], "b": xs[1]})[0] if product else xs[0]
-        if not reducer.pairs:
-            return _apply(b, combine, ty, {"a": outs_[0], "b": value})
-        flat = flat_index(b, dims, red, sizes)
-        return _apply(b, combine, ty, {"a": outs_[0], "ai": outs_[1], "b": value, "bi": flat},
-                      results=("r", "ri"))
-
     parts = generic(blk, dims, red, ins, outs, body, f"{stem}_acc")
     acc, acc_elt = (parts[1], "i64") if reducer.pairs else (parts[0], ty)
     out_elt = elt(out_t.dtype)

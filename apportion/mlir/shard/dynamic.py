@@ -54,25 +54,26 @@ from typing import Any
 
 from apportion.errors import EmitError
 from apportion.ir.affine import AffineExpr
-from apportion.ir.kinds import REDUCERS, Category
+from apportion.ir.kinds import REDUCERS
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TensorType
-from apportion.mlir.bodies import REDUCER_OPS, body_of, combine_of
+from apportion.mlir.bodies import REDUCER_OPS
 from apportion.mlir.keys import pack_key
 from apportion.mlir.shard.body import (
     Block,
-    _apply,
-    convert,
     declarations,
     finished,
-    flat_index,
     generic,
+    identity_map,
+    index_map,
     opaque,
+    pointwise_body,
+    reduce_body,
     render_op,
     tensor_type,
 )
 from apportion.mlir.shard.dialect import GRID, grid_op
-from apportion.mlir.shard.finish import cast_body, identity_map
+from apportion.mlir.shard.finish import cast_body
 from apportion.mlir.shard.values import Grid, OpSplit
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import FLOAT_TYPES, INDEX_MAX, compute_type
@@ -177,18 +178,6 @@ def _uncut(e: AffineExpr, n: int, sizes: Mapping[str, int]) -> bool:
     return 1 + sum(c * (sizes[d] - 1) for d, c in e.terms) == n
 
 
-def _map(dims: Sequence[str], exprs: Sequence[AffineExpr]) -> str:
-    pos = {d: i for i, d in enumerate(dims)}
-    results = []
-    for e in exprs:
-        parts = [f"d{pos[d]}" if c == 1 else f"d{pos[d]} * {c}" for d, c in e.terms]
-        if e.const or not parts:
-            parts.append(str(e.const))
-        results.append(" + ".join(parts))
-    return f"affine_map<({', '.join(f'd{i}' for i in range(len(dims)))}) -> " \
-           f"({', '.join(results)})>"
-
-
 def _empty(blk: Block, stem: str, shape: Sequence[Val], e: str) -> str:
     name = blk.fresh(f"{stem}_init")
     dyn = [s for s in shape if isinstance(s, str)]
@@ -268,13 +257,13 @@ class _Dynamic:
             v = blk.fresh(f"in{k}_{acc.tensor}")
             ty = tensor_type(shape, e_t)
             args.append(f"{v}: {ty}")
-            ins.append((v, ty, e_t, _map(dims, exprs)))
+            ins.append((v, ty, e_t, index_map(dims, exprs)))
         out_t = program.tensor(op.out.tensor)
         held = st.held
         out_exprs = [_local_expr(e) if _split_dims(e, split) else e for e in op.out.index]
         out_shape: list[Val] = [_reach(ix, e, sizes) if _split_dims(e, split) else n
                                 for e, n in zip(op.out.index, out_t.shape, strict=True)]
-        omap = _map(dims, out_exprs)
+        omap = index_map(dims, out_exprs)
         ty = compute_type(op.kind, [program.tensor(a.tensor).dtype for a in op.ins])
         extra = _ranges(blk, dims, sizes, [m for *_, m in ins] + [omap])
         if op.kind.elementwise:
@@ -291,21 +280,8 @@ class _Dynamic:
     def _pointwise(self, blk: Block, op: Op, ins: list[tuple[str, str, str, str]],
                    extra: list[tuple[str, str, str, str]], out_shape: list[Val],
                    out_elt: str, omap: str, ty: str, dims: list[str]) -> str:
-        kind = op.kind
-        result_ty = "i1" if kind.result_dtype == "bool" else ty
-        template = body_of(kind, op.name)
-        attrs = dict(template.defaults)
-        attrs.update(kind.numeric_attrs(dict(op.attrs)))
+        body = pointwise_body(op, [e for _, _, e, _ in ins], ty, out_elt)
         init = _empty(blk, op.out.tensor, out_shape, out_elt)
-
-        def body(b: Block, args: list[str], outs: list[str]) -> list[str]:
-            xs = [convert(b, arg, e, "i1" if i in kind.conditions else ty)
-                  for i, (arg, (_, _, e, _)) in enumerate(zip(args[:len(ins)], ins,
-                                                              strict=True))]
-            consts = {k: b.const(v, ty) for k, v in attrs.items()}
-            r = _apply(b, template, ty, {**dict(zip("abc", xs, strict=False)), **consts})[0]
-            return [convert(b, r, result_ty, out_elt)]
-
         return generic(blk, dims, (), ins + extra, [(init, tensor_type(_static(out_shape), out_elt),
                                               out_elt, omap)], body, op.out.tensor)[0]
 
@@ -322,8 +298,7 @@ class _Dynamic:
         if reducer is None:
             raise EmitError(f"op {op.name!r}: kind {kind.name!r} has no iteration-space model "
                             "to split over a run-time list of devices")
-        combine = combine_of(reducer, op.name, kind)
-        product = body_of(kind, op.name) if kind.category is Category.MATMUL else None
+        body = reduce_body(op, [e for _, _, e, _ in ins], ty, dims, starts)
         stem = op.out.tensor
         st_shape = tensor_type(_static(out_shape), "{}")
         outs = []
@@ -336,17 +311,6 @@ class _Dynamic:
                      f"{st_shape.format(e)}) -> {st_shape.format(e)}")
             outs.append((filled, st_shape.format(e), e, omap))
         red = op.reduction_dims
-
-        def body(b: Block, args: list[str], outs_: list[str]) -> list[str]:
-            xs = [convert(b, arg, e, ty)
-                  for arg, (_, _, e, _) in zip(args[:len(ins)], ins, strict=True)]
-            value = _apply(b, product, ty, {"a": xs[0], "b": xs[1]})[0] if product else xs[0]
-            if not reducer.pairs:
-                return _apply(b, combine, ty, {"a": outs_[0], "b": value})
-            flat = flat_index(b, dims, red, op.sizes, starts)
-            return _apply(b, combine, ty, {"a": outs_[0], "ai": outs_[1], "b": value,
-                                           "bi": flat}, results=("r", "ri"))
-
         parts = generic(blk, dims, red, ins + extra, outs, body, f"{stem}_acc")
         rank = len(out_shape)
         ident = identity_map(rank)

@@ -8,18 +8,16 @@ from collections.abc import Callable, Mapping
 
 from apportion.ir.program import TensorType
 from apportion.mlir.keys import pack_key, unpack_index
-from apportion.mlir.shard.body import Block, convert, generic, tensor_type
+from apportion.mlir.shard.body import (
+    Block,
+    convert,
+    generic,
+    identity_map,
+    tensor_type,
+    value_type,
+)
 from apportion.mlir.types import mlir_type as elt
 from apportion.schedule.mesh import FinishPart
-
-
-def _ttype(t: TensorType) -> str:
-    return tensor_type(t.shape, elt(t.dtype))
-
-
-def identity_map(rank: int) -> str:
-    ds = ", ".join(f"d{i}" for i in range(rank))
-    return f"affine_map<({ds}) -> ({ds})>"
 
 
 def finish_op(b: Block, finish: FinishPart, types: Mapping[str, TensorType],
@@ -31,7 +29,7 @@ def finish_op(b: Block, finish: FinishPart, types: Mapping[str, TensorType],
     shape, rank = out_t.shape, len(out_t.shape)
     ident = identity_map(rank)
     src = [types[s] for s in finish.sources]
-    ins = [(vals[s], _ttype(t), elt(t.dtype), ident) for s, t in zip(finish.sources, src,
+    ins = [(vals[s], value_type(t), elt(t.dtype), ident) for s, t in zip(finish.sources, src,
                                                                        strict=True)]
     out_e = elt(out_t.dtype)
     init = b.fresh(f"{finish.result}_init")

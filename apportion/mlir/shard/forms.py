@@ -38,11 +38,13 @@ from apportion.mlir.shard.body import (
     Block,
     declarations,
     generic,
+    identity_map,
     render_op,
     tensor_type,
+    value_type,
 )
 from apportion.mlir.shard.dialect import grid_op, sharding_op
-from apportion.mlir.shard.finish import cast_body, finish_op, identity_map
+from apportion.mlir.shard.finish import cast_body, finish_op
 from apportion.mlir.shard.values import (
     Grid,
     LocalStage,
@@ -52,6 +54,7 @@ from apportion.mlir.shard.values import (
     TensorSharding,
 )
 from apportion.mlir.text import symbol_name
+from apportion.mlir.types import FLOAT_TYPES
 from apportion.mlir.types import mlir_type as elt
 from apportion.runtime.upstream_mlir import verify_upstream
 from apportion.schedule.mesh import box_shape
@@ -73,17 +76,13 @@ def _sym(name: str) -> str:
     return s if s.replace("_", "").replace(".", "").isalnum() else f'"{s}"'
 
 
-def _ttype(t: TensorType) -> str:
-    return tensor_type(t.shape, elt(t.dtype))
-
-
 def _annotate(blk: Block, value: str, t: TensorType, sharding: TensorSharding,
               users: bool = False) -> str:
     s = blk.fresh(f"s_{t.name}")
     blk.emit(sharding_op(s, sharding))
     out = blk.fresh(t.name)
     blk.emit(f"{out} = shard.shard {value} to {s}{' annotate_for_users' if users else ''} : "
-             f"{_ttype(t)}")
+             f"{value_type(t)}")
     return out
 
 
@@ -110,7 +109,7 @@ def _annotated(program: Program, annotations: Mapping[str, TensorSharding]
     for name in program.inputs:
         t = program.tensor(name)
         arg = blk.fresh(f"arg_{name}")
-        args.append((arg, _ttype(t)))
+        args.append((arg, value_type(t)))
         vals[name] = arg
         if name in annotations:
             vals[name] = _annotate(blk, arg, t, annotations[name])
@@ -137,7 +136,7 @@ def annotated_mlir(program: Program, grid: Grid, annotations: Mapping[str, Tenso
     ...                                                             # doctest: +SKIP
     """
     blk, args, vals, _ = _annotated(program, annotations)
-    outs = [_ttype(program.tensor(n)) for n in program.outputs]
+    outs = [value_type(program.tensor(n)) for n in program.outputs]
     return _module(grid, blk, program.name, args, outs, [vals[n] for n in program.outputs],
                    " attributes {apportion.form = \"annotated\"}")
 
@@ -164,7 +163,7 @@ def propagated_mlir(p: Propagated) -> str:
     for name in program.inputs:
         t = program.tensor(name)
         arg = blk.fresh(f"arg_{name}")
-        args.append((arg, _ttype(t)))
+        args.append((arg, value_type(t)))
         vals[name] = _annotate(blk, arg, t, placed[name])
     for op, (ins, result) in zip(program.ops, p.ops, strict=True):
         reads = dict(vals)
@@ -201,7 +200,7 @@ def propagated_mlir(p: Propagated) -> str:
     ret = []
     for name, s in p.outputs:
         ret.append(_annotate(blk, vals[name], program.tensor(name), s, users=True))
-    outs = [_ttype(program.tensor(n)) for n in program.outputs]
+    outs = [value_type(program.tensor(n)) for n in program.outputs]
     return _module(p.grid, blk, program.name, args, outs, ret,
                    f" attributes {{apportion.form = \"propagated\", apportion.method = "
                    f"\"{p.method}\"}}")
@@ -278,9 +277,9 @@ class _Spmd:
             yields = []
             for n, rt in zip(results, rtypes, strict=True):
                 ssa, t = outs[n]
-                if _ttype(t) != rt:
+                if value_type(t) != rt:
                     c = self.blk.fresh(f"{n}_spmd")
-                    self.blk.emit(f"{c} = tensor.cast {ssa} : {_ttype(t)} to {rt}")
+                    self.blk.emit(f"{c} = tensor.cast {ssa} : {value_type(t)} to {rt}")
                     ssa = c
                 yields.append(ssa)
             self.blk.emit(f"scf.yield {', '.join(yields)} : {', '.join(rtypes)}")
@@ -296,10 +295,10 @@ class _Spmd:
     def operand(self, b: Block, name: str, d: int) -> str:
         """The value ``name`` in device ``d``'s code, cast to its static local type."""
         t = self.types[name][d]
-        if self.spmd_type(name) == _ttype(t):
+        if self.spmd_type(name) == value_type(t):
             return self.vals[name]
         c = b.fresh(f"{name}_local")
-        b.emit(f"{c} = tensor.cast {self.vals[name]} : {self.spmd_type(name)} to {_ttype(t)}")
+        b.emit(f"{c} = tensor.cast {self.vals[name]} : {self.spmd_type(name)} to {value_type(t)}")
         return c
 
     def op(self, stage: LocalStage) -> None:
@@ -569,7 +568,7 @@ def _zeros(b: Block, stem: str, shape: Sequence[int], e: str) -> str:
     init = b.fresh(f"{stem}_init")
     ty = tensor_type(shape, e)
     b.emit(f"{init} = tensor.empty() : {ty}")
-    c = b.const(0, e) if e not in ("f16", "bf16", "f32", "f64") else b.const(0.0, e)
+    c = b.const(0.0 if e in FLOAT_TYPES else 0, e)
     out = b.fresh(stem)
     b.emit(f"{out} = linalg.fill ins({c} : {e}) outs({init} : {ty}) -> {ty}")
     return out

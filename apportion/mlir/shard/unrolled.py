@@ -20,12 +20,13 @@ import math
 from apportion.errors import EmitError
 from apportion.ir.program import Program, TensorType
 from apportion.mlir.bodies import REDUCER_OPS
-from apportion.mlir.shard.body import Block, declarations, generic, render_op
+from apportion.mlir.shard.body import Block, declarations, generic, identity_map, render_op
 from apportion.mlir.shard.body import tensor_type as ttype
 from apportion.mlir.shard.dialect import grid_op
-from apportion.mlir.shard.finish import cast_body, finish_op, identity_map
+from apportion.mlir.shard.finish import cast_body, finish_op
 from apportion.mlir.shard.values import Grid
 from apportion.mlir.text import symbol_name
+from apportion.mlir.types import FLOAT_TYPES
 from apportion.mlir.types import mlir_type as elt
 from apportion.runtime.upstream_mlir import verify_upstream
 from apportion.schedule.mesh import (
@@ -158,7 +159,7 @@ class _Unrolled:
         shape = parts[0][1].shape
         e = elt(src_dtype)
         ty = ttype(shape, e)
-        floats = e in ("f16", "bf16", "f32", "f64")
+        floats = e in FLOAT_TYPES
         ops = REDUCER_OPS.get(c.reducer)
         combine = None if ops is None else ops.elementwise(floats)
         if combine is None:
