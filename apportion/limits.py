@@ -83,8 +83,8 @@ LIMITS: tuple[Limit, ...] = (
           "nests the cuts of one dim in mesh order)", ("dtensor",)),
     # -- cuda: the parallel IR built into CUDA kernels (backends/cuda)
     Limit("cuda-needs-gpu",
-          "the cuda backend runs its bundle on this machine's NVIDIA GPU (the driver's "
-          "libcuda.so.1); without one, apportion cuda build writes the bundle and a GPU "
+          "the cuda backend runs its build on this machine's NVIDIA GPU (the driver's "
+          "libcuda.so.1); without one, apportion cuda build writes the build and a GPU "
           "machine runs it (cuda run, cuda check)", ("cuda",)),
     Limit("cuda-needs-gpu-target",
           "the cuda backend runs plans whose foralls map to GPU blocks (a target with "

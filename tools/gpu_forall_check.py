@@ -1,11 +1,11 @@
 """Check, here, the GPU run of the parallel IR (issue 21, item 3): every output a GPU machine
-wrote for the bundles ``tools/gpu_forall_build.py`` built, against the reference executor on
-the same inputs (``backends.cuda.bundle.check_bundle``), into one record.
+wrote for the builds ``tools/gpu_forall_build.py`` built, against the reference executor on
+the same inputs (``backends.cuda.build.check_build``), into one record.
 
     .venv/bin/python tools/gpu_forall_check.py RESULTS [--out docs/measurements/FILE.json]
 
-``RESULTS`` holds one folder per bundle (``outputs.npz``, ``run.json``) and ``gpu.txt``; the
-record lists per bundle the program, blocks, kernels, whether every output matched (with the
+``RESULTS`` holds one folder per build (``outputs.npz``, ``run.json``) and ``gpu.txt``; the
+record lists per build the program, blocks, kernels, whether every output matched (with the
 largest errors), the least of the timed calls, and the refusals of the build. Exit 1 when an
 output that ran differs from the reference.
 """
@@ -18,10 +18,10 @@ import re
 import sys
 from pathlib import Path
 
-from apportion.backends.cuda.bundle import check_bundle
+from apportion.backends.cuda.build import check_build
 
 ROOT = Path(__file__).resolve().parent.parent
-BUNDLES = ROOT / "build" / "gpu_forall"
+BUILDS = ROOT / "build" / "gpu_forall"
 
 
 def main() -> int:
@@ -29,19 +29,19 @@ def main() -> int:
     parser.add_argument("results", type=Path)
     parser.add_argument("--out", type=Path, default=None, help="write the record here")
     args = parser.parse_args()
-    index = json.loads((BUNDLES / "index.json").read_text())
+    index = json.loads((BUILDS / "index.json").read_text())
     rows: list[dict[str, object]] = []
     bad = 0
     for entry in index:
         row = dict(entry)
-        name = str(entry["bundle"])
+        name = str(entry["build"])
         if "refused" not in entry:
             got = args.results / name
             if not (got / "run.json").exists():
                 row["ran"] = False
             else:
                 run = json.loads((got / "run.json").read_text())
-                checks = check_bundle(BUNDLES / name, got)
+                checks = check_build(BUILDS / name, got)
                 row.update(ran=True, device=run["device"],
                            best_ms=round(min(run["run_s"]) * 1e3, 3),
                            ok=all(c.ok for c in checks),
@@ -61,7 +61,7 @@ def main() -> int:
                "matched": len([r for r in ran if r["ok"]])}
     print(json.dumps(summary))
     if args.out is not None:
-        args.out.write_text(json.dumps({"summary": summary, "bundles": rows}, indent=1) + "\n")
+        args.out.write_text(json.dumps({"summary": summary, "builds": rows}, indent=1) + "\n")
     return 1 if bad else 0
 
 

@@ -2,15 +2,15 @@
 
 * ``apportion cuda build PROG --out DIR`` (target ``gpu`` by default): the plan's parallel IR
   lowered by upstream MLIR to CUDA kernels and a host library, written with random inputs as a
-  bundle (``backends.cuda.bundle``); needs the ``mlir`` extra and a C compiler driver, no GPU.
-* ``apportion cuda run DIR [--results OUT] [--repeat N]``: the bundle run on this machine's
+  build (``backends.cuda.build``); needs the ``mlir`` extra and a C compiler driver, no GPU.
+* ``apportion cuda run DIR [--results OUT] [--repeat N]``: the build run on this machine's
   NVIDIA GPU (``device_main.py``, which needs only numpy and the driver; exit 2 without one).
 * ``apportion cuda check DIR [--results OUT]``: the outputs of a run checked against the
   reference executor on the same inputs (exit 1 when they differ).
 
 A GPU machine without apportion's dependencies runs ``python3
 apportion/backends/cuda/device_main.py DIR OUT`` instead of ``cuda run``; ``cuda check`` then
-reads OUT where the bundle was built.
+reads OUT where the build was written.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _folder(text: str) -> Path:
     """``--out``: an empty path (an unset ``"$OUTDIR"``) would name the current folder."""
     if not text.strip():
         raise argparse.ArgumentTypeError(f"the path {text!r} is empty (an unset variable?); "
-                                         "name the bundle's folder")
+                                         "name the build's folder")
     return Path(text)
 
 
@@ -46,11 +46,11 @@ def add_parser(sub: Any) -> None:
                        "check its outputs")
     acts = c.add_subparsers(dest="action", required=True)
     b = acts.add_parser("build", help="lower the plan (target gpu) to CUDA kernels and a host "
-                        "library: a bundle folder (the mlir extra, no GPU needed)")
+                        "library: a build folder (the mlir extra, no GPU needed)")
     common(b)
     b.set_defaults(target="gpu")
     b.add_argument("--out", type=_folder, required=True,
-                   help="the bundle's folder: new, empty, or a bundle (replaced once the new "
+                   help="the build's folder: new, empty, or a build (replaced once the new "
                         "one is complete); any other folder is refused")
     b.add_argument("--seed", type=int_in(0), default=None,
                    help="seed of the random inputs of a program file (default 0); a --torch "
@@ -64,25 +64,25 @@ def add_parser(sub: Any) -> None:
                    help="threads per block: each block's work split over them where that is "
                         f"safe, else one thread (default {DEFAULT_THREADS}; 1..{MAX_THREADS})")
     b.set_defaults(func=_build)
-    r = acts.add_parser("run", help="run a bundle on this machine's NVIDIA GPU")
-    r.add_argument("bundle", type=Path)
+    r = acts.add_parser("run", help="run a build on this machine's NVIDIA GPU")
+    r.add_argument("build", type=Path)
     r.add_argument("--results", type=Path, default=None,
-                   help="where the outputs go (default: BUNDLE/results)")
+                   help="where the outputs go (default: BUILD/results)")
     r.add_argument("--repeat", type=int_in(1), default=1, help="calls to time (default 1)")
     r.set_defaults(func=_run)
     k = acts.add_parser("check", help="check a run's outputs against the reference executor")
-    k.add_argument("bundle", type=Path)
+    k.add_argument("build", type=Path)
     k.add_argument("--results", type=Path, default=None,
-                   help="the run's outputs (default: BUNDLE/results)")
+                   help="the run's outputs (default: BUILD/results)")
     k.set_defaults(func=_check)
 
 
 def _build(args: argparse.Namespace, console: Console) -> int:
-    from apportion.backends.cuda.bundle import build_bundle, check_out
+    from apportion.backends.cuda.build import build, check_out
     from apportion.backends.cuda.lowering import GpuArch
     from apportion.target.presets import resolve
 
-    check_out(args.out)  # before any work: a folder that is not a bundle is not replaced
+    check_out(args.out)  # before any work: a folder that is not a build is not replaced
     params = param_values(args.param)
     inputs = None
     if args.torch is not None:
@@ -92,26 +92,26 @@ def _build(args: argparse.Namespace, console: Console) -> int:
         check_params(planned.given, planned.target, params, planned.params)
     sizes = {k: v for k, v in params.items() if k in planned.symbols}
     counts = {k: v for k, v in params.items() if k not in sizes}
-    bundle = build_bundle(planned.schedule(sizes, counts), args.out, args.seed or 0,
-                          GpuArch(args.chip, args.ptx), args.threads, inputs)
-    console.print(f"built {bundle.path}: {planned.program.name}, {bundle.kernels} kernels of "
-                  f"{planned.target.cores} blocks, {bundle.threaded} of them on "
-                  f"{bundle.threads} threads a block, PTX for {args.chip} "
-                  f"({bundle.build_s:.1f} s)", highlight=False)
+    built = build(planned.schedule(sizes, counts), args.out, args.seed or 0,
+                  GpuArch(args.chip, args.ptx), args.threads, inputs)
+    console.print(f"built {built.path}: {planned.program.name}, {built.kernels} kernels of "
+                  f"{planned.target.cores} blocks, {built.threaded} of them on "
+                  f"{built.threads} threads a block, PTX for {args.chip} "
+                  f"({built.build_s:.1f} s)", highlight=False)
     return 0
 
 
 def _torch_planned(args: argparse.Namespace, target: Any, params: dict[str, int]
                    ) -> tuple[Any, dict[str, Any]]:
     """The ``--torch`` model (or ``.pt2`` program) planned, and its example inputs and
-    weights at the ``--param`` sizes: what the bundle runs, as ``run --torch`` does."""
+    weights at the ``--param`` sizes: what the build runs, as ``run --torch`` does."""
     from apportion.workflows.torch_model import at_sizes, failures, model_inputs, plan_model
 
     if args.seed is not None:
-        raise UsageError(f"--seed {args.seed}: a --torch model's bundle runs on the model's "
+        raise UsageError(f"--seed {args.seed}: a --torch model's build runs on the model's "
                          "example inputs and weights, not random ones; leave --seed out")
     if args.partial:
-        raise UsageError("cuda build --partial: a bundle runs every node of the model on the "
+        raise UsageError("cuda build --partial: a build runs every node of the model on the "
                          "GPU; --partial goes with plan, emit, schedule and shard")
     tm = torch_model(args)
     check_params(tm.lowered.program, target, params, ())
@@ -125,24 +125,24 @@ def _torch_planned(args: argparse.Namespace, target: Any, params: dict[str, int]
 
 
 def _results(args: argparse.Namespace) -> Path:
-    if not (args.bundle / "manifest.json").exists():
-        raise UsageError(f"{args.bundle} is not a cuda bundle (no manifest.json): build one "
+    if not (args.build / "manifest.json").exists():
+        raise UsageError(f"{args.build} is not a cuda build (no manifest.json): make one "
                          "with apportion cuda build")
-    return args.results if args.results is not None else args.bundle / "results"
+    return args.results if args.results is not None else args.build / "results"
 
 
 def _run(args: argparse.Namespace, console: Console) -> int:
-    from apportion.backends.cuda.bundle import run_bundle
+    from apportion.backends.cuda.build import run_build
 
-    record = run_bundle(args.bundle, _results(args), args.repeat)
+    record = run_build(args.build, _results(args), args.repeat)
     seconds: list[float] = list(record["run_s"])  # type: ignore[call-overload]
-    console.print(f"ran {args.bundle} on {record['device']}: best of {len(seconds)} "
+    console.print(f"ran {args.build} on {record['device']}: best of {len(seconds)} "
                   f"{min(seconds) * 1e3:.3f} ms", highlight=False)
     return 0
 
 
 def _check(args: argparse.Namespace, console: Console) -> int:
-    from apportion.backends.cuda.bundle import check_bundle
+    from apportion.backends.cuda.build import check_build
 
-    checks = check_bundle(args.bundle, _results(args))
-    return print_checks(checks, f"the bundle {args.bundle.name}, run on the GPU,", console)
+    checks = check_build(args.build, _results(args))
+    return print_checks(checks, f"the build {args.build.name}, run on the GPU,", console)

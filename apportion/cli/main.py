@@ -605,7 +605,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a batch system's time limit, ``kill``), raised where the command stands as
     Ctrl-C is: every cleanup Ctrl-C runs runs for it too (a distributed run's ranks stopped and
-    its folder removed, a half-written bundle removed)."""
+    its folder removed, a half-written cuda build removed)."""
 
 
 def _sigterm_as_interrupt() -> Callable[[], None]:

@@ -28,32 +28,33 @@ def tiny_mlp():
     return mlp(tokens=8, hidden=32)
 
 
-def _eager_results(bundle: Path, model, args) -> None:
-    """The model run eagerly in PyTorch, written as a GPU run's outputs of ``bundle``."""
+def _eager_results(folder: Path, model, args) -> None:
+    """The model run eagerly in PyTorch, written as the outputs of a GPU run of the build in
+    ``folder``."""
     import torch
 
     with torch.no_grad():
         out = model(*args).numpy()
-    (result,) = json.loads((bundle / "manifest.json").read_text())["results"]
+    (result,) = json.loads((folder / "manifest.json").read_text())["results"]
     assert result["shape"] == list(out.shape)
-    (bundle / "results").mkdir()
-    np.savez(bundle / "results" / "outputs.npz", **{result["name"]: out})
+    (folder / "results").mkdir()
+    np.savez(folder / "results" / "outputs.npz", **{result["name"]: out})
 
 
-def _check_against_the_model(bundle: Path, model, args, capsys) -> None:
+def _check_against_the_model(folder: Path, model, args, capsys) -> None:
     """``cuda check`` of the model's eager outputs passes, and of one changed number fails:
-    the bundle's reference and inputs are the model's own."""
-    _eager_results(bundle, model, args)
+    the build's reference and inputs are the model's own."""
+    _eager_results(folder, model, args)
     capsys.readouterr()
-    assert main(["cuda", "check", str(bundle)]) == 0, capsys.readouterr()
+    assert main(["cuda", "check", str(folder)]) == 0, capsys.readouterr()
     assert "matches" in capsys.readouterr().out
-    outputs = bundle / "results" / "outputs.npz"
+    outputs = folder / "results" / "outputs.npz"
     with np.load(outputs) as f:
         changed = {k: f[k].copy() for k in f.files}
     for a in changed.values():
         a.flat[0] += 1.0
     np.savez(outputs, **changed)
-    assert main(["cuda", "check", str(bundle)]) == 1
+    assert main(["cuda", "check", str(folder)]) == 1
 
 
 def test_cuda_build_of_a_torch_model_builds_the_model_on_its_own_inputs(tmp_path, capsys):
@@ -81,13 +82,13 @@ def test_cuda_build_of_a_pt2_file_builds_the_saved_program(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("extra", "said"), [
-    (["--seed", "3"], "--seed 3: a --torch model's bundle runs on the model's example inputs"),
-    (["--partial"], "cuda build --partial: a bundle runs every node of the model"),
+    (["--seed", "3"], "--seed 3: a --torch model's build runs on the model's example inputs"),
+    (["--partial"], "cuda build --partial: a build runs every node of the model"),
     (["--param", "rows=4"], "--param rows=4: 'rows' is not a symbolic loop count"),
     (["--dynamic", "x:0=rows:2..128", "--param", "rows=400"],
      "--param rows=400: symbol 'rows' = 400 is outside its bounds 2..128"),
 ])
-def test_what_a_torch_model_s_bundle_cannot_take_is_refused_in_one_line(tmp_path, capsys,
+def test_what_a_torch_model_s_build_cannot_take_is_refused_in_one_line(tmp_path, capsys,
                                                                         extra, said):
     pytest.importorskip("torch")
     out = tmp_path / "b"

@@ -1,11 +1,11 @@
 """The cuda backend behind the one backend interface (``apportion.backends``): a schedule's
 parallel IR, for a target whose foralls map to GPU blocks (the ``gpu`` preset), built into a
-bundle (``bundle.build_bundle``: upstream MLIR lowers each ``scf.forall`` to a CUDA kernel, a
-core of the plan a block) and run on this machine's NVIDIA GPU (``bundle.run_bundle``, in a
+build (``build.build``: upstream MLIR lowers each ``scf.forall`` to a CUDA kernel, a
+core of the plan a block) and run on this machine's NVIDIA GPU (``build.run_build``, in a
 child process), the outputs read back as the reference executor's arrays.
 
 It runs only where a GPU is: ``supports`` cites ``cuda-needs-gpu`` on a machine without the
-NVIDIA driver (build a bundle there with ``apportion cuda build`` and run it on a GPU machine:
+NVIDIA driver (make a build there with ``apportion cuda build`` and run it on a GPU machine:
 ``cuda run``, ``cuda check``), ``cuda-needs-gpu-target`` for a plan whose foralls map to cores,
 ``cuda-one-device`` for a mesh schedule; then what the parallel IR refuses, by the limit it
 cites. A run needs the ``mlir`` extra and a C compiler driver to build.
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from apportion.backends import Backend, Planned
-from apportion.backends.cuda.bundle import build_bundle, read_run, run_bundle
+from apportion.backends.cuda.build import build, read_run, run_build
 from apportion.limits import LIMITS_BY_ID, Limit, refusals
 from apportion.mlir.module import one_module_ir
 from apportion.runtime.reference import bind_inputs, check_gathers
@@ -40,7 +40,7 @@ DEFAULT_THREADS = 128
 
 
 def has_gpu() -> bool:
-    """Whether this machine has the NVIDIA driver a bundle runs with (``libcuda.so.1``)."""
+    """Whether this machine has the NVIDIA driver a build runs with (``libcuda.so.1``)."""
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -65,15 +65,15 @@ def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
 def run(schedule: Schedule, inputs: Mapping[str, Any], *, threads: int | None = None
         ) -> dict[str, np.ndarray]:
     """Build ``schedule`` (bound at the run's sizes and loop counts) with ``inputs`` into a
-    bundle in a temporary folder, run it on this machine's GPU and return the inputs and
+    build in a temporary folder, run it on this machine's GPU and return the inputs and
     outputs as storage arrays; ``threads``: per block (None: ``DEFAULT_THREADS``). A gather
     index outside its table is refused, as the reference executor refuses it."""
     program = schedule.program
     env = bind_inputs(program, inputs)
     with tempfile.TemporaryDirectory(prefix="apportion-cuda-") as tmp:
-        built = build_bundle(schedule, Path(tmp) / "bundle", inputs=env,
-                             threads=DEFAULT_THREADS if threads is None else threads)
-        run_bundle(built.path, Path(tmp) / "results")
+        built = build(schedule, Path(tmp) / "build", inputs=env,
+                      threads=DEFAULT_THREADS if threads is None else threads)
+        run_build(built.path, Path(tmp) / "results")
         _, _, results = read_run(built.path, Path(tmp) / "results")
     check_gathers(program, results)
     return {**env, **{n: results[n] for n in program.outputs}}

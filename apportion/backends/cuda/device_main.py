@@ -1,14 +1,14 @@
-"""Run a cuda bundle on this machine's NVIDIA GPU: ``python3 device_main.py BUNDLE OUT
+"""Run a cuda build on this machine's NVIDIA GPU: ``python3 device_main.py BUILD OUT
 [--repeat N]``.
 
 This file needs only Python, numpy and an NVIDIA driver (``libcuda.so.1``): it imports
 nothing of apportion, so a GPU machine without apportion's dependencies (upstream MLIR, IREE)
-runs a bundle built elsewhere by ``apportion cuda build`` (``bundle.build_bundle``). It
+runs a build made elsewhere by ``apportion cuda build`` (``build.build``). It
 
 1. makes the GPU's primary context current and sizes the device heap a kernel's own buffers
    come from (``HEAP_BYTES``; it must be set before the first kernel that allocates runs);
-2. loads MLIR's CUDA runtime wrappers (``libmlir_cuda_runtime.so``, in the bundle) and the
-   bundle's host library (``module.so``: its constructor loads the kernels' PTX, which the
+2. loads MLIR's CUDA runtime wrappers (``libmlir_cuda_runtime.so``, in the build) and the
+   build's host library (``module.so``: its constructor loads the kernels' PTX, which the
    driver compiles for this GPU);
 3. copies each input into CUDA managed memory (``mgpuMemAlloc``, host-shared: the host code
    between launches and the kernels read the same buffers), allocates the outputs there, and
@@ -19,10 +19,10 @@ runs a bundle built elsewhere by ``apportion cuda build`` (``bundle.build_bundle
    call's seconds) under OUT.
 
 The runtime wrappers name ``libLLVM.so`` as a needed library but call nothing in it; a machine
-without upstream LLVM installed loads the bundle's empty stand-in (``libLLVM.so``, built with
-the bundle) so the loader is satisfied.
+without upstream LLVM installed loads the build's empty stand-in (``libLLVM.so``, part of
+the build) so the loader is satisfied.
 
-Exit status 2 with one line on stderr when the bundle is incomplete or no GPU is usable.
+Exit status 2 with one line on stderr when the build is incomplete or no GPU is usable.
 """
 
 from __future__ import annotations
@@ -48,15 +48,15 @@ HEAP_BYTES = 1 << 30
 _CU_LIMIT_MALLOC_HEAP_SIZE = 2
 
 
-class BundleError(Exception):
-    """A bundle that cannot run here (missing file, no driver, a CUDA error)."""
+class BuildError(Exception):
+    """A build that cannot run here (missing file, no driver, a CUDA error)."""
 
 
 def _check(code: int, what: str, cuda: ctypes.CDLL) -> None:
     if code != 0:
         name = ctypes.c_char_p()
         cuda.cuGetErrorName(code, ctypes.byref(name))
-        raise BundleError(f"{what} failed: {(name.value or b'?').decode()} ({code})")
+        raise BuildError(f"{what} failed: {(name.value or b'?').decode()} ({code})")
 
 
 def _context(cuda: ctypes.CDLL) -> str:
@@ -76,19 +76,19 @@ def _context(cuda: ctypes.CDLL) -> str:
     return name.value.decode()
 
 
-def _load(bundle: Path) -> tuple[ctypes.CDLL, ctypes.CDLL]:
-    runtime_path = bundle / "libmlir_cuda_runtime.so"
+def _load(folder: Path) -> tuple[ctypes.CDLL, ctypes.CDLL]:
+    runtime_path = folder / "libmlir_cuda_runtime.so"
     try:
         runtime = ctypes.CDLL(str(runtime_path), mode=ctypes.RTLD_GLOBAL)
     except OSError as e:
         if "libLLVM" not in str(e):
-            raise BundleError(f"cannot load {runtime_path.name}: {e}") from None
-        ctypes.CDLL(str(bundle / "libLLVM.so"), mode=ctypes.RTLD_GLOBAL)  # the stand-in
+            raise BuildError(f"cannot load {runtime_path.name}: {e}") from None
+        ctypes.CDLL(str(folder / "libLLVM.so"), mode=ctypes.RTLD_GLOBAL)  # the stand-in
         runtime = ctypes.CDLL(str(runtime_path), mode=ctypes.RTLD_GLOBAL)
     runtime.mgpuMemAlloc.restype = ctypes.c_void_p
     runtime.mgpuMemAlloc.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_bool]
     runtime.mgpuMemFree.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    return runtime, ctypes.CDLL(str(bundle / "module.so"))
+    return runtime, ctypes.CDLL(str(folder / "module.so"))
 
 
 def _managed(runtime: ctypes.CDLL, shape: tuple[int, ...], storage: Any,
@@ -98,7 +98,7 @@ def _managed(runtime: ctypes.CDLL, shape: tuple[int, ...], storage: Any,
     nbytes = max(1, int(np.prod(shape, dtype=np.int64)) * dtype.itemsize)
     ptr = runtime.mgpuMemAlloc(nbytes, None, True)
     if not ptr:
-        raise BundleError(f"managed allocation of {nbytes} bytes failed")
+        raise BuildError(f"managed allocation of {nbytes} bytes failed")
     held.append(ptr)
     raw = np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
     raw[:] = 0
@@ -127,22 +127,22 @@ def _descriptor(a: np.ndarray, keep: list[Any]) -> Any:
 MANIFEST_KEYS = ("function", "args", "results", "outputs")
 
 
-def read_manifest(bundle: Path) -> dict[str, Any]:
-    """``bundle``'s manifest.json; a BundleError naming the file where it is missing, not
-    JSON, or lacks a key of ``MANIFEST_KEYS``."""
-    path = bundle / "manifest.json"
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """The manifest.json of the build in ``folder``; a BuildError naming the file where it is
+    missing, not JSON, or lacks a key of ``MANIFEST_KEYS``."""
+    path = folder / "manifest.json"
     try:
         manifest = json.loads(path.read_text())
     except FileNotFoundError:
-        raise BundleError(f"{bundle} holds no manifest.json: not a cuda bundle") from None
+        raise BuildError(f"{folder} holds no manifest.json: not a cuda build") from None
     except (ValueError, OSError) as e:  # JSON or UTF-8 errors are ValueErrors
-        raise BundleError(f"{path} is not a bundle manifest: {e}") from None
+        raise BuildError(f"{path} is not a build manifest: {e}") from None
     missing = [k for k in MANIFEST_KEYS if not isinstance(manifest, dict) or k not in manifest]
     if missing:
-        raise BundleError(f"{path} lacks {', '.join(missing)}: not a bundle manifest")
+        raise BuildError(f"{path} lacks {', '.join(missing)}: not a build manifest")
     fault = _manifest_fault(manifest)
     if fault:
-        raise BundleError(f"{path}: {fault}: not a bundle manifest")
+        raise BuildError(f"{path}: {fault}: not a build manifest")
     return manifest
 
 
@@ -219,47 +219,47 @@ def _manifest_fault(m: dict[str, Any]) -> str | None:
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of an ``.npz`` file by name; a BundleError naming the file where it is
+    """The arrays of an ``.npz`` file by name; a BuildError naming the file where it is
     missing or not an npz archive."""
     try:
         with np.load(path) as f:
             return {k: f[k] for k in f.files}
     except FileNotFoundError:
-        raise BundleError(f"{path} is missing") from None
+        raise BuildError(f"{path} is missing") from None
     except (ValueError, OSError, zipfile.BadZipFile) as e:  # not an archive, or a torn one
-        raise BundleError(f"{path} is not an npz archive: {e}") from None
+        raise BuildError(f"{path} is not an npz archive: {e}") from None
 
 
-def read_inputs(bundle: Path, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
-    """The bundle's ``inputs.npz``: a BundleError naming the file and the tensor where it
+def read_inputs(folder: Path, manifest: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The build's ``inputs.npz``: a BuildError naming the file and the tensor where it
     lacks a tensor argument of ``manifest``, holds one the manifest does not name, or stores
     one in another numpy type than its element type's (``STORAGE``)."""
-    path = bundle / "inputs.npz"
+    path = folder / "inputs.npz"
     given = read_arrays(path)
     types = {a["name"]: a["type"] for a in manifest["args"] if a["kind"] == "memref"}
     for name, elt in types.items():
         if name not in given:
-            raise BundleError(f"{path} lacks input {name!r}, which the manifest names")
+            raise BuildError(f"{path} lacks input {name!r}, which the manifest names")
         if given[name].dtype != np.dtype(STORAGE[elt]):
-            raise BundleError(f"{path}: input {name!r} is stored as {given[name].dtype}; its "
+            raise BuildError(f"{path}: input {name!r} is stored as {given[name].dtype}; its "
                               f"element type {elt} is stored as {np.dtype(STORAGE[elt])}")
     extra = [n for n in given if n not in types]
     if extra:
-        raise BundleError(f"{path} holds {extra[0]!r}, which the manifest names no input")
+        raise BuildError(f"{path} holds {extra[0]!r}, which the manifest names no input")
     return given
 
 
-def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, Any]:
-    """Run ``bundle`` ``repeat`` times; write ``outputs.npz`` and ``run.json`` under ``out``
-    and give ``run.json``'s record."""
-    manifest = read_manifest(bundle)
-    given = read_inputs(bundle, manifest)
+def run_build(folder: Path, out: Path, repeat: int = 1) -> dict[str, Any]:
+    """Run the build in ``folder`` ``repeat`` times; write ``outputs.npz`` and ``run.json``
+    under ``out`` and give ``run.json``'s record."""
+    manifest = read_manifest(folder)
+    given = read_inputs(folder, manifest)
     try:
         cuda = ctypes.CDLL("libcuda.so.1")
     except OSError:
-        raise BundleError("no NVIDIA driver (libcuda.so.1) on this machine") from None
+        raise BuildError("no NVIDIA driver (libcuda.so.1) on this machine") from None
     device = _context(cuda)
-    runtime, module = _load(bundle)
+    runtime, module = _load(folder)
     held: list[int] = []
     try:
         keep: list[Any] = []
@@ -297,16 +297,16 @@ def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("bundle", type=Path)
+    parser.add_argument("build", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("--repeat", type=int, default=1)
     args = parser.parse_args(argv)
     try:
-        record = run_bundle(args.bundle, args.out, args.repeat)
-    except BundleError as e:
+        record = run_build(args.build, args.out, args.repeat)
+    except BuildError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{args.bundle.name}: ran on {record['device']}, best of {len(record['run_s'])} "
+    print(f"{args.build.name}: ran on {record['device']}, best of {len(record['run_s'])} "
           f"{min(record['run_s']) * 1e3:.3f} ms")
     return 0
 

@@ -17,7 +17,7 @@ upstream passes:
    block, its work the block's loops;
 3. every buffer of the host code allocated as CUDA managed memory (``gpu.alloc
    host_shared``): the host code between launches (fills, copies of slices, loops of a tiled
-   bundle) and the kernels read the same buffers; a buffer a kernel allocates for itself comes
+   loop group) and the kernels read the same buffers; a buffer a kernel allocates for itself comes
    from the device heap;
 4. the kernels compiled to PTX for ``arch`` (the driver JIT-compiles it for the GPU at hand;
    ``sm_80`` runs on Ampere and later), the host code to the LLVM dialect calling MLIR's CUDA

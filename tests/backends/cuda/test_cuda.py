@@ -1,5 +1,5 @@
 """The cuda backend: the parallel IR lowered by upstream MLIR to CUDA kernels and a host
-library, built into a bundle; run and checked where an NVIDIA GPU is present."""
+library, built into a build; run and checked where an NVIDIA GPU is present."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.backends.cuda import device_main
-from apportion.backends.cuda.bundle import build_bundle, check_bundle, run_bundle
+from apportion.backends.cuda.build import build, check_build, run_build
 from apportion.backends.cuda.lowering import (
     GpuArch,
     block_maps,
@@ -114,9 +114,9 @@ def test_a_plan_whose_foralls_carry_no_gpu_mapping_is_refused_naming_the_target(
         lower_nvvm(text)
 
 
-def test_a_bundle_holds_the_library_its_runtime_and_what_a_run_needs(tmp_path):
+def test_a_build_holds_the_library_its_runtime_and_what_a_run_needs(tmp_path):
     planned = _gpu_plan("megatron")
-    b = build_bundle(planned.lowered, tmp_path / "m", seed=3)
+    b = build(planned.lowered, tmp_path / "m", seed=3)
     manifest = json.loads((b.path / "manifest.json").read_text())
     assert manifest["function"] == "_mlir_ciface_megatron" and manifest["kernels"] == b.kernels
     assert [a["name"] for a in manifest["args"]] == list(planned.program.inputs)
@@ -132,7 +132,7 @@ def test_a_bundle_holds_the_library_its_runtime_and_what_a_run_needs(tmp_path):
 
 def test_a_run_time_size_and_a_loop_count_travel_as_index_arguments(tmp_path):
     planned = ap.plan(ap.load(EXAMPLES / "softmax_symbolic.json"), ap.targets.gpu(cores=8))
-    b = build_bundle(planned.schedule(params={"T": 16}), tmp_path / "s")
+    b = build(planned.schedule(params={"T": 16}), tmp_path / "s")
     indexes = [a for a in json.loads((b.path / "manifest.json").read_text())["args"]
                if a["kind"] == "index"]
     assert {"name": "T", "kind": "index", "value": 16} in indexes
@@ -140,30 +140,30 @@ def test_a_run_time_size_and_a_loop_count_travel_as_index_arguments(tmp_path):
 
 def test_outputs_that_differ_from_the_reference_fail_the_check(tmp_path):
     planned = _gpu_plan("transposed")
-    b = build_bundle(planned.lowered, tmp_path / "t")
+    b = build(planned.lowered, tmp_path / "t")
     reference = planned.program
     want = run_unplanned(reference, random_inputs(reference, 0))
     results = tmp_path / "results"
     results.mkdir()
     outputs = {n: want[n] for n in reference.outputs}
     np.savez(results / "outputs.npz", **outputs)
-    assert all(c.ok for c in check_bundle(b.path, results))
+    assert all(c.ok for c in check_build(b.path, results))
     name = reference.outputs[0]
     np.savez(results / "outputs.npz", **{**outputs, name: outputs[name] + 1})
-    assert [c.ok for c in check_bundle(b.path, results) if c.tensor == name] == [False]
+    assert [c.ok for c in check_build(b.path, results) if c.tensor == name] == [False]
 
 
 @pytest.mark.skipif(_has_gpu(), reason="this machine has an NVIDIA driver")
 def test_without_a_driver_the_device_runner_exits_2_with_one_line(tmp_path):
     planned = _gpu_plan("transposed")
-    b = build_bundle(planned.lowered, tmp_path / "t")
+    b = build(planned.lowered, tmp_path / "t")
     done = subprocess.run([sys.executable, device_main.__file__, str(b.path),
                            str(tmp_path / "out")], capture_output=True, text=True, check=False)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "error: no NVIDIA driver (libcuda.so.1) on this machine"]
     with pytest.raises(ExecutionError, match="no NVIDIA driver"):
-        run_bundle(b.path, tmp_path / "out")
+        run_build(b.path, tmp_path / "out")
 
 
 def test_the_device_runner_imports_nothing_of_apportion():
@@ -177,10 +177,9 @@ def test_the_device_runner_imports_nothing_of_apportion():
 @pytest.mark.parametrize("name", ["fused", "megatron", "rmsnorm_argmax", "splitk", "attention"])
 def test_an_example_runs_on_the_gpu_and_matches_the_reference(tmp_path, name, threads):
     planned = _gpu_plan(name, cores=32)
-    b = build_bundle(planned.lowered, tmp_path / name,
-                     threads=threads)
-    run_bundle(b.path, tmp_path / "out")
-    checks = check_bundle(b.path, tmp_path / "out")
+    b = build(planned.lowered, tmp_path / name, threads=threads)
+    run_build(b.path, tmp_path / "out")
+    checks = check_build(b.path, tmp_path / "out")
     assert all(c.ok for c in checks), checks
 
 
@@ -224,34 +223,33 @@ def test_a_gpu_or_ptx_version_llvm_does_not_know_is_refused_naming_it(arch, said
 
 def test_a_malformed_manifest_or_outputs_file_is_refused_naming_the_file(tmp_path):
     planned = _gpu_plan("transposed")
-    b = build_bundle(planned.lowered, tmp_path / "t")
+    b = build(planned.lowered, tmp_path / "t")
     results = tmp_path / "results"
     results.mkdir()
     np.savez(results / "outputs.npz", other=np.zeros(3))
     out = planned.program.outputs[0]
     with pytest.raises(ExecutionError, match=rf"output '{out}' in .*outputs\.npz is missing"):
-        check_bundle(b.path, results)
+        check_build(b.path, results)
     (results / "outputs.npz").write_text("not an archive")
     with pytest.raises(ExecutionError, match=r"outputs\.npz is not an npz archive"):
-        check_bundle(b.path, results)
+        check_build(b.path, results)
     (b.path / "manifest.json").write_text("{")
-    with pytest.raises(ExecutionError, match=r"manifest\.json is not a bundle manifest"):
-        check_bundle(b.path, results)
+    with pytest.raises(ExecutionError, match=r"manifest\.json is not a build manifest"):
+        check_build(b.path, results)
     (b.path / "manifest.json").write_text("{}")
     with pytest.raises(ExecutionError, match=r"lacks function, args, results, outputs"):
-        check_bundle(b.path, results)
+        check_build(b.path, results)
 
 
-def _trig_bundle(out: Path, x: np.ndarray, threads: int = 1):
+def _trig_build(out: Path, x: np.ndarray, threads: int = 1):
     planned = plan_trig(ap.targets.gpu(cores=32))
-    return build_bundle(planned.lowered, out, inputs={"x": x},
-                        threads=threads)
+    return build(planned.lowered, out, inputs={"x": x}, threads=threads)
 
 
 def test_float32_sin_and_cos_build_for_the_gpu_through_f64(tmp_path):
     # the emitter computes them in f64 for every backend (``f64_math.widen_f32_math``): the
     # extended operand, the reduction's i64 arithmetic and the f64 kernels all lower to PTX
-    b = _trig_bundle(tmp_path / "trig", rotary_angles())
+    b = _trig_build(tmp_path / "trig", rotary_angles())
     text = (b.path / "forall.mlir").read_text()
     assert "math.sin" not in text and "arith.extf" in text and "arith.truncf" in text
     assert (b.path / "module.so").exists()
@@ -263,9 +261,9 @@ def test_float32_sin_and_cos_build_for_the_gpu_through_f64(tmp_path):
 def test_float32_sin_and_cos_on_the_gpu_are_correctly_rounded_up_to_the_largest_float32(
         tmp_path, threads):
     for i, x in enumerate((rotary_angles(), whole_range())):
-        b = _trig_bundle(tmp_path / f"trig{i}", x, threads)
-        run_bundle(b.path, tmp_path / f"out{i}")
-        checks = check_bundle(b.path, tmp_path / f"out{i}")
+        b = _trig_build(tmp_path / f"trig{i}", x, threads)
+        run_build(b.path, tmp_path / f"out{i}")
+        checks = check_build(b.path, tmp_path / f"out{i}")
         assert all(c.ok for c in checks), checks
         with np.load(tmp_path / f"out{i}" / "outputs.npz") as got:
             for name, fn in FUNCTIONS.items():

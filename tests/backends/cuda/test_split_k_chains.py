@@ -1,5 +1,5 @@
 """A split-K select chain of more slices than the gpu target's blocks (128 slices on 8 and 32
-cores) built into CUDA bundles, one per run-time K, that match the unplanned program when run
+cores) built into CUDA builds, one per run-time K, that match the unplanned program when run
 on an NVIDIA GPU (each block a run-time range of slices)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import ctypes.util
 
 import pytest
 
-from apportion.backends.cuda.bundle import build_bundle, check_bundle, run_bundle
+from apportion.backends.cuda.build import build, check_build, run_build
 from apportion.runtime import upstream_mlir
 from tests.split_k_chains import SIZES, planned
 
@@ -29,7 +29,7 @@ def test_a_chain_of_more_slices_than_blocks_runs_on_the_gpu_at_each_size(tmp_pat
     p = planned("gpu", cores)
     assert max(p.plan.op("mm.partial").split_k.select.factors) == 128 > cores
     for k in SIZES:
-        b = build_bundle(p.schedule({"K": k}), tmp_path / f"k{k}", threads=threads)
-        run_bundle(b.path, tmp_path / f"out{k}")
-        checks = check_bundle(b.path, tmp_path / f"out{k}")
+        b = build(p.schedule({"K": k}), tmp_path / f"k{k}", threads=threads)
+        run_build(b.path, tmp_path / f"out{k}")
+        checks = check_build(b.path, tmp_path / f"out{k}")
         assert checks and all(c.ok for c in checks), (k, checks)

@@ -1,5 +1,5 @@
-"""A cuda bundle's folder: built beside ``--out`` and renamed into place, never replacing what
-is not a bundle; a malformed manifest or inputs file refused naming the field."""
+"""A cuda build's folder: built beside ``--out`` and renamed into place, never replacing what
+is not a build; a malformed manifest or inputs file refused naming the field."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import apportion as ap
-from apportion.backends.cuda import bundle as bundle_module
-from apportion.backends.cuda.bundle import _signals_deferred, build_bundle, check_bundle
+from apportion.backends.cuda import build as build_module
+from apportion.backends.cuda.build import _signals_deferred, build, check_build
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.runtime import upstream_mlir
@@ -43,9 +43,9 @@ def _digest(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A bundle of the fused example, with a run's results in it (the reference's outputs)."""
+    """A build of the fused example, with a run's results in it (the reference's outputs)."""
     p = _planned()
-    b = build_bundle(p.lowered, tmp_path_factory.mktemp("built") / "b", seed=1)
+    b = build(p.lowered, tmp_path_factory.mktemp("built") / "b", seed=1)
     want = run_unplanned(p.program, {k: np.asarray(v) for k, v in
                                      np.load(b.path / "inputs.npz").items()})
     (b.path / "results").mkdir()
@@ -62,21 +62,21 @@ def old(built: Path, tmp_path: Path) -> Path:
 # --- the folder ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("holds", ["keep.txt", "manifest.json"])
-def test_a_folder_that_is_not_a_bundle_is_refused_and_kept(tmp_path, capsys, holds):
+def test_a_folder_that_is_not_a_build_is_refused_and_kept(tmp_path, capsys, holds):
     project = tmp_path / "project"
     project.mkdir()
-    # a manifest.json of another tool's (a web extension's) does not make a bundle
+    # a manifest.json of another tool's (a web extension's) does not make a build
     (project / holds).write_text('{"name": "my extension", "version": "1.0"}')
     before = _digest(project)
     assert main(["cuda", "build", FUSED, "--cores", "8", "--out", str(project)]) == 2
     line = one_error_line(capsys)
-    assert f"will not build the bundle into {str(project)!r}" in line
-    assert "not a cuda bundle" in line
+    assert f"will not write the build into {str(project)!r}" in line
+    assert "not a cuda build" in line
     assert _digest(project) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["project"]  # nothing left beside
 
 
-def test_a_bundle_holding_a_file_of_the_user_is_not_replaced(old, capsys):
+def test_a_build_holding_a_file_of_the_user_is_not_replaced(old, capsys):
     (old / "notes.txt").write_text("what I found on the H100")
     before = _digest(old)
     assert main(["cuda", "build", FUSED, "--cores", "8", "--out", str(old)]) == 2
@@ -84,20 +84,20 @@ def test_a_bundle_holding_a_file_of_the_user_is_not_replaced(old, capsys):
     assert _digest(old) == before
 
 
-def test_rebuilding_over_a_bundle_replaces_it_whole_and_leaves_nothing_beside(old, capsys):
+def test_rebuilding_over_a_build_replaces_it_whole_and_leaves_nothing_beside(old, capsys):
     p = _planned()
     before = _digest(old)
-    b = build_bundle(p.lowered, old, seed=2)
+    b = build(p.lowered, old, seed=2)
     assert b.path == old
     after = _digest(old)
-    assert "results/outputs.npz" not in after  # the old bundle's run is not the new one's
+    assert "results/outputs.npz" not in after  # the old build's run is not the new one's
     assert after["inputs.npz"] != before["inputs.npz"]  # seed 2, not 1
     assert set(after) == set(before) - {"results/outputs.npz"}
     assert [q.name for q in old.parent.iterdir()] == ["b"]
 
 
 @pytest.mark.parametrize("fault", [KeyboardInterrupt, ExecutionError])
-def test_an_interrupted_or_failed_rebuild_leaves_the_old_bundle_and_its_results(
+def test_an_interrupted_or_failed_rebuild_leaves_the_old_build_and_its_results(
         old, monkeypatch, fault):
     before = _digest(old)
     linked = []
@@ -107,36 +107,36 @@ def test_an_interrupted_or_failed_rebuild_leaves_the_old_bundle_and_its_results(
         linked.append(out)
         raise fault("stopped during the link")
 
-    monkeypatch.setattr(bundle_module, "link", half_link)
+    monkeypatch.setattr(build_module, "link", half_link)
     p = _planned()
     with pytest.raises(fault):
-        build_bundle(p.lowered, old, seed=2)
-    assert linked and linked[0].parent != old  # the link wrote beside the bundle, not in it
+        build(p.lowered, old, seed=2)
+    assert linked and linked[0].parent != old  # the link wrote beside the build, not in it
     assert _digest(old) == before
     assert [q.name for q in old.parent.iterdir()] == ["b"]  # no half-written folder
 
 
 @pytest.mark.parametrize("caller", ["command line", "library"])
-def test_sigterm_during_the_link_leaves_the_old_bundle_and_no_half_written_folder(old, caller):
+def test_sigterm_during_the_link_leaves_the_old_build_and_no_half_written_folder(old, caller):
     before = _digest(old)
-    build = (f"sys.exit(main(['cuda', 'build', {FUSED!r}, '--cores', '8', '--out', "
+    command = (f"sys.exit(main(['cuda', 'build', {FUSED!r}, '--cores', '8', '--out', "
              f"{str(old)!r}]))" if caller == "command line" else
              f"p = ap.plan(ap.load({FUSED!r}), ap.targets.gpu(cores=8))\n"
-             f"bundle.build_bundle(p.lowered, Path({str(old)!r}), seed=2)")
+             f"build.build(p.lowered, Path({str(old)!r}), seed=2)")
     # the build in a process of its own, terminated (as a batch system's time limit does)
     # while its link is running
     script = "\n".join([
         "import os, signal, sys, time",
         "from pathlib import Path",
         "import apportion as ap",
-        "from apportion.backends.cuda import bundle",
+        "from apportion.backends.cuda import build",
         "from apportion.cli.main import main",
         "def link(llvm, out):",
         "    out.write_bytes(b'half')",
         "    os.kill(os.getpid(), signal.SIGTERM)",
         "    time.sleep(60)",
-        "bundle.link = link",
-        build,
+        "build.link = link",
+        command,
     ])
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120, check=False, cwd=ROOT)
@@ -145,7 +145,7 @@ def test_sigterm_during_the_link_leaves_the_old_bundle_and_no_half_written_folde
         assert done.returncode in (130, 143), done.stderr
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
         assert done.stderr.startswith(("apportion: interrupted", "apportion: terminated"))
-    else:  # build_bundle alone raises it as KeyboardInterrupt
+    else:  # build alone raises it as KeyboardInterrupt
         assert "KeyboardInterrupt" in done.stderr, done.stderr
     assert _digest(old) == before
     assert [q.name for q in old.parent.iterdir()] == ["b"]
@@ -172,7 +172,7 @@ def test_the_current_folder_its_parents_home_root_and_an_empty_path_are_refused(
     assert cli_status(["cuda", "build", FUSED, "--cores", "8", "--out", given]) == 2
     line = one_error_line(capsys)
     assert ("is empty (an unset variable?)" in line if out == "" else
-            f"will not build the bundle into {given!r}" in line)
+            f"will not write the build into {given!r}" in line)
     assert (here / "main.py").read_text() == "print('mine')"
     assert sorted(q.name for q in here.iterdir()) == ["main.py"]
     assert sorted(q.name for q in (tmp_path / "home").iterdir()) == ["project"]
@@ -221,10 +221,10 @@ def test_a_manifest_field_of_the_wrong_type_or_an_unknown_element_type_is_refuse
     change(manifest)
     path.write_text(json.dumps(manifest))
     with pytest.raises(ExecutionError, match=said):
-        check_bundle(old, old / "results")
+        check_build(old, old / "results")
     assert main(["cuda", "check", str(old)]) == 2
     line = one_error_line(capsys)
-    assert "manifest.json: " in line and "not a bundle manifest" in line
+    assert "manifest.json: " in line and "not a build manifest" in line
 
 
 def test_an_index_argument_that_is_not_an_integer_is_refused(old):
@@ -233,7 +233,7 @@ def test_an_index_argument_that_is_not_an_integer_is_refused(old):
     manifest["args"].append({"kind": "index", "name": "T", "value": "16"})
     path.write_text(json.dumps(manifest))
     with pytest.raises(ExecutionError, match=r"args\[3\] \('T'\) has index value '16'"):
-        check_bundle(old, old / "results")
+        check_build(old, old / "results")
 
 
 @pytest.mark.parametrize(("fault", "said"), [
@@ -253,8 +253,8 @@ def test_an_inputs_file_that_disagrees_with_the_manifest_is_refused(old, fault, 
         stored["a"] = stored["a"].astype(np.float32)
     np.savez(old / "inputs.npz", **stored)
     with pytest.raises(ExecutionError, match=said):
-        check_bundle(old, old / "results")
+        check_build(old, old / "results")
 
 
-def test_the_bundle_as_built_still_checks(old):
-    assert all(c.ok for c in check_bundle(old, old / "results"))
+def test_the_build_as_made_still_checks(old):
+    assert all(c.ok for c in check_build(old, old / "results"))

@@ -1,7 +1,7 @@
-"""A plan's parallel IR built for an NVIDIA GPU as a bundle a GPU machine runs, and checked
-against the reference executor.
+"""A plan's parallel IR built for an NVIDIA GPU into a folder a GPU machine runs (a build),
+and checked against the reference executor.
 
-``build_bundle`` emits a schedule's ``scf.forall`` IR (``mlir.module``, the function
+``build`` emits a schedule's ``scf.forall`` IR (``mlir.module``, the function
 IREE compiles and the openmp backend runs; for the ``gpu`` target each forall carries
 ``#gpu.block`` mappings), lowers it with upstream MLIR (``lowering.lower_nvvm``: each forall a
 kernel, a core of the plan a block), links the host library (``lowering.link``) and writes a
@@ -14,7 +14,7 @@ folder a GPU machine runs with Python, numpy and the NVIDIA driver alone
 * ``manifest.json``: the function's C interface name, its arguments (tensors by name and
   element type, ``index`` values: loop counts, run-time sizes) and results;
 * ``inputs.npz``: the inputs (random, ``seed``); ``reference.json``: the unplanned program the
-  outputs are checked against (``check_bundle``); ``forall.mlir``: the IR it was built from.
+  outputs are checked against (``check_build``); ``forall.mlir``: the IR it was built from.
 
 >>> import apportion as ap, tempfile
 >>> from pathlib import Path
@@ -22,7 +22,7 @@ folder a GPU machine runs with Python, numpy and the NVIDIA driver alone
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.gpu(cores=8))
 >>> if upstream_mlir.available():
 ...     with tempfile.TemporaryDirectory() as tmp:
-...         b = build_bundle(planned.lowered, Path(tmp) / "fused")
+...         b = build(planned.lowered, Path(tmp) / "fused")
 ...         assert (b.path / "module.so").exists() and b.kernels == 2
 """
 
@@ -57,8 +57,8 @@ from apportion.schedule.values import Schedule
 
 
 @dataclass(frozen=True)
-class Bundle:
-    """A built bundle: its folder, the program's name, the kernels (one per forall), the
+class Build:
+    """A build: its folder, the program's name, the kernels (one per forall), the
     threads per block, how many kernels split their block's work over them, and seconds
     lowering and linking took."""
 
@@ -94,8 +94,8 @@ def reference(schedule: Schedule) -> Program:
     return schedule.given.bind(dict(schedule.sizes))
 
 
-def build_bundle(schedule: Schedule, out: Path, seed: int = 0, arch: GpuArch = AMPERE,
-                 threads: int = 1, inputs: Mapping[str, np.ndarray] | None = None) -> Bundle:
+def build(schedule: Schedule, out: Path, seed: int = 0, arch: GpuArch = AMPERE,
+          threads: int = 1, inputs: Mapping[str, np.ndarray] | None = None) -> Build:
     """Build ``schedule`` (a plan's, bound at the run's sizes and loop counts) for the GPU
     into the folder ``out``, with ``inputs`` (None: random ones, ``seed``). Refuses, naming the
     op and the limit, what the parallel IR has no construction for, and a target whose
@@ -103,10 +103,10 @@ def build_bundle(schedule: Schedule, out: Path, seed: int = 0, arch: GpuArch = A
     ``threads``: per block, each block's work split over them where that is safe
     (``threads.thread_tiles``; 1: a block's work runs as loops on one thread).
 
-    ``out`` may be new, empty or a bundle (replaced); anything else is refused before any
-    work (``check_out``). The bundle is written into a folder beside ``out`` and renamed into
+    ``out`` may be new, empty or a build (replaced); anything else is refused before any
+    work (``check_out``). The build is written into a folder beside ``out`` and renamed into
     place once complete: a build that fails or is interrupted (Ctrl-C, SIGTERM) leaves the
-    bundle that was there, with its results, and nothing of its own."""
+    build that was there, with its results, and nothing of its own."""
     start = time.perf_counter()
     check_out(out)
     upstream_mlir.require()
@@ -143,18 +143,18 @@ def build_bundle(schedule: Schedule, out: Path, seed: int = 0, arch: GpuArch = A
         _stand_in(folder / "libLLVM.so")
         np.savez(folder / "inputs.npz", **stored)
         (folder / "reference.json").write_text(dumps(unplanned))
-        # last: a folder with a manifest is a bundle (``check_out``)
+        # last: a folder with a manifest is a build (``check_out``)
         (folder / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
     _write_in_place(out, write)
-    return Bundle(out, program.name, kernels, threads, lowered.threaded,
+    return Build(out, program.name, kernels, threads, lowered.threaded,
                   time.perf_counter() - start)
 
 
-#: what a bundle's folder holds: the files ``build_bundle`` writes, and ``results``, where
+#: what a build's folder holds: the files ``build`` writes, and ``results``, where
 #: ``cuda run`` writes a run's outputs by default; a folder holding anything else is not
 #: replaced
-BUNDLE_ENTRIES = frozenset({"manifest.json", "module.so", "libmlir_cuda_runtime.so",
+BUILD_ENTRIES = frozenset({"manifest.json", "module.so", "libmlir_cuda_runtime.so",
                             "libLLVM.so", "inputs.npz", "reference.json", "forall.mlir",
                             "results"})
 
@@ -182,14 +182,14 @@ def _protected(out: Path) -> str | None:
 
 
 def check_out(out: Path) -> None:
-    """Refuse ``out`` as a bundle's folder, naming it, where building there would lose what
-    is not a bundle: the root, the home folder, the current folder or one above it, a
-    symbolic link, a file, or a folder that holds anything but a bundle (a manifest the
-    device runner reads and only ``BUNDLE_ENTRIES``). A new or empty folder is fine."""
-    said = f"cuda backend: will not build the bundle into {str(out)!r}"
+    """Refuse ``out`` as a build's folder, naming it, where building there would lose what
+    is not a build: the root, the home folder, the current folder or one above it, a
+    symbolic link, a file, or a folder that holds anything but a build (a manifest the
+    device runner reads and only ``BUILD_ENTRIES``). A new or empty folder is fine."""
+    said = f"cuda backend: will not write the build into {str(out)!r}"
     what = _protected(out)
     if what is not None:
-        raise ExecutionError(f"{said}, {what}: a build replaces its folder; give the bundle "
+        raise ExecutionError(f"{said}, {what}: a build replaces its folder; give the build "
                              "a folder of its own")
     try:
         if out.is_symlink():
@@ -199,28 +199,28 @@ def check_out(out: Path) -> None:
             return
         if not out.is_dir():
             raise ExecutionError(f"{said}: it is a file, not a folder; give a new folder or "
-                                 "a bundle's")
+                                 "a build's")
         entries = sorted(p.name for p in out.iterdir())
     except OSError as e:
         raise ExecutionError(f"{said}: {e.strerror or e}") from None
     if not entries:
         return
-    refuse = (f"{said}: it is not a cuda bundle ({{}}) and a build replaces its folder; give "
+    refuse = (f"{said}: it is not a cuda build ({{}}) and a build replaces its folder; give "
               "a new or empty folder, or move what it holds")
-    foreign = [n for n in entries if n not in BUNDLE_ENTRIES]
+    foreign = [n for n in entries if n not in BUILD_ENTRIES]
     if foreign:
         raise ExecutionError(refuse.format(f"it holds {foreign[0]!r}"))
     try:
         device_main.read_manifest(out)
-    except device_main.BundleError as e:
+    except device_main.BuildError as e:
         raise ExecutionError(refuse.format(str(e))) from None
 
 
 def _write_in_place(out: Path, write: Callable[[Path], None]) -> None:
-    """``write`` a bundle into a new folder beside ``out``, then put it in ``out``'s place
-    (the bundle there moved aside, then removed); on any failure or interrupt, the new folder
+    """``write`` a build into a new folder beside ``out``, then put it in ``out``'s place
+    (the build there moved aside, then removed); on any failure or interrupt, the new folder
     is removed and ``out`` is as it was."""
-    where = f"cuda backend: writing the bundle {str(out)!r}"
+    where = f"cuda backend: writing the build {str(out)!r}"
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         part = out.parent / f".{out.name[:64]}.partial-{secrets.token_hex(4)}"
@@ -231,7 +231,7 @@ def _write_in_place(out: Path, write: Callable[[Path], None]) -> None:
     try:
         with _terminate_as_interrupt():
             write(part)
-            check_out(out)  # again: it may have changed while the bundle was built
+            check_out(out)  # again: it may have changed while the build was written
             _swap(part, out)
     except OSError as e:
         raise ExecutionError(f"{where}: {e.strerror or e}"
@@ -242,9 +242,9 @@ def _write_in_place(out: Path, write: Callable[[Path], None]) -> None:
 
 
 def _swap(part: Path, out: Path) -> None:
-    """Rename the complete bundle ``part`` to ``out``. The bundle there is moved aside first,
+    """Rename the complete build ``part`` to ``out``. The build there is moved aside first,
     put back if the rename fails, removed once it succeeds; Ctrl-C and SIGTERM wait until
-    this is done, so that ``out`` is never left missing nor the old bundle left aside."""
+    this is done, so that ``out`` is never left missing nor the old build left aside."""
     old = out.parent / f".{out.name[:64]}.replaced-{secrets.token_hex(4)}"
     with _signals_deferred():
         if not out.exists():
@@ -259,7 +259,7 @@ def _swap(part: Path, out: Path) -> None:
         try:
             shutil.rmtree(old)
         except OSError as e:
-            raise ExecutionError(f"cuda backend: built {str(out)!r}, but the bundle it "
+            raise ExecutionError(f"cuda backend: built {str(out)!r}, but the build it "
                                  f"replaced, moved to {str(old)!r}, could not be removed: "
                                  f"{e.strerror or e}") from None
 
@@ -293,7 +293,7 @@ def _signals_deferred() -> Iterator[None]:
 @contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
     """SIGTERM (a batch system's time limit, ``kill``) raised as KeyboardInterrupt, as Ctrl-C,
-    while a bundle is written, so that the half-written folder is removed; left as it is
+    while a build is written, so that the half-written folder is removed; left as it is
     where a handler is set already or this is not the main thread (which alone takes one)."""
     if threading.current_thread() is not threading.main_thread() or \
             signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
@@ -320,36 +320,36 @@ def _stand_in(path: Path) -> None:
                              f"{' '.join(done.stderr.split())[-500:]}")
 
 
-def run_bundle(bundle: Path, out: Path, repeat: int = 1) -> dict[str, object]:
-    """Run ``bundle`` on this machine's GPU (``device_main`` in a child process: a fault in a
-    kernel ends that process, not this one); its ``run.json`` record. An ExecutionError when
-    it cannot run (no NVIDIA driver, a CUDA error)."""
-    done = subprocess.run(python_command(str(Path(device_main.__file__)), str(bundle), str(out),
+def run_build(folder: Path, out: Path, repeat: int = 1) -> dict[str, object]:
+    """Run the build in ``folder`` on this machine's GPU (``device_main`` in a child process:
+    a fault in a kernel ends that process, not this one); its ``run.json`` record. An
+    ExecutionError when it cannot run (no NVIDIA driver, a CUDA error)."""
+    done = subprocess.run(python_command(str(Path(device_main.__file__)), str(folder), str(out),
                                          "--repeat", str(repeat)), capture_output=True, text=True,
                           check=False)
     if done.returncode != 0:
         said = " ".join(done.stderr.split())[-1500:]
-        raise ExecutionError(f"cuda backend: running {bundle.name} failed (exit status "
+        raise ExecutionError(f"cuda backend: running {folder.name} failed (exit status "
                              f"{done.returncode}): {said}")
     return json.loads((out / "run.json").read_text())
 
 
-def read_run(bundle: Path, results: Path) -> tuple[Program, dict[str, np.ndarray],
-                                                   dict[str, np.ndarray]]:
-    """What a run of ``bundle`` wrote under ``results`` (``outputs.npz``): the unplanned
-    program it is checked against, the bundle's inputs and the function's results (the
-    program's outputs, then the indices its gathers computed), as the reference executor's
-    arrays. An ExecutionError names a missing or misshapen result."""
+def read_run(folder: Path, results: Path) -> tuple[Program, dict[str, np.ndarray],
+                                                    dict[str, np.ndarray]]:
+    """What a run of the build in ``folder`` wrote under ``results`` (``outputs.npz``): the
+    unplanned program it is checked against, the build's inputs and the function's results
+    (the program's outputs, then the indices its gathers computed), as the reference
+    executor's arrays. An ExecutionError names a missing or misshapen result."""
     try:
-        manifest = device_main.read_manifest(bundle)
-        stored = device_main.read_inputs(bundle, manifest)
+        manifest = device_main.read_manifest(folder)
+        stored = device_main.read_inputs(folder, manifest)
         if not (results / "outputs.npz").exists():
             raise ExecutionError(f"cuda backend: {results} holds no outputs.npz (run the "
-                                 "bundle first: apportion cuda run)")
+                                 "build first: apportion cuda run)")
         outputs = device_main.read_arrays(results / "outputs.npz")
-    except device_main.BundleError as e:
+    except device_main.BuildError as e:
         raise ExecutionError(f"cuda backend: {e}") from None
-    unplanned = load(bundle / "reference.json")
+    unplanned = load(folder / "reference.json")
     types = {a["name"]: a["type"] for a in manifest["args"] if a["kind"] == "memref"}
     inputs = {k: _from_storage(v, types[k]) for k, v in stored.items()}
     got = {}
@@ -358,14 +358,15 @@ def read_run(bundle: Path, results: Path) -> tuple[Program, dict[str, np.ndarray
         if value is None or list(value.shape) != list(r["shape"]):
             said = "is missing" if value is None else f"has shape {list(value.shape)}"
             raise ExecutionError(f"cuda backend: output {r['name']!r} in {results}/outputs.npz "
-                                 f"{said}; the bundle's function returns {r['shape']}")
+                                 f"{said}; the build's function returns {r['shape']}")
         got[r["name"]] = _from_storage(value, r["type"])
     return unplanned, inputs, got
 
 
-def check_bundle(bundle: Path, results: Path) -> list[OutputCheck]:
-    """The outputs a run of ``bundle`` wrote under ``results`` (``outputs.npz``) checked
-    against the reference executor's run of the unplanned program on the same inputs."""
-    unplanned, inputs, outputs = read_run(bundle, results)
+def check_build(folder: Path, results: Path) -> list[OutputCheck]:
+    """The outputs a run of the build in ``folder`` wrote under ``results`` (``outputs.npz``)
+    checked against the reference executor's run of the unplanned program on the same
+    inputs."""
+    unplanned, inputs, outputs = read_run(folder, results)
     checks, _ = check(unplanned, lambda xs: {**xs, **outputs}, inputs=inputs)
     return checks
