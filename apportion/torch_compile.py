@@ -64,7 +64,7 @@ from apportion.planned import PlannedProgram, plan
 from apportion.target.presets import resolve
 from apportion.target.target import Target
 
-__all__ = ["Backend", "Graph", "backend"]
+__all__ = ["CompileBackend", "Graph", "backend"]
 
 #: the logger a graph that runs eagerly is reported on
 log = logging.getLogger("apportion")
@@ -108,7 +108,7 @@ class Graph:
         return self.nodes_planned / total if total else 0.0
 
 
-class Backend:
+class CompileBackend:
     """A ``torch.compile`` backend: ``backend(gm, example_inputs)`` returns the callable that
     runs the graph (see the module docstring). Made by ``ap.backend``."""
 
@@ -288,13 +288,13 @@ class _Specializing:
     """The run of a graph torch made symbolic (its sizes are ``SymInt`` inputs: dynamo's
     automatic dynamic shapes, e.g. the growing length of a KV cache in ``generate``): each call
     binds the sizes it is given, and each new binding (the ints, and every tensor's shape and
-    dtype) is planned as a graph of static shapes (``Backend._take``), at most ``limit`` of
+    dtype) is planned as a graph of static shapes (``CompileBackend._take``), at most ``limit`` of
     them; calls beyond run eagerly, said once."""
 
     #: the most bindings planned for one graph (each is a plan held in memory)
     limit = 64
 
-    def __init__(self, owner: Backend, gm: Any) -> None:
+    def __init__(self, owner: CompileBackend, gm: Any) -> None:
         self.owner = owner
         self.gm = gm
         self.runs: dict[tuple[Any, ...], Callable[..., Any]] = {}
@@ -453,11 +453,11 @@ def _reason(e: BaseException) -> str:
 
 
 def backend(target: str | Target = "spyre", cores: int | None = None,
-            strategy: str | Strategy = "balanced", threads: int | None = None) -> Backend:
+            strategy: str | Strategy = "balanced", threads: int | None = None) -> CompileBackend:
     """A ``torch.compile`` backend planning every graph for ``target`` (a preset name, a
     ``.toml`` file or a ``Target``) on ``cores`` cores (a preset name: default 8; a ``Target``
     keeps its own count unless ``cores`` is given) under ``strategy`` (a name or an
-    ``ap.strategies`` object; ``Backend.strategy`` is the object), and running the plans on
+    ``ap.strategies`` object; ``CompileBackend.strategy`` is the object), and running the plans on
     ``threads`` threads (default: ``torch.get_num_threads()`` when a graph compiles).
 
     >>> b = backend(target="spyre", cores=8)
@@ -475,4 +475,4 @@ def backend(target: str | Target = "spyre", cores: int | None = None,
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
         raise ExecutionError(f"threads must be an int >= 1 or None, got {threads!r}")
-    return Backend(tgt, chosen, threads)
+    return CompileBackend(tgt, chosen, threads)

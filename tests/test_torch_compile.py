@@ -17,7 +17,7 @@ import apportion as ap  # noqa: E402
 from apportion.backends.torch import executor as torch_exec  # noqa: E402
 from apportion.frontend import torch_demo  # noqa: E402
 from apportion.runtime.reference import TOLERANCES  # noqa: E402
-from apportion.torch_compile import Backend  # noqa: E402
+from apportion.torch_compile import CompileBackend  # noqa: E402
 
 TOL = TOLERANCES["float32"]
 SEQ = 8
@@ -34,7 +34,7 @@ def logits(out):
     return out if isinstance(out, torch.Tensor) else out.logits
 
 
-def compiled_matches_eager(model, xs, cores: int, threads: int = 2) -> Backend:
+def compiled_matches_eager(model, xs, cores: int, threads: int = 2) -> CompileBackend:
     """Compile with the backend, run twice (the second call reuses the plan), compare with
     eager; every captured graph ran planned."""
     b = ap.backend(target="spyre", cores=cores, threads=threads)
@@ -262,4 +262,4 @@ def test_import_apportion_and_making_a_backend_import_no_torch():
             "assert 'torch' not in sys.modules, 'torch imported'; print(type(b).__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
-    assert out.stdout.strip() == "Backend"
+    assert out.stdout.strip() == "CompileBackend"

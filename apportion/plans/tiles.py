@@ -15,6 +15,7 @@ from apportion.ir.op import Access
 from apportion.plans.plan import LoopInfo, OpPlan
 from apportion.plans.views import dim_slices
 
+#: one box of an op's iteration space: dim -> (start, stop) in elements
 Box = dict[str, tuple[int, int]]
 #: index range (start, stop) per tensor axis
 Region = tuple[tuple[int, int], ...]
@@ -51,7 +52,7 @@ def iterations(counts: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
     return itertools.product(*(range(c) for c in counts))
 
 
-class Loop:
+class LoopTree:
     """One loop of a group's nest: its depth, count, and body (op names and inner loops, in
     program order)."""
 
@@ -66,20 +67,20 @@ class Loop:
         return out
 
     def __repr__(self) -> str:
-        return f"Loop({self.depth}, {self.count!r}, {self.items!r})"
+        return f"LoopTree({self.depth}, {self.count!r}, {self.items!r})"
 
 
 def loop_tree(names: tuple[str, ...] | list[str], loops: Mapping[str, LoopInfo],
-              depth: int = 0) -> list[str | Loop]:
+              depth: int = 0) -> list[str | LoopTree]:
     """A group's ops as the body at ``depth``: an op whose loop path ends there runs in it;
     consecutive ops with the same path below it share an inner loop.
 
     >>> loop_tree(["a", "b", "c"], {"a": LoopInfo((0,), (2,), (("m",),)),
     ...                              "b": LoopInfo((0, 0), (2, 4), (("m",), ("n",))),
     ...                              "c": LoopInfo((0,), (2,), (("m",),))})
-    [Loop(0, 2, ['a', Loop(1, 4, ['b']), 'c'])]
+    [LoopTree(0, 2, ['a', LoopTree(1, 4, ['b']), 'c'])]
     """
-    items: list[str | Loop] = []
+    items: list[str | LoopTree] = []
     names = list(names)
     i = 0
     while i < len(names):
@@ -92,7 +93,7 @@ def loop_tree(names: tuple[str, ...] | list[str], loops: Mapping[str, LoopInfo],
         while j < len(names) and len(loops[names[j]].group) > depth and \
                 loops[names[j]].group[:depth + 1] == path[:depth + 1]:
             j += 1
-        items.append(Loop(depth, loops[names[i]].count[depth],
+        items.append(LoopTree(depth, loops[names[i]].count[depth],
                           loop_tree(names[i:j], loops, depth + 1)))
         i = j
     return items

@@ -22,11 +22,9 @@ from apportion.ir.dtypes import FLOAT_DTYPES, FLOAT_EPS, least_precise
 from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
+from apportion.plans.tiles import Box as Box
 from apportion.runtime import kernels
 from apportion.runtime.kernels import Partial
-
-#: one box of an op's iteration space: dim -> (start, stop) in elements
-Box = dict[str, tuple[int, int]]
 
 
 def random_inputs(program: Program, seed: int = 0) -> dict[str, np.ndarray]:

@@ -6,7 +6,7 @@ select chains evaluated, every op's slices cut from the bound sizes) and the sym
 counts (``params``, each checked against what its group was planned for), then walks the
 program in order: an op outside loops becomes a ``Launch`` over its cores (the plan's core
 slices, ``plans.views.core_slices``) or a ``Host`` step (a fallback); a loop group becomes its
-nest of ``Loop``s (``plans.tiles.loop_tree``) with the ``Init`` of each accumulator before the
+nest of ``LoopTree``s (``plans.tiles.loop_tree``) with the ``Init`` of each accumulator before the
 loop tiling its reduction, the ``Finish`` after it, and a ``Copy`` after each producer whose
 tile is copied out. A launch in a loop gives its tile and its cores' boxes
 (``plans.tiles.tile_box`` and ``core_boxes``) at iteration 0 and their step per loop level: a
@@ -24,8 +24,15 @@ from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
 from apportion.plans.memory import GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan, Plan
-from apportion.plans.tiles import Box, core_boxes, loop_tree, region, resolve_counts, tile_box
-from apportion.plans.tiles import Loop as TreeLoop
+from apportion.plans.tiles import (
+    Box,
+    LoopTree,
+    core_boxes,
+    loop_tree,
+    region,
+    resolve_counts,
+    tile_box,
+)
 from apportion.plans.views import core_slices
 from apportion.schedule.bind import bind_plan
 from apportion.schedule.parts import lifetimes
@@ -240,7 +247,7 @@ class _Lowering:
             loops[name] = loop
         return self.items(group, loop_tree(group.ops, loops), 0)
 
-    def items(self, group: GroupPlan, items: Sequence[str | TreeLoop], depth: int
+    def items(self, group: GroupPlan, items: Sequence[str | LoopTree], depth: int
               ) -> list[Step]:
         out: list[Step] = []
         for item in items:

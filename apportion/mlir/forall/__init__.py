@@ -112,7 +112,7 @@ from apportion.mlir.builder import verify_mlir as verify_mlir
 from apportion.mlir.forall.context import forall_mapping as forall_mapping
 from apportion.mlir.forall.context import symbols as symbols
 from apportion.mlir.forall.function import FunctionRenderer
-from apportion.mlir.forall.tensors import Box as Box
+from apportion.mlir.forall.tensors import IxBox as IxBox
 from apportion.mlir.forall.tensors import TensorVal as TensorVal
 from apportion.mlir.forall.tensors import slice_of
 from apportion.mlir.index import Ix as Ix

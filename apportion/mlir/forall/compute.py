@@ -14,8 +14,8 @@ from apportion.mlir.builder import Block, symbol_name
 from apportion.mlir.f64_math import expand_f64_math, widen_f32_math
 from apportion.mlir.forall.context import Context
 from apportion.mlir.forall.tensors import (
-    Box,
     Env,
+    IxBox,
     Slice,
     TensorVal,
     elementwise,
@@ -138,7 +138,7 @@ class Compute:
 
     # -- a thread's computation ---------------------------------------------------------------
 
-    def core(self, blk: Block, op: Op, box: Box, dest: TensorVal, env: Env, accumulate: bool
+    def core(self, blk: Block, op: Op, box: IxBox, dest: TensorVal, env: Env, accumulate: bool
              ) -> TensorVal:
         """``op`` over ``box``: the finished piece of the output (the accumulated piece of
         the accumulator when ``accumulate``), literal axes dropped."""
@@ -180,7 +180,7 @@ class Compute:
             return [(ty, r.identity), ("i64", INDEX_MAX)]
         return [(ty, r.identity)]
 
-    def reduce_into(self, blk: Block, op: Op, box: Box, ins: list[Slice], results: list[str],
+    def reduce_into(self, blk: Block, op: Op, box: IxBox, ins: list[Slice], results: list[str],
                     ty: str, acc: TensorVal | None) -> list[TensorVal]:
         """The reduction or matmul of ``op`` over ``box`` accumulated into fresh identities, then
         (with ``acc``) combined into the slice of the accumulator ``acc``, as the reference

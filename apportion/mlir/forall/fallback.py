@@ -23,8 +23,8 @@ from apportion.mlir.builder import Block, symbol_name
 from apportion.mlir.forall.compute import Compute, apply, convert
 from apportion.mlir.forall.context import Context
 from apportion.mlir.forall.tensors import (
-    Box,
     Env,
+    IxBox,
     Slice,
     TensorVal,
     empty,
@@ -48,7 +48,7 @@ class Fallbacks:
         self.ctx, self.compute = ctx, compute
 
     def fallback(self, blk: Block, op: Op, dest: TensorVal, env: Env,
-                 tile: Box | None = None) -> TensorVal:
+                 tile: IxBox | None = None) -> TensorVal:
         """A fallback runs whole along the last axis of its whole input (in a loop nest: of the
         input's region over ``tile``, which is whole along that axis); the result is then read
         through the input's access and written through the output's (a transpose at most)."""

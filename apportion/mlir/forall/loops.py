@@ -19,8 +19,8 @@ from apportion.mlir.forall.context import Context, Work
 from apportion.mlir.forall.merge import merge_view, merged_tile, split_view, written
 from apportion.mlir.forall.ops import OpRenderer
 from apportion.mlir.forall.tensors import (
-    Box,
     Env,
+    IxBox,
     Region,
     TensorVal,
     empty,
@@ -67,7 +67,7 @@ class LoopGroups:
         for t in nest.whole:
             env[t] = state.vals[t]
 
-    def op_tile(self, blk: Block, op: Op, ivs: Sequence[Ix]) -> Box:
+    def op_tile(self, blk: Block, op: Op, ivs: Sequence[Ix]) -> IxBox:
         """The box of ``op`` at the indices ``ivs`` of its outermost loops (deeper levels
         whole): each level cuts the dims it tiles (its launch's nonzero steps there) into its
         count of equal parts, as ``schedule.lower`` steps the tile."""

@@ -19,8 +19,8 @@ from apportion.mlir.forall.fallback import Fallbacks
 from apportion.mlir.forall.merge import merge_view, merges, split_view, written
 from apportion.mlir.forall.split import SplitReductions
 from apportion.mlir.forall.tensors import (
-    Box,
     Env,
+    IxBox,
     TensorVal,
     empty,
     forall,
@@ -84,7 +84,7 @@ class OpRenderer:
             local[a.tensor] = view
         return dataclasses.replace(op, ins=tuple(ins)), local
 
-    def render(self, blk: Block, op: Op, work: Work, tile: Box, dest: TensorVal, env: Env,
+    def render(self, blk: Block, op: Op, work: Work, tile: IxBox, dest: TensorVal, env: Env,
                accumulate: bool) -> TensorVal:
         """``op`` over ``tile`` writing into ``dest`` (combined into it, the accumulator, when
         ``accumulate``); returns the new value of ``dest``."""

@@ -12,8 +12,8 @@ from apportion.mlir.builder import INDENT, Block, symbol_name
 from apportion.mlir.forall.compute import Compute, apply
 from apportion.mlir.forall.context import Context, Work
 from apportion.mlir.forall.tensors import (
-    Box,
     Env,
+    IxBox,
     TensorVal,
     empty,
     extract_out,
@@ -37,7 +37,7 @@ class SplitReductions:
     def __init__(self, ctx: Context, compute: Compute) -> None:
         self.ctx, self.compute = ctx, compute
 
-    def split_reduction(self, blk: Block, op: Op, work: Work, tile: Box, dest: TensorVal,
+    def split_reduction(self, blk: Block, op: Op, work: Work, tile: IxBox, dest: TensorVal,
                         env: Env, accumulate: bool, split_dims: list[str], red_split: list[str]
                         ) -> TensorVal:
         """One partial per slice of the split reduction dims, written by a forall into a
@@ -55,7 +55,7 @@ class SplitReductions:
             blk, dest, place, op.out.tensor))
         return insert(blk, piece, dest, place, parallel=False)
 
-    def partials(self, blk: Block, op: Op, work: Work, tile: Box, env: Env, ty: str,
+    def partials(self, blk: Block, op: Op, work: Work, tile: IxBox, env: Env, ty: str,
                  split_dims: list[str], red_split: list[str]) -> list[TensorVal]:
         """The forall that writes one partial per slice of ``red_split`` into
         ``[slices, ...output dims]`` tensors (two for argmax), at the tile's run-time size."""

@@ -53,7 +53,7 @@ class TensorVal:
 
 
 #: dim -> (start, size) in elements of the whole op's iteration space
-Box = dict[str, tuple[Ix, Ix]]
+IxBox = dict[str, tuple[Ix, Ix]]
 #: per tensor axis: (start, extent, literal) of an access over a box
 Region = list[tuple[Ix, Ix, bool]]
 
@@ -76,7 +76,7 @@ class Slice:
 Env = dict[str, TensorVal]
 
 
-def region(access: Access, box: Box) -> Region:
+def region(access: Access, box: IxBox) -> Region:
     """Per tensor axis: (start, extent, literal) of ``access`` over ``box``."""
     out = []
     for e in access.index:
@@ -92,7 +92,7 @@ def region(access: Access, box: Box) -> Region:
     return out
 
 
-def out_shape(op: Op, box: Box) -> list[Ix]:
+def out_shape(op: Op, box: IxBox) -> list[Ix]:
     """The sizes of the output's non-literal axes over ``box`` (the op's parallel dims in the
     output's order)."""
     return [box[e.single_dim][1] for e in op.out.index if e.single_dim]
@@ -127,7 +127,7 @@ def _shape_of(ty: str) -> list[int | None]:
     return [None if d == "?" else int(d) for d in body]
 
 
-def _radix(terms: Sequence[tuple[str, int]], box: Box) -> list[tuple[str, int]] | None:
+def _radix(terms: Sequence[tuple[str, int]], box: IxBox) -> list[tuple[str, int]] | None:
     """The dims of ``terms`` outermost first with their extents, where the sum is a mixed-radix
     number over the box (each coefficient the product of the inner dims' extents, the innermost
     1, every extent static, no dim twice), else None.
@@ -297,7 +297,7 @@ def _extract_slice(blk: Block, name: str, src: TensorVal, offsets: Sequence[Ix],
              f"[{', '.join('1' for _ in sizes)}] : {src.type} to {ty}")
 
 
-def read(blk: Block, val: TensorVal, access: Access, box: Box, dims: Sequence[str],
+def read(blk: Block, val: TensorVal, access: Access, box: IxBox, dims: Sequence[str],
          split: frozenset[str] = frozenset()) -> Slice:
     """``access`` of ``val`` over ``box`` as an operand of a generic over ``dims``: the slice it
     reads (the whole value where that is all of it) and its map; a sum over a split-K partial's
@@ -317,7 +317,7 @@ def read(blk: Block, val: TensorVal, access: Access, box: Box, dims: Sequence[st
     return expanded(blk, Slice(name, ty, val.elt, results), access, box, dims, split)
 
 
-def expanded(blk: Block, s: Slice, access: Access, box: Box, dims: Sequence[str],
+def expanded(blk: Block, s: Slice, access: Access, box: IxBox, dims: Sequence[str],
              split: frozenset[str]) -> Slice:
     """Read ``s`` through a ``tensor.expand_shape`` (a view) where an axis is indexed by a
     mixed-radix sum that tiles it exactly (``slice * K/f + k_in``, k_in over all K/f): the
@@ -354,7 +354,7 @@ def expanded(blk: Block, s: Slice, access: Access, box: Box, dims: Sequence[str]
     return Slice(name, ty, s.elt, results)
 
 
-def region_val(blk: Block, val: TensorVal, access: Access, box: Box) -> TensorVal:
+def region_val(blk: Block, val: TensorVal, access: Access, box: IxBox) -> TensorVal:
     """The region ``access`` reads of ``val`` over ``box``, every axis kept (a literal index
     one element), as a tensor whose origin is the region's corner."""
     place = region(access, box)

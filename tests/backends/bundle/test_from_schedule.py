@@ -28,7 +28,7 @@ from apportion.limits import cite
 from apportion.planned import PlannedProgram
 from apportion.plans.memory import Buffer, FinishOp, GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan, Plan
-from apportion.plans.tiles import Loop, loop_tree
+from apportion.plans.tiles import LoopTree, loop_tree
 from apportion.schedule.lower import lower, planned_counts
 from apportion.schedule.values import Launch, symbolic_steps
 from apportion.target.layout import device_layout
@@ -103,7 +103,7 @@ def _finish_spec(program: Program, plan: Plan, target: Target, fin: FinishOp) ->
 
 
 def _items(program: Program, plan: Plan, target: Target, group: GroupPlan,
-           items: list[str | Loop]) -> list[Spec]:
+           items: list[str | LoopTree]) -> list[Spec]:
     out: list[Spec] = []
     for item in items:
         if isinstance(item, str):
