@@ -11,7 +11,7 @@
 
 from apportion import sharding as sharding
 from apportion import strategies as strategies
-from apportion import targets as targets
+from apportion import target as targets  # noqa: F401 (ap.targets: the target package)
 from apportion.errors import ApportionError as ApportionError
 from apportion.errors import CalibrationError as CalibrationError
 from apportion.errors import EmitError as EmitError
@@ -35,7 +35,16 @@ from apportion.planned import PlannedProgram as PlannedProgram
 from apportion.planned import plan as plan
 from apportion.sharding.mesh import Mesh as Mesh
 from apportion.sharding.spec import shard as shard
+from apportion.target.host import set_measurer as _set_measurer
 from apportion.target.target import Target as Target
+from apportion.workflows.host_splitk import fingerprint as _fingerprint
+from apportion.workflows.host_splitk import measure_host as _measure_host
+
+# This host's split-K measurer and the digest of the code it times, for the ``cpu`` preset's
+# table (``target/host.py``): the stock ``cpu`` target measures its table on first use on a
+# machine (and code) whose table is not cached. The measurer plans and compiles with IREE, so it
+# lives above the target package (``workflows/host_splitk.py``) and is registered here.
+_set_measurer(_measure_host, _fingerprint)
 
 # One builder function per op kind of the registry (``ap.exp``, ``ap.where``, ``ap.amax``, ...):
 # adding a kind to ``apportion.ir.kinds`` adds its function here.

@@ -42,7 +42,7 @@ from apportion.mlir.forall import forall_mlir, symbol_name
 from apportion.planned import plan
 from apportion.target.presets import gpu
 from apportion.target.split_k import ReductionShape, gpu_slices
-from apportion.targets.host_splitk import SKINNY_OUTPUT, factor_target, matmul_program, split_of
+from apportion.workflows.host_splitk import SKINNY_OUTPUT, factor_target, matmul_program, split_of
 
 OUT = Path("out/gpu_splitk")
 FLAGS = ("--iree-hal-target-device=cuda", "--iree-cuda-target=sm_80",

@@ -14,7 +14,7 @@ Two tables over ``split_k_shapes_MNK`` of the models file (each ``[M, N, K]``, o
   target runs when its table names that factor), emitted as parallel IR, compiled by IREE
   (cached), checked once against the unplanned program and timed on this machine, in the same
   rounds as IREE's own compile of the unsplit ``linalg.matmul`` (no plan:
-  ``targets/host_splitk.py`` says how: interleaved rounds, warm-up, the least time of each, slow
+  ``workflows/host_splitk.py`` says how: interleaved rounds, warm-up, the least time of each, slow
   factors dropped early), until the shape's goals are settled (``cost/noise.py``: each goal's
   figure met or missed over its whole interval across the resampled rounds, for the last
   rounds; up to a cap). Per shape: the fastest factor, the stock ``cpu`` target's own pick for
@@ -59,7 +59,7 @@ from apportion.planned import PlannedProgram, plan
 from apportion.target.host import TOLERANCE, host_key
 from apportion.target.presets import cpu, gpu, spyre
 from apportion.target.target import Target
-from apportion.targets.host_splitk import (
+from apportion.workflows.host_splitk import (
     FACTORS,
     MAX_FLOP,
     REPEATS,

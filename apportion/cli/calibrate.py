@@ -111,7 +111,7 @@ def command(measurements_path: str | None, target: Target, preset: str | None,
         why = calibration.untrusted(calibration.KERNELS, kernels_measured)
         source = "this machine"
         if target.host:  # the host's split-K table (the cpu preset's), measured here too
-            from apportion.targets.host_splitk import measure_table_again
+            from apportion.workflows.host_splitk import measure_table_again
 
             measure_table_again(console)
         if save is not None:

@@ -3,7 +3,7 @@ stops changing, the spread of each figure, the load the machine ran under, and t
 figure gets against a bound: met, missed, or inconclusive (too noisy).
 
 Everything apportion times and then caches or judges goes through here: this host's split-K
-table (``targets/host_splitk.py``, cached per host), ``calibrate --measure``
+table (``workflows/host_splitk.py``, cached per host), ``calibrate --measure``
 (``cli/calibrate.py``) and the timed bench suites (``splitk``, ``forall``, ``e2e``, the forward
 solve of ``sharding``, ``scale``, the programs ``costmodel --target cpu`` runs, the 8B of
 ``fullsize``).

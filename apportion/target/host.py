@@ -23,10 +23,11 @@ once: the first holds ``<digest>.lock`` (and writes its pid there), the others s
 that they wait for it, then read what it cached.
 
 This layer only reads and writes tables: the measuring needs the planner and IREE, which live
-above it, so ``apportion.targets`` registers the measurer (``set_measurer``); tests inject their
-own and a cache folder (``injected``). ``APPORTION_CPU_SPLIT_K=shipped``
-(``settings.cpu_split_k``) takes the shipped table instead (``presets.CPU_SPLIT_K``, measured on
-the CI's machine): what the test suite runs with, so that no test measures by accident.
+above it, so ``import apportion`` registers the measurer (``set_measurer``: the one of
+``workflows/host_splitk.py``); tests inject their own and a cache folder (``injected``).
+``APPORTION_CPU_SPLIT_K=shipped`` (``settings.cpu_split_k``) takes the shipped table instead
+(``presets.CPU_SPLIT_K``, measured on the CI's machine): what the test suite runs with, so that
+no test measures by accident.
 
 The decision, per measured shape (``chosen_factor``): factors within ``TOLERANCE`` of the
 fastest are ties the measurement cannot tell apart, and the smallest of them is taken (fewer

@@ -106,7 +106,7 @@ CPU_COST = {
 # no row holds is left to the cost model's search. Splits of K are capped at the target's cores.
 # It is the shipped table, the same on every machine (``APPORTION_CPU_SPLIT_K=shipped``, what the
 # test suite plans with); the stock ``cpu`` target reads the table measured on the host it runs
-# on instead (``target/host.py``, measured on first use by ``targets/host_splitk.py``).
+# on instead (``target/host.py``, measured on first use by ``workflows/host_splitk.py``).
 CPU_SPLIT_K = (
     # matrix-vector (M = 1): about 512 of K per slice
     TableRow(32, k=(8192, None), m=(1, 1), n=(1024, None)),

@@ -16,7 +16,7 @@ from apportion.cli.main import main
 from apportion.frontend.models import load_models
 from apportion.target.presets import CPU_SPLIT_K
 from apportion.target.split_k import ByTable, ReductionShape, table_slices
-from apportion.targets.host_splitk import Timed
+from apportion.workflows.host_splitk import Timed
 from tests.helpers import program
 
 SHAPES = bench_splitk.shapes_of(load_models())

@@ -433,7 +433,7 @@ def measure(shapes: Sequence[tuple[int, int, int]], console: Console | None = No
 
 def measure_host(key: HostKey, load: Callable[[], float | None] = load_average
                  ) -> HostMeasurement:
-    """The measurer ``apportion.targets`` registers: the default shapes on this host, with a
+    """The measurer ``import apportion`` registers: the default shapes on this host, with a
     progress bar on stderr; nothing measured where the load average is already over the
     machine's cores (the measurement could not be trusted)."""
     console = Console(stderr=True)

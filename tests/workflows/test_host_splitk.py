@@ -1,4 +1,4 @@
-"""Measuring the host's split-K table (apportion/targets/host_splitk.py): the timing rounds on a
+"""Measuring the host's split-K table (apportion/workflows/host_splitk.py): the timing rounds on a
 fake clock, IREE's own unsplit matmul, the default shapes, and one tiny table measured for
 real."""
 
@@ -11,7 +11,7 @@ from apportion.cost.noise import Rules
 from apportion.target import host
 from apportion.target.presets import cpu
 from apportion.target.split_k import ReductionShape, table_slices
-from apportion.targets import host_splitk
+from apportion.workflows import host_splitk
 
 
 class FakeClock:
