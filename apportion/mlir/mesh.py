@@ -46,10 +46,10 @@ from apportion.mlir.bodies import REDUCER_OPS
 from apportion.mlir.forall import forall_mlir
 from apportion.mlir.text import SsaNames, symbol_name, verify_mlir
 from apportion.mlir.types import MLIR_TYPES, mlir_type
+from apportion.plans.tiles import Region
 from apportion.schedule.mesh import (
     MAX_KEYED_INDEX,
     READS,
-    Box,
     Collective,
     Compute,
     DeviceLaunch,
@@ -98,10 +98,10 @@ class Exchange:
     holds already, copied locally, and it sends itself nothing."""
 
     pad: tuple[int, ...]
-    sends: tuple[Box | None, ...]
+    sends: tuple[Region | None, ...]
     slots_in: int
-    recvs: tuple[tuple[int, Box], ...]
-    keep: Box | None = None
+    recvs: tuple[tuple[int, Region], ...]
+    keep: Region | None = None
 
 
 def exchange(c: Collective, device: int) -> Exchange:
@@ -127,8 +127,8 @@ def exchange(c: Collective, device: int) -> Exchange:
                               if p != device and (b := c.lacked(p, device)) is not None),
                         intersect(src, dst))
     if c.kind == "all_gather":
-        parts: list[Box] = [c.src_boxes[p] for p in group]
-        sends: tuple[Box | None, ...] = (src,)
+        parts: list[Region] = [c.src_boxes[p] for p in group]
+        sends: tuple[Region | None, ...] = (src,)
         recvs = tuple((k, b) for k, p in enumerate(group)
                       if (b := intersect(c.src_boxes[p], dst)) is not None)
     else:

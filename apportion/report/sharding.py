@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def print_sharding_plan(plan: ShardingPlan, console: Console,
                         sizes: dict[str, int] | None = None) -> None:
     """The plan's table, summary and per-device programs (a symbolic mesh's at ``sizes``)."""
-    from apportion.sharding.rules import Finish
+    from apportion.sharding.rules import DeviceFinish
     from apportion.sharding.unroll import unroll
 
     p = plan.program
@@ -72,7 +72,7 @@ def print_sharding_plan(plan: ShardingPlan, console: Console,
     u = unroll(plan, sizes)
     stages = u.devices[0].stages
     segs = len(u.devices[0].segments)
-    fins = sum(isinstance(s, Finish) for s in stages)
+    fins = sum(isinstance(s, DeviceFinish) for s in stages)
     at = f" at {', '.join(f'{k}={v}' for k, v in (sizes or {}).items())}" if sizes else ""
     console.print(f"per-device programs{at}: {len(u.devices)} devices, {len(stages)} stages "
                   f"each ({segs} compute segments, {len(stages) - segs - fins} collectives"

@@ -52,13 +52,11 @@ import numpy as np
 from apportion.errors import ExecutionError
 from apportion.ir.kinds import REDUCERS
 from apportion.ir.program import Program
+from apportion.plans.tiles import Region
 from apportion.runtime import kernels
 from apportion.runtime.reference import bind_inputs
 from apportion.schedule.values import Launch, Schedule, WorkerAxis
 from apportion.target.target import Target
-
-#: ``(start, stop)`` per tensor dim, in the program's coordinates
-Box = tuple[tuple[int, int], ...]
 
 KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice", "halo",
          "peer_read")
@@ -106,7 +104,7 @@ def argmax_index(keys: np.ndarray) -> np.ndarray:
     return _LOW - (np.asarray(keys, dtype=np.int64) & _LOW)
 
 
-def box_shape(box: Box) -> tuple[int, ...]:
+def box_shape(box: Region) -> tuple[int, ...]:
     """The shape of a box.
 
     >>> box_shape(((2, 5), (0, 4)))
@@ -115,7 +113,7 @@ def box_shape(box: Box) -> tuple[int, ...]:
     return tuple(hi - lo for lo, hi in box)
 
 
-def intersect(a: Box, b: Box) -> Box | None:
+def intersect(a: Region, b: Region) -> Region | None:
     """The part two boxes share (None: nothing).
 
     >>> intersect(((0, 4), (0, 8)), ((2, 6), (4, 8))), intersect(((0, 2),), ((2, 4),))
@@ -125,7 +123,7 @@ def intersect(a: Box, b: Box) -> Box | None:
     return None if any(lo >= hi for lo, hi in out) else out
 
 
-def within(inner: Box, outer: Box) -> Box:
+def within(inner: Region, outer: Region) -> Region:
     """``inner`` in the coordinates of ``outer``'s array (``inner`` must lie in it).
 
     >>> within(((2, 4), (4, 8)), ((2, 6), (0, 8)))
@@ -134,11 +132,11 @@ def within(inner: Box, outer: Box) -> Box:
     return tuple((lo - o, hi - o) for (lo, hi), (o, _) in zip(inner, outer, strict=True))
 
 
-def _sl(box: Box) -> tuple[slice, ...]:
+def _sl(box: Region) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in box)
 
 
-def _box_text(box: Box) -> str:
+def _box_text(box: Region) -> str:
     return "[" + ", ".join(f"{lo}:{hi}" for lo, hi in box) + "]"
 
 
@@ -192,8 +190,8 @@ class Collective:
     dtype: str
     axis: str
     groups: tuple[tuple[int, ...], ...]
-    src_boxes: tuple[Box, ...]
-    dst_boxes: tuple[Box, ...]
+    src_boxes: tuple[Region, ...]
+    dst_boxes: tuple[Region, ...]
     dim: int | None = None
     to_dim: int | None = None
     reducer: str | None = None
@@ -248,7 +246,7 @@ class Collective:
         """The index of ``device``'s group (what splits a channel into the groups)."""
         return self.groups.index(self.group(device))
 
-    def lacked(self, p: int, q: int) -> Box | None:
+    def lacked(self, p: int, q: int) -> Region | None:
         """What device ``q`` reads of device ``p`` in a read (``READS``): the part of its
         result box that ``p`` holds, unless ``q`` holds it itself (along one mesh axis the
         devices' boxes are one and the same or apart), so only elements ``q`` lacks move.
@@ -422,7 +420,7 @@ class Placement:
 
     tensor: str
     local: str
-    box: Box
+    box: Region
 
     def __str__(self) -> str:
         return f"{self.local} = {self.tensor}{_box_text(self.box)}"
@@ -451,7 +449,7 @@ class Layout:
     split: tuple[tuple[str, ...], ...]
     partial: tuple[str, ...] = ()
     reducer: str | None = None
-    boxes: tuple[Box, ...] = ()
+    boxes: tuple[Region, ...] = ()
     dtype: str | None = None
 
     def __post_init__(self) -> None:
@@ -666,7 +664,7 @@ def unshard_outputs(schedule: MeshSchedule, envs: Sequence[Mapping[str, np.ndarr
                             [dev.index for dev in schedule.devices], envs)
 
 
-def assemble_outputs(program: Program, places: Sequence[Sequence[tuple[str, Box]]],
+def assemble_outputs(program: Program, places: Sequence[Sequence[tuple[str, Region]]],
                      devices: Sequence[int], envs: Sequence[Mapping[str, np.ndarray]]
                      ) -> dict[str, np.ndarray]:
     """Each output of ``program`` put together from every device's shard: ``places[d][k]`` is

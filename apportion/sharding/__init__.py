@@ -3,7 +3,7 @@ programs, and their lowering to the mesh schedule every backend runs.
 
 Work division (``ap.plan``) splits one device's work over its cores; sharding splits a program
 over several devices. A ``ShardingPlan`` says for every tensor how it is laid out over the mesh
-(``Sharding``), for every op what each device computes (``Strategy``) and where data moves
+(``Sharding``), for every op what each device computes (``OpSharding``) and where data moves
 (``Transfer``: resharding steps, collectives priced by the mesh's links). ``propagate``
 completes the user's annotations along the ops' indexing maps; ``search`` chooses every op's
 strategy as an integer program (HiGHS) for the least predicted time within each device's
@@ -33,8 +33,8 @@ from apportion.sharding.mesh import resolve as resolve_mesh
 from apportion.sharding.plan import ShardingPlan as ShardingPlan
 from apportion.sharding.plan import Transfer as Transfer
 from apportion.sharding.propagate import propagate as propagate
-from apportion.sharding.rules import Finish as Finish
-from apportion.sharding.rules import Strategy as Strategy
+from apportion.sharding.rules import DeviceFinish as DeviceFinish
+from apportion.sharding.rules import OpSharding as OpSharding
 from apportion.sharding.rules import make_strategy as make_strategy
 from apportion.sharding.rules import op_strategies as op_strategies
 from apportion.sharding.search import search as search
@@ -44,7 +44,7 @@ from apportion.sharding.spec import load as load
 from apportion.sharding.spec import loads as loads
 from apportion.sharding.spec import shard as shard
 
-__all__ = ["PRESETS", "Axis", "Finish", "Link", "Mesh", "Sharding", "ShardingPlan", "Step",
-           "Strategy", "Transfer", "annotations_of", "load", "load_toml", "loads",
+__all__ = ["PRESETS", "Axis", "DeviceFinish", "Link", "Mesh", "Sharding", "ShardingPlan", "Step",
+           "OpSharding", "Transfer", "annotations_of", "load", "load_toml", "loads",
            "make_strategy", "op_strategies", "lower_plan", "parse_mesh", "propagate",
            "resolve_mesh", "search", "shard"]

@@ -44,9 +44,9 @@ from typing import Any
 from apportion.errors import PlanningError
 from apportion.ir.op import Op
 from apportion.ir.program import Program
+from apportion.plans.tiles import Region
 from apportion.schedule.lower import planned_counts
 from apportion.schedule.mesh import (
-    Box,
     Collective,
     Compute,
     Device,
@@ -60,10 +60,9 @@ from apportion.schedule.mesh import (
 )
 from apportion.sharding.collectives import Step, keyed, read_group
 from apportion.sharding.plan import ShardingPlan
-from apportion.sharding.rules import Finish
+from apportion.sharding.rules import DeviceFinish
 from apportion.sharding.spec import Sharding
-from apportion.sharding.unroll import Collective as UnrolledCollective
-from apportion.sharding.unroll import DeviceProgram, Unrolled, step_names, unroll
+from apportion.sharding.unroll import DeviceProgram, Unrolled, UnrolledStep, step_names, unroll
 from apportion.target.target import Target
 
 # what one device does at one stage, before planning: a run of ops (with the segment it is
@@ -144,9 +143,9 @@ def _entries(dev: DeviceProgram, slices: Mapping[str, tuple[str, Step]]) -> list
     """The device's stages with each segment cut at its slice copies."""
     out: list[_Entry] = []
     for stage in dev.stages:
-        if isinstance(stage, UnrolledCollective):
+        if isinstance(stage, UnrolledStep):
             out.append(("collective", stage))
-        elif isinstance(stage, Finish):
+        elif isinstance(stage, DeviceFinish):
             out.append(("finish", stage))
         else:
             run: list[Op] = []
@@ -205,7 +204,7 @@ def _segments(name: str, dev: DeviceProgram, entries: list[_Entry]) -> dict[int,
     return out
 
 
-def _boxes(plan: ShardingPlan, step: Step, tensor: str) -> tuple[tuple[Box, ...], ...]:
+def _boxes(plan: ShardingPlan, step: Step, tensor: str) -> tuple[tuple[Region, ...], ...]:
     """Every device's box of ``tensor`` before and after ``step``, as the plan cuts it."""
     shape = plan.program.tensor(tensor).shape
     sizes = {a.name: a.size for a in plan.mesh.axes}
@@ -219,7 +218,7 @@ def _collective(plan: ShardingPlan, items: list[Any], kind: str) -> Collective:
     if kind == "slice":
         op, tensor, step = items[0]
         return step_collective(plan, step, tensor, op.ins[0].tensor, op.out.tensor)
-    c: UnrolledCollective = items[0]
+    c: UnrolledStep = items[0]
     return step_collective(plan, c.step, c.tensor, c.source, c.result)
 
 

@@ -44,8 +44,8 @@ from apportion.runtime.reference import (
 )
 from apportion.schedule.mesh import assemble_outputs
 from apportion.sharding.collectives import apply
-from apportion.sharding.rules import Finish
-from apportion.sharding.unroll import Collective, Unrolled, segment_key
+from apportion.sharding.rules import DeviceFinish
+from apportion.sharding.unroll import Unrolled, UnrolledStep, segment_key
 from apportion.target.target import Target
 
 
@@ -80,13 +80,13 @@ def run(unrolled: Unrolled, inputs: Mapping[str, Any] | None = None, planned: bo
     devices = unrolled.devices
     for k in range(len(devices[0].stages)):
         first = devices[0].stages[k]
-        if isinstance(first, Finish):
+        if isinstance(first, DeviceFinish):
             for dev, env in zip(devices, envs, strict=True):
                 fin = dev.stages[k]
-                assert isinstance(fin, Finish)
+                assert isinstance(fin, DeviceFinish)
                 env[fin.result] = fin.run(env)
             continue
-        if isinstance(first, Collective):
+        if isinstance(first, UnrolledStep):
             arrays = [env[first.source] for env in envs]
             dtype = first.step.dst.held_dtype(program.tensor(first.tensor).dtype)
             shape = program.tensor(first.tensor).shape

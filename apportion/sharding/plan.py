@@ -59,7 +59,7 @@ from apportion.sharding.collectives import (
 )
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.rules import (
-    Strategy,
+    OpSharding,
     finish_kind,
     local_op,
     local_ops,
@@ -95,14 +95,14 @@ class CostModel:
         self._memo: dict[tuple, float] = {}
         self.evaluated = 0
 
-    def local(self, op: Op, strategy: Strategy) -> tuple[Op, dict[str, TensorType]]:
+    def local(self, op: Op, strategy: OpSharding) -> tuple[Op, dict[str, TensorType]]:
         """The largest device's op, inputs renamed by position (``i0``, ``i1``, ...; one name
         for one tensor read in one sharding) and the output ``o``."""
         zero = dict.fromkeys(self.mesh.names, 0)
         return local_op(op, self.program, self.mesh, strategy, zero, _input_names(op, strategy),
                         "o")
 
-    def compute_us(self, op: Op, strategy: Strategy) -> float:
+    def compute_us(self, op: Op, strategy: OpSharding) -> float:
         if finish_kind(op, strategy) is None:
             return self._priced(*self.local(op, strategy))
         # a mean or argmax split over devices: the device's ops (an argmax also takes its local
@@ -142,7 +142,7 @@ class CostModel:
         return ctx.time_us(splits)
 
 
-def _input_names(op: Op, strategy: Strategy) -> list[str]:
+def _input_names(op: Op, strategy: OpSharding) -> list[str]:
     """The local op's inputs by position (``i0``, ``i1``, ...; one name for one tensor read in
     one sharding)."""
     names: list[str] = []
@@ -152,7 +152,7 @@ def _input_names(op: Op, strategy: Strategy) -> list[str]:
     return names
 
 
-def reuse(op: Op, pos: int, strategy: Strategy, mesh: Mesh) -> float:
+def reuse(op: Op, pos: int, strategy: OpSharding, mesh: Mesh) -> float:
     """How many times, on average, the largest device's part of ``op`` reads each element of
     its input ``pos``: its iteration points over the elements its access reaches (a matmul
     reads ``x[m, k]`` once per ``n``; a pointwise op once; a three-point stencil's
@@ -222,7 +222,7 @@ def copy_write_us(shape: tuple[int, ...], dtype: str, dst: Sharding, mesh: Mesh,
     return dst.local_bytes(shape, dst.held_dtype(dtype), sizes) / target.mem_bandwidth * 1e6
 
 
-def read_us(program: Program, op: Op, pos: int, strategy: Strategy, src: Sharding,
+def read_us(program: Program, op: Op, pos: int, strategy: OpSharding, src: Sharding,
             mesh: Mesh, target: Target) -> tuple[float, Step | None]:
     """What it costs ``op`` under ``strategy`` to read its input ``pos`` from a tensor held
     as ``src``, and the read in place that does it (None: a resharded copy, or nothing to
@@ -285,7 +285,7 @@ def tiled_granules(program: Program, target: Target) -> dict[str, dict[str, int]
     return out
 
 
-def fits_tiling(strategy: Strategy, sizes: Mapping[str, int], granules: Mapping[str, int],
+def fits_tiling(strategy: OpSharding, sizes: Mapping[str, int], granules: Mapping[str, int],
                 mesh: Mesh) -> bool:
     """True when every device's share of each dim ``strategy`` splits is a multiple of its
     granule (``granules``, from ``tiled_granules``; ``sizes``: the op's dim sizes): the
@@ -307,7 +307,7 @@ def fits_tiling(strategy: Strategy, sizes: Mapping[str, int], granules: Mapping[
 
 
 def tiling_strategies(op: Op, program: Program, mesh: Mesh,
-                      granules: Mapping[str, int]) -> tuple[Strategy, ...]:
+                      granules: Mapping[str, int]) -> tuple[OpSharding, ...]:
     """``op_strategies`` less those whose shares its tiling group's counts would not cut
     into whole tiles on some device (``fits_tiling``).
 
@@ -367,7 +367,7 @@ class OpShard:
     device and that device's part of its iteration space."""
 
     op: str
-    strategy: Strategy
+    strategy: OpSharding
     reads: tuple[str, ...]
     compute_us: float
     local_sizes: tuple[tuple[str, int], ...]
@@ -403,7 +403,7 @@ class ShardingPlan:
         except KeyError:
             raise PlanningError(f"sharding plan has no op {name!r}") from None
 
-    def strategy(self, name: str) -> Strategy:
+    def strategy(self, name: str) -> OpSharding:
         return self.op(name).strategy
 
     @cached_property
@@ -530,7 +530,7 @@ class ShardingPlan:
 
 
 def build_plan(program: Program, mesh: Mesh, target: Target,
-               strategies: Mapping[str, Strategy], inputs: Mapping[str, Sharding],
+               strategies: Mapping[str, OpSharding], inputs: Mapping[str, Sharding],
                outputs: Mapping[str, Sharding], annotations: Mapping[str, Sharding],
                method: str = "given", solve_s: float = 0.0, cost: CostModel | None = None,
                compute: Mapping[str, float] | None = None, objective_us: float | None = None,

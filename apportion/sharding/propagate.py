@@ -46,7 +46,7 @@ from apportion.sharding.plan import (
     tiled_granules,
     tiling_strategies,
 )
-from apportion.sharding.rules import Strategy, op_strategies
+from apportion.sharding.rules import OpSharding, op_strategies
 from apportion.sharding.spec import (
     Sharding,
     annotations_given,
@@ -57,7 +57,7 @@ from apportion.sharding.spec import (
 from apportion.target.target import Target
 
 
-def _cost(program: Program, mesh: Mesh, op: Op, s: Strategy, known: Mapping[str, Sharding],
+def _cost(program: Program, mesh: Mesh, op: Op, s: OpSharding, known: Mapping[str, Sharding],
           out_want: Sharding | None, cost: CostModel) -> tuple[float, float, int]:
     moved = 0.0
     for k, acc in enumerate(op.ins):
@@ -72,9 +72,9 @@ def _cost(program: Program, mesh: Mesh, op: Op, s: Strategy, known: Mapping[str,
     return moved, cost.compute_us(op, s), -len(s.axes)
 
 
-def _pick(program: Program, mesh: Mesh, op: Op, options: tuple[Strategy, ...],
+def _pick(program: Program, mesh: Mesh, op: Op, options: tuple[OpSharding, ...],
           known: Mapping[str, Sharding], out_want: Sharding | None, cost: CostModel
-          ) -> Strategy:
+          ) -> OpSharding:
     implied: set[str] = set()
     for acc in op.ins:
         if acc.tensor in known:
@@ -100,11 +100,11 @@ def propagate(program: Any, mesh: Mesh, target: Target | None = None,
     tiled = tiled_granules(prog, tgt)
     options = {op.name: tiling_strategies(op, prog, mesh, tiled[op.name]) if op.name in tiled
                else op_strategies(op, prog, mesh) for op in prog.ops}
-    chosen: dict[str, Strategy] = {}
+    chosen: dict[str, OpSharding] = {}
     known: dict[str, Sharding] = dict(ann)  # what a tensor is, as its readers see it
     wanted: dict[str, Sharding] = {}  # what a chosen reader needs of a tensor not yet known
 
-    def choose(op: Op, s: Strategy) -> None:
+    def choose(op: Op, s: OpSharding) -> None:
         chosen[op.name] = s
         if op.out.tensor not in ann:
             known[op.out.tensor] = s.out

@@ -10,15 +10,15 @@ category says which dims may split:
   *partial* over the axes splitting it. Partials of ``sum``, ``max``, ``min``, ``prod``, ``any``
   and a matmul's sum combine by their reducer with nothing left to do. A ``mean`` (of floats)
   splits as a sum: each device's part is its shard's sum over the *whole* op's count (its local
-  mean times its share of the count, ``Finish`` ``scale``), so the output waits as a partial
+  mean times its share of the count, ``DeviceFinish`` ``scale``), so the output waits as a partial
   ``sum``. An ``argmax`` (of floats, int8 or int32 values) waits as a partial ``argmax``: each
   device packs its shard's (value, global flat index) pair into one int64 key ordered by value
-  then lowest index (``Finish`` ``pack``, ``collectives.argmax_keys``), the keys combine by
+  then lowest index (``DeviceFinish`` ``pack``, ``collectives.argmax_keys``), the keys combine by
   max, and the index is unpacked once the last partial axis is reduced. Other dtypes keep the
   reduction dims whole;
 * ``fallback``: none; a fallback runs whole, so its inputs must be replicated.
 
-What each input must look like (``Strategy.ins``) follows from its access. A tensor dim read by
+What each input must look like (``OpSharding.ins``) follows from its access. A tensor dim read by
 one op dim ``d`` alone (and of ``d``'s size) is split like ``d``. A dim read through a sum of
 dims, ``q[t, 128*h+d]``, is split like ``h`` when ``h`` is its outermost term, the others cover
 the rest exactly (``128 = size of d``) and the shards line up (``h``'s shards times 128 are the
@@ -121,7 +121,7 @@ def device_reducer(op: Op) -> str | None:
 
 
 @dataclass(frozen=True)
-class Strategy:
+class OpSharding:
     """How one op divides over a mesh: dim -> mesh axes splitting it (outer first), and the
     shardings that follow: each input's (``ins``, by position) and the output's."""
 
@@ -147,10 +147,10 @@ class Strategy:
         return f"{self.op} {self.label}"
 
 
-def finish_kind(op: Op, strategy: Strategy) -> SplitFinish | None:
+def finish_kind(op: Op, strategy: OpSharding) -> SplitFinish | None:
     """What each device does last to its part of ``op`` when the strategy splits its reduction
     dims over devices (its kind's ``across_devices.finish``: ``scale`` for a mean, ``pack``
-    for an argmax; then a ``Finish``); None otherwise."""
+    for an argmax; then a ``DeviceFinish``); None otherwise."""
     r = op.kind.reducer
     if r is None or r.across_devices is None or r.across_devices.finish is None:
         return None
@@ -270,7 +270,7 @@ def out_axes(op: Op, j: int, n: int, splits: Mapping[str, tuple[str, ...]], mesh
 
 
 def make_strategy(op: Op, program: Program, mesh: Mesh,
-                  splits: Mapping[str, Sequence[str] | str]) -> Strategy:
+                  splits: Mapping[str, Sequence[str] | str]) -> OpSharding:
     """The strategy of ``op`` splitting ``splits`` (dim -> axes, outer first); refuses a dim the
     op lacks or may not split, an axis the mesh lacks or used twice, an empty shard, and a
     merged output axis whose split it cannot write."""
@@ -313,10 +313,10 @@ def make_strategy(op: Op, program: Program, mesh: Mesh,
     partial = tuple(a for a in mesh.names
                     if any(a in norm.get(d, ()) for d in op.reduction_dims))
     reducer = device_reducer(op) if partial else None
-    return Strategy(op.name, ordered, ins, Sharding(tuple(out_dims), partial, reducer))
+    return OpSharding(op.name, ordered, ins, Sharding(tuple(out_dims), partial, reducer))
 
 
-def op_strategies(op: Op, program: Program, mesh: Mesh) -> tuple[Strategy, ...]:
+def op_strategies(op: Op, program: Program, mesh: Mesh) -> tuple[OpSharding, ...]:
     """Every strategy of ``op``: each mesh axis on one splittable dim or none, the axes of one
     dim in mesh order, no empty shard, every merged output axis writable (see the module
     docstring). The replicated strategy comes first."""
@@ -340,7 +340,7 @@ def op_strategies(op: Op, program: Program, mesh: Mesh) -> tuple[Strategy, ...]:
 
 # --- what one device computes --------------------------------------------------------------
 
-def local_ranges(op: Op, strategy: Strategy, mesh: Mesh, coords: Mapping[str, int]
+def local_ranges(op: Op, strategy: OpSharding, mesh: Mesh, coords: Mapping[str, int]
                  ) -> dict[str, tuple[int, int]]:
     """Dim -> the ``(start, stop)`` of the op's iteration space the device at ``coords``
     computes."""
@@ -349,7 +349,7 @@ def local_ranges(op: Op, strategy: Strategy, mesh: Mesh, coords: Mapping[str, in
     return {d: dim_block(n, split.get(d, ()), coords, sizes) for d, n in op.dims}
 
 
-def local_op(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
+def local_op(op: Op, program: Program, mesh: Mesh, strategy: OpSharding,
              coords: Mapping[str, int], names: Sequence[str] | None = None,
              out_name: str | None = None) -> tuple[Op, dict[str, TensorType]]:
     """The op the device at ``coords`` runs, and the local types of its operands.
@@ -389,7 +389,7 @@ def local_op(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
 
 
 @dataclass(frozen=True)
-class Finish:
+class DeviceFinish:
     """What a device does last for a mean or argmax whose reduction dims are split over
     devices, so that its part combines across devices (see the module docstring): ``scale``
     multiplies its local mean (``sources[0]``) by ``factor``, its share of the op's whole
@@ -429,12 +429,12 @@ class Finish:
         return f"{self.result} = {self.kind}({', '.join(self.sources)}; {what})"
 
 
-def local_ops(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
+def local_ops(op: Op, program: Program, mesh: Mesh, strategy: OpSharding,
               coords: Mapping[str, int], names: Sequence[str] | None = None,
               out_name: str | None = None
-              ) -> tuple[tuple[Op, ...], dict[str, TensorType], Finish | None]:
+              ) -> tuple[tuple[Op, ...], dict[str, TensorType], DeviceFinish | None]:
     """Everything the device at ``coords`` runs for ``op``: its ops and the local types of
-    their operands, and the ``Finish`` after them (None: ``local_op`` alone writes the
+    their operands, and the ``DeviceFinish`` after them (None: ``local_op`` alone writes the
     device's part). A mean split over devices computes its local mean into ``OUT~mean``, an
     argmax its local max and local index into ``OUT~value`` and ``OUT~index``; the finish
     writes the output."""
@@ -450,7 +450,7 @@ def local_ops(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
         share = math.prod(lop.sizes[d] for d in op.reduction_dims) / \
             math.prod(op.sizes[d] for d in op.reduction_dims)
         return ((replace(lop, out=Access(tmp, lop.out.index)),), types,
-                Finish(op.name, kind, (tmp,), out, types[out].dtype, factor=share))
+                DeviceFinish(op.name, kind, (tmp,), out, types[out].dtype, factor=share))
     value, index = f"{out}~value", f"{out}~index"
     types[value] = TensorType(value, shape, program.tensor(op.ins[0].tensor).dtype)
     types[index] = TensorType(index, shape, types[out].dtype)
@@ -458,7 +458,7 @@ def local_ops(op: Op, program: Program, mesh: Mesh, strategy: Strategy,
     ranges = local_ranges(op, strategy, mesh, coords)
     red = op.reduction_dims
     return ((vop, replace(lop, out=Access(index, lop.out.index))), types,
-            Finish(op.name, kind, (value, index), out, types[out].dtype,
+            DeviceFinish(op.name, kind, (value, index), out, types[out].dtype,
                    local=tuple(lop.sizes[d] for d in red),
                    starts=tuple(ranges[d][0] for d in red),
                    sizes=tuple(op.sizes[d] for d in red)))

@@ -83,7 +83,7 @@ from apportion.sharding.plan import (
     tiled_granules,
     tiling_strategies,
 )
-from apportion.sharding.rules import Strategy
+from apportion.sharding.rules import OpSharding
 from apportion.sharding.spec import (
     Sharding,
     annotations_given,
@@ -128,7 +128,7 @@ def _graph(program: Program, mesh: Mesh, ann: Mapping[str, Sharding], outputs: s
     edges: list[Edge] = []
     maker: dict[str, int] = {}
     placements: dict[tuple[int, ...], list[Sharding]] = {}
-    by_sig: dict[Any, tuple[Strategy, ...]] = {}
+    by_sig: dict[Any, tuple[OpSharding, ...]] = {}
     tiled = tiled_granules(program, target)
     for name in program.inputs:
         t = program.tensor(name)

@@ -3,12 +3,12 @@ explicit collective steps between: what ``lower.lower_plan`` lowers to the mesh 
 
 Every device runs the same *stages* in the same order (SPMD): compute segments, each a normal
 apportion ``Program`` over that device's shards (``ap.plan`` plans it on the device's cores),
-and ``Collective`` steps that every device takes part in. A device's segment holds its part of
+and ``UnrolledStep`` steps that every device takes part in. A device's segment holds its part of
 each op (``rules.local_op``: its shard of the iteration space, its operands' shards, accesses
 shifted by where its shards start) and the local cuts of resharding (a ``slice`` step is a
 ``copy`` op reading the part of its block the device keeps); the other steps of a transfer
 (all-gather, all-reduce, reduce-scatter, all-to-all) are collectives. A mean or argmax whose
-reduction is split over devices ends its part with a ``rules.Finish`` stage (elementwise on
+reduction is split over devices ends its part with a ``rules.DeviceFinish`` stage (elementwise on
 the device: the local mean scaled to its share of the whole count, or the argmax's value and
 global index packed into keys), between segments. Devices may differ in their shapes (uneven
 shards) and offsets, so each device has its own programs.
@@ -57,7 +57,7 @@ independent check of that path.
 >>> from apportion.sharding.search import search
 >>> u = unroll(search(load("examples/mlp.json"), parse("tp=2"), outputs="replicated"))
 >>> [type(s).__name__ for s in u.devices[0].stages]
-['Program', 'Collective', 'Program', 'Collective']
+['Program', 'UnrolledStep', 'Program', 'UnrolledStep']
 >>> u.distinct_segments
 2
 """
@@ -75,11 +75,11 @@ from apportion.ir.op import Access, Op
 from apportion.ir.program import LoopLevel, Program, TensorType, TilingGroup
 from apportion.sharding.collectives import Step
 from apportion.sharding.plan import ShardingPlan, Transfer, transfer_point
-from apportion.sharding.rules import Finish, local_ops
+from apportion.sharding.rules import DeviceFinish, local_ops
 
 
 @dataclass(frozen=True)
-class Collective:
+class UnrolledStep:
     """One communicating step that every device runs at once: each device's local
     ``source`` (its shard of ``tensor`` in ``step.src``) becomes its ``result`` (in
     ``step.dst``)."""
@@ -93,7 +93,7 @@ class Collective:
         return f"{self.result} = {self.step}({self.source})"
 
 
-Stage = Program | Collective | Finish
+Stage = Program | UnrolledStep | DeviceFinish
 
 
 @dataclass(frozen=True)
@@ -255,7 +255,7 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
         t = p.tensor(name)
         types[name] = TensorType(name, s.local_shape(t.shape, coords, sizes), t.dtype)
         ins.append((name, name, s.block(t.shape, coords, sizes)))
-    entries: list[Op | Collective | Finish] = []
+    entries: list[Op | UnrolledStep | DeviceFinish] = []
     origin: dict[str, str] = {}  # local op -> the source op it is (part of)
     for what, item in schedule:
         if what == "op":
@@ -279,7 +279,7 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
             # leaving it partial keeps the partial dtype (``Sharding.held_dtype``)
             types[dst] = TensorType(dst, step.dst.local_shape(tt.shape, coords, sizes),
                                     step.dst.held_dtype(tt.dtype))
-            entries.append(Collective(t.tensor, src, dst, step))
+            entries.append(UnrolledStep(t.tensor, src, dst, step))
     outs = []
     for name, s, local in plan.outputs:
         outs.append((name, local, s.block(p.tensor(name).shape, coords, sizes)))
@@ -291,7 +291,7 @@ def _device(plan: ShardingPlan, device: int, schedule: list[tuple[str, Any]]) ->
         reads_after[i + 1] = set(later)
         e = entries[i]
         later |= {a.tensor for a in e.ins} if isinstance(e, Op) else \
-            set(e.sources) if isinstance(e, Finish) else {e.source}
+            set(e.sources) if isinstance(e, DeviceFinish) else {e.source}
     stages: list[Stage] = []
     run: list[int] = []
     carries: list[GroupCarry] = []

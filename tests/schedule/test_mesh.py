@@ -38,11 +38,10 @@ from apportion.sharding import collectives as reference_collectives
 from apportion.sharding.lower import lower_mesh, lower_plan
 from apportion.sharding.mesh import parse
 from apportion.sharding.propagate import propagate
-from apportion.sharding.rules import Finish
+from apportion.sharding.rules import DeviceFinish
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding
-from apportion.sharding.unroll import Collective as StepStage
-from apportion.sharding.unroll import unroll
+from apportion.sharding.unroll import UnrolledStep, unroll
 from tests.sharding.programs import annotated
 
 
@@ -114,7 +113,7 @@ def test_the_shared_host_movement_equals_the_planners_numpy_collectives_and_fini
     plan = propagate(program, mesh, annotations=ann)
     u = unroll(plan)
     s = lower_mesh(u)
-    steps = [x for x in u.devices[0].stages if isinstance(x, StepStage)]
+    steps = [x for x in u.devices[0].stages if isinstance(x, UnrolledStep)]
     ours = [c for c in s.collectives if c.kind != "slice"]
     assert [str(x.step.kind) for x in steps] == [c.kind for c in ours]
     rng = np.random.default_rng(0)
@@ -125,9 +124,9 @@ def test_the_shared_host_movement_equals_the_planners_numpy_collectives_and_fini
         want = reference_collectives.apply(x.step, arrays, plan.mesh, c.dtype)
         for got, w in zip(c.move(arrays), want, strict=True):
             assert np.array_equal(got, w), c
-    # every device's finish as the schedule holds it computes what the planner's Finish does
+    # every device's finish as the schedule holds it computes what the planner's DeviceFinish does
     finishes = [x for x in s.stages if isinstance(x, MeshFinish)]
-    theirs = [[x for x in dev.stages if isinstance(x, Finish)] for dev in u.devices]
+    theirs = [[x for x in dev.stages if isinstance(x, DeviceFinish)] for dev in u.devices]
     for k, fin in enumerate(finishes):
         for d, part in enumerate(fin.parts):
             planner = theirs[d][k]

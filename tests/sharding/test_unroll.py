@@ -16,10 +16,10 @@ from apportion.sharding import oracle
 from apportion.sharding.mesh import Axis, Mesh, parse
 from apportion.sharding.plan import build_plan
 from apportion.sharding.propagate import propagate
-from apportion.sharding.rules import Finish, make_strategy
+from apportion.sharding.rules import DeviceFinish, make_strategy
 from apportion.sharding.search import search
 from apportion.sharding.spec import Sharding, dim_block
-from apportion.sharding.unroll import Collective, unroll
+from apportion.sharding.unroll import UnrolledStep, unroll
 from tests.sharding.programs import (
     annotated,
     as_float32,
@@ -85,7 +85,7 @@ def test_megatron_unrolls_to_one_segment_and_one_collective_per_device():
     u = unroll(plan)
     for dev in u.devices:
         seg, coll = dev.stages
-        assert isinstance(seg, Program) and isinstance(coll, Collective)
+        assert isinstance(seg, Program) and isinstance(coll, UnrolledStep)
         assert [o.name for o in seg.ops] == ["gate", "up", "act", "glu", "down"]
         assert str(coll.step) == "all_reduce(sum, tp)"
         assert seg.tensor("wg").shape == (1024, 1408) and seg.tensor("y").shape == (256, 1024)
@@ -151,7 +151,7 @@ def test_a_mean_or_argmax_split_over_devices_equals_the_single_device_result(fn,
     assert plan.strategy("r").out.reducer == ("sum" if fn == "mean" else "argmax")
     assert plan.collectives_text() == f"{len(m.names)} all_reduce"
     u = unroll(plan)
-    assert any(isinstance(s, Finish) for s in u.devices[0].stages)
+    assert any(isinstance(s, DeviceFinish) for s in u.devices[0].stages)
     for xs in (hard_inputs(p) if fn == "argmax" else random_inputs(p, 1), random_inputs(p, 2)):
         want = run_unplanned(p, xs)
         for planned in (False, True):

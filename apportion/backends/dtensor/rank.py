@@ -52,11 +52,11 @@ from apportion.frontend.json_format import loads
 from apportion.ir.kinds import FLOATS, REDUCERS, Category
 from apportion.ir.op import Op
 from apportion.ir.program import Program
+from apportion.plans.tiles import Region
 from apportion.runtime import kernels
 from apportion.runtime.reference import evaluate_op
 from apportion.schedule.mesh import (
     READS,
-    Box,
     Collective,
     Device,
     FinishPart,
@@ -86,7 +86,7 @@ def combine(reducer: str) -> str:
 
 
 def torch_box(shape: Sequence[int], lay: Layout, axes: Sequence[tuple[str, int]],
-              coords: Mapping[str, int]) -> Box:
+              coords: Mapping[str, int]) -> Region:
     """The box of a tensor of ``shape`` that DTensor's placements of ``lay`` give the device
     at ``coords``: each mesh axis in order cuts the dim it shards as ``torch.chunk`` does
     (pieces of ``ceil(n / size)``, the last ones short or empty).
@@ -197,7 +197,7 @@ def _read(c: Collective, local: Any, device: int, group: Any) -> Any:
     return torch.as_tensor(out).contiguous()
 
 
-def _slices(box: Box) -> tuple[slice, ...]:
+def _slices(box: Region) -> tuple[slice, ...]:
     return tuple(slice(lo, hi) for lo, hi in box)
 
 

@@ -21,7 +21,7 @@ from apportion.mlir.forall.ops import OpRenderer
 from apportion.mlir.forall.tensors import (
     Env,
     IxBox,
-    Region,
+    IxRegion,
     TensorVal,
     empty,
     extract_out,
@@ -165,7 +165,7 @@ class LoopGroups:
                                                                          op.out.tensor))
         self.store(blk, nest, op, dest, insert(blk, piece, view, place, parallel=False), state)
 
-    def destination(self, blk: Block, nest: _Nest, op: Op, place: Region, state: _Scope
+    def destination(self, blk: Block, nest: _Nest, op: Op, place: IxRegion, state: _Scope
                     ) -> tuple[TensorVal | None, TensorVal]:
         """Where ``op`` writes over ``place`` (of its split view): the tensor carried whole
         (and its split view), or (None and) a fresh tile of this iteration in the split

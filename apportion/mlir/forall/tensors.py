@@ -55,7 +55,7 @@ class TensorVal:
 #: dim -> (start, size) in elements of the whole op's iteration space
 IxBox = dict[str, tuple[Ix, Ix]]
 #: per tensor axis: (start, extent, literal) of an access over a box
-Region = list[tuple[Ix, Ix, bool]]
+IxRegion = list[tuple[Ix, Ix, bool]]
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class Slice:
 Env = dict[str, TensorVal]
 
 
-def region(access: Access, box: IxBox) -> Region:
+def region(access: Access, box: IxBox) -> IxRegion:
     """Per tensor axis: (start, extent, literal) of ``access`` over ``box``."""
     out = []
     for e in access.index:
@@ -107,7 +107,7 @@ def out_results(op: Op, dims: Sequence[str]) -> list[str]:
     return [f"d{dims.index(d)}" for d in out_dims(op)]
 
 
-def _offsets(place: Region, origin: Sequence[Ix]) -> list[Ix]:
+def _offsets(place: IxRegion, origin: Sequence[Ix]) -> list[Ix]:
     return [lo - o for (lo, _, _), o in zip(place, origin, strict=True)]
 
 
@@ -368,7 +368,7 @@ def region_val(blk: Block, val: TensorVal, access: Access, box: IxBox) -> Tensor
     return out
 
 
-def extract_out(blk: Block, dest: TensorVal, place: Region, stem: str) -> TensorVal:
+def extract_out(blk: Block, dest: TensorVal, place: IxRegion, stem: str) -> TensorVal:
     """The slice of ``dest`` a piece over ``place`` overwrites (literal axes dropped)."""
     offsets = _offsets(place, dest.origin)
     sizes = [ext for _, ext, _ in place]
@@ -380,7 +380,7 @@ def extract_out(blk: Block, dest: TensorVal, place: Region, stem: str) -> Tensor
     return out
 
 
-def insert(blk: Block, piece: TensorVal, dest: TensorVal, place: Region, parallel: bool
+def insert(blk: Block, piece: TensorVal, dest: TensorVal, place: IxRegion, parallel: bool
            ) -> TensorVal:
     """``piece`` written into ``dest`` over ``place``: a ``tensor.insert_slice`` (the new value
     of ``dest``), or in an ``scf.forall.in_parallel`` region a

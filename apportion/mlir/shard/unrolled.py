@@ -28,10 +28,10 @@ from apportion.mlir.shard.values import Grid
 from apportion.mlir.text import symbol_name
 from apportion.mlir.types import FLOAT_TYPES
 from apportion.mlir.types import mlir_type as elt
+from apportion.plans.tiles import Region
 from apportion.runtime.upstream_mlir import verify_upstream
 from apportion.schedule.mesh import (
     REDUCING,
-    Box,
     Collective,
     Compute,
     MeshFinish,
@@ -96,7 +96,7 @@ class _Unrolled:
 
     # collectives ----------------------------------------------------------------------
 
-    def _slice(self, value: str, t: TensorType, box: Box, stem: str) -> tuple[str, TensorType]:
+    def _slice(self, value: str, t: TensorType, box: Region, stem: str) -> tuple[str, TensorType]:
         """``box`` (in ``value``'s own coordinates) of ``value``."""
         shape = box_shape(box)
         if tuple(shape) == tuple(t.shape):
@@ -232,7 +232,7 @@ def unrolled_mlir(ms: MeshSchedule, grid: Grid | None = None) -> str:
         e = elt(t.dtype)
         acc = u.blk.fresh(f"{name}_init")
         u.blk.emit(f"{acc} = tensor.empty() : {ttype(t.shape, e)}")
-        done: set[Box] = set()
+        done: set[Region] = set()
         for d, dev in enumerate(ms.devices):
             pl = dev.outputs[k]
             if pl.box in done:
