@@ -26,12 +26,23 @@ from apportion.errors import ApportionError, ExecutionError
 
 @dataclass(frozen=True)
 class Limit:
-    """One documented limit: its id (cited by refusals), what cannot be done, and the backends
-    it binds."""
+    """One documented limit: its id (cited by refusals), what cannot be done, the backends it
+    binds, and where it is documented (apportion's own: ``docs/limits.md``; a backend another
+    distribution adds documents its limits itself).
+
+    >>> Limit("mine-static-only", "runs static programs only", ("mine",), "its README").citation
+    '[limit mine-static-only, its README]'
+    """
 
     id: str
     statement: str
     backends: tuple[str, ...]
+    documented: str = "docs/limits.md"
+
+    @property
+    def citation(self) -> str:
+        """The text a refusal appends to its message to name this limit."""
+        return f"[limit {self.id}, {self.documented}]"
 
 
 LIMITS: tuple[Limit, ...] = (
@@ -108,7 +119,7 @@ def cite(limit_id: str) -> str:
     >>> cite("bundle-emits-only")
     '[limit bundle-emits-only, docs/limits.md]'
     """
-    return f"[limit {LIMITS_BY_ID[limit_id].id}, docs/limits.md]"
+    return LIMITS_BY_ID[limit_id].citation
 
 
 def cited(message: str) -> Limit | None:
@@ -151,7 +162,7 @@ class Unsupported(ExecutionError):
     def __init__(self, backend: str, program: str, limits: Sequence[Limit]) -> None:
         self.backend = backend
         self.limits = tuple(limits)
-        why = "; ".join(f"{lim.statement} {cite(lim.id)}" for lim in self.limits)
+        why = "; ".join(f"{lim.statement} {lim.citation}" for lim in self.limits)
         super().__init__(f"backend {backend!r} cannot run program {program!r}: {why}")
 
 

@@ -23,7 +23,10 @@ way (``runtime.check.check``: run, run unplanned, compare).
 ``BACKENDS`` maps each name to its backend, imported on first use from its module path, so
 importing apportion imports no torch and no IREE, and no backend imports another (the
 ``backends-independent`` import contract). ``PlannedProgram.run(backend=)``,
-``check(backend=)`` and ``apportion run --backend`` take exactly these names.
+``check(backend=)`` and ``apportion run --backend`` take exactly these names. Another
+installed distribution adds a backend by naming it in the ``apportion.backends`` entry-point
+group (``ENTRY_POINTS``), its module holding ``BACKEND``: nothing of apportion is edited (a
+backend built on ``apportion.mlir`` renders a schedule with ``mlir.module.one_module_ir``).
 
 >>> from apportion.backends import BACKENDS, get
 >>> list(BACKENDS)
@@ -37,6 +40,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
 
 from apportion.errors import ExecutionError
@@ -139,22 +143,41 @@ _MODULES: dict[str, str] = {
     "cuda": "apportion.backends.cuda.adapter",
 }
 
+#: the entry-point group where another distribution names its backends: ``name = "module"``
+#: (the module's ``BACKEND``) or ``name = "module:attribute"``. A name apportion's own
+#: backends hold stays theirs.
+ENTRY_POINTS = "apportion.backends"
+
+
+def _modules() -> dict[str, str]:
+    """apportion's backends, then those other installed distributions name (read on each
+    look-up, so a backend installed while the process runs is found)."""
+    found = {ep.name: ep.value for ep in metadata.entry_points(group=ENTRY_POINTS)}
+    return {**_MODULES, **{n: v for n, v in sorted(found.items()) if n not in _MODULES}}
+
 
 class _Registry(Mapping[str, Backend]):
     """The backends by name; a backend's module is imported when it is first looked up."""
 
     def __getitem__(self, name: str) -> Backend:
-        module = _MODULES[name]
-        backend = importlib.import_module(module).BACKEND
+        where = _modules()[name]
+        module, _, attribute = where.partition(":")
+        try:
+            backend = getattr(importlib.import_module(module), attribute or "BACKEND")
+        except (ImportError, AttributeError) as e:
+            if module in _MODULES.values():
+                raise
+            raise ExecutionError(f"backend {name!r} (entry point {where!r} of group "
+                                 f"{ENTRY_POINTS!r}) cannot be loaded: {e}") from e
         if not isinstance(backend, Backend) or backend.name != name:
-            raise TypeError(f"{module}.BACKEND is not the Backend {name!r}")
+            raise TypeError(f"{where} is not the Backend {name!r}")
         return backend
 
     def __iter__(self) -> Iterator[str]:
-        return iter(_MODULES)
+        return iter(_modules())
 
     def __len__(self) -> int:
-        return len(_MODULES)
+        return len(_modules())
 
 
 BACKENDS: Mapping[str, Backend] = _Registry()
@@ -169,8 +192,9 @@ def get(name: object) -> Backend:
     apportion.errors.ExecutionError: unknown backend 'numpy'; valid: reference, torch, iree, \
 bundle, dtensor, openmp, cuda
     """
-    if not isinstance(name, str) or name not in _MODULES:
-        raise ExecutionError(f"unknown backend {name!r}; valid: {', '.join(_MODULES)}")
+    known = _modules()
+    if not isinstance(name, str) or name not in known:
+        raise ExecutionError(f"unknown backend {name!r}; valid: {', '.join(known)}")
     return BACKENDS[name]
 
 
