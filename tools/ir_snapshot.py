@@ -142,18 +142,20 @@ def mesh_case(seed: int, out: dict[str, str]) -> None:
     except Exception as e:  # noqa: BLE001
         out[f"mesh {seed} plan"] = f"error {type(e).__name__}: {str(e).splitlines()[0]}"
         return
-    _record(out, f"mesh {seed} devices", lambda: _mesh_mlir(schedule))
+    _record(out, f"mesh {seed} devices", _mesh_mlir, schedule)
     plan = _sharding_plan(c)
     forms = _shard_forms()
-    for name, form in forms.items():
-        _record(out, f"mesh {seed} shard-form {name}", form, plan)
+    for name in ("propagated", "partitioned", "dynamic"):
+        _record(out, f"mesh {seed} shard-form {name}", forms[name], plan)
+    _record(out, f"mesh {seed} shard-form unrolled", forms["unrolled"], schedule,
+            getattr(plan, "mesh", None))
 
 
 def _plan_mesh(c: object) -> object:
     try:
         from apportion.bench.conformance import plan_mesh_case
-    except ImportError:
-        from apportion.bench.conformance import plan_mesh_case  # type: ignore[no-redef]
+    except ImportError:  # before the bench suites left the CLI
+        from apportion.cli.bench_conformance import plan_mesh_case  # type: ignore[no-redef]
     return plan_mesh_case(c)
 
 
@@ -179,9 +181,9 @@ def _shard_forms() -> dict[str, Callable[[object], str]]:
     try:
         import apportion.sharding.forms as forms
     except ImportError:  # before the forms took a plan through sharding/forms.py
-        import apportion.mlir.shard as forms  # type: ignore[no-redef]
+        import apportion.shard_mlir as forms  # type: ignore[no-redef]
     return {"propagated": forms.propagated_mlir, "partitioned": forms.partitioned_mlir,
-            "unrolled": forms.unrolled_mlir}
+            "unrolled": forms.unrolled_mlir, "dynamic": forms.dynamic_mlir}
 
 
 def compare(a: Path, b: Path) -> int:
