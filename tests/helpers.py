@@ -65,7 +65,7 @@ def assert_runs_as_unplanned(text: str, prog: Program) -> None:
 
     import numpy as np
 
-    from apportion.mlir.text import symbol_name
+    from apportion.mlir.builder import symbol_name
     from apportion.runtime.check import check
     from apportion.runtime.upstream_mlir import run_function
 

@@ -43,8 +43,8 @@ from dataclasses import dataclass, replace
 from apportion.errors import EmitError
 from apportion.ir.program import TensorType
 from apportion.mlir.bodies import REDUCER_OPS
+from apportion.mlir.builder import SsaNames, symbol_name, verify_mlir
 from apportion.mlir.forall import forall_mlir
-from apportion.mlir.text import SsaNames, symbol_name, verify_mlir
 from apportion.mlir.types import MLIR_TYPES, mlir_type
 from apportion.plans.tiles import Region
 from apportion.schedule.mesh import (

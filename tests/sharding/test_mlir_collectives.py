@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from apportion.errors import EmitError
 from apportion.frontend.json_format import from_dict, load
 from apportion.ir.kinds import REDUCERS
+from apportion.mlir.builder import verify_mlir
 from apportion.mlir.mesh import device_mlir, exchange, mesh_mlir
-from apportion.mlir.text import verify_mlir
 from apportion.runtime import kernels
 from apportion.schedule.mesh import Collective, MeshFinish, argmax_index, box_shape, within
 from apportion.sharding.lower import lower_plan

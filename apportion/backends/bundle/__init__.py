@@ -14,4 +14,3 @@ from apportion.backends.bundle.spec_text import to_source as to_source
 from apportion.backends.bundle.specs import LoopSpec as LoopSpec
 from apportion.backends.bundle.specs import OpSpec as OpSpec
 from apportion.backends.bundle.specs import TensorArg as TensorArg
-from apportion.mlir.text import verify_mlir as verify_mlir

@@ -15,7 +15,7 @@ from apportion.backends import Backend, Planned
 from apportion.backends.bundle.bundle import render_bundle
 from apportion.backends.bundle.loopspec import from_schedule
 from apportion.limits import LIMITS_BY_ID, Limit, refusals
-from apportion.mlir.text import verify_mlir
+from apportion.mlir.builder import verify_mlir
 from apportion.schedule.mesh import MeshSchedule
 
 

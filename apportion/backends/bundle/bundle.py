@@ -29,8 +29,8 @@ from collections.abc import Iterator
 from apportion.backends.bundle.loopspec import from_schedule
 from apportion.backends.bundle.specs import LoopSpec, OpSpec, Spec, TensorArg, walk
 from apportion.errors import EmitError
-from apportion.mlir.text import SsaNames, alias_name, check_index, symbol_name
-from apportion.mlir.text import verify_mlir as verify_mlir
+from apportion.mlir.builder import SsaNames, alias_name, check_index, symbol_name
+from apportion.mlir.builder import verify_mlir as verify_mlir
 from apportion.schedule.values import Schedule
 from apportion.target.target import Target
 

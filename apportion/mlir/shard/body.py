@@ -36,7 +36,7 @@ from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import TensorType
 from apportion.mlir.bodies import MlirBody, body_of, combine_of
-from apportion.mlir.text import symbol_name
+from apportion.mlir.builder import symbol_name
 from apportion.mlir.types import (
     FLOAT_BITS,
     FLOAT_TYPES,

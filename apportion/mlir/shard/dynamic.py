@@ -58,6 +58,7 @@ from apportion.ir.kinds import REDUCERS
 from apportion.ir.op import Op
 from apportion.ir.program import Program, TensorType
 from apportion.mlir.bodies import REDUCER_OPS
+from apportion.mlir.builder import symbol_name
 from apportion.mlir.keys import pack_key
 from apportion.mlir.shard.body import (
     Block,
@@ -75,7 +76,6 @@ from apportion.mlir.shard.body import (
 from apportion.mlir.shard.dialect import GRID, grid_op
 from apportion.mlir.shard.finish import cast_body
 from apportion.mlir.shard.values import Grid, OpSplit
-from apportion.mlir.text import symbol_name
 from apportion.mlir.types import FLOAT_TYPES, INDEX_MAX, compute_type
 from apportion.mlir.types import mlir_type as elt
 from apportion.runtime.upstream_mlir import run_function, verify_upstream

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from apportion.errors import EmitError
 from apportion.ir.program import Program, TensorType
 from apportion.mlir.bodies import REDUCER_OPS
+from apportion.mlir.builder import symbol_name
 from apportion.mlir.shard.body import (
     Block,
     declarations,
@@ -53,7 +54,6 @@ from apportion.mlir.shard.values import (
     Reshard,
     TensorSharding,
 )
-from apportion.mlir.text import symbol_name
 from apportion.mlir.types import FLOAT_TYPES
 from apportion.mlir.types import mlir_type as elt
 from apportion.runtime.upstream_mlir import verify_upstream

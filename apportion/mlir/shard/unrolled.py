@@ -20,12 +20,12 @@ import math
 from apportion.errors import EmitError
 from apportion.ir.program import Program, TensorType
 from apportion.mlir.bodies import REDUCER_OPS
+from apportion.mlir.builder import symbol_name
 from apportion.mlir.shard.body import Block, declarations, generic, identity_map, render_op
 from apportion.mlir.shard.body import tensor_type as ttype
 from apportion.mlir.shard.dialect import grid_op
 from apportion.mlir.shard.finish import cast_body, finish_op
 from apportion.mlir.shard.values import Grid
-from apportion.mlir.text import symbol_name
 from apportion.mlir.types import FLOAT_TYPES
 from apportion.mlir.types import mlir_type as elt
 from apportion.plans.tiles import Region

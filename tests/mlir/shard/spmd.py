@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from apportion.mlir.text import symbol_name
+from apportion.mlir.builder import symbol_name
 from apportion.runtime.upstream_mlir import run_function
 from apportion.sharding.plan import ShardingPlan
 
