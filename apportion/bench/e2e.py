@@ -160,7 +160,8 @@ def bench_model(name: str, about: str, model: Any, xs: tuple[Any, ...], cores: l
     noise; ``done`` is called after each core count."""
     import torch
 
-    from apportion.backends.torch.executor import TorchExecutor, to_torch_storage
+    from apportion.backends.torch.executor import TorchExecutor
+    from apportion.backends.torch.tensors import to_torch_storage
     from apportion.frontend.torch_export import from_torch
     from apportion.planned import plan
     from apportion.torch_compile import backend

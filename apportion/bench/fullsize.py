@@ -108,7 +108,7 @@ def measure(case: str, factory: str, action: str) -> FullSizeResult:
 
     import torch
 
-    from apportion.frontend.torch_export import lower_exported
+    from apportion.frontend.torch_graph import lower_exported
     from apportion.workflows.torch_model import load_factory
 
     wall: dict[str, float] = {}

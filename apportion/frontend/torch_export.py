@@ -10,8 +10,7 @@ buffers and lifted constants become program inputs whose values are
 iteration-space model (gathers, ``cumsum``, constants, random numbers) become fallback ops;
 no-op asserts are dropped. A node apportion cannot lower is a ``ProgramError`` naming the node,
 its target, its source line and the reason. This module is the entry: ``from_torch`` (with
-``dynamic_shapes``, symbolic sizes) and ``.pt2`` files (``load_exported``, ``from_exported``);
-it re-exports what they return and raise.
+``dynamic_shapes``, symbolic sizes) and ``.pt2`` files (``load_exported``, ``from_exported``).
 
 torch is imported when ``from_torch`` (or ``TorchProgram.inputs`` with torch tensors) runs, not
 when this module is: ``import apportion`` works without torch.
@@ -39,15 +38,9 @@ from apportion.frontend.torch_graph import lower_exported
 from apportion.frontend.torch_moe import static_experts
 from apportion.frontend.torch_program import (
     TorchProgram,
-    UnsupportedNodes,
     tensor_leaves,
-    unsupported_table,
 )
 from apportion.ir.program import Symbol, with_symbols
-
-# the entry's public face: what from_torch and the .pt2 readers return and raise, re-exported
-__all__ = ["TRUST_FLAG", "SavedProgram", "TorchProgram", "UnsupportedNodes", "from_exported",
-           "from_torch", "load_exported", "lower_exported", "unsupported_table"]
 
 
 def from_torch(model: Any, example_inputs: Sequence[Any], dynamic_shapes: Any = None, *,

@@ -22,7 +22,7 @@ from rich.console import Console
 from apportion.report.tables import moe_lines, print_model_report
 
 if TYPE_CHECKING:
-    from apportion.frontend.torch_export import TorchProgram
+    from apportion.frontend.torch_program import TorchProgram
     from apportion.planned import PlannedProgram
 
 

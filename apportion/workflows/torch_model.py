@@ -39,7 +39,7 @@ from apportion.report.model import origins_doc
 
 if TYPE_CHECKING:
 
-    from apportion.frontend.torch_export import TorchProgram
+    from apportion.frontend.torch_program import TorchProgram
     from apportion.planned import PlannedProgram
     from apportion.runtime.reference import OutputCheck
 
@@ -330,7 +330,7 @@ def _lowered(spec: str, doing: str, partial: bool, run: bool, err: TextIO,
     ``doing`` it one line, every node apportion cannot lower refused at once (their table on
     ``err``, then one error line), what ``partial`` left out shown on ``err``, and, for a
     ``run``, a model without weights refused."""
-    from apportion.frontend.torch_export import UnsupportedNodes, unsupported_table
+    from apportion.frontend.torch_program import UnsupportedNodes, unsupported_table
 
     try:
         # torch.export's own deprecation notices are not the user's
@@ -408,7 +408,7 @@ def at_sizes(tm: TorchModel, sizes: Mapping[str, int]) -> TorchModel:
 
 def unsupported_text(lowered: TorchProgram) -> str:
     """What ``--partial`` left out: the unsupported-node table and its share of the nodes."""
-    from apportion.frontend.torch_export import unsupported_table
+    from apportion.frontend.torch_program import unsupported_table
 
     return (f"left out by --partial (their results are inputs of the planned part):\n"
             f"{unsupported_table(lowered.unsupported, len(lowered.nodes))}")
@@ -477,7 +477,7 @@ def eager_outputs(tm: TorchModel) -> tuple[np.ndarray, ...]:
     """The model's outputs run eagerly on its example inputs, as numpy arrays."""
     import torch
 
-    from apportion.backends.torch.executor import from_torch_storage
+    from apportion.backends.torch.tensors import from_torch_storage
 
     with torch.no_grad():
         out = tm.model(*(tm.example_inputs or ()), **tm.example_kwargs)

@@ -85,8 +85,6 @@ from apportion.ir.program import Program
 from apportion.runtime.reference import evaluate_op, run_op_boxes
 from apportion.schedule.values import Schedule
 
-__all__ = ["GRAIN", "XP", "TorchExecutor", "from_torch_storage", "run_torch", "to_torch_storage"]
-
 
 def _combine(step: Step, reducer: Reducer, group: Sequence[int], parts: Mapping[int, Partial]
              ) -> Partial:

@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 
 import apportion as ap  # noqa: E402
 from apportion.backends.torch import executor as torch_exec  # noqa: E402
-from apportion.backends.torch.executor import GRAIN, XP, TorchExecutor, run_torch  # noqa: E402
+from apportion.backends.torch.executor import GRAIN, TorchExecutor, run_torch  # noqa: E402
+from apportion.backends.torch.kernels import XP  # noqa: E402
 from apportion.backends.torch.steps import Step  # noqa: E402
 from apportion.backends.torch.tensors import from_torch_storage, to_torch_storage  # noqa: E402
 from apportion.errors import ExecutionError, PlanningError, ProgramError  # noqa: E402
