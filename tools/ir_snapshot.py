@@ -152,10 +152,10 @@ def mesh_case(seed: int, out: dict[str, str]) -> None:
 
 
 def _plan_mesh(c: object) -> object:
-    try:
-        from apportion.bench.conformance import plan_mesh_case
-    except ImportError:  # before the bench suites left the CLI
-        from apportion.cli.bench_conformance import plan_mesh_case  # type: ignore[no-redef]
+    try:  # the old home first (an editable install finds new modules beside an old tree)
+        from apportion.cli.bench_conformance import plan_mesh_case
+    except ImportError:  # since the bench suites left the CLI
+        from apportion.bench.conformance import plan_mesh_case  # type: ignore[no-redef]
     return plan_mesh_case(c)
 
 
@@ -170,18 +170,18 @@ def _sharding_plan(c: object) -> object:
 
 
 def _mesh_mlir(schedule: object) -> str:
-    try:
-        from apportion.mlir.mesh import mesh_mlir
+    try:  # the old home first, as _plan_mesh
+        from apportion.backends.iree.mesh import mesh_mlir
     except ImportError:
-        from apportion.backends.iree.mesh import mesh_mlir  # type: ignore[no-redef]
+        from apportion.mlir.mesh import mesh_mlir  # type: ignore[no-redef]
     return mesh_mlir(schedule)
 
 
 def _shard_forms() -> dict[str, Callable[[object], str]]:
-    try:
-        import apportion.sharding.forms as forms
-    except ImportError:  # before the forms took a plan through sharding/forms.py
-        import apportion.shard_mlir as forms  # type: ignore[no-redef]
+    try:  # the old home first, as _plan_mesh
+        import apportion.shard_mlir as forms
+    except ImportError:  # since the forms take a plan through sharding/forms.py
+        import apportion.sharding.forms as forms  # type: ignore[no-redef]
     return {"propagated": forms.propagated_mlir, "partitioned": forms.partitioned_mlir,
             "unrolled": forms.unrolled_mlir, "dynamic": forms.dynamic_mlir}
 
