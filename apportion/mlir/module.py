@@ -28,7 +28,8 @@ from apportion.ir.program import Program
 from apportion.limits import cite
 from apportion.mlir.bodies import supported
 from apportion.mlir.builder import symbol_name
-from apportion.mlir.forall import forall_mlir, size_symbols, symbols
+from apportion.mlir.forall import forall_mlir, size_symbols
+from apportion.mlir.forall.context import symbols
 from apportion.mlir.types import mlir_type
 from apportion.schedule.parts import with_outputs
 from apportion.schedule.values import Schedule

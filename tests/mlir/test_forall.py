@@ -19,16 +19,12 @@ from apportion.cli.main import main
 from apportion.errors import EmitError, ExecutionError, PlanningError, ProgramError
 from apportion.frontend.json_format import from_dict, to_dict
 from apportion.ir.kinds import KINDS
+from apportion.mlir.bodies import supported
 from apportion.mlir.builder import Block, Builder
-from apportion.mlir.forall import (
-    Ix,
-    TensorVal,
-    supported,
-    thread_slices,
-    verify_mlir,
-)
+from apportion.mlir.forall import thread_slices, verify_mlir
 from apportion.mlir.forall.merge import merged_tile, reassociation, split_view, written
-from apportion.mlir.forall.tensors import iree_safe_map
+from apportion.mlir.forall.tensors import TensorVal, iree_safe_map
+from apportion.mlir.index import Ix
 from apportion.planned import PlannedProgram
 from apportion.plans.views import core_slices, dim_slices
 from apportion.runtime.reference import (

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 import apportion as ap
 from apportion.backends.iree import runtime as iree
 from apportion.backends.iree.run import iree_run
-from apportion.mlir.forall import forall_mlir, symbols, verify_mlir
+from apportion.mlir.forall import forall_mlir, verify_mlir
+from apportion.mlir.forall.context import symbols
 from apportion.plans import memory, plan, tiles, views
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.lower import lower, planned_counts
@@ -174,7 +175,7 @@ def test_an_edited_schedule_changes_the_ir_though_the_plan_did_not(cache):
 
 
 def _elt(p: ap.Program, tensor: str) -> str:
-    from apportion.mlir.forall import mlir_type
+    from apportion.mlir.types import mlir_type
 
     return mlir_type(p.tensor(tensor).dtype)
 

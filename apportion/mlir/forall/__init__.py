@@ -103,22 +103,13 @@ inputs by computed index (``mlir.forall.fallback``).
 from __future__ import annotations
 
 from apportion.errors import EmitError
-from apportion.ir.kinds import OpKind
 from apportion.ir.program import Program
-from apportion.mlir import bodies
 from apportion.mlir.builder import Block, Builder, check_index
 from apportion.mlir.builder import symbol_name as symbol_name
 from apportion.mlir.builder import verify_mlir as verify_mlir
-from apportion.mlir.forall.context import forall_mapping as forall_mapping
-from apportion.mlir.forall.context import symbols as symbols
 from apportion.mlir.forall.function import FunctionRenderer
-from apportion.mlir.forall.tensors import IxBox as IxBox
-from apportion.mlir.forall.tensors import TensorVal as TensorVal
 from apportion.mlir.forall.tensors import slice_of
-from apportion.mlir.index import Ix as Ix
-from apportion.mlir.types import INDEX_MAX as INDEX_MAX
-from apportion.mlir.types import MLIR_TYPES as MLIR_TYPES
-from apportion.mlir.types import mlir_type as mlir_type
+from apportion.mlir.index import Ix
 from apportion.schedule.values import Schedule
 
 
@@ -172,8 +163,3 @@ def thread_slices(n: int, per: int, split: int, dynamic: bool = False) -> list[t
     start, length = slice_of(blk, size, per, split, Ix.atom("%s"))
     return [(builder.evaluate(start, {"%n": n, "%s": s}),
              builder.evaluate(length, {"%n": n, "%s": s})) for s in range(split)]
-
-
-def supported(kind: OpKind) -> bool:
-    """True when the emitter can emit ops of ``kind`` (``mlir.bodies`` has its code)."""
-    return bodies.supported(kind)

@@ -14,7 +14,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.mlir.forall import forall_mapping, forall_mlir, verify_mlir
+from apportion.mlir.forall import forall_mlir, verify_mlir
+from apportion.mlir.forall.context import forall_mapping
 from apportion.runtime import upstream_mlir
 from apportion.schedule.lower import lower
 
