@@ -283,16 +283,16 @@ class PlannedProgram:
               ) -> list[OutputCheck]:
         """Run planned (on ``backend``) and unplanned on the same random inputs and compare
         every output (``runtime.check``)."""
-        from apportion.runtime.check import check
+        from apportion.runtime.check import expect
 
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ExecutionError(f"check: seed must be an int >= 0, got {_describe(seed)}")
         _check_threads(threads)
         sizes, _ = self._split_params(params)
         given = self.given.bind(sizes) if self.symbols else self.given
-        checks, _ = check(given, lambda xs: self.run(xs, threads=threads, params=params,
-                                                     backend=backend), seed)
-        return checks
+        want = expect(given, seed)
+        return want.compare(self.run(want.inputs, threads=threads, params=params,
+                                     backend=backend))
 
     @property
     def params(self) -> tuple[str, ...]:

@@ -66,8 +66,8 @@ def assert_runs_as_unplanned(text: str, prog: Program) -> None:
     import numpy as np
 
     from apportion.mlir.builder import symbol_name
-    from apportion.runtime.check import check
-    from apportion.runtime.upstream_mlir import run_function
+    from apportion.mlir.upstream import run_function
+    from apportion.runtime.check import expect
 
     def run(xs: dict[str, Any]) -> dict[str, Any]:
         outs = run_function(text, symbol_name(prog.name), [xs[n] for n in prog.inputs],
@@ -78,7 +78,8 @@ def assert_runs_as_unplanned(text: str, prog: Program) -> None:
 
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        checks, _ = check(prog, run, 0)
+        want = expect(prog, 0)
+        checks = want.compare(run(want.inputs))
     assert all(c.ok for c in checks), [str(c) for c in checks]
 
 
@@ -155,12 +156,14 @@ def checked(planned: Any, run: Any, seed: int = 0, params: dict[str, int] | None
     against the unplanned program on random inputs (``runtime.check``): the program as
     given bound at those sizes, a static one as planned. The checks and what ``run``
     returned."""
-    from apportion.runtime.check import check
+    from apportion.runtime.check import expect
 
     schedule = bound(planned, params)
     sizes = {k: v for k, v in (params or {}).items() if k in planned.symbols}
     unplanned = planned.given.bind(sizes) if planned.symbols else planned.program
-    return check(unplanned, lambda xs: run(schedule, xs), seed)
+    want = expect(unplanned, seed)
+    got = run(schedule, want.inputs)
+    return want.compare(got), got
 
 
 def emitted(program: Program, plan: Any, target: Any, symbolic: Program | None = None) -> Any:
@@ -179,10 +182,10 @@ def runs_checked(runner: Any, schedules: list[Any], seed: int = 0, **launch: Any
     """The dtensor ``runner``'s ``run_mesh_many`` of ``schedules`` in one launch (on the
     CPU unless ``launch`` says), each run checked against its unplanned program on random
     inputs of ``seed`` (``runtime.check``): the checks and the run of each."""
-    from apportion.runtime.check import check
+    from apportion.runtime.check import expect
     from apportion.runtime.reference import random_inputs
 
     inputs = [random_inputs(s.program, seed) for s in schedules]
     runs = runner.run_mesh_many(schedules, inputs, seed, **{"device": "cpu", **launch})
-    return [check(s.program, lambda _, run=run: run, inputs=xs)
+    return [(expect(s.program, inputs=xs).compare(run), run)
             for s, xs, run in zip(schedules, inputs, runs, strict=True)]

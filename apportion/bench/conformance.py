@@ -63,8 +63,8 @@ from apportion.frontend.random_meshes import MeshCase, mesh_case
 from apportion.frontend.random_programs import Case, case
 from apportion.ir.program import Program
 from apportion.limits import cited
-from apportion.runtime import upstream_mlir
-from apportion.runtime.check import check
+from apportion.mlir import upstream
+from apportion.runtime.check import expect
 from apportion.runtime.reference import OutputCheck
 from apportion.schedule.mesh import Collective, MeshFinish, MeshSchedule, box_shape
 
@@ -180,7 +180,8 @@ def run_backend(backend: Backend, c: Case, planned: Any, inputs: dict[str, np.nd
         run = backend.run
         schedule = planned.schedule(dict(c.sizes))
         given = c.program.bind(dict(c.sizes)) if c.program.symbols else c.program
-        checks, _ = check(given, lambda xs: run(schedule, xs), inputs=inputs, expected=want)
+        expected = expect(given, inputs=inputs, expected=want)
+        checks = expected.compare(run(schedule, expected.inputs))
         bad = _mismatches(checks)
     except Exception as e:  # a crash of a backend is a finding, not the end of the bench
         return _raised(backend.name, e, time.perf_counter() - start)
@@ -327,7 +328,7 @@ def mesh_backends() -> tuple[str, ...]:
 
 
 def _openmp_installed() -> bool:
-    return upstream_mlir.available() and upstream_mlir.openmp_library() is not None
+    return upstream.available() and upstream.openmp_library() is not None
 
 
 def run_mesh_backend(backend: Backend, program: Program, schedule: MeshSchedule,
@@ -343,8 +344,8 @@ def run_mesh_backend(backend: Backend, program: Program, schedule: MeshSchedule,
         limits = backend.supports(schedule)
         if limits:
             return Outcome(backend.name, "refused", limits[0].id, up_front=True)
-        checks, _ = check(program, lambda xs: run_mesh(schedule, xs), inputs=inputs,
-                          expected=want)
+        expected = expect(program, inputs=inputs, expected=want)
+        checks = expected.compare(run_mesh(schedule, expected.inputs))
         bad = _mismatches(checks)
     except Exception as e:  # a crash of a backend is a finding, not the end of the bench
         return _raised(backend.name, e, time.perf_counter() - start)

@@ -141,7 +141,7 @@ def run_case(case: Case, workers: int, threads: int, repeat: int,
     from apportion.backends.openmp import engine
     from apportion.backends.openmp.run import prepare
     from apportion.planned import plan
-    from apportion.runtime.check import check
+    from apportion.runtime.check import expect
     from apportion.runtime.reference import random_inputs
     from apportion.target.presets import spyre
 
@@ -150,8 +150,9 @@ def run_case(case: Case, workers: int, threads: int, repeat: int,
     inputs = random_inputs(p, 0)
     par = prepare(planned.lowered, inputs)
     seq = prepare(planned.lowered, inputs, lowering=engine.SEQUENTIAL)
-    checks, _ = check(p, lambda xs: {**xs, **dict(zip(par.outputs, par.call(threads).outputs,
-                                                        strict=True))}, inputs=inputs)
+    want = expect(p, inputs=inputs)
+    checks = want.compare({**want.inputs, **dict(zip(par.outputs, par.call(threads).outputs,
+                                                     strict=True))})
     cpu: list[float] = []
 
     def column(ready: Any, team: int, keep_cpu: bool = False) -> Callable[[], float]:
@@ -252,12 +253,12 @@ def table(results: Sequence[Result], workers: int) -> Table:
 
 def _suite(args: argparse.Namespace, console: Console) -> Outcome:
     from apportion.errors import UsageError
-    from apportion.runtime import upstream_mlir
+    from apportion.mlir import upstream
 
     if args.cores and len(args.cores) > 1:
         raise UsageError("bench forall takes one --cores (the plans' workers)")
     workers = args.cores[0] if args.cores else DEFAULT_WORKERS
-    upstream_mlir.require()  # the mlir extra, named, before any case
+    upstream.require()  # the mlir extra, named, before any case
     chosen = cases()[:args.limit] if args.limit else cases()
     results, measured = run(chosen, workers, args.threads, args.repeat or DEFAULT_REPEAT,
                             console)

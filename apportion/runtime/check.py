@@ -2,47 +2,66 @@
 inputs, every output compared (``reference.compare``).
 
 Every backend's run is checked this way (``PlannedProgram.check``, ``apportion run --check``,
-the benches, a mesh schedule's run): ``run`` is the planned run, inputs in; it returns the
-tensors by name, or a run record holding them (``tensors`` or ``outputs``: a backend's timing
-record), which ``check`` hands back with the comparison.
+the benches, a mesh schedule's run), as two calls the caller makes around its own planned run:
+``expect`` runs the program unplanned first (an input the program refuses is refused as the
+reference refuses it) and gives the inputs to run on; ``Expected.compare`` compares what the
+planned run returned: the tensors by name, or a run record holding them (``tensors`` or
+``outputs``: a backend's timing record). The caller runs, so control never climbs back up
+from here into a backend.
 
 >>> import apportion as ap
 >>> from apportion.backends import get
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
->>> run = get("reference").run
->>> checks, _ = check(planned.program, lambda xs: run(planned.lowered, xs), seed=3)
->>> all(c.ok for c in checks)
+>>> want = expect(planned.program, seed=3)
+>>> got = get("reference").run(planned.lowered, want.inputs)
+>>> all(c.ok for c in want.compare(got))
 True
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from apportion.ir.program import Program
 from apportion.runtime.reference import OutputCheck, compare, random_inputs, run_unplanned
 
-R = TypeVar("R")
-
-__all__ = ["check", "tensors_of"]
+__all__ = ["Expected", "expect", "tensors_of"]
 
 
-def check(program: Program, run: Callable[[dict[str, np.ndarray]], R], seed: int = 0,
-          inputs: Mapping[str, np.ndarray] | None = None,
-          expected: Mapping[str, np.ndarray] | None = None) -> tuple[list[OutputCheck], R]:
-    """``program`` (static shapes: a program with run-time sizes bound) run unplanned and by
-    ``run`` on ``inputs`` (None: random ones, ``seed``); every output compared. Returns the
-    comparisons and what ``run`` returned. The unplanned run goes first: an input the
-    program refuses (a gather index out of its table) is refused as the reference refuses
-    it. ``expected``: the unplanned run of ``inputs`` where the caller has it already
-    (several runs checked against one)."""
+@dataclass(frozen=True)
+class Expected:
+    """What a planned run of ``program`` on ``inputs`` must give: ``outputs``, the program's
+    unplanned run on them."""
+
+    program: Program
+    inputs: dict[str, np.ndarray]
+    outputs: Mapping[str, np.ndarray]
+
+    def compare(self, got: Any) -> list[OutputCheck]:
+        """Every output of the planned run ``got`` (tensors by name, or a run record holding
+        them: ``tensors_of``) compared with the unplanned one."""
+        return compare(self.outputs, tensors_of(got), self.program)
+
+
+def expect(program: Program, seed: int = 0, inputs: Mapping[str, np.ndarray] | None = None,
+           expected: Mapping[str, np.ndarray] | None = None) -> Expected:
+    """``program`` (static shapes: a program with run-time sizes bound) run unplanned on
+    ``inputs`` (None: random ones, ``seed``), before any planned run. ``expected``: the
+    unplanned run of ``inputs`` where the caller has it already (several runs checked
+    against one).
+
+    >>> from apportion.frontend.json_format import load
+    >>> want = expect(load("examples/fused.json"), seed=1)
+    >>> all(c.ok for c in want.compare(want.outputs))
+    True
+    """
     xs = random_inputs(program, seed) if inputs is None else dict(inputs)
     want = run_unplanned(program, xs) if expected is None else expected
-    got = run(xs)
-    return compare(want, tensors_of(got), program), got
+    return Expected(program, xs, want)
 
 
 def tensors_of(got: Any) -> Mapping[str, np.ndarray]:

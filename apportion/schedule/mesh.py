@@ -29,8 +29,8 @@ sharding plan; backends consume it without knowing the sharding package.
 The data movement on the host is here, backend-neutral, so every mesh runner moves data the
 same way: ``shard_inputs`` cuts host arrays into the devices' shards, ``Collective.move`` and
 ``FinishPart.apply`` perform a step on the devices' local arrays, ``unshard_outputs`` puts the
-outputs back together, and ``execute`` runs the stages in order with a backend's own
-``compute`` for each device's launch.
+outputs back together, and ``MeshSteps`` runs the stages in order, handing each device's
+launch to the backend that drives it, which runs it with its own compute.
 
 >>> c = Collective("all_gather", "x", "x", "x@1", "float32", "tp", ((0, 1),),
 ...                ((((0, 2), (0, 4))), (((2, 4), (0, 4)))), (((0, 4), (0, 4)),) * 2, dim=0)
@@ -44,7 +44,7 @@ outputs back together, and ``execute`` runs the stages in order with a backend's
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -701,17 +701,24 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(np.array_equal(a, b))
 
 
-#: a backend's run of one device's launch: (the launch, the device, its local arrays) -> the
-#: segment's outputs by local name (at least ``launch.schedule.program.outputs``)
-ComputeFn = Callable[[DeviceLaunch, int, Mapping[str, np.ndarray]], Mapping[str, np.ndarray]]
+@dataclass(frozen=True)
+class DeviceStep:
+    """One device's launch of a compute stage, ready to run: ``inputs`` are the device's
+    local arrays the segment reads, by local name."""
+
+    launch: DeviceLaunch
+    device: int
+    inputs: dict[str, np.ndarray]
 
 
-def execute(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray], compute: ComputeFn
-            ) -> dict[str, np.ndarray]:
-    """Run ``schedule`` on the host inputs: the inputs sharded (``shard_inputs``), then every
-    stage in order, each device's launch by the backend's ``compute``, collectives and
-    finishes by ``Collective.move`` and ``FinishPart.apply``; returns the program's outputs
-    put back together (``unshard_outputs``). Devices run one after another.
+class MeshSteps:
+    """One run of ``schedule`` on the host ``inputs``, driven by the backend that runs it: the
+    inputs sharded (``shard_inputs``); iterating yields each device's launch of each compute
+    stage in order (devices one after another), which the backend runs itself and hands back
+    (``give``), while the collectives and finishes between them run here on the host
+    (``Collective.move``, ``FinishPart.apply``); ``outputs`` puts the program's outputs back
+    together (``unshard_outputs``). The backend calls down into the schedule, never the
+    other way round.
 
     >>> from apportion.frontend.json_format import load
     >>> from apportion.runtime.reference import random_inputs, run_unplanned
@@ -719,33 +726,57 @@ def execute(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray], compute: C
     >>> from apportion.sharding.mesh import parse
     >>> from apportion.sharding.search import search
     >>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
-    >>> def unplanned(launch, device, env):
-    ...     p = launch.schedule.program
-    ...     return run_unplanned(p, {n: env[n] for n in p.inputs})
-    >>> execute(s, random_inputs(s.program), unplanned)["y"].shape
+    >>> steps = MeshSteps(s, random_inputs(s.program))
+    >>> for step in steps:
+    ...     steps.give(step, run_unplanned(step.launch.schedule.program, step.inputs))
+    >>> steps.outputs()["y"].shape
     (256, 1024)
     """
-    envs = shard_inputs(schedule, inputs)
-    for stage in schedule.stages:
-        if isinstance(stage, Compute):
-            for d, (launch, env) in enumerate(zip(stage.launches, envs, strict=True)):
-                program = launch.schedule.program
-                absent = [n for n in program.inputs if n not in env]
-                if absent:
-                    raise ExecutionError(f"device {d}: segment {launch.name!r} reads "
-                                         f"{', '.join(map(repr, absent))}, which no earlier "
-                                         "stage gave the device")
-                done = compute(launch, d, {n: env[n] for n in program.inputs})
-                missing = [n for n in program.outputs if n not in done]
-                if missing:
-                    raise ExecutionError(f"device {d}: the run of segment {launch.name!r} gave "
-                                         f"no {', '.join(map(repr, missing))}")
-                env.update({n: done[n] for n in program.outputs})
-        elif isinstance(stage, MeshFinish):
-            for part, env in zip(stage.parts, envs, strict=True):
-                env[part.result] = part.apply(env)
-        else:
-            moved = stage.move([env[stage.source] for env in envs])
-            for env, res in zip(envs, moved, strict=True):
-                env[stage.result] = res
-    return unshard_outputs(schedule, envs)
+
+    def __init__(self, schedule: MeshSchedule, inputs: Mapping[str, np.ndarray]) -> None:
+        self.schedule = schedule
+        self._envs = shard_inputs(schedule, inputs)
+        self._pending: DeviceStep | None = None  # the step yielded, until its outputs come
+
+    def __iter__(self) -> Iterator[DeviceStep]:
+        envs = self._envs
+        for stage in self.schedule.stages:
+            if isinstance(stage, Compute):
+                for d, (launch, env) in enumerate(zip(stage.launches, envs, strict=True)):
+                    program = launch.schedule.program
+                    absent = [n for n in program.inputs if n not in env]
+                    if absent:
+                        raise ExecutionError(f"device {d}: segment {launch.name!r} reads "
+                                             f"{', '.join(map(repr, absent))}, which no earlier "
+                                             "stage gave the device")
+                    self._pending = DeviceStep(launch, d, {n: env[n] for n in program.inputs})
+                    yield self._pending
+                    if self._pending is not None:
+                        raise ExecutionError(f"device {d}: segment {launch.name!r} was not run "
+                                             "(its outputs were not given back)")
+            elif isinstance(stage, MeshFinish):
+                for part, env in zip(stage.parts, envs, strict=True):
+                    env[part.result] = part.apply(env)
+            else:
+                moved = stage.move([env[stage.source] for env in envs])
+                for env, res in zip(envs, moved, strict=True):
+                    env[stage.result] = res
+
+    def give(self, step: DeviceStep, done: Mapping[str, np.ndarray]) -> None:
+        """The outputs of ``step``'s run by local name (at least its segment's outputs); the
+        step must be the one last yielded."""
+        launch, d = step.launch, step.device
+        if step is not self._pending:
+            raise ExecutionError(f"device {d}: segment {launch.name!r} is not the step the "
+                                 "mesh run is waiting for")
+        outputs = launch.schedule.program.outputs
+        missing = [n for n in outputs if n not in done]
+        if missing:
+            raise ExecutionError(f"device {d}: the run of segment {launch.name!r} gave "
+                                 f"no {', '.join(map(repr, missing))}")
+        self._envs[d].update({n: done[n] for n in outputs})
+        self._pending = None
+
+    def outputs(self) -> dict[str, np.ndarray]:
+        """The program's outputs put back together from the devices' shards."""
+        return unshard_outputs(self.schedule, self._envs)

@@ -35,7 +35,7 @@ import numpy as np
 
 from apportion.errors import ApportionError, ExecutionError, PlanningError
 from apportion.ir.program import Program
-from apportion.runtime.check import check as check_run
+from apportion.runtime.check import expect
 from apportion.runtime.reference import (
     OutputCheck,
     bind_inputs,
@@ -113,9 +113,8 @@ def check(unrolled: Unrolled, seed: int = 0, planned: bool = False,
           ) -> list[OutputCheck]:
     """The per-device programs run on random inputs against the unsharded program
     (``runtime.check``)."""
-    checks, _ = check_run(unrolled.program,
-                          lambda xs: run(unrolled, xs, planned, target, params=params), seed)
-    return checks
+    want = expect(unrolled.program, seed)
+    return want.compare(run(unrolled, want.inputs, planned, target, params=params))
 
 
 def planned(unrolled: Unrolled, target: Target | None = None) -> list[list[Any]]:

@@ -51,7 +51,7 @@ from apportion.ir.program import Program
 from apportion.mlir.forall import forall_mlir, symbol_name
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan
-from apportion.runtime.check import check as check_run
+from apportion.runtime.check import expect
 from apportion.runtime.reference import random_inputs, run_unplanned
 from apportion.schedule.lower import lower, planned_counts
 from apportion.schedule.values import Schedule
@@ -208,7 +208,7 @@ def operands(m: int, n: int, k: int) -> Operands:
 def _checked(what: str, ops: Operands, got: dict[str, Any]) -> float:
     """The largest error of ``got`` against the unplanned output; ExecutionError on a
     mismatch (a wrong result is no timing)."""
-    check = check_run(ops.program, lambda _: got, inputs=ops.inputs, expected=ops.expected)[0][0]
+    check = expect(ops.program, inputs=ops.inputs, expected=ops.expected).compare(got)[0]
     if not check.ok:
         raise ExecutionError(f"{what} differs in IREE from the unplanned program (max abs err "
                              f"{check.max_abs_err:.3g})")

@@ -42,7 +42,7 @@ def run_in_iree(planned: PlannedProgram, params: Mapping[str, int] | None = None
     compared with the unplanned program's on the same inputs."""
     from apportion.backends.iree.run import iree_run
     from apportion.backends.iree.runtime import default_cache_dir
-    from apportion.runtime.check import check as check_run
+    from apportion.runtime.check import expect
     from apportion.runtime.reference import random_inputs
 
     values = dict(params or {})
@@ -51,7 +51,9 @@ def run_in_iree(planned: PlannedProgram, params: Mapping[str, int] | None = None
     checks = None
     if check:
         unplanned = planned.given.bind(sizes) if planned.symbols else planned.program
-        checks, run = check_run(unplanned, lambda xs: iree_run(schedule, xs), seed)
+        want = expect(unplanned, seed)
+        run = iree_run(schedule, want.inputs)
+        checks = want.compare(run)
     else:
         run = iree_run(schedule, random_inputs(schedule.program, seed))
     return IreeReport(checks, run.cached, run.compile_s, run.run_s, default_cache_dir())

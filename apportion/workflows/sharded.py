@@ -278,10 +278,11 @@ def check_sharded(schedule: MeshSchedule, backend: str = "reference", seed: int 
                   ) -> tuple[list[OutputCheck], dict[str, np.ndarray]]:
     """``run_sharded`` on random inputs of ``seed``, every output compared with the unsharded
     program run by the reference executor; the checks and the outputs."""
-    from apportion.runtime.check import check
+    from apportion.runtime.check import expect
 
-    return check(schedule.program, lambda xs: run_sharded(schedule, xs, backend, seed, threads),
-                 seed)
+    want = expect(schedule.program, seed)
+    got = run_sharded(schedule, want.inputs, backend, seed, threads)
+    return want.compare(got), got
 
 
 def run_distributed(schedule: MeshSchedule, inputs: Mapping[str, Any] | None = None,
@@ -304,8 +305,8 @@ def check_distributed(schedule: MeshSchedule, seed: int = 0, timeout_s: float = 
     """``run_distributed`` on random inputs of ``seed``, every output compared with the
     unsharded program run by the reference executor."""
     from apportion.backends.dtensor.runner import run_mesh
-    from apportion.runtime.check import check
+    from apportion.runtime.check import expect
 
-    return check(schedule.program, lambda xs: run_mesh(schedule, xs, seed=seed,
-                                                       timeout_s=timeout_s, device=device),
-                 seed)
+    want = expect(schedule.program, seed)
+    got = run_mesh(schedule, want.inputs, seed=seed, timeout_s=timeout_s, device=device)
+    return want.compare(got), got

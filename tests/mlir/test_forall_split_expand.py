@@ -17,7 +17,7 @@ from apportion.frontend.json_format import from_dict
 from apportion.mlir.forall import forall_mlir
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan
-from apportion.runtime.check import check
+from apportion.runtime.check import expect
 from apportion.target.presets import cpu
 from apportion.target.target import Target
 from tests.helpers import emitted
@@ -72,8 +72,8 @@ def test_an_even_split_k_partial_reads_k_expanded_with_plain_maps(factor: int, c
 def test_an_expanded_split_k_partial_matches_the_unplanned_run_in_iree(
         factor: int, cores: int, tmp_path: Path):
     program, result, target = planned(factor, cores)
-    checks, _ = check(program, lambda xs: iree_run(emitted(program, result, target), xs,
-                                                   tmp_path), factor + cores)
+    want = expect(program, factor + cores)
+    checks = want.compare(iree_run(emitted(program, result, target), want.inputs, tmp_path))
     assert checks and all(c.ok for c in checks), checks
 
 

@@ -1,5 +1,5 @@
-"""The one check of a planned run (``runtime.check``): the program run unplanned and planned on
-the same inputs, every output compared; the run's own record handed back."""
+"""The one check of a planned run (``runtime.check``): the program run unplanned (``expect``),
+then planned by the caller on the same inputs, every output compared (``Expected.compare``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from apportion.errors import ExecutionError
 from apportion.runtime import check as checking
-from apportion.runtime.check import check, tensors_of
+from apportion.runtime.check import expect, tensors_of
 from apportion.runtime.reference import random_inputs, run_unplanned
 from tests.helpers import program
 
@@ -29,36 +29,28 @@ class Record:
     run_s: float
 
 
-def test_a_run_that_matches_passes_and_its_record_is_handed_back():
+def test_a_run_record_that_matches_passes_on_the_random_inputs_of_the_seed():
     p = scale_program()
-    seen = []
-
-    def run(xs):
-        seen.append(xs)
-        return Record(run_unplanned(p, xs), 0.5)
-
-    checks, record = check(p, run, seed=4)
+    want = expect(p, seed=4)
+    np.testing.assert_array_equal(want.inputs["x"], random_inputs(p, 4)["x"])
+    checks = want.compare(Record(run_unplanned(p, want.inputs), 0.5))
     assert [c.tensor for c in checks] == ["y"] and all(c.ok for c in checks)
-    assert record.run_s == 0.5
-    np.testing.assert_array_equal(seen[0]["x"], random_inputs(p, 4)["x"])
 
 
 def test_a_wrong_output_fails_naming_it():
     p = scale_program()
-    checks, _ = check(p, lambda xs: {"y": np.zeros((4, 8), np.float32)}, seed=1)
+    checks = expect(p, seed=1).compare({"y": np.zeros((4, 8), np.float32)})
     assert [(c.tensor, c.ok) for c in checks] == [("y", False)]
 
 
-def test_the_unplanned_run_goes_first_so_a_refused_input_is_refused_as_the_reference_refuses():
+def test_the_expectation_is_the_unplanned_run_so_a_refused_input_is_refused_before_any_run():
     p = program({"t": ([5, 8], "float16"), "ids": ([3], "int32")},
                 [{"name": "g", "op": "gather", "out": "e[i,d]", "ins": ["t[v,d]", "ids[i]"]}],
                 ["e"])
     xs = random_inputs(p, 0)
     xs["ids"] = np.array([0, 7, 1], dtype=np.int32)
-    ran = []
     with pytest.raises(ExecutionError, match="op 'g'"):
-        check(p, lambda inputs: ran.append(1) or {}, inputs=xs)
-    assert not ran
+        expect(p, inputs=xs)
 
 
 def test_expected_outputs_given_are_not_computed_again(monkeypatch):
@@ -66,8 +58,8 @@ def test_expected_outputs_given_are_not_computed_again(monkeypatch):
     xs = random_inputs(p, 2)
     want = run_unplanned(p, xs)
     monkeypatch.setattr(checking, "run_unplanned", lambda *a: pytest.fail("ran unplanned"))
-    checks, _ = check(p, lambda inputs: dict(want), inputs=xs, expected=want)
-    assert all(c.ok for c in checks)
+    expected = expect(p, inputs=xs, expected=want)
+    assert all(c.ok for c in expected.compare(dict(want)))
 
 
 def test_the_tensors_of_a_mapping_a_program_run_or_a_mesh_run():

@@ -17,17 +17,17 @@ from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import load
 from apportion.runtime import kernels
-from apportion.runtime.reference import random_inputs
+from apportion.runtime.reference import random_inputs, run_unplanned
 from apportion.schedule.mesh import (
     Collective,
     Compute,
     FinishPart,
     MeshFinish,
     MeshSchedule,
+    MeshSteps,
     argmax_index,
     argmax_keys,
     box_shape,
-    execute,
     group_order,
     intersect,
     shard_inputs,
@@ -170,13 +170,34 @@ def test_a_run_that_gives_no_segment_output_is_refused_naming_the_device_and_seg
     s = lower_plan(search(load("examples/megatron.json"), parse("tp=2")))
     with pytest.raises(ExecutionError, match="device 0: the run of segment 'megatron.d0.s0' "
                                              "gave no"):
-        execute(s, random_inputs(s.program), lambda launch, d, env: {})
+        steps = MeshSteps(s, random_inputs(s.program))
+        for step in steps:
+            steps.give(step, {})
     # a device that is given no shard of an input its segment reads
     dev = s.devices[0]
     broken = replace(s, devices=(replace(dev, inputs=dev.inputs[1:]), *s.devices[1:]))
     with pytest.raises(ExecutionError, match=f"device 0: segment 'megatron.d0.s0' reads "
                                              f"'{dev.inputs[0].local}', which no earlier stage"):
-        execute(broken, random_inputs(s.program), lambda launch, d, env: {})
+        next(iter(MeshSteps(broken, random_inputs(s.program))))
+
+
+def test_a_mesh_run_whose_driver_skips_a_step_is_refused_naming_the_device_and_segment():
+    s = lower_plan(search(load("examples/megatron.json"), parse("tp=2")))
+    walk = iter(MeshSteps(s, random_inputs(s.program)))
+    assert next(walk).device == 0
+    with pytest.raises(ExecutionError, match="device 0: segment 'megatron.d0.s0' was not run"):
+        next(walk)  # on to the next step with no outputs given back for this one
+
+
+def test_a_mesh_run_refuses_outputs_of_a_step_it_is_not_waiting_for():
+    s = lower_plan(search(load("examples/megatron.json"), parse("tp=2")))
+    steps = MeshSteps(s, random_inputs(s.program))
+    walk = iter(steps)
+    first = next(walk)
+    steps.give(first, run_unplanned(first.launch.schedule.program, first.inputs))
+    with pytest.raises(ExecutionError, match="device 0: segment 'megatron.d0.s0' is not the "
+                                             "step the mesh run is waiting for"):
+        steps.give(first, run_unplanned(first.launch.schedule.program, first.inputs))
 
 
 def test_inputs_cut_into_shards_and_put_back_together_round_trip():

@@ -14,9 +14,9 @@ import pytest
 from apportion.backends.iree.mesh import run_mesh
 from apportion.errors import EmitError
 from apportion.mlir.mesh import exchange, mesh_mlir
-from apportion.runtime.check import check
+from apportion.mlir.upstream import MISSING, available
+from apportion.runtime.check import expect
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
-from apportion.runtime.upstream_mlir import MISSING, available
 from apportion.schedule.mesh import MeshSchedule
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse
@@ -52,7 +52,8 @@ def test_iree_exchanges_the_rows_a_peer_lacks_over_a_channel_of_both_axes(tmp_pa
     assert "flow.collective.all_to_all f32" in text and "channel_a " not in text
     assert re.search(r"tensor<4x2x1x6x4xf32>", text)
     for s in two_axis_schedules():
-        checks, _ = check(s.program, lambda xs, s=s: run_mesh(s, xs, tmp_path))
+        want = expect(s.program)
+        checks = want.compare(run_mesh(s, want.inputs, tmp_path))
         assert all(c.ok for c in checks), [str(c) for c in checks]
 
 
@@ -67,7 +68,8 @@ def test_iree_splits_a_channel_of_the_two_axes_a_halo_runs_across_on_a_three_axi
     # devices 0..7 in order: (color, rank) of each, by its group (0, 1, 4, 5) or (2, 3, 6, 7)
     assert splits == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1"), ("0", "2"), ("0", "3"),
                       ("1", "2"), ("1", "3")]
-    checks, _ = check(s.program, lambda xs: run_mesh(s, xs))
+    want = expect(s.program)
+    checks = want.compare(run_mesh(s, want.inputs))
     assert all(c.ok for c in checks), [str(c) for c in checks]
 
 

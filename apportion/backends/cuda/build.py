@@ -18,9 +18,9 @@ folder a GPU machine runs with Python, numpy and the NVIDIA driver alone
 
 >>> import apportion as ap, tempfile
 >>> from pathlib import Path
->>> from apportion.runtime import upstream_mlir
+>>> from apportion.mlir import upstream
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.gpu(cores=8))
->>> if upstream_mlir.available():
+>>> if upstream.available():
 ...     with tempfile.TemporaryDirectory() as tmp:
 ...         b = build(planned.lowered, Path(tmp) / "fused")
 ...         assert (b.path / "module.so").exists() and b.kernels == 2
@@ -48,9 +48,9 @@ from apportion.backends.cuda.lowering import AMPERE, GpuArch, link, linker, lowe
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import dumps, load
 from apportion.ir.program import Program
+from apportion.mlir import upstream
 from apportion.mlir.module import call, one_module_ir, with_gather_indices
-from apportion.runtime import upstream_mlir
-from apportion.runtime.check import check
+from apportion.runtime.check import expect
 from apportion.runtime.isolated import python_command
 from apportion.runtime.reference import OutputCheck, bind_inputs, check_gathers, random_inputs
 from apportion.schedule.values import Schedule
@@ -109,7 +109,7 @@ def build(schedule: Schedule, out: Path, seed: int = 0, arch: GpuArch = AMPERE,
     build that was there, with its results, and nothing of its own."""
     start = time.perf_counter()
     check_out(out)
-    upstream_mlir.require()
+    upstream.require()
     unplanned = reference(schedule)
     given = random_inputs(unplanned, seed) if inputs is None else inputs
     s = with_gather_indices(schedule)
@@ -138,7 +138,7 @@ def build(schedule: Schedule, out: Path, seed: int = 0, arch: GpuArch = AMPERE,
     def write(folder: Path) -> None:
         (folder / "forall.mlir").write_text(text)
         link(llvm, folder / "module.so")
-        shutil.copy(upstream_mlir.runner_library("mlir_cuda_runtime"),
+        shutil.copy(upstream.runner_library("mlir_cuda_runtime"),
                     folder / "libmlir_cuda_runtime.so")
         _stand_in(folder / "libLLVM.so")
         np.savez(folder / "inputs.npz", **stored)
@@ -368,5 +368,5 @@ def check_build(folder: Path, results: Path) -> list[OutputCheck]:
     checked against the reference executor's run of the unplanned program on the same
     inputs."""
     unplanned, inputs, outputs = read_run(folder, results)
-    checks, _ = check(unplanned, lambda xs: {**xs, **outputs}, inputs=inputs)
-    return checks
+    want = expect(unplanned, inputs=inputs)
+    return want.compare({**want.inputs, **outputs})

@@ -6,7 +6,7 @@ backend on the CPU over loopback, or ``nccl`` with one GPU per rank where the ma
 per device: ``device="auto"``, or ``cpu`` / ``cuda`` to choose); each rank runs every stage of
 the schedule on its device (``rank``: inputs placed, ops on DTensors or local shards,
 collectives as redistributions or its own steps for uneven cuts, finishes, a placement check
-after each) and rank 0 hands the gathered outputs back (``runtime.check.check`` compares them
+after each) and rank 0 hands the gathered outputs back (``runtime.check.expect`` compares them
 with the reference executor's run of the unsharded program). ``launch`` watches the ranks: a failing
 or killed rank ends the run naming the root-cause rank and where it was; ``timeout_s`` bounds
 the whole run; ``fault`` injects a failure on one rank at one op (``raise`` or ``kill``), for
@@ -24,9 +24,10 @@ order (DTensor nests the cuts of several mesh dims on one tensor dim in mesh ord
 >>> from apportion.sharding.search import search
 >>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
 >>> check_schedule(s)
->>> from apportion.runtime.check import check
->>> checks, run = check(s.program, lambda xs: run_mesh(s, xs))  # doctest: +SKIP
->>> all(c.ok for c in checks), run.backend                      # doctest: +SKIP
+>>> from apportion.runtime.check import expect
+>>> want = expect(s.program)
+>>> run = run_mesh(s, want.inputs)                       # doctest: +SKIP
+>>> all(c.ok for c in want.compare(run)), run.backend     # doctest: +SKIP
 (True, 'gloo')
 """
 

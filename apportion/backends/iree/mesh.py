@@ -6,8 +6,8 @@ Consumes only a ``schedule.mesh.MeshSchedule`` (``apportion.sharding.lower`` mak
 
 ``run_mesh`` runs each device's segments with ``backends.iree.run.iree_run`` (compiled once per
 distinct segment; the module cache keeps them) and performs every collective and finish on the
-host with the schedule's own data movement (``schedule.mesh.execute``: ``Collective.move``,
-``FinishPart.apply``), as every mesh runner does (``runtime.check.check`` compares the
+host with the schedule's own data movement (``schedule.mesh.MeshSteps``: ``Collective.move``,
+``FinishPart.apply``), as every mesh runner does (``runtime.check.expect`` compares the
 outputs with the unplanned program's). The host stands in for the channel because IREE's CPU
 driver has no collectives: the device modules compile for ``llvm-cpu``, but creating their
 channel fails at run time (``hal.channel.create``: "collectives not implemented" in ``local_task``).
@@ -16,10 +16,11 @@ channel fails at run time (``hal.channel.create``: "collectives not implemented"
 >>> from apportion.sharding.lower import lower_plan
 >>> from apportion.sharding.mesh import parse
 >>> from apportion.sharding.search import search
->>> from apportion.runtime.check import check
+>>> from apportion.runtime.check import expect
 >>> s = lower_plan(search(load("examples/mlp.json"), parse("tp=2")))
->>> checks, run = check(s.program, lambda xs: run_mesh(s, xs))  # doctest: +SKIP
->>> all(c.ok for c in checks), run.modules                       # doctest: +SKIP
+>>> want = expect(s.program)
+>>> run = run_mesh(s, want.inputs)                         # doctest: +SKIP
+>>> all(c.ok for c in want.compare(run)), run.modules       # doctest: +SKIP
 (True, 2)
 """
 
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from apportion.backends.iree.run import iree_run
-from apportion.schedule.mesh import DeviceLaunch, MeshSchedule, execute
+from apportion.schedule.mesh import MeshSchedule, MeshSteps
 
 
 @dataclass(frozen=True)
@@ -53,28 +54,26 @@ class MeshRun:
 def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
              cache_dir: str | os.PathLike[str] | None = None) -> MeshRun:
     """Every device's segments run in IREE, the collectives and finishes between them on the
-    host by the schedule's own data movement (``schedule.mesh.execute``); returns the outputs
+    host by the schedule's own data movement (``schedule.mesh.MeshSteps``); returns the outputs
     by name (see the module docstring)."""
     compile_s = run_s = inside_s = 0.0
     cached = True
     modules: set[int] = set()
 
-    def compute(launch: DeviceLaunch, device: int, env: Mapping[str, np.ndarray]
-                ) -> dict[str, np.ndarray]:
-        nonlocal compile_s, run_s, inside_s, cached
-        start = time.perf_counter()
-        prog = launch.schedule.program
+    start = time.perf_counter()
+    steps = MeshSteps(schedule, inputs)
+    for step in steps:
+        begun = time.perf_counter()
+        segment = step.launch.schedule
         # the segment's schedule at the mesh's loop counts: the module's count arguments
-        done = iree_run(launch.schedule, env, cache_dir)
-        if id(launch.schedule) not in modules:
-            modules.add(id(launch.schedule))
+        done = iree_run(segment, step.inputs, cache_dir)
+        if id(segment) not in modules:
+            modules.add(id(segment))
             compile_s += done.compile_s
             cached = cached and done.cached
         run_s += done.run_s
-        inside_s += time.perf_counter() - start
-        return {n: done.tensors[n] for n in prog.outputs}
-
-    start = time.perf_counter()
-    outputs = execute(schedule, inputs, compute)
+        inside_s += time.perf_counter() - begun
+        steps.give(step, {n: done.tensors[n] for n in segment.program.outputs})
+    outputs = steps.outputs()
     return MeshRun(outputs, len(modules), compile_s, cached, run_s,
                    time.perf_counter() - start - inside_s)

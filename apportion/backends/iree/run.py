@@ -10,10 +10,11 @@ cut by ``schedule.parts.segments``). A gather index outside its table is refused
 run, as the reference executor refuses it (``runtime.reference.check_gathers``).
 
 >>> import apportion as ap
->>> from apportion.runtime.check import check
+>>> from apportion.runtime.check import expect
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
->>> checks, run = check(planned.program, lambda xs: iree_run(planned.lowered, xs))  # doctest: +SKIP
->>> all(c.ok for c in checks), run.compile_s > 0                                  # doctest: +SKIP
+>>> want = expect(planned.program)
+>>> run = iree_run(planned.lowered, want.inputs)             # doctest: +SKIP
+>>> all(c.ok for c in want.compare(run)), run.compile_s > 0  # doctest: +SKIP
 (True, True)
 """
 

@@ -2,24 +2,25 @@
 parallel IR this backend runs for one device (``run.openmp_run``: ``scf.forall`` lowered by
 upstream MLIR to OpenMP and JIT-compiled, once per distinct segment: devices whose segments are
 equal share one schedule, so one module), the collectives and finishes between devices by the
-schedule's own host data movement (``schedule.mesh.execute``), as every mesh runner does.
+schedule's own host data movement (``schedule.mesh.MeshSteps``), as every mesh runner does.
 
 ``mesh_parallel_ir`` is what ``supports`` emits up front: each distinct segment's parallel IR,
 so a segment the emitter refuses is refused by the documented limit it cites before anything
 is lowered.
 
 >>> from apportion.frontend.json_format import load
->>> from apportion.runtime import upstream_mlir
+>>> from apportion.mlir import upstream
 >>> from apportion.sharding.lower import lower_plan
 >>> from apportion.sharding.mesh import parse
 >>> from apportion.sharding.search import search
 >>> s = lower_plan(search(load("examples/megatron.json"), parse("tp=2")))
 >>> len(mesh_parallel_ir(s)) == s.distinct()
 True
->>> from apportion.runtime.check import check
->>> if upstream_mlir.available() and upstream_mlir.openmp_library() is not None:
-...     checks, run = check(s.program, lambda xs: run_mesh(s, xs, threads=2))
-...     assert all(c.ok for c in checks) and run.modules == s.distinct()
+>>> from apportion.runtime.check import expect
+>>> if upstream.available() and upstream.openmp_library() is not None:
+...     want = expect(s.program)
+...     run = run_mesh(s, want.inputs, threads=2)
+...     assert all(c.ok for c in want.compare(run)) and run.modules == s.distinct()
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 
 from apportion.backends.openmp import engine as omp
 from apportion.backends.openmp.run import openmp_run, parallel_ir
-from apportion.schedule.mesh import DeviceLaunch, MeshSchedule, execute
+from apportion.schedule.mesh import MeshSchedule, MeshSteps
 
 
 @dataclass(frozen=True)
@@ -69,21 +70,19 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, np.ndarray],
     modules: set[int] = set()
     team = threads if threads is not None else omp.max_threads()
 
-    def compute(launch: DeviceLaunch, device: int, env: Mapping[str, np.ndarray]
-                ) -> dict[str, np.ndarray]:
-        nonlocal compile_s, run_s, inside_s
-        start = time.perf_counter()
-        prog = launch.schedule.program
+    start = time.perf_counter()
+    steps = MeshSteps(schedule, inputs)
+    for step in steps:
+        begun = time.perf_counter()
+        segment = step.launch.schedule
         # the segment's schedule at the mesh's loop counts: the module's count arguments
-        done = openmp_run(launch.schedule, env, team, lowering)
-        if id(launch.schedule) not in modules:
-            modules.add(id(launch.schedule))
+        done = openmp_run(segment, step.inputs, team, lowering)
+        if id(segment) not in modules:
+            modules.add(id(segment))
             compile_s += done.compile_s
         run_s += done.run_s
-        inside_s += time.perf_counter() - start
-        return {n: done.tensors[n] for n in prog.outputs}
-
-    start = time.perf_counter()
-    outputs = execute(schedule, inputs, compute)
+        inside_s += time.perf_counter() - begun
+        steps.give(step, {n: done.tensors[n] for n in segment.program.outputs})
+    outputs = steps.outputs()
     host_s = time.perf_counter() - start - inside_s
     return OpenmpMeshRun(outputs, len(modules), compile_s, run_s, host_s, team)

@@ -8,12 +8,13 @@ between its modules) are refused too, naming the op and the limit: this backend 
 module, no host steps.
 
 >>> import apportion as ap
->>> from apportion.runtime import upstream_mlir
->>> from apportion.runtime.check import check
+>>> from apportion.mlir import upstream
+>>> from apportion.runtime.check import expect
 >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
->>> if upstream_mlir.available():
-...     checks, run = check(planned.program, lambda xs: openmp_run(planned.lowered, xs, 2))
-...     assert all(c.ok for c in checks) and run.threads == 2
+>>> if upstream.available():
+...     want = expect(planned.program)
+...     run = openmp_run(planned.lowered, want.inputs, 2)
+...     assert all(c.ok for c in want.compare(run)) and run.threads == 2
 """
 
 from __future__ import annotations
@@ -107,9 +108,10 @@ def prepare(schedule: Schedule, inputs: Mapping[str, np.ndarray],
     module alone.
 
     >>> import apportion as ap
-    >>> from apportion.runtime import random_inputs, upstream_mlir
+    >>> from apportion.mlir import upstream
+    >>> from apportion.runtime import random_inputs
     >>> planned = ap.plan(ap.load("examples/fused.json"), ap.targets.spyre(cores=8))
-    >>> if upstream_mlir.available():
+    >>> if upstream.available():
     ...     ready = prepare(planned.lowered, random_inputs(planned.program, 0))
     ...     assert ready.call(threads=1).outputs[0].shape == (1024, 4096)
     """

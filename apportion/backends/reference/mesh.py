@@ -2,8 +2,9 @@
 run as the reference runs one device's (in simulated memory where it has loop nests or
 scratchpad buffers, ``loops.run_schedule``; else op by op on whole arrays,
 ``execute.run_sliced_schedule``), the collectives and finishes between them by the schedule's
-own host data movement (``schedule.mesh.execute``). What a mesh schedule means: every other
-mesh runner is checked against the unplanned program as this one is.
+own host data movement (``schedule.mesh.MeshSteps``, which this runner drives). What a mesh
+schedule means: every other mesh runner is checked against the unplanned program as this one
+is.
 
 >>> from apportion.frontend.json_format import load
 >>> from apportion.runtime.reference import compare, random_inputs, run_unplanned
@@ -26,7 +27,7 @@ import numpy as np
 from apportion.backends.reference.execute import in_memory, run_sliced_schedule
 from apportion.backends.reference.loops import run_schedule
 from apportion.errors import ExecutionError
-from apportion.schedule.mesh import DeviceLaunch, MeshSchedule, execute
+from apportion.schedule.mesh import DeviceLaunch, MeshSchedule, MeshSteps
 
 
 def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0,
@@ -41,11 +42,15 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0
         raise ExecutionError("the reference backend runs the mesh in this process on the CPU: "
                              "timeout_s and device apply to the dtensor backend")
 
-    def compute(launch: DeviceLaunch, d: int, env: Mapping[str, np.ndarray]
-                ) -> dict[str, np.ndarray]:
-        s = launch.schedule
-        if in_memory(s):
-            return run_schedule(s, env, threads=threads)
-        return run_sliced_schedule(s, env, threads=threads)
+    steps = MeshSteps(schedule, inputs)
+    for step in steps:
+        steps.give(step, _compute(step.launch, step.inputs, threads))
+    return steps.outputs()
 
-    return execute(schedule, inputs, compute)
+
+def _compute(launch: DeviceLaunch, env: Mapping[str, np.ndarray], threads: int | None
+             ) -> dict[str, np.ndarray]:
+    s = launch.schedule
+    if in_memory(s):
+        return run_schedule(s, env, threads=threads)
+    return run_sliced_schedule(s, env, threads=threads)

@@ -1,7 +1,7 @@
 """A program sharded over a mesh, run by the torch backend: every device's core schedule run
 by the threaded executor (``executor.TorchExecutor`` of the schedule as lowered, an op's core
 slices on ``threads`` threads), the collectives and finishes between devices by the
-schedule's own host data movement (``schedule.mesh.execute``). Devices whose segments are
+schedule's own host data movement (``schedule.mesh.MeshSteps``). Devices whose segments are
 equal share one schedule, so one executor (and its steps, built once) serves them all.
 
 >>> from apportion.frontend.json_format import load
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from apportion.errors import ExecutionError
-from apportion.schedule.mesh import DeviceLaunch, MeshSchedule, execute
+from apportion.schedule.mesh import MeshSchedule, MeshSteps
 
 
 def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0,
@@ -42,16 +42,15 @@ def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0
                              "timeout_s and device apply to the dtensor backend")
     executors: dict[int, TorchExecutor] = {}
 
-    def compute(launch: DeviceLaunch, d: int, env: Mapping[str, np.ndarray]
-                ) -> dict[str, np.ndarray]:
-        s = launch.schedule
-        if id(s) not in executors:
-            executors[id(s)] = TorchExecutor(s, 1 if threads is None else threads)
-        outs = executors[id(s)].run(env)
-        return {name: from_torch_storage(t) for name, t in outs.items()}
-
     try:
-        return execute(schedule, inputs, compute)
+        steps = MeshSteps(schedule, inputs)
+        for step in steps:
+            s = step.launch.schedule
+            if id(s) not in executors:
+                executors[id(s)] = TorchExecutor(s, 1 if threads is None else threads)
+            outs = executors[id(s)].run(step.inputs)
+            steps.give(step, {name: from_torch_storage(t) for name, t in outs.items()})
+        return steps.outputs()
     finally:
         for ex in executors.values():
             ex.close()

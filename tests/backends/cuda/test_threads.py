@@ -15,14 +15,14 @@ import apportion as ap
 from apportion.backends.cuda.lowering import lower_nvvm
 from apportion.backends.cuda.threads import ThreadSplit, thread_tiles
 from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.mlir import upstream
 from apportion.mlir.forall import forall_mlir
 from apportion.mlir.module import call, with_gather_indices
-from apportion.runtime import upstream_mlir
-from apportion.runtime.check import check
+from apportion.runtime.check import expect
 from apportion.runtime.reference import bind_inputs
 from tests.helpers import bound, emitted
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
+pytestmark = pytest.mark.skipif(not upstream.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -53,7 +53,8 @@ def _split_matches(planned: ap.PlannedProgram, threads: int,
                           if n in outputs}}
 
     with np.errstate(all="ignore"):
-        checks, _ = check(unplanned, run)
+        want = expect(unplanned)
+        checks = want.compare(run(want.inputs))
     assert all(c.ok for c in checks), checks
     return split
 

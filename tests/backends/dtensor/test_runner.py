@@ -16,7 +16,7 @@ import pytest
 
 from apportion.errors import ExecutionError, TargetError
 from apportion.frontend.json_format import from_dict
-from apportion.runtime.check import check
+from apportion.runtime.check import expect
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.sharding.lower import lower_plan
 from apportion.sharding.mesh import parse
@@ -462,8 +462,9 @@ def test_megatron_on_nccl_with_one_gpu_per_rank_matches_the_single_device_result
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs")
     s = lower_plan(PLANS["megatron"]())
-    checks, run = check(s.program, lambda xs: runner.run_mesh(s, xs, timeout_s=120,
-                                                              device="cuda"))
+    want = expect(s.program)
+    run = runner.run_mesh(s, want.inputs, timeout_s=120, device="cuda")
+    checks = want.compare(run)
     assert run.backend == "nccl" and all(c.ok for c in checks), checks
 
 

@@ -19,7 +19,7 @@ from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import from_dict, load
 from apportion.mlir.mesh import device_mlir
-from apportion.runtime.check import check
+from apportion.runtime.check import expect
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.mesh import Collective, MeshSchedule, box_shape, unshard_outputs
 from apportion.sharding.lower import lower_mesh, lower_plan
@@ -40,7 +40,9 @@ def cache(tmp_path_factory) -> Path:
 
 
 def _ok(schedule: MeshSchedule, cache: Path, seed: int = 0):
-    checks, run = check(schedule.program, lambda xs: run_mesh(schedule, xs, cache), seed)
+    want = expect(schedule.program, seed)
+    run = run_mesh(schedule, want.inputs, cache)
+    checks = want.compare(run)
     assert checks and all(c.ok for c in checks), checks
     return run
 

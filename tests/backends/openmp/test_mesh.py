@@ -19,7 +19,7 @@ from apportion.cli.main import main
 from apportion.errors import ExecutionError
 from apportion.frontend.json_format import load
 from apportion.limits import LIMITS_BY_ID, Unsupported
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
 from apportion.schedule.mesh import MeshSchedule, box_shape
 from apportion.sharding.lower import lower_plan
@@ -31,14 +31,14 @@ from tests.conformance.draws import conformance
 from tests.conformance.test_meshes import conform_mesh, mesh_cases
 from tests.sharding.programs import as_float32, hard_inputs, reduction
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available() or
-                                upstream_mlir.openmp_library() is None,
+pytestmark = pytest.mark.skipif(not upstream.available() or
+                                upstream.openmp_library() is None,
                                 reason="needs the mlir extra (upstream MLIR 22 and libiomp5)")
 
 from apportion.backends.openmp import engine  # noqa: E402
 from apportion.backends.openmp.adapter import BACKEND  # noqa: E402
 from apportion.backends.openmp.mesh import mesh_parallel_ir, run_mesh  # noqa: E402
-from apportion.runtime.check import check  # noqa: E402
+from apportion.runtime.check import expect  # noqa: E402
 
 ROWS, COLS, REP = Sharding((("tp",), ())), Sharding(((), ("tp",))), Sharding(((), ()))
 
@@ -115,7 +115,9 @@ def test_sequential_loops_and_one_thread_give_the_same_numbers():
 
 def test_the_one_check_compares_every_output_of_a_mesh_run_with_the_unplanned_program():
     s = lower_plan(search(load("examples/megatron.json"), parse("tp=2")))
-    checks, run = check(s.program, lambda xs: run_mesh(s, xs, threads=2), seed=3)
+    want = expect(s.program, seed=3)
+    run = run_mesh(s, want.inputs, threads=2)
+    checks = want.compare(run)
     assert [c.tensor for c in checks] == list(s.program.outputs) and all(c.ok for c in checks)
     assert run.modules == 1 and run.run_s > 0
 
