@@ -36,7 +36,7 @@ from apportion.bench.harness import Outcome, Suite
 from apportion.errors import ApportionError, UsageError
 from apportion.frontend.random_meshes import mesh_case
 from apportion.ir.program import Program
-from apportion.runtime.upstream_mlir import MISSING, available
+from apportion.mlir.upstream import MISSING, available
 from apportion.sharding import oracle
 from apportion.sharding.mesh import Mesh, parse
 from apportion.sharding.propagate import propagate

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 from apportion.errors import ApportionError, EmitError
 from apportion.ir.program import Program
+from apportion.mlir.upstream import tool
 from apportion.runtime.isolated import python_command
-from apportion.runtime.upstream_mlir import tool
 from apportion.sharding.forms import annotated_mlir, annotated_ops, propagated_mlir
 from apportion.sharding.mesh import Mesh
 from apportion.sharding.plan import ShardingPlan

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 import apportion as ap
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 from tests.helpers import program
 
 SHAPE = [4, 16]
 DTYPES = ("int8", "int32", "int64")
-OPENMP = upstream_mlir.available() and upstream_mlir.openmp_library() is not None
+OPENMP = upstream.available() and upstream.openmp_library() is not None
 
 
 def numpy_like(a: int, b: int, bits: int) -> tuple[int, int]:

@@ -16,7 +16,7 @@ import pytest
 
 import apportion as ap
 from apportion.backends.iree.run import iree_run
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 from apportion.runtime.kernels import round_bf16
 from tests.helpers import program
 
@@ -26,7 +26,7 @@ BITS = {"int8": 8, "int32": 32, "int64": 64}
 #: output -> (input, dtype) of each cast
 CASTS = {"x_i8": ("x", "int8"), "x_i32": ("x", "int32"), "x_i64": ("x", "int64"),
          "h_i8": ("h", "int8"), "h_i32": ("h", "int32"), "b_i64": ("b", "int64")}
-OPENMP = upstream_mlir.available() and upstream_mlir.openmp_library() is not None
+OPENMP = upstream.available() and upstream.openmp_library() is not None
 
 
 def saturated(values: np.ndarray, dtype: str) -> np.ndarray:

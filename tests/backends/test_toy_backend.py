@@ -21,11 +21,11 @@ import apportion as ap
 from apportion.backends import BACKENDS, ENTRY_POINTS, get
 from apportion.errors import ExecutionError
 from apportion.limits import Unsupported
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 
 ROOT = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
+pytestmark = pytest.mark.skipif(not upstream.available(),
                                 reason="the toy backend runs upstream MLIR (the mlir extra)")
 
 

@@ -14,10 +14,10 @@ from apportion.bench import goals as bench_goals
 from apportion.bench.forall import GOAL, Result, goals
 from apportion.cli.main import main
 from apportion.cost import noise
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 
-needs_mlir = pytest.mark.skipif(not upstream_mlir.available() or
-                                upstream_mlir.openmp_library() is None,
+needs_mlir = pytest.mark.skipif(not upstream.available() or
+                                upstream.openmp_library() is None,
                                 reason="needs the mlir extra (upstream MLIR 22 and libiomp5)")
 
 

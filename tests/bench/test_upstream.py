@@ -11,7 +11,7 @@ from apportion.bench import upstream as bench_upstream
 from apportion.bench.upstream import example_cases
 from apportion.cli.main import main
 from apportion.errors import UsageError
-from apportion.runtime.upstream_mlir import MISSING, available
+from apportion.mlir.upstream import MISSING, available
 
 ROOT = Path(__file__).resolve().parents[2]
 

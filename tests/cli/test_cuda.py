@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from apportion.cli.main import main
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 from tests.helpers import cli_status, one_error_line
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
+pytestmark = pytest.mark.skipif(not upstream.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
 
 #: the demo MLP at a size that builds in a second or two

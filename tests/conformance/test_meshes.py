@@ -219,12 +219,12 @@ def test_every_backend_that_runs_meshes_is_checked():
 
 
 def test_openmp_runs_meshes_in_the_table_only_where_the_mlir_extra_is_installed(monkeypatch):
-    from apportion.runtime import upstream_mlir
+    from apportion.mlir import upstream
 
-    monkeypatch.setattr(upstream_mlir, "package_dir", lambda: None)
+    monkeypatch.setattr(upstream, "package_dir", lambda: None)
     assert "openmp" not in mesh_backends() and "iree" in mesh_backends()
     monkeypatch.undo()
-    if upstream_mlir.available() and upstream_mlir.openmp_library() is not None:
+    if upstream.available() and upstream.openmp_library() is not None:
         assert mesh_backends()[-1] == "openmp"
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from apportion.mlir.upstream import available
 from apportion.runtime.isolated import SAFE_PATH, python_command, safe_path_children
-from apportion.runtime.upstream_mlir import available
 
 ROOT = Path(__file__).parents[2]
 POISONED = ("numpy", "json", "pickle", "multiprocessing")
@@ -68,7 +68,7 @@ def test_every_python_child_of_apportion_is_started_isolated():
 CHILDREN = f"""
 import numpy as np
 from apportion.cli.main import main
-from apportion.runtime.upstream_mlir import run_function
+from apportion.mlir.upstream import run_function
 from apportion.sharding.upstream_check import compare_propagation
 from apportion.sharding.mesh import parse
 from apportion.sharding.spec import load

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import apportion as ap
-from apportion.runtime import upstream_mlir
-from apportion.runtime.upstream_mlir import expand_as_cast
+from apportion.mlir import upstream
+from apportion.mlir.upstream import expand_as_cast
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
+pytestmark = pytest.mark.skipif(not upstream.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -32,7 +32,7 @@ def test_the_cast_has_the_row_major_strides_of_the_expanded_sizes():
     assert "strides: [%v_stride0, %v_stride1, 32, 1]" in out
     assert "%v_stride1 = arith.muli %c, %c32_v : index" in out
     assert "%v_stride0 = arith.muli %b, %v_stride1 : index" in out
-    upstream_mlir.verify_upstream(
+    upstream.verify_upstream(
         "func.func @f(%x: memref<?x?xf32>, %a: index, %b: index, %c: index) {\n"
         f"{out}  return\n}}\n")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from apportion.cli.main import main
-from apportion.runtime.upstream_mlir import MISSING, available
+from apportion.mlir.upstream import MISSING, available
 
 pytestmark = pytest.mark.skipif(not available(), reason=MISSING)
 

@@ -14,7 +14,7 @@ from apportion.errors import EmitError
 from apportion.frontend.models import forward_program
 from apportion.ir.program import Program
 from apportion.mlir.shard.dialect import grid_op, sharding_op
-from apportion.runtime.upstream_mlir import MISSING, available, mlir_opt
+from apportion.mlir.upstream import MISSING, available, mlir_opt
 from apportion.sharding.forms import (
     annotated_mlir,
     grid,

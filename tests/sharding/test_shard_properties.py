@@ -13,7 +13,7 @@ from apportion.errors import EmitError, PlanningError
 from apportion.frontend.random_meshes import MeshCase, mesh_case, random_mesh_case
 from apportion.ir.kinds import Category
 from apportion.mlir.shard.body import opaque
-from apportion.runtime.upstream_mlir import MISSING, available
+from apportion.mlir.upstream import MISSING, available
 from apportion.sharding.forms import (
     annotated_mlir,
     partitioned_mlir,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from apportion.bench.upstream import compare, random_cases
 from apportion.frontend.random_meshes import MeshCase, mesh_case, random_mesh_case
-from apportion.runtime.upstream_mlir import MISSING, available
+from apportion.mlir.upstream import MISSING, available
 from apportion.sharding import oracle
 from apportion.sharding.mesh import parse
 from apportion.sharding.propagate import propagate

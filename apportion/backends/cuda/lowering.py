@@ -38,8 +38,8 @@ upstream passes:
 ...   } {mapping = [#gpu.block<x>]}
 ...   return %r : tensor<4xf32>
 ... }'''
->>> from apportion.runtime import upstream_mlir
->>> if upstream_mlir.available():
+>>> from apportion.mlir import upstream
+>>> if upstream.available():
 ...     lowered = lower_nvvm(text).llvm
 ...     assert "gpu.binary" in lowered and "gpu.launch_func" in lowered
 """
@@ -62,8 +62,8 @@ from apportion.backends.cuda.threads import (
 )
 from apportion.errors import EmitError, ExecutionError
 from apportion.limits import cite
-from apportion.runtime import upstream_mlir
-from apportion.runtime.upstream_mlir import expand_as_cast, pipeline, widen_bools
+from apportion.mlir import upstream
+from apportion.mlir.upstream import expand_as_cast, pipeline, widen_bools
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ def lower_nvvm(text: str, arch: GpuArch = AMPERE, threads: int = 1) -> Lowered:
     LLVM dialect with its kernels as PTX; each block's work split over ``threads`` threads
     where that is safe (``threads.thread_tiles``). An ExecutionError carrying upstream's
     diagnostics when a pass fails, or for a forall without a mapping."""
-    upstream_mlir.require()  # the missing extra named as such
+    upstream.require()  # the missing extra named as such
     if not 1 <= threads <= MAX_THREADS:
         raise ExecutionError(f"cuda backend: threads per block must be in 1..{MAX_THREADS}, "
                              f"got {threads}")
@@ -244,7 +244,7 @@ def lower_nvvm(text: str, arch: GpuArch = AMPERE, threads: int = 1) -> Lowered:
         keep: frozenset[int] = frozenset()
         while True:
             split = thread_tiles(text, threads, keep) if threads > 1 else None
-            loops = upstream_mlir.mlir_opt(split.text if split else text,
+            loops = upstream.mlir_opt(split.text if split else text,
                                            [f"--pass-pipeline={pipeline(_TO_PARALLEL)}"])
             shared = shared_by_threads(loops) - keep if split else set()
             if not shared:
@@ -252,10 +252,10 @@ def lower_nvvm(text: str, arch: GpuArch = AMPERE, threads: int = 1) -> Lowered:
                 break
             keep |= shared  # those blocks keep one thread; the others are split again
         mapped = thread_maps(copies_as_linalg(block_maps(expand_as_cast(loops))))
-        freed = upstream_mlir.mlir_opt(mapped, [f"--pass-pipeline={pipeline(_TO_LOOPS)}"])
-        kernels = upstream_mlir.mlir_opt(barriers(freed),
+        freed = upstream.mlir_opt(mapped, [f"--pass-pipeline={pipeline(_TO_LOOPS)}"])
+        kernels = upstream.mlir_opt(barriers(freed),
                                          [f"--pass-pipeline={pipeline(_TO_KERNELS)}"])
-        llvm = upstream_mlir.mlir_opt(widen_bools(host_shared(kernels)),
+        llvm = upstream.mlir_opt(widen_bools(host_shared(kernels)),
                                       [f"--pass-pipeline={pipeline(_nvvm(arch))}"])
         return Lowered(llvm, threads, blocks, threaded)
     except EmitError as e:
@@ -289,10 +289,10 @@ def linker() -> str:
 
 
 def _llc() -> Path:
-    llc = upstream_mlir.require().parent / "llvm" / "bin" / "llc"
+    llc = upstream.require().parent / "llvm" / "bin" / "llc"
     if not llc.exists():
         raise ExecutionError("cuda backend: upstream LLVM's llc is not installed (the "
-                             f"'{upstream_mlir.EXTRA}' extra)")
+                             f"'{upstream.EXTRA}' extra)")
     return llc
 
 
@@ -300,11 +300,11 @@ def link(llvm_dialect: str, out: Path) -> Path:
     """The LLVM-dialect module ``llvm_dialect`` (``lower_nvvm``'s output) as a shared library
     at ``out`` that needs ``libmlir_cuda_runtime.so`` from its own folder (``$ORIGIN``)."""
     llc = _llc()
-    runtime = upstream_mlir.runner_library("mlir_cuda_runtime")
+    runtime = upstream.runner_library("mlir_cuda_runtime")
     with tempfile.TemporaryDirectory() as tmp:
         place = Path(tmp)
         (place / "module.mlir").write_text(llvm_dialect)
-        _run([str(upstream_mlir.tool("mlir-translate")), "--mlir-to-llvmir",
+        _run([str(upstream.tool("mlir-translate")), "--mlir-to-llvmir",
               str(place / "module.mlir"), "-o", str(place / "module.ll")],
              "mlir-translate --mlir-to-llvmir")
         _run([str(llc), "-O2", "-filetype=obj", "-relocation-model=pic",

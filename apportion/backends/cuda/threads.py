@@ -16,7 +16,7 @@ iteration reads what other threads wrote.
 The tagging (``apportion.group``, ``apportion.last``, ``apportion.producer``: discardable
 attributes on the ``linalg`` ops) names the ops a block's transform script matches.
 
->>> from apportion.runtime import upstream_mlir
+>>> from apportion.mlir import upstream
 >>> text = '''func.func @twice(%x: tensor<64x32xf32>) -> tensor<64x32xf32> {
 ...   %e = tensor.empty() : tensor<64x32xf32>
 ...   %r = scf.forall (%b) in (4) shared_outs(%o = %e) -> (tensor<64x32xf32>) {
@@ -39,7 +39,7 @@ attributes on the ``linalg`` ops) names the ops a block's transform script match
 ...   } {mapping = [#gpu.block<x>]}
 ...   return %r : tensor<64x32xf32>
 ... }'''
->>> if upstream_mlir.available():
+>>> if upstream.available():
 ...     split = thread_tiles(text, 8)
 ...     assert split.blocks == 1 and split.threaded == 1
 ...     assert "{mapping = [#gpu.thread<x>]}" in split.text
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from apportion.errors import EmitError
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 
 _FORALL = re.compile(r"= scf\.forall \(")
 _PARALLEL = re.compile(r"^\s*scf\.parallel \(")
@@ -199,7 +199,7 @@ def thread_tiles(text: str, threads: int, keep: frozenset[int] = frozenset()) ->
     # a block's result computed into its slice of the shared output, not into a fresh tensor
     # copied there (which each thread would hold whole); printed as upstream prints: an op a
     # line
-    lines = upstream_mlir.mlir_opt(text, ["--eliminate-empty-tensors"]).splitlines()
+    lines = upstream.mlir_opt(text, ["--eliminate-empty-tensors"]).splitlines()
     spans = block_spans(lines)
     for g, (first, last) in enumerate(spans):
         if g not in keep:
@@ -217,14 +217,14 @@ def thread_tiles(text: str, threads: int, keep: frozenset[int] = frozenset()) ->
             library = Path(tmp) / f"block{g}.mlir"
             library.write_text(_script(g, int(found.group(1)), producers, threads))
             try:
-                split = upstream_mlir.mlir_opt(current, [
+                split = upstream.mlir_opt(current, [
                     "--pass-pipeline=builtin.module(transform-preload-library"
                     f"{{transform-library-paths={library}}}, transform-interpreter, "
                     "canonicalize, cse)"])
                 # tiling a run-time size can print a map upstream's parser refuses as
                 # non-affine ("at least one of the multiply operands has to be either a
                 # constant or symbolic"): such a split is not kept
-                upstream_mlir.mlir_opt(split)
+                upstream.mlir_opt(split)
             except EmitError:
                 continue  # a producer that does not fuse: the block keeps one thread
             if _alone(split, g):

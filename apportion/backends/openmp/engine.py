@@ -37,8 +37,8 @@ LLVM stores ``i1``).
 ...   return %r : tensor<4xf32>
 ... }'''
 >>> import numpy as np
->>> from apportion.runtime import upstream_mlir
->>> if upstream_mlir.available():
+>>> from apportion.mlir import upstream
+>>> if upstream.available():
 ...     out = Engine(text).call("twice", [(np.arange(4, dtype=np.float32), "f32")],
 ...                             [((4,), "f32")], threads=2)
 ...     assert out.outputs[0].tolist() == [0.0, 2.0, 4.0, 6.0]
@@ -63,9 +63,9 @@ import numpy as np
 
 from apportion.backends.openmp.worker import HOST
 from apportion.errors import EmitError, ExecutionError
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
+from apportion.mlir.upstream import expand_as_cast, pipeline, widen_bools
 from apportion.runtime.isolated import python_command
-from apportion.runtime.upstream_mlir import expand_as_cast, pipeline, widen_bools
 
 #: bufferize the tensor function: its results become out-parameters of the caller's arrays
 _BUFFERIZE = ("one-shot-bufferize{bufferize-function-boundaries=1 "
@@ -110,10 +110,10 @@ def lower_llvm(text: str, lowering: Lowering = PARALLEL) -> str:
     an ExecutionError carrying upstream's diagnostics when a pass fails. The passes run in
     ``mlir-opt`` processes: an assertion of upstream's (its build has them on) ends that
     process, not this one."""
-    upstream_mlir.require()  # the missing extra named as such
+    upstream.require()  # the missing extra named as such
     try:
-        loops = upstream_mlir.mlir_opt(text, [f"--pass-pipeline={pipeline(lowering.to_memref)}"])
-        return upstream_mlir.mlir_opt(widen_bools(expand_as_cast(loops)),
+        loops = upstream.mlir_opt(text, [f"--pass-pipeline={pipeline(lowering.to_memref)}"])
+        return upstream.mlir_opt(widen_bools(expand_as_cast(loops)),
                                       [f"--pass-pipeline={pipeline(lowering.to_llvm)}"])
     except EmitError as e:
         raise ExecutionError(f"openmp backend: upstream MLIR cannot lower the parallel IR "
@@ -142,11 +142,11 @@ def max_threads() -> int:
 def _libraries() -> list[str]:
     """What the compiled code links against: the runner library (``memrefCopy``), then the
     OpenMP runtime (``__kmpc_*``)."""
-    omp = upstream_mlir.openmp_library()
+    omp = upstream.openmp_library()
     if omp is None:
         raise ExecutionError("openmp backend: no OpenMP runtime (libiomp5, the intel-openmp "
-                             f"package of the '{upstream_mlir.EXTRA}' extra) is installed")
-    return [str(upstream_mlir.runner_library("mlir_c_runner_utils")), str(omp)]
+                             f"package of the '{upstream.EXTRA}' extra) is installed")
+    return [str(upstream.runner_library("mlir_c_runner_utils")), str(omp)]
 
 
 class Worker:
@@ -163,7 +163,7 @@ class Worker:
     def _start(self) -> subprocess.Popen[bytes]:
         if self._proc is not None and self._proc.poll() is None:
             return self._proc
-        upstream_mlir.require()
+        upstream.require()
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - its stderr, kept while it runs
         # a worker that finished its share sleeps at once rather than spinning 200 ms: on a
         # machine of few cores a spinning thread takes the core the code between loops needs

@@ -3,7 +3,7 @@
 ``mlir.shard.values``, which ``apportion.sharding.forms`` builds from a mesh and a plan).
 
 IREE 3.13's bindings lack the dialect; upstream MLIR 22 (the ``mlir`` extra,
-``runtime.upstream_mlir``) registers it, and each form is verified with it.
+``mlir.upstream``) registers it, and each form is verified with it.
 
 What upstream's attributes cannot say travels as discardable ``apportion.*`` attributes, which
 upstream keeps and ignores:

@@ -78,7 +78,7 @@ from apportion.mlir.shard.finish import cast_body
 from apportion.mlir.shard.values import Grid, OpSplit
 from apportion.mlir.types import FLOAT_TYPES, INDEX_MAX, compute_type
 from apportion.mlir.types import mlir_type as elt
-from apportion.runtime.upstream_mlir import run_function, verify_upstream
+from apportion.mlir.upstream import run_function, verify_upstream
 
 #: a size or offset in index arithmetic: a Python int when static, else an SSA value
 Val = int | str

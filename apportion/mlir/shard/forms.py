@@ -21,7 +21,7 @@ from a plan and takes a plan in every form's name).
   (uneven shards, a device reading at its own offset, a split mean's share), an
   ``scf.index_switch`` on ``shard.process_linear_index`` holds each distinct variant.
 
-Each text is verified by upstream MLIR 22 (``runtime.upstream_mlir.verify_upstream``) before it
+Each text is verified by upstream MLIR 22 (``mlir.upstream.verify_upstream``) before it
 is returned. Partial values carry ``apportion.partial_axes``/``apportion.reducer`` (see
 ``dialect``); a peered step's collective carries ``apportion.remote``.
 """
@@ -56,7 +56,7 @@ from apportion.mlir.shard.values import (
 )
 from apportion.mlir.types import FLOAT_TYPES
 from apportion.mlir.types import mlir_type as elt
-from apportion.runtime.upstream_mlir import verify_upstream
+from apportion.mlir.upstream import verify_upstream
 from apportion.schedule.mesh import box_shape
 
 

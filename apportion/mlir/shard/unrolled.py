@@ -28,8 +28,8 @@ from apportion.mlir.shard.finish import cast_body, finish_op
 from apportion.mlir.shard.values import Grid
 from apportion.mlir.types import FLOAT_TYPES
 from apportion.mlir.types import mlir_type as elt
+from apportion.mlir.upstream import verify_upstream
 from apportion.plans.tiles import Region
-from apportion.runtime.upstream_mlir import verify_upstream
 from apportion.schedule.mesh import (
     REDUCING,
     Collective,

@@ -20,11 +20,11 @@ from apportion.backends.cuda import build as build_module
 from apportion.backends.cuda.build import _signals_deferred, build, check_build
 from apportion.cli.main import main
 from apportion.errors import ExecutionError
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 from apportion.runtime.reference import run_unplanned
 from tests.helpers import cli_status, one_error_line
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
+pytestmark = pytest.mark.skipif(not upstream.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
 
 ROOT = Path(__file__).resolve().parents[3]

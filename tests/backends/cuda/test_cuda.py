@@ -26,8 +26,8 @@ from apportion.backends.cuda.lowering import (
     lower_nvvm,
 )
 from apportion.errors import ExecutionError, PlanningError, ProgramError
+from apportion.mlir import upstream
 from apportion.mlir.forall import forall_mlir
-from apportion.runtime import upstream_mlir
 from apportion.runtime.reference import random_inputs, run_unplanned
 from tests.backends.iree.trig import (
     FUNCTIONS,
@@ -41,7 +41,7 @@ from tests.helpers import emitted
 from tests.runtime_reductions import PROGRAMS as RUNTIME_REDUCTIONS
 from tests.runtime_reductions import planned as runtime_planned
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
+pytestmark = pytest.mark.skipif(not upstream.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"

@@ -9,10 +9,10 @@ import ctypes.util
 import pytest
 
 from apportion.backends.cuda.build import build, check_build, run_build
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 from tests.split_k_chains import SIZES, planned
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available(),
+pytestmark = pytest.mark.skipif(not upstream.available(),
                                 reason="needs the mlir extra (upstream MLIR 22)")
 
 

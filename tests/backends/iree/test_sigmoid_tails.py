@@ -17,7 +17,7 @@ import scipy.special
 import apportion as ap
 from apportion.backends.iree.run import iree_run
 from apportion.ir.kinds import kind
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 from apportion.runtime.kernels import pointwise
 from apportion.runtime.reference import run_unplanned
 from tests.helpers import program
@@ -27,7 +27,7 @@ N = SHAPE[0] * SHAPE[1]
 KINDS = ("sigmoid", "silu", "gelu")
 #: float32 ulps of the reference a compiled result may be off
 ULPS = 4
-OPENMP = upstream_mlir.available() and upstream_mlir.openmp_library() is not None
+OPENMP = upstream.available() and upstream.openmp_library() is not None
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import apportion as ap
+from apportion.mlir import upstream
 from apportion.mlir.forall import forall_mlir, verify_mlir
 from apportion.mlir.forall.context import forall_mapping
-from apportion.runtime import upstream_mlir
 from apportion.schedule.lower import lower
 
 ROOT = Path(__file__).parents[3]
-needs_mlir = pytest.mark.skipif(not upstream_mlir.available() or
-                                upstream_mlir.openmp_library() is None,
+needs_mlir = pytest.mark.skipif(not upstream.available() or
+                                upstream.openmp_library() is None,
                                 reason="needs the mlir extra (upstream MLIR 22 and libiomp5)")
 #: a forall's induction variables and what follows its region
 FORALL = re.compile(r"scf\.forall \(([^)]*)\) in")
@@ -51,8 +51,8 @@ def test_every_gpu_forall_carries_a_block_mapping_and_verifies(example):
     for ids, mapping in zip(foralls, mappings, strict=True):
         assert mapping.count("#gpu.block<") == ids.count(",") + 1
     verify_mlir(text)  # IREE's bindings
-    if upstream_mlir.available():
-        upstream_mlir.verify_upstream(text)
+    if upstream.available():
+        upstream.verify_upstream(text)
 
 
 def test_a_toml_target_from_the_gpu_preset_with_its_own_name_maps_foralls_to_blocks(tmp_path):

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import apportion as ap
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.limits import LIMITS_BY_ID, cited
-from apportion.runtime import upstream_mlir
+from apportion.mlir import upstream
 from apportion.runtime.reference import random_inputs, run_unplanned
 from apportion.schedule.lower import planned_counts
 from tests.backends.iree.trig import (
@@ -35,8 +35,8 @@ from tests.runtime_reductions import PROGRAMS as RUNTIME_REDUCTIONS
 from tests.runtime_reductions import SIZES as RUNTIME_SIZES
 from tests.runtime_reductions import planned as runtime_planned
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available() or
-                                upstream_mlir.openmp_library() is None,
+pytestmark = pytest.mark.skipif(not upstream.available() or
+                                upstream.openmp_library() is None,
                                 reason="needs the mlir extra (upstream MLIR 22 and libiomp5)")
 
 from apportion.backends.openmp import engine  # noqa: E402
@@ -189,7 +189,7 @@ def test_a_mesh_schedule_is_supported_and_run_by_run_mesh_not_run():
 
 def test_without_the_mlir_extra_a_run_is_refused_naming_the_extra(monkeypatch):
     planned = ap.plan(ap.load(ROOT / "examples/fused.json"), ap.targets.spyre(cores=8))
-    monkeypatch.setattr(upstream_mlir, "package_dir", lambda: None)
+    monkeypatch.setattr(upstream, "package_dir", lambda: None)
     monkeypatch.setattr(engine, "ENGINES", engine.EngineCache())
     with pytest.raises(ap.errors.ApportionError, match="install apportion's 'mlir' extra"):
         openmp_run(planned.lowered, random_inputs(planned.program, 0))

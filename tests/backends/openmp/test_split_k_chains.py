@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from apportion.mlir import upstream
 from apportion.planned import PlannedProgram
-from apportion.runtime import upstream_mlir
 from tests.split_k_chains import SIZES, TARGETS, planned, planned_uneven
 
-pytestmark = pytest.mark.skipif(not upstream_mlir.available() or
-                                upstream_mlir.openmp_library() is None,
+pytestmark = pytest.mark.skipif(not upstream.available() or
+                                upstream.openmp_library() is None,
                                 reason="needs the mlir extra (upstream MLIR 22 and libiomp5)")
 
 from apportion.backends.openmp.run import openmp_run  # noqa: E402

@@ -16,8 +16,8 @@ import numpy as np
 from apportion.backends import Backend
 from apportion.errors import ExecutionError
 from apportion.limits import Limit
+from apportion.mlir import upstream
 from apportion.mlir.module import call, one_module_ir
-from apportion.runtime import upstream_mlir
 from apportion.schedule.values import Schedule
 
 STATIC_ONLY = Limit("toy-static-only", "the toy backend runs programs without run-time sizes "
@@ -44,7 +44,7 @@ def run(schedule: Schedule, inputs: Mapping[str, Any], *, threads: int | None = 
     text = one_module_ir(schedule, "toy")
     c = call(schedule, inputs)
     program = schedule.program
-    outs = upstream_mlir.run_function(
+    outs = upstream.run_function(
         text, c.function, [v for _, v, _ in c.arguments],
         [(shape, program.tensor(n).dtype) for n, shape, _ in c.results],
         [program.tensor(n).dtype for n, _, _ in c.arguments])

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from apportion.mlir.builder import symbol_name
-from apportion.runtime.upstream_mlir import run_function
+from apportion.mlir.upstream import run_function
 from apportion.sharding.plan import ShardingPlan
 
 _OP = re.compile(r"^  (%[\w.$-]+) = shard\.(update_halo|all_gather|all_slice|all_reduce|"

@@ -19,8 +19,8 @@ from apportion.frontend.random_programs import Seeded
 from apportion.ir.program import Program
 from apportion.mlir.shard.body import opaque
 from apportion.mlir.shard.dynamic import runnable_mlir
+from apportion.mlir.upstream import MISSING, available
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
-from apportion.runtime.upstream_mlir import MISSING, available
 from apportion.sharding.forms import dynamic_mlir, grid, run_dynamic
 from apportion.sharding.mesh import Mesh, parse
 from apportion.sharding.plan import ShardingPlan

@@ -15,8 +15,8 @@ import pytest
 from apportion.errors import EmitError
 from apportion.frontend.json_format import from_dict
 from apportion.ir.program import Program
+from apportion.mlir.upstream import MISSING, available, mlir_opt
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
-from apportion.runtime.upstream_mlir import MISSING, available, mlir_opt
 from apportion.sharding.forms import partitioned_mlir, propagated_mlir
 from apportion.sharding.mesh import parse
 from apportion.sharding.plan import ShardingPlan

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
+from apportion.mlir.upstream import MISSING, available
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
-from apportion.runtime.upstream_mlir import MISSING, available
 from apportion.sharding.forms import partitioned_mlir
 from apportion.sharding.mesh import parse
 from apportion.sharding.search import search
