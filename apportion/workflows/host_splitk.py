@@ -49,6 +49,7 @@ from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import load_models
 from apportion.ir.program import Program
 from apportion.mlir.forall import forall_mlir, symbol_name
+from apportion.mlir.kernels import matmul_func
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan
 from apportion.runtime.check import expect
@@ -244,27 +245,12 @@ def _lowered(program: Program, result: Plan, target: Target) -> Schedule:
     return lower(program, result, target, params=planned_counts(result) or None)
 
 
-def unsplit_iree_text(m: int, n: int, k: int) -> str:
-    """IREE's own input for the unsplit float32 matmul: a plain ``linalg.matmul`` into a zero
-    fill, no plan (IREE tiles and threads it itself).
-
-    >>> "linalg.matmul" in unsplit_iree_text(1, 64, 128)
-    True
-    """
-    x, w, y = (f"tensor<{m}x{k}xf32>", f"tensor<{k}x{n}xf32>", f"tensor<{m}x{n}xf32>")
-    return (f"func.func @mm(%x: {x}, %w: {w}) -> {y} {{\n"
-            f"  %zero = arith.constant 0.0 : f32\n"
-            f"  %empty = tensor.empty() : {y}\n"
-            f"  %init = linalg.fill ins(%zero : f32) outs(%empty : {y}) -> {y}\n"
-            f"  %y = linalg.matmul ins(%x, %w : {x}, {w}) outs(%init : {y}) -> {y}\n"
-            f"  return %y : {y}\n}}\n")
-
-
 def prepare_unsplit_iree(m: int, n: int, k: int, ops: Operands | None = None) -> Prepared:
-    """IREE's own compile of the unsplit matmul (``unsplit_iree_text``), checked once against
-    the unplanned program and loaded for timing (``factor`` 0)."""
+    """IREE's own compile of the unsplit matmul (``mlir.kernels.matmul_func``: IREE tiles and
+    threads it itself), checked once against the unplanned program and loaded for timing
+    (``factor`` 0)."""
     ops = ops or operands(m, n, k)
-    compiled = iree.compile_mlir(unsplit_iree_text(m, n, k), lower=False)
+    compiled = iree.compile_mlir(matmul_func(m, n, k), lower=False)
     arrays = [ops.inputs[name] for name in ops.program.inputs]
     got = iree.run_vmfb(compiled.vmfb, "mm", [(a, "f32") for a in arrays], ["f32"]).outputs[0]
     err = _checked(f"IREE's unsplit matmul {m}x{n}x{k}", ops, {"y": got})
