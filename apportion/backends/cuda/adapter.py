@@ -34,8 +34,8 @@ from apportion.runtime.reference import bind_inputs, check_gathers
 from apportion.schedule.mesh import MeshSchedule
 from apportion.schedule.values import Schedule
 
-#: threads per block a run splits each block's work over (``threads.thread_tiles``), as
-#: ``apportion cuda build`` does
+#: threads per block a run splits each block's work over
+#: (``mlir.gpu_threads.thread_tiles``), as ``apportion cuda build`` does
 DEFAULT_THREADS = 128
 
 

@@ -101,7 +101,7 @@ def build(schedule: Schedule, out: Path, seed: int = 0, arch: GpuArch = AMPERE,
     op and the limit, what the parallel IR has no construction for, and a target whose
     foralls carry no GPU mapping.
     ``threads``: per block, each block's work split over them where that is safe
-    (``threads.thread_tiles``; 1: a block's work runs as loops on one thread).
+    (``mlir.gpu_threads.thread_tiles``; 1: a block's work runs as loops on one thread).
 
     ``out`` may be new, empty or a build (replaced); anything else is refused before any
     work (``check_out``). The build is written into a folder beside ``out`` and renamed into

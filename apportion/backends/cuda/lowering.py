@@ -54,15 +54,15 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from apportion.backends.cuda.threads import (
+from apportion.errors import EmitError, ExecutionError
+from apportion.limits import cite
+from apportion.mlir import upstream
+from apportion.mlir.gpu_threads import (
     barriers,
     shared_by_threads,
     thread_maps,
     thread_tiles,
 )
-from apportion.errors import EmitError, ExecutionError
-from apportion.limits import cite
-from apportion.mlir import upstream
 from apportion.mlir.upstream import expand_as_cast, pipeline, widen_bools
 
 
@@ -232,8 +232,8 @@ def check_arch(arch: GpuArch) -> None:
 def lower_nvvm(text: str, arch: GpuArch = AMPERE, threads: int = 1) -> Lowered:
     """``text`` (one ``func.func`` on tensors, foralls mapped to GPU blocks) lowered to the
     LLVM dialect with its kernels as PTX; each block's work split over ``threads`` threads
-    where that is safe (``threads.thread_tiles``). An ExecutionError carrying upstream's
-    diagnostics when a pass fails, or for a forall without a mapping."""
+    where that is safe (``mlir.gpu_threads.thread_tiles``). An ExecutionError carrying
+    upstream's diagnostics when a pass fails, or for a forall without a mapping."""
     upstream.require()  # the missing extra named as such
     if not 1 <= threads <= MAX_THREADS:
         raise ExecutionError(f"cuda backend: threads per block must be in 1..{MAX_THREADS}, "

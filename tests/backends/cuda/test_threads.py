@@ -1,4 +1,4 @@
-"""A block's work split over its threads (``backends.cuda.threads``): the split IR computes what
+"""A block's work split over its threads (``mlir.gpu_threads``): the split IR computes what
 the plan computes (run here through upstream's OpenMP lowering, each thread loop a loop), and a
 block whose threads would share a buffer keeps one thread."""
 
@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 import apportion as ap
 from apportion.backends.cuda.lowering import lower_nvvm
-from apportion.backends.cuda.threads import ThreadSplit, thread_tiles
 from apportion.errors import ExecutionError, PlanningError, ProgramError
 from apportion.mlir import upstream
 from apportion.mlir.forall import forall_mlir
+from apportion.mlir.gpu_threads import ThreadSplit, thread_tiles
 from apportion.mlir.module import call, with_gather_indices
 from apportion.runtime.check import expect
 from apportion.runtime.reference import bind_inputs
