@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from apportion.errors import ProgramError
-from apportion.ir.affine import AffineExpr, IndexingMap
+from apportion.ir.affine import AffineExpr
 from apportion.ir.dtypes import check_name
 from apportion.ir.kinds import Category, OpKind, resolve
 
@@ -243,9 +243,6 @@ class Op:
     def operands(self) -> tuple[Access, ...]:
         """Inputs then the output."""
         return (*self.ins, self.out)
-
-    def indexing_map(self, access: Access) -> IndexingMap:
-        return IndexingMap(self.dim_names, access.index)
 
     @property
     def points(self) -> int:

@@ -355,10 +355,6 @@ class Mesh:
         level = self.axis(axis).level
         return next(lk for lk in self.links if lk.level == level)
 
-    @property
-    def all_coords(self) -> tuple[dict[str, int], ...]:
-        return tuple(self.coords(d) for d in range(self.devices))
-
     def spec(self) -> str:
         """The spec string that makes this mesh's axes (``parse`` reads it back)."""
         return ",".join(f"{a.name}={a.size_text}{a.spec_tail}" for a in self.axes)

@@ -58,7 +58,7 @@ import numpy as np
 from apportion.errors import ProgramError
 from apportion.ir.affine import AffineExpr
 from apportion.ir.dtypes import FLOAT_DTYPES
-from apportion.ir.kinds import Category, SplitFinish
+from apportion.ir.kinds import SplitFinish
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program, TensorType
 from apportion.runtime import kernels
@@ -66,16 +66,6 @@ from apportion.schedule.mesh import FinishPart
 from apportion.sharding.collectives import KEYED_DTYPES, MAX_KEYED_INDEX, argmax_keys
 from apportion.sharding.mesh import Mesh, combos
 from apportion.sharding.spec import PARTIAL_REDUCERS, Sharding, Window, dim_block, shard_sizes
-
-#: what each category allows, for reports and docs
-RULES: dict[Category, str] = {
-    Category.POINTWISE: "any dim; inputs and output split alike",
-    Category.LAYOUT: "any dim; inputs and output split alike",
-    Category.REDUCTION: "parallel dims; reduction dims (output partial; a mean of floats as "
-                        "a sum over the whole count, an argmax as packed value-index keys)",
-    Category.MATMUL: "parallel dims; reduction dims (output partial, summed later)",
-    Category.FALLBACK: "none: runs whole on replicated inputs",
-}
 
 
 def device_split_refusal(op: Op, program: Program) -> str | None:

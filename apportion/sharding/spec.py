@@ -232,10 +232,6 @@ class Sharding:
         """Every axis the sharding names: splitting ones by dim, then partial ones."""
         return tuple(a for axes in self.dims for a in axes) + self.partial
 
-    @property
-    def is_replicated(self) -> bool:
-        return not self.axes
-
     def dim_of(self, axis: str) -> int | None:
         return next((i for i, axes in enumerate(self.dims) if axis in axes), None)
 

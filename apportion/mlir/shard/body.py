@@ -180,10 +180,6 @@ def apply_body(blk: Block, body: MlirBody, ty: str, operands: Mapping[str, str],
     return [names[r] for r in results]
 
 
-def _out_shape(op: Op, types: Mapping[str, TensorType]) -> tuple[int, ...]:
-    return types[op.out.tensor].shape
-
-
 def _marked(blk: Block, value: str, ty: str) -> str:
     return value if blk.mark_init is None else blk.mark_init(blk, value, ty)
 
