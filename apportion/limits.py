@@ -18,7 +18,7 @@ is lifted is deleted, so the list only shrinks.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from apportion.errors import ApportionError, ExecutionError
@@ -133,22 +133,20 @@ def cited(message: str) -> Limit | None:
     return LIMITS_BY_ID.get(found.group(1)) if found else None
 
 
-def refusals(attempt: Callable[[], object]) -> tuple[Limit, ...]:
-    """The documented limit ``attempt()`` is refused with, or none when it goes through: what a
-    backend's ``supports`` answers after trying the work (emitting, lowering, checking). An
-    apportion error that cites no limit is a bug, not a limit, and propagates.
+def refused(error: ApportionError) -> tuple[Limit, ...]:
+    """The documented limit ``error`` cites: what a backend's ``supports`` answers when the work
+    it tried itself (emitting, lowering, checking) raised ``error``. An apportion error that
+    cites no limit is a bug, not a limit, and is raised again. The backend makes the attempt,
+    so nothing here calls back up into it.
 
-    >>> refusals(lambda: None)
-    ()
+    >>> from apportion.errors import ExecutionError
+    >>> refused(ExecutionError("no [limit bundle-emits-only, docs/limits.md]"))[0].id
+    'bundle-emits-only'
     """
-    try:
-        attempt()
-    except ApportionError as e:
-        limit = cited(str(e))
-        if limit is None:
-            raise
-        return (limit,)
-    return ()
+    limit = cited(str(error))
+    if limit is None:
+        raise error
+    return (limit,)
 
 
 class Unsupported(ExecutionError):

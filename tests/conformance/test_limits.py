@@ -83,3 +83,15 @@ def test_unsupported_names_backend_program_and_each_limit():
     assert str(e).startswith("backend 'bundle' cannot run program 'mlp': ")
     assert "[limit bundle-static-sizes, docs/limits.md]" in str(e)
     assert cited(str(e)) is LIMITS_BY_ID["bundle-static-sizes"]
+
+
+def test_a_refusal_answers_the_limit_its_error_cites_and_an_error_citing_none_is_raised_again():
+    from apportion.errors import ExecutionError
+    from apportion.limits import refused
+
+    error = ExecutionError(f"no loop bundle for a mesh {cite('bundle-emits-only')}")
+    assert refused(error) == (LIMITS_BY_ID["bundle-emits-only"],)
+    bug = ExecutionError("an emitter bug")
+    with pytest.raises(ExecutionError) as raised:
+        refused(bug)
+    assert raised.value is bug

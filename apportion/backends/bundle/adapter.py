@@ -14,7 +14,8 @@ from __future__ import annotations
 from apportion.backends import Backend, Planned
 from apportion.backends.bundle.bundle import render_bundle
 from apportion.backends.bundle.loopspec import from_schedule
-from apportion.limits import LIMITS_BY_ID, Limit, refusals
+from apportion.errors import ApportionError
+from apportion.limits import LIMITS_BY_ID, Limit, refused
 from apportion.mlir.builder import verify_mlir
 from apportion.schedule.mesh import MeshSchedule
 
@@ -27,7 +28,11 @@ def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
         return (LIMITS_BY_ID["bundle-emits-only"],)
     if planned.symbols:
         return (LIMITS_BY_ID["bundle-static-sizes"],)
-    return refusals(lambda: from_schedule(planned.lowered, planned.target))
+    try:
+        from_schedule(planned.lowered, planned.target)
+    except ApportionError as e:
+        return refused(e)
+    return ()
 
 
 def emit(planned: Planned) -> str:

@@ -28,7 +28,8 @@ import numpy as np
 
 from apportion.backends import Backend, Planned
 from apportion.backends.cuda.build import build, read_run, run_build
-from apportion.limits import LIMITS_BY_ID, Limit, refusals
+from apportion.errors import ApportionError
+from apportion.limits import LIMITS_BY_ID, Limit, refused
 from apportion.mlir.module import one_module_ir
 from apportion.runtime.reference import bind_inputs, check_gathers
 from apportion.schedule.mesh import MeshSchedule
@@ -59,7 +60,11 @@ def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
         return (LIMITS_BY_ID["cuda-needs-gpu-target"],)
     if not has_gpu():
         return (LIMITS_BY_ID["cuda-needs-gpu"],)
-    return refusals(lambda: one_module_ir(schedule, "cuda"))
+    try:
+        one_module_ir(schedule, "cuda")
+    except ApportionError as e:
+        return refused(e)
+    return ()
 
 
 def run(schedule: Schedule, inputs: Mapping[str, Any], *, threads: int | None = None

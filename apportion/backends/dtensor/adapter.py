@@ -20,7 +20,8 @@ import numpy as np
 from apportion.backends import Backend
 from apportion.backends.dtensor.runner import check_schedule
 from apportion.backends.dtensor.runner import run_mesh as run_dist
-from apportion.limits import LIMITS_BY_ID, Limit, refusals
+from apportion.errors import ApportionError
+from apportion.limits import LIMITS_BY_ID, Limit, refused
 from apportion.schedule.mesh import MeshSchedule
 
 
@@ -31,7 +32,11 @@ def supports(planned: Any) -> tuple[Limit, ...]:
         return (LIMITS_BY_ID["dtensor-needs-mesh"],)
     if importlib.util.find_spec("torch") is None:
         return (LIMITS_BY_ID["needs-pytorch"],)
-    return refusals(lambda: check_schedule(planned))
+    try:
+        check_schedule(planned)
+    except ApportionError as e:
+        return refused(e)
+    return ()
 
 
 def run_mesh(schedule: MeshSchedule, inputs: Mapping[str, Any], *, seed: int = 0,

@@ -24,8 +24,8 @@ import numpy as np
 from apportion.backends import Backend, Planned
 from apportion.backends.iree.mesh import run_mesh
 from apportion.backends.iree.run import iree_run, modules
-from apportion.errors import ExecutionError
-from apportion.limits import Limit, refusals
+from apportion.errors import ApportionError, ExecutionError
+from apportion.limits import Limit, refused
 from apportion.mlir.forall import forall_mlir
 from apportion.schedule.mesh import Compute, MeshSchedule
 from apportion.schedule.values import Schedule
@@ -36,14 +36,15 @@ def supports(planned: Planned) -> tuple[Limit, ...]:
     cut at its host ops as ``iree_run`` cuts it, and each part's parallel IR emitted (not
     compiled). An emitter error that cites no limit is a bug and propagates. A mesh schedule:
     every device's launches emitted."""
-    if isinstance(planned, MeshSchedule):
-        return refusals(lambda: _emit_mesh(planned))
-
-    def emit() -> None:
-        for module in modules(planned.lowered):
-            forall_mlir(module.covering)
-
-    return refusals(emit)
+    try:
+        if isinstance(planned, MeshSchedule):
+            _emit_mesh(planned)
+        else:
+            for module in modules(planned.lowered):
+                forall_mlir(module.covering)
+    except ApportionError as e:
+        return refused(e)
+    return ()
 
 
 def _emit_mesh(schedule: MeshSchedule) -> None:

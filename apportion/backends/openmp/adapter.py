@@ -25,8 +25,8 @@ import numpy as np
 from apportion.backends import Backend, Planned
 from apportion.backends.openmp.mesh import mesh_parallel_ir, run_mesh
 from apportion.backends.openmp.run import openmp_run, parallel_ir
-from apportion.errors import ExecutionError
-from apportion.limits import Limit, refusals
+from apportion.errors import ApportionError, ExecutionError
+from apportion.limits import Limit, refused
 from apportion.schedule.mesh import MeshSchedule
 from apportion.schedule.values import Schedule
 
@@ -34,9 +34,14 @@ from apportion.schedule.values import Schedule
 def supports(planned: Planned | MeshSchedule) -> tuple[Limit, ...]:
     """The documented limits that stop this backend from running ``planned``: its parallel IR
     emitted (not lowered); of a mesh schedule, every distinct segment's."""
-    if isinstance(planned, MeshSchedule):
-        return refusals(lambda: mesh_parallel_ir(planned))
-    return refusals(lambda: parallel_ir(planned.lowered))
+    try:
+        if isinstance(planned, MeshSchedule):
+            mesh_parallel_ir(planned)
+        else:
+            parallel_ir(planned.lowered)
+    except ApportionError as e:
+        return refused(e)
+    return ()
 
 
 def run(schedule: Schedule, inputs: Mapping[str, Any], *, threads: int | None = None
