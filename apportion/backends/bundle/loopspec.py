@@ -54,15 +54,7 @@ from apportion.backends.bundle.addressing import (
     padded_strides,
     tile_strides,
 )
-from apportion.backends.bundle.spec_text import from_json as from_json
-from apportion.backends.bundle.spec_text import from_source as from_source
-from apportion.backends.bundle.spec_text import to_json as to_json
-from apportion.backends.bundle.spec_text import to_source as to_source
-from apportion.backends.bundle.specs import LoopSpec as LoopSpec
-from apportion.backends.bundle.specs import OpSpec as OpSpec
-from apportion.backends.bundle.specs import Spec as Spec
-from apportion.backends.bundle.specs import SpecProgram as SpecProgram
-from apportion.backends.bundle.specs import TensorArg as TensorArg
+from apportion.backends.bundle.specs import LoopSpec, OpSpec, Spec, SpecProgram, TensorArg
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
 from apportion.limits import cite

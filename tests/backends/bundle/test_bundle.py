@@ -9,7 +9,7 @@ import pytest
 
 import apportion as ap
 from apportion.backends.bundle.bundle import address_map, render_bundle, verify_mlir
-from apportion.backends.bundle.loopspec import LoopSpec, OpSpec, TensorArg
+from apportion.backends.bundle.specs import LoopSpec, OpSpec, TensorArg
 from apportion.cli.main import main
 from apportion.errors import EmitError
 from tests.backends.bundle.test_loopspec import fused, ops_of, simulated

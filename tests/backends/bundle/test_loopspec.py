@@ -8,18 +8,9 @@ import pytest
 
 import apportion as ap
 from apportion.backends.bundle.addressing import padded_strides
-from apportion.backends.bundle.loopspec import (
-    LoopSpec,
-    OpSpec,
-    TensorArg,
-    _Builder,
-    from_json,
-    from_schedule,
-    from_source,
-    to_json,
-    to_source,
-)
-from apportion.backends.bundle.specs import walk
+from apportion.backends.bundle.loopspec import _Builder, from_schedule
+from apportion.backends.bundle.spec_text import from_json, from_source, to_json, to_source
+from apportion.backends.bundle.specs import LoopSpec, OpSpec, TensorArg, walk
 from apportion.errors import EmitError
 from apportion.frontend.json_format import from_dict
 from apportion.planned import PlannedProgram
