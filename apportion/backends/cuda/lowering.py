@@ -3,7 +3,7 @@ CUDA kernel per ``scf.forall``.
 
 ``lower_nvvm`` takes the text of one ``func.func`` (the iree emitter's ``scf.forall`` IR
 planned for the ``gpu`` target, whose foralls carry ``#gpu.block`` mappings) through
-upstream passes:
+upstream passes (the text rewrites between them from ``mlir.gpu`` and ``mlir.gpu_threads``):
 
 1. one-shot bufferization across the function boundary (results made out-parameters the
    caller allocates), each ``scf.forall`` (now without results) to ``scf.parallel``
@@ -57,6 +57,7 @@ from pathlib import Path
 from apportion.errors import EmitError, ExecutionError
 from apportion.limits import cite
 from apportion.mlir import upstream
+from apportion.mlir.gpu import block_mapped, block_maps, copies_as_linalg, host_shared
 from apportion.mlir.gpu_threads import (
     barriers,
     shared_by_threads,
@@ -98,81 +99,9 @@ def _nvvm(arch: GpuArch) -> tuple[str, ...]:
             f"cubin-features={arch.features} cubin-format=isa}}",)
 
 
-_BLOCK = re.compile(r"#gpu\.block<(x|y|z|linear_dim_(\d+))>")
-_PROCESSORS = {"x": "block_x", "y": "block_y", "z": "block_z"}
-
-
-def block_maps(text: str) -> str:
-    """Each ``#gpu.block`` mapping of a parallel loop as the processor map
-    ``--convert-parallel-loops-to-gpu`` reads: ``x``, ``y``, ``z`` (and ``linear_dim_0`` to
-    ``2``) to those block ids; a later linear dim to a loop in the block (``sequential``).
-
-    >>> block_maps("{mapping = [#gpu.block<y>]}")
-    '{mapping = [#gpu.loop_dim_map<processor = block_y, map = (d0) -> (d0), bound = (d0) -> (d0)>]}'
-    """
-    def one(m: re.Match[str]) -> str:
-        linear = m.group(2)
-        if linear is None:
-            proc = _PROCESSORS[m.group(1)]
-        else:
-            proc = ("block_x", "block_y", "block_z")[int(linear)] if int(linear) < 3 else (
-                "sequential")
-        return f"#gpu.loop_dim_map<processor = {proc}, map = (d0) -> (d0), bound = (d0) -> (d0)>"
-
-    return _BLOCK.sub(one, text)
-
-
-_COPY = re.compile(r"^(\s*)memref\.copy (%[\w.$-]+), (%[\w.$-]+) : (.+?) to (.+)$", re.M)
-
-
-def copies_as_linalg(text: str) -> str:
-    """Every ``memref.copy`` a ``linalg.copy`` of the same operands, which becomes loops
-    (a kernel cannot call the runner library's ``memrefCopy``).
-
-    >>> copies_as_linalg("  memref.copy %a, %b : memref<4xf32> to memref<4xf32>")
-    '  linalg.copy ins(%a : memref<4xf32>) outs(%b : memref<4xf32>)'
-    """
-    return _COPY.sub(r"\1linalg.copy ins(\2 : \4) outs(\3 : \5)", text)
-
-
-_ALLOC = re.compile(r"^(\s*)(%[\w.$-]+) = memref\.alloc\(([^)]*)\)(?: \{[^}]*\})? : (.+)$")
-_DEALLOC = re.compile(r"^(\s*)memref\.dealloc (%[\w.$-]+) : (.+)$")
-
-
-def host_shared(text: str) -> str:
-    """The host functions' buffers allocated as CUDA managed memory (``gpu.alloc
-    host_shared``, which host code and kernels both read) and freed by ``gpu.dealloc`` (whose
-    lowering wants a stream: an ``async`` one waited on). Buffers inside a ``gpu.module`` (a
-    kernel's own) are left as they are: the device heap.
-
-    >>> print(host_shared("    %a = memref.alloc() {alignment = 64 : i64} : memref<8xf32>"), end="")
-        %a = gpu.alloc host_shared () : memref<8xf32>
-    """
-    out: list[str] = []
-    kernel = False
-    for line in text.splitlines():
-        if line.startswith("  gpu.module "):
-            kernel = True
-        elif kernel and line == "  }":
-            kernel = False
-        alloc, dealloc = (None, None) if kernel else (_ALLOC.match(line), _DEALLOC.match(line))
-        if alloc:
-            pad, ssa, sizes, ty = alloc.groups()
-            line = f"{pad}{ssa} = gpu.alloc host_shared ({sizes}) : {ty}"
-        elif dealloc:
-            pad, ssa, ty = dealloc.groups()
-            k = len(out)  # a name the printer never gives
-            out.append(f"{pad}%hs_wait{k} = gpu.wait async")
-            out.append(f"{pad}%hs_free{k} = gpu.dealloc async [%hs_wait{k}] {ssa} : {ty}")
-            line = f"{pad}gpu.wait [%hs_free{k}]"
-        out.append(line)
-    return "\n".join(out) + "\n"
-
-
 def _unmapped(text: str) -> None:
     """Refuse a forall without a GPU mapping: it would run as host loops, not kernels."""
-    n_forall = len(re.findall(r"\bscf\.forall \(", text))
-    n_mapped = len(re.findall(r"\{mapping = \[#gpu\.block<", text))
+    n_forall, n_mapped = block_mapped(text)
     if n_forall > n_mapped:
         raise ExecutionError(f"cuda backend: {n_forall - n_mapped} of the {n_forall} scf.forall "
                              "ops carry no #gpu.block mapping (the plan's target gives none): "
