@@ -29,8 +29,8 @@ from apportion.target.split_k import Resolver
 from apportion.target.target import Target
 
 if TYPE_CHECKING:
-    from apportion.backends.bundle.specs import SpecProgram
     from apportion.runtime.reference import OutputCheck
+    from apportion.schedule.loopspec_values import SpecProgram
     from apportion.schedule.values import Schedule
 
 

@@ -14,13 +14,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.backends.bundle.specs import LoopSpec, OpSpec
 from apportion.errors import PlanningError, ProgramError
 from apportion.frontend.json_format import dumps, loads
 from apportion.ir.program import LoopLevel, TilingGroup
 from apportion.passes.coarse_tile import coarse_tile
 from apportion.plans.plan import LoopInfo
 from apportion.plans.serialize import from_json, to_json
+from apportion.schedule.loopspec_values import LoopSpec, OpSpec
 from apportion.target import spyre
 from tests.helpers import program
 

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import apportion as ap
-from apportion.backends.bundle.specs import OpSpec
 from apportion.errors import PlanningError, ProgramError
 from apportion.passes.coarse_tile import coarse_tile, placed_depths
 from apportion.plans.plan import LoopInfo
 from apportion.plans.serialize import from_json, to_json
+from apportion.schedule.loopspec_values import OpSpec
 from apportion.target import spyre
 from tests.helpers import program
 

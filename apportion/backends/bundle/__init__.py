@@ -11,6 +11,6 @@ from apportion.backends.bundle.spec_text import from_json as from_json
 from apportion.backends.bundle.spec_text import from_source as from_source
 from apportion.backends.bundle.spec_text import to_json as to_json
 from apportion.backends.bundle.spec_text import to_source as to_source
-from apportion.backends.bundle.specs import LoopSpec as LoopSpec
-from apportion.backends.bundle.specs import OpSpec as OpSpec
-from apportion.backends.bundle.specs import TensorArg as TensorArg
+from apportion.schedule.loopspec_values import LoopSpec as LoopSpec
+from apportion.schedule.loopspec_values import OpSpec as OpSpec
+from apportion.schedule.loopspec_values import TensorArg as TensorArg

@@ -8,7 +8,7 @@ tile's byte address (``s0``, its base, plus stride × index per level), applied 
 ``affine.apply`` inside the loops; tensors at a fixed place (scratchpad offsets, per-tile
 buffers, tensors no loop tiles) are passed as constants.
 
->>> from apportion.backends.bundle.specs import LoopSpec, OpSpec, TensorArg
+>>> from apportion.schedule.loopspec_values import LoopSpec, OpSpec, TensorArg
 >>> a = TensorArg(True, 0, "float16", [4, 64], ["m", "n"], {"hbm": 0}, tensor="a",
 ...               tile_strides=[512])
 >>> y = TensorArg(False, 1, "float16", [4, 64], ["m", "n"], {"lx": 0}, True, tensor="y",
@@ -27,10 +27,10 @@ import re
 from collections.abc import Iterator
 
 from apportion.backends.bundle.loopspec import from_schedule
-from apportion.backends.bundle.specs import LoopSpec, OpSpec, Spec, TensorArg, walk
 from apportion.errors import EmitError
 from apportion.mlir.builder import SsaNames, alias_name, check_index, symbol_name
 from apportion.mlir.builder import verify_mlir as verify_mlir
+from apportion.schedule.loopspec_values import LoopSpec, OpSpec, Spec, TensorArg, walk
 from apportion.schedule.values import Schedule
 from apportion.target.target import Target
 

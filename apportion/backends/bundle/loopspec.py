@@ -54,11 +54,11 @@ from apportion.backends.bundle.addressing import (
     padded_strides,
     tile_strides,
 )
-from apportion.backends.bundle.specs import LoopSpec, OpSpec, Spec, SpecProgram, TensorArg
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
 from apportion.limits import cite
 from apportion.plans.memory import Buffer
+from apportion.schedule.loopspec_values import LoopSpec, OpSpec, Spec, SpecProgram, TensorArg
 from apportion.schedule.values import (
     Copy,
     Finish,

@@ -4,7 +4,7 @@
 arguments (numbers, strings, booleans, lists, tuples, dicts): it walks the syntax tree and never
 evaluates the text.
 
->>> from apportion.backends.bundle.specs import LoopSpec
+>>> from apportion.schedule.loopspec_values import LoopSpec
 >>> specs = (LoopSpec(count="N", body=[]),)
 >>> from_source(to_source(specs)) == specs, from_json(to_json(specs)) == specs
 (True, True)
@@ -17,7 +17,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from apportion.backends.bundle.specs import (
+from apportion.errors import EmitError
+from apportion.ir import jsondoc
+from apportion.schedule.loopspec_values import (
     LOOP_SPEC_FIELDS,
     OP_SPEC_FIELDS,
     TENSOR_ARG_FIELDS,
@@ -28,8 +30,6 @@ from apportion.backends.bundle.specs import (
     TensorArg,
     call_text,
 )
-from apportion.errors import EmitError
-from apportion.ir import jsondoc
 
 FORMAT = "apportion.loopspec/1"
 _CLASSES: dict[str, tuple[type, tuple[str, ...]]] = {

@@ -26,12 +26,12 @@ from collections.abc import Mapping
 import numpy as np
 
 from apportion.backends.bundle.addressing import padded_strides
-from apportion.backends.bundle.specs import OpSpec, Spec, TensorArg
 from apportion.ir.kinds import resolve
 from apportion.ir.program import Program
 from apportion.plans.memory import Buffer
 from apportion.plans.plan import Plan
 from apportion.runtime import kernels
+from apportion.schedule.loopspec_values import OpSpec, Spec, TensorArg
 from apportion.target.layout import device_layout
 from apportion.target.target import Target
 

@@ -19,7 +19,6 @@ from apportion.backends.bundle.addressing import (
     tile_strides,
 )
 from apportion.backends.bundle.loopspec import from_schedule
-from apportion.backends.bundle.specs import LoopSpec, OpSpec, Spec, SpecProgram, TensorArg
 from apportion.errors import ApportionError, EmitError, PlanningError, ProgramError
 from apportion.frontend.random_programs import case
 from apportion.ir.op import Access, Op
@@ -29,6 +28,7 @@ from apportion.planned import PlannedProgram
 from apportion.plans.memory import Buffer, FinishOp, GroupPlan
 from apportion.plans.plan import LoopInfo, OpPlan, Plan
 from apportion.plans.tiles import LoopTree, loop_tree
+from apportion.schedule.loopspec_values import LoopSpec, OpSpec, Spec, SpecProgram, TensorArg
 from apportion.schedule.lower import lower, planned_counts
 from apportion.schedule.values import Launch, symbolic_steps
 from apportion.target.layout import device_layout

@@ -10,7 +10,6 @@ import apportion as ap
 from apportion.backends.bundle.addressing import padded_strides
 from apportion.backends.bundle.loopspec import _Builder, from_schedule
 from apportion.backends.bundle.spec_text import from_json, from_source, to_json, to_source
-from apportion.backends.bundle.specs import LoopSpec, OpSpec, TensorArg, walk
 from apportion.errors import EmitError
 from apportion.frontend.json_format import from_dict
 from apportion.planned import PlannedProgram
@@ -18,6 +17,7 @@ from apportion.plans.plan import Plan
 from apportion.plans.tiles import iterations, tile_box
 from apportion.runtime import kernels
 from apportion.runtime.reference import compare, random_inputs, run_unplanned
+from apportion.schedule.loopspec_values import LoopSpec, OpSpec, TensorArg, walk
 from apportion.schedule.lower import lower
 from tests.backends.bundle.spec_sim import simulate
 from tests.backends.merged import (

@@ -1,6 +1,8 @@
 """LoopSpec / OpSpec / TensorArg: the planned program as nested loops of kernel launches.
 
-Values only; ``loopspec.py`` builds them from a plan, ``spec_text.py`` prints and parses them.
+Values only, below the mlir layer that renders them (``mlir.bundle``); the bundle backend
+builds them from a schedule (``backends.bundle.loopspec``) and prints and parses them
+(``backends.bundle.spec_text``).
 Fields given as dicts or lists are canonicalised to immutable ones, so specs are hashable and
 compare equal however they were made.
 
