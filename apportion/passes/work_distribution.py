@@ -61,7 +61,6 @@ from apportion.passes.geometry import (
     divisors,
 )
 from apportion.passes.span_reduction import SpanSplits
-from apportion.passes.strategy import STRATEGIES as STRATEGIES
 from apportion.passes.strategy import Balanced, Greedy, GreedyRule, Strategy
 
 

@@ -5,7 +5,6 @@ from apportion.runtime.kernels import round_bf16 as round_bf16
 from apportion.runtime.kernels import storage_dtype as storage_dtype
 from apportion.runtime.kernels import to_storage as to_storage
 from apportion.runtime.reference import TOLERANCES as TOLERANCES
-from apportion.runtime.reference import Box as Box
 from apportion.runtime.reference import OutputCheck as OutputCheck
 from apportion.runtime.reference import Tolerance as Tolerance
 from apportion.runtime.reference import check_cover as check_cover

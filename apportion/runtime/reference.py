@@ -22,7 +22,7 @@ from apportion.ir.dtypes import FLOAT_DTYPES, FLOAT_EPS, least_precise
 from apportion.ir.kinds import Category
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program
-from apportion.plans.tiles import Box as Box
+from apportion.plans.tiles import Box
 from apportion.runtime import kernels
 from apportion.runtime.kernels import Partial
 

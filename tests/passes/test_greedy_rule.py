@@ -17,7 +17,8 @@ from apportion.errors import PlanningError
 from apportion.passes.geometry import OpContext
 from apportion.passes.layouts import layouts
 from apportion.passes.span_reduction import minimum_splits
-from apportion.passes.work_distribution import STRATEGIES, greedy
+from apportion.passes.strategy import STRATEGIES
+from apportion.passes.work_distribution import greedy
 from apportion.target import spyre
 from tests.helpers import program
 

@@ -39,7 +39,7 @@ from typing import Any
 
 from apportion.backends.torch.steps import Gemm, Lattice, Step, make_step
 from apportion.backends.torch.tensors import View, is_whole
-from apportion.runtime.reference import Box
+from apportion.plans.tiles import Box
 from apportion.schedule.values import Host, Launch, Schedule
 
 __all__ = ["Position", "batched", "launch_boxes", "schedule_steps"]

@@ -64,8 +64,9 @@ from apportion.errors import ExecutionError
 from apportion.ir.kinds import FLOATS, INTEGERS, Category, OpKind, Partial
 from apportion.ir.op import Op
 from apportion.ir.program import Program
+from apportion.plans.tiles import Box
 from apportion.runtime import kernels
-from apportion.runtime.reference import Box, check_cover
+from apportion.runtime.reference import check_cover
 from apportion.runtime.torch_xp import saturate
 from apportion.schedule.values import Host, Launch
 

@@ -38,7 +38,7 @@ from apportion.backends.torch.kernels import require_torch, torch
 from apportion.errors import ExecutionError
 from apportion.ir.kinds import INTEGERS
 from apportion.ir.op import Access
-from apportion.runtime.reference import Box
+from apportion.plans.tiles import Box
 from apportion.runtime.torch_xp import saturate
 
 __all__ = ["TORCH_DTYPES", "View", "cast", "from_torch_storage", "is_whole", "shaped", "strided",
