@@ -13,7 +13,7 @@ from apportion.schedule.mesh import (
     Collective,
     MeshFinish,
     MeshSchedule,
-    execute,
+    MeshSteps,
 )
 from apportion.sharding.lower import lower_mesh, lower_plan
 from apportion.sharding.mesh import parse
@@ -28,7 +28,10 @@ ROWS, REP = Sharding((("tp",), ())), Sharding(((), ()))
 
 def _numpy_run(s: MeshSchedule, inputs):
     """The schedule run with the unplanned executor per segment and the host collectives."""
-    return execute(s, inputs, lambda launch, d, env: run_unplanned(launch.schedule.program, env))
+    steps = MeshSteps(s, inputs)
+    for step in steps:
+        steps.give(step, run_unplanned(step.launch.schedule.program, step.inputs))
+    return steps.outputs()
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
