@@ -150,7 +150,8 @@ class PlannedProgram:
         """The loop bundle as MLIR text, checked to parse and verify: ``scf.for`` loops of
         ``"apportion.execute"`` launches (``unrolled``: every iteration with constant
         addresses)."""
-        from apportion.backends.bundle.bundle import render_bundle, verify_mlir
+        from apportion.mlir.builder import verify_mlir
+        from apportion.mlir.bundle import render_bundle
 
         self._static("the loop bundle")
         text = render_bundle(self.loopspec(), self.program.name, unrolled=unrolled)

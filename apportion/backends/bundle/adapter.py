@@ -1,6 +1,6 @@
 """The bundle backend behind the one backend interface (``apportion.backends``): the plan as
 LoopSpec/OpSpec values (``loopspec.from_schedule``, of its lowered schedule) and the MLIR loop
-bundle of their launches (``bundle.render_bundle``), checked to parse and verify. It emits; it
+bundle of their launches (``mlir.bundle.render_bundle``), checked to parse and verify. It emits; it
 does not run.
 
 >>> import apportion as ap
@@ -12,11 +12,11 @@ does not run.
 from __future__ import annotations
 
 from apportion.backends import Backend, Planned
-from apportion.backends.bundle.bundle import render_bundle
 from apportion.backends.bundle.loopspec import from_schedule
 from apportion.errors import ApportionError
 from apportion.limits import LIMITS_BY_ID, Limit, refused
 from apportion.mlir.builder import verify_mlir
+from apportion.mlir.bundle import render_bundle
 from apportion.schedule.mesh import MeshSchedule
 
 

@@ -57,6 +57,7 @@ from apportion.backends.bundle.addressing import (
 from apportion.errors import EmitError
 from apportion.ir.op import Access, Op
 from apportion.limits import cite
+from apportion.mlir.bundle import render_bundle
 from apportion.plans.memory import Buffer
 from apportion.schedule.loopspec_values import LoopSpec, OpSpec, Spec, SpecProgram, TensorArg
 from apportion.schedule.values import (
@@ -305,3 +306,16 @@ class _Builder:
                     f"{cite('bundle-merged-scratchpad-tile')}")
             out.append(n if d is None or launch is None else launch.part(d, n))
         return tuple(out)
+
+
+def bundle_mlir(schedule: Schedule, target: Target, unrolled: bool = False) -> str:
+    """The loop bundle of a plan's ``schedule`` on ``target`` as MLIR text (``unrolled``:
+    every iteration listed).
+
+    >>> import apportion as ap
+    >>> planned = ap.plan(ap.load("examples/fused.json"), target=ap.targets.spyre(cores=32))
+    >>> text = bundle_mlir(planned.lowered, planned.target)
+    >>> text.splitlines()[0]
+    '#tile_a = affine_map<(d0, d1)[s0] -> (s0 + d0 * 4194304 + d1 * 2048)>'
+    """
+    return render_bundle(from_schedule(schedule, target), schedule.program.name, unrolled)

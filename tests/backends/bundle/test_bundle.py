@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 import apportion as ap
-from apportion.backends.bundle.bundle import address_map, render_bundle, verify_mlir
 from apportion.cli.main import main
 from apportion.errors import EmitError
+from apportion.mlir.builder import verify_mlir
+from apportion.mlir.bundle import address_map, render_bundle
 from apportion.schedule.loopspec_values import LoopSpec, OpSpec, TensorArg
 from tests.backends.bundle.test_loopspec import fused, ops_of, simulated
 from tests.backends.merged import looped_program, merged_program, plan_in_loops
@@ -221,8 +222,8 @@ def test_cli_emit_error_exits_2(tmp_path, capsys):
 
 
 def test_unrolling_more_launches_than_the_limit_is_refused_before_any_text_is_made():
-    from apportion.backends.bundle.bundle import MAX_UNROLLED_LAUNCHES, render_bundle
     from apportion.errors import EmitError
+    from apportion.mlir.bundle import MAX_UNROLLED_LAUNCHES, render_bundle
     from apportion.schedule.loopspec_values import LoopSpec, OpSpec, TensorArg
 
     a = TensorArg(True, 0, "float16", [4, 64], ["m", "n"], {"hbm": 0}, tensor="a",

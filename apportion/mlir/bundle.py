@@ -1,4 +1,5 @@
-"""The loop bundle: a planned program as MLIR text, ``scf.for`` loops around kernel launches.
+"""The loop bundle: a planned program's LoopSpec nest (``schedule.loopspec_values``, built by
+``backends.bundle.loopspec``) as MLIR text, ``scf.for`` loops around kernel launches.
 
 One ``func.func`` holds the LoopSpec nest: each LoopSpec becomes an ``scf.for`` from 0 to its
 count (a function ``index`` argument when the count is symbolic), each OpSpec one unregistered
@@ -8,6 +9,7 @@ tile's byte address (``s0``, its base, plus stride × index per level), applied 
 ``affine.apply`` inside the loops; tensors at a fixed place (scratchpad offsets, per-tile
 buffers, tensors no loop tiles) are passed as constants.
 
+>>> from apportion.mlir.builder import verify_mlir
 >>> from apportion.schedule.loopspec_values import LoopSpec, OpSpec, TensorArg
 >>> a = TensorArg(True, 0, "float16", [4, 64], ["m", "n"], {"hbm": 0}, tensor="a",
 ...               tile_strides=[512])
@@ -26,13 +28,9 @@ import itertools
 import re
 from collections.abc import Iterator
 
-from apportion.backends.bundle.loopspec import from_schedule
 from apportion.errors import EmitError
 from apportion.mlir.builder import SsaNames, alias_name, check_index, symbol_name
-from apportion.mlir.builder import verify_mlir as verify_mlir
 from apportion.schedule.loopspec_values import LoopSpec, OpSpec, Spec, TensorArg, walk
-from apportion.schedule.values import Schedule
-from apportion.target.target import Target
 
 INDENT = "  "
 #: the most launches an unrolled bundle lists (each is a line of MLIR text)
@@ -46,19 +44,6 @@ def stride_symbols(strides: tuple[int | str, ...]) -> list[str]:
         if isinstance(s, str):
             out += [n for n in re.findall(r"[A-Za-z_]\w*", s) if n != "floordiv" and n not in out]
     return out
-
-
-def bundle_mlir(schedule: Schedule, target: Target, unrolled: bool = False) -> str:
-    """The loop bundle of a plan's ``schedule`` on ``target`` as MLIR text (``unrolled``:
-    every iteration listed).
-
-    >>> import apportion as ap
-    >>> planned = ap.plan(ap.load("examples/fused.json"), target=ap.targets.spyre(cores=32))
-    >>> text = bundle_mlir(planned.lowered, planned.target)
-    >>> text.splitlines()[0]
-    '#tile_a = affine_map<(d0, d1)[s0] -> (s0 + d0 * 4194304 + d1 * 2048)>'
-    """
-    return render_bundle(from_schedule(schedule, target), schedule.program.name, unrolled)
 
 
 def address_map(strides: tuple[int | str, ...]) -> str:
