@@ -121,6 +121,22 @@ class Emits(Protocol):
     def emit(self, line: str, /) -> None: ...
 
 
+def cast_op(src: str, dst: str) -> str:
+    """The ``arith`` op that converts ``src`` to ``dst`` in one step, in every emitter (floats
+    to integers, to ``i1`` and bf16 from f16 each emitter writes its own way).
+
+    >>> cast_op("f16", "f32"), cast_op("i1", "f32"), cast_op("i64", "i32")
+    ('extf', 'uitofp', 'trunci')
+    """
+    if src in FLOAT_TYPES and dst in FLOAT_TYPES:
+        return "extf" if FLOAT_BITS[dst] > FLOAT_BITS[src] else "truncf"
+    if dst in FLOAT_TYPES:
+        return "uitofp" if src == "i1" else "sitofp"
+    if src == "i1":
+        return "extui"
+    return "extsi" if INT_BITS[dst] > INT_BITS[src] else "trunci"
+
+
 def fptosi_saturating(blk: Emits, value: str, src: str, dst: str) -> str:
     """``value`` of float type ``src`` as the integer type ``dst`` (not ``i1``), as
     ``kernels.saturate`` converts: truncated toward zero, clamped to ``dst``'s range, NaN to 0.

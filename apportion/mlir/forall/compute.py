@@ -29,10 +29,10 @@ from apportion.mlir.forall.tensors import (
 )
 from apportion.mlir.index import Ix
 from apportion.mlir.types import (
-    FLOAT_BITS,
     FLOAT_TYPES,
     INDEX_MAX,
     INT_BITS,
+    cast_op,
     compute_type,
     fptosi_saturating,
     mlir_type,
@@ -60,15 +60,7 @@ def convert(blk: Block, value: str, src: str, dst: str) -> str:
         return convert(blk, convert(blk, value, src, "f32"), "f32", dst)
     if src == "f32" and dst == "bf16":
         return f32_to_bf16(blk, value)
-    if src in FLOAT_TYPES and dst in FLOAT_TYPES:
-        op = "extf" if FLOAT_BITS[dst] > FLOAT_BITS[src] else "truncf"
-    elif dst in FLOAT_TYPES:
-        op = "uitofp" if src == "i1" else "sitofp"
-    elif src == "i1":
-        op = "extui"
-    else:
-        op = "extsi" if INT_BITS[dst] > INT_BITS[src] else "trunci"
-    blk.emit(f"{name} = arith.{op} {value} : {src} to {dst}")
+    blk.emit(f"{name} = arith.{cast_op(src, dst)} {value} : {src} to {dst}")
     return name
 
 

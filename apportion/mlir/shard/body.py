@@ -38,10 +38,9 @@ from apportion.ir.program import TensorType
 from apportion.mlir.bodies import MlirBody, body_of, combine_of
 from apportion.mlir.builder import symbol_name
 from apportion.mlir.types import (
-    FLOAT_BITS,
     FLOAT_TYPES,
     INDEX_MAX,
-    INT_BITS,
+    cast_op,
     compute_type,
     fptosi_saturating,
     literal,
@@ -126,17 +125,9 @@ def convert(blk: Block, value: str, src: str, dst: str) -> str:
         cmp = "arith.cmpf une" if src in FLOAT_TYPES else "arith.cmpi ne"
         blk.emit(f"{name} = {cmp}, {value}, {zero} : {src}")
         return name
-    if src in FLOAT_TYPES and dst in FLOAT_TYPES:
-        if {src, dst} == {"f16", "bf16"}:  # no direct conversion: through f32
-            return convert(blk, convert(blk, value, src, "f32"), "f32", dst)
-        op = "extf" if FLOAT_BITS[dst] > FLOAT_BITS[src] else "truncf"
-    elif dst in FLOAT_TYPES:
-        op = "uitofp" if src == "i1" else "sitofp"
-    elif src == "i1":
-        op = "extui"
-    else:
-        op = "extsi" if INT_BITS[dst] > INT_BITS[src] else "trunci"
-    blk.emit(f"{name} = arith.{op} {value} : {src} to {dst}")
+    if {src, dst} == {"f16", "bf16"}:  # no direct conversion: through f32
+        return convert(blk, convert(blk, value, src, "f32"), "f32", dst)
+    blk.emit(f"{name} = arith.{cast_op(src, dst)} {value} : {src} to {dst}")
     return name
 
 
