@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from apportion.backends import Backend
-from apportion.errors import ExecutionError
+from apportion.errors import ApportionError, ExecutionError
 from apportion.limits import Limit
 from apportion.mlir import upstream
 from apportion.mlir.module import call, one_module_ir
@@ -27,12 +27,16 @@ STATIC_ONLY = Limit("toy-static-only", "the toy backend runs programs without ru
 def supports(planned: Any) -> tuple[Limit, ...]:
     """The toy's limits for ``planned``: its own, and those of the parallel IR (rendered, not
     run: what ``apportion.mlir`` refuses cites apportion's documented limits)."""
-    from apportion.limits import refusals
+    from apportion.limits import refused
 
     schedule = planned.lowered
     if schedule.given is not None or schedule.params:
         return (STATIC_ONLY,)
-    return refusals(lambda: one_module_ir(schedule, "toy"))
+    try:
+        one_module_ir(schedule, "toy")
+    except ApportionError as e:
+        return refused(e)
+    return ()
 
 
 def run(schedule: Schedule, inputs: Mapping[str, Any], *, threads: int | None = None
