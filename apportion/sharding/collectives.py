@@ -57,18 +57,12 @@ from apportion.errors import PlanningError
 from apportion.ir.dtypes import dtype_bytes
 from apportion.ir.kinds import REDUCERS, SplitFinish
 from apportion.runtime import kernels
-from apportion.schedule.mesh import MAX_KEYED_INDEX as MAX_KEYED_INDEX
-from apportion.schedule.mesh import argmax_index as argmax_index
-from apportion.schedule.mesh import argmax_keys as argmax_keys
+from apportion.schedule.mesh import argmax_index  # the schedule's key format, one for all
 from apportion.sharding.mesh import Link, Mesh, combos
 from apportion.sharding.spec import Sharding, chunk
 
 KINDS = ("all_gather", "all_reduce", "reduce_scatter", "all_to_all", "slice", "halo",
          "peer_read")
-
-# the argmax key format (``argmax_keys``, ``argmax_index``, ``MAX_KEYED_INDEX``) is the
-# schedule's, where a finish packs keys and a collective unpacks them: imported above, one
-# definition for the planner's rules and every backend
 
 #: value dtypes whose argmax pairs pack into one int64 key (their values fit 32 bits in order)
 KEYED_DTYPES = frozenset({"float16", "bfloat16", "float32", "int8", "int32"})

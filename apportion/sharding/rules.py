@@ -13,7 +13,7 @@ category says which dims may split:
   mean times its share of the count, ``DeviceFinish`` ``scale``), so the output waits as a partial
   ``sum``. An ``argmax`` (of floats, int8 or int32 values) waits as a partial ``argmax``: each
   device packs its shard's (value, global flat index) pair into one int64 key ordered by value
-  then lowest index (``DeviceFinish`` ``pack``, ``collectives.argmax_keys``), the keys combine by
+  then lowest index (``DeviceFinish`` ``pack``, ``schedule.mesh.argmax_keys``), the keys combine by
   max, and the index is unpacked once the last partial axis is reduced. Other dtypes keep the
   reduction dims whole;
 * ``fallback``: none; a fallback runs whole, so its inputs must be replicated.
@@ -62,8 +62,8 @@ from apportion.ir.kinds import SplitFinish
 from apportion.ir.op import Access, Op
 from apportion.ir.program import Program, TensorType
 from apportion.runtime import kernels
-from apportion.schedule.mesh import FinishPart
-from apportion.sharding.collectives import KEYED_DTYPES, MAX_KEYED_INDEX, argmax_keys
+from apportion.schedule.mesh import MAX_KEYED_INDEX, FinishPart, argmax_keys
+from apportion.sharding.collectives import KEYED_DTYPES
 from apportion.sharding.mesh import Mesh, combos
 from apportion.sharding.spec import PARTIAL_REDUCERS, Sharding, Window, dim_block, shard_sizes
 

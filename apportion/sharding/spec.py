@@ -48,7 +48,7 @@ from apportion.sharding.mesh import Mesh
 
 #: reducers a partial tensor may wait on: what each reducer's parts wait as across devices
 #: (``Reducer.across_devices``): its own partials, a mean's as a ``sum``, an ``argmax``'s as
-#: int64 keys packing (value, index) pairs (``collectives.argmax_keys``: they combine by max,
+#: int64 keys packing (value, index) pairs (``schedule.mesh.argmax_keys``: they combine by max,
 #: the index is unpacked once reduced)
 PARTIAL_REDUCERS = tuple(dict.fromkeys(r.across_devices.waits_as for r in REDUCERS.values()
                                        if r.across_devices is not None))

@@ -9,7 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from apportion.errors import PlanningError
-from apportion.sharding.collectives import apply, argmax_index, argmax_keys, steps
+from apportion.schedule.mesh import argmax_index, argmax_keys
+from apportion.sharding.collectives import apply, steps
 from apportion.sharding.mesh import parse
 from apportion.sharding.spec import Sharding, candidates
 
