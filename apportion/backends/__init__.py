@@ -16,9 +16,10 @@ run's sizes and symbolic loop counts; a compiled backend renders the schedule it
 ``Schedule.covering``); no backend lowers a plan. A backend that runs a program sharded over a
 mesh of devices, lowered (``schedule.mesh.MeshSchedule``), has ``run_mesh`` too, and its
 ``supports`` answers for a ``MeshSchedule`` as for a planned program: ``reference``, ``torch``
-and ``iree`` run every device's core schedule their own way, the data moving between devices
-by the schedule's own host movement (``schedule.mesh.execute``). Every run is checked the same
-way (``runtime.check.check``: run, run unplanned, compare).
+and ``iree`` run every device's core schedule their own way, driving the schedule's steps
+(``schedule.mesh.MeshSteps``: each device's launch handed to the backend, the data moving
+between devices on the host). Every run is checked the same way (``runtime.check.expect``
+runs the program unplanned, ``Expected.compare`` compares the backend's run with it).
 
 ``BACKENDS`` maps each name to its backend, imported on first use from its module path, so
 importing apportion imports no torch and no IREE, and no backend imports another (the
