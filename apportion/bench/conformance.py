@@ -46,6 +46,7 @@ import argparse
 import time
 import warnings
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -237,7 +238,8 @@ def run(n: int, console: Console, backends: tuple[str, ...] = CHECKED, first: in
     return records
 
 
-def tallies(records: list[Record], backends: tuple[str, ...] = CHECKED) -> dict[str, Tally]:
+def tallies(records: Sequence[Record | MeshRecord], backends: tuple[str, ...] = CHECKED
+            ) -> dict[str, Tally]:
     """Each backend's row over the planned cases (the others over those the reference runs
     exactly)."""
     rows = {name: Tally(name) for name in ("reference", *backends)}
@@ -245,6 +247,24 @@ def tallies(records: list[Record], backends: tuple[str, ...] = CHECKED) -> dict[
         for o in r.outcomes:
             rows[o.backend].add(o)
     return rows
+
+
+def _show_rows(rows: dict[str, Tally], title: str, label: Callable[[str], str],
+               console: Console) -> None:
+    """The table of the backends' rows (each named by ``label``), then what refused each."""
+    table = Table(title=title)
+    for col in ("backend", "plans", "claims", "runs and matches", "refused (limit)", "fails",
+                "share matched"):
+        table.add_column(col, justify="left" if col == "backend" else "right")
+    for name, t in rows.items():
+        share = f"{t.matched / t.plans:.1%}" if t.plans else "-"
+        table.add_row(label(name), str(t.plans), str(t.claimed), str(t.matched), str(t.refused),
+                      str(t.failed), share)
+    console.print(table)
+    for name, t in rows.items():
+        if t.limits:
+            console.print(f"{name} refused by: " + ", ".join(
+                f"{k} {v}" for k, v in t.limits.most_common()), highlight=False, soft_wrap=True)
 
 
 def show(records: list[Record], console: Console, backends: tuple[str, ...] = CHECKED) -> None:
@@ -255,20 +275,8 @@ def show(records: list[Record], console: Console, backends: tuple[str, ...] = CH
                   f"{len(records) - len(planned)} refused by the planner", highlight=False,
                   soft_wrap=True)
     rows = tallies(records, backends)
-    ref = rows["reference"].matched
-    table = Table(title=f"conformance: {ref} plans the reference runs exactly")
-    for col in ("backend", "plans", "claims", "runs and matches", "refused (limit)", "fails",
-                "share matched"):
-        table.add_column(col, justify="left" if col == "backend" else "right")
-    for name, t in rows.items():
-        share = f"{t.matched / t.plans:.1%}" if t.plans else "-"
-        table.add_row(name + (" (emits)" if name == "bundle" else ""), str(t.plans),
-                      str(t.claimed), str(t.matched), str(t.refused), str(t.failed), share)
-    console.print(table)
-    for name, t in rows.items():
-        if t.limits:
-            console.print(f"{name} refused by: " + ", ".join(
-                f"{k} {v}" for k, v in t.limits.most_common()), highlight=False, soft_wrap=True)
+    _show_rows(rows, f"conformance: {rows['reference'].matched} plans the reference runs exactly",
+               lambda name: name + (" (emits)" if name == "bundle" else ""), console)
     for r in records:
         for o in r.outcomes:
             if o.status == "failed":
@@ -460,25 +468,10 @@ def show_meshes(records: list[MeshRecord], console: Console, dtensor: int = DEFA
         f"{k} {steps[k]}" for k in MESH_STEPS if steps[k]) or "none"), highlight=False,
         soft_wrap=True)
     names = mesh_backends() if backends is None else backends
-    rows = {name: Tally(name) for name in ("reference", *names)}
-    for r in records:
-        for o in r.outcomes:
-            rows[o.backend].add(o)
-    table = Table(title=f"mesh conformance: {rows['reference'].matched} sharded plans the "
-                        "reference runs exactly")
-    for col in ("backend", "plans", "claims", "runs and matches", "refused (limit)", "fails",
-                "share matched"):
-        table.add_column(col, justify="left" if col == "backend" else "right")
-    for name, t in rows.items():
-        share = f"{t.matched / t.plans:.1%}" if t.plans else "-"
-        label = name + (f" (first {dtensor})" if name in FIRST_FEW else "")
-        table.add_row(label, str(t.plans), str(t.claimed), str(t.matched), str(t.refused),
-                      str(t.failed), share)
-    console.print(table)
-    for name, t in rows.items():
-        if t.limits:
-            console.print(f"{name} refused by: " + ", ".join(
-                f"{k} {v}" for k, v in t.limits.most_common()), highlight=False, soft_wrap=True)
+    rows = tallies(records, names)
+    _show_rows(rows, f"mesh conformance: {rows['reference'].matched} sharded plans the "
+               "reference runs exactly",
+               lambda name: name + (f" (first {dtensor})" if name in FIRST_FEW else ""), console)
     for r in records:
         for o in r.outcomes:
             if o.status == "failed":

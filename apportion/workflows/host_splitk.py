@@ -68,7 +68,6 @@ from apportion.target.host import (
     host_table,
     untrusted_why,
 )
-from apportion.target.host import LEAST_SLICE as LEAST_SLICE  # the measurer's, kept in host
 from apportion.target.presets import CPU_SPLIT_K, cpu
 from apportion.target.target import Target
 
