@@ -49,9 +49,7 @@ from apportion.sharding.spec import Sharding
 #: the pass pipelines run on the forms
 PROPAGATION = "sharding-propagation"
 PARTITION = "shard-partition"
-#: upstream's collective ops and apportion's names of its resharding step kinds
-COLLECTIVES = ("all_gather", "all_reduce", "reduce_scatter", "all_slice", "all_to_all",
-               "update_halo")
+#: upstream's names of apportion's resharding step kinds
 APPORTION_KIND = {"slice": "all_slice", "halo": "update_halo"}
 
 #: a split reduction's result: apportion keeps it partial, upstream 22 cannot say so
