@@ -38,7 +38,8 @@ from pathlib import Path
 from apportion.backends.iree.runtime import lower_forall
 from apportion.errors import ApportionError
 from apportion.frontend.models import load_models
-from apportion.mlir.forall import forall_mlir, symbol_name
+from apportion.mlir.builder import symbol_name
+from apportion.mlir.forall import forall_mlir
 from apportion.planned import plan
 from apportion.target.presets import gpu
 from apportion.target.split_k import ReductionShape, gpu_slices

@@ -48,7 +48,8 @@ from apportion.errors import ApportionError, ExecutionError, PlanningError
 from apportion.frontend.json_format import from_dict
 from apportion.frontend.models import load_models
 from apportion.ir.program import Program
-from apportion.mlir.forall import forall_mlir, symbol_name
+from apportion.mlir.builder import symbol_name
+from apportion.mlir.forall import forall_mlir
 from apportion.mlir.kernels import matmul_func
 from apportion.passes.pipeline import plan
 from apportion.plans.plan import Plan

@@ -105,7 +105,6 @@ from __future__ import annotations
 from apportion.errors import EmitError
 from apportion.ir.program import Program
 from apportion.mlir.builder import Block, Builder, check_index
-from apportion.mlir.builder import symbol_name as symbol_name
 from apportion.mlir.builder import verify_mlir as verify_mlir
 from apportion.mlir.forall.function import FunctionRenderer
 from apportion.mlir.forall.tensors import slice_of
