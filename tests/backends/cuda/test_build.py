@@ -152,12 +152,18 @@ def test_sigterm_during_the_link_leaves_the_old_build_and_no_half_written_folder
 
 
 def test_signals_during_the_swap_wait_until_it_is_done():
-    reached = []
-    with pytest.raises(KeyboardInterrupt), _signals_deferred():
-        os.kill(os.getpid(), signal.SIGINT)
-        reached.append("the swap went on")
-    assert reached == ["the swap went on"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own Ctrl-C handler, whatever the process had (a pytest-xdist worker, or a test
+    # before this one in the same worker, may have set another): the deferral restores it
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        reached = []
+        with pytest.raises(KeyboardInterrupt), _signals_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            reached.append("the swap went on")
+        assert reached == ["the swap went on"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.mark.parametrize("out", [".", "", "..", "/", "~", "cwd"])
