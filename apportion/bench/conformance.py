@@ -186,10 +186,14 @@ def run_backend(backend: Backend, c: Case, planned: Any, inputs: dict[str, np.nd
         bad = _mismatches(checks)
     except Exception as e:  # a crash of a backend is a finding, not the end of the bench
         return _raised(backend.name, e, time.perf_counter() - start)
-    took = time.perf_counter() - start
+    return _compared(backend.name, bad, time.perf_counter() - start)
+
+
+def _compared(backend: str, bad: str, took: float) -> Outcome:
+    """A run that went through: failed on wrong numbers (``bad``), else a match."""
     if bad:
-        return Outcome(backend.name, "failed", f"wrong numbers: {bad}", took)
-    return Outcome(backend.name, "match", seconds=took)
+        return Outcome(backend, "failed", f"wrong numbers: {bad}", took)
+    return Outcome(backend, "match", seconds=took)
 
 
 def run_case(seed: int, backends: tuple[str, ...] = CHECKED) -> Record:
@@ -357,10 +361,7 @@ def run_mesh_backend(backend: Backend, program: Program, schedule: MeshSchedule,
         bad = _mismatches(checks)
     except Exception as e:  # a crash of a backend is a finding, not the end of the bench
         return _raised(backend.name, e, time.perf_counter() - start)
-    took = time.perf_counter() - start
-    if bad:
-        return Outcome(backend.name, "failed", f"wrong numbers: {bad}", took)
-    return Outcome(backend.name, "match", seconds=took)
+    return _compared(backend.name, bad, time.perf_counter() - start)
 
 
 def steps_of(schedule: MeshSchedule) -> tuple[str, ...]:
